@@ -1,0 +1,44 @@
+"""idemkey: make HTTP writes and background jobs safe to retry.
+
+Public names only; importing idemkey imports no web framework.
+"""
+
+from __future__ import annotations
+
+from ._codec import StoredResponse
+from .errors import (
+    ConfigurationError,
+    IdemkeyError,
+    InvalidKeyError,
+    KeyReuseError,
+    LeaseLostError,
+    RecordFormatError,
+    RequestInFlightError,
+    StoreError,
+)
+from .events import Event
+from .guard import Call, aguard, guard, idempotent
+from .policy import Policy
+from .store import AsyncRedisStore, RedisStore
+
+__all__ = [
+    "AsyncRedisStore",
+    "Call",
+    "ConfigurationError",
+    "Event",
+    "IdemkeyError",
+    "InvalidKeyError",
+    "KeyReuseError",
+    "LeaseLostError",
+    "Policy",
+    "RecordFormatError",
+    "RedisStore",
+    "RequestInFlightError",
+    "StoreError",
+    "StoredResponse",
+    "aguard",
+    "guard",
+    "idempotent",
+]
+
+__version__ = "0.1.0"

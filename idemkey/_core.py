@@ -1,0 +1,221 @@
+"""Sans-IO core: keys, record names, fingerprints, script arguments and replies.
+
+Nothing here does I/O, so the sync and async stores, the guards and the HTTP adapters share
+every decision, and tests cover them without a server.
+
+Invariants:
+
+* A record lives in two Redis keys that share one hash tag, ``{prefix}:{<d>}`` and
+  ``{prefix}:{<d>}:lock``, so a cluster keeps both in one slot and a script may touch both.
+* ``<d>`` is a BLAKE2b-128 digest over the length-prefixed scope, method, route and key. The
+  digest is the tenant-isolation boundary (a cryptographic hash: nobody can craft a key that
+  collides with another tenant's record), and it keeps raw client input out of the braces, where
+  ``""`` or ``"}x"`` would change the slot.
+* The fingerprint only compares two requests that already share a record, so it may be fast:
+  xxh3-128 over the length-prefixed method, target, sorted query, content type and body.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import secrets
+from dataclasses import dataclass
+from typing import Final
+
+import xxhash
+
+from .errors import InvalidKeyError, StoreError
+
+__all__ = [
+    "MAX_KEY_LENGTH",
+    "Claimed",
+    "Decision",
+    "InFlight",
+    "Mismatch",
+    "Record",
+    "Replay",
+    "decode_claim_reply",
+    "fingerprint",
+    "new_owner",
+    "next_poll_delay",
+    "parse_key",
+    "payload_fingerprint",
+    "record_for",
+    "retry_after_seconds",
+]
+
+MAX_KEY_LENGTH: Final = 255
+
+# RFC 8941 sf-string: printable ASCII, with only \" and \\ escaped. Spaces are allowed inside.
+_SF_STRING: Final = re.compile(r'"((?:[\x20\x21\x23-\x5b\x5d-\x7e]|\\["\\])*)"')
+_SF_ESCAPE: Final = re.compile(r'\\(["\\])')
+_BARE: Final = re.compile(r"[\x21-\x7e]+")
+_OWS: Final = " \t"
+
+
+def parse_key(value: str, *, strict: bool = False) -> str:
+    """Return the key carried by one ``Idempotency-Key`` field value.
+
+    Accepts the RFC 8941 sf-string form (``"abc"``) and, unless ``strict``, the bare form
+    (``abc``); both give the same key. The key is 1 to 255 printable ASCII characters.
+    Anything else raises :class:`InvalidKeyError` with the rule it broke.
+    """
+    value = value.strip(_OWS)
+    if not value:
+        return _invalid("the key is empty")
+    if not value.isascii():
+        return _invalid("the key must be ASCII")
+    if value[0] == '"':
+        match = _SF_STRING.fullmatch(value)
+        if match is None:
+            return _invalid("the key is not a valid RFC 8941 string")
+        key = match.group(1)
+        if "\\" in key:
+            key = _SF_ESCAPE.sub(r"\1", key)
+    elif strict:
+        return _invalid('the key must be an RFC 8941 string in double quotes, like "abc"')
+    elif _BARE.fullmatch(value) is None:
+        return _invalid("the key must be visible ASCII characters without spaces")
+    else:
+        key = value
+    if not key:
+        return _invalid("the key is empty")
+    if len(key) > MAX_KEY_LENGTH:
+        return _invalid(f"the key is longer than {MAX_KEY_LENGTH} characters")
+    return key
+
+
+def _invalid(reason: str) -> str:
+    raise InvalidKeyError(reason)
+
+
+@dataclass(frozen=True, slots=True)
+class Record:
+    """The Redis names of one idempotency record; ``digest`` is what sits in the braces."""
+
+    digest: str
+    key: str
+    lock: str
+
+
+def _length_prefixed(*parts: bytes) -> bytes:
+    return b"".join(b"%d:%b" % (len(part), part) for part in parts)
+
+
+def record_for(prefix: str, scope: str, method: str, route: str, key: str) -> Record:
+    """Name the record for ``key`` used by ``scope`` on ``method route``.
+
+    Same key in another scope or on another route is another record.
+    """
+    material = _length_prefixed(
+        scope.encode("utf-8", "surrogatepass"),
+        method.encode(),
+        route.encode("utf-8", "surrogatepass"),
+        key.encode("utf-8", "surrogatepass"),
+    )
+    digest = hashlib.blake2b(material, digest_size=16).hexdigest()
+    name = f"{prefix}:{{{digest}}}"
+    return Record(digest, name, name + ":lock")
+
+
+def fingerprint(method: str, target: str, query: str, content_type: str, body: bytes) -> str:
+    """Fingerprint an HTTP request; two requests with one key must match it to be one request.
+
+    ``target`` is the concrete path (not the route template), so one key cannot be replayed
+    against another resource on the same route. The query is compared as a sorted set of
+    ``name=value`` pairs, so parameter order does not matter.
+    """
+    if "&" in query:
+        query = "&".join(sorted(query.split("&")))
+    return xxhash.xxh3_128_hexdigest(
+        _length_prefixed(
+            method.encode(),
+            target.encode("utf-8", "surrogatepass"),
+            query.encode("utf-8", "surrogatepass"),
+            content_type.encode("latin-1", "replace"),
+            body,
+        )
+    )
+
+
+def payload_fingerprint(payload: bytes) -> str:
+    """Fingerprint a guard payload."""
+    return xxhash.xxh3_128_hexdigest(payload)
+
+
+def new_owner() -> str:
+    """A fresh, unguessable owner token for one claim."""
+    return secrets.token_hex(16)
+
+
+@dataclass(frozen=True, slots=True)
+class Claimed:
+    """We own the record: run the work. ``fence`` grows with every takeover."""
+
+    owner: str
+    fence: int
+    takeover: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Replay:
+    """The record is complete and the request matches: ``response`` is the stored value."""
+
+    response: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class InFlight:
+    """Another executor holds the lease; it lapses in ``retry_after`` seconds at the latest."""
+
+    retry_after: float
+
+
+@dataclass(frozen=True, slots=True)
+class Mismatch:
+    """The key was used with another request; the stored record is untouched."""
+
+
+Decision = Claimed | Replay | InFlight | Mismatch
+
+# Reply tags of claim.lua; integers decode faster than strings.
+_CLAIMED: Final = 1
+_REPLAY: Final = 2
+_IN_FLIGHT: Final = 3
+_MISMATCH: Final = 4
+_MISMATCH_DECISION: Final = Mismatch()
+
+
+def decode_claim_reply(reply: object, owner: str) -> Decision:
+    """Turn claim.lua's reply into a decision; anything unexpected is a :class:`StoreError`."""
+    if isinstance(reply, list) and reply:
+        tag = reply[0]
+        if tag == _REPLAY and len(reply) == 2 and isinstance(reply[1], bytes):
+            return Replay(reply[1])
+        if tag == _CLAIMED and len(reply) == 3:
+            return Claimed(owner, int(reply[1]), reply[2] == 1)
+        if tag == _IN_FLIGHT and len(reply) == 2:
+            return InFlight(max(int(reply[1]), 0) / 1000)
+        if tag == _MISMATCH:
+            return _MISMATCH_DECISION
+    raise StoreError(f"unexpected reply from the claim script: {reply!r:.200}")
+
+
+def retry_after_seconds(retry_after: float) -> int:
+    """The ``Retry-After`` header value: whole seconds, at least 1."""
+    whole = int(retry_after)
+    return max(1, whole + (whole < retry_after))
+
+
+_FIRST_POLL: Final = 0.005
+_MAX_POLL: Final = 0.25
+
+
+def next_poll_delay(previous: float, remaining: float) -> float:
+    """Backoff for a duplicate waiting on the first request: 5 ms doubling to 250 ms.
+
+    Never sleeps past the caller's remaining wait budget.
+    """
+    delay = _FIRST_POLL if previous <= 0 else min(previous * 2, _MAX_POLL)
+    return max(0.0, min(delay, remaining))

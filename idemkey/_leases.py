@@ -1,0 +1,60 @@
+"""Which live claims need their lease renewed, and when. Pure bookkeeping, no I/O, no locks.
+
+The stores' heartbeats (one thread, or one task per event loop, for all of a store's claims)
+ask this table what is due, renew it, and report back. A claim is renewed every lease/3, so
+two renewals can fail in a row before the lease lapses.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ._core import Record
+
+__all__ = ["Lease", "LeaseTable"]
+
+# After a failed renewal (Redis hiccup), try again soon rather than a full third later.
+_RETRY_FRACTION = 10
+
+
+@dataclass(eq=False, slots=True)
+class Lease:
+    record: Record
+    owner: str
+    lease_ms: int
+    due: float = field(default=0.0)
+
+
+class LeaseTable:
+    def __init__(self) -> None:
+        self._leases: dict[tuple[str, str], Lease] = {}
+
+    def __len__(self) -> int:
+        return len(self._leases)
+
+    def add(self, record: Record, owner: str, lease_ms: int, now: float) -> None:
+        lease = Lease(record, owner, lease_ms)
+        lease.due = now + lease_ms / 3000
+        self._leases[(record.key, owner)] = lease
+
+    def remove(self, record: Record, owner: str) -> None:
+        self._leases.pop((record.key, owner), None)
+
+    def holds(self, lease: Lease) -> bool:
+        """Whether ``lease`` is still live (not completed or released while it was renewed)."""
+        return self._leases.get((lease.record.key, lease.owner)) is lease
+
+    def next_due(self) -> float | None:
+        return min((lease.due for lease in self._leases.values()), default=None)
+
+    def due(self, now: float) -> list[Lease]:
+        return [lease for lease in self._leases.values() if lease.due <= now]
+
+    def renewed(self, lease: Lease, now: float) -> None:
+        lease.due = now + lease.lease_ms / 3000
+
+    def failed(self, lease: Lease, now: float) -> None:
+        lease.due = now + lease.lease_ms / 1000 / _RETRY_FRACTION
+
+    def clear(self) -> None:
+        self._leases.clear()

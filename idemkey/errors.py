@@ -1,0 +1,78 @@
+"""The exceptions idemkey raises, under one root.
+
+::
+
+    IdemkeyError
+    ├── InvalidKeyError          the Idempotency-Key (or a guard key) is malformed
+    ├── KeyReuseError            the key was already used with another payload
+    ├── RequestInFlightError     the first request with this key is still running
+    ├── LeaseLostError           another executor took the record over; our result was not stored
+    ├── ConfigurationError       a Policy, client or argument that cannot work
+    └── StoreError               Redis failed or answered something we cannot read
+        └── RecordFormatError    a stored record is not in a format this version reads
+
+Every error carries the context a caller needs to act (``reason``, ``retry_after``, ``fence``),
+never the raw key: raw keys are client input and may be secrets.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "ConfigurationError",
+    "IdemkeyError",
+    "InvalidKeyError",
+    "KeyReuseError",
+    "LeaseLostError",
+    "RecordFormatError",
+    "RequestInFlightError",
+    "StoreError",
+]
+
+
+class IdemkeyError(Exception):
+    """Root of every exception idemkey raises."""
+
+
+class InvalidKeyError(IdemkeyError, ValueError):
+    """The idempotency key is missing or malformed; ``reason`` says which rule it broke."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+class KeyReuseError(IdemkeyError):
+    """The key was used before with a different payload; the stored record is untouched."""
+
+    def __init__(self, message: str = "idempotency key reused with a different payload") -> None:
+        super().__init__(message)
+
+
+class RequestInFlightError(IdemkeyError):
+    """The first call with this key still runs; retry after ``retry_after`` seconds."""
+
+    def __init__(self, retry_after: float) -> None:
+        super().__init__(
+            f"a call with this idempotency key is in flight; retry in {retry_after:g} s"
+        )
+        self.retry_after = retry_after
+
+
+class LeaseLostError(IdemkeyError):
+    """Our lease lapsed and another executor took the record over; nothing of ours was stored."""
+
+    def __init__(self, fence: int | None = None) -> None:
+        super().__init__("the lease on this idempotency record was lost to another executor")
+        self.fence = fence
+
+
+class ConfigurationError(IdemkeyError, ValueError):
+    """A policy value, client or argument that cannot work."""
+
+
+class StoreError(IdemkeyError):
+    """Redis was unreachable, timed out, or answered with an error."""
+
+
+class RecordFormatError(StoreError):
+    """A stored record was written in a format this version cannot read."""

@@ -1,0 +1,79 @@
+"""Typed events for the ``on_event`` hook, and the ``idemkey`` logger.
+
+An event names the record by digests only: the raw idempotency key and the request body are
+client input (they may carry secrets) and never leave the library in an event or a log line.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Literal
+
+__all__ = ["Event", "EventKind", "emit", "logger"]
+
+logger = logging.getLogger("idemkey")
+
+EventKind = Literal[
+    "claimed",
+    "replayed",
+    "in_flight",
+    "mismatch",
+    "completed",
+    "released",
+    "takeover",
+    "lease_lost",
+    "store_error",
+    "unprotected",
+    "too_large",
+]
+
+_WARNINGS: frozenset[str] = frozenset({"lease_lost", "store_error", "unprotected"})
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    """One thing idemkey did with one record.
+
+    ``record`` is the record's digest (the same hex string inside the Redis key braces), so an
+    operator can find the record with ``idemkey inspect`` without the raw key being logged.
+    ``scope_digest`` is a short digest of the tenant scope. ``redis_seconds`` is the time spent
+    in the Redis call that produced the event, when there was one.
+    """
+
+    kind: EventKind
+    record: str
+    route: str = ""
+    method: str = ""
+    scope_digest: str = ""
+    fence: int | None = None
+    redis_seconds: float | None = None
+    detail: str = ""
+
+
+def emit(hook: Callable[[Event], None] | None, event: Event) -> None:
+    """Send ``event`` to ``hook`` and log it; a failing hook is logged, never raised."""
+    if event.kind in _WARNINGS:
+        logger.warning(
+            "idemkey %s on %s %s: %s",
+            event.kind,
+            event.method,
+            event.route,
+            event.detail,
+            extra={"idemkey_event": event.kind, "idemkey_record": event.record},
+        )
+    elif logger.isEnabledFor(logging.DEBUG):
+        logger.debug(
+            "idemkey %s on %s %s",
+            event.kind,
+            event.method,
+            event.route,
+            extra={"idemkey_event": event.kind, "idemkey_record": event.record},
+        )
+    if hook is None:
+        return
+    try:
+        hook(event)
+    except Exception:
+        logger.exception("idemkey on_event hook raised; the request goes on")

@@ -1,0 +1,359 @@
+"""guard() / aguard(): run a block of plain Python code once per idempotency key.
+
+::
+
+    with guard(store, f"charge:{invoice.id}", payload=invoice_bytes) as call:
+        if call.replayed:
+            return call.result
+        call.save(charge(invoice, fence=call.fence))
+
+A ``with`` body cannot be skipped (PEP 377 was rejected), so the replay path is explicit:
+``call.replayed`` and ``call.result``. ``save()`` only records the value; leaving the block
+completes the record with it, even when the block raises afterwards (the work is done and
+must not run twice). Leaving without ``save()``, or raising before it, releases the key so a
+retry runs again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import hashlib
+import inspect
+import time
+from collections.abc import Awaitable, Callable
+from types import TracebackType
+from typing import Any, Generic, TypeVar, cast, overload
+
+from ._codec import decode_value, encode_payload, encode_value
+from ._core import (
+    Claimed,
+    Decision,
+    InFlight,
+    Mismatch,
+    Record,
+    Replay,
+    next_poll_delay,
+    payload_fingerprint,
+    record_for,
+)
+from .errors import InvalidKeyError, KeyReuseError, LeaseLostError, RequestInFlightError
+from .events import Event, EventKind, emit, logger
+from .policy import Policy
+from .store import AsyncRedisStore, RedisStore
+
+__all__ = ["AsyncGuard", "Call", "Guard", "aguard", "guard", "idempotent"]
+
+T = TypeVar("T")
+GUARD_METHOD = "GUARD"  # the record's "method" for guards: never equal to an HTTP method's record
+
+_UNSET: Any = object()
+
+
+class Call(Generic[T]):
+    """What a guard yields: either a replay of the stored result, or a claim to do the work."""
+
+    __slots__ = ("_result", "_saved", "fence", "replayed", "takeover")
+
+    def __init__(
+        self,
+        *,
+        replayed: bool,
+        result: Any = _UNSET,
+        fence: int | None = None,
+        takeover: bool = False,
+    ) -> None:
+        self.replayed = replayed
+        #: Fencing token: grows with every takeover; pass it to downstream writes.
+        self.fence = fence
+        #: True when this claim took over from an executor whose lease lapsed.
+        self.takeover = takeover
+        self._result: Any = result
+        self._saved: bytes | None = None
+
+    @property
+    def result(self) -> T:
+        """The stored result of the first run (only when ``replayed``), or what was saved."""
+        if self._result is _UNSET:
+            raise AttributeError("no result: this call was not replayed and nothing was saved")
+        return cast(T, self._result)
+
+    def save(self, value: T) -> None:
+        """Record the result; the record completes with it when the block exits."""
+        if self.replayed:
+            raise RuntimeError("cannot save() on a replayed call")
+        self._saved = encode_value(value)
+        self._result = value
+
+
+class _GuardState(Generic[T]):
+    """The I/O-free part of a guard: which record, which fingerprint, what a decision means."""
+
+    def __init__(
+        self,
+        key: str,
+        payload: object,
+        scope: str,
+        policy: Policy | None,
+        result_type: Any,
+        store_policy: Policy,
+    ) -> None:
+        if not isinstance(key, str) or not key:
+            raise InvalidKeyError("a guard key must be a non-empty string")
+        self.policy = policy if policy is not None else store_policy
+        self.scope = scope
+        self.record: Record = record_for(self.policy.prefix, scope, GUARD_METHOD, "", key)
+        self.fingerprint = payload_fingerprint(encode_payload(payload))
+        self.result_type = result_type
+        self.claim: Claimed | None = None
+        self.call: Call[T] | None = None
+
+    def enter(self, decision: Decision) -> Call[T] | None:
+        """Call for a decision, None to wait and claim again; raises for mismatch/in flight."""
+        kind = type(decision)
+        if kind is Claimed:
+            claim = cast(Claimed, decision)
+            self.claim = claim
+            self.notify("takeover" if claim.takeover else "claimed", claim.fence)
+            self.call = Call(replayed=False, fence=claim.fence, takeover=claim.takeover)
+            return self.call
+        if kind is Replay:
+            self.notify("replayed")
+            value = decode_value(cast(Replay, decision).response, self.result_type)
+            return Call(replayed=True, result=value)
+        if kind is Mismatch:
+            self.notify("mismatch")
+            raise KeyReuseError()
+        self.notify("in_flight")
+        raise RequestInFlightError(cast(InFlight, decision).retry_after)
+
+    def notify(self, kind: EventKind, fence: int | None = None, detail: str = "") -> None:
+        hook = self.policy.on_event
+        if hook is None and kind not in ("lease_lost",) and not logger.isEnabledFor(10):
+            return
+        scope = hashlib.blake2b(self.scope.encode(), digest_size=6).hexdigest()
+        event = Event(kind, self.record.digest, "", GUARD_METHOD, scope, fence, None, detail)
+        emit(hook, event)
+
+
+class Guard(_GuardState[T]):
+    """The context manager :func:`guard` returns."""
+
+    def __init__(
+        self,
+        store: RedisStore,
+        key: str,
+        payload: object,
+        scope: str,
+        policy: Policy | None,
+        result_type: Any,
+    ) -> None:
+        super().__init__(key, payload, scope, policy, result_type, store.policy)
+        self.store = store
+
+    def __enter__(self) -> Call[T]:
+        policy, deadline, delay = self.policy, time.monotonic() + self.policy.wait, 0.0
+        while True:
+            decision = self.store.claim(
+                self.record, self.fingerprint, lease_ms=policy.lease_ms, ttl_ms=policy.ttl_ms
+            )
+            remaining = deadline - time.monotonic()
+            if type(decision) is not InFlight or remaining <= 0:
+                call = self.enter(decision)
+                assert call is not None
+                return call
+            delay = next_poll_delay(delay, remaining)
+            time.sleep(delay)
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        claim, call = self.claim, self.call
+        if claim is None or call is None:
+            return
+        if call._saved is None:
+            if self.store.release(self.record, claim.owner):
+                self.notify("released", claim.fence)
+            return
+        if self.store.complete(self.record, claim.owner, call._saved, ttl_ms=self.policy.ttl_ms):
+            self.notify("completed", claim.fence)
+        else:
+            self.notify("lease_lost", claim.fence, "another executor took the record over")
+            if exc is None:
+                raise LeaseLostError(claim.fence)
+
+
+class AsyncGuard(_GuardState[T]):
+    """The async context manager :func:`aguard` returns."""
+
+    def __init__(
+        self,
+        store: AsyncRedisStore,
+        key: str,
+        payload: object,
+        scope: str,
+        policy: Policy | None,
+        result_type: Any,
+    ) -> None:
+        super().__init__(key, payload, scope, policy, result_type, store.policy)
+        self.store = store
+
+    async def __aenter__(self) -> Call[T]:
+        policy, deadline, delay = self.policy, time.monotonic() + self.policy.wait, 0.0
+        while True:
+            decision = await self.store.claim(
+                self.record, self.fingerprint, lease_ms=policy.lease_ms, ttl_ms=policy.ttl_ms
+            )
+            remaining = deadline - time.monotonic()
+            if type(decision) is not InFlight or remaining <= 0:
+                call = self.enter(decision)
+                assert call is not None
+                return call
+            delay = next_poll_delay(delay, remaining)
+            await asyncio.sleep(delay)
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        claim, call = self.claim, self.call
+        if claim is None or call is None:
+            return
+        if call._saved is None:
+            if await self.store.release(self.record, claim.owner):
+                self.notify("released", claim.fence)
+            return
+        ttl_ms = self.policy.ttl_ms
+        if await self.store.complete(self.record, claim.owner, call._saved, ttl_ms=ttl_ms):
+            self.notify("completed", claim.fence)
+        else:
+            self.notify("lease_lost", claim.fence, "another executor took the record over")
+            if exc is None:
+                raise LeaseLostError(claim.fence)
+
+
+def guard(
+    store: RedisStore,
+    key: str,
+    *,
+    payload: object = b"",
+    scope: str = "",
+    policy: Policy | None = None,
+    result_type: type[T] | Any = Any,
+) -> Guard[T]:
+    """Run a block once per ``key`` (within ``scope``); see the module docstring.
+
+    ``payload`` identifies the work (bytes, str, or anything msgspec encodes): the same key
+    with another payload raises :class:`KeyReuseError`. While the first call runs, others raise
+    :class:`RequestInFlightError`, or wait up to ``policy.wait`` seconds for its result.
+    ``result_type`` decodes a replayed result into that type (a Struct, a dataclass, ...).
+    """
+    return Guard(store, key, payload, scope, policy, result_type)
+
+
+def aguard(
+    store: AsyncRedisStore,
+    key: str,
+    *,
+    payload: object = b"",
+    scope: str = "",
+    policy: Policy | None = None,
+    result_type: type[T] | Any = Any,
+) -> AsyncGuard[T]:
+    """The asyncio twin of :func:`guard`: ``async with aguard(store, key, ...) as call``."""
+    return AsyncGuard(store, key, payload, scope, policy, result_type)
+
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+@overload
+def idempotent(
+    store: RedisStore,
+    *,
+    key: Callable[..., str],
+    payload: Callable[..., object] | None = ...,
+    scope: str = ...,
+    policy: Policy | None = ...,
+    result_type: Any = ...,
+) -> Callable[[F], F]: ...
+@overload
+def idempotent(
+    store: AsyncRedisStore,
+    *,
+    key: Callable[..., str],
+    payload: Callable[..., object] | None = ...,
+    scope: str = ...,
+    policy: Policy | None = ...,
+    result_type: Any = ...,
+) -> Callable[[F], F]: ...
+def idempotent(
+    store: RedisStore | AsyncRedisStore,
+    *,
+    key: Callable[..., str],
+    payload: Callable[..., object] | None = None,
+    scope: str = "",
+    policy: Policy | None = None,
+    result_type: Any = Any,
+) -> Callable[[F], F]:
+    """Make a function (sync or async) run once per key, for queue workers::
+
+        @idempotent(store, key=lambda invoice: f"charge:{invoice.id}")
+        def charge(invoice): ...
+
+    ``key`` and ``payload`` receive the call's arguments. The payload defaults to the arguments
+    themselves (they must then be msgspec-encodable). A repeat call returns the stored result.
+    """
+
+    def identify(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[str, object]:
+        data = payload(*args, **kwargs) if payload is not None else [args, kwargs]
+        return key(*args, **kwargs), data
+
+    def decorate(func: F) -> F:
+        if inspect.iscoroutinefunction(func):
+            if not isinstance(store, AsyncRedisStore):
+                raise TypeError("an async function needs an AsyncRedisStore")
+            astore = store
+
+            @functools.wraps(func)
+            async def arun(*args: Any, **kwargs: Any) -> Any:
+                call_key, data = identify(args, kwargs)
+                async with aguard(
+                    astore,
+                    call_key,
+                    payload=data,
+                    scope=scope,
+                    policy=policy,
+                    result_type=result_type,
+                ) as call:
+                    if call.replayed:
+                        return call.result
+                    result = await cast(Callable[..., Awaitable[Any]], func)(*args, **kwargs)
+                    call.save(result)
+                    return result
+
+            return cast(F, arun)
+        if not isinstance(store, RedisStore):
+            raise TypeError("a sync function needs a RedisStore")
+        sstore = store
+
+        @functools.wraps(func)
+        def run(*args: Any, **kwargs: Any) -> Any:
+            call_key, data = identify(args, kwargs)
+            with guard(
+                sstore, call_key, payload=data, scope=scope, policy=policy, result_type=result_type
+            ) as call:
+                if call.replayed:
+                    return call.result
+                result = func(*args, **kwargs)
+                call.save(result)
+                return result
+
+        return cast(F, run)
+
+    return decorate

@@ -1,0 +1,54 @@
+-- claim: decide what a request with an idempotency key does, in one round trip.
+--
+-- KEYS[1]  record hash   {prefix}:{<digest>}       fields fp, state, owner, fence, resp, at
+-- KEYS[2]  lock string   {prefix}:{<digest>}:lock  holds the owner token while a claim is live
+-- ARGV[1]  fp            request fingerprint (hex)
+-- ARGV[2]  owner         fresh random token of the caller
+-- ARGV[3]  lease_ms      lease length, milliseconds
+-- ARGV[4]  retention_ms  how long the record lives, milliseconds
+--
+-- Record field "at" is the server time of the last claim or completion, in milliseconds.
+--
+-- Reply, first element a tag:
+--   {1, fence, takeover}  claimed: run the work; takeover = 1 when a lapsed claim was taken over
+--   {2, resp}             replay: the record is complete, resp is the stored response
+--   {3, pttl_ms}          in flight: another owner holds the lease for pttl_ms more
+--   {4}                   mismatch: the key was used with another fingerprint
+--
+-- Invariants: reads and checks first, writes last. Running it twice with the same owner
+-- (redis-py re-sends a command after a timeout) answers claimed both times and writes once.
+-- A completed record is never written here.
+
+local record = redis.call("HMGET", KEYS[1], "state", "fp", "resp", "fence")
+local state, fp, resp = record[1], record[2], record[3]
+
+if state then
+  if fp ~= ARGV[1] then
+    return {4}
+  end
+  if state == "complete" then
+    return {2, resp}
+  end
+end
+
+local holder = redis.call("GET", KEYS[2])
+if holder == ARGV[2] then
+  return {1, tonumber(record[4]) or 0, 0}
+end
+if holder then
+  return {3, redis.call("PTTL", KEYS[2])}
+end
+
+-- The lock is free: a new key, a key released after a failure, or a crashed owner's lapsed
+-- lease (state still in_progress: a takeover, which bumps the fence).
+local takeover = 0
+if state == "in_progress" then
+  takeover = 1
+end
+redis.call("SET", KEYS[2], ARGV[2], "PX", tonumber(ARGV[3]))
+local fence = redis.call("HINCRBY", KEYS[1], "fence", 1)
+local now = redis.call("TIME")
+redis.call("HSET", KEYS[1], "state", "in_progress", "fp", ARGV[1], "owner", ARGV[2],
+  "at", now[1] .. string.format("%03d", math.floor(now[2] / 1000)))
+redis.call("PEXPIRE", KEYS[1], tonumber(ARGV[4]))
+return {1, fence, takeover}

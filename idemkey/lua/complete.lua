@@ -1,0 +1,28 @@
+-- complete: store the response of a finished request and free its lease.
+--
+-- KEYS[1]  record hash   {prefix}:{<digest>}
+-- KEYS[2]  lock string   {prefix}:{<digest>}:lock
+-- ARGV[1]  owner         the token the claim returned
+-- ARGV[2]  resp          encoded response (version byte + msgpack)
+-- ARGV[3]  retention_ms  how long the completed record is replayed, milliseconds
+--
+-- Reply: 1 stored (or already stored by this owner), 0 lost: another owner took the record over
+-- after our lease lapsed, and nothing was written.
+--
+-- The owner field, not the lock, decides: a lease that lapsed without anyone taking over still
+-- lets its owner complete, since no one else ran the work.
+
+if redis.call("HGET", KEYS[1], "owner") ~= ARGV[1] then
+  return 0
+end
+if redis.call("HGET", KEYS[1], "state") == "complete" then
+  return 1
+end
+if redis.call("GET", KEYS[2]) == ARGV[1] then
+  redis.call("DEL", KEYS[2])
+end
+local now = redis.call("TIME")
+redis.call("HSET", KEYS[1], "state", "complete", "resp", ARGV[2],
+  "at", now[1] .. string.format("%03d", math.floor(now[2] / 1000)))
+redis.call("PEXPIRE", KEYS[1], tonumber(ARGV[3]))
+return 1

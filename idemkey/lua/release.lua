@@ -1,0 +1,22 @@
+-- release: give up a claim that did not produce a stored answer, so a retry runs afresh.
+--
+-- KEYS[1]  record hash   {prefix}:{<digest>}
+-- KEYS[2]  lock string   {prefix}:{<digest>}:lock
+-- ARGV[1]  owner         the token the claim returned
+--
+-- Reply: 1 released, 0 not ours (taken over, already released, or complete: untouched).
+--
+-- The fence counter stays behind (until the record's TTL): fencing tokens handed to
+-- downstream systems must keep growing, even across a release and a fresh claim.
+
+if redis.call("HGET", KEYS[1], "owner") ~= ARGV[1] then
+  return 0
+end
+if redis.call("HGET", KEYS[1], "state") ~= "in_progress" then
+  return 0
+end
+if redis.call("GET", KEYS[2]) == ARGV[1] then
+  redis.call("DEL", KEYS[2])
+end
+redis.call("HDEL", KEYS[1], "state", "fp", "owner", "resp", "at")
+return 1

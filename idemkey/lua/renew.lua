@@ -1,0 +1,26 @@
+-- renew: extend a live claim's lease (the heartbeat).
+--
+-- KEYS[1]  record hash   {prefix}:{<digest>}
+-- KEYS[2]  lock string   {prefix}:{<digest>}:lock
+-- ARGV[1]  owner         the token the claim returned
+-- ARGV[2]  lease_ms      new lease length from now, milliseconds
+--
+-- Reply: 1 the lease is ours for lease_ms more, 0 it is not (taken over, released, complete).
+--
+-- A lease that lapsed while nobody took over is taken back: the record still names us, so no
+-- one else ran the work.
+
+local holder = redis.call("GET", KEYS[2])
+if holder == ARGV[1] then
+  redis.call("PEXPIRE", KEYS[2], tonumber(ARGV[2]))
+  return 1
+end
+if holder then
+  return 0
+end
+if redis.call("HGET", KEYS[1], "owner") == ARGV[1]
+    and redis.call("HGET", KEYS[1], "state") == "in_progress" then
+  redis.call("SET", KEYS[2], ARGV[1], "PX", tonumber(ARGV[2]))
+  return 1
+end
+return 0

@@ -1,0 +1,141 @@
+"""Policy: every knob idemkey has, with its default, in one frozen object.
+
+A Policy is shared by a store, the guards and the HTTP adapters. It is immutable, so one
+object can serve many apps and threads without any of them changing another's behaviour;
+derive a variant with ``policy.replace(wait=2.0)``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Literal
+
+from .errors import ConfigurationError
+
+if TYPE_CHECKING:
+    from .events import Event
+    from .http import Request
+
+__all__ = [
+    "DEFAULT_HEADER_DENYLIST",
+    "NEVER_BEGAN_STATUSES",
+    "Policy",
+    "credential_scope",
+]
+
+#: 4xx answers that mean "the request never began": nothing happened, so the key is released
+#: and the client may fix the request and retry with the same key. Every other 4xx (402 Payment
+#: Required, say) is a real outcome and is stored and replayed.
+NEVER_BEGAN_STATUSES: frozenset[int] = frozenset(
+    {400, 401, 403, 404, 405, 406, 407, 408, 409, 411, 412, 413, 414, 415, 417, 421, 422, 425,
+     426, 428, 429, 431}
+)  # fmt: skip
+
+#: Response headers never stored: hop-by-hop headers (RFC 9110 section 7.6.1), ``Date`` (a replay
+#: gets a fresh one from the server) and ``Set-Cookie`` (a replay must not hand out a session).
+DEFAULT_HEADER_DENYLIST: frozenset[str] = frozenset(
+    {"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "proxy-connection",
+     "te", "trailer", "transfer-encoding", "upgrade", "date", "set-cookie"}
+)  # fmt: skip
+
+_CREDENTIAL_HEADERS = ("authorization", "x-api-key", "cookie")
+
+
+def credential_scope(request: Request) -> str:
+    """Default scope: a digest of the request's credentials (Authorization, X-Api-Key, Cookie).
+
+    Two different credentials never share a record. It is a safe default, not a good one: a
+    rotated token or a changed cookie starts a new scope, so a retry sent with it runs again.
+    Set ``Policy(scope=...)`` to your tenant or account id.
+    """
+    digest = hashlib.blake2b(digest_size=16)
+    for name in _CREDENTIAL_HEADERS:
+        value = request.headers.get(name)
+        if value is not None:
+            digest.update(b"%d:%s" % (len(value), value.encode("latin-1", "replace")))
+        digest.update(b";")
+    return digest.hexdigest()
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Policy:
+    """How idemkey treats a keyed request. Times are in seconds, sizes in bytes."""
+
+    #: How long a completed record is kept and replayed (retention window). Stripe keeps 24 h.
+    ttl: float = 86_400.0
+    #: How long a claim holds the key without a heartbeat; a crashed executor frees it after this.
+    lease: float = 30.0
+    #: How long a duplicate waits for the first request to finish before it gets 409 (0: no wait).
+    wait: float = 0.0
+    #: HTTP methods that are guarded; a key on any other method is ignored.
+    methods: frozenset[str] = frozenset({"POST", "PATCH"})
+    #: Whether a guarded route answers 400 when the key is missing (else it runs unprotected).
+    require_key: bool = True
+    #: Require the RFC 8941 sf-string form (``"abc"``); by default the bare form is accepted too.
+    strict_header: bool = False
+    #: The request header that carries the key.
+    header: str = "Idempotency-Key"
+    #: Keyed requests with a larger body get 413 (never a silent bypass).
+    max_request_bytes: int = 1 << 20
+    #: Larger or streamed response bodies pass through unbuffered and are not stored.
+    max_response_bytes: int = 1 << 20
+    #: When Redis fails: "closed" answers 503 and does not run the handler; "open" runs it
+    #: unprotected and emits an ``unprotected`` event.
+    on_store_error: Literal["closed", "open"] = "closed"
+    #: Seconds a client is told to wait (Retry-After) after a 503 from a store error.
+    store_error_retry_after: float = 1.0
+    #: Redis key prefix; records are ``{prefix}:{<digest>}``.
+    prefix: str = "idemkey"
+    #: The tenant a request belongs to; same key in two scopes = two independent records.
+    scope: Callable[[Request], str] = credential_scope
+    #: Status for a key reused with another body: 422 (IETF draft) or 400 (Stripe).
+    mismatch_status: int = 422
+    #: Store and replay 5xx answers too, instead of releasing the key so a retry runs again.
+    store_server_errors: bool = False
+    #: 4xx answers that mean the request never began: released, not stored.
+    release_statuses: frozenset[int] = NEVER_BEGAN_STATUSES
+    #: Response headers (lower case) never stored.
+    header_denylist: frozenset[str] = DEFAULT_HEADER_DENYLIST
+    #: If set, only these response headers (lower case) are stored.
+    header_allowlist: frozenset[str] | None = None
+    #: Called with every :class:`idemkey.events.Event`; exceptions in it are logged, not raised.
+    on_event: Callable[[Event], None] | None = field(default=None, compare=False)
+
+    def __post_init__(self) -> None:
+        if not 0 < self.lease < self.ttl:
+            raise ConfigurationError(f"need 0 < lease < ttl, got lease={self.lease} ttl={self.ttl}")
+        if self.wait < 0 or self.store_error_retry_after < 0:
+            raise ConfigurationError("wait and store_error_retry_after must be >= 0")
+        if not self.prefix or any(c in self.prefix for c in "{}"):
+            raise ConfigurationError("prefix must be non-empty and contain no '{' or '}'")
+        if self.on_store_error not in ("closed", "open"):
+            raise ConfigurationError("on_store_error must be 'closed' or 'open'")
+        if self.mismatch_status not in (400, 409, 422):
+            raise ConfigurationError("mismatch_status must be 400, 409 or 422")
+        if self.max_request_bytes < 0 or self.max_response_bytes < 0:
+            raise ConfigurationError("size limits must be >= 0")
+        if not self.header or not self.header.isascii():
+            raise ConfigurationError("header must be a non-empty ASCII header name")
+        # Normalise case once here so every comparison on the hot path is a plain lookup.
+        object.__setattr__(self, "methods", frozenset(m.upper() for m in self.methods))
+        object.__setattr__(
+            self, "header_denylist", frozenset(h.lower() for h in self.header_denylist)
+        )
+        if self.header_allowlist is not None:
+            allow = frozenset(h.lower() for h in self.header_allowlist)
+            object.__setattr__(self, "header_allowlist", allow)
+
+    @property
+    def lease_ms(self) -> int:
+        return max(1, int(self.lease * 1000))
+
+    @property
+    def ttl_ms(self) -> int:
+        return max(1, int(self.ttl * 1000))
+
+    def replace(self, **changes: Any) -> Policy:
+        """A copy with ``changes`` applied (and validated)."""
+        return dataclasses.replace(self, **changes)

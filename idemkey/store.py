@@ -1,0 +1,320 @@
+"""RedisStore and AsyncRedisStore: the only code that talks to Redis.
+
+Each method sends one script call and hands the reply to ``_core``; every decision lives
+there. The two classes stand side by side and differ only in ``await``.
+
+Scripts are registered per store instance (``client.register_script``), never on a class bound
+to the first client. The hot path sends a bare ``EVALSHA`` with ``execute_command``, which saves
+redis-py's per-call argument shuffling, and falls back to the registered ``Script`` (which loads
+the script and retries) when the server answers NOSCRIPT, e.g. after a restart or a failover.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import threading
+import time
+from importlib.resources import files
+from typing import Any, Final
+
+from ._core import Claimed, Decision, Record, decode_claim_reply, new_owner
+from ._leases import Lease, LeaseTable
+from .errors import ConfigurationError, StoreError
+from .events import Event, emit, logger
+from .policy import Policy
+
+__all__ = ["AsyncRedisStore", "RedisStore"]
+
+SCRIPT_NAMES: Final = ("claim", "complete", "release", "renew")
+SCRIPTS: Final[dict[str, str]] = {
+    name: (files("idemkey") / "lua" / f"{name}.lua").read_text("utf-8") for name in SCRIPT_NAMES
+}
+
+
+def _backend_errors(client: Any) -> tuple[tuple[type[BaseException], ...], type[BaseException]]:
+    """(errors to wrap as StoreError, the NOSCRIPT error) of the client's library."""
+    if type(client).__module__.startswith("valkey"):
+        from valkey.exceptions import NoScriptError as ValkeyNoScript
+        from valkey.exceptions import ValkeyError
+
+        return (ValkeyError, OSError), ValkeyNoScript
+    from redis.exceptions import NoScriptError, RedisError
+
+    return (RedisError, OSError), NoScriptError
+
+
+class _StoreBase:
+    """What both stores share: the client check, the scripts, the policy."""
+
+    def __init__(self, client: Any, policy: Policy | None) -> None:
+        encoder = getattr(client, "get_encoder", None)
+        if encoder is None or not hasattr(client, "execute_command"):
+            raise ConfigurationError(
+                f"expected a redis-py or valkey client, got {type(client).__name__}"
+            )
+        if getattr(encoder(), "decode_responses", False):
+            raise ConfigurationError(
+                "the Redis client must use decode_responses=False: stored responses are bytes"
+            )
+        self.client = client
+        self.policy = policy if policy is not None else Policy()
+        self._errors, self._noscript = _backend_errors(client)
+        self._scripts = {name: client.register_script(text) for name, text in SCRIPTS.items()}
+        self._leases = LeaseTable()
+
+    def _store_error(self, name: str, exc: BaseException) -> StoreError:
+        return StoreError(f"Redis failed during {name}: {type(exc).__name__}: {exc}")
+
+    def _lease_lost(self, lease: Lease) -> None:
+        emit(
+            self.policy.on_event,
+            Event(
+                "lease_lost", lease.record.digest, detail="another executor took the record over"
+            ),
+        )
+
+
+class RedisStore(_StoreBase):
+    """Idempotency records in Redis, for threads and plain functions.
+
+    ``client`` is a ``redis.Redis``, ``redis.cluster.RedisCluster`` or ``valkey.Valkey`` made
+    with ``decode_responses=False``; the store does not close it. ``policy`` gives the default
+    lease, retention and prefix for callers that pass none.
+    """
+
+    def __init__(self, client: Any, policy: Policy | None = None) -> None:
+        super().__init__(client, policy)
+        self._wakeup = threading.Condition()
+        self._heartbeat: threading.Thread | None = None
+        self._pid = os.getpid()
+        self._closed = False
+
+    def _eval(self, name: str, *keys_and_args: str | bytes | int) -> Any:
+        script = self._scripts[name]
+        try:
+            try:
+                return self.client.execute_command("EVALSHA", script.sha, 2, *keys_and_args)
+            except self._noscript:
+                return script(keys_and_args[:2], keys_and_args[2:])
+        except self._errors as exc:
+            raise self._store_error(name, exc) from exc
+
+    def claim(
+        self,
+        record: Record,
+        fingerprint: str,
+        *,
+        owner: str | None = None,
+        lease_ms: int | None = None,
+        ttl_ms: int | None = None,
+        heartbeat: bool = True,
+    ) -> Decision:
+        """Claim ``record`` for a request with ``fingerprint``; see claim.lua for the answers.
+
+        A ``Claimed`` record is renewed by the store's heartbeat until it is completed or
+        released (unless ``heartbeat=False``).
+        """
+        owner = owner or new_owner()
+        lease_ms = lease_ms or self.policy.lease_ms
+        ttl_ms = ttl_ms or self.policy.ttl_ms
+        reply = self._eval("claim", record.key, record.lock, fingerprint, owner, lease_ms, ttl_ms)
+        decision = decode_claim_reply(reply, owner)
+        if heartbeat and type(decision) is Claimed:
+            self._watch(record, owner, lease_ms)
+        return decision
+
+    def complete(
+        self, record: Record, owner: str, response: bytes, *, ttl_ms: int | None = None
+    ) -> bool:
+        """Store ``response``; False when another owner took over (nothing written)."""
+        self._unwatch(record, owner)
+        ttl_ms = ttl_ms or self.policy.ttl_ms
+        return bool(self._eval("complete", record.key, record.lock, owner, response, ttl_ms) == 1)
+
+    def release(self, record: Record, owner: str) -> bool:
+        """Free an unfinished claim so a retry runs afresh; False when it was not ours."""
+        self._unwatch(record, owner)
+        return bool(self._eval("release", record.key, record.lock, owner) == 1)
+
+    def renew(self, record: Record, owner: str, *, lease_ms: int | None = None) -> bool:
+        """Extend the lease by ``lease_ms``; False when it is no longer ours."""
+        lease_ms = lease_ms or self.policy.lease_ms
+        return bool(self._eval("renew", record.key, record.lock, owner, lease_ms) == 1)
+
+    def close(self) -> None:
+        """Stop the heartbeat. The Redis client stays open: it belongs to the caller."""
+        with self._wakeup:
+            self._closed = True
+            self._leases.clear()
+            self._wakeup.notify_all()
+
+    # The heartbeat: one daemon thread per store renews every live claim of this process.
+
+    def _watch(self, record: Record, owner: str, lease_ms: int) -> None:
+        with self._wakeup:
+            if self._pid != os.getpid():  # forked: the parent's claims and thread are not ours
+                self._pid, self._heartbeat = os.getpid(), None
+                self._leases.clear()
+            self._leases.add(record, owner, lease_ms, time.monotonic())
+            if self._heartbeat is None and not self._closed:
+                self._heartbeat = threading.Thread(
+                    target=self._beat, name="idemkey-heartbeat", daemon=True
+                )
+                self._heartbeat.start()
+            self._wakeup.notify()
+
+    def _unwatch(self, record: Record, owner: str) -> None:
+        with self._wakeup:
+            self._leases.remove(record, owner)
+
+    def _beat(self) -> None:
+        while True:
+            with self._wakeup:
+                due = self._leases.due(time.monotonic())
+                while not due and not self._closed:
+                    next_due = self._leases.next_due()
+                    timeout = None if next_due is None else max(0.0, next_due - time.monotonic())
+                    self._wakeup.wait(timeout)
+                    due = self._leases.due(time.monotonic())
+                if self._closed:
+                    return
+            for lease in due:
+                try:
+                    ours = self.renew(lease.record, lease.owner, lease_ms=lease.lease_ms)
+                except StoreError as exc:
+                    logger.warning("idemkey heartbeat could not renew a lease: %s", exc)
+                    ours = None
+                with self._wakeup:
+                    if not self._leases.holds(lease):
+                        continue  # completed or released meanwhile: its answer means nothing
+                    if ours is None:
+                        self._leases.failed(lease, time.monotonic())
+                    elif ours:
+                        self._leases.renewed(lease, time.monotonic())
+                    else:
+                        self._leases.remove(lease.record, lease.owner)
+                if ours is False:
+                    self._lease_lost(lease)
+
+
+class AsyncRedisStore(_StoreBase):
+    """Idempotency records in Redis, for asyncio: ``redis.asyncio.Redis``, its ``RedisCluster``
+    or ``valkey.asyncio.Valkey``, made with ``decode_responses=False``."""
+
+    def __init__(self, client: Any, policy: Policy | None = None) -> None:
+        super().__init__(client, policy)
+        self._heartbeat: asyncio.Task[None] | None = None
+        self._wakeup: asyncio.Event | None = None
+
+    async def _eval(self, name: str, *keys_and_args: str | bytes | int) -> Any:
+        script = self._scripts[name]
+        try:
+            try:
+                return await self.client.execute_command("EVALSHA", script.sha, 2, *keys_and_args)
+            except self._noscript:
+                return await script(keys_and_args[:2], keys_and_args[2:])
+        except self._errors as exc:
+            raise self._store_error(name, exc) from exc
+
+    async def claim(
+        self,
+        record: Record,
+        fingerprint: str,
+        *,
+        owner: str | None = None,
+        lease_ms: int | None = None,
+        ttl_ms: int | None = None,
+        heartbeat: bool = True,
+    ) -> Decision:
+        """Claim ``record`` for a request with ``fingerprint``; see :meth:`RedisStore.claim`."""
+        owner = owner or new_owner()
+        lease_ms = lease_ms or self.policy.lease_ms
+        ttl_ms = ttl_ms or self.policy.ttl_ms
+        reply = await self._eval(
+            "claim", record.key, record.lock, fingerprint, owner, lease_ms, ttl_ms
+        )
+        decision = decode_claim_reply(reply, owner)
+        if heartbeat and type(decision) is Claimed:
+            self._watch(record, owner, lease_ms)
+        return decision
+
+    async def complete(
+        self, record: Record, owner: str, response: bytes, *, ttl_ms: int | None = None
+    ) -> bool:
+        """Store ``response``; False when another owner took over (nothing written)."""
+        self._leases.remove(record, owner)
+        ttl_ms = ttl_ms or self.policy.ttl_ms
+        reply = await self._eval("complete", record.key, record.lock, owner, response, ttl_ms)
+        return bool(reply == 1)
+
+    async def release(self, record: Record, owner: str) -> bool:
+        """Free an unfinished claim so a retry runs afresh; False when it was not ours."""
+        self._leases.remove(record, owner)
+        return bool(await self._eval("release", record.key, record.lock, owner) == 1)
+
+    async def renew(self, record: Record, owner: str, *, lease_ms: int | None = None) -> bool:
+        """Extend the lease by ``lease_ms``; False when it is no longer ours."""
+        lease_ms = lease_ms or self.policy.lease_ms
+        return bool(await self._eval("renew", record.key, record.lock, owner, lease_ms) == 1)
+
+    async def aclose(self) -> None:
+        """Stop the heartbeat. The Redis client stays open: it belongs to the caller."""
+        self._leases.clear()
+        task, self._heartbeat = self._heartbeat, None
+        if task is not None and not task.done():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    # The heartbeat: one task renews every live claim; it ends when none is left for a while,
+    # so no task outlives its event loop's work.
+
+    def _watch(self, record: Record, owner: str, lease_ms: int) -> None:
+        self._leases.add(record, owner, lease_ms, time.monotonic())
+        task = self._heartbeat
+        if task is None or task.done() or task.get_loop() is not asyncio.get_running_loop():
+            self._wakeup = asyncio.Event()
+            self._heartbeat = asyncio.get_running_loop().create_task(self._beat(self._wakeup))
+        elif self._wakeup is not None:
+            self._wakeup.set()
+
+    async def _beat(self, wakeup: asyncio.Event) -> None:
+        while True:
+            next_due = self._leases.next_due()
+            now = time.monotonic()
+            if next_due is None or next_due > now:
+                wakeup.clear()
+                timeout = _IDLE_SECONDS if next_due is None else next_due - now
+                try:
+                    await asyncio.wait_for(wakeup.wait(), timeout)
+                except asyncio.TimeoutError:
+                    if not self._leases:
+                        return
+                continue
+            due = self._leases.due(now)
+            answers = await asyncio.gather(
+                *(self._renew_quietly(lease) for lease in due), return_exceptions=False
+            )
+            for lease, ours in zip(due, answers, strict=True):
+                if not self._leases.holds(lease):
+                    continue
+                if ours is None:
+                    self._leases.failed(lease, time.monotonic())
+                elif ours:
+                    self._leases.renewed(lease, time.monotonic())
+                else:
+                    self._leases.remove(lease.record, lease.owner)
+                    self._lease_lost(lease)
+
+    async def _renew_quietly(self, lease: Lease) -> bool | None:
+        try:
+            return await self.renew(lease.record, lease.owner, lease_ms=lease.lease_ms)
+        except StoreError as exc:
+            logger.warning("idemkey heartbeat could not renew a lease: %s", exc)
+            return None
+
+
+# How long an idle async heartbeat waits for new claims before its task ends.
+_IDLE_SECONDS: Final = 1.0
