@@ -50,7 +50,9 @@ MAX_KEY_LENGTH: Final = 255
 # RFC 8941 sf-string: printable ASCII, with only \" and \\ escaped. Spaces are allowed inside.
 _SF_STRING: Final = re.compile(r'"((?:[\x20\x21\x23-\x5b\x5d-\x7e]|\\["\\])*)"')
 _SF_ESCAPE: Final = re.compile(r'\\(["\\])')
-_BARE: Final = re.compile(r"[\x21-\x7e]+")
+# Bare keys: visible ASCII but the comma, which only appears where a server joined several
+# field lines into one (PEP 3333 does), and several keys in one request are invalid.
+_BARE: Final = re.compile(r"[\x21-\x2b\x2d-\x7e]+")
 _OWS: Final = " \t"
 
 
@@ -76,7 +78,7 @@ def parse_key(value: str, *, strict: bool = False) -> str:
     elif strict:
         return _invalid('the key must be an RFC 8941 string in double quotes, like "abc"')
     elif _BARE.fullmatch(value) is None:
-        return _invalid("the key must be visible ASCII characters without spaces")
+        return _invalid("the key must be visible ASCII characters, without spaces or commas")
     else:
         key = value
     if not key:

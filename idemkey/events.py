@@ -6,12 +6,16 @@ client input (they may carry secrets) and never leave the library in an event or
 
 from __future__ import annotations
 
+import hashlib
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
-__all__ = ["Event", "EventKind", "emit", "logger"]
+if TYPE_CHECKING:
+    from ._core import Record
+
+__all__ = ["Event", "EventKind", "emit", "logger", "report"]
 
 logger = logging.getLogger("idemkey")
 
@@ -77,3 +81,22 @@ def emit(hook: Callable[[Event], None] | None, event: Event) -> None:
         hook(event)
     except Exception:
         logger.exception("idemkey on_event hook raised; the request goes on")
+
+
+def report(
+    hook: Callable[[Event], None] | None,
+    kind: EventKind,
+    record: Record,
+    scope: str,
+    method: str,
+    route: str,
+    fence: int | None = None,
+    detail: str = "",
+) -> None:
+    """Build and emit an event, unless nobody listens (the hot path then costs one check)."""
+    if hook is None and kind not in _WARNINGS and not logger.isEnabledFor(logging.DEBUG):
+        return
+    scope_digest = hashlib.blake2b(
+        scope.encode("utf-8", "surrogatepass"), digest_size=6
+    ).hexdigest()
+    emit(hook, Event(kind, record.digest, route, method, scope_digest, fence, None, detail))

@@ -16,11 +16,8 @@ retry runs again.
 
 from __future__ import annotations
 
-import asyncio
 import functools
-import hashlib
 import inspect
-import time
 from collections.abc import Awaitable, Callable
 from types import TracebackType
 from typing import Any, Generic, TypeVar, cast, overload
@@ -33,12 +30,11 @@ from ._core import (
     Mismatch,
     Record,
     Replay,
-    next_poll_delay,
     payload_fingerprint,
     record_for,
 )
 from .errors import InvalidKeyError, KeyReuseError, LeaseLostError, RequestInFlightError
-from .events import Event, EventKind, emit, logger
+from .events import EventKind, report
 from .policy import Policy
 from .store import AsyncRedisStore, RedisStore
 
@@ -108,8 +104,8 @@ class _GuardState(Generic[T]):
         self.claim: Claimed | None = None
         self.call: Call[T] | None = None
 
-    def enter(self, decision: Decision) -> Call[T] | None:
-        """Call for a decision, None to wait and claim again; raises for mismatch/in flight."""
+    def enter(self, decision: Decision) -> Call[T]:
+        """The Call for a claim or a replay; raises for a mismatch or a request in flight."""
         kind = type(decision)
         if kind is Claimed:
             claim = cast(Claimed, decision)
@@ -128,12 +124,7 @@ class _GuardState(Generic[T]):
         raise RequestInFlightError(cast(InFlight, decision).retry_after)
 
     def notify(self, kind: EventKind, fence: int | None = None, detail: str = "") -> None:
-        hook = self.policy.on_event
-        if hook is None and kind not in ("lease_lost",) and not logger.isEnabledFor(10):
-            return
-        scope = hashlib.blake2b(self.scope.encode(), digest_size=6).hexdigest()
-        event = Event(kind, self.record.digest, "", GUARD_METHOD, scope, fence, None, detail)
-        emit(hook, event)
+        report(self.policy.on_event, kind, self.record, self.scope, GUARD_METHOD, "", fence, detail)
 
 
 class Guard(_GuardState[T]):
@@ -152,18 +143,15 @@ class Guard(_GuardState[T]):
         self.store = store
 
     def __enter__(self) -> Call[T]:
-        policy, deadline, delay = self.policy, time.monotonic() + self.policy.wait, 0.0
-        while True:
-            decision = self.store.claim(
-                self.record, self.fingerprint, lease_ms=policy.lease_ms, ttl_ms=policy.ttl_ms
-            )
-            remaining = deadline - time.monotonic()
-            if type(decision) is not InFlight or remaining <= 0:
-                call = self.enter(decision)
-                assert call is not None
-                return call
-            delay = next_poll_delay(delay, remaining)
-            time.sleep(delay)
+        policy = self.policy
+        decision = self.store.claim(
+            self.record,
+            self.fingerprint,
+            lease_ms=policy.lease_ms,
+            ttl_ms=policy.ttl_ms,
+            wait=policy.wait,
+        )
+        return self.enter(decision)
 
     def __exit__(
         self,
@@ -202,18 +190,15 @@ class AsyncGuard(_GuardState[T]):
         self.store = store
 
     async def __aenter__(self) -> Call[T]:
-        policy, deadline, delay = self.policy, time.monotonic() + self.policy.wait, 0.0
-        while True:
-            decision = await self.store.claim(
-                self.record, self.fingerprint, lease_ms=policy.lease_ms, ttl_ms=policy.ttl_ms
-            )
-            remaining = deadline - time.monotonic()
-            if type(decision) is not InFlight or remaining <= 0:
-                call = self.enter(decision)
-                assert call is not None
-                return call
-            delay = next_poll_delay(delay, remaining)
-            await asyncio.sleep(delay)
+        policy = self.policy
+        decision = await self.store.claim(
+            self.record,
+            self.fingerprint,
+            lease_ms=policy.lease_ms,
+            ttl_ms=policy.ttl_ms,
+            wait=policy.wait,
+        )
+        return self.enter(decision)
 
     async def __aexit__(
         self,

@@ -19,7 +19,15 @@ import time
 from importlib.resources import files
 from typing import Any, Final
 
-from ._core import Claimed, Decision, Record, decode_claim_reply, new_owner
+from ._core import (
+    Claimed,
+    Decision,
+    InFlight,
+    Record,
+    decode_claim_reply,
+    new_owner,
+    next_poll_delay,
+)
 from ._leases import Lease, LeaseTable
 from .errors import ConfigurationError, StoreError
 from .events import Event, emit, logger
@@ -43,6 +51,10 @@ def _backend_errors(client: Any) -> tuple[tuple[type[BaseException], ...], type[
     from redis.exceptions import NoScriptError, RedisError
 
     return (RedisError, OSError), NoScriptError
+
+
+def _next_delay(previous: float, deadline: float) -> float:
+    return next_poll_delay(previous, deadline - time.monotonic())
 
 
 class _StoreBase:
@@ -109,18 +121,25 @@ class RedisStore(_StoreBase):
         owner: str | None = None,
         lease_ms: int | None = None,
         ttl_ms: int | None = None,
+        wait: float = 0.0,
         heartbeat: bool = True,
     ) -> Decision:
         """Claim ``record`` for a request with ``fingerprint``; see claim.lua for the answers.
 
-        A ``Claimed`` record is renewed by the store's heartbeat until it is completed or
-        released (unless ``heartbeat=False``).
+        While another executor holds the record, poll with backoff for up to ``wait`` seconds
+        for it to finish (then the answer is its replay). A ``Claimed`` record is renewed by the
+        store's heartbeat until it is completed or released (unless ``heartbeat=False``).
         """
         owner = owner or new_owner()
         lease_ms = lease_ms or self.policy.lease_ms
         ttl_ms = ttl_ms or self.policy.ttl_ms
-        reply = self._eval("claim", record.key, record.lock, fingerprint, owner, lease_ms, ttl_ms)
-        decision = decode_claim_reply(reply, owner)
+        args = (record.key, record.lock, fingerprint, owner, lease_ms, ttl_ms)
+        decision = decode_claim_reply(self._eval("claim", *args), owner)
+        if wait > 0 and type(decision) is InFlight:
+            deadline, delay = time.monotonic() + wait, 0.0
+            while type(decision) is InFlight and (delay := _next_delay(delay, deadline)) > 0:
+                time.sleep(delay)
+                decision = decode_claim_reply(self._eval("claim", *args), owner)
         if heartbeat and type(decision) is Claimed:
             self._watch(record, owner, lease_ms)
         return decision
@@ -226,16 +245,20 @@ class AsyncRedisStore(_StoreBase):
         owner: str | None = None,
         lease_ms: int | None = None,
         ttl_ms: int | None = None,
+        wait: float = 0.0,
         heartbeat: bool = True,
     ) -> Decision:
         """Claim ``record`` for a request with ``fingerprint``; see :meth:`RedisStore.claim`."""
         owner = owner or new_owner()
         lease_ms = lease_ms or self.policy.lease_ms
         ttl_ms = ttl_ms or self.policy.ttl_ms
-        reply = await self._eval(
-            "claim", record.key, record.lock, fingerprint, owner, lease_ms, ttl_ms
-        )
-        decision = decode_claim_reply(reply, owner)
+        args = (record.key, record.lock, fingerprint, owner, lease_ms, ttl_ms)
+        decision = decode_claim_reply(await self._eval("claim", *args), owner)
+        if wait > 0 and type(decision) is InFlight:
+            deadline, delay = time.monotonic() + wait, 0.0
+            while type(decision) is InFlight and (delay := _next_delay(delay, deadline)) > 0:
+                await asyncio.sleep(delay)
+                decision = decode_claim_reply(await self._eval("claim", *args), owner)
         if heartbeat and type(decision) is Claimed:
             self._watch(record, owner, lease_ms)
         return decision

@@ -1,0 +1,338 @@
+"""The sans-IO HTTP exchange that the Flask, WSGI and ASGI adapters share.
+
+Every HTTP decision of DESIGN.md section 4 is made here, without I/O: an adapter builds a
+:class:`Request`, asks :func:`begin` what to do, reads the body, fingerprints it, sends the claim
+through its store, asks the :class:`Exchange` what the decision means, runs the app, and asks
+what to do with its answer. Adapters only move bytes and call the store.
+
+::
+
+    step = begin(policy, request)                 # None: pass through; Response: answer it
+    if step is a Response: send it
+    body = read at most policy.max_request_bytes + 1 bytes
+    if step.too_large(len(body)): send step.too_large_response()
+    decision = store.claim(step.record, step.fingerprint(body), ...)
+    (on StoreError: step.store_failed(exc) gives a 503, or None to run unprotected)
+    answer = step.decide(decision)                # Response (replay, 409, 422) or Claimed
+    run the app; capture status, headers, body (None when streamed or too large)
+    plan = step.finish(status, headers, body)     # Complete(bytes) or Release
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Final
+
+from ._codec import StoredResponse, decode_response, encode_response
+from ._core import (
+    Claimed,
+    Decision,
+    InFlight,
+    Mismatch,
+    Record,
+    Replay,
+    fingerprint,
+    parse_key,
+    record_for,
+    retry_after_seconds,
+)
+from .errors import ConfigurationError, InvalidKeyError, RecordFormatError, StoreError
+from .events import EventKind, report
+
+if TYPE_CHECKING:
+    from .policy import Policy
+
+__all__ = [
+    "BODY_NOT_KEPT_HEADER",
+    "REPLAYED_HEADER",
+    "Complete",
+    "Exchange",
+    "Headers",
+    "Release",
+    "Request",
+    "Response",
+    "begin",
+    "problem",
+]
+
+REPLAYED_HEADER: Final = "Idempotent-Replayed"
+#: On a replay whose body was too large or streamed to keep: the body is empty on purpose.
+BODY_NOT_KEPT_HEADER: Final = "Idempotent-Body-Not-Kept"
+
+PROBLEM_TYPE: Final = "urn:idemkey:problem:"
+
+
+class Headers(Mapping[str, str]):
+    """Case-insensitive, multi-valued request headers; ``headers[name]`` is the first value."""
+
+    __slots__ = ("_values",)
+
+    def __init__(self, items: Iterable[tuple[str, str]]) -> None:
+        values: dict[str, list[str]] = {}
+        for name, value in items:
+            values.setdefault(name.lower(), []).append(value)
+        self._values = values
+
+    def __getitem__(self, name: str) -> str:
+        return self._values[name.lower()][0]
+
+    def get_all(self, name: str) -> list[str]:
+        return self._values.get(name.lower(), [])
+
+    def __contains__(self, name: object) -> bool:
+        return isinstance(name, str) and name.lower() in self._values
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._values)
+
+    def __len__(self) -> int:
+        return len(self._values)
+
+
+@dataclass(frozen=True, slots=True)
+class Request:
+    """What idemkey sees of a request; ``Policy.scope`` receives it.
+
+    ``route`` is the route template when the framework knows it (Flask's ``/charges/<id>``),
+    else the path. ``query`` is the raw query string, without ``?``.
+    """
+
+    method: str
+    path: str
+    query: str
+    headers: Headers
+    route: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Response:
+    """A complete answer an adapter sends as it is: status, headers (latin-1 text), body."""
+
+    status: int
+    headers: list[tuple[str, str]]
+    body: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class Complete:
+    """Store this encoded response and complete the record."""
+
+    stored: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class Release:
+    """Free the key: the request never began (or failed), so a retry may run again."""
+
+    reason: str
+
+
+_RELEASE_SERVER_ERROR: Final = Release("server error")
+_RELEASE_NEVER_BEGAN: Final = Release("the request never began")
+
+_TITLES: Final = {
+    "missing_key": "Idempotency-Key header is missing",
+    "invalid_key": "Idempotency-Key header is invalid",
+    "key_reused": "Idempotency-Key reused with a different request",
+    "in_flight": "A request with this Idempotency-Key is still being processed",
+    "request_too_large": "Request body too large for an idempotent request",
+    "store_unavailable": "Idempotency store unavailable",
+    "record_unreadable": "Stored response unreadable",
+}
+
+
+def problem(
+    status: int, code: str, detail: str, headers: Iterable[tuple[str, str]] = ()
+) -> Response:
+    """An RFC 9457 ``application/problem+json`` response with a stable ``code`` member."""
+    body = json.dumps(
+        {
+            "type": PROBLEM_TYPE + code,
+            "title": _TITLES.get(code, code),
+            "status": status,
+            "detail": detail,
+            "code": code,
+        },
+        separators=(",", ":"),
+    ).encode()
+    return Response(
+        status,
+        [
+            ("Content-Type", "application/problem+json"),
+            ("Content-Length", str(len(body))),
+            *headers,
+        ],
+        body,
+    )
+
+
+def begin(policy: Policy, request: Request) -> Exchange | Response | None:
+    """First look at a request: ``None`` passes it through, a ``Response`` rejects it.
+
+    Otherwise the :class:`Exchange` that guards it. Cheap: no body, no I/O.
+    """
+    if request.method not in policy.methods:
+        return None
+    values = request.headers.get_all(policy.header)
+    if not values:
+        if not policy.require_key:
+            return None
+        return problem(400, "missing_key", f"{policy.header} is required for this request")
+    if len(values) > 1:
+        return problem(400, "invalid_key", f"send exactly one {policy.header} field line")
+    try:
+        key = parse_key(values[0], strict=policy.strict_header)
+    except InvalidKeyError as exc:
+        return problem(400, "invalid_key", exc.reason)
+    scope = policy.scope(request)
+    if not isinstance(scope, str):
+        raise ConfigurationError(f"Policy.scope must return a str, got {type(scope).__name__}")
+    return Exchange(policy, request, key, scope)
+
+
+class Exchange:
+    """One keyed request from claim to completion. No I/O: the adapter does that."""
+
+    __slots__ = ("_scope", "claim", "policy", "record", "request")
+
+    def __init__(self, policy: Policy, request: Request, key: str, scope: str) -> None:
+        self.policy = policy
+        self.request = request
+        self._scope = scope
+        self.record: Record = record_for(
+            policy.prefix, scope, request.method, request.route or request.path, key
+        )
+        self.claim: Claimed | None = None
+
+    # Before the claim.
+
+    def too_large(self, size: int) -> bool:
+        """Whether a body of ``size`` bytes (or a declared Content-Length) is over the limit."""
+        return size > self.policy.max_request_bytes
+
+    def too_large_response(self) -> Response:
+        self.notify("too_large", detail="request body over max_request_bytes")
+        limit = self.policy.max_request_bytes
+        return problem(413, "request_too_large", f"keyed requests may carry at most {limit} bytes")
+
+    def fingerprint(self, body: bytes) -> str:
+        request = self.request
+        content_type = request.headers.get("content-type", "")
+        return fingerprint(request.method, request.path, request.query, content_type, body)
+
+    def store_failed(self, exc: StoreError) -> Response | None:
+        """Redis failed before the handler ran: 503 (fail closed) or ``None`` to run it open."""
+        if self.policy.on_store_error == "open":
+            self.notify("unprotected", detail=str(exc))
+            return None
+        self.notify("store_error", detail=str(exc))
+        retry = str(retry_after_seconds(self.policy.store_error_retry_after))
+        return problem(
+            503,
+            "store_unavailable",
+            "the idempotency store is unavailable; retry with the same key",
+            [("Retry-After", retry)],
+        )
+
+    # The claim's answer.
+
+    def decide(self, decision: Decision) -> Response | Claimed:
+        """What the claim means: run the handler (``Claimed``) or answer with a Response."""
+        kind = type(decision)
+        if kind is Claimed:
+            assert isinstance(decision, Claimed)
+            self.claim = decision
+            if decision.takeover:
+                self.notify("takeover", decision.fence)
+            else:
+                self.notify("claimed", decision.fence)
+            return decision
+        if kind is Replay:
+            assert isinstance(decision, Replay)
+            return self._replay(decision.response)
+        if kind is Mismatch:
+            self.notify("mismatch")
+            status = self.policy.mismatch_status
+            return problem(
+                status,
+                "key_reused",
+                "this key was already used with a different request; use a new key",
+            )
+        assert isinstance(decision, InFlight)
+        self.notify("in_flight")
+        # The lease bounds how long the first request can hold the key, but it usually ends
+        # much sooner: tell clients to come back in a second, not in a lease.
+        retry = str(retry_after_seconds(min(decision.retry_after, 1.0)))
+        return problem(
+            409,
+            "in_flight",
+            "a request with this key is still being processed; retry later",
+            [("Retry-After", retry)],
+        )
+
+    def _replay(self, stored: bytes) -> Response:
+        try:
+            response = decode_response(stored)
+        except RecordFormatError as exc:
+            self.notify("store_error", detail=str(exc))
+            return problem(503, "record_unreadable", str(exc), [("Retry-After", "1")])
+        self.notify("replayed")
+        # Content-Length is recomputed: the stored body may have been left out on purpose.
+        headers = [(n, v) for n, v in response.headers if n.lower() != "content-length"]
+        headers.append(("Content-Length", str(len(response.body))))
+        headers.append((REPLAYED_HEADER, "true"))
+        if not response.body_kept:
+            headers.append((BODY_NOT_KEPT_HEADER, "true"))
+        return Response(response.status, headers, response.body)
+
+    # After the handler.
+
+    def finish(
+        self, status: int, headers: Iterable[tuple[str, str]], body: bytes | None
+    ) -> Complete | Release:
+        """Store the handler's answer or release the key, from its status.
+
+        ``body`` is None when the response was streamed or over ``max_response_bytes``: the
+        record then completes without it, so the handler still never runs twice.
+        """
+        policy = self.policy
+        if status >= 500 and not policy.store_server_errors:
+            return _RELEASE_SERVER_ERROR
+        if status in policy.release_statuses:
+            return _RELEASE_NEVER_BEGAN
+        deny, allow = policy.header_denylist, policy.header_allowlist
+        kept = tuple(
+            (name, value)
+            for name, value in headers
+            if (low := name.lower()) not in deny and (allow is None or low in allow)
+        )
+        if body is None:
+            return Complete(encode_response(StoredResponse(status, kept, b"", body_kept=False)))
+        return Complete(encode_response(StoredResponse(status, kept, body)))
+
+    def completed(self, stored: bool) -> None:
+        """Report what the complete script said (``False``: the lease was lost meanwhile)."""
+        fence = self.claim.fence if self.claim else None
+        if stored:
+            self.notify("completed", fence)
+        else:
+            self.notify("lease_lost", fence, "another executor took the record over")
+
+    def released(self, reason: str) -> None:
+        self.notify("released", self.claim.fence if self.claim else None, reason)
+
+    def notify(self, kind: EventKind, fence: int | None = None, detail: str = "") -> None:
+        request = self.request
+        route = request.route or request.path
+        hook = self.policy.on_event
+        report(hook, kind, self.record, self._scope, request.method, route, fence, detail)
+
+
+def content_length(headers: Headers) -> int | None:
+    """The declared Content-Length, or None when absent or malformed."""
+    value = headers.get("content-length")
+    if value is None or not value.strip().isdigit():
+        return None
+    return int(value)
