@@ -33,7 +33,13 @@ from ._core import (
     payload_fingerprint,
     record_for,
 )
-from .errors import InvalidKeyError, KeyReuseError, LeaseLostError, RequestInFlightError
+from .errors import (
+    InvalidKeyError,
+    KeyReuseError,
+    LeaseLostError,
+    RequestInFlightError,
+    StoreError,
+)
 from .events import EventKind, report
 from .policy import Policy
 from .store import AsyncRedisStore, RedisStore
@@ -123,6 +129,33 @@ class _GuardState(Generic[T]):
         self.notify("in_flight")
         raise RequestInFlightError(cast(InFlight, decision).retry_after)
 
+    @property
+    def ttl_ms(self) -> int:
+        return self.policy.ttl_ms
+
+    def saved(self) -> bytes | None:
+        return self.call._saved if self.call is not None else None
+
+    def exited(self, done: bool, completing: bool, exc: BaseException | None) -> None:
+        """Report how leaving the block went; a lost lease raises unless the block raised."""
+        fence = self.claim.fence if self.claim else None
+        if not completing:
+            if done:
+                self.notify("released", fence)
+        elif done:
+            self.notify("completed", fence)
+        else:
+            self.notify("lease_lost", fence, "another executor took the record over")
+            if exc is None:
+                raise LeaseLostError(fence)
+
+    def store_failed(self, error: StoreError, exc: BaseException | None) -> None:
+        """Redis failed while leaving the block: raise it, unless the block's own exception
+        is already on its way out (that one is what the caller must see; ours is logged)."""
+        self.notify("store_error", self.claim.fence if self.claim else None, str(error))
+        if exc is None:
+            raise error
+
     def notify(self, kind: EventKind, fence: int | None = None, detail: str = "") -> None:
         report(self.policy.on_event, kind, self.record, self.scope, GUARD_METHOD, "", fence, detail)
 
@@ -159,19 +192,18 @@ class Guard(_GuardState[T]):
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        claim, call = self.claim, self.call
-        if claim is None or call is None:
+        claim, saved = self.claim, self.saved()
+        if claim is None:
             return
-        if call._saved is None:
-            if self.store.release(self.record, claim.owner):
-                self.notify("released", claim.fence)
+        try:
+            if saved is None:
+                done = self.store.release(self.record, claim.owner)
+            else:
+                done = self.store.complete(self.record, claim.owner, saved, ttl_ms=self.ttl_ms)
+        except StoreError as error:
+            self.store_failed(error, exc)
             return
-        if self.store.complete(self.record, claim.owner, call._saved, ttl_ms=self.policy.ttl_ms):
-            self.notify("completed", claim.fence)
-        else:
-            self.notify("lease_lost", claim.fence, "another executor took the record over")
-            if exc is None:
-                raise LeaseLostError(claim.fence)
+        self.exited(done, saved is not None, exc)
 
 
 class AsyncGuard(_GuardState[T]):
@@ -206,20 +238,19 @@ class AsyncGuard(_GuardState[T]):
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        claim, call = self.claim, self.call
-        if claim is None or call is None:
+        claim, saved = self.claim, self.saved()
+        if claim is None:
             return
-        if call._saved is None:
-            if await self.store.release(self.record, claim.owner):
-                self.notify("released", claim.fence)
+        try:
+            if saved is None:
+                done = await self.store.release(self.record, claim.owner)
+            else:
+                ttl_ms = self.ttl_ms
+                done = await self.store.complete(self.record, claim.owner, saved, ttl_ms=ttl_ms)
+        except StoreError as error:
+            self.store_failed(error, exc)
             return
-        ttl_ms = self.policy.ttl_ms
-        if await self.store.complete(self.record, claim.owner, call._saved, ttl_ms=ttl_ms):
-            self.notify("completed", claim.fence)
-        else:
-            self.notify("lease_lost", claim.fence, "another executor took the record over")
-            if exc is None:
-                raise LeaseLostError(claim.fence)
+        self.exited(done, saved is not None, exc)
 
 
 def guard(
