@@ -1,0 +1,533 @@
+"""Real ``redis-server`` processes for the test suite, and waiting on conditions.
+
+Tests talk to a real Redis because fakeredis is not a Lua oracle (STYLE.md, Avoid 7). This
+module starts private ``redis-server`` subprocesses and gives tests the levers that fault tests
+need (kill, pause, restart), plus :func:`wait_until`, the only sanctioned way to wait for
+something: poll a condition against a deadline and fail with a message that says what was
+awaited. A test never sleeps and hopes.
+
+Each :class:`RedisServer`:
+
+* binds 127.0.0.1 on a free port (or the port you give), with ``--save ""
+  --appendonly no`` (nothing on disk) and ``--daemonize no`` (so we own the process), and
+  runs in its own temporary directory that also holds its log;
+* is ready only once it answers ``PING``: :meth:`RedisServer.start` polls against a deadline and
+  raises :class:`RedisServerError` with the tail of the server log if it exits or never answers;
+* is always cleaned up: by its owner (fixture finalizer or ``with`` block), by an :mod:`atexit`
+  hook for every server still alive, and on Linux by ``PR_SET_PDEATHSIG`` so that even a
+  SIGKILLed test run does not leave a server behind.
+
+:class:`ExternalRedis` wraps a server someone else runs (``IDEMKEY_REDIS_URL``). It offers the
+same read-only surface (``url``, ``host``, ``port``, ``client()``) and none of the destructive
+levers: an external server is never killed, paused or flushed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import contextlib
+import ctypes
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeVar, overload
+from urllib.parse import urlsplit
+
+import redis
+import redis.asyncio
+from redis.backoff import NoBackoff
+from redis.retry import Retry
+
+if TYPE_CHECKING:
+    from types import TracebackType
+
+__all__ = [
+    "ExternalRedis",
+    "RedisServer",
+    "RedisServerError",
+    "async_wait_until",
+    "free_port",
+    "no_retry",
+    "redis_server_executable",
+    "wait_until",
+]
+
+T = TypeVar("T")
+
+HOST = "127.0.0.1"
+
+
+class RedisServerError(RuntimeError):
+    """A ``redis-server`` subprocess could not be started, or died unexpectedly."""
+
+
+# --------------------------------------------------------------------------------------------
+# Waiting on conditions
+# --------------------------------------------------------------------------------------------
+
+
+def wait_until(
+    predicate: Callable[[], T],
+    timeout: float = 5.0,
+    message: str = "condition",
+    *,
+    interval: float = 0.005,
+    ignore: tuple[type[BaseException], ...] = (),
+) -> T:
+    """Call ``predicate`` until it returns a truthy value, and return that value.
+
+    ``predicate`` is called at least once, then every ``interval`` seconds (the interval grows
+    up to 0.1 s) until ``timeout`` seconds have passed; then an :class:`AssertionError` naming
+    ``message`` is raised, so a failing test says what it was waiting for. Exceptions listed in
+    ``ignore`` count as "not yet" (e.g. ``redis.ConnectionError`` while a server restarts);
+    the last one is chained to the timeout error.
+    """
+    deadline = time.monotonic() + timeout
+    last_exc: BaseException | None = None
+    while True:
+        try:
+            result = predicate()
+        except ignore as exc:
+            last_exc = exc
+        else:
+            if result:
+                return result
+        now = time.monotonic()
+        if now >= deadline:
+            raise AssertionError(
+                f"timed out after {timeout:g}s waiting for {message}"
+            ) from last_exc
+        time.sleep(min(interval, deadline - now))
+        interval = min(interval * 1.5, 0.1)
+
+
+@overload
+async def async_wait_until(
+    predicate: Callable[[], Awaitable[T]],
+    timeout: float = ...,
+    message: str = ...,
+    *,
+    interval: float = ...,
+    ignore: tuple[type[BaseException], ...] = ...,
+) -> T: ...
+@overload
+async def async_wait_until(
+    predicate: Callable[[], T],
+    timeout: float = ...,
+    message: str = ...,
+    *,
+    interval: float = ...,
+    ignore: tuple[type[BaseException], ...] = ...,
+) -> T: ...
+async def async_wait_until(
+    predicate: Callable[[], Any],
+    timeout: float = 5.0,
+    message: str = "condition",
+    *,
+    interval: float = 0.005,
+    ignore: tuple[type[BaseException], ...] = (),
+) -> Any:
+    """:func:`wait_until` for async tests: ``predicate`` may be sync or return an awaitable.
+
+    Yields to the event loop between polls, so tasks the test waits on keep running.
+    """
+    deadline = time.monotonic() + timeout
+    last_exc: BaseException | None = None
+    while True:
+        try:
+            result = predicate()
+            if isinstance(result, Awaitable):
+                result = await result
+        except ignore as exc:
+            last_exc = exc
+        else:
+            if result:
+                return result
+        now = time.monotonic()
+        if now >= deadline:
+            raise AssertionError(
+                f"timed out after {timeout:g}s waiting for {message}"
+            ) from last_exc
+        await asyncio.sleep(min(interval, deadline - now))
+        interval = min(interval * 1.5, 0.1)
+
+
+# --------------------------------------------------------------------------------------------
+# Ports and executables
+# --------------------------------------------------------------------------------------------
+
+
+def free_port(host: str = HOST) -> int:
+    """Return a TCP port on ``host`` that was free a moment ago.
+
+    The port is released before it is returned, so another process may take it first;
+    :class:`RedisServer` retries on a fresh port when that happens to a port it chose itself.
+    """
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def no_retry() -> Retry:
+    """A redis-py ``retry=`` value that makes no retries.
+
+    redis-py 8 retries a command that hit a connection error or timeout up to 10 times with
+    backoff (several seconds), re-sending it each time. Fault tests that want to see the first
+    failure pass ``retry=no_retry()`` to the client.
+    """
+    return Retry(NoBackoff(), 0)
+
+
+def redis_server_executable() -> str | None:
+    """Path of ``redis-server`` on ``PATH``, else None."""
+    return shutil.which("redis-server")
+
+
+# --------------------------------------------------------------------------------------------
+# Process cleanup
+# --------------------------------------------------------------------------------------------
+
+# Every RedisServer not yet close()d: its process may be alive and its directory exists.
+_open: set[RedisServer] = set()
+_open_lock = threading.Lock()
+
+
+@atexit.register
+def _close_all_servers() -> None:
+    """Last line of defence: no server outlives the interpreter that started it."""
+    with _open_lock:
+        servers = list(_open)
+    for server in servers:
+        with contextlib.suppress(Exception):
+            server.kill()
+        with contextlib.suppress(Exception):
+            server.close()
+
+
+def _die_with_parent() -> None:  # pragma: no cover - runs in the child between fork and exec
+    """Ask Linux to SIGKILL the child when the thread that started it dies.
+
+    Covers the one case atexit cannot: the test process itself being SIGKILLed. Caveat: the
+    signal is tied to the *thread* that forked, so start servers from a long-lived thread.
+    """
+    if sys.platform.startswith("linux"):
+        with contextlib.suppress(Exception):
+            pr_set_pdeathsig = 1
+            ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)
+
+
+# --------------------------------------------------------------------------------------------
+# Servers
+# --------------------------------------------------------------------------------------------
+
+
+class RedisServer:
+    """A private ``redis-server`` subprocess on 127.0.0.1.
+
+    >>> with RedisServer(["--maxmemory-policy", "allkeys-lru"]) as server:  # doctest: +SKIP
+    ...     server.client().ping()
+
+    ``args`` are extra ``redis-server`` command-line options, appended after the defaults, so
+    they may override them. ``port=None`` picks a free port (kept across :meth:`restart`).
+    ``startup_timeout`` bounds how long :meth:`start` waits for ``PING`` to answer.
+    """
+
+    external = False
+
+    def __init__(
+        self,
+        args: Sequence[str] = (),
+        *,
+        port: int | None = None,
+        executable: str | None = None,
+        startup_timeout: float = 10.0,
+    ) -> None:
+        exe = executable or redis_server_executable()
+        if exe is None:
+            raise RedisServerError("redis-server not found on PATH")
+        self.executable = exe
+        self.host = HOST
+        self.extra_args = list(args)
+        self.startup_timeout = startup_timeout
+        self._chosen_port = port is None
+        self._port = port if port is not None else free_port()
+        # mkdtemp, not TemporaryDirectory: its implicit-cleanup ResourceWarning would be an
+        # error under filterwarnings=error if a test forgot close(); atexit removes it instead.
+        self.dir = Path(tempfile.mkdtemp(prefix="idemkey-redis-"))
+        with _open_lock:
+            _open.add(self)
+        self.logfile = self.dir / "redis.log"
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._paused = False
+        self._log_offset = 0
+
+    # ---- addresses and clients -------------------------------------------------------------
+
+    @property
+    def port(self) -> int:
+        return self._port
+
+    @property
+    def url(self) -> str:
+        return f"redis://{self.host}:{self._port}/0"
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc is not None else None
+
+    def client(self, **kwargs: Any) -> redis.Redis:
+        """A new ``redis.Redis`` for this server (bytes replies unless overridden)."""
+        kwargs.setdefault("decode_responses", False)
+        return redis.Redis(host=self.host, port=self._port, **kwargs)
+
+    def async_client(self, **kwargs: Any) -> redis.asyncio.Redis:
+        """A new ``redis.asyncio.Redis`` for this server (close it with ``aclose()``)."""
+        kwargs.setdefault("decode_responses", False)
+        return redis.asyncio.Redis(host=self.host, port=self._port, **kwargs)
+
+    # ---- lifecycle --------------------------------------------------------------------------
+
+    @property
+    def running(self) -> bool:
+        """True while the process exists (a paused server is still running)."""
+        return self._proc is not None and self._proc.poll() is None
+
+    def start(self) -> RedisServer:
+        """Start the process and return once it answers ``PING``.
+
+        If the port was chosen automatically and another process grabbed it in the meantime,
+        retry on a fresh port (a few times). Raises :class:`RedisServerError` otherwise.
+        """
+        if self.running:
+            raise RedisServerError(f"redis-server already running on port {self._port}")
+        attempts = 5 if self._chosen_port else 1
+        for attempt in range(1, attempts + 1):
+            try:
+                self._spawn_and_wait()
+                return self
+            except RedisServerError:
+                if not (self._port_was_taken() and attempt < attempts):
+                    raise
+                self._port = free_port()
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _command(self) -> list[str]:
+        return [
+            self.executable,
+            "--bind",
+            self.host,
+            "--port",
+            str(self._port),
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--daemonize",
+            "no",
+            "--dir",
+            str(self.dir),
+            "--logfile",
+            "",  # log to stdout, which goes to self.logfile
+            "--protected-mode",
+            "no",
+            *self.extra_args,
+        ]
+
+    def _spawn_and_wait(self) -> None:
+        self.dir.mkdir(parents=True, exist_ok=True)  # again, if start() follows close()
+        with _open_lock:
+            _open.add(self)
+        with self.logfile.open("ab") as log:
+            self._log_offset = log.tell()  # this attempt's lines start here
+            self._proc = subprocess.Popen(
+                self._command(),
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                cwd=self.dir,
+                # Own session: a Ctrl-C in the terminal reaches pytest, not the server, so
+                # cleanup stays in our hands.
+                start_new_session=True,
+                preexec_fn=_die_with_parent,
+            )
+        self._paused = False
+        deadline = time.monotonic() + self.startup_timeout
+        # No retries: redis-py 8 retries a failed command 10 times with backoff by default,
+        # which would hide an early exit for seconds. This loop is the retry.
+        probe = self.client(socket_connect_timeout=0.5, socket_timeout=0.5, retry=no_retry())
+        try:
+            interval = 0.005
+            while True:
+                if self._proc.poll() is not None:
+                    self._reap()
+                    raise RedisServerError(
+                        f"redis-server exited with code {self._proc.returncode} on port "
+                        f"{self._port}:\n{self.log_tail()}"
+                    )
+                with contextlib.suppress(redis.ConnectionError, redis.TimeoutError):
+                    if probe.ping():
+                        return
+                if time.monotonic() >= deadline:
+                    self.kill()
+                    raise RedisServerError(
+                        f"redis-server did not answer PING within {self.startup_timeout:g}s "
+                        f"on port {self._port}:\n{self.log_tail()}"
+                    )
+                time.sleep(interval)
+                interval = min(interval * 1.5, 0.05)
+        finally:
+            probe.close()
+
+    def stop(self, timeout: float = 5.0) -> None:
+        """Shut down gracefully (SIGTERM), escalating to SIGKILL after ``timeout`` seconds.
+
+        Resumes a paused server first: a stopped process would not act on SIGTERM.
+        Does nothing if the server is not running.
+        """
+        proc = self._proc
+        if proc is None or proc.poll() is not None:
+            self._reap()
+            return
+        self._signal(signal.SIGCONT)
+        self._signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self._signal(signal.SIGKILL)
+            proc.wait()
+        self._reap()
+
+    def kill(self) -> None:
+        """SIGKILL the server, as a crash would, and wait for it to be gone."""
+        proc = self._proc
+        if proc is not None and proc.poll() is None:
+            self._signal(signal.SIGKILL)
+            proc.wait()
+        self._reap()
+
+    def pause(self) -> None:
+        """SIGSTOP the server: connections stay open, but nothing is answered."""
+        self._require_running("pause")
+        self._signal(signal.SIGSTOP)
+        self._paused = True
+
+    def resume(self) -> None:
+        """SIGCONT a paused server."""
+        self._require_running("resume")
+        self._signal(signal.SIGCONT)
+        self._paused = False
+
+    @property
+    def paused(self) -> bool:
+        return self._paused and self.running
+
+    def restart(self, *, kill: bool = False) -> RedisServer:
+        """Stop (or SIGKILL, with ``kill=True``) and start again on the same port.
+
+        Data does not survive: the server keeps nothing on disk.
+        """
+        if kill:
+            self.kill()
+        else:
+            self.stop()
+        chosen, self._chosen_port = self._chosen_port, False  # the same port, no retry elsewhere
+        try:
+            return self.start()
+        finally:
+            self._chosen_port = chosen
+
+    def close(self) -> None:
+        """Stop the server and remove its temporary directory."""
+        try:
+            self.stop()
+        finally:
+            shutil.rmtree(self.dir, ignore_errors=True)
+            with _open_lock:
+                _open.discard(self)
+
+    def log_tail(self, lines: int = 30) -> str:
+        """The last ``lines`` lines of the server log, for error messages."""
+        try:
+            text = self.logfile.read_text(errors="replace")
+        except OSError:
+            return "<no log>"
+        return "\n".join(text.splitlines()[-lines:])
+
+    # ---- internals --------------------------------------------------------------------------
+
+    def _port_was_taken(self) -> bool:
+        """Did the last start attempt fail because another process holds the port?"""
+        try:
+            with self.logfile.open("rb") as log:
+                log.seek(self._log_offset)
+                return b"Address already in use" in log.read()
+        except OSError:
+            return False
+
+    def _signal(self, sig: signal.Signals) -> None:
+        if self._proc is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self._proc.pid, sig)
+
+    def _require_running(self, what: str) -> None:
+        if not self.running:
+            raise RedisServerError(
+                f"cannot {what}: redis-server on port {self._port} is not running"
+            )
+
+    def _reap(self) -> None:
+        self._paused = False
+
+    def __enter__(self) -> RedisServer:
+        if not self.running:
+            self.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        state = "paused" if self.paused else "running" if self.running else "stopped"
+        return f"<RedisServer {self.url} pid={self.pid} {state}>"
+
+
+class ExternalRedis:
+    """A Redis server this test run does not own (``IDEMKEY_REDIS_URL``).
+
+    Same read-only surface as :class:`RedisServer`; no kill/pause/restart, and tests must never
+    ``FLUSHALL``/``FLUSHDB`` it: isolate with the per-test ``prefix`` instead.
+    """
+
+    external = True
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        parts = urlsplit(url)
+        self.host = parts.hostname or "localhost"
+        self.port = parts.port or 6379
+
+    def client(self, **kwargs: Any) -> redis.Redis:
+        kwargs.setdefault("decode_responses", False)
+        return redis.Redis.from_url(self.url, **kwargs)
+
+    def async_client(self, **kwargs: Any) -> redis.asyncio.Redis:
+        kwargs.setdefault("decode_responses", False)
+        return redis.asyncio.Redis.from_url(self.url, **kwargs)
+
+    def __repr__(self) -> str:
+        return f"<ExternalRedis {self.url}>"

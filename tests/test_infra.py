@@ -1,0 +1,178 @@
+"""The test infrastructure itself: servers start, die, pause and recover; fakeredis runs Lua.
+
+Kept fast (well under 5 s): every wait is a condition with a deadline.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING
+
+import fakeredis
+import pytest
+import redis
+import redis.asyncio
+
+from tests._servers import (
+    RedisServer,
+    RedisServerError,
+    async_wait_until,
+    free_port,
+    no_retry,
+    wait_until,
+)
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+
+def test_wait_until_returns_the_truthy_value() -> None:
+    calls = iter([0, None, "", "done"])
+    assert wait_until(lambda: next(calls), timeout=1, message="the fourth call") == "done"
+
+
+def test_wait_until_fails_clearly_and_chains_the_last_ignored_error() -> None:
+    def flaky() -> bool:
+        raise ConnectionError("not yet")
+
+    started = time.monotonic()
+    with pytest.raises(AssertionError, match=r"timed out after 0\.05s waiting for the moon") as exc:
+        wait_until(flaky, timeout=0.05, message="the moon", ignore=(ConnectionError,))
+    assert time.monotonic() - started < 1
+    assert isinstance(exc.value.__cause__, ConnectionError)
+
+
+def test_wait_until_does_not_swallow_unexpected_errors() -> None:
+    def broken() -> bool:
+        raise KeyError("bug")
+
+    with pytest.raises(KeyError):
+        wait_until(broken, timeout=1, ignore=(ConnectionError,))
+
+
+async def test_async_wait_until_accepts_coroutine_predicates() -> None:
+    state = {"n": 0}
+
+    async def third_time_lucky() -> int:
+        state["n"] += 1
+        return state["n"] if state["n"] >= 3 else 0
+
+    assert await async_wait_until(third_time_lucky, timeout=1, message="three calls") == 3
+
+
+def test_free_port_is_bindable() -> None:
+    port = free_port()
+    assert 1024 <= port <= 65535
+
+
+def test_session_server_answers(real_client: redis.Redis, prefix: str) -> None:
+    assert real_client.ping() is True
+    real_client.set(f"{prefix}:k", b"v", px=10_000)
+    assert real_client.get(f"{prefix}:k") == b"v"
+
+
+async def test_session_server_answers_async(
+    real_async_client: redis.asyncio.Redis, prefix: str
+) -> None:
+    assert await real_async_client.ping() is True
+    await real_async_client.set(f"{prefix}:k", b"v", px=10_000)
+    assert await real_async_client.get(f"{prefix}:k") == b"v"
+
+
+def test_extra_config_args_are_applied(redis_server_factory: Callable[..., RedisServer]) -> None:
+    server = redis_server_factory(["--maxmemory-policy", "allkeys-lru"])
+    client = server.client()
+    try:
+        # redis-py decodes CONFIG GET replies even with decode_responses=False.
+        assert client.config_get("maxmemory-policy") == {"maxmemory-policy": "allkeys-lru"}
+        assert client.config_get("save") == {"save": ""}
+        assert client.config_get("appendonly") == {"appendonly": "no"}
+    finally:
+        client.close()
+
+
+def test_kill_then_restart_on_the_same_port(private_redis_server: RedisServer) -> None:
+    server = private_redis_server
+    port = server.port
+    client = server.client(socket_connect_timeout=0.5, socket_timeout=0.5, retry=no_retry())
+    try:
+        client.set("k", b"v")
+        server.kill()
+        assert not server.running
+        with pytest.raises(redis.ConnectionError):
+            client.ping()
+        server.restart()
+        assert server.port == port
+        # The pool reconnects; the data is gone (nothing is kept on disk).
+        wait_until(
+            client.ping, timeout=5, message="PING after restart", ignore=(redis.ConnectionError,)
+        )
+        assert client.get("k") is None
+    finally:
+        client.close()
+
+
+def test_pause_times_out_and_resume_recovers(private_redis_server: RedisServer) -> None:
+    server = private_redis_server
+    # No retries: redis-py 8 retries a timed-out command 10 times by default (about 6 s here).
+    client = server.client(socket_connect_timeout=0.5, socket_timeout=0.2, retry=no_retry())
+    try:
+        assert client.ping()
+        server.pause()
+        assert server.paused
+        started = time.monotonic()
+        with pytest.raises(redis.TimeoutError):
+            client.ping()
+        assert time.monotonic() - started < 2
+        server.resume()
+        assert not server.paused
+        assert wait_until(
+            client.ping, timeout=5, message="PING after resume", ignore=(redis.TimeoutError,)
+        )
+    finally:
+        client.close()
+
+
+def test_stop_on_a_paused_server_still_ends_it(private_redis_server: RedisServer) -> None:
+    server = private_redis_server
+    server.pause()
+    server.stop(timeout=2)
+    assert not server.running
+
+
+def test_start_failure_is_reported_with_the_log(redis_server_bin: str) -> None:
+    server = RedisServer(["--no-such-option", "x"], executable=redis_server_bin)
+    try:
+        with pytest.raises(RedisServerError, match=r"(?s)exited with code .*no-such-option"):
+            server.start()
+        assert not server.running
+    finally:
+        server.close()
+
+
+def test_fakeredis_runs_lua() -> None:
+    client = fakeredis.FakeRedis(server=fakeredis.FakeServer())
+    try:
+        assert client.eval("return 1", 0) == 1
+    finally:
+        client.close()
+
+
+SCRIPT = """
+redis.call('SET', KEYS[1], ARGV[1], 'PX', tonumber(ARGV[2]))
+return redis.call('GET', KEYS[1])
+"""
+
+
+def test_sync_client_runs_lua(sync_client: redis.Redis, prefix: str) -> None:
+    assert sync_client.eval("return 1", 0) == 1
+    script = sync_client.register_script(SCRIPT)
+    assert script(keys=[f"{prefix}:k"], args=[b"v", 10_000]) == b"v"
+    assert 0 < sync_client.pttl(f"{prefix}:k") <= 10_000
+
+
+async def test_async_client_runs_lua(async_client: redis.asyncio.Redis, prefix: str) -> None:
+    assert await async_client.eval("return 1", 0) == 1
+    script = async_client.register_script(SCRIPT)
+    assert await script(keys=[f"{prefix}:k"], args=[b"v", 10_000]) == b"v"
+    assert 0 < await async_client.pttl(f"{prefix}:k") <= 10_000
