@@ -1,0 +1,198 @@
+"""The harness contract every adapter test runs through, and the app logic they all share.
+
+An adapter suite is one parametrized suite (``tests/adapters/test_suite.py``) run against
+every entry of ``HARNESSES`` (``tests/adapters/conftest.py``). A harness is one web app, built
+with one framework, guarded by one idemkey adapter, and driven through that framework's real
+interface (WSGI environ / ASGI scope), in-process.
+
+Every harness app implements the same routes, and answers them identically because each
+route's answer is computed by :class:`Backend` below; the framework app only translates.
+
+==================  ======  ============================================================
+route               status  behaviour (``executions[name]`` counts handler runs)
+==================  ======  ============================================================
+POST /charges       201     "charges": body ``{"amount": n}``; JSON
+                            ``{"id": "ch_<seq>", "amount": n}`` where ``seq`` is this
+                            run's number (1, 2, ...); headers Content-Type
+                            application/json, X-Charge-Id ch_<seq>, Set-Cookie
+                            session=s<seq>, Date (set by the app). A body that is not
+                            such JSON: 400 (released).
+POST /refunds       201     "refunds": same shape, ids ``rf_<seq>``
+PATCH /charges/1    200     "patch": same shape, ids ``pa_<seq>``
+GET /charges        200     "list"
+PUT /charges/1      200     "put"
+DELETE /charges/1   204     "delete" (empty body)
+POST /explode       -       "explode": raises RuntimeError
+POST /fail500       500     "fail500"
+POST /declined      402     "declined": JSON
+POST /status/<code> <code>  "status": small JSON body
+POST /slow          201     "slow": waits on ``gate`` (deadline 10 s), then answers
+POST /big           201     "big": body of ``policy.max_response_bytes + 1`` bytes
+POST /stream        200     "stream": streaming response of 3 chunks, no Content-Length
+==================  ======  ============================================================
+
+Driving convention for ``Harness.request``: the harness sends ``Content-Length`` for the body
+unless ``headers`` contain ``Transfer-Encoding: chunked``; then it sends the body without a
+length (chunked). Several header lines with one name are sent as several lines (a WSGI
+harness joins them with ", " as a PEP 3333 server does). ``Reply.headers`` holds every response
+header line in order, as sent by the adapter.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from email.utils import formatdate
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    from idemkey import Policy
+
+__all__ = [
+    "STREAM_CHUNKS",
+    "Answer",
+    "Backend",
+    "Harness",
+    "HarnessFactory",
+    "Reply",
+]
+
+GATE_TIMEOUT = 10.0
+STREAM_CHUNKS = (b"chunk-0\n", b"chunk-1\n", b"chunk-2\n")
+_PREFIXES = {"charges": "ch", "refunds": "rf", "patch": "pa"}
+
+
+@dataclass
+class Reply:
+    """A response as the client saw it."""
+
+    status: int
+    headers: list[tuple[str, str]]
+    body: bytes
+
+    def header(self, name: str) -> str | None:
+        """The first value of header ``name`` (case-insensitive), or None."""
+        low = name.lower()
+        for key, value in self.headers:
+            if key.lower() == low:
+                return value
+        return None
+
+    def header_all(self, name: str) -> list[str]:
+        low = name.lower()
+        return [value for key, value in self.headers if key.lower() == low]
+
+    def json(self) -> object:
+        return json.loads(self.body)
+
+
+class Harness(Protocol):
+    """One guarded app and a client for it (see the module docstring)."""
+
+    name: str
+    executions: collections.Counter[str]
+    gate: threading.Event
+
+    def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        headers: Sequence[tuple[str, str]] = (),
+        body: bytes = b"",
+    ) -> Reply:
+        """Send one request through the framework's real interface; sync and thread-safe."""
+        ...
+
+    def close(self) -> None: ...
+
+
+#: ``factory(redis_url, policy)``: ``redis_url`` None means a fresh fakeredis server.
+HarnessFactory = Callable[["str | None", "Policy"], Harness]
+
+
+@dataclass(frozen=True)
+class Answer:
+    """What a route answers, before a framework turns it into a response."""
+
+    status: int
+    headers: list[tuple[str, str]]
+    body: bytes
+
+
+class Backend:
+    """The business logic behind every harness app: counts runs and builds the answers.
+
+    Apps call one method per route and translate the :class:`Answer` into their framework's
+    response (keeping every header, in order). ``explode`` raises; ``stream_chunks`` is the
+    body of POST /stream, to be sent as a streaming response.
+    """
+
+    def __init__(self, max_response_bytes: int) -> None:
+        self.executions: collections.Counter[str] = collections.Counter()
+        self.gate = threading.Event()
+        self.max_response_bytes = max_response_bytes
+        self._lock = threading.Lock()
+
+    def count(self, name: str) -> int:
+        """Record one handler run of ``name``; returns its sequence number (1, 2, ...)."""
+        with self._lock:
+            self.executions[name] += 1
+            return self.executions[name]
+
+    # Routes.
+
+    def charge(self, name: str, body: bytes, status: int = 201) -> Answer:
+        """POST /charges ("charges"), POST /refunds ("refunds"), PATCH /charges/1 ("patch")."""
+        seq = self.count(name)
+        try:
+            amount = json.loads(body)["amount"]
+            if not isinstance(amount, int):
+                raise TypeError(amount)
+        except (ValueError, KeyError, TypeError):
+            return _json(400, {"error": "body must be {\"amount\": <int>}"})
+        ident = f"{_PREFIXES[name]}_{seq}"
+        return _json(
+            status,
+            {"id": ident, "amount": amount},
+            [
+                ("X-Charge-Id", ident),
+                ("Set-Cookie", f"session=s{seq}; Path=/"),
+                ("Date", formatdate(usegmt=True)),
+            ],
+        )
+
+    def simple(self, name: str, status: int) -> Answer:
+        """GET /charges, PUT /charges/1, DELETE /charges/1, /fail500, /declined, /status/<c>."""
+        seq = self.count(name)
+        if status == 204:
+            return Answer(204, [], b"")
+        return _json(status, {"route": name, "run": seq})
+
+    def explode(self) -> Answer:
+        self.count("explode")
+        raise RuntimeError("the handler exploded")
+
+    def slow(self) -> Answer:
+        seq = self.count("slow")
+        if not self.gate.wait(GATE_TIMEOUT):
+            return _json(504, {"error": "gate never opened"})
+        return _json(201, {"route": "slow", "run": seq})
+
+    def big(self) -> Answer:
+        self.count("big")
+        body = b"x" * (self.max_response_bytes + 1)
+        return Answer(201, [("Content-Type", "application/octet-stream")], body)
+
+    def stream(self) -> tuple[int, list[tuple[str, str]], Iterator[bytes]]:
+        """POST /stream: status, headers and a generator of the 3 chunks (no length)."""
+        self.count("stream")
+        return 200, [("Content-Type", "text/plain"), ("X-Stream", "yes")], iter(STREAM_CHUNKS)
+
+
+def _json(status: int, payload: object, extra: Sequence[tuple[str, str]] = ()) -> Answer:
+    body = json.dumps(payload, separators=(",", ":")).encode()
+    return Answer(status, [("Content-Type", "application/json"), *extra], body)
