@@ -1,0 +1,115 @@
+"""Stored values <-> bytes: a version byte, then msgspec MessagePack; never pickle."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import msgspec
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from idemkey import ConfigurationError, RecordFormatError, StoredResponse, StoreError
+from idemkey._codec import (
+    FORMAT_VERSION,
+    decode_response,
+    decode_value,
+    encode_payload,
+    encode_response,
+    encode_value,
+)
+
+
+class Receipt(msgspec.Struct):
+    charge_id: str
+    amount: int
+
+
+@dataclasses.dataclass
+class DataReceipt:
+    charge_id: str
+    amount: int
+
+
+headers = st.lists(
+    st.tuples(st.text(min_size=1, max_size=20), st.text(max_size=40)), max_size=5
+).map(tuple)
+
+
+@given(st.integers(100, 599), headers, st.binary(), st.booleans())
+def test_responses_round_trip_byte_for_byte(
+    status: int, hdrs: tuple[tuple[str, str], ...], body: bytes, body_kept: bool
+) -> None:
+    response = StoredResponse(status, hdrs, body, body_kept)
+    data = encode_response(response)
+    assert data[0] == FORMAT_VERSION
+    assert decode_response(data) == response
+    assert decode_response(data).body == body
+
+
+def test_body_kept_defaults_to_true() -> None:
+    assert StoredResponse(200, (), b"").body_kept is True
+
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers(-(2**63), 2**64 - 1) | st.text() | st.binary(),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(), inner, max_size=4),
+    max_leaves=10,
+)
+
+
+@given(json_values)
+def test_values_round_trip(value: Any) -> None:
+    assert decode_value(encode_value(value)) == value
+
+
+def test_values_decode_into_structs_and_dataclasses() -> None:
+    data = encode_value(Receipt("ch_1", 4200))
+    assert decode_value(data, Receipt) == Receipt("ch_1", 4200)
+    assert decode_value(data) == {"charge_id": "ch_1", "amount": 4200}
+    assert decode_value(encode_value(DataReceipt("ch_1", 4200)), DataReceipt) == DataReceipt(
+        "ch_1", 4200
+    )
+
+
+def test_a_value_of_the_wrong_shape_is_a_record_format_error() -> None:
+    with pytest.raises(RecordFormatError, match="unreadable"):
+        decode_value(encode_value({"charge_id": "ch_1"}), Receipt)
+
+
+def test_an_unencodable_value_is_a_configuration_error() -> None:
+    with pytest.raises(ConfigurationError, match="object"):
+        encode_value(object())
+
+
+@pytest.mark.parametrize(
+    "data", [b"", b"\x00\x90", bytes([FORMAT_VERSION + 1]) + b"\x90", b"\x80\x04pickle"]
+)
+def test_unknown_formats_are_refused_clearly(data: bytes) -> None:
+    with pytest.raises(RecordFormatError, match="format") as exc:
+        decode_value(data)
+    assert isinstance(exc.value, StoreError)
+    with pytest.raises(RecordFormatError):
+        decode_response(data)
+
+
+@pytest.mark.parametrize("data", [bytes([FORMAT_VERSION]), bytes([FORMAT_VERSION]) + b"\xc1"])
+def test_truncated_or_corrupt_records_are_record_format_errors(data: bytes) -> None:
+    with pytest.raises(RecordFormatError):
+        decode_value(data)
+    with pytest.raises(RecordFormatError):
+        decode_response(data)
+
+
+def test_payloads_bytes_as_is_text_as_utf8_else_deterministic_msgpack() -> None:
+    assert encode_payload(b"\x00raw") == b"\x00raw"
+    assert encode_payload("caf\u00e9") == "caf\u00e9".encode()
+    # Equal dicts built in another order identify the same work.
+    assert encode_payload({"a": 1, "b": [1, 2]}) == encode_payload({"b": [1, 2], "a": 1})
+    assert encode_payload({"a": 1}) != encode_payload({"a": 2})
+
+
+def test_an_unencodable_payload_is_a_configuration_error() -> None:
+    with pytest.raises(ConfigurationError, match="pass bytes"):
+        encode_payload(object())

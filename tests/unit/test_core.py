@@ -1,0 +1,151 @@
+"""The sans-IO decisions: script replies, fingerprints, retry hints, polling, policy."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from idemkey import ConfigurationError, Policy, StoreError
+from idemkey._core import (
+    Claimed,
+    InFlight,
+    Mismatch,
+    Replay,
+    decode_claim_reply,
+    fingerprint,
+    new_owner,
+    next_poll_delay,
+    payload_fingerprint,
+    record_for,
+    retry_after_seconds,
+)
+from idemkey._leases import LeaseTable
+
+
+@pytest.mark.parametrize(
+    ("reply", "decision"),
+    [
+        ([1, 1, 0], Claimed("o", 1, False)),
+        ([1, 7, 1], Claimed("o", 7, True)),
+        ([2, b"\x01\x90"], Replay(b"\x01\x90")),
+        ([3, 1500], InFlight(1.5)),
+        ([3, -1], InFlight(0.0)),  # PTTL -1/-2 (lock vanished meanwhile) is "retry now"
+        ([4], Mismatch()),
+    ],
+)
+def test_claim_replies_decode_into_decisions(reply: object, decision: object) -> None:
+    assert decode_claim_reply(reply, "o") == decision
+
+
+@pytest.mark.parametrize(
+    "reply", [None, [], b"OK", [9], [2], [2, "text"], [1, 1], [3], "claimed", [[1, 1, 0]]]
+)
+def test_unexpected_replies_are_store_errors(reply: object) -> None:
+    with pytest.raises(StoreError, match="unexpected reply"):
+        decode_claim_reply(reply, "o")
+
+
+def test_fingerprints_separate_every_part_and_ignore_query_order() -> None:
+    base = fingerprint("POST", "/charges/1", "a=1&b=2", "application/json", b"{}")
+    assert base == fingerprint("POST", "/charges/1", "b=2&a=1", "application/json", b"{}")
+    variants = [
+        fingerprint("PATCH", "/charges/1", "a=1&b=2", "application/json", b"{}"),
+        fingerprint("POST", "/charges/2", "a=1&b=2", "application/json", b"{}"),
+        fingerprint("POST", "/charges/1", "a=1&b=3", "application/json", b"{}"),
+        fingerprint("POST", "/charges/1", "a=1&b=2", "text/plain", b"{}"),
+        fingerprint("POST", "/charges/1", "a=1&b=2", "application/json", b"{ }"),
+        # length prefixes: moving a byte between fields changes the fingerprint
+        fingerprint("POST", "/charges/1a", "=1&b=2", "application/json", b"{}"),
+    ]
+    assert len({base, *variants}) == len(variants) + 1
+
+
+@given(st.text(), st.text(), st.text(), st.binary())
+def test_fingerprints_never_fail_on_client_input(
+    target: str, query: str, content_type: str, body: bytes
+) -> None:
+    fp = fingerprint("POST", target, query, content_type, body)
+    assert len(fp) == 32
+
+
+def test_payload_fingerprints_tell_payloads_apart() -> None:
+    assert payload_fingerprint(b"a") == payload_fingerprint(b"a")
+    assert payload_fingerprint(b"a") != payload_fingerprint(b"b")
+
+
+def test_owners_are_fresh_and_unguessable() -> None:
+    owners = {new_owner() for _ in range(1000)}
+    assert len(owners) == 1000
+    assert all(len(owner) == 32 for owner in owners)
+
+
+@pytest.mark.parametrize(
+    ("seconds", "header"), [(0.0, 1), (0.001, 1), (1.0, 1), (1.2, 2), (29.999, 30), (30.0, 30)]
+)
+def test_retry_after_rounds_up_to_whole_seconds(seconds: float, header: int) -> None:
+    assert retry_after_seconds(seconds) == header
+
+
+def test_polling_backs_off_and_never_overruns_the_wait() -> None:
+    delays, delay, remaining = [], 0.0, 10.0
+    for _ in range(10):
+        delay = next_poll_delay(delay, remaining)
+        delays.append(delay)
+    assert delays[:3] == [0.005, 0.01, 0.02]
+    assert max(delays) == 0.25
+    assert next_poll_delay(0.2, 0.03) == 0.03
+    assert next_poll_delay(0.2, -1.0) == 0.0
+
+
+def test_lease_table_renews_every_third_of_a_lease() -> None:
+    table = LeaseTable()
+    record = record_for("p", "", "GUARD", "", "k")
+    table.add(record, "o", 3000, now=100.0)
+    assert table.next_due() == 101.0
+    assert table.due(100.5) == []
+    (lease,) = table.due(101.0)
+    table.renewed(lease, 101.0)
+    assert table.next_due() == 102.0
+    table.failed(lease, 102.0)
+    assert table.next_due() == pytest.approx(102.3)  # a failed renewal retries soon
+    table.remove(record, "o")
+    assert not table.holds(lease)
+    assert len(table) == 0
+
+
+def test_policy_defaults() -> None:
+    policy = Policy()
+    assert (policy.ttl, policy.lease, policy.wait) == (86_400.0, 30.0, 0.0)
+    assert (policy.ttl_ms, policy.lease_ms) == (86_400_000, 30_000)
+    assert policy.methods == frozenset({"POST", "PATCH"})
+
+
+@pytest.mark.parametrize(
+    "changes",
+    [
+        {"lease": 0},
+        {"lease": 10, "ttl": 5},
+        {"wait": -1},
+        {"prefix": ""},
+        {"prefix": "a{b"},
+        {"on_store_error": "maybe"},
+        {"mismatch_status": 500},
+        {"max_request_bytes": -1},
+        {"header": ""},
+    ],
+)
+def test_policy_refuses_values_that_cannot_work(changes: dict[str, object]) -> None:
+    with pytest.raises(ConfigurationError):
+        Policy(**changes)  # type: ignore[arg-type]
+
+
+def test_policy_is_frozen_and_replace_validates() -> None:
+    policy = Policy(methods=frozenset({"post"}), header_denylist=frozenset({"X-Secret"}))
+    assert policy.methods == frozenset({"POST"})
+    assert "x-secret" in policy.header_denylist
+    with pytest.raises(AttributeError):
+        policy.wait = 1.0  # type: ignore[misc]
+    assert policy.replace(wait=2.0).wait == 2.0
+    with pytest.raises(ConfigurationError):
+        policy.replace(lease=0)
