@@ -1,0 +1,209 @@
+"""IdempotencyMiddleware for any ASGI 3 application (pure ASGI: no framework import).
+
+::
+
+    app = IdempotencyMiddleware(app, AsyncRedisStore(redis.asyncio.Redis.from_url(url)))
+
+Every decision is :mod:`idemkey.http`'s; this module moves bytes. The request body is read
+(bounded by ``max_request_bytes``) before the claim, because the fingerprint covers it, and is
+replayed to the app. The response is forwarded to the client as it streams, with a copy kept up
+to ``max_response_bytes``; the record is completed once the final body message has been *sent*,
+not when the app returns, so a background task that fails afterwards cannot release a response
+the client already has. Completion and release are shielded from cancellation: a client that
+disconnects while its answer is being written does not make the handler run twice.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Coroutine, MutableMapping
+from typing import Any
+
+from ..errors import StoreError
+from ..http import Complete, Exchange, Headers, Request, Response, begin, content_length
+from ..policy import Policy
+from ..store import AsyncRedisStore
+
+__all__ = ["IdempotencyMiddleware"]
+
+# ASGI types, defined here as in starlette.types so idemkey imports no framework.
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+# Shielded store writes still running after their caller was cancelled: the event loop holds
+# tasks weakly, so they are kept here until they finish.
+_detached: set[asyncio.Task[None]] = set()
+
+
+async def _shielded(write: Coroutine[Any, Any, None]) -> None:
+    """Run ``write`` to its end even if the caller is cancelled (a client went away)."""
+    task = asyncio.ensure_future(write)
+    _detached.add(task)
+    task.add_done_callback(_detached.discard)
+    await asyncio.shield(task)
+
+
+async def _respond(send: Send, response: Response) -> None:
+    headers = [(n.encode("latin-1"), v.encode("latin-1")) for n, v in response.headers]
+    await send({"type": "http.response.start", "status": response.status, "headers": headers})
+    await send({"type": "http.response.body", "body": response.body, "more_body": False})
+
+
+async def _read_body(receive: Receive, limit: int) -> bytes | None:
+    """The request body, stopping once it is over ``limit``; None if the client went away."""
+    chunks: list[bytes] = []
+    size = 0
+    while size <= limit:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            return None
+        chunk = message.get("body", b"")
+        chunks.append(chunk)
+        size += len(chunk)
+        if not message.get("more_body", False):
+            break
+    return b"".join(chunks)
+
+
+class IdempotencyMiddleware:
+    """Run each keyed request once; answer retries with the stored response.
+
+    ``store`` is an :class:`~idemkey.AsyncRedisStore`; ``policy`` defaults to the store's.
+    Websocket and lifespan scopes, and methods outside ``policy.methods``, pass straight through.
+    """
+
+    def __init__(self, app: ASGIApp, store: AsyncRedisStore, policy: Policy | None = None) -> None:
+        self.app = app
+        self.store = store
+        self.policy = policy if policy is not None else store.policy
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["method"] not in self.policy.methods:
+            await self.app(scope, receive, send)
+            return
+        policy = self.policy
+        headers = Headers((n.decode("latin-1"), v.decode("latin-1")) for n, v in scope["headers"])
+        query = scope.get("query_string", b"").decode("latin-1")
+        step = begin(policy, Request(scope["method"], scope["path"], query, headers))
+        if step is None:
+            await self.app(scope, receive, send)
+            return
+        if isinstance(step, Response):
+            await _respond(send, step)
+            return
+        declared = content_length(headers)
+        if declared is not None and step.too_large(declared):
+            await _respond(send, step.too_large_response())
+            return
+        body = await _read_body(receive, policy.max_request_bytes)
+        if body is None:
+            return  # the client left before sending its request: nothing was claimed
+        if step.too_large(len(body)):
+            await _respond(send, step.too_large_response())
+            return
+
+        replayed = False
+
+        async def replay_receive() -> Message:
+            nonlocal replayed
+            if replayed:  # later calls: the real channel, so http.disconnect still arrives
+                return await receive()
+            replayed = True
+            return {"type": "http.request", "body": body, "more_body": False}
+
+        try:
+            decision = await self.store.claim(
+                step.record,
+                step.fingerprint(body),
+                lease_ms=policy.lease_ms,
+                ttl_ms=policy.ttl_ms,
+                wait=policy.wait,
+            )
+        except StoreError as exc:
+            failed = step.store_failed(exc)
+            if failed is not None:
+                await _respond(send, failed)
+            else:
+                await self.app(scope, replay_receive, send)
+            return
+        answer = step.decide(decision)
+        if isinstance(answer, Response):
+            await _respond(send, answer)
+            return
+        owner, limit = answer.owner, policy.max_response_bytes
+        status, response_headers = 0, []
+        kept: list[bytes] | None = []  # the body copy; None once dropped
+        size, finished = 0, False
+
+        async def capture_send(message: Message) -> None:
+            nonlocal status, response_headers, kept, size, finished
+            kind = message["type"]
+            if kind == "http.response.start":
+                status = message["status"]
+                response_headers = [
+                    (n.decode("latin-1"), v.decode("latin-1"))
+                    for n, v in message.get("headers", ())
+                ]
+            elif kind == "http.response.body" and not finished:
+                chunk = message.get("body", b"")
+                size += len(chunk)
+                if kept is not None and size > limit:
+                    kept = None  # over max_response_bytes: completed without its body
+                elif kept is not None:
+                    kept.append(chunk)
+                finished = not message.get("more_body", False)
+            elif kind == "http.response.pathsend" and not finished:
+                kept, finished = None, True  # a file sent by the server: too large to keep
+            else:
+                await send(message)
+                return
+            if not finished:
+                await send(message)
+                return
+            # The app produced its final message: the work is done and must be stored, even if
+            # the client is gone and send raises. After send returns, not before, so the stored
+            # answer is never one the client did not get while the server could deliver it.
+            try:
+                await send(message)
+            finally:
+                body_copy = None if kept is None else b"".join(kept)
+                await _shielded(self._finish(step, owner, status, response_headers, body_copy))
+
+        try:
+            await self.app(scope, replay_receive, capture_send)
+        finally:
+            if not finished:  # the app raised, was cancelled, or returned mid-response
+                await _shielded(self._release(step, owner, "the app did not finish its response"))
+
+    async def _finish(
+        self,
+        step: Exchange,
+        owner: str,
+        status: int,
+        headers: list[tuple[str, str]],
+        body: bytes | None,
+    ) -> None:
+        plan = step.finish(status, headers, body)
+        if not isinstance(plan, Complete):
+            await self._release(step, owner, plan.reason)
+            return
+        try:
+            stored = await self.store.complete(
+                step.record, owner, plan.stored, ttl_ms=step.policy.ttl_ms
+            )
+        except StoreError as exc:
+            # The client already has its answer; the lease will lapse and a retry may run again.
+            step.notify("store_error", detail=f"response not stored: {exc}")
+            return
+        step.completed(stored)
+
+    async def _release(self, step: Exchange, owner: str, reason: str) -> None:
+        try:
+            await self.store.release(step.record, owner)
+        except StoreError as exc:
+            step.notify("store_error", detail=f"key not released (its lease will lapse): {exc}")
+            return
+        step.released(reason)
