@@ -1,0 +1,157 @@
+"""One face for RedisStore and AsyncRedisStore, so every behaviour is written once.
+
+A test class mixes in :class:`SyncStore` or :class:`AsyncStore` (each providing the ``store``
+fixture) with a class of ``async def`` tests that only use :class:`Both`: every call is
+awaited, and for the sync store it simply runs inline. Both stores run on the real session
+server and on fakeredis, through the ``sync_client`` / ``async_client`` fixture params.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import inspect
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from typing import Any, TypeVar
+
+import pytest
+import pytest_asyncio
+import redis
+import redis.asyncio
+
+from idemkey import AsyncRedisStore, Call, Policy, RedisStore, aguard, guard, idempotent
+from idemkey._core import Decision, Record, record_for
+from idemkey.guard import GUARD_METHOD
+from tests._servers import async_wait_until
+
+T = TypeVar("T")
+
+
+async def _resolve(value: Any) -> Any:
+    return await value if inspect.isawaitable(value) else value
+
+
+class Both:
+    """A store of either kind, with awaitable methods and raw Redis reads for assertions."""
+
+    def __init__(self, store: RedisStore | AsyncRedisStore, prefix: str) -> None:
+        self.store = store
+        self.prefix = prefix
+        self.is_async = isinstance(store, AsyncRedisStore)
+        self.client: Any = store.client
+
+    # ---- names ---------------------------------------------------------------------------
+
+    def record(self, key: str = "k") -> Record:
+        """A record in this test's prefix, named as an HTTP request's would be."""
+        return record_for(self.prefix, "tenant", "POST", "/charges", key)
+
+    def guard_record(self, key: str, scope: str = "") -> Record:
+        """The record ``guard(store, key, scope=scope)`` uses."""
+        return record_for(self.prefix, scope, GUARD_METHOD, "", key)
+
+    # ---- the store API, awaited ----------------------------------------------------------
+
+    async def claim(self, record: Record, fp: str = "fp1", **kwargs: Any) -> Decision:
+        decision: Decision = await _resolve(self.store.claim(record, fp, **kwargs))
+        return decision
+
+    async def complete(self, record: Record, owner: str, resp: bytes, **kwargs: Any) -> bool:
+        return bool(await _resolve(self.store.complete(record, owner, resp, **kwargs)))
+
+    async def release(self, record: Record, owner: str) -> bool:
+        return bool(await _resolve(self.store.release(record, owner)))
+
+    async def renew(self, record: Record, owner: str, **kwargs: Any) -> bool:
+        return bool(await _resolve(self.store.renew(record, owner, **kwargs)))
+
+    @contextlib.asynccontextmanager
+    async def guard(self, key: str, **kwargs: Any) -> AsyncIterator[Call[Any]]:
+        """``guard`` or ``aguard``; an exception in the block reaches the real guard's exit."""
+        if isinstance(self.store, AsyncRedisStore):
+            async with aguard(self.store, key, **kwargs) as call:
+                yield call
+        else:
+            with guard(self.store, key, **kwargs) as call:
+                yield call
+
+    def idempotent(self, body: Callable[..., T], **kwargs: Any) -> Callable[..., Awaitable[T]]:
+        """Decorate ``body`` (as an async function for the async store) and return an async
+        function that calls the decorated one."""
+        if isinstance(self.store, AsyncRedisStore):
+
+            @functools.wraps(body)
+            async def abody(*args: Any, **kw: Any) -> T:
+                return body(*args, **kw)
+
+            decorated: Callable[..., Any] = idempotent(self.store, **kwargs)(abody)
+        else:
+            decorated = idempotent(self.store, **kwargs)(body)
+
+        async def run(*args: Any, **kw: Any) -> T:
+            result: T = await _resolve(decorated(*args, **kw))
+            return result
+
+        return run
+
+    def background(self, work: Callable[[], Awaitable[T]]) -> Awaitable[T]:
+        """Run ``work`` concurrently with the test: a task for the async store, a thread with
+        its own event loop for the sync store (whose calls block)."""
+        if self.is_async:
+            return asyncio.ensure_future(work())
+        return asyncio.ensure_future(asyncio.to_thread(asyncio.run, work()))  # type: ignore[arg-type]
+
+    # ---- raw Redis, for assertions -------------------------------------------------------
+
+    async def hash(self, record: Record) -> dict[bytes, bytes]:
+        result: dict[bytes, bytes] = await _resolve(self.client.hgetall(record.key))
+        return result
+
+    async def lock_holder(self, record: Record) -> bytes | None:
+        result: bytes | None = await _resolve(self.client.get(record.lock))
+        return result
+
+    async def pttl(self, key: str) -> int:
+        return int(await _resolve(self.client.pttl(key)))
+
+    async def snapshot(self, record: Record) -> tuple[dict[bytes, bytes], bytes | None]:
+        """Everything a record holds, to compare byte for byte before and after."""
+        return await self.hash(record), await self.lock_holder(record)
+
+    async def expire_lock(self, record: Record) -> None:
+        """Let the lease lapse now, as if its owner had crashed: PEXPIRE 1 ms, wait it out."""
+        await _resolve(self.client.pexpire(record.lock, 1))
+
+        async def gone() -> bool:
+            return not await _resolve(self.client.exists(record.lock))
+
+        await async_wait_until(gone, timeout=5, message="the lock to expire")
+
+    async def keys(self) -> list[bytes]:
+        result: list[bytes] = await _resolve(self.client.keys(f"*{self.prefix}*"))
+        return result
+
+
+class SyncStore:
+    """Mixin: ``store`` is a :class:`RedisStore` on ``sync_client`` (real Redis, fakeredis)."""
+
+    @pytest.fixture
+    def store(self, sync_client: redis.Redis, prefix: str) -> Iterator[Both]:
+        store = RedisStore(sync_client, Policy(prefix=prefix))
+        try:
+            yield Both(store, prefix)
+        finally:
+            store.close()
+
+
+class AsyncStore:
+    """Mixin: ``store`` is an :class:`AsyncRedisStore` on ``async_client``."""
+
+    @pytest_asyncio.fixture
+    async def store(self, async_client: redis.asyncio.Redis, prefix: str) -> AsyncIterator[Both]:
+        store = AsyncRedisStore(async_client, Policy(prefix=prefix))
+        try:
+            yield Both(store, prefix)
+        finally:
+            await store.aclose()

@@ -1,0 +1,233 @@
+"""Every script through the stores: claim, complete, release, renew, on real Redis and fakeredis.
+
+Each behaviour is written once (``ScriptBehaviour``) and runs for RedisStore and
+AsyncRedisStore. Records are compared byte for byte where a call must change nothing.
+"""
+
+from __future__ import annotations
+
+from idemkey._core import Claimed, InFlight, Mismatch, Replay
+from tests.store._both import AsyncStore, Both, SyncStore
+
+LEASE_MS = 10_000
+TTL_MS = 100_000
+
+
+class ScriptBehaviour:
+    async def test_a_first_claim_owns_the_record(self, store: Both) -> None:
+        record = store.record()
+        decision = await store.claim(record, "fp1", owner="o1", heartbeat=False)
+        assert decision == Claimed("o1", 1, False)
+        fields = await store.hash(record)
+        assert fields[b"state"] == b"in_progress"
+        assert fields[b"fp"] == b"fp1"
+        assert fields[b"owner"] == b"o1"
+        assert fields[b"fence"] == b"1"
+        assert fields[b"at"].isdigit()
+        assert b"resp" not in fields
+        assert await store.lock_holder(record) == b"o1"
+
+    async def test_a_claim_names_a_fresh_owner_when_none_is_given(self, store: Both) -> None:
+        first = await store.claim(store.record("a"), heartbeat=False)
+        second = await store.claim(store.record("b"), heartbeat=False)
+        assert isinstance(first, Claimed)
+        assert isinstance(second, Claimed)
+        assert first.owner != second.owner
+        assert await store.lock_holder(store.record("a")) == first.owner.encode()
+
+    async def test_a_resent_claim_is_claimed_again_with_the_same_fence(self, store: Both) -> None:
+        # redis-py re-sends a command after a timeout: the script may run twice for one call.
+        record = store.record()
+        first = await store.claim(record, owner="o1", heartbeat=False)
+        before = await store.snapshot(record)
+        again = await store.claim(record, owner="o1", heartbeat=False)
+        assert first == again == Claimed("o1", 1, False)
+        assert await store.snapshot(record) == before
+
+    async def test_another_owner_is_told_the_claim_is_in_flight(self, store: Both) -> None:
+        record = store.record()
+        await store.claim(record, owner="o1", lease_ms=LEASE_MS, heartbeat=False)
+        before = await store.snapshot(record)
+        decision = await store.claim(record, owner="o2", lease_ms=LEASE_MS, heartbeat=False)
+        assert isinstance(decision, InFlight)
+        assert 0 < decision.retry_after <= LEASE_MS / 1000
+        assert await store.snapshot(record) == before
+
+    async def test_another_payload_while_in_flight_is_a_mismatch(self, store: Both) -> None:
+        record = store.record()
+        await store.claim(record, "fp1", owner="o1", heartbeat=False)
+        before = await store.snapshot(record)
+        assert await store.claim(record, "fp2", owner="o2", heartbeat=False) == Mismatch()
+        assert await store.snapshot(record) == before
+
+    async def test_complete_stores_the_response_and_frees_the_lease(self, store: Both) -> None:
+        record = store.record()
+        await store.claim(record, "fp1", owner="o1", heartbeat=False)
+        response = b"\x01\x00\xffbinary \r\n response"
+        assert await store.complete(record, "o1", response) is True
+        fields = await store.hash(record)
+        assert fields[b"state"] == b"complete"
+        assert fields[b"resp"] == response
+        assert fields[b"owner"] == b"o1"
+        assert fields[b"fence"] == b"1"
+        assert await store.lock_holder(record) is None
+        # Every retry with the same fingerprint gets the stored bytes in one round trip.
+        for owner in ("o1", "o2", "o3"):
+            assert await store.claim(record, "fp1", owner=owner) == Replay(response)
+
+    async def test_a_completed_record_with_another_payload_is_untouched(self, store: Both) -> None:
+        record = store.record()
+        await store.claim(record, "fp1", owner="o1", heartbeat=False)
+        await store.complete(record, "o1", b"resp")
+        before = await store.snapshot(record)
+        before_ttl = await store.pttl(record.key)
+        assert await store.claim(record, "fp2", owner="o2") == Mismatch()
+        assert await store.snapshot(record) == before
+        assert await store.pttl(record.key) <= before_ttl  # retention not extended either
+
+    async def test_a_resent_complete_succeeds_and_changes_nothing(self, store: Both) -> None:
+        record = store.record()
+        await store.claim(record, owner="o1", heartbeat=False)
+        assert await store.complete(record, "o1", b"first") is True
+        before = await store.snapshot(record)
+        assert await store.complete(record, "o1", b"first") is True
+        assert await store.snapshot(record) == before
+
+    async def test_release_frees_the_key_and_keeps_the_fence(self, store: Both) -> None:
+        record = store.record()
+        await store.claim(record, "fp1", owner="o1", heartbeat=False)
+        assert await store.release(record, "o1") is True
+        assert await store.hash(record) == {b"fence": b"1"}
+        assert await store.lock_holder(record) is None
+        # A retry starts fresh, even with another payload, and its fence keeps growing.
+        assert await store.claim(record, "fp2", owner="o2", heartbeat=False) == Claimed(
+            "o2", 2, False
+        )
+
+    async def test_a_resent_release_changes_nothing(self, store: Both) -> None:
+        record = store.record()
+        await store.claim(record, owner="o1", heartbeat=False)
+        assert await store.release(record, "o1") is True
+        before = await store.snapshot(record)
+        assert await store.release(record, "o1") is False
+        assert await store.snapshot(record) == before
+
+    async def test_release_never_touches_a_completed_record(self, store: Both) -> None:
+        record = store.record()
+        await store.claim(record, owner="o1", heartbeat=False)
+        await store.complete(record, "o1", b"resp")
+        before = await store.snapshot(record)
+        assert await store.release(record, "o1") is False
+        assert await store.release(record, "o2") is False
+        assert await store.snapshot(record) == before
+
+    async def test_nobody_but_the_owner_completes_releases_or_renews(self, store: Both) -> None:
+        record = store.record()
+        await store.claim(record, owner="o1", lease_ms=LEASE_MS, heartbeat=False)
+        before = await store.snapshot(record)
+        assert await store.complete(record, "o2", b"forged") is False
+        assert await store.release(record, "o2") is False
+        assert await store.renew(record, "o2", lease_ms=LEASE_MS) is False
+        assert await store.snapshot(record) == before
+
+    async def test_a_lapsed_lease_is_taken_over_with_a_bumped_fence(self, store: Both) -> None:
+        record = store.record()
+        await store.claim(record, "fp1", owner="o1", heartbeat=False)
+        await store.expire_lock(record)
+        decision = await store.claim(record, "fp1", owner="o2", heartbeat=False)
+        assert decision == Claimed("o2", 2, True)
+        assert (await store.hash(record))[b"owner"] == b"o2"
+        assert await store.lock_holder(record) == b"o2"
+
+    async def test_a_stale_owner_cannot_complete_release_or_renew(self, store: Both) -> None:
+        record = store.record()
+        await store.claim(record, "fp1", owner="stale", heartbeat=False)
+        await store.expire_lock(record)
+        await store.claim(record, "fp1", owner="new", lease_ms=LEASE_MS, heartbeat=False)
+        before = await store.snapshot(record)
+        assert await store.complete(record, "stale", b"late result") is False
+        assert await store.release(record, "stale") is False
+        assert await store.renew(record, "stale", lease_ms=LEASE_MS) is False
+        assert await store.snapshot(record) == before
+        # ...and once the new owner completed, the stale one still changes nothing.
+        assert await store.complete(record, "new", b"result") is True
+        before = await store.snapshot(record)
+        assert await store.complete(record, "stale", b"late result") is False
+        assert await store.release(record, "stale") is False
+        assert await store.snapshot(record) == before
+
+    async def test_a_lapsed_lease_nobody_took_is_still_the_owners(self, store: Both) -> None:
+        # The record still names the owner and nobody else ran the work: it may finish.
+        record = store.record()
+        await store.claim(record, owner="o1", heartbeat=False)
+        await store.expire_lock(record)
+        assert await store.renew(record, "o1", lease_ms=LEASE_MS) is True
+        assert await store.lock_holder(record) == b"o1"
+        await store.expire_lock(record)
+        assert await store.complete(record, "o1", b"resp") is True
+        assert await store.claim(record, owner="o2") == Replay(b"resp")
+
+    async def test_renew_extends_the_lease(self, store: Both) -> None:
+        record = store.record()
+        await store.claim(record, owner="o1", lease_ms=1_000, heartbeat=False)
+        assert await store.pttl(record.lock) <= 1_000
+        assert await store.renew(record, "o1", lease_ms=60_000) is True
+        assert 50_000 < await store.pttl(record.lock) <= 60_000
+        assert await store.renew(record, "o1", lease_ms=60_000) is True  # re-sent: still fine
+
+    async def test_renew_after_release_or_complete_is_refused(self, store: Both) -> None:
+        released, completed = store.record("a"), store.record("b")
+        await store.claim(released, owner="o1", heartbeat=False)
+        await store.release(released, "o1")
+        await store.claim(completed, owner="o1", heartbeat=False)
+        await store.complete(completed, "o1", b"resp")
+        assert await store.renew(released, "o1") is False
+        assert await store.renew(completed, "o1") is False
+        assert await store.lock_holder(released) is None
+        assert await store.lock_holder(completed) is None
+
+    async def test_ttls_follow_the_lease_and_the_retention(self, store: Both) -> None:
+        record = store.record()
+        await store.claim(record, owner="o1", lease_ms=LEASE_MS, ttl_ms=TTL_MS, heartbeat=False)
+        assert LEASE_MS / 2 < await store.pttl(record.lock) <= LEASE_MS
+        assert TTL_MS / 2 < await store.pttl(record.key) <= TTL_MS
+        await store.complete(record, "o1", b"resp", ttl_ms=3 * TTL_MS)
+        # Retention restarts at completion.
+        assert 2 * TTL_MS < await store.pttl(record.key) <= 3 * TTL_MS
+        assert await store.pttl(record.lock) == -2
+
+    async def test_the_policy_gives_the_default_lease_and_retention(self, store: Both) -> None:
+        record = store.record()
+        await store.claim(record, owner="o1", heartbeat=False)
+        policy = store.store.policy
+        assert policy.lease_ms / 2 < await store.pttl(record.lock) <= policy.lease_ms
+        assert policy.ttl_ms / 2 < await store.pttl(record.key) <= policy.ttl_ms
+
+    async def test_only_the_two_record_keys_are_written(self, store: Both) -> None:
+        record = store.record("}x{a}")
+        await store.claim(record, owner="o1", heartbeat=False)
+        assert sorted(await store.keys()) == sorted([record.key.encode(), record.lock.encode()])
+        await store.complete(record, "o1", b"resp")
+        assert await store.keys() == [record.key.encode()]
+
+    async def test_claim_waits_for_a_lapsing_lease(self, store: Both) -> None:
+        record = store.record()
+        await store.claim(record, owner="o1", lease_ms=300, heartbeat=False)
+        decision = await store.claim(record, owner="o2", wait=10, heartbeat=False)
+        # Either the first owner's lease lapsed while we polled (a takeover), or, on a very
+        # slow machine, it had lapsed before our first poll: a takeover too. Never InFlight.
+        assert decision == Claimed("o2", 2, True)
+
+    async def test_claim_gives_up_waiting_after_the_wait(self, store: Both) -> None:
+        record = store.record()
+        await store.claim(record, owner="o1", lease_ms=LEASE_MS, heartbeat=False)
+        decision = await store.claim(record, owner="o2", wait=0.05, heartbeat=False)
+        assert isinstance(decision, InFlight)
+
+
+class TestRedisStoreScripts(SyncStore, ScriptBehaviour):
+    pass
+
+
+class TestAsyncRedisStoreScripts(AsyncStore, ScriptBehaviour):
+    pass
