@@ -1,0 +1,302 @@
+"""guard() / aguard() / idempotent(): DESIGN.md section 5, for both stores, on both backends."""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+from typing import Any
+
+import msgspec
+import pytest
+
+import idemkey.store
+from idemkey import (
+    Event,
+    InvalidKeyError,
+    KeyReuseError,
+    Policy,
+    RequestInFlightError,
+)
+from idemkey._core import Claimed, payload_fingerprint
+from tests._servers import async_wait_until
+from tests.store._both import AsyncStore, Both, SyncStore
+
+
+class Receipt(msgspec.Struct):
+    charge_id: str
+    amount: int
+
+
+@dataclasses.dataclass
+class DataReceipt:
+    charge_id: str
+    amount: int
+
+
+class Boom(Exception):
+    pass
+
+
+def policy(store: Both, **changes: Any) -> Policy:
+    return store.store.policy.replace(**changes)
+
+
+class GuardBehaviour:
+    async def test_the_first_call_runs_and_a_repeat_replays(self, store: Both) -> None:
+        async with store.guard("charge:1", payload=b"inv") as call:
+            assert not call.replayed
+            assert call.fence == 1
+            assert call.takeover is False
+            call.save({"charge": "ch_1", "amount": 4200})
+        async with store.guard("charge:1", payload=b"inv") as again:
+            assert again.replayed
+            assert again.result == {"charge": "ch_1", "amount": 4200}
+            with pytest.raises(RuntimeError, match="replayed"):
+                again.save("other")
+
+    async def test_an_exception_releases_and_a_retry_runs_again(self, store: Both) -> None:
+        with pytest.raises(Boom):
+            async with store.guard("charge:1") as call:
+                assert call.fence == 1
+                raise Boom
+        assert await store.lock_holder(store.guard_record("charge:1")) is None
+        async with store.guard("charge:1") as retry:
+            assert not retry.replayed
+            assert retry.fence == 2  # release keeps the fence growing
+            retry.save("done")
+
+    async def test_leaving_without_save_releases(self, store: Both) -> None:
+        async with store.guard("charge:1") as call:
+            assert not call.replayed
+        async with store.guard("charge:1", payload=b"other payload is fine now") as retry:
+            assert not retry.replayed
+            assert retry.fence == 2
+
+    async def test_save_then_an_exception_completes_and_reraises(self, store: Both) -> None:
+        with pytest.raises(Boom):
+            async with store.guard("charge:1") as call:
+                call.save("charged")
+                raise Boom  # the work is done: it must not run twice
+        async with store.guard("charge:1") as again:
+            assert again.replayed
+            assert again.result == "charged"
+
+    async def test_another_payload_is_key_reuse_and_the_record_is_untouched(
+        self, store: Both
+    ) -> None:
+        async with store.guard("charge:1", payload={"amount": 10}) as call:
+            call.save("charged 10")
+        record = store.guard_record("charge:1")
+        before = await store.snapshot(record)
+        with pytest.raises(KeyReuseError):
+            async with store.guard("charge:1", payload={"amount": 20}):
+                pytest.fail("the body must not run")
+        assert await store.snapshot(record) == before
+        async with store.guard("charge:1", payload={"amount": 10}) as again:
+            assert again.result == "charged 10"
+
+    async def test_a_call_in_flight_raises_with_retry_after(self, store: Both) -> None:
+        async with store.guard("charge:1", policy=policy(store, lease=10)):
+            with pytest.raises(RequestInFlightError) as exc:
+                async with store.guard("charge:1"):
+                    pytest.fail("the body must not run")
+            assert 0 < exc.value.retry_after <= 10
+        async with store.guard("charge:1") as after:  # released by the first: runs again
+            assert not after.replayed
+
+    async def test_a_waiting_duplicate_gets_the_replay(
+        self, store: Both, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        polling = threading.Event()
+        real_next_delay = idemkey.store._next_delay
+
+        def next_delay(previous: float, deadline: float) -> float:
+            polling.set()  # the duplicate saw the first call in flight and is waiting
+            return real_next_delay(previous, deadline)
+
+        monkeypatch.setattr(idemkey.store, "_next_delay", next_delay)
+
+        async def duplicate() -> tuple[bool, object]:
+            async with store.guard("charge:1", policy=policy(store, wait=10)) as call:
+                return call.replayed, call.result
+
+        async with store.guard("charge:1") as first:
+            waiting = store.background(duplicate)
+            await async_wait_until(polling.is_set, timeout=10, message="the duplicate to wait")
+            first.save("charged")
+        assert await waiting == (True, "charged")
+
+    async def test_result_type_decodes_structs_and_dataclasses(self, store: Both) -> None:
+        for key, value, kind in [
+            ("struct", Receipt("ch_1", 4200), Receipt),
+            ("dataclass", DataReceipt("ch_2", 100), DataReceipt),
+        ]:
+            async with store.guard(key, result_type=kind) as call:
+                call.save(value)
+                assert call.result == value
+            async with store.guard(key, result_type=kind) as again:
+                assert again.replayed
+                assert again.result == value
+                assert type(again.result) is kind
+
+    async def test_scope_separates_tenants(self, store: Both) -> None:
+        async with store.guard("charge:1", scope="tenant-a") as call:
+            call.save("a")
+        async with store.guard("charge:1", scope="tenant-b", payload=b"x") as other:
+            assert not other.replayed
+            other.save("b")
+        async with store.guard("charge:1", scope="tenant-a") as again:
+            assert again.result == "a"
+
+    async def test_the_empty_key_is_refused(self, store: Both) -> None:
+        with pytest.raises(InvalidKeyError):
+            async with store.guard(""):
+                pytest.fail("the body must not run")
+        assert await store.keys() == []
+
+    @pytest.mark.parametrize("key", ["}x", "{a}", "k" * 255, "caf\u00e9 \u2603", "{}:lock"])
+    async def test_hostile_keys_stay_out_of_redis_key_names(self, store: Both, key: str) -> None:
+        async with store.guard(key) as call:
+            record = store.guard_record(key)
+            names = sorted(await store.keys())
+            assert names == sorted([record.key.encode(), record.lock.encode()])
+            call.save("ok")
+        (name,) = await store.keys()
+        assert name == f"{store.prefix}:{{{record.digest}}}".encode()
+        assert key.encode() not in name.removeprefix(f"{store.prefix}:".encode())
+
+    async def test_ttls_follow_the_policy(self, store: Both) -> None:
+        limits = policy(store, lease=20, ttl=3_600)
+        record = store.guard_record("charge:1")
+        async with store.guard("charge:1", policy=limits) as call:
+            assert 10_000 < await store.pttl(record.lock) <= 20_000
+            assert 1_800_000 < await store.pttl(record.key) <= 3_600_000
+            call.save("ok")
+        assert 1_800_000 < await store.pttl(record.key) <= 3_600_000
+        assert await store.pttl(record.lock) == -2
+
+    async def test_a_takeover_gets_a_bumped_fence(self, store: Both) -> None:
+        record = store.guard_record("charge:1")
+        crashed = await store.claim(record, payload_fingerprint(b""), heartbeat=False)
+        assert isinstance(crashed, Claimed)
+        await store.expire_lock(record)
+        async with store.guard("charge:1") as call:
+            assert call.takeover is True
+            assert call.fence == 2
+            call.save("ok")
+        assert await store.complete(record, crashed.owner, b"late") is False
+        async with store.guard("charge:1") as again:
+            assert again.result == "ok"
+
+    async def test_events_name_the_record_by_digest_only(self, store: Both) -> None:
+        events: list[Event] = []
+        watched = policy(store, on_event=events.append)
+        key = "secret-key-material"
+        record = store.guard_record(key)
+
+        async with store.guard(key, payload=b"1", policy=watched) as call:  # claimed
+            with pytest.raises(RequestInFlightError):  # in_flight
+                async with store.guard(key, payload=b"1", policy=watched):
+                    pass
+            with pytest.raises(KeyReuseError):  # mismatch
+                async with store.guard(key, payload=b"2", policy=watched):
+                    pass
+        # released
+        with pytest.raises(Boom):
+            async with store.guard(key, payload=b"1", policy=watched):  # claimed
+                raise Boom  # released
+        await store.claim(record, payload_fingerprint(b"1"), heartbeat=False)
+        await store.expire_lock(record)
+        async with store.guard(key, payload=b"1", policy=watched) as call:  # takeover
+            call.save("done")  # completed
+        async with store.guard(key, payload=b"1", policy=watched):  # replayed
+            pass
+
+        kinds = [event.kind for event in events]
+        assert kinds == [
+            "claimed",
+            "in_flight",
+            "mismatch",
+            "released",
+            "claimed",
+            "released",
+            "takeover",
+            "completed",
+            "replayed",
+        ]
+        assert {event.record for event in events} == {record.digest}
+        assert [e.fence for e in events if e.kind in ("claimed", "takeover", "completed")] == [
+            1,
+            2,
+            4,
+            4,
+        ]
+        for event in events:
+            assert key not in repr(event)
+            assert event.method == "GUARD"
+
+    async def test_a_failing_event_hook_does_not_fail_the_call(self, store: Both) -> None:
+        def hook(event: Event) -> None:
+            raise RuntimeError("observer bug")
+
+        async with store.guard("charge:1", policy=policy(store, on_event=hook)) as call:
+            call.save("ok")
+        async with store.guard("charge:1") as again:
+            assert again.result == "ok"
+
+    async def test_idempotent_returns_the_stored_result_on_repeat(self, store: Both) -> None:
+        runs: list[int] = []
+
+        def charge(invoice: int, amount: int) -> dict[str, int]:
+            runs.append(invoice)
+            return {"invoice": invoice, "amount": amount}
+
+        run = store.idempotent(charge, key=lambda invoice, amount: f"charge:{invoice}")
+        assert await run(1, 100) == {"invoice": 1, "amount": 100}
+        assert await run(1, 100) == {"invoice": 1, "amount": 100}
+        assert await run(2, 100) == {"invoice": 2, "amount": 100}
+        assert runs == [1, 2]
+        with pytest.raises(KeyReuseError):
+            await run(1, 999)  # same key, other arguments
+        assert runs == [1, 2]
+
+    async def test_idempotent_with_a_payload_and_result_type(self, store: Both) -> None:
+        runs: list[str] = []
+
+        def charge(invoice_id: str, note: str) -> Receipt:
+            runs.append(invoice_id)
+            return Receipt(invoice_id, 4200)
+
+        run = store.idempotent(
+            charge,
+            key=lambda invoice_id, note: invoice_id,
+            payload=lambda invoice_id, note: invoice_id,  # the note does not identify the work
+            result_type=Receipt,
+        )
+        assert await run("inv_1", note="first") == Receipt("inv_1", 4200)
+        assert await run("inv_1", note="retry") == Receipt("inv_1", 4200)
+        assert runs == ["inv_1"]
+
+    async def test_idempotent_releases_when_the_function_raises(self, store: Both) -> None:
+        attempts: list[int] = []
+
+        def flaky(n: int) -> str:
+            attempts.append(n)
+            if len(attempts) == 1:
+                raise Boom
+            return "ok"
+
+        run = store.idempotent(flaky, key=lambda n: f"job:{n}")
+        with pytest.raises(Boom):
+            await run(1)
+        assert await run(1) == "ok"
+        assert await run(1) == "ok"
+        assert attempts == [1, 1]
+
+
+class TestGuard(SyncStore, GuardBehaviour):
+    pass
+
+
+class TestAsyncGuard(AsyncStore, GuardBehaviour):
+    pass
