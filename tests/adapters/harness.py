@@ -48,6 +48,12 @@ from dataclasses import dataclass
 from email.utils import formatdate
 from typing import TYPE_CHECKING, Protocol
 
+import fakeredis
+import redis
+import redis.asyncio
+
+from tests._servers import no_retry
+
 if TYPE_CHECKING:
     from idemkey import Policy
 
@@ -58,6 +64,9 @@ __all__ = [
     "Harness",
     "HarnessFactory",
     "Reply",
+    "Stream",
+    "async_redis",
+    "sync_redis",
 ]
 
 GATE_TIMEOUT = 10.0
@@ -123,6 +132,38 @@ class Answer:
     body: bytes
 
 
+@dataclass(frozen=True)
+class Stream:
+    """A streaming answer: send ``chunks`` one by one, without a Content-Length."""
+
+    status: int
+    headers: list[tuple[str, str]]
+    chunks: Iterator[bytes]
+
+
+def _chunks() -> Iterator[bytes]:
+    yield from STREAM_CHUNKS
+
+
+def sync_redis(url: str | None) -> redis.Redis:
+    """The client a harness store uses: fakeredis[lua] when ``url`` is None, else ``url``.
+
+    No retries and short timeouts, so the "Redis is down" rows answer at once.
+    """
+    if url is None:
+        return fakeredis.FakeRedis(server=fakeredis.FakeServer(version=(7, 0)))
+    return redis.Redis.from_url(url, socket_connect_timeout=2, socket_timeout=5, retry=no_retry())
+
+
+def async_redis(url: str | None) -> redis.asyncio.Redis:
+    """The asyncio twin of :func:`sync_redis`."""
+    if url is None:
+        return fakeredis.FakeAsyncRedis(server=fakeredis.FakeServer(version=(7, 0)))
+    return redis.asyncio.Redis.from_url(
+        url, socket_connect_timeout=2, socket_timeout=5, retry=no_retry()
+    )
+
+
 class Backend:
     """The business logic behind every harness app: counts runs and builds the answers.
 
@@ -153,7 +194,7 @@ class Backend:
             if not isinstance(amount, int):
                 raise TypeError(amount)
         except (ValueError, KeyError, TypeError):
-            return _json(400, {"error": "body must be {\"amount\": <int>}"})
+            return _json(400, {"error": 'body must be {"amount": <int>}'})
         ident = f"{_PREFIXES[name]}_{seq}"
         return _json(
             status,
@@ -187,10 +228,45 @@ class Backend:
         body = b"x" * (self.max_response_bytes + 1)
         return Answer(201, [("Content-Type", "application/octet-stream")], body)
 
-    def stream(self) -> tuple[int, list[tuple[str, str]], Iterator[bytes]]:
+    def stream(self) -> Stream:
         """POST /stream: status, headers and a generator of the 3 chunks (no length)."""
         self.count("stream")
-        return 200, [("Content-Type", "text/plain"), ("X-Stream", "yes")], iter(STREAM_CHUNKS)
+        return Stream(200, [("Content-Type", "text/plain"), ("X-Stream", "yes")], _chunks())
+
+    def dispatch(self, method: str, path: str, body: bytes) -> Answer | Stream:
+        """The whole route table, for apps without a router of their own (plain WSGI/ASGI).
+
+        Unknown paths answer 404, known paths with another method 405.
+        """
+        if path.startswith("/status/") and method == "POST":
+            code = path.removeprefix("/status/")
+            if code.isdigit() and 200 <= int(code) <= 599:
+                return self.simple("status", int(code))
+        routes: dict[str, dict[str, Callable[[], Answer | Stream]]] = {
+            "/charges": {
+                "POST": lambda: self.charge("charges", body),
+                "GET": lambda: self.simple("list", 200),
+            },
+            "/charges/1": {
+                "PATCH": lambda: self.charge("patch", body, 200),
+                "PUT": lambda: self.simple("put", 200),
+                "DELETE": lambda: self.simple("delete", 204),
+            },
+            "/refunds": {"POST": lambda: self.charge("refunds", body)},
+            "/explode": {"POST": self.explode},
+            "/fail500": {"POST": lambda: self.simple("fail500", 500)},
+            "/declined": {"POST": lambda: self.simple("declined", 402)},
+            "/slow": {"POST": self.slow},
+            "/big": {"POST": self.big},
+            "/stream": {"POST": self.stream},
+        }
+        methods = routes.get(path)
+        if methods is None:
+            return _json(404, {"error": "not found"})
+        handler = methods.get(method)
+        if handler is None:
+            return _json(405, {"error": "method not allowed"})
+        return handler()
 
 
 def _json(status: int, payload: object, extra: Sequence[tuple[str, str]] = ()) -> Answer:

@@ -1,0 +1,8 @@
+"""Framework adapters: ``idemkey.adapters.wsgi``, ``idemkey.adapters.flask``,
+``idemkey.adapters.asgi``.
+
+Import the one you use; this package imports no web framework, so the WSGI and ASGI
+middlewares work without Flask installed.
+"""
+
+from __future__ import annotations

@@ -1,0 +1,186 @@
+"""The Flask extension: ``Idemkey(app=None, store=None, policy=None)`` and ``@idem.idempotent``.
+
+::
+
+    idem = Idemkey()                       # app factory: no app, no store stored on the module
+    def create_app():
+        app = Flask(__name__)
+        app.config["IDEMKEY_REDIS_URL"] = "redis://localhost:6379/0"
+        idem.init_app(app)
+        return app
+
+    @bp.post("/charges")
+    @idem.idempotent                       # or @idem.idempotent(required=False, wait=2.0)
+    def create_charge(): ...
+
+Configuration, when no ``store`` is passed: ``IDEMKEY_REDIS_URL`` (required then) and one
+``IDEMKEY_<FIELD>`` key per :class:`~idemkey.Policy` field (``IDEMKEY_TTL``, ``IDEMKEY_LEASE``,
+``IDEMKEY_WAIT``, ``IDEMKEY_PREFIX``, ``IDEMKEY_REQUIRE_KEY``, ``IDEMKEY_MAX_REQUEST_BYTES``, ...).
+A ``policy`` passed to the constructor is used as it is; otherwise the store's policy (or the
+defaults) with the ``IDEMKEY_*`` keys applied. Everything per app lives in
+``app.extensions["idemkey"]`` and everything per request on ``g.idemkey`` (the
+:class:`~idemkey.http.Exchange`; ``g.idemkey.claim.fence`` is the fencing token), so one
+``Idemkey`` serves any number of apps in one process.
+
+The record's route is the URL rule template (``/charges/<int:id>``). The view's answer, as
+``make_response`` builds it, is what is stored; ``after_request`` hooks run on first answers
+and replays alike. A streamed response (``response.is_streamed``) passes through and the record
+completes without its body when the view returns. A view that raises releases the key.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, TypeVar, overload
+
+import redis
+from flask import current_app, g, request
+from werkzeug.datastructures import Headers as ResponseHeaders
+from werkzeug.exceptions import HTTPException, RequestEntityTooLarge
+
+from ..errors import ConfigurationError
+from ..http import Headers, Request, Response, begin
+from ..policy import Policy
+from ..store import RedisStore
+from .wsgi import claim, settle
+
+if TYPE_CHECKING:
+    from flask import Flask
+    from flask.typing import ResponseReturnValue
+
+__all__ = ["Idemkey"]
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+_FIELDS = {f.name: f for f in dataclasses.fields(Policy)}
+
+
+@dataclasses.dataclass
+class _AppState:
+    store: RedisStore
+    policy: Policy
+    views: dict[int, Policy] = dataclasses.field(default_factory=dict)
+
+    def policy_for(self, view: int, overrides: dict[str, Any]) -> Policy:
+        policy = self.views.get(view)
+        if policy is None:  # first request to this view in this app: derive once, then reuse
+            policy = self.views[view] = self.policy.replace(**overrides)
+        return policy
+
+
+class Idemkey:
+    """Idempotency keys for Flask views; see the module docstring."""
+
+    def __init__(
+        self,
+        app: Flask | None = None,
+        store: RedisStore | None = None,
+        policy: Policy | None = None,
+    ) -> None:
+        self.store = store
+        self.policy = policy
+        if app is not None:
+            self.init_app(app)
+
+    def init_app(self, app: Flask) -> None:
+        """Configure idemkey for ``app`` from the constructor's arguments and ``app.config``."""
+        policy = self.policy or _configured(
+            self.store.policy if self.store else Policy(), app.config
+        )
+        store = self.store
+        if store is None:
+            url = app.config.get("IDEMKEY_REDIS_URL")
+            if not url:
+                raise ConfigurationError("set IDEMKEY_REDIS_URL or pass Idemkey(store=...)")
+            store = RedisStore(redis.Redis.from_url(url), policy)
+        app.extensions["idemkey"] = _AppState(store, policy)
+
+    @overload
+    def idempotent(self, view: F, /) -> F: ...
+    @overload
+    def idempotent(self, /, *, required: bool = ..., **overrides: Any) -> Callable[[F], F]: ...
+    def idempotent(self, view: F | None = None, /, **overrides: Any) -> F | Callable[[F], F]:
+        """Guard a view: ``@idem.idempotent`` or ``@idem.idempotent(required=False, wait=2)``.
+
+        ``required`` is ``Policy.require_key``; any other keyword is a Policy field for this
+        view only.
+        """
+        if "required" in overrides:
+            overrides["require_key"] = overrides.pop("required")
+        unknown = set(overrides) - set(_FIELDS)
+        if unknown:
+            raise ConfigurationError(f"unknown Policy fields: {', '.join(sorted(unknown))}")
+
+        def decorate(view: F) -> F:
+            @functools.wraps(view)
+            def guarded(*args: Any, **kwargs: Any) -> ResponseReturnValue:
+                state: _AppState | None = current_app.extensions.get("idemkey")
+                if state is None:
+                    raise ConfigurationError("Idemkey.init_app(app) was not called for this app")
+                policy = state.policy_for(id(guarded), overrides) if overrides else state.policy
+                return _guard(state.store, policy, view, args, kwargs)
+
+            return guarded  # type: ignore[return-value]
+
+        return decorate(view) if view is not None else decorate
+
+
+def _guard(
+    store: RedisStore, policy: Policy, view: Callable[..., Any], args: Any, kwargs: Any
+) -> ResponseReturnValue:
+    rule = request.url_rule
+    query = request.query_string.decode("latin-1")
+    headers = Headers(request.headers.items())
+    route = rule.rule if rule is not None else request.path
+    step = begin(policy, Request(request.method, request.path, query, headers, route))
+    if step is None:
+        return view(*args, **kwargs)  # type: ignore[no-any-return]
+    if isinstance(step, Response):
+        return _respond(step)
+    length = request.content_length
+    if length is not None and step.too_large(length):
+        return _respond(step.too_large_response())
+    if request.max_content_length is None or request.max_content_length > policy.max_request_bytes:
+        request.max_content_length = policy.max_request_bytes  # bounds a chunked body's read
+    try:
+        body = request.get_data(cache=True)  # the view reads the same bytes from the cache
+    except RequestEntityTooLarge:
+        return _respond(step.too_large_response())
+    answer = claim(store, step, body)
+    if answer is None:
+        return view(*args, **kwargs)  # type: ignore[no-any-return]
+    if isinstance(answer, Response):
+        return _respond(answer)
+    g.idemkey = step
+    try:
+        try:
+            response = current_app.make_response(view(*args, **kwargs))
+        except HTTPException as exc:  # abort(402) is an answer too: render it as Flask would
+            response = current_app.make_response(current_app.handle_user_exception(exc))
+    except BaseException:
+        settle(store, step, None, (), None)
+        raise
+    kept: bytes | None = None
+    if not response.is_streamed:
+        data = response.get_data()
+        kept = data if len(data) <= policy.max_response_bytes else None
+    settle(store, step, response.status_code, response.headers.to_wsgi_list(), kept)
+    return response
+
+
+def _respond(answer: Response) -> ResponseReturnValue:
+    response = current_app.response_class(answer.body, status=answer.status)
+    response.headers = ResponseHeaders(answer.headers)  # exactly these: no default Content-Type
+    return response
+
+
+def _configured(base: Policy, config: Any) -> Policy:
+    """``base`` with every ``IDEMKEY_<FIELD>`` config key applied."""
+    changes = {
+        name: config[key] for name in _FIELDS if (key := f"IDEMKEY_{name.upper()}") in config
+    }
+    if "methods" in changes:
+        changes["methods"] = frozenset(changes["methods"])
+    return base.replace(**changes) if changes else base

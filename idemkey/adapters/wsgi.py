@@ -1,0 +1,227 @@
+"""IdempotencyMiddleware for any PEP 3333 app (Flask, Django, Falcon, Bottle, plain callables).
+
+::
+
+    app.wsgi_app = IdempotencyMiddleware(app.wsgi_app, RedisStore(redis.Redis()), Policy())
+
+A ``ProxyFix``-shaped wrapper that only moves bytes; every decision is ``idemkey.http``'s. It
+reads ``wsgi.input`` up to ``CONTENT_LENGTH`` (never past it: a peer would hang), or, for a
+chunked request (``wsgi.input_terminated``), up to ``max_request_bytes + 1``, and hands the app
+the same bytes in a ``BytesIO``. Body chunks go to the server as the app yields them, while a
+copy of at most ``max_response_bytes`` is kept for the record. The record completes when the
+app's iterable is exhausted, or, if the server closes it early (the client went away), after
+the rest has been drained, because the handler's work is done either way.
+
+A WSGI app streams by yielding several blocks without a ``Content-Length``; such a response,
+like one over ``max_response_bytes``, is stored without its body (``body_kept=False``).
+"""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Iterable, Iterator
+from http import HTTPStatus
+from typing import TYPE_CHECKING, Any
+
+from .._core import Claimed
+from ..errors import StoreError
+from ..http import Complete, Exchange, Headers, Request, Response, begin, content_length
+
+if TYPE_CHECKING:
+    from _typeshed.wsgi import StartResponse, WSGIApplication, WSGIEnvironment
+
+    from ..policy import Policy
+    from ..store import RedisStore
+
+__all__ = ["IdempotencyMiddleware", "claim", "settle"]
+
+
+def claim(store: RedisStore, exchange: Exchange, body: bytes) -> Response | Claimed | None:
+    """Claim the record: Claimed (run it), a Response (replay, 409, 422, 503), None (run open)."""
+    policy = exchange.policy
+    try:
+        decision = store.claim(
+            exchange.record,
+            exchange.fingerprint(body),
+            lease_ms=policy.lease_ms,
+            ttl_ms=policy.ttl_ms,
+            wait=policy.wait,
+        )
+    except StoreError as exc:
+        return exchange.store_failed(exc)
+    return exchange.decide(decision)
+
+
+def settle(
+    store: RedisStore, exchange: Exchange, status: int | None, headers: Any, body: bytes | None
+) -> None:
+    """Complete or release after the handler; ``status`` None: it failed, release the key.
+
+    A store failure here is reported, never raised: the client still gets its real answer.
+    """
+    owner = exchange.claim.owner if exchange.claim else ""
+    plan = exchange.finish(status, headers, body) if status is not None else None
+    try:
+        if isinstance(plan, Complete):
+            ttl_ms = exchange.policy.ttl_ms
+            exchange.completed(store.complete(exchange.record, owner, plan.stored, ttl_ms=ttl_ms))
+        else:
+            store.release(exchange.record, owner)
+            exchange.released(plan.reason if plan else "the handler raised")
+    except StoreError as exc:
+        exchange.notify("store_error", exchange.claim.fence if exchange.claim else None, str(exc))
+
+
+def request_of(environ: WSGIEnvironment) -> Request:
+    headers = [(k[5:].replace("_", "-"), v) for k, v in environ.items() if k.startswith("HTTP_")]
+    for name in ("CONTENT_TYPE", "CONTENT_LENGTH"):
+        if environ.get(name):
+            headers.append((name.replace("_", "-"), environ[name]))
+    path = environ.get("SCRIPT_NAME", "") + environ.get("PATH_INFO", "")
+    query = environ.get("QUERY_STRING", "")
+    return Request(environ["REQUEST_METHOD"].upper(), path or "/", query, Headers(headers))
+
+
+def send(start_response: StartResponse, response: Response) -> list[bytes]:
+    try:
+        reason = HTTPStatus(response.status).phrase
+    except ValueError:
+        reason = "Unknown"
+    start_response(f"{response.status} {reason}", response.headers)
+    return [response.body]
+
+
+def read_body(environ: WSGIEnvironment, exchange: Exchange) -> bytes | None:
+    """The request body, re-supplied to the app as BytesIO; None when it is over the limit."""
+    stream = environ["wsgi.input"]
+    length = content_length(exchange.request.headers)
+    if length is not None:
+        if exchange.too_large(length):
+            return None
+        want = length
+    elif environ.get("wsgi.input_terminated"):  # chunked: the server marks the end with EOF
+        want = exchange.policy.max_request_bytes + 1
+    else:
+        want = 0  # PEP 3333: no Content-Length means no body we may read
+    parts, got = [], 0
+    while got < want and (part := stream.read(want - got)):
+        parts.append(part)
+        got += len(part)
+    body = b"".join(parts)
+    if exchange.too_large(len(body)):
+        return None
+    environ["wsgi.input"], environ["CONTENT_LENGTH"] = io.BytesIO(body), str(len(body))
+    return body
+
+
+class IdempotencyMiddleware:
+    """Guard a WSGI app with idempotency keys; ``policy`` defaults to the store's."""
+
+    def __init__(
+        self, app: WSGIApplication, store: RedisStore, policy: Policy | None = None
+    ) -> None:
+        self.app = app
+        self.store = store
+        self.policy = policy if policy is not None else store.policy
+
+    def __call__(self, environ: WSGIEnvironment, start_response: StartResponse) -> Iterable[bytes]:
+        if environ["REQUEST_METHOD"].upper() not in self.policy.methods:
+            return self.app(environ, start_response)  # the cheap path: nothing to look at
+        step = begin(self.policy, request_of(environ))
+        if step is None:
+            return self.app(environ, start_response)
+        if isinstance(step, Response):
+            return send(start_response, step)
+        body = read_body(environ, step)
+        if body is None:
+            return send(start_response, step.too_large_response())
+        answer = claim(self.store, step, body)
+        if answer is None:  # Redis is down and the policy says run unprotected
+            return self.app(environ, start_response)
+        if isinstance(answer, Response):
+            return send(start_response, answer)
+        tee = _Tee(self.store, step, start_response)
+        try:
+            tee.iterable = self.app(environ, tee.start_response)
+        except BaseException:
+            settle(self.store, step, None, (), None)
+            raise
+        return tee
+
+
+class _Tee:
+    """The app's body iterable, forwarded chunk by chunk while a bounded copy is kept."""
+
+    def __init__(self, store: RedisStore, exchange: Exchange, start: StartResponse) -> None:
+        self.store, self.exchange, self.server_start_response = store, exchange, start
+        self.iterable: Iterable[bytes] = ()
+        self.iterator: Iterator[bytes] | None = None
+        self.status: int | None = None
+        self.headers: list[tuple[str, str]] = []
+        self.kept: list[bytes] | None = []
+        self.size = self.chunks = 0
+        self.settled = False
+
+    def start_response(self, status: str, headers: list[tuple[str, str]], *exc_info: Any) -> Any:
+        write = self.server_start_response(status, headers, *exc_info)
+        self.status, self.headers = int(status[:3]), headers
+
+        def tee_write(data: bytes) -> None:  # the legacy write() callable: keep a copy too
+            self.keep(data)
+            write(data)
+
+        return tee_write
+
+    def keep(self, chunk: bytes) -> None:
+        if not chunk or self.kept is None:
+            return
+        self.size += len(chunk)
+        self.chunks += 1
+        if self.size > self.exchange.policy.max_response_bytes:
+            self.kept = None  # too large to store: the body still streams through
+        else:
+            self.kept.append(chunk)
+
+    def __iter__(self) -> Iterator[bytes]:
+        return self
+
+    def __next__(self) -> bytes:
+        try:
+            if self.iterator is None:
+                self.iterator = iter(self.iterable)
+            chunk = next(self.iterator)
+        except StopIteration:
+            self.finish()
+            raise
+        except BaseException:
+            self.finish(failed=True)
+            raise
+        self.keep(chunk)
+        return chunk
+
+    def finish(self, failed: bool = False) -> None:
+        if self.settled:
+            return
+        self.settled = True
+        body = None if self.kept is None else b"".join(self.kept)
+        # Several blocks and no length: the app streams (PEP 3333); keep no body for it.
+        streamed = self.chunks > 1 and all(n.lower() != "content-length" for n, _ in self.headers)
+        status = None if failed else self.status
+        settle(self.store, self.exchange, status, self.headers, None if streamed else body)
+
+    def close(self) -> None:
+        """The server is done with us: if it stopped early, drain the app (bounded), then
+        complete, because the handler's work is done; always close the app's iterable."""
+        try:
+            if not self.settled:
+                try:
+                    for _ in self:
+                        if self.kept is None:
+                            break  # over the limit: stop pulling, complete without the body
+                    self.finish()
+                except Exception:
+                    pass  # __next__ released the key; the server is gone, nobody to tell
+        finally:
+            close = getattr(self.iterable, "close", None)
+            if close is not None:
+                close()
