@@ -37,6 +37,14 @@ class Boom(Exception):
     pass
 
 
+async def fail_inside(store: Both, key: str, *, save: object = None, **kwargs: Any) -> None:
+    """Enter the guard, ``save()`` when given a value, then raise Boom(fence) in the block."""
+    async with store.guard(key, **kwargs) as call:
+        if save is not None:
+            call.save(save)
+        raise Boom(call.fence)
+
+
 def policy(store: Both, **changes: Any) -> Policy:
     return store.store.policy.replace(**changes)
 
@@ -55,10 +63,8 @@ class GuardBehaviour:
                 again.save("other")
 
     async def test_an_exception_releases_and_a_retry_runs_again(self, store: Both) -> None:
-        with pytest.raises(Boom):
-            async with store.guard("charge:1") as call:
-                assert call.fence == 1
-                raise Boom
+        with pytest.raises(Boom, match="^1$"):
+            await fail_inside(store, "charge:1")
         assert await store.lock_holder(store.guard_record("charge:1")) is None
         async with store.guard("charge:1") as retry:
             assert not retry.replayed
@@ -73,10 +79,8 @@ class GuardBehaviour:
             assert retry.fence == 2
 
     async def test_save_then_an_exception_completes_and_reraises(self, store: Both) -> None:
-        with pytest.raises(Boom):
-            async with store.guard("charge:1") as call:
-                call.save("charged")
-                raise Boom  # the work is done: it must not run twice
+        with pytest.raises(Boom):  # the work is done: it must not run twice
+            await fail_inside(store, "charge:1", save="charged")
         async with store.guard("charge:1") as again:
             assert again.replayed
             assert again.result == "charged"
