@@ -63,7 +63,7 @@ class GuardBehaviour:
                 again.save("other")
 
     async def test_an_exception_releases_and_a_retry_runs_again(self, store: Both) -> None:
-        with pytest.raises(Boom, match="^1$"):
+        with pytest.raises(Boom, match=r"^1$"):
             await fail_inside(store, "charge:1")
         assert await store.lock_holder(store.guard_record("charge:1")) is None
         async with store.guard("charge:1") as retry:
