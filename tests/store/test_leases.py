@@ -1,0 +1,180 @@
+"""Leases on real Redis: the heartbeat keeps a slow claim, a dead claimer frees the key after
+its lease, and a claimer that wakes up after losing its lease changes nothing.
+
+Each check polls with a deadline; the only sleeps are the "work" of a slow body.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis
+import redis.asyncio
+
+from idemkey import (
+    AsyncRedisStore,
+    Event,
+    Policy,
+    RedisStore,
+    RequestInFlightError,
+    aguard,
+    guard,
+)
+from idemkey._core import record_for
+from idemkey.guard import GUARD_METHOD
+from tests._servers import wait_until
+
+ROOT = Path(__file__).resolve().parents[2]
+LEASE = 0.5
+BODY_SECONDS = 2.0
+
+
+def test_the_heartbeat_keeps_a_slow_claim(real_client: redis.Redis, prefix: str) -> None:
+    store = RedisStore(real_client, Policy(prefix=prefix, lease=LEASE))
+    record = record_for(prefix, "", GUARD_METHOD, "", "slow")
+    claimed, finished = threading.Event(), threading.Event()
+    owners: set[bytes | None] = set()
+
+    def slow_body() -> None:
+        with guard(store, "slow") as call:
+            claimed.set()
+            time.sleep(BODY_SECONDS)  # the work: four leases long
+            call.save("done")
+        finished.set()
+
+    body = threading.Thread(target=slow_body)
+    body.start()
+    try:
+        assert claimed.wait(10), "the slow body never claimed"
+        retry_afters: list[float] = []
+        while not finished.wait(0.05):
+            try:
+                with guard(store, "slow") as duplicate:
+                    # Only a replay may get in: the body completed between two checks.
+                    assert duplicate.replayed, "a duplicate ran while the slow body held it"
+                break
+            except RequestInFlightError as exc:
+                retry_afters.append(exc.retry_after)
+            owners.add(real_client.get(record.lock))
+        assert len(retry_afters) >= 10
+        assert all(0 < retry_after <= LEASE for retry_after in retry_afters)
+    finally:
+        body.join(10)
+        store.close()
+    owners.discard(None)  # read just after completion
+    assert len(owners) == 1  # one owner throughout: never lost, never taken over
+    with guard(RedisStore(real_client, Policy(prefix=prefix)), "slow") as call:
+        assert call.replayed
+        assert call.result == "done"
+    assert real_client.hget(record.key, "fence") == b"1"
+
+
+async def test_the_async_heartbeat_keeps_a_slow_claim(
+    real_async_client: redis.asyncio.Redis, prefix: str
+) -> None:
+    store = AsyncRedisStore(real_async_client, Policy(prefix=prefix, lease=LEASE))
+    claimed = asyncio.Event()
+
+    async def slow_body() -> None:
+        async with aguard(store, "slow") as call:
+            claimed.set()
+            await asyncio.sleep(BODY_SECONDS)  # the work: four leases long
+            call.save("done")
+
+    body = asyncio.create_task(slow_body())
+    try:
+        await asyncio.wait_for(claimed.wait(), 10)
+        checks = 0
+        while not body.done():
+            with pytest.raises(RequestInFlightError):
+                async with aguard(store, "slow"):
+                    pytest.fail("a duplicate ran while the slow body held the claim")
+            checks += 1
+            await asyncio.wait([body], timeout=0.05)
+        await body
+        assert checks >= 10
+        async with aguard(store, "slow") as call:
+            assert call.replayed
+            assert call.result == "done"
+    finally:
+        await store.aclose()
+    record = record_for(prefix, "", GUARD_METHOD, "", "slow")
+    assert await real_async_client.hget(record.key, "fence") == b"1"
+
+
+@pytest.fixture
+def hold(redis_url: str, prefix: str) -> Iterator[subprocess.Popen[str]]:
+    """A process that claims ``job`` with a 0.5 s lease and waits inside the guard."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tests.store._worker", "hold", redis_url, prefix, "job", str(LEASE)],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        yield proc
+    finally:
+        if proc.poll() is None:
+            os.kill(proc.pid, signal.SIGCONT)
+            proc.kill()
+        proc.communicate()
+
+
+def test_a_killed_claimer_frees_the_key_after_its_lease(
+    hold: subprocess.Popen[str], real_client: redis.Redis, prefix: str
+) -> None:
+    wait_until(lambda: real_client.get(f"{prefix}:claimed"), timeout=30, message="the claim")
+    assert real_client.get(f"{prefix}:claimed") == b"1"
+    hold.kill()  # SIGKILL inside the guard: no release, no more heartbeat
+    hold.wait()
+
+    record = record_for(prefix, "", GUARD_METHOD, "", "job")
+    assert real_client.hget(record.key, "state") == b"in_progress"  # never released
+
+    events: list[Event] = []
+    store = RedisStore(real_client, Policy(prefix=prefix, on_event=events.append))
+    try:
+        with guard(store, "job", policy=store.policy.replace(wait=10)) as call:
+            assert call.takeover is True
+            assert call.fence == 2
+            call.save("from the second owner")
+    finally:
+        store.close()
+    assert [e.kind for e in events] == ["takeover", "completed"]
+
+
+def test_a_stale_claimer_that_wakes_up_changes_nothing(
+    hold: subprocess.Popen[str], real_client: redis.Redis, prefix: str
+) -> None:
+    wait_until(lambda: real_client.get(f"{prefix}:claimed"), timeout=30, message="the claim")
+    os.kill(hold.pid, signal.SIGSTOP)  # a GC pause or a frozen VM: its heartbeat stops too
+    store = RedisStore(real_client, Policy(prefix=prefix, wait=10))
+    try:
+        with guard(store, "job") as call:
+            assert (call.takeover, call.fence) == (True, 2)
+            call.save("from the second owner")
+    finally:
+        store.close()
+    record = record_for(prefix, "", GUARD_METHOD, "", "job")
+    before = real_client.hgetall(record.key)
+
+    real_client.rpush(f"{prefix}:finish", "go")
+    os.kill(hold.pid, signal.SIGCONT)
+    out, err = hold.communicate(timeout=30)
+    assert hold.returncode == 0, err
+    assert json.loads(out) == {"outcome": "lease_lost", "fence": 1}
+    assert real_client.hgetall(record.key) == before
+    assert real_client.exists(record.lock) == 0
+    with guard(RedisStore(real_client, Policy(prefix=prefix)), "job") as again:
+        assert again.result == "from the second owner"
