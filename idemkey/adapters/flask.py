@@ -142,11 +142,16 @@ def _guard(
     length = request.content_length
     if length is not None and step.too_large(length):
         return _respond(step.too_large_response())
-    if request.max_content_length is None or request.max_content_length > policy.max_request_bytes:
-        request.max_content_length = policy.max_request_bytes  # bounds a chunked body's read
+    # Bound a chunked body's read: werkzeug stops at the maximum without raising, so read one
+    # byte more than allowed to tell "at the limit" from "over it".
+    bound = policy.max_request_bytes + 1
+    if request.max_content_length is None or request.max_content_length > bound:
+        request.max_content_length = bound
     try:
         body = request.get_data(cache=True)  # the view reads the same bytes from the cache
     except RequestEntityTooLarge:
+        body = None
+    if body is None or step.too_large(len(body)):
         return _respond(step.too_large_response())
     answer = claim(store, step, body)
     if answer is None:

@@ -46,7 +46,7 @@ import threading
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from email.utils import formatdate
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, NamedTuple, Protocol
 
 import fakeredis
 import redis
@@ -132,9 +132,11 @@ class Answer:
     body: bytes
 
 
-@dataclass(frozen=True)
-class Stream:
-    """A streaming answer: send ``chunks`` one by one, without a Content-Length."""
+class Stream(NamedTuple):
+    """A streaming answer: send ``chunks`` one by one, without a Content-Length.
+
+    A NamedTuple, so ``status, headers, chunks = backend.stream()`` works too.
+    """
 
     status: int
     headers: list[tuple[str, str]]

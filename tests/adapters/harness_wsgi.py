@@ -101,11 +101,15 @@ def call_wsgi(
     environ = environ_for(method, path, headers, body)
     try:
         result = validator(app)(environ, start_response)
+    except AssertionError:
+        raise  # PEP 3333 broken (wsgiref.validate) or a read past CONTENT_LENGTH
     except Exception:
         return Reply(500, [], b"Internal Server Error")
     try:
         for chunk in result:
             written.append(chunk)
+    except AssertionError:
+        raise
     except Exception:
         return Reply(500, [], b"Internal Server Error")
     finally:
@@ -171,7 +175,10 @@ def make_wsgi(redis_url: str | None, policy: Policy) -> WSGIHarness:
 def _flask_response(answer: Answer | Stream) -> FlaskResponse:
     if isinstance(answer, Stream):
         return FlaskResponse(answer.chunks, status=answer.status, headers=answer.headers)
-    return FlaskResponse(answer.body, status=answer.status, headers=answer.headers)
+    response = FlaskResponse(answer.body, status=answer.status, headers=answer.headers)
+    if answer.status == 204:  # no content, so no Content-Type (PEP 3333 validator)
+        del response.headers["Content-Type"]
+    return response
 
 
 def make_flask(redis_url: str | None, policy: Policy) -> WSGIHarness:
@@ -224,6 +231,8 @@ def _django_view(request: Any, *args: Any, **kwargs: Any) -> Any:
         response: Any = StreamingHttpResponse(answer.chunks, status=answer.status)
     else:
         response = HttpResponse(answer.body, status=answer.status)
+        if answer.status == 204:  # no content, so no Content-Type (PEP 3333 validator)
+            del response["Content-Type"]
     for name, value in answer.headers:
         if name.lower() == "set-cookie":
             cookie_name, _, rest = value.partition("=")
