@@ -46,6 +46,7 @@ PREVIEW_BYTES: Final = 120
 #: stats prints progress on stderr when the database holds at least this many keys.
 PROGRESS_THRESHOLD = 10_000
 PROGRESS_EVERY = 10_000
+SCAN_COUNT: Final = 1000
 
 # Deletes one record and its lock atomically, so an in-progress record cannot be claimed between
 # the check and the delete. An operator tool, off the hot path: inline rather than package data.
@@ -351,7 +352,7 @@ def _show_record(view: RecordView, out: IO[str]) -> None:
     for name, value in rows:
         out.write(f"{name:<9} {value}\n")
     if view.kind == "response":
-        out.write("headers\n")
+        out.write(f"{'headers':<9} {len(view.headers)}\n")
         for name, value in view.headers:
             out.write(f"  {name}: {value}\n")
     if view.preview:
@@ -519,9 +520,9 @@ def collect_stats(
         seen_here = 0
         cursor = 0
         while True:
-            cursor, keys = client.scan(cursor, match=pattern, count=1000)
-            # SCAN's COUNT is work done, not keys returned: count it for progress.
-            scanned_keys += 1000 if cursor else 0
+            cursor, keys = client.scan(cursor, match=pattern, count=SCAN_COUNT)
+            # SCAN's COUNT is roughly the keys looked at (matching or not): progress is in those.
+            scanned_keys += SCAN_COUNT
             if keys:
                 _classify(client, keys, stats)
                 for key in keys:

@@ -1,0 +1,307 @@
+"""doctor, demo, serve, bench and error handling, end to end.
+
+The demo runs for real: a werkzeug server on a free port, real HTTP requests, the embedded
+fakeredis store or the session's real Redis.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import selectors
+import subprocess
+import sys
+import time
+import types
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+import redis
+
+from idemkey import Policy, demo
+from tests._servers import RedisServer, free_port
+from tests.cli.conftest import CliRunner
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _python_m(*argv: str, timeout: float = 60.0) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if k != "IDEMKEY_REDIS_URL"}
+    return subprocess.run(
+        [sys.executable, "-m", "idemkey", *argv],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=ROOT,
+        env=env,
+        check=False,
+    )
+
+
+def _checks(run_out: str) -> dict[str, dict[str, str]]:
+    return {c["name"]: c for c in json.loads(run_out)["checks"]}
+
+
+# ---- doctor -------------------------------------------------------------------------------
+
+
+def test_doctor_on_the_session_server(idemkey: CliRunner, redis_url: str) -> None:
+    run = idemkey("doctor", "--redis-url", redis_url, "--pings", "5")
+    assert run.code == 0, run.err
+    lines = run.out.splitlines()
+    assert lines[0] == f"idemkey doctor: {redis_url}"
+    verdicts = {line.split()[0] for line in lines[1:-1]}
+    assert verdicts <= {"OK", "WARN"}
+    for name in ("server version", "mode", "role", "maxmemory-policy", "persistence",
+                 "scripts", "round trip"):  # fmt: skip
+        assert any(line[6:].startswith(name) for line in lines[1:-1]), name
+    checks = _checks(idemkey("doctor", "--redis-url", redis_url, "--json").out)
+    assert checks["scripts"]["verdict"] == "OK"
+    assert checks["mode"]["detail"] == "standalone"
+    assert "over 20 PINGs" in checks["round trip"]["detail"]
+
+
+def test_doctor_warns_about_an_evicting_server(
+    idemkey: CliRunner, redis_server_factory: Callable[..., RedisServer]
+) -> None:
+    server = redis_server_factory(["--maxmemory-policy", "allkeys-lru"])
+    run = idemkey("doctor", "--redis-url", server.url, "--pings", "3")
+    assert run.code == 0  # a warning, not a failure
+    line = next(line for line in run.out.splitlines() if "maxmemory-policy" in line)
+    assert line.startswith("WARN ")
+    assert "allkeys-lru" in line
+    assert run.out.splitlines()[-1] == "verdict: WARN"
+
+
+def test_doctor_all_ok_with_noeviction_and_aof(
+    idemkey: CliRunner, redis_server_factory: Callable[..., RedisServer]
+) -> None:
+    server = redis_server_factory(["--appendonly", "yes", "--maxmemory-policy", "noeviction"])
+    run = idemkey("doctor", "--redis-url", server.url, "--json", "--pings", "3")
+    assert run.code == 0
+    report = json.loads(run.out)
+    assert report["verdict"] == "OK", report
+    assert _checks(run.out)["persistence"]["detail"] == "AOF"
+
+
+def test_doctor_fails_on_a_replica(
+    idemkey: CliRunner, redis_server_factory: Callable[..., RedisServer]
+) -> None:
+    primary = redis_server_factory()
+    replica = redis_server_factory(["--replicaof", primary.host, str(primary.port)])
+    run = idemkey("doctor", "--redis-url", replica.url, "--pings", "3")
+    assert run.code == 1
+    assert any(line.startswith("FAIL  role") for line in run.out.splitlines())
+    assert run.out.splitlines()[-1] == "verdict: FAIL"
+
+
+# ---- errors -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ("doctor",),
+        ("stats",),
+        ("inspect", "k", "--guard"),
+        ("forget", "k", "--guard", "--yes"),
+        ("demo",),
+    ],
+)
+def test_unreachable_server_is_one_line(idemkey: CliRunner, argv: tuple[str, ...]) -> None:
+    url = f"redis://127.0.0.1:{free_port()}/0"
+    started = time.monotonic()
+    run = idemkey(*argv, "--redis-url", url)
+    assert run.code == 3
+    assert run.out == ""
+    assert len(run.err.splitlines()) == 1, run.err
+    assert "Traceback" not in run.err
+    assert "ConnectionError" in run.err and url in run.err
+    assert time.monotonic() - started < 10  # no retry storm
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        (),
+        ("bogus",),
+        ("stats", "--sample", "many"),
+        ("doctor", "--pings", "0", "--redis-url", "redis://127.0.0.1:1"),
+        ("doctor", "--redis-url", "http://example.com"),
+        ("doctor",),  # no URL anywhere
+        ("serve", "--port", "70000"),
+    ],
+)
+def test_bad_arguments_are_one_line(idemkey: CliRunner, argv: tuple[str, ...]) -> None:
+    run = idemkey(*argv)
+    assert run.code == 2
+    assert run.out == ""
+    assert len(run.err.splitlines()) == 1, run.err
+    assert "Traceback" not in run.err
+
+
+def test_the_url_comes_from_the_environment(
+    idemkey: CliRunner, redis_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("IDEMKEY_REDIS_URL", redis_url)
+    assert idemkey("doctor", "--pings", "1").code == 0
+
+
+def test_passwords_are_not_printed(idemkey: CliRunner) -> None:
+    url = f"redis://user:s3cret@127.0.0.1:{free_port()}/0"
+    run = idemkey("stats", "--redis-url", url)
+    assert run.code == 3
+    assert "s3cret" not in run.err
+    assert "user:***@127.0.0.1" in run.err
+
+
+def test_python_m_reports_errors_without_traceback() -> None:
+    result = _python_m("doctor", "--redis-url", f"redis://127.0.0.1:{free_port()}/0")
+    assert result.returncode == 3
+    assert result.stdout == ""
+    assert len(result.stderr.splitlines()) == 1
+    assert "Traceback" not in result.stderr
+
+
+# ---- demo ---------------------------------------------------------------------------------
+
+
+def test_demo_embedded(idemkey: CliRunner) -> None:
+    run = idemkey("demo")
+    assert run.code == 0, run.out + run.err
+    for step in range(1, 7):
+        assert f"\n{step}. " in run.out
+    assert "FAILED" not in run.out
+    assert "409 in_flight, Retry-After: 1" in run.out
+    assert "-> 422 key_reused" in run.out
+    assert "-> 400 missing_key" in run.out
+    assert "every step behaved" in run.out
+
+
+def test_demo_on_a_real_server_leaves_two_records(
+    idemkey: CliRunner, real_client: redis.Redis, redis_url: str, prefix: str
+) -> None:
+    run = idemkey("demo", "--redis-url", redis_url, "--prefix", prefix, "--json")
+    assert run.code == 0, run.out + run.err
+    story = json.loads(run.out)
+    assert story["ok"] is True
+    assert [s["ok"] for s in story["steps"]] == [True] * 6
+    stats = json.loads(idemkey("stats", "--redis-url", redis_url, "--prefix", prefix, "--json").out)
+    assert stats["states"]["complete"] == 2  # two payments; the 422 and the 400 stored nothing
+    assert stats["records"] == 2
+    assert stats["ttl"]["1 min - 1 h"] == 2  # the demo keeps records 10 minutes
+
+
+def test_demo_exits_non_zero_when_a_step_misbehaves(
+    idemkey: CliRunner, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A misconfigured app: POST is not a guarded method, so the retry charges again.
+    broken = Policy(methods=frozenset({"PATCH"}), scope=demo.account_scope)
+    monkeypatch.setattr(demo, "demo_policy", lambda prefix: broken)
+    run = idemkey("demo")
+    assert run.code == 1
+    assert "FAILED: expected the header Idempotent-Replayed: true" in run.out
+    assert "did NOT behave" in run.out
+
+
+def test_python_m_idemkey_demo() -> None:
+    result = _python_m("demo")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "every step behaved" in result.stdout
+    assert result.stderr == ""
+
+
+# ---- serve --------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def served() -> Iterator[tuple[subprocess.Popen[str], str]]:
+    env = {k: v for k, v in os.environ.items() if k != "IDEMKEY_REDIS_URL"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "idemkey", "serve", "--port", "0"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+        env=env,
+    )
+    try:
+        assert proc.stdout is not None
+        selector = selectors.DefaultSelector()
+        selector.register(proc.stdout, selectors.EVENT_READ)
+        if not selector.select(timeout=30):
+            pytest.fail("idemkey serve printed nothing within 30 s")
+        first = proc.stdout.readline()
+        assert first.startswith("idemkey demo app on http://127.0.0.1:"), first
+        yield proc, first.split()[4]
+    finally:
+        proc.terminate()
+        proc.wait(10)
+        for stream in (proc.stdout, proc.stderr):
+            if stream is not None:
+                stream.close()
+
+
+def test_serve_runs_the_demo_app(served: tuple[subprocess.Popen[str], str]) -> None:
+    _, base = served
+    client = demo.Client(base)
+    body = {"amount": 700, "currency": "chf"}
+    first = client.request("POST", "/charges", body, {"Idempotency-Key": "k1"})
+    again = client.request("POST", "/charges", body, {"Idempotency-Key": "k1"})
+    other_account = client.request(
+        "POST", "/charges", body, {"Idempotency-Key": "k1", "Account": "acct_other"}
+    )
+    assert (first.status, again.status, other_account.status) == (201, 201, 201)
+    assert again.body == first.body and again.header("Idempotent-Replayed") == "true"
+    assert other_account.body["id"] != first.body["id"]  # same key, other tenant: other record
+    assert first.header("Location") == f"/charges/{first.body['id']}"
+    assert client.request("GET", first.header("Location")).body == first.body
+    assert client.charges()["count"] == 2
+
+
+def test_demo_app_rejects_bad_input_with_problems(
+    served: tuple[subprocess.Popen[str], str],
+) -> None:
+    client = demo.Client(served[1])
+    cases = [
+        ({"amount": "10", "currency": "eur"}, {}, "bad_amount"),
+        ({"amount": True, "currency": "eur"}, {}, "bad_amount"),
+        ({"amount": 10, "currency": "xyz"}, {}, "bad_currency"),
+        ([1, 2], {}, "bad_json"),
+        ({"amount": 10, "currency": "eur"}, {"Demo-Delay": "60"}, "bad_delay"),
+        ({"amount": 10, "currency": "eur"}, {"Demo-Delay": "nan"}, "bad_delay"),
+    ]
+    for body, headers, code in cases:
+        answer = client.request("POST", "/charges", body, {"Idempotency-Key": code, **headers})
+        assert (answer.status, answer.body["code"]) == (400, code)
+        assert answer.header("Content-Type") == "application/problem+json"
+    # A 400 means the request never began: the key is free to carry the corrected request.
+    fixed = client.request(
+        "POST", "/charges", {"amount": 10, "currency": "eur"}, {"Idempotency-Key": "bad_amount"}
+    )
+    assert fixed.status == 201
+
+
+# ---- bench --------------------------------------------------------------------------------
+
+
+def test_bench_delegates_to_the_benchmarks_package(
+    idemkey: CliRunner, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    seen: list[list[str]] = []
+    fake = types.ModuleType("benchmarks")
+    fake.main = lambda argv: seen.append(argv) or 0  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "benchmarks", fake)
+    assert idemkey("bench", "--", "--quick", "-k", "replay").code == 0
+    assert seen == [["--quick", "-k", "replay"]]
+
+
+def test_bench_without_the_suite_is_one_line(
+    idemkey: CliRunner, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setitem(sys.modules, "benchmarks", None)  # import raises ImportError
+    run = idemkey("bench")
+    assert run.code == 2
+    assert len(run.err.splitlines()) == 1
+    assert "benchmark suite is not importable" in run.err

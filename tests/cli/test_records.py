@@ -1,0 +1,277 @@
+"""inspect, forget and stats against the real session server, through ``main([...])``."""
+
+from __future__ import annotations
+
+import io
+import json
+import sys
+
+import pytest
+import redis
+
+from idemkey import Policy, RedisStore, guard
+from idemkey import cli as cli_module
+from idemkey._core import record_for
+from idemkey.guard import GUARD_METHOD
+from tests.cli.conftest import CliRunner, http_record
+
+
+def _at(url: str, prefix: str) -> tuple[str, ...]:
+    return ("--redis-url", url, "--prefix", prefix)
+
+
+# ---- inspect ------------------------------------------------------------------------------
+
+
+def test_inspect_shows_a_completed_http_record(
+    idemkey: CliRunner, store: RedisStore, redis_url: str, prefix: str
+) -> None:
+    record = http_record(store, "order-42", scope="acct_1")
+    run = idemkey(
+        "inspect", "order-42", "--scope", "acct_1", "--route", "/charges", *_at(redis_url, prefix)
+    )
+    assert run.code == 0, run.err
+    assert run.err == ""
+    lines = dict(line.split(None, 1) for line in run.out.splitlines() if not line.startswith(" "))
+    assert lines["record"] == record.key
+    assert lines["state"] == "complete"
+    assert lines["fence"] == "1"
+    assert lines["lease"].startswith("none")
+    assert lines["ttl"].startswith("23h 59m")  # the default 24 h retention, just started
+    assert lines["status"] == "201"
+    assert lines["body"] == "27 bytes"
+    assert lines["preview"] == '{"id":"ch_1","amount":1000}'
+    assert "  Location: /charges/ch_1" in run.out.splitlines()
+
+
+def test_inspect_json_and_by_digest_agree(
+    idemkey: CliRunner, store: RedisStore, redis_url: str, prefix: str
+) -> None:
+    record = http_record(store, "order-7", scope="acct_1", status=402, body=b"\xff\x00declined")
+    by_key = idemkey(
+        "inspect", "order-7", "--scope", "acct_1", "--route", "/charges", "--json",
+        *_at(redis_url, prefix),
+    )  # fmt: skip
+    by_digest = idemkey("--json", "inspect", "--digest", record.digest, *_at(redis_url, prefix))
+    assert by_key.code == by_digest.code == 0
+    view, same = json.loads(by_key.out), json.loads(by_digest.out)
+    assert 0 <= view.pop("ttl_ms") - same.pop("ttl_ms") < 60_000  # read a moment apart
+    assert same == view
+    assert view["state"] == "complete"
+    assert view["kind"] == "response"
+    assert view["status"] == 402
+    assert view["body_size"] == 10
+    assert view["preview"] == "\\xff\\x00declined"  # bytes that are not UTF-8 come out escaped
+    assert view["headers"] == [["Content-Type", "application/json"], ["Location", "/charges/ch_1"]]
+
+
+def test_inspect_other_scope_or_route_is_another_record(
+    idemkey: CliRunner, store: RedisStore, redis_url: str, prefix: str
+) -> None:
+    http_record(store, "order-42", scope="acct_1")
+    other_scope = idemkey(
+        "inspect", "order-42", "--scope", "acct_2", "--route", "/charges", *_at(redis_url, prefix)
+    )
+    other_route = idemkey(
+        "inspect", "order-42", "--scope", "acct_1", "--route", "/refunds", *_at(redis_url, prefix)
+    )
+    assert other_scope.code == other_route.code == 1
+    assert other_scope.out.startswith("no record ")
+
+
+def test_inspect_in_progress_shows_the_lease_and_owner(
+    idemkey: CliRunner, store: RedisStore, redis_url: str, prefix: str
+) -> None:
+    record = http_record(store, "order-9", complete=False)
+    run = idemkey("inspect", "--digest", record.digest, "--json", *_at(redis_url, prefix))
+    view = json.loads(run.out)
+    assert view["state"] == "in_progress"
+    assert 0 < view["lease_ms"] <= 30_000
+    assert view["kind"] == ""
+    text = idemkey("inspect", "--digest", record.digest, *_at(redis_url, prefix)).out
+    owner = next(line for line in text.splitlines() if line.startswith("owner"))
+    assert owner.endswith("...") and len(owner.split()[1]) == 11  # shortened token
+
+
+def test_inspect_guard_records_decode_the_stored_value(
+    idemkey: CliRunner, store: RedisStore, redis_url: str, prefix: str
+) -> None:
+    with guard(store, "invoice-1", payload=b"x") as call:
+        call.save({"charge": "ch_9", "amount": 500})
+    with guard(store, "invoice-2") as call:
+        pass  # left without save(): released, only the fence counter stays
+    run = idemkey("inspect", "invoice-1", "--guard", "--json", *_at(redis_url, prefix))
+    view = json.loads(run.out)
+    assert (view["state"], view["kind"]) == ("complete", "result")
+    assert view["preview"] == "{'charge': 'ch_9', 'amount': 500}"
+    released = json.loads(
+        idemkey("inspect", "invoice-2", "--guard", "--json", *_at(redis_url, prefix)).out
+    )
+    assert (released["state"], released["fence"], released["kind"]) == ("released", 1, "")
+
+
+def test_inspect_by_digest_reads_guard_values_too(
+    idemkey: CliRunner, store: RedisStore, redis_url: str, prefix: str
+) -> None:
+    with guard(store, "job-1") as call:
+        call.save([1, 2, 3])
+    digest = record_for(prefix, "", GUARD_METHOD, "", "job-1").digest
+    view = json.loads(idemkey("inspect", "--digest", digest, "--json", *_at(redis_url, prefix)).out)
+    assert (view["kind"], view["preview"]) == ("result", "[1, 2, 3]")
+
+
+def test_inspect_names_what_is_missing(idemkey: CliRunner, redis_url: str) -> None:
+    no_route = idemkey("inspect", "k", "--redis-url", redis_url)
+    no_key = idemkey("inspect", "--route", "/x", "--redis-url", redis_url)
+    bad_digest = idemkey("inspect", "--digest", "xyz", "--redis-url", redis_url)
+    for run in (no_route, no_key, bad_digest):
+        assert run.code == 2
+        assert run.out == ""
+        assert len(run.err.splitlines()) == 1
+
+
+# ---- forget -------------------------------------------------------------------------------
+
+
+def test_forget_deletes_record_and_lock(
+    idemkey: CliRunner, store: RedisStore, real_client: redis.Redis, redis_url: str, prefix: str
+) -> None:
+    record = http_record(store, "order-1")
+    run = idemkey(
+        "forget", "order-1", "--scope", "acct_1", "--route", "/charges", *_at(redis_url, prefix)
+    )
+    assert run.code == 0, run.err
+    assert run.out == f"forgot complete record {record.key} (1 keys deleted)\n"
+    assert real_client.exists(record.key, record.lock) == 0
+    # The key is free again: the same request now runs afresh.
+    assert type(store.claim(record, "fp-order-1", heartbeat=False)).__name__ == "Claimed"
+
+
+def test_forget_refuses_an_in_progress_record_without_force(
+    idemkey: CliRunner, store: RedisStore, real_client: redis.Redis, redis_url: str, prefix: str
+) -> None:
+    record = http_record(store, "order-2", complete=False)
+    refused = idemkey("forget", "--digest", record.digest, "--yes", *_at(redis_url, prefix))
+    assert refused.code == 1
+    assert "in-progress" in refused.err and "--force" in refused.err
+    assert len(refused.err.splitlines()) == 1
+    assert real_client.exists(record.key, record.lock) == 2  # untouched
+    forced = idemkey(
+        "forget", "--digest", record.digest, "--yes", "--force", "--json", *_at(redis_url, prefix)
+    )
+    assert forced.code == 0
+    assert json.loads(forced.out) == {"record": record.key, "deleted": 2, "state": "in_progress"}
+    assert real_client.exists(record.key, record.lock) == 0
+
+
+class _Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+@pytest.mark.parametrize(("answer", "deleted"), [("y\n", True), ("n\n", False), ("\n", False)])
+def test_forget_asks_on_a_terminal(
+    idemkey: CliRunner,
+    store: RedisStore,
+    real_client: redis.Redis,
+    redis_url: str,
+    prefix: str,
+    monkeypatch: pytest.MonkeyPatch,
+    answer: str,
+    deleted: bool,
+) -> None:
+    record = http_record(store, "order-3")
+    monkeypatch.setattr(sys, "stdin", _Terminal(answer))
+    run = idemkey("forget", "--digest", record.digest, *_at(redis_url, prefix))
+    assert f"forget complete record {record.key}? [y/N]" in run.err
+    assert run.code == (0 if deleted else 1)
+    assert real_client.exists(record.key) == (0 if deleted else 1)
+
+
+def test_forget_yes_skips_the_question(
+    idemkey: CliRunner,
+    store: RedisStore,
+    real_client: redis.Redis,
+    redis_url: str,
+    prefix: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    record = http_record(store, "order-4")
+    monkeypatch.setattr(sys, "stdin", _Terminal(""))
+    run = idemkey("forget", "--digest", record.digest, "-y", *_at(redis_url, prefix))
+    assert run.code == 0
+    assert "[y/N]" not in run.err
+    assert real_client.exists(record.key) == 0
+
+
+def test_forget_a_missing_record(idemkey: CliRunner, redis_url: str, prefix: str) -> None:
+    run = idemkey("forget", "nope", "--guard", "--yes", *_at(redis_url, prefix))
+    assert run.code == 1
+    assert run.err.startswith("idemkey forget: no record ")
+
+
+# ---- stats --------------------------------------------------------------------------------
+
+
+def test_stats_counts_records_made_through_guard(
+    idemkey: CliRunner, store: RedisStore, redis_url: str, prefix: str, real_client: redis.Redis
+) -> None:
+    for i in range(7):
+        with guard(store, f"job-{i}", payload=i) as call:
+            call.save({"done": i})
+    for i in range(2):
+        with guard(store, f"skipped-{i}"):
+            pass  # released
+    running = record_for(prefix, "", GUARD_METHOD, "", "running")
+    store.claim(running, "fp", heartbeat=False)
+    crashed = record_for(prefix, "", GUARD_METHOD, "", "crashed")
+    store.claim(crashed, "fp", heartbeat=False)
+    real_client.delete(crashed.lock)  # its owner died and the lease lapsed
+    # Someone else's records under another prefix are not counted.
+    other = RedisStore(real_client, Policy(prefix=prefix + "x"))
+    with guard(other, "job-0") as call:
+        call.save(1)
+
+    run = idemkey("stats", "--json", *_at(redis_url, prefix))
+    assert run.code == 0, run.err
+    stats = json.loads(run.out)
+    assert stats["states"] == {"complete": 7, "in_progress": 2, "released": 2, "other": 0}
+    assert stats["records"] == 11
+    assert stats["in_progress_lease_lapsed"] == 1
+    assert sum(stats["ttl"].values()) == 11
+    assert stats["ttl"]["6 h - 24 h"] == 11  # every record has the 24 h default retention
+    memory = stats["memory"]
+    assert memory["sampled"] == 11
+    assert 50 < memory["mean_bytes"] < 2000
+    assert memory["total_bytes_estimate"] == round(memory["mean_bytes"] * 11)
+    real_client.delete(*(k for k in real_client.scan_iter(match=f"{prefix}x:*")))
+
+    text = idemkey("stats", *_at(redis_url, prefix))
+    assert text.code == 0
+    assert "  complete             7\n" in text.out
+    assert "(1 with a lapsed lease: crashed owners)" in text.out
+
+
+def test_stats_reports_progress_on_large_keyspaces(
+    idemkey: CliRunner,
+    store: RedisStore,
+    redis_url: str,
+    prefix: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    for i in range(30):
+        http_record(store, f"order-{i}")
+    monkeypatch.setattr(cli_module, "PROGRESS_THRESHOLD", 1)
+    monkeypatch.setattr(cli_module, "PROGRESS_EVERY", 1)
+    run = idemkey("stats", "--json", "--sample", "5", *_at(redis_url, prefix))
+    assert run.code == 0
+    assert "idemkey stats: scanned" in run.err
+    stats = json.loads(run.out)  # progress never mixes into stdout
+    assert stats["records"] == 30
+    assert stats["memory"]["sampled"] == 5
+    quiet = idemkey("stats", "--json", "--no-progress", *_at(redis_url, prefix))
+    assert quiet.err == ""
+
+
+def test_stats_escapes_glob_characters_in_the_prefix() -> None:
+    assert cli_module.glob_escape("a*b?[c]\\") == "a\\*b\\?\\[c\\]\\\\"
