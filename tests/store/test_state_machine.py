@@ -1,0 +1,156 @@
+"""A hypothesis state machine drives claim/complete/release/renew/expiry against a model.
+
+The model is the contract of the four scripts (DESIGN.md section 3) in a few lines of Python;
+after every step the record hash and the lock in Redis must equal the model, field by field.
+Runs on the real server and on fakeredis (``sync_client``), with a bounded example count.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+
+import redis
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, rule, run_state_machine_as_test
+
+from idemkey import Policy, RedisStore
+from idemkey._core import Claimed, Decision, InFlight, Mismatch, Record, Replay, record_for
+from tests._servers import wait_until
+
+OWNERS = st.sampled_from(["o1", "o2", "o3"])
+FINGERPRINTS = st.sampled_from(["fp1", "fp2"])
+LEASE_MS = 60_000  # leases only lapse when a rule says so
+
+
+@dataclass
+class Model:
+    """What the record should hold: the hash fields and the lock's holder."""
+
+    state: str | None = None  # None, "in_progress", "complete"
+    fp: str | None = None
+    owner: str | None = None
+    fence: int = 0
+    resp: bytes | None = None
+    lock: str | None = None
+
+    def claim(self, fp: str, owner: str) -> Decision:
+        if self.state is not None and fp != self.fp:
+            return Mismatch()
+        if self.state == "complete":
+            assert self.resp is not None
+            return Replay(self.resp)
+        if self.lock == owner:
+            return Claimed(owner, self.fence, False)
+        if self.lock is not None:
+            return InFlight(0)  # retry_after is checked separately
+        takeover = self.state == "in_progress"
+        self.fence += 1
+        self.state, self.fp, self.owner, self.lock = "in_progress", fp, owner, owner
+        return Claimed(owner, self.fence, takeover)
+
+    def complete(self, owner: str, resp: bytes) -> bool:
+        if self.owner != owner:
+            return False
+        if self.state != "complete":
+            self.state, self.resp = "complete", resp
+            if self.lock == owner:
+                self.lock = None
+        return True
+
+    def release(self, owner: str) -> bool:
+        if self.owner != owner or self.state != "in_progress":
+            return False
+        if self.lock == owner:
+            self.lock = None
+        self.state = self.fp = self.owner = self.resp = None
+        return True
+
+    def renew(self, owner: str) -> bool:
+        if self.lock is not None:
+            return self.lock == owner
+        if self.owner == owner and self.state == "in_progress":
+            self.lock = owner
+            return True
+        return False
+
+
+class ScriptMachine(RuleBasedStateMachine):
+    client: redis.Redis
+    prefix: str
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.store = RedisStore(self.client, Policy(prefix=self.prefix))
+        # A fresh record per example, so examples never see each other's leftovers.
+        self.record: Record = record_for(self.prefix, "", "POST", "/r", uuid.uuid4().hex)
+        self.model = Model()
+        self.responses = 0
+
+    @rule(fp=FINGERPRINTS, owner=OWNERS)
+    def claim(self, fp: str, owner: str) -> None:
+        expected = self.model.claim(fp, owner)
+        actual = self.store.claim(self.record, fp, owner=owner, lease_ms=LEASE_MS, heartbeat=False)
+        if isinstance(expected, InFlight):
+            assert isinstance(actual, InFlight)
+            assert 0 < actual.retry_after <= LEASE_MS / 1000
+        else:
+            assert actual == expected
+
+    @rule(owner=OWNERS)
+    def complete(self, owner: str) -> None:
+        self.responses += 1
+        resp = b"resp-%d" % self.responses
+        assert self.store.complete(self.record, owner, resp) == self.model.complete(owner, resp)
+
+    @rule(owner=OWNERS)
+    def release(self, owner: str) -> None:
+        assert self.store.release(self.record, owner) == self.model.release(owner)
+
+    @rule(owner=OWNERS)
+    def renew(self, owner: str) -> None:
+        assert self.store.renew(self.record, owner, lease_ms=LEASE_MS) == self.model.renew(owner)
+
+    @rule()
+    def lease_lapses(self) -> None:
+        """The lock's owner stalls or dies: its lease runs out."""
+        self.client.pexpire(self.record.lock, 1)
+        wait_until(
+            lambda: not self.client.exists(self.record.lock), timeout=5, message="lock expiry"
+        )
+        self.model.lock = None
+
+    @invariant()
+    def redis_matches_the_model(self) -> None:
+        fields = self.client.hgetall(self.record.key)
+        expected: dict[bytes, bytes] = {}
+        if self.model.fence:
+            expected[b"fence"] = str(self.model.fence).encode()
+        for name in ("state", "fp", "owner"):
+            value = getattr(self.model, name)
+            if value is not None:
+                expected[name.encode()] = value.encode()
+        if self.model.state == "complete" and self.model.resp is not None:
+            expected[b"resp"] = self.model.resp
+        fields.pop(b"at", None)  # server time, not modelled
+        assert fields == expected
+        lock = self.client.get(self.record.lock)
+        assert lock == (self.model.lock.encode() if self.model.lock else None)
+
+    def teardown(self) -> None:
+        self.store.close()
+
+
+def test_the_scripts_follow_the_model(sync_client: redis.Redis, prefix: str) -> None:
+    machine = type("Machine", (ScriptMachine,), {"client": sync_client, "prefix": prefix})
+    run_state_machine_as_test(
+        machine,
+        settings=settings(
+            max_examples=40,
+            stateful_step_count=20,
+            deadline=None,
+            suppress_health_check=[HealthCheck.too_slow],
+            database=None,
+        ),
+    )
