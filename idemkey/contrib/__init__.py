@@ -1,0 +1,39 @@
+"""Optional integrations: ``on_event`` hooks for metrics and tracing libraries.
+
+Each module imports its library only when its factory is called, so ``import idemkey`` never
+needs them:
+
+* :func:`idemkey.contrib.prometheus.prometheus_hook` (``prometheus-client``)
+* :func:`idemkey.contrib.otel.otel_hook` (``opentelemetry-api``)
+
+Several hooks combine with :func:`chain`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from ..events import Event
+
+__all__ = ["chain"]
+
+
+def chain(*hooks: Callable[[Event], None] | None) -> Callable[[Event], None]:
+    """One ``on_event`` hook that calls each of ``hooks`` in order (``None`` entries skipped).
+
+    A hook that raises does not stop the others; the error is logged by idemkey like any
+    failing hook.
+    """
+    live = tuple(hook for hook in hooks if hook is not None)
+
+    def on_event(event: Event) -> None:
+        failure: Exception | None = None
+        for hook in live:
+            try:
+                hook(event)
+            except Exception as exc:  # the others still run; emit() logs the first failure
+                failure = failure or exc
+        if failure is not None:
+            raise failure
+
+    return on_event

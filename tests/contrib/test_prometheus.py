@@ -1,0 +1,88 @@
+"""The Prometheus hook, with the real prometheus_client, fed by real guard() and HTTP calls."""
+
+from __future__ import annotations
+
+import pytest
+import redis
+from prometheus_client import CollectorRegistry, generate_latest
+
+from idemkey import Event, KeyReuseError, Policy, RedisStore, guard
+from idemkey.contrib import chain
+from idemkey.contrib.prometheus import prometheus_hook
+from idemkey.demo import account_scope, create_app
+
+
+def _count(registry: CollectorRegistry, kind: str, method: str = "GUARD", route: str = "") -> float:
+    labels = {"kind": kind, "method": method, "route": route}
+    return registry.get_sample_value("idemkey_events_total", labels) or 0.0
+
+
+def test_counts_guard_events(real_client: redis.Redis, prefix: str) -> None:
+    registry = CollectorRegistry()
+    store = RedisStore(real_client, Policy(prefix=prefix, on_event=prometheus_hook(registry)))
+    try:
+        for _ in range(3):
+            with guard(store, "invoice-1", payload=b"a") as call:
+                if not call.replayed:
+                    call.save("ch_1")
+        with pytest.raises(KeyReuseError), guard(store, "invoice-1", payload=b"b"):
+            pass
+    finally:
+        store.close()
+    assert _count(registry, "claimed") == 1
+    assert _count(registry, "completed") == 1
+    assert _count(registry, "replayed") == 2
+    assert _count(registry, "mismatch") == 1
+    assert _count(registry, "released") == 0
+
+
+def test_counts_http_events_by_route(real_client: redis.Redis, prefix: str) -> None:
+    registry = CollectorRegistry()
+    policy = Policy(prefix=prefix, scope=account_scope, on_event=prometheus_hook(registry))
+    app = create_app(RedisStore(real_client, policy))
+    client = app.test_client()
+    body = {"amount": 100, "currency": "eur"}
+    for _ in range(2):
+        assert (
+            client.post("/charges", json=body, headers={"Idempotency-Key": "k"}).status_code == 201
+        )
+    assert client.post("/charges", json=body).status_code == 400  # no key: no record, no event
+    assert _count(registry, "claimed", "POST", "/charges") == 1
+    assert _count(registry, "completed", "POST", "/charges") == 1
+    assert _count(registry, "replayed", "POST", "/charges") == 1
+    exposition = generate_latest(registry).decode()
+    assert 'idemkey_events_total{kind="replayed",method="POST",route="/charges"} 1.0' in exposition
+    assert "k" not in {line.split("{")[0] for line in exposition.splitlines()}  # no raw keys
+
+
+def test_redis_time_histogram() -> None:
+    registry = CollectorRegistry()
+    hook = prometheus_hook(registry, namespace="payments")
+    hook(Event("completed", "ab" * 16, "/charges", "POST", redis_seconds=0.0004))
+    hook(Event("completed", "ab" * 16, "/charges", "POST", redis_seconds=0.003))
+    hook(Event("claimed", "ab" * 16, "/charges", "POST"))  # no Redis time: counted, not timed
+    assert registry.get_sample_value("payments_redis_seconds_count", {"kind": "completed"}) == 2
+    le_1ms = {"kind": "completed", "le": "0.001"}
+    assert registry.get_sample_value("payments_redis_seconds_bucket", le_1ms) == 1
+    assert registry.get_sample_value("payments_redis_seconds_count", {"kind": "claimed"}) is None
+    labels = {"kind": "claimed", "method": "POST", "route": "/charges"}
+    assert registry.get_sample_value("payments_events_total", labels) == 1
+
+
+def test_one_hook_per_registry() -> None:
+    registry = CollectorRegistry()
+    prometheus_hook(registry)
+    with pytest.raises(ValueError, match="Duplicated"):
+        prometheus_hook(registry)
+
+
+def test_chain_calls_every_hook_even_after_one_fails() -> None:
+    seen: list[str] = []
+
+    def failing(event: Event) -> None:
+        raise RuntimeError("boom")
+
+    hook = chain(failing, None, lambda event: seen.append(event.kind))
+    with pytest.raises(RuntimeError, match="boom"):
+        hook(Event("claimed", "00" * 16))
+    assert seen == ["claimed"]
