@@ -253,6 +253,28 @@ class AsyncGuard(_GuardState[T]):
         self.exited(done, saved is not None, exc)
 
 
+# Overloads so that ``result_type=Receipt`` gives a ``Call[Receipt]`` and no result_type a
+# ``Call[Any]``: with ``type[T] | Any`` alone, mypy cannot solve T and asks users to annotate.
+@overload
+def guard(
+    store: RedisStore,
+    key: str,
+    *,
+    payload: object = ...,
+    scope: str = ...,
+    policy: Policy | None = ...,
+    result_type: type[T],
+) -> Guard[T]: ...
+@overload
+def guard(
+    store: RedisStore,
+    key: str,
+    *,
+    payload: object = ...,
+    scope: str = ...,
+    policy: Policy | None = ...,
+    result_type: Any = ...,
+) -> Guard[Any]: ...
 def guard(
     store: RedisStore,
     key: str,
@@ -272,6 +294,26 @@ def guard(
     return Guard(store, key, payload, scope, policy, result_type)
 
 
+@overload
+def aguard(
+    store: AsyncRedisStore,
+    key: str,
+    *,
+    payload: object = ...,
+    scope: str = ...,
+    policy: Policy | None = ...,
+    result_type: type[T],
+) -> AsyncGuard[T]: ...
+@overload
+def aguard(
+    store: AsyncRedisStore,
+    key: str,
+    *,
+    payload: object = ...,
+    scope: str = ...,
+    policy: Policy | None = ...,
+    result_type: Any = ...,
+) -> AsyncGuard[Any]: ...
 def aguard(
     store: AsyncRedisStore,
     key: str,
