@@ -1,0 +1,130 @@
+"""A consumer of idemkey's public API, type-checked with ``mypy --strict`` (never run).
+
+If a change to the public types breaks ordinary user code, tests/typing/test_api.py fails.
+Each line is what a user writes; ``assert_type`` pins what the checker must infer.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import msgspec
+import redis
+import redis.asyncio
+from typing_extensions import assert_type
+
+import idemkey
+from idemkey import (
+    AsyncRedisStore,
+    Call,
+    ConfigurationError,
+    Event,
+    IdemkeyError,
+    InvalidKeyError,
+    KeyReuseError,
+    LeaseLostError,
+    Policy,
+    RecordFormatError,
+    RedisStore,
+    RequestInFlightError,
+    StoredResponse,
+    StoreError,
+    aguard,
+    guard,
+    idempotent,
+)
+
+
+class Receipt(msgspec.Struct):
+    charge_id: str
+    amount: int
+
+
+@dataclasses.dataclass
+class Invoice:
+    id: str
+    amount: int
+
+
+def on_event(event: Event) -> None:
+    print(event.kind, event.record, event.fence)
+
+
+policy = Policy(ttl=3_600, lease=10, wait=2.0, prefix="payments", on_event=on_event)
+waiting: Policy = policy.replace(wait=5.0)
+store = RedisStore(redis.Redis.from_url("redis://localhost:6379/0"), policy)
+astore = AsyncRedisStore(redis.asyncio.Redis.from_url("redis://localhost:6379/0"))
+
+
+def charge(invoice: Invoice) -> Receipt:
+    return Receipt(invoice.id, invoice.amount)
+
+
+def pay(invoice: Invoice) -> Receipt:
+    with guard(store, f"charge:{invoice.id}", payload=invoice.id, result_type=Receipt) as call:
+        assert_type(call, Call[Receipt])
+        if call.replayed:
+            return call.result
+        fence: int | None = call.fence
+        takeover: bool = call.takeover
+        print(fence, takeover)
+        receipt = charge(invoice)
+        call.save(receipt)
+        return receipt
+
+
+async def apay(invoice: Invoice) -> Receipt:
+    async with aguard(
+        astore, f"charge:{invoice.id}", payload=b"body", scope="tenant", result_type=Receipt
+    ) as call:
+        assert_type(call, Call[Receipt])
+        if call.replayed:
+            return call.result
+        call.save(charge(invoice))
+        return call.result
+
+
+@idempotent(store, key=lambda invoice: f"charge:{invoice.id}", result_type=Receipt)
+def charge_job(invoice: Invoice) -> Receipt:
+    return charge(invoice)
+
+
+@idempotent(astore, key=lambda invoice: f"charge:{invoice.id}", payload=lambda invoice: invoice.id)
+async def acharge_job(invoice: Invoice) -> Receipt:
+    return charge(invoice)
+
+
+async def callers() -> None:
+    assert_type(charge_job(Invoice("inv_1", 100)), Receipt)
+    assert_type(await acharge_job(Invoice("inv_1", 100)), Receipt)
+
+
+def handle_errors(invoice: Invoice) -> str:
+    try:
+        pay(invoice)
+    except RequestInFlightError as exc:
+        retry_after: float = exc.retry_after
+        return f"retry in {retry_after}"
+    except (KeyReuseError, InvalidKeyError) as exc:
+        return str(exc)
+    except LeaseLostError as exc:
+        lost_fence: int | None = exc.fence
+        return f"lost at {lost_fence}"
+    except RecordFormatError:
+        return "unreadable record"
+    except StoreError as exc:
+        return f"redis: {exc.__cause__!r}"
+    except (ConfigurationError, IdemkeyError):
+        return "bug"
+    return "ok"
+
+
+response = StoredResponse(201, (("content-type", "application/json"),), b"{}")
+status: int = response.status
+kept: bool = response.body_kept
+version: str = idemkey.__version__
+store.close()
+
+
+async def shutdown() -> None:
+    await astore.aclose()
