@@ -722,8 +722,8 @@ def cmd_doctor(args: argparse.Namespace, out: IO[str]) -> int:
     else:
         out.write(f"idemkey doctor: {redact(args.redis_url)}\n")
         for node, check in lines:
-            where = f" [{node}]" if node else ""
-            out.write(f"{check.verdict:<5} {check.name + where:<18} {check.detail}\n")
+            where = f"  [{node}]" if node else ""
+            out.write(f"{check.verdict:<5} {check.name:<17} {check.detail}{where}\n")
         out.write(f"verdict: {verdict_all}\n")
     return 1 if verdict_all == "FAIL" else 0
 
