@@ -163,7 +163,10 @@ def _guard(
         try:
             response = current_app.make_response(view(*args, **kwargs))
         except HTTPException as exc:  # abort(402) is an answer too: render it as Flask would
-            response = current_app.make_response(current_app.handle_user_exception(exc))
+            rendered = current_app.handle_user_exception(exc)
+            if isinstance(rendered, HTTPException):  # no error handler: werkzeug's own page
+                rendered = rendered.get_response()
+            response = current_app.make_response(rendered)
     except BaseException:
         settle(store, step, None, (), None)
         raise

@@ -1,0 +1,237 @@
+"""The Flask extension beyond the shared suite: configuration, the app factory pattern, several
+apps in one process, per-view overrides, the route template, abort(), g, after_request hooks."""
+
+from __future__ import annotations
+
+import json
+from typing import TYPE_CHECKING, Any
+
+import pytest
+import redis
+from flask import Flask, abort, g, request
+
+from idemkey import ConfigurationError, Policy, RedisStore
+from idemkey._core import record_for
+from idemkey.adapters.flask import Idemkey
+from idemkey.policy import credential_scope
+from tests.adapters.harness import sync_redis
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
+
+    from flask.testing import FlaskClient
+
+pytestmark = pytest.mark.parametrize("backend", ["redis", "fakeredis"])
+
+
+@pytest.fixture
+def store(backend: str, request: pytest.FixtureRequest, prefix: str) -> Iterator[RedisStore]:
+    url = request.getfixturevalue("redis_url") if backend == "redis" else None
+    store = RedisStore(sync_redis(url), Policy(prefix=prefix))
+    try:
+        yield store
+    finally:
+        store.close()
+        store.client.close()
+        if url:
+            from tests.conftest import _purge_prefix
+
+            _purge_prefix(url, prefix)
+
+
+def build(idem: Idemkey, name: str = "app", **config: Any) -> Flask:
+    """An app factory: one module-level Idemkey, a fresh app each call."""
+    app = Flask(name)
+    app.config.update(config)
+    runs: dict[str, int] = {}
+    app.config["RUNS"] = runs
+
+    @app.post("/items/<int:item_id>")
+    @idem.idempotent
+    def create_item(item_id: int) -> Any:
+        runs["items"] = runs.get("items", 0) + 1
+        return {
+            "item": item_id,
+            "run": runs["items"],
+            "fence": g.idemkey.claim.fence if g.get("idemkey") else None,
+        }, 201
+
+    @app.post("/optional")
+    @idem.idempotent(required=False)
+    def optional() -> Any:
+        runs["optional"] = runs.get("optional", 0) + 1
+        return {"run": runs["optional"]}, 201
+
+    @app.post("/abort/<int:code>")
+    @idem.idempotent
+    def aborting(code: int) -> Any:
+        runs["abort"] = runs.get("abort", 0) + 1
+        abort(code)
+
+    @app.after_request
+    def stamp(response: Any) -> Any:
+        response.headers["X-After"] = "yes"
+        return response
+
+    idem.init_app(app)
+    return app
+
+
+def post(client: FlaskClient, path: str, key: str | None = "k", **headers: str) -> Any:
+    if key is not None:
+        headers["Idempotency-Key"] = key
+    return client.post(path, headers=headers, json={"n": 1})
+
+
+def test_app_factory_and_two_apps_in_one_process(store: RedisStore) -> None:
+    idem = Idemkey(store=store)
+    one = build(idem, "one")
+    two = build(idem, "two", IDEMKEY_PREFIX=store.policy.prefix + "two")
+    assert one.extensions["idemkey"].policy.prefix == store.policy.prefix
+    assert two.extensions["idemkey"].policy.prefix == store.policy.prefix + "two"
+    c1, c2 = one.test_client(), two.test_client()
+    assert post(c1, "/items/1").status_code == 201
+    # Same key, same route, the other app's prefix: an independent record.
+    assert post(c2, "/items/1").status_code == 201
+    assert post(c1, "/items/1").headers["Idempotent-Replayed"] == "true"
+    assert one.config["RUNS"] == {"items": 1}
+    assert two.config["RUNS"] == {"items": 1}
+    assert not hasattr(idem, "app")  # no stored app
+
+
+def test_configured_from_idemkey_config_keys(redis_url: str, prefix: str, backend: str) -> None:
+    if backend != "redis":
+        pytest.skip("IDEMKEY_REDIS_URL is a real server")
+    config = {
+        "IDEMKEY_REDIS_URL": redis_url,
+        "IDEMKEY_TTL": 120,
+        "IDEMKEY_LEASE": 5,
+        "IDEMKEY_WAIT": 1.5,
+        "IDEMKEY_PREFIX": prefix,
+        "IDEMKEY_REQUIRE_KEY": False,
+        "IDEMKEY_MAX_REQUEST_BYTES": 10,
+        "IDEMKEY_METHODS": ["post"],
+    }
+    app = build(Idemkey(), **config)
+    state = app.extensions["idemkey"]
+    policy = state.policy
+    assert (policy.ttl, policy.lease, policy.wait, policy.prefix) == (120, 5, 1.5, prefix)
+    assert policy.require_key is False
+    assert policy.max_request_bytes == 10
+    assert policy.methods == frozenset({"POST"})
+    assert state.store.policy is policy
+    client = app.test_client()
+    try:
+        assert post(client, "/items/1", key=None).status_code == 201  # key not required
+        too_big = client.post("/items/1", headers={"Idempotency-Key": "k"}, data=b"x" * 11)
+        assert too_big.status_code == 413
+        assert too_big.json["code"] == "request_too_large"  # type: ignore[index]
+    finally:
+        state.store.close()
+        state.store.client.close()
+        from tests.conftest import _purge_prefix
+
+        _purge_prefix(redis_url, prefix)
+
+
+def test_without_store_or_redis_url_init_app_fails(backend: str) -> None:
+    with pytest.raises(ConfigurationError, match="IDEMKEY_REDIS_URL"):
+        Idemkey(Flask("x"))
+
+
+def test_view_of_an_app_without_init_app_fails_clearly(store: RedisStore, backend: str) -> None:
+    idem = Idemkey(store=store)
+    app = Flask("bare")
+    app.config["PROPAGATE_EXCEPTIONS"] = True
+
+    @app.post("/x")
+    @idem.idempotent
+    def view() -> str:
+        return "x"
+
+    with pytest.raises(ConfigurationError, match="init_app"):
+        app.test_client().post("/x", headers={"Idempotency-Key": "k"})
+
+
+def test_unknown_override_fails_at_decoration(store: RedisStore) -> None:
+    with pytest.raises(ConfigurationError, match="nonsense"):
+        Idemkey(store=store).idempotent(nonsense=1)
+
+
+def test_per_view_override(store: RedisStore) -> None:
+    app = build(Idemkey(store=store))
+    client = app.test_client()
+    assert post(client, "/optional", key=None).status_code == 201
+    assert post(client, "/optional", key=None).status_code == 201
+    assert app.config["RUNS"]["optional"] == 2
+    assert post(client, "/items/1", key=None).status_code == 400  # other views still require it
+
+
+def test_the_route_template_names_the_record(store: RedisStore) -> None:
+    app = build(Idemkey(store=store))
+    client = app.test_client()
+    first = post(client, "/items/1", Authorization="Bearer t")
+    assert first.status_code == 201
+    assert first.json["fence"] == 1  # type: ignore[index]
+    # One record per route template, so another item with the same key is the same record
+    # with another request: 422, never a second run.
+    assert post(client, "/items/2", Authorization="Bearer t").status_code == 422
+    with app.test_request_context("/items/1", headers={"Authorization": "Bearer t"}):
+        from idemkey.http import Headers, Request
+
+        scope = credential_scope(Request("POST", "/items/1", "", Headers(request.headers.items())))
+    record = record_for(store.policy.prefix, scope, "POST", "/items/<int:item_id>", "k")
+    assert store.client.exists(record.key) == 1
+
+
+def test_abort_with_an_outcome_410_is_stored_and_never_began_is_released(store: RedisStore) -> None:
+    app = build(Idemkey(store=store))
+    client = app.test_client()
+    first = post(client, "/abort/410")
+    assert first.status_code == 410
+    again = post(client, "/abort/410")
+    assert again.status_code == 410
+    assert again.headers["Idempotent-Replayed"] == "true"
+    assert again.data == first.data
+    assert post(client, "/abort/404", key="n").status_code == 404
+    assert post(client, "/abort/404", key="n").status_code == 404
+    assert app.config["RUNS"]["abort"] == 3
+
+
+def test_after_request_hooks_run_on_replays_too(store: RedisStore) -> None:
+    app = build(Idemkey(store=store))
+    client = app.test_client()
+    first = post(client, "/items/1")
+    again = post(client, "/items/1")
+    assert first.headers["X-After"] == again.headers["X-After"] == "yes"
+    assert json.loads(again.data) == json.loads(first.data)
+
+
+def test_view_exception_releases_the_key(store: RedisStore) -> None:
+    idem = Idemkey(store=store)
+    app = Flask("boom")
+    runs = []
+
+    @app.post("/boom")
+    @idem.idempotent
+    def boom() -> str:
+        runs.append(1)
+        raise RuntimeError("boom")
+
+    idem.init_app(app)
+    app.config["PROPAGATE_EXCEPTIONS"] = True
+    client = app.test_client()
+    for _ in range(2):
+        with pytest.raises(RuntimeError):
+            client.post("/boom", headers={"Idempotency-Key": "k"})
+    assert len(runs) == 2
+
+
+def test_store_error_on_init_is_not_needed(backend: str) -> None:
+    # init_app builds the client lazily: a down Redis does not stop the app from starting.
+    app = Flask("lazy")
+    app.config["IDEMKEY_REDIS_URL"] = "redis://127.0.0.1:1/0"
+    Idemkey(app)
+    client = app.extensions["idemkey"].store.client
+    assert isinstance(client, redis.Redis)
+    client.close()
