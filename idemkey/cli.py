@@ -580,7 +580,7 @@ def _measure(client: Any, keys: Sequence[bytes], stats: Stats) -> None:
         return
     pipe = client.pipeline(transaction=False)
     for key in keys:
-        pipe.memory_usage(key)
+        pipe.memory_usage(key, samples=0)  # all six fields, not an estimate from five
     for used in pipe.execute(raise_on_error=False):
         if isinstance(used, int):
             stats.sampled += 1
@@ -827,8 +827,13 @@ def build_parser() -> argparse.ArgumentParser:
         command.set_defaults(run=run)
         return command
 
-    add("demo", cmd_demo, "play the retry story against the demo payments app")
-    serve = add("serve", cmd_serve, "run the demo payments app for curl")
+    add(
+        "demo",
+        cmd_demo,
+        "play the retry story against the demo payments app (embedded store unless "
+        "--redis-url is given; $IDEMKEY_REDIS_URL is not used)",
+    )
+    serve = add("serve", cmd_serve, "run the demo payments app for curl (store: as for demo)")
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=int, default=8000)
 
@@ -864,7 +869,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     except SystemExit as exc:  # --help
         return exc.code if isinstance(exc.code, int) else 0
-    if args.redis_url is None:
+    # demo and serve write demo records: only into a Redis named on the command line, never
+    # into whatever $IDEMKEY_REDIS_URL points at (maybe production); else the embedded store.
+    if args.redis_url is None and args.command not in ("demo", "serve"):
         args.redis_url = os.environ.get(URL_ENV) or None
     return _run(args, out)
 

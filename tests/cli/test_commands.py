@@ -194,6 +194,17 @@ def test_demo_on_a_real_server_leaves_two_records(
     assert stats["ttl"]["1 min - 1 h"] == 2  # the demo keeps records 10 minutes
 
 
+def test_demo_ignores_the_environment_url(
+    idemkey: CliRunner, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # $IDEMKEY_REDIS_URL may name production: the demo writes there only when told on the
+    # command line.
+    monkeypatch.setenv("IDEMKEY_REDIS_URL", f"redis://127.0.0.1:{free_port()}/0")
+    run = idemkey("demo", "--json")
+    assert run.code == 0, run.err
+    assert json.loads(run.out)["store"].startswith("embedded fakeredis")
+
+
 def test_demo_exits_non_zero_when_a_step_misbehaves(
     idemkey: CliRunner, monkeypatch: pytest.MonkeyPatch
 ) -> None:
