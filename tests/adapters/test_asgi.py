@@ -20,7 +20,7 @@ import redis.asyncio
 from idemkey import AsyncRedisStore, Event, Policy, StoreError
 from idemkey.adapters.asgi import IdempotencyMiddleware, Receive, Scope, Send
 from idemkey.http import Exchange, Headers, Request, begin
-from tests._servers import async_wait_until
+from tests._servers import RedisServer, async_wait_until
 
 Message = dict[str, Any]
 KEY = ("idempotency-key", "key-1")
@@ -452,6 +452,43 @@ async def test_cancelled_during_the_completion_write_still_completes(
     assert replay.headers["idempotent-replayed"] == "true"
     assert app.runs == 1
     await slow.aclose()
+
+
+async def test_completion_cut_off_in_flight_by_a_cancel_is_sent_again(
+    private_redis_server: RedisServer, prefix: str
+) -> None:
+    """The complete command is on the wire to a stalled Redis when the request is cancelled:
+    redis-py drops that connection, and the write is sent again on another one."""
+    app = Charges()
+    sending = asyncio.Event()
+    client = private_redis_server.async_client()
+
+    class Stalling(AsyncRedisStore):
+        async def complete(self, *args: Any, **kwargs: Any) -> bool:
+            if not sending.is_set():
+                private_redis_server.pause()  # the first attempt waits for a reply that is late
+                sending.set()
+            return await super().complete(*args, **kwargs)
+
+    store = Stalling(client, Policy(prefix=prefix))
+    try:
+        task = asyncio.create_task(call(IdempotencyMiddleware(app, store)))
+        await asyncio.wait_for(sending.wait(), DEADLINE)
+        await asyncio.sleep(0)  # let the command be written before the cancel (either way works)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        private_redis_server.resume()
+
+        await async_wait_until(state_is(store, "complete"), DEADLINE, "the re-sent completion")
+        replay = await call(IdempotencyMiddleware(app, store))
+        assert replay.headers["idempotent-replayed"] == "true"
+        assert app.runs == 1
+    finally:
+        if private_redis_server.paused:
+            private_redis_server.resume()
+        await store.aclose()
+        await client.aclose()
 
 
 async def test_cancelled_mid_stream_releases_the_key(store: AsyncRedisStore) -> None:
