@@ -102,6 +102,7 @@ PROCESSES = 8
 KEYS = 25
 
 
+@pytest.mark.slow  # starts 8 interpreters
 def test_processes_racing_on_the_same_keys_run_each_once(
     redis_url: str, real_client: redis.Redis, prefix: str
 ) -> None:

@@ -14,9 +14,11 @@ from idemkey import (
     Event,
     InvalidKeyError,
     KeyReuseError,
+    LeaseLostError,
     Policy,
     RequestInFlightError,
 )
+from idemkey._codec import encode_value
 from idemkey._core import Claimed, payload_fingerprint
 from tests._servers import async_wait_until
 from tests.store._both import AsyncStore, Both, SyncStore
@@ -191,6 +193,28 @@ class GuardBehaviour:
         assert await store.complete(record, crashed.owner, b"late") is False
         async with store.guard("charge:1") as again:
             assert again.result == "ok"
+
+    async def test_a_guard_that_lost_its_lease_raises_and_stores_nothing(self, store: Both) -> None:
+        events: list[Event] = []
+        watched = policy(store, on_event=events.append)
+        record = store.guard_record("job")
+
+        async def work_while_taken_over() -> None:
+            async with store.guard("job", policy=watched) as call:
+                # Our lease lapses (a long GC pause, say) and another executor takes over.
+                await store.expire_lock(record)
+                other = await store.claim(record, payload_fingerprint(b""), heartbeat=False)
+                assert isinstance(other, Claimed)
+                assert other.fence == 2
+                await store.complete(record, other.owner, encode_value("theirs"))
+                call.save("mine")
+
+        with pytest.raises(LeaseLostError) as exc:
+            await work_while_taken_over()
+        assert exc.value.fence == 1
+        assert [event.kind for event in events] == ["claimed", "lease_lost"]
+        async with store.guard("job") as again:
+            assert again.result == "theirs"
 
     async def test_events_name_the_record_by_digest_only(self, store: Both) -> None:
         events: list[Event] = []

@@ -34,6 +34,9 @@ from idemkey._core import record_for
 from idemkey.guard import GUARD_METHOD
 from tests._servers import wait_until
 
+# Seconds each, not milliseconds: lease lengths and a body four leases long.
+pytestmark = pytest.mark.slow
+
 ROOT = Path(__file__).resolve().parents[2]
 LEASE = 0.5
 BODY_SECONDS = 2.0
