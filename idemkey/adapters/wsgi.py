@@ -13,7 +13,9 @@ app's iterable is exhausted, or, if the server closes it early (the client went 
 the rest has been drained, because the handler's work is done either way.
 
 A WSGI app streams by yielding several blocks without a ``Content-Length``; such a response,
-like one over ``max_response_bytes``, is stored without its body (``body_kept=False``).
+like one over ``max_response_bytes``, is stored without its body (``body_kept=False``). While
+the app runs under a claim, ``environ["idemkey.exchange"]`` is the
+:class:`~idemkey.http.Exchange` (``.claim.fence`` is the fencing token for downstream writes).
 """
 
 from __future__ import annotations
@@ -140,6 +142,7 @@ class IdempotencyMiddleware:
             return self.app(environ, start_response)
         if isinstance(answer, Response):
             return send(start_response, answer)
+        environ["idemkey.exchange"] = step  # the app may read its fence: .claim.fence
         tee = _Tee(self.store, step, start_response)
         try:
             tee.iterable = self.app(environ, tee.start_response)
