@@ -145,10 +145,10 @@ class IdempotencyMiddleware:
         owner, limit = answer.owner, policy.max_response_bytes
         status, response_headers = 0, []
         kept: list[bytes] | None = []  # the body copy; None once dropped
-        size, finished = 0, False
+        size, parts, finished, sized = 0, 0, False, False
 
         async def capture_send(message: Message) -> None:
-            nonlocal status, response_headers, kept, size, finished
+            nonlocal status, response_headers, kept, size, parts, finished, sized
             kind = message["type"]
             if kind == "http.response.start":
                 status = message["status"]
@@ -156,14 +156,17 @@ class IdempotencyMiddleware:
                     (n.decode("latin-1"), v.decode("latin-1"))
                     for n, v in message.get("headers", ())
                 ]
+                sized = any(n.lower() == "content-length" for n, _ in response_headers)
             elif kind == "http.response.body" and not finished:
+                finished = not message.get("more_body", False)
                 chunk = message.get("body", b"")
-                size += len(chunk)
-                if kept is not None and size > limit:
-                    kept = None  # over max_response_bytes: completed without its body
+                size, parts = size + len(chunk), parts + 1
+                # Over max_response_bytes, or streamed (several messages and no Content-Length,
+                # the WSGI adapter's rule too): the record completes without its body.
+                if kept is not None and (size > limit or (parts > 1 and not sized)):
+                    kept = None
                 elif kept is not None:
                     kept.append(chunk)
-                finished = not message.get("more_body", False)
             elif kind == "http.response.pathsend" and not finished:
                 kept, finished = None, True  # a file sent by the server: too large to keep
             else:
