@@ -97,7 +97,8 @@ class AsgiHarness:
         half = len(body) // 2
         content: Any = _stream([body[:half], body[half:]]) if chunked else body
         url = "http://testserver" + path
-        request = httpx.Request(method, url, headers=list(headers), content=content)
+        raw = [(n.encode("latin-1"), v.encode("latin-1")) for n, v in headers]
+        request = httpx.Request(method, url, headers=raw, content=content)
         return self.run(self._send(request))
 
     async def _send(self, request: httpx.Request) -> Reply:
