@@ -34,8 +34,8 @@ from urllib.parse import urlsplit, urlunsplit
 
 from . import diagnostics
 from ._codec import StoredResponse, decode_response, decode_value
-from ._core import Record, record_for
-from .errors import IdemkeyError, RecordFormatError
+from ._core import Record, parse_key, record_for
+from .errors import IdemkeyError, InvalidKeyError, RecordFormatError
 
 __all__ = ["CliError", "main"]
 
@@ -139,6 +139,8 @@ def connect(url: str | None) -> Iterator[Server]:
         raise CliError(f"bad --redis-url {redact(url)}: {exc}", 2) from exc
     try:
         cluster = _text(_info(probe, "cluster").get("cluster_enabled")) == "1"
+    except redis.ResponseError:
+        cluster = False  # INFO denied by an ACL: inspect and forget still work
     except BaseException:
         probe.close()
         raise
@@ -248,7 +250,12 @@ def _record(args: argparse.Namespace) -> Record:
         return record_for(prefix, args.scope, GUARD_METHOD, "", args.key)
     if not args.route:
         raise CliError("give --route (the route template, e.g. /charges) or --guard", 2)
-    return record_for(prefix, args.scope, args.method.upper(), args.route, args.key)
+    try:
+        # The header value as the client sent it: "abc" (sf-string) and abc name one record.
+        key = parse_key(args.key)
+    except InvalidKeyError as exc:
+        raise CliError(f"not a valid Idempotency-Key: {exc.reason}", 2) from None
+    return record_for(prefix, args.scope, args.method.upper(), args.route, key)
 
 
 @dataclass
@@ -733,18 +740,28 @@ def cmd_doctor(args: argparse.Namespace, out: IO[str]) -> int:
 # --------------------------------------------------------------------------------------------
 
 
-def cmd_demo(args: argparse.Namespace, out: IO[str]) -> int:
+def _demo_module() -> Any:
+    try:
+        import flask  # noqa: F401
+        import werkzeug  # noqa: F401
+    except ImportError as exc:
+        raise CliError(f"the demo app needs {exc.name}: pip install 'idemkey[demo]'", 2) from None
     from . import demo
+
+    return demo
+
+
+def cmd_demo(args: argparse.Namespace, out: IO[str]) -> int:
+    demo = _demo_module()
 
     ok = demo.run_story(redis_url=args.redis_url, prefix=args.prefix, out=out, as_json=args.json)
     return 0 if ok else 1
 
 
 def cmd_serve(args: argparse.Namespace, out: IO[str]) -> int:
-    from . import demo
-
     if not 0 <= args.port <= 65535:
         raise CliError("--port must be between 0 and 65535", 2)
+    demo = _demo_module()
     demo.serve(
         host=args.host, port=args.port, redis_url=args.redis_url, prefix=args.prefix, out=out
     )

@@ -386,12 +386,13 @@ class Story:
     def duplicate_in_flight(self) -> None:
         key = self.key("order-2")
         body = {"amount": 2500, "currency": "usd"}
-        self.say(f"POST /charges {json.dumps(body)}  Idempotency-Key: {key}  (takes 1 s)")
+        self.say(f"POST /charges {json.dumps(body)}  Idempotency-Key: {key}  (takes 1.5 s)")
         first: list[Answer | BaseException] = []
 
         def send_first() -> None:
             try:
-                first.append(self.post(key, body, delay=1.0))
+                # 1.5 s: ample time for the duplicate to arrive while it runs, on a busy machine
+                first.append(self.post(key, body, delay=1.5))
             except BaseException as exc:
                 first.append(exc)
 

@@ -168,9 +168,13 @@ def test_python_m_reports_errors_without_traceback() -> None:
 # ---- demo ---------------------------------------------------------------------------------
 
 
-def test_demo_embedded(idemkey: CliRunner) -> None:
+def test_demo_embedded(idemkey: CliRunner, monkeypatch: pytest.MonkeyPatch) -> None:
+    # $IDEMKEY_REDIS_URL may name production: the demo writes to a Redis only when told on the
+    # command line, and otherwise uses its embedded store.
+    monkeypatch.setenv("IDEMKEY_REDIS_URL", f"redis://127.0.0.1:{free_port()}/0")
     run = idemkey("demo")
     assert run.code == 0, run.out + run.err
+    assert "store: embedded fakeredis" in run.out
     for step in range(1, 7):
         assert f"\n{step}. " in run.out
     assert "FAILED" not in run.out
@@ -194,17 +198,6 @@ def test_demo_on_a_real_server_leaves_two_records(
     assert stats["ttl"]["1 min - 1 h"] == 2  # the demo keeps records 10 minutes
 
 
-def test_demo_ignores_the_environment_url(
-    idemkey: CliRunner, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    # $IDEMKEY_REDIS_URL may name production: the demo writes there only when told on the
-    # command line.
-    monkeypatch.setenv("IDEMKEY_REDIS_URL", f"redis://127.0.0.1:{free_port()}/0")
-    run = idemkey("demo", "--json")
-    assert run.code == 0, run.err
-    assert json.loads(run.out)["store"].startswith("embedded fakeredis")
-
-
 def test_demo_exits_non_zero_when_a_step_misbehaves(
     idemkey: CliRunner, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -215,6 +208,15 @@ def test_demo_exits_non_zero_when_a_step_misbehaves(
     assert run.code == 1
     assert "FAILED: expected the header Idempotent-Replayed: true" in run.out
     assert "did NOT behave" in run.out
+
+
+def test_demo_without_flask_is_one_line(
+    idemkey: CliRunner, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setitem(sys.modules, "flask", None)  # import raises ImportError
+    run = idemkey("demo")
+    assert run.code == 2
+    assert run.err == "idemkey demo: the demo app needs flask: pip install 'idemkey[demo]'\n"
 
 
 def test_python_m_idemkey_demo() -> None:

@@ -65,6 +65,19 @@ def test_inspect_json_and_by_digest_agree(
     assert view["headers"] == [["Content-Type", "application/json"], ["Location", "/charges/ch_1"]]
 
 
+def test_inspect_takes_the_header_value_as_sent(
+    idemkey: CliRunner, store: RedisStore, redis_url: str, prefix: str
+) -> None:
+    record = http_record(store, "order-42", scope="acct_1")
+    at = ("--scope", "acct_1", "--route", "/charges", "--json", *_at(redis_url, prefix))
+    quoted = idemkey("inspect", '"order-42"', *at)  # the RFC 8941 form names the same record
+    assert quoted.code == 0
+    assert json.loads(quoted.out)["record"] == record.key
+    invalid = idemkey("inspect", "order 42", *at)
+    assert invalid.code == 2
+    assert invalid.err.startswith("idemkey inspect: not a valid Idempotency-Key")
+
+
 def test_inspect_other_scope_or_route_is_another_record(
     idemkey: CliRunner, store: RedisStore, redis_url: str, prefix: str
 ) -> None:
