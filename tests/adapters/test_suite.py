@@ -488,3 +488,34 @@ def test_store_lost_after_the_handler_ran_still_answers(
     assert reply.status == 201  # the client still gets the real answer
     assert json.loads(reply.body) == {"route": "slow", "run": 1}
     assert "store_error" in [e.kind for e in events]
+
+
+# ---- options and events ---------------------------------------------------------------------
+
+
+def test_stripe_compatible_mismatch_status(make_harness: Callable[..., Harness]) -> None:
+    harness = make_harness(mismatch_status=400)
+    charge(harness, "k", amount=1)
+    assert_problem(charge(harness, "k", amount=2), 400, "key_reused")
+
+
+def test_events_name_records_by_digest_only(make_harness: Callable[..., Harness]) -> None:
+    events: list[Event] = []
+    lock = threading.Lock()
+
+    def record(event: Event) -> None:
+        with lock:
+            events.append(event)
+
+    harness = make_harness(on_event=record)
+    secret = "sk_live_secret_key_value"
+    charge(harness, secret)
+    charge(harness, secret)
+    charge(harness, secret, amount=9)
+    harness.request("POST", "/explode", headers=[key("x")])
+    kinds = [e.kind for e in events]
+    assert kinds[:2] == ["claimed", "completed"]
+    assert kinds[2:4] == ["replayed", "mismatch"]
+    assert kinds[4:] == ["claimed", "released"]
+    assert {e.method for e in events} == {"POST"}
+    assert all(secret not in repr(e) for e in events)
