@@ -32,10 +32,12 @@ class LeaseTable:
     def __len__(self) -> int:
         return len(self._leases)
 
-    def add(self, record: Record, owner: str, lease_ms: int, now: float) -> None:
+    def add(self, record: Record, owner: str, lease_ms: int, now: float) -> float:
+        """Track a new claim; returns when it is first due for renewal."""
         lease = Lease(record, owner, lease_ms)
         lease.due = now + lease_ms / 3000
         self._leases[(record.key, owner)] = lease
+        return lease.due
 
     def remove(self, record: Record, owner: str) -> None:
         self._leases.pop((record.key, owner), None)
