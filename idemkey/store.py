@@ -42,16 +42,50 @@ SCRIPTS: Final[dict[str, str]] = {
 }
 
 
-def _backend_errors(client: Any) -> tuple[tuple[type[BaseException], ...], type[BaseException]]:
-    """(errors to wrap as StoreError, the NOSCRIPT error) of the client's library."""
+_Errors = tuple[type[BaseException], ...]
+
+
+def _backend_errors(client: Any) -> tuple[_Errors, type[BaseException], _Errors]:
+    """(errors to wrap as StoreError, the NOSCRIPT error, "slot is moving" errors) of the
+    client's library.
+
+    The cluster client raises its topology errors (no reachable node, slots not covered during
+    a failover) as a class outside the RedisError tree; they are store errors all the same.
+    """
     if type(client).__module__.startswith("valkey"):
+        from valkey.exceptions import ClusterError as ValkeyClusterError
         from valkey.exceptions import NoScriptError as ValkeyNoScript
-        from valkey.exceptions import ValkeyError
+        from valkey.exceptions import TryAgainError as ValkeyTryAgain
+        from valkey.exceptions import ValkeyClusterException, ValkeyError
 
-        return (ValkeyError, OSError), ValkeyNoScript
-    from redis.exceptions import NoScriptError, RedisError
+        errors = (ValkeyError, ValkeyClusterException, OSError)
+        return errors, ValkeyNoScript, (ValkeyClusterError, ValkeyTryAgain)
+    from redis.exceptions import (
+        ClusterError,
+        NoScriptError,
+        RedisClusterException,
+        RedisError,
+        TryAgainError,
+    )
 
-    return (RedisError, OSError), NoScriptError
+    return (
+        (RedisError, RedisClusterException, OSError),
+        NoScriptError,
+        (ClusterError, TryAgainError),
+    )
+
+
+def _slot_moving(exc: BaseException, moving: _Errors) -> bool:
+    """Whether Redis Cluster refused the script because its slot is being migrated.
+
+    A script touches two keys (record and lock). While their slot migrates, the cluster answers
+    TRYAGAIN to a multi-key command unless both keys exist on the node asked, which a new record
+    (no keys yet) or a completed one (no lock) never satisfies, until the slot has moved. The
+    client retries TRYAGAIN for a moment, then raises ``ClusterError("TTL exhausted.")`` (exactly
+    that class; ``ClusterDownError`` is a subclass and means something else). The script did not
+    run, so sending it again is safe.
+    """
+    return type(exc) in moving
 
 
 def _next_delay(previous: float, deadline: float) -> float:
@@ -60,6 +94,11 @@ def _next_delay(previous: float, deadline: float) -> float:
 
 class _StoreBase:
     """What both stores share: the client check, the scripts, the policy."""
+
+    #: Seconds a call keeps retrying while its Redis Cluster slot is being migrated (see
+    #: ``_slot_moving``); after that it raises StoreError. A slot moves in well under a second
+    #: unless it holds a great many keys.
+    slot_moving_wait: float = 2.0
 
     def __init__(self, client: Any, policy: Policy | None) -> None:
         encoder = getattr(client, "get_encoder", None)
@@ -73,7 +112,7 @@ class _StoreBase:
             )
         self.client = client
         self.policy = policy if policy is not None else Policy()
-        self._errors, self._noscript = _backend_errors(client)
+        self._errors, self._noscript, self._moving = _backend_errors(client)
         self._scripts = {name: client.register_script(text) for name, text in SCRIPTS.items()}
         self._leases = LeaseTable()
 
@@ -115,7 +154,23 @@ class RedisStore(_StoreBase):
             except self._noscript:
                 return script(keys_and_args[:2], keys_and_args[2:])
         except self._errors as exc:
+            if _slot_moving(exc, self._moving):
+                return self._eval_while_slot_moves(name, keys_and_args)
             raise self._store_error(name, exc) from exc
+
+    def _eval_while_slot_moves(
+        self, name: str, keys_and_args: tuple[str | bytes | int, ...]
+    ) -> Any:
+        script = self._scripts[name]
+        deadline, delay = time.monotonic() + self.slot_moving_wait, 0.0
+        while True:
+            delay = min(max(delay * 2, 0.01), 0.1, max(0.0, deadline - time.monotonic()))
+            time.sleep(delay)
+            try:
+                return script(keys_and_args[:2], keys_and_args[2:])
+            except self._errors as exc:
+                if not _slot_moving(exc, self._moving) or time.monotonic() >= deadline:
+                    raise self._store_error(name, exc) from exc
 
     def claim(
         self,
@@ -248,7 +303,23 @@ class AsyncRedisStore(_StoreBase):
             except self._noscript:
                 return await script(keys_and_args[:2], keys_and_args[2:])
         except self._errors as exc:
+            if _slot_moving(exc, self._moving):
+                return await self._eval_while_slot_moves(name, keys_and_args)
             raise self._store_error(name, exc) from exc
+
+    async def _eval_while_slot_moves(
+        self, name: str, keys_and_args: tuple[str | bytes | int, ...]
+    ) -> Any:
+        script = self._scripts[name]
+        deadline, delay = time.monotonic() + self.slot_moving_wait, 0.0
+        while True:
+            delay = min(max(delay * 2, 0.01), 0.1, max(0.0, deadline - time.monotonic()))
+            await asyncio.sleep(delay)
+            try:
+                return await script(keys_and_args[:2], keys_and_args[2:])
+            except self._errors as exc:
+                if not _slot_moving(exc, self._moving) or time.monotonic() >= deadline:
+                    raise self._store_error(name, exc) from exc
 
     async def claim(
         self,
