@@ -1,0 +1,324 @@
+"""A real Redis Cluster of ``redis-server`` processes on free ports, for tests.
+
+:class:`ClusterProcesses` starts ``masters * (1 + replicas)`` :class:`tests._servers.RedisServer`
+processes with ``--cluster-enabled yes``, joins them with ``redis-cli --cluster create
+... --cluster-replicas N --cluster-yes``, waits (with a deadline) until every node agrees the
+cluster is up, and tears everything down on :meth:`ClusterProcesses.close`. Each node's bus port
+is chosen free too (``--cluster-port``, Redis 7+), so the usual "port + 10000" clash cannot happen.
+
+The levers fault tests need sit here as well: kill a master and wait for its replica to be
+promoted, restart a node, and move a slot between masters by hand (``CLUSTER SETSLOT
+IMPORTING/MIGRATING`` + ``MIGRATE``), one batch at a time, so a test can run requests while a
+slot is half-moved.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+import subprocess
+from collections.abc import Sequence
+from typing import Any
+
+import redis
+import redis.asyncio.cluster
+import redis.cluster
+from redis.cluster import ClusterNode
+
+from tests._servers import HOST, RedisServer, RedisServerError, free_port, no_retry, wait_until
+
+__all__ = ["ClusterProcesses", "redis_cli_executable"]
+
+SLOTS = 16384
+
+
+def redis_cli_executable() -> str | None:
+    return shutil.which("redis-cli")
+
+
+def _info(text: bytes | str | dict[str, Any]) -> dict[str, str]:
+    """INFO / CLUSTER INFO as a dict of strings, whether redis-py parsed it already or not."""
+    if isinstance(text, dict):
+        return {str(name): str(value) for name, value in text.items()}
+    if isinstance(text, bytes):
+        text = text.decode()
+    pairs = (line.split(":", 1) for line in text.splitlines() if ":" in line)
+    return {name.strip(): value.strip() for name, value in pairs}
+
+
+class ClusterProcesses:
+    """A Redis Cluster made of private ``redis-server`` processes on 127.0.0.1.
+
+    ``node_timeout_ms`` is ``cluster-node-timeout``: a killed master is failed over after about
+    twice that. Kept low so failover tests finish quickly.
+    """
+
+    def __init__(
+        self,
+        masters: int = 3,
+        replicas: int = 1,
+        *,
+        node_timeout_ms: int = 1500,
+        extra_args: Sequence[str] = (),
+        startup_timeout: float = 30.0,
+    ) -> None:
+        cli = redis_cli_executable()
+        if cli is None:
+            raise RedisServerError("redis-cli not found on PATH")
+        self.cli = cli
+        self.masters_wanted = masters
+        self.replicas = replicas
+        self.node_timeout_ms = node_timeout_ms
+        self.startup_timeout = startup_timeout
+        self.nodes: list[RedisServer] = []
+        self._extra_args = list(extra_args)
+
+    # ---- lifecycle ----------------------------------------------------------------------------
+
+    def start(self) -> ClusterProcesses:
+        try:
+            for _ in range(self.masters_wanted * (1 + self.replicas)):
+                self.nodes.append(self._new_node().start())
+            addresses = [f"{HOST}:{node.port}" for node in self.nodes]
+            result = subprocess.run(
+                [
+                    self.cli,
+                    "--cluster",
+                    "create",
+                    *addresses,
+                    "--cluster-replicas",
+                    str(self.replicas),
+                    "--cluster-yes",
+                ],
+                capture_output=True,
+                timeout=self.startup_timeout,
+                check=False,
+            )
+            if result.returncode != 0:
+                raise RedisServerError(
+                    f"redis-cli --cluster create failed ({result.returncode}):\n"
+                    f"{result.stdout.decode(errors='replace')[-2000:]}"
+                    f"{result.stderr.decode(errors='replace')[-2000:]}"
+                )
+            self.wait_healthy(self.startup_timeout)
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def _new_node(self) -> RedisServer:
+        args = [
+            "--cluster-enabled",
+            "yes",
+            "--cluster-config-file",
+            "nodes.conf",  # in the server's own temporary directory
+            "--cluster-node-timeout",
+            str(self.node_timeout_ms),
+            "--cluster-port",
+            str(free_port()),
+            # A replica whose master died long ago may still be promoted: tests kill masters.
+            "--cluster-replica-validity-factor",
+            "0",
+            *self._extra_args,
+        ]
+        return RedisServer(args)
+
+    def close(self) -> None:
+        for node in self.nodes:
+            with contextlib.suppress(Exception):
+                node.close()
+
+    def __enter__(self) -> ClusterProcesses:
+        return self.start() if not self.nodes else self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ---- clients ------------------------------------------------------------------------------
+
+    @property
+    def startup_nodes(self) -> list[ClusterNode]:
+        return [ClusterNode(HOST, node.port) for node in self.nodes if node.running]
+
+    def client(self, **kwargs: Any) -> redis.cluster.RedisCluster:
+        """A ``RedisCluster`` (bytes replies, bounded socket timeouts unless overridden)."""
+        kwargs.setdefault("decode_responses", False)
+        kwargs.setdefault("socket_timeout", 5.0)
+        kwargs.setdefault("socket_connect_timeout", 2.0)
+        return redis.cluster.RedisCluster(startup_nodes=self.startup_nodes, **kwargs)
+
+    def async_client(self, **kwargs: Any) -> redis.asyncio.cluster.RedisCluster:
+        """The asyncio twin of :meth:`client` (close it with ``aclose()``)."""
+        kwargs.setdefault("decode_responses", False)
+        kwargs.setdefault("socket_timeout", 5.0)
+        kwargs.setdefault("socket_connect_timeout", 2.0)
+        nodes = [
+            redis.asyncio.cluster.ClusterNode(HOST, node.port)
+            for node in self.nodes
+            if node.running
+        ]
+        return redis.asyncio.cluster.RedisCluster(startup_nodes=nodes, **kwargs)
+
+    def node_client(self, node: RedisServer, **kwargs: Any) -> redis.Redis:
+        """A plain client on one node, for CLUSTER commands (short timeouts, no retries)."""
+        kwargs.setdefault("socket_timeout", 2.0)
+        kwargs.setdefault("socket_connect_timeout", 1.0)
+        kwargs.setdefault("retry", no_retry())
+        return node.client(**kwargs)
+
+    # ---- topology -----------------------------------------------------------------------------
+
+    def _ask(self, node: RedisServer, *command: str | int) -> Any:
+        client = self.node_client(node)
+        try:
+            return client.execute_command(*command)
+        finally:
+            client.close()
+
+    def node_by_port(self, port: int) -> RedisServer:
+        for node in self.nodes:
+            if node.port == port:
+                return node
+        raise KeyError(port)
+
+    def node_id(self, node: RedisServer) -> str:
+        return str(self._ask(node, "CLUSTER", "MYID").decode())
+
+    def topology(self) -> dict[int, tuple[int, int]]:
+        """``{master port: (first slot, last slot)}`` as a live node sees it (first range)."""
+        for node in self.nodes:
+            if not node.running or node.paused:
+                continue
+            with contextlib.suppress(redis.RedisError):
+                ranges = self._ask(node, "CLUSTER", "SLOTS")
+                return {int(r[2][1]): (int(r[0]), int(r[1])) for r in ranges}
+        raise RedisServerError("no live node answers CLUSTER SLOTS")
+
+    def master_for_slot(self, slot: int) -> RedisServer:
+        for node in self.nodes:
+            if not node.running or node.paused:
+                continue
+            with contextlib.suppress(redis.RedisError):
+                for first, last, master, *_ in self._ask(node, "CLUSTER", "SLOTS"):
+                    if int(first) <= slot <= int(last):
+                        return self.node_by_port(int(master[1]))
+        raise RedisServerError(f"no live node knows who serves slot {slot}")
+
+    def masters(self) -> list[RedisServer]:
+        """The running nodes that are masters now (their own view)."""
+        found = []
+        for node in self.nodes:
+            if node.running and not node.paused:
+                with contextlib.suppress(redis.RedisError):
+                    if _info(self._ask(node, "INFO", "replication")).get("role") == "master":
+                        found.append(node)
+        return found
+
+    def replicas_of(self, master: RedisServer) -> list[RedisServer]:
+        master_id = self.node_id(master)
+        found = []
+        for node in self.nodes:
+            if node is master or not node.running or node.paused:
+                continue
+            with contextlib.suppress(redis.RedisError):
+                lines = self._ask(node, "CLUSTER", "NODES").decode().splitlines()
+                me = next(line.split() for line in lines if "myself" in line.split()[2])
+                if me[3] == master_id:
+                    found.append(node)
+        return found
+
+    def healthy(self) -> bool:
+        """Every running node says cluster_state ok, knows every slot, and has no failing peer.
+
+        A node that is down is expected to be flagged ``fail`` by the others; it does not make
+        the cluster unhealthy as long as its slots are served by a promoted replica.
+        """
+        running = [node for node in self.nodes if node.running and not node.paused]
+        masters_seen: set[int] | None = None
+        for node in running:
+            try:
+                info = _info(self._ask(node, "CLUSTER", "INFO"))
+                slots = self._ask(node, "CLUSTER", "SLOTS")
+            except redis.RedisError:
+                return False
+            if info.get("cluster_state") != "ok" or info.get("cluster_slots_ok") != str(SLOTS):
+                return False
+            masters = {int(r[2][1]) for r in slots}
+            if masters_seen is None:
+                masters_seen = masters
+            elif masters != masters_seen:
+                return False  # the nodes do not agree (yet) on who serves what
+            live_ports = {n.port for n in running}
+            if not masters <= live_ports:
+                return False
+        return masters_seen is not None
+
+    def wait_healthy(self, timeout: float = 20.0) -> None:
+        wait_until(self.healthy, timeout, "the Redis cluster to be healthy", interval=0.05)
+
+    def kill_master_for_slot(self, slot: int) -> RedisServer:
+        """SIGKILL the master serving ``slot``; returns it (restart it with ``restart_node``)."""
+        master = self.master_for_slot(slot)
+        master.kill()
+        return master
+
+    def wait_failover(self, slot: int, old: RedisServer, timeout: float = 20.0) -> RedisServer:
+        """Wait until a running node other than ``old`` serves ``slot`` and the cluster is ok."""
+
+        def promoted() -> RedisServer | None:
+            try:
+                master = self.master_for_slot(slot)
+            except RedisServerError:
+                return None
+            return master if master is not old and self.healthy() else None
+
+        return wait_until(promoted, timeout, f"a replica to take over slot {slot}", interval=0.05)
+
+    def restart_node(self, node: RedisServer, timeout: float = 20.0) -> None:
+        """Start a killed node again; it rejoins (as a replica of its promoted replica)."""
+        node.restart(kill=True)
+        wait_until(
+            lambda: _info(self._ask(node, "CLUSTER", "INFO")).get("cluster_state") == "ok",
+            timeout,
+            "the restarted node to rejoin",
+            interval=0.05,
+            ignore=(redis.RedisError,),
+        )
+        self.wait_healthy(timeout)
+
+    # ---- slot migration by hand ---------------------------------------------------------------
+
+    def begin_migration(self, slot: int, target: RedisServer) -> RedisServer:
+        """Mark ``slot`` IMPORTING on ``target`` and MIGRATING on its master; return the master."""
+        source = self.master_for_slot(slot)
+        if source is target:
+            raise ValueError("the target already serves the slot")
+        source_id, target_id = self.node_id(source), self.node_id(target)
+        self._ask(target, "CLUSTER", "SETSLOT", slot, "IMPORTING", source_id)
+        self._ask(source, "CLUSTER", "SETSLOT", slot, "MIGRATING", target_id)
+        return source
+
+    def migrate_some(self, slot: int, source: RedisServer, target: RedisServer, count: int) -> int:
+        """MIGRATE up to ``count`` keys of ``slot`` from ``source`` to ``target``; how many."""
+        keys = self._ask(source, "CLUSTER", "GETKEYSINSLOT", slot, count)
+        if keys:
+            self._ask(source, "MIGRATE", HOST, target.port, "", 0, 5000, "REPLACE", "KEYS", *keys)
+        return len(keys)
+
+    def finish_migration(self, slot: int, source: RedisServer, target: RedisServer) -> None:
+        """Move the keys left, then give the slot to ``target`` on every master."""
+        while self.migrate_some(slot, source, target, 100):
+            pass
+        target_id = self.node_id(target)
+        # The target first, so it owns the slot before the source starts redirecting (MOVED).
+        self._ask(target, "CLUSTER", "SETSLOT", slot, "NODE", target_id)
+        self._ask(source, "CLUSTER", "SETSLOT", slot, "NODE", target_id)
+        for node in self.masters():
+            if node is not source and node is not target:
+                self._ask(node, "CLUSTER", "SETSLOT", slot, "NODE", target_id)
+
+    def keys_per_master(self) -> dict[int, int]:
+        return {node.port: int(self._ask(node, "DBSIZE")) for node in self.masters()}
+
+    def __repr__(self) -> str:
+        return f"<ClusterProcesses ports={[n.port for n in self.nodes]}>"

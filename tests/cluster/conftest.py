@@ -1,0 +1,80 @@
+"""Cluster fixtures: one real 3-master, 3-replica Redis Cluster for the whole session.
+
+``redis_cluster`` starts six ``redis-server`` processes on free ports (``tests/cluster/
+_cluster.py``) the first time a test asks for it, and stops them at the end of the session.
+Tests may move slots around but must leave every slot served and the cluster healthy; a test
+that kills nodes starts its own :class:`ClusterProcesses` instead.
+
+Without ``redis-server``/``redis-cli`` on PATH the tests are skipped, or fail when
+``IDEMKEY_REQUIRE_REDIS=1`` (CI).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from typing import TYPE_CHECKING
+
+import pytest
+import pytest_asyncio
+import redis
+
+from tests._servers import RedisServerError, redis_server_executable
+from tests.cluster._cluster import ClusterProcesses, redis_cli_executable
+
+if TYPE_CHECKING:
+    from collections.abc import AsyncIterator, Iterator
+
+    import redis.asyncio.cluster
+    import redis.cluster
+
+
+def _unavailable(reason: str) -> None:
+    if os.environ.get("IDEMKEY_REQUIRE_REDIS", "") == "1":
+        pytest.fail(f"{reason}, but IDEMKEY_REQUIRE_REDIS=1 requires a real Redis", pytrace=False)
+    pytest.skip(reason)
+
+
+@pytest.fixture(scope="session")
+def redis_cluster() -> Iterator[ClusterProcesses]:
+    """A healthy 3-master, 3-replica cluster (cluster-node-timeout 1500 ms), session-wide."""
+    if redis_server_executable() is None or redis_cli_executable() is None:
+        _unavailable("the cluster tests need redis-server and redis-cli on PATH")
+    try:
+        cluster = ClusterProcesses(masters=3, replicas=1).start()
+    except RedisServerError as exc:
+        pytest.fail(f"could not start a Redis cluster: {exc}", pytrace=False)
+    try:
+        yield cluster
+    finally:
+        cluster.close()
+
+
+@pytest.fixture
+def cluster_client(redis_cluster: ClusterProcesses) -> Iterator[redis.cluster.RedisCluster]:
+    """A ``RedisCluster`` client on the session cluster (bytes replies, 5 s socket timeout)."""
+    client = redis_cluster.client()
+    try:
+        yield client
+    finally:
+        client.close()
+
+
+@pytest_asyncio.fixture
+async def async_cluster_client(
+    redis_cluster: ClusterProcesses,
+) -> AsyncIterator[redis.asyncio.cluster.RedisCluster]:
+    """The asyncio ``RedisCluster`` twin of ``cluster_client``, initialized before use.
+
+    redis-py 8.1's asyncio cluster client races with itself when many tasks send their first
+    commands at once (one of them may get ``AttributeError`` from a connection torn down under
+    it); ``await client.initialize()`` before concurrent use avoids it. docs/guarantees.md
+    tells users the same.
+    """
+    client = redis_cluster.async_client()
+    await client.initialize()
+    try:
+        yield client
+    finally:
+        with contextlib.suppress(redis.RedisError):
+            await client.aclose()

@@ -1,0 +1,365 @@
+"""RedisStore / AsyncRedisStore on a real Redis Cluster (3 masters, 3 replicas).
+
+Every behaviour of the core contract holds when records are spread over all masters, no
+script ever gets CROSSSLOT, a master that never saw the scripts loads them on NOSCRIPT, and
+requests keep being answered while a busy slot migrates between masters under them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from typing import TYPE_CHECKING, Any
+
+import pytest
+import redis
+from redis.crc import key_slot
+
+from idemkey import (
+    AsyncRedisStore,
+    KeyReuseError,
+    Policy,
+    RedisStore,
+    RequestInFlightError,
+    aguard,
+    guard,
+)
+from idemkey._core import Claimed, InFlight, Mismatch, Record, Replay, record_for
+from tests._servers import wait_until
+
+if TYPE_CHECKING:
+    import redis.asyncio.cluster
+    import redis.cluster
+
+    from tests.cluster._cluster import ClusterProcesses
+
+pytestmark = [pytest.mark.cluster, pytest.mark.redis]
+
+
+def busy_records(prefix: str, tag: str, count: int) -> list[Record]:
+    """``count`` records that all live in the slot of ``{tag}``: one busy slot."""
+    return [
+        Record(f"{tag}-{i}", f"{prefix}:{{{tag}}}:{i}", f"{prefix}:{{{tag}}}:{i}:lock")
+        for i in range(count)
+    ]
+
+
+def keys_on_node(cluster: ClusterProcesses, port: int, pattern: str) -> list[bytes]:
+    client = cluster.node_client(cluster.node_by_port(port))
+    try:
+        return list(client.scan_iter(match=pattern, count=1000))
+    finally:
+        client.close()
+
+
+# ---------------------------------------------------------------------------------------------
+# Spread, routing, scripts
+# ---------------------------------------------------------------------------------------------
+
+
+def test_thousands_of_keys_spread_over_every_master_and_replay(
+    redis_cluster: ClusterProcesses, cluster_client: redis.cluster.RedisCluster, prefix: str
+) -> None:
+    store = RedisStore(cluster_client, Policy(prefix=prefix))
+    n = 3000
+    for i in range(n):
+        with guard(store, f"order-{i}", payload=i) as call:
+            assert not call.replayed
+            call.save({"order": i})
+    # Each record is one hash on the master that serves its slot (locks are gone once complete).
+    per_master = {
+        port: len(keys_on_node(redis_cluster, port, f"{prefix}:*"))
+        for port in redis_cluster.topology()
+    }
+    assert sum(per_master.values()) == n, per_master
+    assert len(per_master) == 3
+    assert all(count > n // 6 for count in per_master.values()), per_master
+    for i in range(n):
+        with guard(store, f"order-{i}", payload=i) as call:
+            assert call.replayed
+            assert call.result == {"order": i}
+
+
+def test_both_keys_of_a_record_share_a_slot_and_its_master(
+    redis_cluster: ClusterProcesses, cluster_client: redis.cluster.RedisCluster, prefix: str
+) -> None:
+    store = RedisStore(cluster_client, Policy(prefix=prefix))
+    for i in range(50):
+        record = record_for(prefix, "tenant", "POST", "/charges", f"k{i}")
+        slot = key_slot(record.key.encode())
+        assert key_slot(record.lock.encode()) == slot
+        decision = store.claim(record, "fp", heartbeat=False)
+        assert isinstance(decision, Claimed)
+        # The script ran on the master of that slot: both keys are there, on no other master.
+        master = redis_cluster.master_for_slot(slot)
+        node = redis_cluster.node_client(master)
+        try:
+            assert node.exists(record.key, record.lock) == 2
+        finally:
+            node.close()
+        assert store.release(record, decision.owner)
+
+
+def test_a_master_that_never_saw_the_scripts_loads_them(
+    redis_cluster: ClusterProcesses, cluster_client: redis.cluster.RedisCluster, prefix: str
+) -> None:
+    store = RedisStore(cluster_client, Policy(prefix=prefix))
+    record = record_for(prefix, "", "POST", "/x", "noscript")
+    master = redis_cluster.master_for_slot(key_slot(record.key.encode()))
+    node = redis_cluster.node_client(master)
+    try:
+        node.script_flush()
+        sha = store._scripts["claim"].sha
+        assert node.script_exists(sha) == [False]
+        decision = store.claim(record, "fp", heartbeat=False)
+        assert isinstance(decision, Claimed)
+        assert node.script_exists(sha) == [True]
+        assert store.complete(record, decision.owner, b"done")
+        assert store.claim(record, "fp") == Replay(b"done")
+    finally:
+        node.close()
+
+
+# ---------------------------------------------------------------------------------------------
+# The core contract, sync
+# ---------------------------------------------------------------------------------------------
+
+
+def test_store_contract_on_cluster(cluster_client: redis.cluster.RedisCluster, prefix: str) -> None:
+    store = RedisStore(cluster_client, Policy(prefix=prefix))
+    try:
+        records = [record_for(prefix, "s", "POST", "/r", f"key-{i}") for i in range(30)]
+        for record in records:
+            first = store.claim(record, "fp-a", lease_ms=5000, heartbeat=False)
+            assert isinstance(first, Claimed)
+            assert first.fence == 1
+            assert not first.takeover
+            # Same owner again (a re-sent command): claimed again, same fence.
+            assert store.claim(record, "fp-a", owner=first.owner, heartbeat=False) == first
+            # Another request while the first runs: in flight, with the lease left.
+            busy = store.claim(record, "fp-a", heartbeat=False)
+            assert isinstance(busy, InFlight)
+            assert 0 < busy.retry_after <= 5
+            # Other payload: mismatch, record untouched.
+            assert isinstance(store.claim(record, "fp-b", heartbeat=False), Mismatch)
+            assert store.renew(record, first.owner, lease_ms=5000)
+            assert not store.renew(record, "not-the-owner")
+            assert not store.complete(record, "not-the-owner", b"forged")
+            assert store.complete(record, first.owner, b"response-bytes")
+            assert store.complete(record, first.owner, b"response-bytes")  # twice: still ok
+            assert store.claim(record, "fp-a") == Replay(b"response-bytes")
+            assert isinstance(store.claim(record, "fp-b"), Mismatch)
+            assert not store.release(record, first.owner)  # a completed record stays
+
+        # Release: a retry starts afresh.
+        released = record_for(prefix, "s", "POST", "/r", "released")
+        first = store.claim(released, "fp", heartbeat=False)
+        assert isinstance(first, Claimed)
+        assert store.release(released, first.owner)
+        again = store.claim(released, "fp", heartbeat=False)
+        assert isinstance(again, Claimed)
+        assert not again.takeover
+        assert store.release(released, again.owner)
+    finally:
+        store.close()
+
+
+def test_takeover_after_a_lapsed_lease_on_cluster(
+    cluster_client: redis.cluster.RedisCluster, prefix: str
+) -> None:
+    store = RedisStore(cluster_client, Policy(prefix=prefix))
+    record = record_for(prefix, "s", "POST", "/r", "crashed")
+    crashed = store.claim(record, "fp", lease_ms=150, heartbeat=False)
+    assert isinstance(crashed, Claimed)
+
+    def taken_over() -> Claimed | None:
+        decision = store.claim(record, "fp", heartbeat=False)
+        return decision if isinstance(decision, Claimed) else None
+
+    successor = wait_until(taken_over, 5, "the lease to lapse and the record to be taken over")
+    assert successor.takeover
+    assert successor.fence > crashed.fence
+    # The crashed owner wakes up: it can neither complete nor release, nothing is overwritten.
+    assert not store.complete(record, crashed.owner, b"stale")
+    assert not store.release(record, crashed.owner)
+    assert store.complete(record, successor.owner, b"fresh")
+    assert store.claim(record, "fp") == Replay(b"fresh")
+
+
+def test_guard_on_cluster(cluster_client: redis.cluster.RedisCluster, prefix: str) -> None:
+    store = RedisStore(cluster_client, Policy(prefix=prefix))
+    runs = 0
+    for _ in range(3):
+        with guard(store, "charge:inv_42", payload=b"body") as call:
+            if not call.replayed:
+                runs += 1
+                call.save({"charged": 42})
+        assert call.result == {"charged": 42}
+    assert runs == 1
+    with pytest.raises(KeyReuseError), guard(store, "charge:inv_42", payload=b"other"):
+        pass
+    with pytest.raises(ValueError, match="boom"), guard(store, "fails", payload=b"") as call:
+        raise ValueError("boom")
+    with guard(store, "fails", payload=b"") as call:
+        assert not call.replayed  # released by the failure: runs again
+        with pytest.raises(RequestInFlightError), guard(store, "fails", payload=b""):
+            pass
+        call.save("second time")
+    store.close()
+
+
+# ---------------------------------------------------------------------------------------------
+# The core contract, asyncio
+# ---------------------------------------------------------------------------------------------
+
+
+async def test_async_store_and_aguard_on_cluster(
+    async_cluster_client: redis.asyncio.cluster.RedisCluster, prefix: str
+) -> None:
+    store = AsyncRedisStore(async_cluster_client, Policy(prefix=prefix))
+    try:
+        record = record_for(prefix, "s", "POST", "/a", "k")
+        first = await store.claim(record, "fp", lease_ms=5000)
+        assert isinstance(first, Claimed)
+        assert isinstance(await store.claim(record, "fp"), InFlight)
+        assert isinstance(await store.claim(record, "other"), Mismatch)
+        assert await store.renew(record, first.owner)
+        assert await store.complete(record, first.owner, b"resp")
+        assert await store.claim(record, "fp") == Replay(b"resp")
+
+        crashed_record = record_for(prefix, "s", "POST", "/a", "crashed")
+        crashed = await store.claim(crashed_record, "fp", lease_ms=150, heartbeat=False)
+        assert isinstance(crashed, Claimed)
+        successor = await store.claim(crashed_record, "fp", wait=5.0, heartbeat=False)
+        # wait= polls an in-flight record until it is answerable: here, the lapsed lease.
+        assert isinstance(successor, Claimed)
+        assert successor.takeover
+        assert successor.fence == crashed.fence + 1
+        assert not await store.complete(crashed_record, crashed.owner, b"stale")
+
+        results = []
+        for i in range(200):
+            async with aguard(store, f"job-{i}", payload=i) as call:
+                if not call.replayed:
+                    call.save(i * 2)
+            results.append(call.result)
+        for i in range(200):
+            async with aguard(store, f"job-{i}", payload=i) as call:
+                assert call.replayed
+                assert call.result == i * 2
+        assert results == [i * 2 for i in range(200)]
+    finally:
+        await store.aclose()
+
+
+async def test_concurrent_aguards_on_one_key_run_once_on_cluster(
+    async_cluster_client: redis.asyncio.cluster.RedisCluster, prefix: str
+) -> None:
+    store = AsyncRedisStore(async_cluster_client, Policy(prefix=prefix, wait=5.0))
+    runs = 0
+
+    async def one() -> object:
+        nonlocal runs
+        async with aguard(store, "same", payload=b"p") as call:
+            if not call.replayed:
+                runs += 1
+                await asyncio.sleep(0)  # let the others arrive while we hold the claim
+                call.save("the one result")
+        return call.result
+
+    answers = await asyncio.gather(*(one() for _ in range(50)))
+    assert runs == 1
+    assert set(answers) == {"the one result"}
+    await store.aclose()
+
+
+# ---------------------------------------------------------------------------------------------
+# A busy slot migrating between masters while requests run
+# ---------------------------------------------------------------------------------------------
+
+
+class _CountingStore(RedisStore):
+    """Counts the calls the cluster refused because their slot was moving."""
+
+    slot_moving_retries = 0
+
+    def _eval_while_slot_moves(
+        self, name: str, keys_and_args: tuple[str | bytes | int, ...]
+    ) -> Any:
+        self.slot_moving_retries += 1
+        return super()._eval_while_slot_moves(name, keys_and_args)
+
+
+def test_requests_survive_a_live_migration_of_a_busy_slot(
+    redis_cluster: ClusterProcesses, cluster_client: redis.cluster.RedisCluster, prefix: str
+) -> None:
+    """MOVED, ASK and TRYAGAIN while a slot full of records moves, one small batch at a time.
+
+    Completed records (hash, no lock) and new ones (no keys yet) get TRYAGAIN from both nodes
+    until the slot has moved; the store retries them (``slot_moving_wait``), so nothing fails.
+    """
+    store = _CountingStore(cluster_client, Policy(prefix=prefix))
+    tag = "busy-" + prefix
+    slot = key_slot(f"{{{tag}}}".encode())
+    done = busy_records(prefix, tag, 150)
+    for record in done:
+        claim = store.claim(record, "fp", heartbeat=False)
+        assert isinstance(claim, Claimed)
+        assert store.complete(record, claim.owner, record.digest.encode())
+    new_records = [
+        Record(f"new-{i}", f"{prefix}:{{{tag}}}:new:{i}", f"{prefix}:{{{tag}}}:new:{i}:lock")
+        for i in range(400)
+    ]
+
+    progress = 0
+    failures: list[BaseException] = []
+    stop = threading.Event()
+    lock = threading.Lock()
+
+    def worker(offset: int) -> None:
+        nonlocal progress
+        i = offset
+        while not stop.is_set():
+            try:
+                # A replay of a completed record, and a new record claimed and completed.
+                record = done[i % len(done)]
+                assert store.claim(record, "fp") == Replay(record.digest.encode())
+                new = new_records[i % len(new_records)]
+                decision = store.claim(new, "fp", heartbeat=False)
+                if isinstance(decision, Claimed):
+                    assert store.complete(new, decision.owner, b"new")
+                else:
+                    assert decision == Replay(b"new")
+            except BaseException as exc:  # reported to the main thread
+                failures.append(exc)
+                return
+            with lock:
+                progress += 1
+            i += 4
+
+    threads = [threading.Thread(target=worker, args=(n,), daemon=True) for n in range(4)]
+    for thread in threads:
+        thread.start()
+    try:
+        wait_until(lambda: progress > 20 or failures, 20, "requests before the migration")
+        owner = redis_cluster.master_for_slot(slot)
+        target = next(m for m in redis_cluster.masters() if m is not owner)
+        source = redis_cluster.begin_migration(slot, target)
+        # Requests must meet the migrating slot (and be told to try again), not slip past it.
+        wait_until(lambda: store.slot_moving_retries or failures, 20, "a TRYAGAIN")
+        moved = 0
+        # Like `redis-cli --cluster reshard`: batches of 10 keys, back to back.
+        while batch := redis_cluster.migrate_some(slot, source, target, 10):
+            moved += batch
+        redis_cluster.finish_migration(slot, source, target)
+        seen = progress
+        wait_until(lambda: progress > seen + 20 or failures, 20, "requests after migration")
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join(10)
+    assert not failures, failures[:3]
+    assert moved >= len(done)
+    assert redis_cluster.master_for_slot(slot) is target
+    for record in done:
+        assert store.claim(record, "fp") == Replay(record.digest.encode())
