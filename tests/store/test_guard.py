@@ -6,17 +6,22 @@ import dataclasses
 import threading
 from typing import Any
 
+import fakeredis
 import msgspec
 import pytest
 
 import idemkey.store
 from idemkey import (
+    AsyncRedisStore,
     Event,
     InvalidKeyError,
     KeyReuseError,
     LeaseLostError,
     Policy,
+    RedisStore,
     RequestInFlightError,
+    guard,
+    idempotent,
 )
 from idemkey._codec import encode_value
 from idemkey._core import Claimed, payload_fingerprint
@@ -328,3 +333,25 @@ class TestGuard(SyncStore, GuardBehaviour):
 
 class TestAsyncGuard(AsyncStore, GuardBehaviour):
     pass
+
+
+def test_idempotent_refuses_a_store_of_the_wrong_kind() -> None:
+    client, aclient = fakeredis.FakeRedis(), fakeredis.FakeAsyncRedis()
+    store, astore = RedisStore(client), AsyncRedisStore(aclient)
+
+    async def async_job() -> None: ...
+
+    def sync_job() -> None: ...
+
+    with pytest.raises(TypeError, match="AsyncRedisStore"):
+        idempotent(store, key=lambda: "k")(async_job)
+    with pytest.raises(TypeError, match="RedisStore"):
+        idempotent(astore, key=lambda: "k")(sync_job)
+
+
+def test_call_result_before_save_is_an_attribute_error() -> None:
+    with guard(RedisStore(fakeredis.FakeRedis()), "k") as call:
+        with pytest.raises(AttributeError, match="nothing was saved"):
+            _ = call.result
+        call.save([1, 2])
+        assert call.result == [1, 2]
