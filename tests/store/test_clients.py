@@ -8,6 +8,8 @@ failover (NOSCRIPT) is reloaded without the caller noticing.
 
 from __future__ import annotations
 
+import asyncio
+import threading
 from collections.abc import Callable
 
 import fakeredis
@@ -28,7 +30,7 @@ from idemkey import (
     guard,
 )
 from idemkey._core import Claimed, Replay, record_for
-from tests._servers import RedisServer, free_port, no_retry
+from tests._servers import RedisServer, free_port, no_retry, wait_until
 
 # ---- configuration ---------------------------------------------------------------------------
 
@@ -228,3 +230,33 @@ def test_a_restarted_redis_is_used_again(private_redis_server: RedisServer) -> N
     finally:
         store.close()
         client.close()
+
+
+# ---- lifecycle -------------------------------------------------------------------------------
+
+
+def test_close_stops_the_heartbeat_and_leaves_the_client_open() -> None:
+    client = fakeredis.FakeRedis()
+    store = RedisStore(client)
+    before = set(threading.enumerate())
+    with guard(store, "k") as call:
+        call.save(1)
+    (heartbeat,) = set(threading.enumerate()) - before
+    assert heartbeat.name == "idemkey-heartbeat"
+    assert heartbeat.daemon  # never holds up interpreter exit
+    store.close()
+    wait_until(lambda: not heartbeat.is_alive(), timeout=5, message="the heartbeat to stop")
+    assert client.ping()
+
+
+async def test_aclose_stops_the_async_heartbeat() -> None:
+    client = fakeredis.FakeAsyncRedis()
+    store = AsyncRedisStore(client)
+    before = asyncio.all_tasks()
+    async with aguard(store, "k") as call:
+        (heartbeat,) = asyncio.all_tasks() - before - {asyncio.current_task()}
+        call.save(1)
+    await store.aclose()
+    assert heartbeat.done()
+    assert await client.ping()
+    await client.aclose()
