@@ -37,14 +37,13 @@ from typing import TYPE_CHECKING, Any, TypeVar, overload
 
 import redis
 from flask import current_app, g, request
-from werkzeug.datastructures import Headers as ResponseHeaders
 from werkzeug.exceptions import HTTPException, RequestEntityTooLarge
 
 from ..errors import ConfigurationError
-from ..http import Headers, Request, Response, begin
+from ..http import Response, begin
 from ..policy import Policy
 from ..store import RedisStore
-from .wsgi import claim, settle
+from .wsgi import claim, request_of, settle
 
 if TYPE_CHECKING:
     from flask import Flask
@@ -130,25 +129,25 @@ class Idemkey:
 def _guard(
     store: RedisStore, policy: Policy, view: Callable[..., Any], args: Any, kwargs: Any
 ) -> ResponseReturnValue:
-    rule = request.url_rule
-    query = request.query_string.decode("latin-1")
-    headers = Headers(request.headers.items())
-    route = rule.rule if rule is not None else request.path
-    step = begin(policy, Request(request.method, request.path, query, headers, route))
+    req = request._get_current_object()  # type: ignore[attr-defined]  # one proxy lookup
+    if req.method not in policy.methods:
+        return view(*args, **kwargs)  # type: ignore[no-any-return]
+    rule = req.url_rule
+    step = begin(policy, request_of(req.environ, rule.rule if rule is not None else ""))
     if step is None:
         return view(*args, **kwargs)  # type: ignore[no-any-return]
     if isinstance(step, Response):
         return _respond(step)
-    length = request.content_length
+    length = req.content_length
     if length is not None and step.too_large(length):
         return _respond(step.too_large_response())
     # Bound a chunked body's read: werkzeug stops at the maximum without raising, so read one
     # byte more than allowed to tell "at the limit" from "over it".
     bound = policy.max_request_bytes + 1
-    if request.max_content_length is None or request.max_content_length > bound:
-        request.max_content_length = bound
+    if req.max_content_length is None or req.max_content_length > bound:
+        req.max_content_length = bound
     try:
-        body = request.get_data(cache=True)  # the view reads the same bytes from the cache
+        body: bytes | None = req.get_data(cache=True)  # the view reads these from the cache
     except RequestEntityTooLarge:
         body = None
     if body is None or step.too_large(len(body)):
@@ -179,8 +178,10 @@ def _guard(
 
 
 def _respond(answer: Response) -> ResponseReturnValue:
-    response = current_app.response_class(answer.body, status=answer.status)
-    response.headers = ResponseHeaders(answer.headers)  # exactly these: no default Content-Type
+    headers = answer.headers
+    response = current_app.response_class(answer.body, answer.status, headers)
+    if not any(name.lower() == "content-type" for name, _ in headers):
+        del response.headers["Content-Type"]  # exactly the stored headers: no default added
     return response
 
 

@@ -35,7 +35,7 @@ if TYPE_CHECKING:
     from ..policy import Policy
     from ..store import RedisStore
 
-__all__ = ["IdempotencyMiddleware", "claim", "settle"]
+__all__ = ["IdempotencyMiddleware", "claim", "request_of", "settle"]
 
 
 def claim(store: RedisStore, exchange: Exchange, body: bytes) -> Response | Claimed | None:
@@ -74,14 +74,16 @@ def settle(
         exchange.notify("store_error", exchange.claim.fence if exchange.claim else None, str(exc))
 
 
-def request_of(environ: WSGIEnvironment) -> Request:
+def request_of(environ: WSGIEnvironment, route: str = "") -> Request:
+    """What idemkey sees of a WSGI request; ``route`` is the framework's template, if any."""
     headers = [(k[5:].replace("_", "-"), v) for k, v in environ.items() if k.startswith("HTTP_")]
     for name in ("CONTENT_TYPE", "CONTENT_LENGTH"):
         if environ.get(name):
             headers.append((name.replace("_", "-"), environ[name]))
     path = environ.get("SCRIPT_NAME", "") + environ.get("PATH_INFO", "")
     query = environ.get("QUERY_STRING", "")
-    return Request(environ["REQUEST_METHOD"].upper(), path or "/", query, Headers(headers))
+    method = environ["REQUEST_METHOD"].upper()
+    return Request(method, path or "/", query, Headers(headers), route)
 
 
 def send(start_response: StartResponse, response: Response) -> list[bytes]:
