@@ -20,6 +20,7 @@ import asyncio
 from collections.abc import Awaitable, Callable, Coroutine, MutableMapping
 from typing import Any
 
+from .._core import new_owner
 from ..errors import StoreError
 from ..http import Complete, Exchange, Headers, Request, Response, begin, content_length
 from ..policy import Policy
@@ -39,6 +40,12 @@ ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 _detached: set[asyncio.Task[None]] = set()
 
 
+def _detach(write: Coroutine[Any, Any, None]) -> None:
+    task = asyncio.ensure_future(write)
+    _detached.add(task)
+    task.add_done_callback(_detached.discard)
+
+
 async def _uncancellable(write: Callable[[], Coroutine[Any, Any, None]]) -> None:
     """Await ``write()``; if the caller is cancelled (a client left), finish it in a task.
 
@@ -49,9 +56,7 @@ async def _uncancellable(write: Callable[[], Coroutine[Any, Any, None]]) -> None
     try:
         await write()
     except asyncio.CancelledError:
-        task = asyncio.ensure_future(write())
-        _detached.add(task)
-        task.add_done_callback(_detached.discard)
+        _detach(write())
         raise
 
 
@@ -123,14 +128,21 @@ class IdempotencyMiddleware:
             replayed = True
             return {"type": "http.request", "body": body, "more_body": False}
 
+        owner = new_owner()
         try:
             decision = await self.store.claim(
                 step.record,
                 step.fingerprint(body),
+                owner=owner,
                 lease_ms=policy.lease_ms,
                 ttl_ms=policy.ttl_ms,
                 wait=policy.wait,
             )
+        except asyncio.CancelledError:
+            # The claim may have been taken before the cancel cut off its reply: free it, or
+            # retries would get 409 until the lease lapses. Not ours: release changes nothing.
+            _detach(self._release(step, owner, "cancelled while claiming"))
+            raise
         except StoreError as exc:
             failed = step.store_failed(exc)
             if failed is not None:
@@ -142,7 +154,7 @@ class IdempotencyMiddleware:
         if isinstance(answer, Response):
             await _respond(send, answer)
             return
-        owner, limit = answer.owner, policy.max_response_bytes
+        limit = policy.max_response_bytes
         status, response_headers = 0, []
         kept: list[bytes] | None = []  # the body copy; None once dropped
         size, parts, finished, sized = 0, 0, False, False
@@ -217,8 +229,9 @@ class IdempotencyMiddleware:
 
     async def _release(self, step: Exchange, owner: str, reason: str) -> None:
         try:
-            await self.store.release(step.record, owner)
+            released = await self.store.release(step.record, owner)
         except StoreError as exc:
             step.notify("store_error", detail=f"key not released (its lease will lapse): {exc}")
             return
-        step.released(reason)
+        if released:
+            step.released(reason)

@@ -500,6 +500,34 @@ async def test_completion_cut_off_in_flight_by_a_cancel_is_sent_again(
         await client.aclose()
 
 
+async def test_cancelled_while_claiming_frees_a_claim_already_taken(
+    store: AsyncRedisStore,
+) -> None:
+    """Redis took the claim, but the request was cancelled before the reply came back."""
+    app = Charges()
+    claimed, never = asyncio.Event(), asyncio.Event()
+
+    class LateReply(AsyncRedisStore):
+        async def claim(self, *args: Any, **kwargs: Any) -> Any:
+            decision = await super().claim(*args, **kwargs)
+            claimed.set()
+            await never.wait()  # the reply is lost: the middleware never sees it
+            return decision
+
+    late = LateReply(store.client, store.policy)
+    task = asyncio.create_task(call(IdempotencyMiddleware(app, late)))
+    await asyncio.wait_for(claimed.wait(), DEADLINE)
+    assert await record_state(store) == "in_progress"
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+
+    await async_wait_until(state_is(store, None), DEADLINE, "the orphan claim to be released")
+    retry = await call(IdempotencyMiddleware(app, store))
+    assert (retry.status, app.runs) == (201, 1)  # runs now, instead of 409 for a whole lease
+    await late.aclose()
+
+
 async def test_cancelled_mid_stream_releases_the_key(store: AsyncRedisStore) -> None:
     runs, more = [], asyncio.Event()
 
