@@ -101,21 +101,18 @@ class Record:
     lock: str
 
 
-def _length_prefixed(*parts: bytes) -> bytes:
-    return b"".join(b"%d:%b" % (len(part), part) for part in parts)
-
-
 def record_for(prefix: str, scope: str, method: str, route: str, key: str) -> Record:
     """Name the record for ``key`` used by ``scope`` on ``method route``.
 
     Same key in another scope or on another route is another record.
     """
-    material = _length_prefixed(
-        scope.encode("utf-8", "surrogatepass"),
-        method.encode(),
-        route.encode("utf-8", "surrogatepass"),
-        key.encode("utf-8", "surrogatepass"),
-    )
+    s = scope.encode("utf-8", "surrogatepass")
+    m = method.encode()
+    r = route.encode("utf-8", "surrogatepass")
+    k = key.encode("utf-8", "surrogatepass")
+    # Each part as b"<length>:<bytes>", built in one formatting step (hot path: a generator
+    # join took longer than the hash).
+    material = b"%d:%b%d:%b%d:%b%d:%b" % (len(s), s, len(m), m, len(r), r, len(k), k)
     digest = hashlib.blake2b(material, digest_size=16).hexdigest()
     name = f"{prefix}:{{{digest}}}"
     return Record(digest, name, name + ":lock")
@@ -130,14 +127,13 @@ def fingerprint(method: str, target: str, query: str, content_type: str, body: b
     """
     if "&" in query:
         query = "&".join(sorted(query.split("&")))
+    m = method.encode()
+    t = target.encode("utf-8", "surrogatepass")
+    q = query.encode("utf-8", "surrogatepass")
+    c = content_type.encode("latin-1", "replace")
+    # Length-prefixed parts as in record_for; the body is copied once, not twice.
     return xxhash.xxh3_128_hexdigest(
-        _length_prefixed(
-            method.encode(),
-            target.encode("utf-8", "surrogatepass"),
-            query.encode("utf-8", "surrogatepass"),
-            content_type.encode("latin-1", "replace"),
-            body,
-        )
+        b"%d:%b%d:%b%d:%b%d:%b%d:%b" % (len(m), m, len(t), t, len(q), q, len(c), c, len(body), body)
     )
 
 
