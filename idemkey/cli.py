@@ -11,7 +11,8 @@
     idemkey bench -- ARGS             the benchmark suite (source checkouts)
 
 Exit codes: 0 success; 1 a check failed (doctor FAIL, a demo step misbehaved, no such
-record, forget refused); 2 bad arguments; 3 Redis unreachable or erroring; 130 interrupted.
+record, forget refused); 2 bad arguments; 3 Redis unreachable or erroring; 70 a bug in
+idemkey (``IDEMKEY_DEBUG=1`` shows its traceback); 130 interrupted.
 Every error is one line on stderr, never a traceback.
 """
 
@@ -40,6 +41,7 @@ from .errors import IdemkeyError, InvalidKeyError, RecordFormatError
 __all__ = ["CliError", "main"]
 
 URL_ENV: Final = "IDEMKEY_REDIS_URL"
+DEBUG_ENV: Final = "IDEMKEY_DEBUG"
 GUARD_METHOD: Final = "GUARD"  # guard() records: method "GUARD", route "" (see guard.py)
 PREVIEW_BYTES: Final = 120
 
@@ -918,3 +920,13 @@ def _run(args: argparse.Namespace, out: IO[str]) -> int:
     except KeyboardInterrupt:
         sys.stderr.write(f"idemkey {args.command}: interrupted\n")
         return 130
+    except Exception as exc:
+        # A bug of ours: still one line, unless asked for the traceback.
+        if os.environ.get(DEBUG_ENV):
+            raise
+        message = str(exc).splitlines()[0] if str(exc) else ""
+        sys.stderr.write(
+            f"idemkey {args.command}: internal error: {type(exc).__name__}: {message} "
+            f"(set {DEBUG_ENV}=1 for the traceback)\n"
+        )
+        return 70

@@ -21,6 +21,7 @@ from __future__ import annotations
 import http.client
 import json
 import secrets
+import socket
 import sys
 import threading
 import time
@@ -35,7 +36,7 @@ from .store import RedisStore
 
 if TYPE_CHECKING:
     from flask import Flask
-    from werkzeug.serving import BaseWSGIServer
+    from werkzeug.serving import BaseWSGIServer, WSGIRequestHandler
 
     from .http import Request
 
@@ -185,23 +186,44 @@ def running(
     app: Flask, host: str = "127.0.0.1", port: int = 0, quiet: bool = True
 ) -> Iterator[str]:
     """Serve ``app`` on a real port in a thread (threaded server); yields its base URL."""
-    from werkzeug.serving import WSGIRequestHandler, make_server
+    from werkzeug.serving import WSGIRequestHandler
 
     class Quiet(WSGIRequestHandler):
         def log_request(self, code: int | str = "-", size: int | str = "-") -> None:
             pass
 
-    server: BaseWSGIServer = make_server(
-        host, port, app, threaded=True, request_handler=Quiet if quiet else None
-    )
+    server = _make_server(host, port, app, Quiet if quiet else None)
     thread = threading.Thread(target=server.serve_forever, name="idemkey-demo", daemon=True)
     thread.start()
     try:
-        yield f"http://{host}:{server.server_port}"
+        yield f"http://{host}:{server.socket.getsockname()[1]}"
     finally:
         server.shutdown()
         thread.join(5)
         server.server_close()
+
+
+def _make_server(
+    host: str, port: int, app: Flask, handler: type[WSGIRequestHandler] | None = None
+) -> BaseWSGIServer:
+    """A threaded werkzeug server on a socket we bind ourselves.
+
+    werkzeug prints a message and calls ``sys.exit(1)`` when it cannot bind; binding first
+    turns a busy port into one clear line.
+    """
+    from werkzeug.serving import make_server
+
+    from .cli import CliError
+
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    try:
+        listener = socket.create_server((host, port), family=family)
+    except OSError as exc:
+        raise CliError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+    with listener:  # werkzeug works on a duplicate of the descriptor
+        return make_server(
+            host, port, app, threaded=True, request_handler=handler, fd=listener.fileno()
+        )
 
 
 # --------------------------------------------------------------------------------------------
@@ -504,13 +526,11 @@ def serve(
     ready: Callable[[str], None] | None = None,
 ) -> None:
     """Run the demo app until interrupted, printing curl commands to try it."""
-    from werkzeug.serving import make_server
-
     out = out if out is not None else sys.stdout
     store, where, close = open_store(redis_url, prefix)
     try:
-        server = make_server(host, port, create_app(store), threaded=True)
-        base = f"http://{host}:{server.server_port}"
+        server = _make_server(host, port, create_app(store))
+        base = f"http://{host}:{server.socket.getsockname()[1]}"
         key = "order-" + secrets.token_hex(3)
         out.write(
             f"idemkey demo app on {base} (store: {where}); Ctrl-C stops it\n\n"

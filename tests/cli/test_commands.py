@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import selectors
+import socket
 import subprocess
 import sys
 import time
@@ -20,6 +21,7 @@ import pytest
 import redis
 
 from idemkey import Policy, demo
+from idemkey import cli as cli_module
 from tests._servers import RedisServer, free_port
 from tests.cli.conftest import CliRunner
 
@@ -155,6 +157,24 @@ def test_passwords_are_not_printed(idemkey: CliRunner) -> None:
     assert run.code == 3
     assert "s3cret" not in run.err
     assert "user:***@127.0.0.1" in run.err
+
+
+def test_a_bug_is_one_line_unless_debugging(
+    idemkey: CliRunner, redis_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def broken(*args: object, **kwargs: object) -> None:
+        raise RuntimeError("boom\nsecond line")
+
+    monkeypatch.setattr(cli_module, "collect_stats", broken)
+    run = idemkey("stats", "--redis-url", redis_url)
+    assert run.code == 70
+    assert run.err == (
+        "idemkey stats: internal error: RuntimeError: boom "
+        "(set IDEMKEY_DEBUG=1 for the traceback)\n"
+    )
+    monkeypatch.setenv("IDEMKEY_DEBUG", "1")
+    with pytest.raises(RuntimeError, match="boom"):
+        idemkey("stats", "--redis-url", redis_url)
 
 
 def test_python_m_reports_errors_without_traceback() -> None:
@@ -296,6 +316,16 @@ def test_demo_app_rejects_bad_input_with_problems(
         "POST", "/charges", {"amount": 10, "currency": "eur"}, {"Idempotency-Key": "bad_amount"}
     )
     assert fixed.status == 201
+
+
+def test_serve_on_a_busy_port_is_one_line(idemkey: CliRunner) -> None:
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        run = idemkey("serve", "--port", str(busy.getsockname()[1]))
+    assert run.code == 1
+    assert run.err.startswith("idemkey serve: cannot listen on 127.0.0.1:")
+    assert len(run.err.splitlines()) == 1
 
 
 # ---- bench --------------------------------------------------------------------------------
