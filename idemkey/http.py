@@ -150,6 +150,7 @@ _TITLES: Final = {
     "key_reused": "Idempotency-Key reused with a different request",
     "in_flight": "A request with this Idempotency-Key is still being processed",
     "request_too_large": "Request body too large for an idempotent request",
+    "incomplete_body": "Request body shorter than its Content-Length",
     "store_unavailable": "Idempotency store unavailable",
     "record_unreadable": "Stored response unreadable",
 }
