@@ -27,7 +27,16 @@ from typing import TYPE_CHECKING, Any
 
 from .._core import Claimed
 from ..errors import StoreError
-from ..http import Complete, Exchange, Headers, Request, Response, begin, content_length
+from ..http import (
+    Complete,
+    Exchange,
+    Headers,
+    Request,
+    Response,
+    begin,
+    content_length,
+    problem,
+)
 
 if TYPE_CHECKING:
     from _typeshed.wsgi import StartResponse, WSGIApplication, WSGIEnvironment
@@ -95,13 +104,13 @@ def send(start_response: StartResponse, response: Response) -> list[bytes]:
     return [response.body]
 
 
-def read_body(environ: WSGIEnvironment, exchange: Exchange) -> bytes | None:
-    """The request body, re-supplied to the app as BytesIO; None when it is over the limit."""
+def read_body(environ: WSGIEnvironment, exchange: Exchange) -> bytes | Response:
+    """The request body, re-supplied to the app as BytesIO; or the problem to answer instead."""
     stream = environ["wsgi.input"]
     length = content_length(exchange.request.headers)
     if length is not None:
         if exchange.too_large(length):
-            return None
+            return exchange.too_large_response()
         want = length
     elif environ.get("wsgi.input_terminated"):  # chunked: the server marks the end with EOF
         want = exchange.policy.max_request_bytes + 1
@@ -111,10 +120,12 @@ def read_body(environ: WSGIEnvironment, exchange: Exchange) -> bytes | None:
     while got < want and (part := stream.read(want - got)):
         parts.append(part)
         got += len(part)
+    if exchange.too_large(got):
+        return exchange.too_large_response()
+    if length is not None and got < length:  # the client went away mid-body: never run on half
+        return problem(400, "incomplete_body", f"the body ended after {got} of {length} bytes")
     body = b"".join(parts)
-    if exchange.too_large(len(body)):
-        return None
-    environ["wsgi.input"], environ["CONTENT_LENGTH"] = io.BytesIO(body), str(len(body))
+    environ["wsgi.input"], environ["CONTENT_LENGTH"] = io.BytesIO(body), str(got)
     return body
 
 
@@ -137,8 +148,8 @@ class IdempotencyMiddleware:
         if isinstance(step, Response):
             return send(start_response, step)
         body = read_body(environ, step)
-        if body is None:
-            return send(start_response, step.too_large_response())
+        if isinstance(body, Response):
+            return send(start_response, body)
         answer = claim(self.store, step, body)
         if answer is None:  # Redis is down and the policy says run unprotected
             return self.app(environ, start_response)

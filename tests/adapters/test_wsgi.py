@@ -6,6 +6,8 @@ iterating early, watch when chunks arrive, and check that ``close()`` is always 
 
 from __future__ import annotations
 
+import io
+import json
 import subprocess
 import sys
 import threading
@@ -272,3 +274,15 @@ def test_importing_the_wsgi_adapter_does_not_import_flask(backend: str) -> None:
         "assert 'flask' not in sys.modules, 'flask imported'\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+
+
+def test_body_shorter_than_content_length_is_400_and_never_runs(store: RedisStore) -> None:
+    app = Recorder([b"ok"], length=2)
+    environ = environ_for("POST", "/things", [KEY], b"12345")
+    environ["CONTENT_LENGTH"] = "10"  # the client went away after 5 bytes
+    environ["wsgi.input"] = io.BytesIO(b"12345")
+    server = Server()
+    body = b"".join(IdempotencyMiddleware(app, store)(environ, server.start_response))
+    assert server.status.startswith("400")
+    assert json.loads(body)["code"] == "incomplete_body"
+    assert app.runs == 0
