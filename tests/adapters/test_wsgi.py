@@ -27,7 +27,13 @@ if TYPE_CHECKING:
 
     from idemkey import Event
 
-pytestmark = pytest.mark.parametrize("backend", ["redis", "fakeredis"])
+
+@pytest.fixture(params=[pytest.param("redis", marks=pytest.mark.redis), "fakeredis"])
+def backend(request: pytest.FixtureRequest) -> str:
+    """Tests taking ``store`` run on the real Redis, then on fakeredis[lua]."""
+    name: str = request.param
+    return name
+
 
 KEY = ("Idempotency-Key", "k")
 
@@ -266,9 +272,7 @@ def test_complete_failure_is_reported_and_the_client_still_answered(store: Redis
     assert [e.kind for e in events if e.kind == "store_error"] == ["store_error"]
 
 
-def test_importing_the_wsgi_adapter_does_not_import_flask(backend: str) -> None:
-    if backend != "fakeredis":
-        pytest.skip("checked once")
+def test_importing_the_wsgi_adapter_does_not_import_flask() -> None:
     code = (
         "import sys, idemkey.adapters.wsgi, idemkey.adapters\n"
         "assert 'flask' not in sys.modules, 'flask imported'\n"
