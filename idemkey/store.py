@@ -223,19 +223,29 @@ class RedisStore(_StoreBase):
 
     def close(self) -> None:
         """Stop the heartbeat. The Redis client stays open: it belongs to the caller."""
-        with self._wakeup:
+        with self._condition():
             self._closed = True
             self._leases.clear()
             self._wakeup.notify_all()
 
     # The heartbeat: one daemon thread per store renews every live claim of this process.
 
+    def _condition(self) -> threading.Condition:
+        """The heartbeat's condition, checked for a fork before anyone takes it.
+
+        In a forked child the parent's claims and thread are not ours, and the parent's lock may
+        be held forever by its heartbeat thread (caught mid-loop by the fork, and gone): start
+        afresh with a new condition, or the child's first claim would hang.
+        """
+        if self._pid != os.getpid():
+            self._pid, self._heartbeat = os.getpid(), None
+            self._wakeup = threading.Condition()
+            self._leases.clear()
+            self._sleeping_until = 0.0
+        return self._wakeup
+
     def _watch(self, record: Record, owner: str, lease_ms: int) -> None:
-        with self._wakeup:
-            if self._pid != os.getpid():  # forked: the parent's claims and thread are not ours
-                self._pid, self._heartbeat = os.getpid(), None
-                self._leases.clear()
-                self._sleeping_until = 0.0
+        with self._condition():
             due = self._leases.add(record, owner, lease_ms, time.monotonic())
             if self._heartbeat is None and not self._closed:
                 self._heartbeat = threading.Thread(
@@ -249,7 +259,7 @@ class RedisStore(_StoreBase):
                 self._wakeup.notify()
 
     def _unwatch(self, record: Record, owner: str) -> None:
-        with self._wakeup:
+        with self._condition():
             self._leases.remove(record, owner)
 
     def _beat(self) -> None:

@@ -1,0 +1,94 @@
+"""A RedisStore survives os.fork(): a child process gets its own heartbeat and claims freely.
+
+multiprocessing's fork start method (the default on Linux before Python 3.14), gunicorn's
+preload and Celery's prefork pool all fork a process that may already have used the store.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import sys
+import threading
+import warnings
+
+import pytest
+import redis
+
+from idemkey import Policy, RedisStore, guard
+from tests._servers import wait_until
+
+pytestmark = pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+
+
+def _fork() -> int:
+    with warnings.catch_warnings():
+        # Python 3.12+ warns that forking a multi-threaded process may deadlock: that is the
+        # very hazard this test checks the store handles.
+        warnings.simplefilter("ignore", DeprecationWarning)
+        return os.fork()
+
+
+def _in_child(work: object) -> None:  # pragma: no cover - runs in the forked child
+    code = 1
+    try:
+        work()  # type: ignore[operator]
+        code = 0
+    finally:
+        os._exit(code)
+
+
+def _exit_code(pid: int) -> int:
+    """Wait (with a deadline) for the child; kill it if it hangs."""
+
+    def finished() -> tuple[int, int] | None:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        return (done, status) if done else None
+
+    try:
+        _, status = wait_until(finished, timeout=10, message="the forked child to finish")
+    except AssertionError:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+        raise
+    return os.waitstatus_to_exitcode(status)
+
+
+def test_a_child_forked_while_the_heartbeat_holds_its_lock_can_claim(
+    real_client: redis.Redis, prefix: str
+) -> None:
+    store = RedisStore(real_client, Policy(prefix=prefix))
+    held, let_go = threading.Event(), threading.Event()
+
+    def heartbeat_busy() -> None:
+        # Stand-in for the heartbeat thread caught inside its critical section at fork time:
+        # that thread does not exist in the child, so the lock it held is never released there.
+        with store._wakeup:
+            held.set()
+            let_go.wait(10)
+
+    try:
+        with guard(store, "parent") as call:
+            busy = threading.Thread(target=heartbeat_busy)
+            busy.start()
+            assert held.wait(10)
+            sys.stdout.flush()
+            pid = _fork()
+            if pid == 0:  # pragma: no cover - the child
+
+                def claim_in_child() -> None:
+                    with guard(store, "child") as child_call:
+                        child_call.save("from the child")
+
+                _in_child(claim_in_child)
+            let_go.set()
+            busy.join(10)
+            assert _exit_code(pid) == 0
+            call.save("from the parent")
+    finally:
+        let_go.set()
+        store.close()
+    with guard(store, "child") as again:
+        assert again.result == "from the child"
