@@ -319,7 +319,14 @@ class Story:
             self.out.write(f"\n{number}. {title}\n")
         try:
             run()
-        except (StepFailed, OSError, ValueError, KeyError, TypeError) as exc:
+        except (
+            StepFailed,
+            OSError,
+            http.client.HTTPException,
+            ValueError,
+            KeyError,
+            TypeError,
+        ) as exc:
             self.steps[-1].ok = False
             self.say(f"FAILED: {exc}")
         else:
@@ -461,7 +468,7 @@ class Story:
     def play(self) -> bool:
         self.step(
             1,
-            "A first attempt times out on the client, after the server charged",
+            "A first attempt: the client times out, the server charges anyway",
             self.timeout_then_charged,
         )
         self.step(2, "The client retries with the same key", self.retry_replays)
