@@ -773,14 +773,13 @@ def cmd_serve(args: argparse.Namespace, out: IO[str]) -> int:
 def cmd_bench(args: argparse.Namespace, out: IO[str]) -> int:
     # The suite lives in a source checkout (top-level `benchmarks/`), not in the wheel: import it
     # by name at run time.
-    run: Callable[[list[str]], object] | None = None
-    for module in ("benchmarks", "benchmarks.__main__"):
-        try:
-            run = getattr(importlib.import_module(module), "main", None)
-        except ImportError:
-            break
-        if run is not None:
-            break
+    # (Never import benchmarks.__main__: it runs the suite at import.)
+    try:
+        run: Callable[[list[str]], object] | None = getattr(
+            importlib.import_module("benchmarks"), "main", None
+        )
+    except ImportError:
+        run = None
     if run is None:
         raise CliError(
             "the benchmark suite is not importable: run `idemkey bench` (or "
@@ -790,6 +789,8 @@ def cmd_bench(args: argparse.Namespace, out: IO[str]) -> int:
     rest = list(args.rest)
     if rest[:1] == ["--"]:
         rest = rest[1:]
+    if args.redis_url and "--redis-url" not in rest:
+        rest = ["--redis-url", args.redis_url, *rest]  # else the suite starts its own server
     result = run(rest)
     return result if isinstance(result, int) else 0
 
@@ -872,7 +873,12 @@ def build_parser() -> argparse.ArgumentParser:
     doctor = add("doctor", cmd_doctor, "check that a Redis server is fit to hold records")
     doctor.add_argument("--pings", type=int, default=20, help="PINGs for the round-trip median")
 
-    bench = add("bench", cmd_bench, "run the benchmark suite (python -m benchmarks)")
+    bench = add(
+        "bench",
+        cmd_bench,
+        "run the benchmark suite (python -m benchmarks; a private redis-server unless "
+        "--redis-url is given)",
+    )
     bench.add_argument("rest", nargs=argparse.REMAINDER, help="arguments for the suite")
     return parser
 
@@ -888,9 +894,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     except SystemExit as exc:  # --help
         return exc.code if isinstance(exc.code, int) else 0
-    # demo and serve write demo records: only into a Redis named on the command line, never
-    # into whatever $IDEMKEY_REDIS_URL points at (maybe production); else the embedded store.
-    if args.redis_url is None and args.command not in ("demo", "serve"):
+    # demo, serve and bench write records of their own: only into a Redis named on the command
+    # line, never into whatever $IDEMKEY_REDIS_URL points at (maybe production).
+    if args.redis_url is None and args.command not in ("demo", "serve", "bench"):
         args.redis_url = os.environ.get(URL_ENV) or None
     return _run(args, out)
 

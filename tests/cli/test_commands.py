@@ -338,8 +338,13 @@ def test_bench_delegates_to_the_benchmarks_package(
     fake = types.ModuleType("benchmarks")
     fake.main = lambda argv: seen.append(argv) or 0  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, "benchmarks", fake)
+    monkeypatch.setenv("IDEMKEY_REDIS_URL", "redis://production:6379/0")  # never benchmarked
     assert idemkey("bench", "--", "--quick", "-k", "replay").code == 0
-    assert seen == [["--quick", "-k", "replay"]]
+    assert idemkey("--redis-url", "redis://127.0.0.1:1/0", "bench", "--", "--quick").code == 0
+    assert seen == [
+        ["--quick", "-k", "replay"],
+        ["--redis-url", "redis://127.0.0.1:1/0", "--quick"],
+    ]
 
 
 def test_bench_without_the_suite_is_one_line(
