@@ -48,6 +48,7 @@ PREVIEW_BYTES: Final = 120
 #: stats prints progress on stderr when the database holds at least this many keys.
 PROGRESS_THRESHOLD = 10_000
 PROGRESS_EVERY = 10_000
+PROGRESS_LOG_SECONDS = 2.0
 SCAN_COUNT: Final = 1000
 
 # Deletes one record and its lock atomically, so an in-progress record cannot be claimed between
@@ -491,11 +492,15 @@ class _Progress:
         self.total = total
         self.tty = sys.stderr.isatty()
         self.next = PROGRESS_EVERY
+        self.last = -1e9
 
     def update(self, scanned: int, records: int) -> None:
         if not self.enabled or scanned < self.next:
             return
-        self.next = scanned + PROGRESS_EVERY
+        now = time.monotonic()
+        if not self.tty and now - self.last < PROGRESS_LOG_SECONDS:
+            return  # a log file gets a line every few seconds, not one per SCAN page
+        self.next, self.last = scanned + PROGRESS_EVERY, now
         line = f"idemkey stats: scanned {scanned}/{self.total} keys, {records} records"
         sys.stderr.write(("\r" + line) if self.tty else line + "\n")
         sys.stderr.flush()
