@@ -91,7 +91,7 @@ def cluster(session: nox.Session) -> None:
 @nox.session(python=CURRENT)
 def bench(session: nox.Session) -> None:
     """The latency-budget suite (benchmarks/). Arguments after -- go to it."""
-    session.install("-e", ".[test]")
+    session.install("-e", ".[test,bench]")
     session.run("python", "-m", "benchmarks", *session.posargs)
 
 

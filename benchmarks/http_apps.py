@@ -1,0 +1,159 @@
+"""The same trivial app with and without idemkey, for every adapter.
+
+The app reads the request body and answers ``201`` with a small JSON body. ``plain`` is the
+app alone; ``guarded`` is the app behind idemkey's adapter. A dispatcher on the path serves
+both from one process, so a real server (gunicorn, uvicorn) hosts both and the difference
+between them is idemkey's:
+
+    /wsgi/plain   /wsgi/guarded    (idemkey.adapters.wsgi.IdempotencyMiddleware)
+    /flask/plain  /flask/guarded   (idemkey.adapters.flask.Idemkey)
+    /asgi/plain   /asgi/guarded    (idemkey.adapters.asgi.IdempotencyMiddleware)
+
+Servers build the apps from the environment: ``IDEMKEY_BENCH_REDIS_URL`` and
+``IDEMKEY_BENCH_PREFIX`` (``gunicorn 'benchmarks.http_apps:make_wsgi()'``,
+``uvicorn --factory benchmarks.http_apps:make_asgi``).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import redis
+import redis.asyncio
+
+from idemkey import AsyncRedisStore, Policy, RedisStore
+
+__all__ = [
+    "BODY",
+    "asgi_apps",
+    "flask_apps",
+    "make_asgi",
+    "make_wsgi",
+    "plain_asgi",
+    "plain_wsgi",
+    "wsgi_apps",
+]
+
+BODY = b'{"id":"ch_3Mtw","status":"succeeded","amount":1999}'
+_HEADERS = [("Content-Type", "application/json"), ("Content-Length", str(len(BODY)))]
+_ASGI_START = {
+    "type": "http.response.start",
+    "status": 201,
+    "headers": [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(BODY))],
+}
+_ASGI_BODY = {"type": "http.response.body", "body": BODY, "more_body": False}
+
+WSGIApp = Callable[[dict[str, Any], Any], Iterable[bytes]]
+
+
+def policy(prefix: str) -> Policy:
+    return Policy(prefix=prefix, ttl=900.0, lease=30.0)
+
+
+def plain_wsgi(environ: dict[str, Any], start_response: Any) -> list[bytes]:
+    length = int(environ.get("CONTENT_LENGTH") or 0)
+    environ["wsgi.input"].read(length)
+    start_response("201 Created", _HEADERS)
+    return [BODY]
+
+
+async def plain_asgi(scope: dict[str, Any], receive: Any, send: Any) -> None:
+    if scope["type"] != "http":
+        return
+    more = True
+    while more:
+        message = await receive()
+        more = message.get("more_body", False)
+    await send(_ASGI_START)
+    await send(_ASGI_BODY)
+
+
+def wsgi_apps(store: RedisStore) -> tuple[WSGIApp, WSGIApp]:
+    """(plain, guarded) WSGI apps; raises ImportError when the adapter is missing."""
+    from idemkey.adapters.wsgi import IdempotencyMiddleware
+
+    return plain_wsgi, IdempotencyMiddleware(plain_wsgi, store)  # type: ignore[arg-type]
+
+
+def flask_apps(store: RedisStore) -> WSGIApp:
+    """One Flask app with ``/flask/plain`` and ``/flask/guarded`` (the same view body)."""
+    from flask import Flask, request
+
+    from idemkey.adapters.flask import Idemkey
+
+    app = Flask("idemkey_bench")
+    idem = Idemkey(app, store=store)
+
+    def view() -> tuple[bytes, int, dict[str, str]]:
+        request.get_data()
+        return BODY, 201, {"Content-Type": "application/json"}
+
+    app.add_url_rule("/flask/plain", "plain", view, methods=["POST"])
+    app.add_url_rule("/flask/guarded", "guarded", idem.idempotent(view), methods=["POST"])
+    return app  # type: ignore[return-value]
+
+
+def asgi_apps(store: AsyncRedisStore) -> tuple[Any, Any]:
+    """(plain, guarded) ASGI apps; raises ImportError when the adapter is missing."""
+    from idemkey.adapters.asgi import IdempotencyMiddleware
+
+    return plain_asgi, IdempotencyMiddleware(plain_asgi, store)
+
+
+def _health_wsgi(environ: dict[str, Any], start_response: Any) -> list[bytes]:
+    start_response("200 OK", [("Content-Length", "2")])
+    return [b"ok"]
+
+
+def _not_found(environ: dict[str, Any], start_response: Any) -> list[bytes]:
+    start_response("404 Not Found", [("Content-Length", "0")])
+    return []
+
+
+def make_wsgi() -> WSGIApp:
+    """The gunicorn app: every WSGI-side route, configured from the environment."""
+    url = os.environ["IDEMKEY_BENCH_REDIS_URL"]
+    store = RedisStore(redis.Redis.from_url(url), policy(os.environ["IDEMKEY_BENCH_PREFIX"]))
+    routes: dict[str, WSGIApp] = {"/health": _health_wsgi}
+    try:
+        plain, guarded = wsgi_apps(store)
+        routes["/wsgi/plain"], routes["/wsgi/guarded"] = plain, guarded
+    except ImportError:
+        pass
+    try:
+        flask_app = flask_apps(store)
+        routes["/flask/plain"] = routes["/flask/guarded"] = flask_app
+    except ImportError:
+        pass
+
+    def dispatch(environ: dict[str, Any], start_response: Any) -> Iterable[bytes]:
+        return routes.get(environ.get("PATH_INFO", ""), _not_found)(environ, start_response)
+
+    return dispatch
+
+
+def make_asgi() -> Any:
+    """The uvicorn app: ``/asgi/plain``, ``/asgi/guarded`` and ``/health``."""
+    url = os.environ["IDEMKEY_BENCH_REDIS_URL"]
+    # Under the 64-client throughput run a request's claim and the previous request's
+    # completion (sent after the response) can both hold a connection: redis-py's asyncio
+    # pool raises MaxConnectionsError past 100 instead of waiting, so allow more.
+    client = redis.asyncio.Redis.from_url(url, max_connections=512)
+    store = AsyncRedisStore(client, policy(os.environ["IDEMKEY_BENCH_PREFIX"]))
+    plain, guarded = asgi_apps(store)
+
+    async def health(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        await send({"type": "http.response.start", "status": 200,
+                    "headers": [(b"content-length", b"2")]})  # fmt: skip
+        await send({"type": "http.response.body", "body": b"ok"})
+
+    routes = {"/asgi/plain": plain, "/asgi/guarded": guarded, "/health": health}
+
+    async def dispatch(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            return
+        await routes.get(scope["path"], health)(scope, receive, send)
+
+    return dispatch

@@ -1,0 +1,222 @@
+"""Turn samples into the results document, the printed table, the targets and the plot."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from .cases import Case
+from .runner import summarize
+
+__all__ = ["TARGETS", "build_cases", "check_targets", "format_report", "plot"]
+
+
+def build_cases(
+    cases: Sequence[Case],
+    samples: Mapping[str, Sequence[int]],
+    round_trips: Mapping[str, Mapping[str, Any]],
+) -> dict[str, dict[str, Any]]:
+    """name -> JSON case: statistics (ns), ratios to PING and to the floor, round trips."""
+    out: dict[str, dict[str, Any]] = {}
+    for case in cases:
+        entry: dict[str, Any] = {
+            "group": case.group,
+            "note": case.note,
+            "async": case.is_async,
+            "floor": case.floor,
+            "ping": case.ping,
+            "baseline": case.baseline,
+            **summarize(samples[case.name]).as_dict(),
+        }
+        entry.update(round_trips.get(case.name, {}))
+        out[case.name] = entry
+    for entry in out.values():
+        for ref_field, ratio_field in (("ping", "x_ping"), ("floor", "x_floor")):
+            ref = out.get(entry[ref_field] or "")
+            if ref is not None and ref["p50"] > 0 and entry[ref_field] is not None:
+                entry[ratio_field] = entry["p50"] / ref["p50"]
+        base = out.get(entry["baseline"] or "")
+        if base is not None:
+            entry["added_ns"] = entry["p50"] - base["p50"]
+            floor = out.get(entry["floor"] or "")
+            if floor is not None and floor["p50"] > 0:
+                entry["added_x_floor"] = entry["added_ns"] / floor["p50"]
+    return out
+
+
+# (case, what, limit): x_floor ratio of p50s, p50_us own CPU, round_trips exact count.
+TARGETS: list[tuple[str, str, float]] = [
+    ("guard.first", "x_floor", 1.15),
+    ("guard.replay", "x_floor", 1.15),
+    ("aguard.first", "x_floor", 1.15),
+    ("aguard.replay", "x_floor", 1.15),
+    ("cpu.guard.first", "p50_us", 15.0),
+    ("cpu.guard.replay", "p50_us", 15.0),
+    ("cpu.aguard.first", "p50_us", 15.0),
+    ("cpu.aguard.replay", "p50_us", 15.0),
+    ("guard.replay", "round_trips", 1.0),
+    ("aguard.replay", "round_trips", 1.0),
+    ("guard.first", "round_trips", 2.0),
+]
+
+
+def check_targets(
+    cases: Mapping[str, Mapping[str, Any]],
+    skipped: Mapping[str, str],
+    cpu_warm: Mapping[str, Mapping[str, float]] | None = None,
+) -> list[dict[str, Any]]:
+    """The design targets (DESIGN.md section 8 and the benchmark issue) against this run.
+
+    Own CPU is checked twice: per call in the interleaved run (cold caches, between network
+    cases, wall time) and in a warm loop (process CPU time); both are reported.
+    """
+    results: list[dict[str, Any]] = []
+
+    def add(target: str, ok: bool | None, measured: str) -> None:
+        results.append({"target": target, "ok": ok, "measured": measured})
+
+    for name, field, limit in TARGETS:
+        case = cases.get(name)
+        if case is None:
+            add(f"{name} {field} <= {limit:g}", None, "not measured")
+            continue
+        if field == "p50_us":
+            value = case["p50"] / 1000
+            add(f"{name} p50 <= {limit:g} us (interleaved, cold)", value <= limit,
+                f"{value:.1f} us")  # fmt: skip
+        elif field == "round_trips":
+            value = case.get("round_trips", math.nan)
+            add(f"{name} round trips == {limit:g}", value == limit, f"{value:g}")
+        else:
+            value = case.get(field, math.nan)
+            add(f"{name} <= {limit:g}x floor", value <= limit, f"{value:.3f}x")
+    for name, warm in (cpu_warm or {}).items():
+        value = warm["cpu_us"]
+        add(f"cpu.{name} <= 15 us (warm loop, process CPU)", value <= 15.0, f"{value:.1f} us")
+    for name, case in cases.items():
+        if "added_x_floor" in case:
+            value = case["added_x_floor"]
+            add(f"{name} adds <= 1.3x floor", value <= 1.3, f"{value:.2f}x floor "
+                f"(+{case['added_ns'] / 1000:.0f} us)")  # fmt: skip
+    for kind in ("first", "replay"):
+        for prefix, ours in (("peer.powertools", "guard"), ("peer.naive", "guard"),
+                             ("peer.idemkit", "aguard")):  # fmt: skip
+            peer = cases.get(f"{prefix}.{kind}")
+            mine = cases.get(f"{ours}.{kind}")
+            if peer is None or mine is None:
+                reason = skipped.get(prefix.removeprefix("peer."), "not measured")
+                add(f"{ours}.{kind} faster than {prefix}.{kind}", None, reason)
+                continue
+            add(f"{ours}.{kind} faster than {prefix}.{kind}", mine["p50"] < peer["p50"],
+                f"{mine['p50'] / 1000:.0f} us vs {peer['p50'] / 1000:.0f} us")  # fmt: skip
+    return results
+
+
+def _us(ns: float) -> str:
+    return f"{ns / 1000:.1f}" if ns < 100_000 else f"{ns / 1000:.0f}"
+
+
+def _x(value: float | None) -> str:
+    return "" if value is None else f"{value:.2f}x"
+
+
+def format_report(doc: Mapping[str, Any]) -> str:
+    """The results as plain-text tables (also valid Markdown)."""
+    lines: list[str] = []
+    meta = doc["meta"]
+    lines.append(
+        f"idemkey {meta['idemkey']} | Redis {meta['redis_version']} | redis-py "
+        f"{meta['redis_py']} (hiredis {meta['hiredis'] or 'no'}) | Python {meta['python']} | "
+        f"{meta['cpus']} CPUs | {meta['rounds']} interleaved rounds"
+    )
+    lines.append("")
+    lines.append("| case | p50 us | p90 us | p99 us | x PING | x floor | round trips | "
+                 "EVALSHA | what |")  # fmt: skip
+    lines.append("|---|---:|---:|---:|---:|---:|---:|---:|---|")
+    for name, c in doc["cases"].items():
+        rt = c.get("round_trips")
+        ev = c.get("evalsha")
+        lines.append(
+            f"| {name} | {_us(c['p50'])} | {_us(c['p90'])} | {_us(c['p99'])} | "
+            f"{_x(c.get('x_ping')) if c['group'] != 'cpu' else ''} | {_x(c.get('x_floor'))} | "
+            f"{'' if rt is None else f'{rt:g}'} | {'' if ev is None else f'{ev:g}'} | "
+            f"{c['note']} |"
+        )
+    warm = doc.get("cpu_warm")
+    if warm:
+        lines += ["", "Own CPU per call, in-process fake client, warm loop (median; process CPU "
+                  "counts every thread)", ""]  # fmt: skip
+        lines.append("| path | process CPU us | wall us |")
+        lines.append("|---|---:|---:|")
+        for name, w in warm.items():
+            lines.append(f"| {name} | {w['cpu_us']:.1f} | {w['wall_us']:.1f} |")
+    added = [(n, c) for n, c in doc["cases"].items() if "added_ns" in c]
+    if added:
+        lines += ["", "HTTP adapters: latency idemkey adds to the same app (p50)", ""]
+        lines.append("| case | app alone us | with idemkey us | added us | added x floor |")
+        lines.append("|---|---:|---:|---:|---:|")
+        for name, c in added:
+            base = doc["cases"][c["baseline"]]
+            lines.append(
+                f"| {name} | {_us(base['p50'])} | {_us(c['p50'])} | {_us(c['added_ns'])} | "
+                f"{c.get('added_x_floor', math.nan):.2f}x |"
+            )
+    tp = doc.get("throughput")
+    if isinstance(tp, Mapping):
+        lines += [
+            "",
+            f"Throughput: {tp['clients']} concurrent asyncio HTTP clients, distinct "
+            f"keys, {tp['server']} (median of {tp['slices']} x {tp['slice_seconds']:g} s)",
+            "",
+        ]
+        lines.append("| app alone req/s | with idemkey req/s | ratio |")
+        lines.append("|---:|---:|---:|")
+        lines.append(f"| {tp['plain_rps']:.0f} | {tp['idemkey_rps']:.0f} | {tp['ratio']:.2f} |")
+    memory = doc.get("memory")
+    if memory:
+        lines += ["", "Memory per completed record (MEMORY USAGE, bytes)", ""]
+        lines.append("| stored size | guard record | overhead | HTTP record | overhead |")
+        lines.append("|---:|---:|---:|---:|---:|")
+        for row in memory:
+            lines.append(
+                f"| {row['size']} | {row['guard_record_bytes']} | {row['guard_overhead']} | "
+                f"{row['http_record_bytes']} | {row['http_overhead']} |"
+            )
+    if doc.get("skipped"):
+        lines += ["", "Skipped:"]
+        lines += [f"- {name}: {why}" for name, why in doc["skipped"].items()]
+    if doc.get("targets"):
+        lines += ["", "Targets:"]
+        for t in doc["targets"]:
+            mark = {True: "ok  ", False: "MISS", None: "n/a "}[t["ok"]]
+            lines.append(f"- {mark} {t['target']}: {t['measured']}")
+    if doc.get("budgets"):
+        lines += ["", "Budgets:"]
+        for b in doc["budgets"]:
+            lines.append(f"- {'ok  ' if b['ok'] else 'FAIL'} {b['budget']}: {b['detail']}")
+    return "\n".join(lines)
+
+
+def plot(path: str, samples: Mapping[str, Sequence[int]], cases: Sequence[Case]) -> str | None:
+    """Box plots of the latency distributions (log scale); None, or why it was not drawn."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError as exc:
+        return f"matplotlib is not installed ({exc})"
+    names = [c.name for c in cases if c.group != "cpu" and samples.get(c.name)]
+    data = [[s / 1000 for s in samples[n]] for n in names]
+    fig, ax = plt.subplots(figsize=(10, 0.32 * len(names) + 1.5))
+    ax.boxplot(data, vert=False, showfliers=False, whis=(1, 99))
+    ax.set_yticks(range(1, len(names) + 1), names)
+    ax.set_xscale("log")
+    ax.set_xlabel("latency, microseconds (box: p25-p75, whiskers: p1-p99)")
+    ax.invert_yaxis()
+    ax.grid(axis="x", which="both", alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return None
