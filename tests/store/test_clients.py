@@ -22,6 +22,7 @@ import valkey.asyncio
 from idemkey import (
     AsyncRedisStore,
     ConfigurationError,
+    Event,
     Policy,
     RedisStore,
     RequestInFlightError,
@@ -164,6 +165,27 @@ def test_redis_dying_inside_the_block_is_a_store_error_on_exit(
     finally:
         store.close()
         client.close()
+
+
+def test_the_blocks_own_exception_wins_over_a_store_error_on_exit(
+    private_redis_server: RedisServer,
+) -> None:
+    client = private_redis_server.client(socket_connect_timeout=1, retry=no_retry())
+    events: list[Event] = []
+    store = RedisStore(client, Policy(on_event=events.append))
+
+    def fail_while_redis_dies() -> None:
+        with guard(store, "k"):
+            private_redis_server.kill()
+            raise LookupError("the caller must see this one")
+
+    try:
+        with pytest.raises(LookupError, match="must see"):
+            fail_while_redis_dies()
+    finally:
+        store.close()
+        client.close()
+    assert [event.kind for event in events] == ["claimed", "store_error"]
 
 
 def test_an_error_reply_is_a_store_error(real_client: redis.Redis, prefix: str) -> None:
