@@ -23,6 +23,7 @@ __all__ = [
     "DEFAULT_HEADER_DENYLIST",
     "NEVER_BEGAN_STATUSES",
     "Policy",
+    "Replicas",
     "credential_scope",
 ]
 
@@ -58,6 +59,39 @@ def credential_scope(request: Request) -> str:
             digest.update(b"%d:%s" % (len(value), value.encode("latin-1", "replace")))
         digest.update(b";")
     return digest.hexdigest()
+
+
+@dataclass(frozen=True, slots=True)
+class Replicas:
+    """Durability: after a claim or a completion writes, wait until ``count`` replicas have it.
+
+    The store sends Redis ``WAIT count timeout`` on the connection that ran the script, in the
+    same round trip. If fewer replicas confirm within ``timeout`` seconds, the write is treated
+    as failed: a claim is released and raises :class:`~idemkey.errors.StoreError` (the HTTP
+    adapters answer 503 and the handler does not run); a completion raises ``StoreError`` (the
+    response already went out; the adapters report ``store_error``).
+
+    What it buys: an acknowledged claim or completion is on ``count`` replicas, so a failover
+    that promotes one of them keeps it. What it does not: WAIT is not consensus. A write that
+    timed out may still be on the master and reach the replicas later, and a failover may
+    promote a replica that did not confirm. It narrows the window for losing acknowledged
+    writes; it does not close it. Every write waits for a replica round trip, and while
+    replicas are missing every claim and replay waits ``timeout`` and fails.
+    """
+
+    count: int = 1
+    timeout: float = 0.1
+
+    def __post_init__(self) -> None:
+        if self.count < 1:
+            raise ConfigurationError(f"Replicas.count must be >= 1, got {self.count}")
+        # WAIT with a timeout of 0 blocks forever: never let a missing replica hang a request.
+        if not self.timeout > 0:
+            raise ConfigurationError(f"Replicas.timeout must be > 0 seconds, got {self.timeout}")
+
+    @property
+    def timeout_ms(self) -> int:
+        return max(1, int(self.timeout * 1000))
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -101,6 +135,9 @@ class Policy:
     header_denylist: frozenset[str] = DEFAULT_HEADER_DENYLIST
     #: If set, only these response headers (lower case) are stored.
     header_allowlist: frozenset[str] | None = None
+    #: Wait for replicas to confirm each claim and completion (see :class:`Replicas`); read
+    #: from the store's policy. None (default): acknowledge once the master has the write.
+    durability: Replicas | None = None
     #: Called with every :class:`idemkey.events.Event`; exceptions in it are logged, not raised.
     on_event: Callable[[Event], None] | None = field(default=None, compare=False)
 
@@ -117,6 +154,8 @@ class Policy:
             raise ConfigurationError("mismatch_status must be 400, 409 or 422")
         if self.max_request_bytes < 0 or self.max_response_bytes < 0:
             raise ConfigurationError("size limits must be >= 0")
+        if self.durability is not None and not isinstance(self.durability, Replicas):
+            raise ConfigurationError("durability must be a Replicas(count, timeout) or None")
         if not self.header or not self.header.isascii():
             raise ConfigurationError("header must be a non-empty ASCII header name")
         # Normalise case once here so every comparison on the hot path is a plain lookup.

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import importlib
 import math
 import os
 import threading
@@ -32,7 +33,7 @@ from ._core import (
 from ._leases import Lease, LeaseTable
 from .errors import ConfigurationError, StoreError
 from .events import Event, emit, logger
-from .policy import Policy
+from .policy import Policy, Replicas
 
 __all__ = ["AsyncRedisStore", "RedisStore"]
 
@@ -86,6 +87,39 @@ def _slot_moving(exc: BaseException, moving: _Errors) -> bool:
     run, so sending it again is safe.
     """
     return type(exc) in moving
+
+
+# Durability (Policy.durability): claim and complete are sent as EVALSHA + WAIT in one pipeline,
+# on one connection, because WAIT counts the replicas that have this connection's writes.
+_DURABLE: Final = frozenset({"claim", "complete"})
+# Replies that mean "not on this node (now)": the cluster client handles them for plain calls,
+# the durable path (its own pipeline to the slot's master) retries them. redis-py and valkey
+# name them alike.
+_REDIRECTS: Final = frozenset(
+    {"MovedError", "AskError", "TryAgainError", "ClusterDownError", "MasterDownError"}
+)
+
+
+def _wrote(name: str, reply: Any) -> bool:
+    """Whether a script reply means the call wrote: a claim (``{1, ...}``) or a completion (1)."""
+    if name == "claim":
+        return isinstance(reply, list) and bool(reply) and reply[0] == 1
+    return bool(reply == 1)
+
+
+def _unconfirmed(name: str, acked: int, durability: Replicas) -> StoreError:
+    return StoreError(
+        f"{name} reached {acked} of {durability.count} replicas within "
+        f"{durability.timeout_ms} ms (Policy.durability): treated as failed"
+    )
+
+
+def _durable_reply(name: str, replies: list[Any]) -> tuple[Any, int]:
+    """The script reply and the replica count from an EVALSHA + WAIT pipeline."""
+    reply, acked = replies
+    if isinstance(acked, BaseException):
+        raise StoreError(f"Redis failed during {name} (WAIT): {acked}") from acked
+    return reply, int(acked)
 
 
 def _next_delay(previous: float, deadline: float) -> float:
@@ -145,6 +179,9 @@ class RedisStore(_StoreBase):
         self._sleeping_until = 0.0
         self._pid = os.getpid()
         self._closed = False
+        if self.policy.durability is not None:
+            # Only with durability on: the plain _eval (the hot path) stays exactly as it is.
+            self._eval = self._eval_durable  # type: ignore[method-assign]
 
     def _eval(self, name: str, *keys_and_args: str | bytes | int) -> Any:
         script = self._scripts[name]
@@ -171,6 +208,58 @@ class RedisStore(_StoreBase):
             except self._errors as exc:
                 if not _slot_moving(exc, self._moving) or time.monotonic() >= deadline:
                     raise self._store_error(name, exc) from exc
+
+    def _eval_durable(self, name: str, *keys_and_args: str | bytes | int) -> Any:
+        durability = self.policy.durability
+        if durability is None or name not in _DURABLE:
+            return RedisStore._eval(self, name, *keys_and_args)
+        script = self._scripts[name]
+        deadline, delay = time.monotonic() + self.slot_moving_wait, 0.0
+        while True:
+            try:
+                replies = self._pipeline(keys_and_args, script.sha, durability).execute(
+                    raise_on_error=False
+                )
+                reply, acked = _durable_reply(name, replies)
+                if isinstance(reply, self._noscript) and time.monotonic() < deadline:
+                    self.client.script_load(script.script)
+                    continue
+            except self._errors as exc:
+                self._refresh_topology()
+                raise self._store_error(name, exc) from exc
+            if type(reply).__name__ in _REDIRECTS and time.monotonic() < deadline:
+                self._refresh_topology()
+                delay = min(max(delay * 2, 0.01), 0.1)
+                time.sleep(delay)
+                continue
+            if isinstance(reply, BaseException):
+                raise self._store_error(name, reply) from reply
+            if _wrote(name, reply) and acked < durability.count:
+                if name == "claim":  # free the key so a retry can run, if Redis lets us
+                    with contextlib.suppress(StoreError):
+                        key, lock, _, owner, *_ = keys_and_args
+                        RedisStore._eval(self, "release", key, lock, owner)
+                raise _unconfirmed(name, acked, durability)
+            return reply
+
+    def _pipeline(
+        self, keys_and_args: tuple[str | bytes | int, ...], sha: str, durability: Replicas
+    ) -> Any:
+        """EVALSHA + WAIT queued on one connection: the key's master, in a cluster."""
+        client = self.client
+        if hasattr(client, "get_node_from_key"):  # RedisCluster: that node's own client
+            client = client.get_redis_connection(client.get_node_from_key(keys_and_args[0]))
+        pipe = client.pipeline(transaction=False)
+        pipe.execute_command("EVALSHA", sha, 2, *keys_and_args)
+        pipe.execute_command("WAIT", durability.count, durability.timeout_ms)
+        return pipe
+
+    def _refresh_topology(self) -> None:
+        """After a redirect or a dead node, let a cluster client learn who serves what now."""
+        nodes = getattr(self.client, "nodes_manager", None)
+        if nodes is not None:
+            with contextlib.suppress(*self._errors):
+                nodes.initialize()
 
     def claim(
         self,
@@ -304,6 +393,9 @@ class AsyncRedisStore(_StoreBase):
         self._wakeup: asyncio.Event | None = None
         # While the heartbeat task waits: the loop time it wakes at by itself; else 0.0.
         self._sleeping_until = 0.0
+        if self.policy.durability is not None:
+            # Only with durability on: the plain _eval (the hot path) stays exactly as it is.
+            self._eval = self._eval_durable  # type: ignore[method-assign]
 
     async def _eval(self, name: str, *keys_and_args: str | bytes | int) -> Any:
         script = self._scripts[name]
@@ -330,6 +422,67 @@ class AsyncRedisStore(_StoreBase):
             except self._errors as exc:
                 if not _slot_moving(exc, self._moving) or time.monotonic() >= deadline:
                     raise self._store_error(name, exc) from exc
+
+    async def _eval_durable(self, name: str, *keys_and_args: str | bytes | int) -> Any:
+        durability = self.policy.durability
+        if durability is None or name not in _DURABLE:
+            return await AsyncRedisStore._eval(self, name, *keys_and_args)
+        script = self._scripts[name]
+        deadline, delay = time.monotonic() + self.slot_moving_wait, 0.0
+        while True:
+            try:
+                replies = await self._send_with_wait(keys_and_args, script.sha, durability)
+                reply, acked = _durable_reply(name, replies)
+                if isinstance(reply, self._noscript) and time.monotonic() < deadline:
+                    await self.client.script_load(script.script)
+                    continue
+            except self._errors as exc:
+                await self._refresh_topology()
+                raise self._store_error(name, exc) from exc
+            if type(reply).__name__ in _REDIRECTS and time.monotonic() < deadline:
+                await self._refresh_topology()
+                delay = min(max(delay * 2, 0.01), 0.1)
+                await asyncio.sleep(delay)
+                continue
+            if isinstance(reply, BaseException):
+                raise self._store_error(name, reply) from reply
+            if _wrote(name, reply) and acked < durability.count:
+                if name == "claim":  # free the key so a retry can run, if Redis lets us
+                    with contextlib.suppress(StoreError):
+                        key, lock, _, owner, *_ = keys_and_args
+                        await AsyncRedisStore._eval(self, "release", key, lock, owner)
+                raise _unconfirmed(name, acked, durability)
+            return reply
+
+    async def _send_with_wait(
+        self, keys_and_args: tuple[str | bytes | int, ...], sha: str, durability: Replicas
+    ) -> list[Any]:
+        """EVALSHA + WAIT sent on one connection: the key's master, in a cluster."""
+        client = self.client
+        commands = (
+            ("EVALSHA", sha, 2, *keys_and_args),
+            ("WAIT", durability.count, durability.timeout_ms),
+        )
+        if hasattr(client, "get_node_from_key"):
+            # The asyncio RedisCluster has no per-node client: its node sends a pipeline of
+            # PipelineCommand on one of its connections (what its ClusterPipeline does).
+            await client.initialize()  # a no-op once the topology is known
+            node = client.get_node_from_key(keys_and_args[0])
+            pipeline_command = importlib.import_module(type(client).__module__).PipelineCommand
+            queued = [pipeline_command(i, *command) for i, command in enumerate(commands)]
+            await node.execute_pipeline(queued)
+            return [command.result for command in queued]
+        pipe = client.pipeline(transaction=False)
+        for command in commands:
+            pipe.execute_command(*command)
+        return list(await pipe.execute(raise_on_error=False))
+
+    async def _refresh_topology(self) -> None:
+        """After a redirect or a dead node, let a cluster client learn who serves what now."""
+        nodes = getattr(self.client, "nodes_manager", None)
+        if nodes is not None:
+            with contextlib.suppress(*self._errors):
+                await nodes.initialize()
 
     async def claim(
         self,
