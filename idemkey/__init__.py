@@ -18,7 +18,7 @@ from .errors import (
 )
 from .events import Event
 from .guard import Call, aguard, guard, idempotent
-from .policy import Policy
+from .policy import Policy, Replicas
 from .store import AsyncRedisStore, RedisStore
 
 __all__ = [
@@ -33,6 +33,7 @@ __all__ = [
     "Policy",
     "RecordFormatError",
     "RedisStore",
+    "Replicas",
     "RequestInFlightError",
     "StoreError",
     "StoredResponse",
