@@ -9,10 +9,22 @@
 --
 -- A lease that lapsed while nobody took over is taken back: the record still names us, so no
 -- one else ran the work.
+--
+-- The record lives at least as long as the lease: a body that outruns the retention must not
+-- lose its record under a live claim (its complete would be refused, and once the lock lapsed
+-- the next caller would run the work again, with the fence back at 1).
 
 local holder = redis.call("GET", KEYS[2])
+local function keep_record()
+  local ttl = redis.call("PTTL", KEYS[1])  -- -1: no expiry, -2: gone; both left alone
+  if ttl >= 0 and ttl < tonumber(ARGV[2]) then
+    redis.call("PEXPIRE", KEYS[1], tonumber(ARGV[2]))
+  end
+end
+
 if holder == ARGV[1] then
   redis.call("PEXPIRE", KEYS[2], tonumber(ARGV[2]))
+  keep_record()
   return 1
 end
 if holder then
@@ -21,6 +33,7 @@ end
 if redis.call("HGET", KEYS[1], "owner") == ARGV[1]
     and redis.call("HGET", KEYS[1], "state") == "in_progress" then
   redis.call("SET", KEYS[2], ARGV[1], "PX", tonumber(ARGV[2]))
+  keep_record()
   return 1
 end
 return 0

@@ -115,6 +115,9 @@ class Both:
     async def pttl(self, key: str) -> int:
         return int(await _resolve(self.client.pttl(key)))
 
+    async def pexpire(self, key: str, ms: int) -> None:
+        await _resolve(self.client.pexpire(key, ms))
+
     async def snapshot(self, record: Record) -> tuple[dict[bytes, bytes], bytes | None]:
         """Everything a record holds, to compare byte for byte before and after."""
         return await self.hash(record), await self.lock_holder(record)

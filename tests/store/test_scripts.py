@@ -190,6 +190,18 @@ class ScriptBehaviour:
         assert 50_000 < await store.pttl(record.lock) <= 60_000
         assert await store.renew(record, "o1", lease_ms=60_000) is True  # re-sent: still fine
 
+    async def test_a_renewed_claim_outlives_a_short_retention(self, store: Both) -> None:
+        # A body that runs longer than the retention: without this, the record would expire
+        # under the live claim, the owner's complete would be refused, and once the lock
+        # lapsed the next caller would run the work again with fence 1.
+        record = store.record()
+        await store.claim(record, owner="o1", lease_ms=LEASE_MS, ttl_ms=TTL_MS, heartbeat=False)
+        await store.pexpire(record.key, 2_000)  # the retention runs out before the work
+        assert await store.renew(record, "o1", lease_ms=LEASE_MS) is True
+        assert LEASE_MS / 2 < await store.pttl(record.key) <= LEASE_MS
+        assert await store.complete(record, "o1", b"resp", ttl_ms=TTL_MS) is True
+        assert TTL_MS / 2 < await store.pttl(record.key) <= TTL_MS
+
     async def test_renew_after_release_or_complete_is_refused(self, store: Both) -> None:
         released, completed = store.record("a"), store.record("b")
         await store.claim(released, owner="o1", heartbeat=False)
