@@ -181,3 +181,20 @@ def test_a_stale_claimer_that_wakes_up_changes_nothing(
     assert real_client.exists(record.lock) == 0
     with guard(RedisStore(real_client, Policy(prefix=prefix)), "job") as again:
         assert again.result == "from the second owner"
+
+
+def test_a_body_longer_than_the_retention_still_completes_once(
+    real_client: redis.Redis, prefix: str
+) -> None:
+    store = RedisStore(real_client, Policy(prefix=prefix, ttl=1.0, lease=0.3))
+    record = record_for(prefix, "", GUARD_METHOD, "", "long")
+    try:
+        with guard(store, "long") as call:
+            time.sleep(1.5)  # the work: longer than the whole retention window
+            assert real_client.hget(record.key, "owner") is not None  # still our record
+            call.save("done")
+        with guard(store, "long") as again:
+            assert again.replayed
+            assert again.result == "done"
+    finally:
+        store.close()
