@@ -9,6 +9,7 @@ from typing import Any
 import fakeredis
 import msgspec
 import pytest
+from redis.crc import key_slot
 
 import idemkey.store
 from idemkey import (
@@ -174,6 +175,7 @@ class GuardBehaviour:
             call.save("ok")
         (name,) = await store.keys()
         assert name == f"{store.prefix}:{{{record.digest}}}".encode()
+        assert key_slot(record.key.encode()) == key_slot(record.lock.encode())
         assert key.encode() not in name.removeprefix(f"{store.prefix}:".encode())
 
     async def test_ttls_follow_the_policy(self, store: Both) -> None:
