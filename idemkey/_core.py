@@ -18,8 +18,8 @@ Invariants:
 from __future__ import annotations
 
 import hashlib
+import os
 import re
-import secrets
 from dataclasses import dataclass
 from typing import Final
 
@@ -144,7 +144,8 @@ def payload_fingerprint(payload: bytes) -> str:
 
 def new_owner() -> str:
     """A fresh, unguessable owner token for one claim."""
-    return secrets.token_hex(16)
+    # What secrets.token_hex(16) returns, without its two extra Python calls (every claim).
+    return os.urandom(16).hex()
 
 
 @dataclass(frozen=True, slots=True)
