@@ -32,7 +32,7 @@ from idemkey import (
 )
 from idemkey._core import record_for
 from idemkey.guard import GUARD_METHOD
-from tests._servers import wait_until
+from tests._servers import async_wait_until, wait_until
 
 # Seconds each, not milliseconds: lease lengths and a body four leases long.
 pytestmark = pytest.mark.slow
@@ -198,3 +198,45 @@ def test_a_body_longer_than_the_retention_still_completes_once(
             assert again.result == "done"
     finally:
         store.close()
+
+
+def test_a_short_lease_claimed_while_the_heartbeat_sleeps_on_a_long_one_is_renewed(
+    real_client: redis.Redis, prefix: str
+) -> None:
+    store = RedisStore(real_client, Policy(prefix=prefix))
+    short = store.policy.replace(lease=LEASE)
+    try:
+        with guard(store, "long-lease"):
+            # The heartbeat now sleeps ~10 s, until the long lease is due.
+            wait_until(lambda: store._sleeping_until > 0, message="the heartbeat to sleep")
+            with guard(store, "short-lease", policy=short) as call:
+                end = time.monotonic() + 3 * LEASE
+                while time.monotonic() < end:  # the work, in steps, three short leases long
+                    time.sleep(0.05)
+                    with pytest.raises(RequestInFlightError), guard(store, "short-lease"):
+                        pytest.fail("the short lease lapsed: a duplicate got in")
+                call.save("done")
+    finally:
+        store.close()
+
+
+async def test_a_short_lease_claimed_while_the_async_heartbeat_sleeps_is_renewed(
+    real_async_client: redis.asyncio.Redis, prefix: str
+) -> None:
+    store = AsyncRedisStore(real_async_client, Policy(prefix=prefix))
+    short = store.policy.replace(lease=LEASE)
+    try:
+        async with aguard(store, "long-lease"):
+            await async_wait_until(
+                lambda: store._sleeping_until > 0, message="the heartbeat to sleep"
+            )
+            async with aguard(store, "short-lease", policy=short) as call:
+                end = time.monotonic() + 3 * LEASE
+                while time.monotonic() < end:  # the work, in steps, three short leases long
+                    await asyncio.sleep(0.05)
+                    with pytest.raises(RequestInFlightError):
+                        async with aguard(store, "short-lease"):
+                            pytest.fail("the short lease lapsed: a duplicate got in")
+                call.save("done")
+    finally:
+        await store.aclose()
