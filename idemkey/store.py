@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import importlib
-import math
 import os
 import threading
 import time
@@ -357,9 +356,14 @@ class RedisStore(_StoreBase):
                 due = self._leases.due(time.monotonic())
                 while not due and not self._closed:
                     next_due = self._leases.next_due()
-                    timeout = None if next_due is None else max(0.0, next_due - time.monotonic())
-                    self._sleeping_until = math.inf if next_due is None else next_due
-                    self._wakeup.wait(timeout)
+                    now = time.monotonic()
+                    # Without a lease, still wake every _IDLE_SECONDS: a new claim then needs no
+                    # notify unless it falls due sooner. Sleeping for ever made every claim wake
+                    # the thread, which found the claim already completed and slept for ever
+                    # again: a GIL ping-pong per request.
+                    wake = now + _IDLE_SECONDS if next_due is None else next_due
+                    self._sleeping_until = wake
+                    self._wakeup.wait(max(0.0, wake - now))
                     self._sleeping_until = 0.0
                     due = self._leases.due(time.monotonic())
                 if self._closed:
@@ -592,5 +596,6 @@ class AsyncRedisStore(_StoreBase):
             return None
 
 
-# How long an idle async heartbeat waits for new claims before its task ends.
+# How long an idle async heartbeat waits for new claims before its task ends, and how often an
+# idle heartbeat thread looks at its (empty) table.
 _IDLE_SECONDS: Final = 1.0
