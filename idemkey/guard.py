@@ -142,6 +142,8 @@ class _GuardState(Generic[T]):
         if not completing:
             if done:
                 self.notify("released", fence)
+            else:
+                self.notify("lease_lost", fence, "another executor took the record over")
         elif done:
             self.notify("completed", fence)
         else:

@@ -333,8 +333,13 @@ class Exchange:
         else:
             self.notify("lease_lost", fence, "another executor took the record over")
 
-    def released(self, reason: str) -> None:
-        self.notify("released", self.claim.fence if self.claim else None, reason)
+    def released(self, reason: str, ours: bool = True) -> None:
+        """Report what the release script said (``False``: the record was no longer ours)."""
+        fence = self.claim.fence if self.claim else None
+        if ours:
+            self.notify("released", fence, reason)
+        else:
+            self.notify("lease_lost", fence, "another executor took the record over")
 
     def notify(self, kind: EventKind, fence: int | None = None, detail: str = "") -> None:
         request = self.request

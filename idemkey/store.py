@@ -31,7 +31,7 @@ from ._core import (
 )
 from ._leases import Lease, LeaseTable
 from .errors import ConfigurationError, StoreError
-from .events import Event, emit, logger
+from .events import logger
 from .policy import Policy, Replicas
 
 __all__ = ["AsyncRedisStore", "RedisStore"]
@@ -153,11 +153,11 @@ class _StoreBase:
         return StoreError(f"Redis failed during {name}: {type(exc).__name__}: {exc}")
 
     def _lease_lost(self, lease: Lease) -> None:
-        emit(
-            self.policy.on_event,
-            Event(
-                "lease_lost", lease.record.digest, detail="another executor took the record over"
-            ),
+        # INFO, not an event: the guard or adapter holding this claim reports the loss once,
+        # with its route and scope, when its complete or release is refused.
+        logger.info(
+            "idemkey heartbeat: a lease was taken over; renewal stopped",
+            extra={"idemkey_event": "lease_lost", "idemkey_record": lease.record.digest},
         )
 
 

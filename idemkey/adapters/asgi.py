@@ -233,5 +233,4 @@ class IdempotencyMiddleware:
         except StoreError as exc:
             step.notify("store_error", detail=f"key not released (its lease will lapse): {exc}")
             return
-        if released:
-            step.released(reason)
+        step.released(reason, released)

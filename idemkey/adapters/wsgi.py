@@ -77,8 +77,8 @@ def settle(
             ttl_ms = exchange.policy.ttl_ms
             exchange.completed(store.complete(exchange.record, owner, plan.stored, ttl_ms=ttl_ms))
         else:
-            store.release(exchange.record, owner)
-            exchange.released(plan.reason if plan else "the handler raised")
+            released = store.release(exchange.record, owner)
+            exchange.released(plan.reason if plan else "the handler raised", released)
     except StoreError as exc:
         exchange.notify("store_error", exchange.claim.fence if exchange.claim else None, str(exc))
 

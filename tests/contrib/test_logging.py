@@ -79,11 +79,6 @@ def test_one_warning_per_store_error(prefix: str, caplog: pytest.LogCaptureFixtu
     dead.close()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="reported twice: the store's heartbeat warns when it finds the lease taken, then the "
-    "guard (or HTTP exchange) warns again when complete() is refused",
-)
 def test_one_warning_per_lost_lease(
     real_client: redis.Redis, prefix: str, caplog: pytest.LogCaptureFixture
 ) -> None:
