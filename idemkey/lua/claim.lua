@@ -1,13 +1,14 @@
 -- claim: decide what a request with an idempotency key does, in one round trip.
 --
--- KEYS[1]  record hash   {prefix}:{<digest>}       fields fp, state, owner, fence, resp, at
+-- KEYS[1]  record hash   {prefix}:{<digest>}       fields fp, state, owner, fence, tk, resp, at
 -- KEYS[2]  lock string   {prefix}:{<digest>}:lock  holds the owner token while a claim is live
 -- ARGV[1]  fp            request fingerprint (hex)
 -- ARGV[2]  owner         fresh random token of the caller
 -- ARGV[3]  lease_ms      lease length, milliseconds
 -- ARGV[4]  retention_ms  how long the record lives, milliseconds
 --
--- Record field "at" is the server time of the last claim or completion, in milliseconds.
+-- Record field "tk" is 1 when the current claim took over a lapsed one (a re-sent claim must
+-- answer the same). Record field "at" is the server time of the last claim or completion, in milliseconds.
 --
 -- Reply, first element a tag:
 --   {1, fence, takeover}  claimed: run the work; takeover = 1 when a lapsed claim was taken over
@@ -19,7 +20,7 @@
 -- (redis-py re-sends a command after a timeout) answers claimed both times and writes once.
 -- A completed record is never written here.
 
-local record = redis.call("HMGET", KEYS[1], "state", "fp", "resp", "fence")
+local record = redis.call("HMGET", KEYS[1], "state", "fp", "resp", "fence", "owner", "tk")
 local state, fp, resp = record[1], record[2], record[3]
 
 if state then
@@ -31,9 +32,14 @@ if state then
   end
 end
 
+-- Our own claim, sent again: the same answer (fence and takeover flag, kept in "tk"); a lock
+-- that lapsed meanwhile is taken back, as nobody else claimed (that would have changed owner).
 local holder = redis.call("GET", KEYS[2])
-if holder == ARGV[2] then
-  return {1, tonumber(record[4]) or 0, 0}
+if state == "in_progress" and record[5] == ARGV[2] then
+  if not holder then
+    redis.call("SET", KEYS[2], ARGV[2], "PX", tonumber(ARGV[3]))
+  end
+  return {1, tonumber(record[4]) or 0, tonumber(record[6]) or 0}
 end
 if holder then
   return {3, redis.call("PTTL", KEYS[2])}
@@ -49,6 +55,6 @@ redis.call("SET", KEYS[2], ARGV[2], "PX", tonumber(ARGV[3]))
 local fence = redis.call("HINCRBY", KEYS[1], "fence", 1)
 local now = redis.call("TIME")
 redis.call("HSET", KEYS[1], "state", "in_progress", "fp", ARGV[1], "owner", ARGV[2],
-  "at", now[1] .. string.format("%03d", math.floor(now[2] / 1000)))
+  "tk", takeover, "at", now[1] .. string.format("%03d", math.floor(now[2] / 1000)))
 redis.call("PEXPIRE", KEYS[1], tonumber(ARGV[4]))
 return {1, fence, takeover}

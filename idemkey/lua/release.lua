@@ -18,5 +18,5 @@ end
 if redis.call("GET", KEYS[2]) == ARGV[1] then
   redis.call("DEL", KEYS[2])
 end
-redis.call("HDEL", KEYS[1], "state", "fp", "owner", "resp", "at")
+redis.call("HDEL", KEYS[1], "state", "fp", "owner", "tk", "resp", "at")
 return 1

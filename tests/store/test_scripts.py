@@ -6,8 +6,6 @@ AsyncRedisStore. Records are compared byte for byte where a call must change not
 
 from __future__ import annotations
 
-import pytest
-
 from idemkey._core import Claimed, InFlight, Mismatch, Replay
 from tests.store._both import AsyncStore, Both, SyncStore
 
@@ -46,11 +44,6 @@ class ScriptBehaviour:
         assert first == again == Claimed("o1", 1, False)
         assert await store.snapshot(record) == before
 
-    @pytest.mark.xfail(
-        reason="claim.lua answers a re-sent claim with takeover=0: the flag is not stored, so "
-        "a caller whose first reply was lost is not told it took over a crashed owner's work",
-        strict=True,
-    )
     async def test_a_resent_takeover_is_still_a_takeover(self, store: Both) -> None:
         record = store.record()
         await store.claim(record, owner="crashed", heartbeat=False)

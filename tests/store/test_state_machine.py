@@ -34,6 +34,7 @@ class Model:
     fence: int = 0
     resp: bytes | None = None
     lock: str | None = None
+    takeover: bool = False
 
     def claim(self, fp: str, owner: str) -> Decision:
         if self.state is not None and fp != self.fp:
@@ -41,14 +42,15 @@ class Model:
         if self.state == "complete":
             assert self.resp is not None
             return Replay(self.resp)
-        if self.lock == owner:
-            return Claimed(owner, self.fence, False)
+        if self.state == "in_progress" and self.owner == owner:  # our claim, sent again
+            self.lock = owner
+            return Claimed(owner, self.fence, self.takeover)
         if self.lock is not None:
             return InFlight(0)  # retry_after is checked separately
-        takeover = self.state == "in_progress"
+        self.takeover = self.state == "in_progress"
         self.fence += 1
         self.state, self.fp, self.owner, self.lock = "in_progress", fp, owner, owner
-        return Claimed(owner, self.fence, takeover)
+        return Claimed(owner, self.fence, self.takeover)
 
     def complete(self, owner: str, resp: bytes) -> bool:
         if self.owner != owner:
@@ -131,6 +133,8 @@ class ScriptMachine(RuleBasedStateMachine):
             value = getattr(self.model, name)
             if value is not None:
                 expected[name.encode()] = value.encode()
+        if self.model.state is not None:
+            expected[b"tk"] = b"1" if self.model.takeover else b"0"
         if self.model.state == "complete" and self.model.resp is not None:
             expected[b"resp"] = self.model.resp
         fields.pop(b"at", None)  # server time, not modelled
