@@ -88,6 +88,8 @@ def encode_payload(payload: object) -> bytes:
     """Bytes that identify a guard payload: bytes as they are, str as UTF-8, else msgpack."""
     if isinstance(payload, bytes):
         return payload
+    if isinstance(payload, (bytearray, memoryview)):
+        return bytes(payload)
     if isinstance(payload, str):
         return payload.encode("utf-8", "surrogatepass")
     try:

@@ -92,11 +92,15 @@ def report(
     route: str,
     fence: int | None = None,
     detail: str = "",
+    seconds: float | None = None,
 ) -> None:
-    """Build and emit an event, unless nobody listens (the hot path then costs one check)."""
+    """Build and emit an event, unless nobody listens (the hot path then costs one check).
+
+    ``seconds`` is the time the Redis call behind the event took, when there was one.
+    """
     if hook is None and kind not in _WARNINGS and not logger.isEnabledFor(logging.DEBUG):
         return
     scope_digest = hashlib.blake2b(
         scope.encode("utf-8", "surrogatepass"), digest_size=6
     ).hexdigest()
-    emit(hook, Event(kind, record.digest, route, method, scope_digest, fence, None, detail))
+    emit(hook, Event(kind, record.digest, route, method, scope_digest, fence, seconds, detail))

@@ -19,6 +19,7 @@ from __future__ import annotations
 import functools
 import inspect
 from collections.abc import Awaitable, Callable
+from time import perf_counter
 from types import TracebackType
 from typing import Any, Generic, TypeVar, cast, overload
 
@@ -110,23 +111,23 @@ class _GuardState(Generic[T]):
         self.claim: Claimed | None = None
         self.call: Call[T] | None = None
 
-    def enter(self, decision: Decision) -> Call[T]:
+    def enter(self, decision: Decision, seconds: float) -> Call[T]:
         """The Call for a claim or a replay; raises for a mismatch or a request in flight."""
         kind = type(decision)
         if kind is Claimed:
             claim = cast(Claimed, decision)
             self.claim = claim
-            self.notify("takeover" if claim.takeover else "claimed", claim.fence)
+            self.notify("takeover" if claim.takeover else "claimed", claim.fence, seconds=seconds)
             self.call = Call(replayed=False, fence=claim.fence, takeover=claim.takeover)
             return self.call
         if kind is Replay:
-            self.notify("replayed")
+            self.notify("replayed", seconds=seconds)
             value = decode_value(cast(Replay, decision).response, self.result_type)
             return Call(replayed=True, result=value)
         if kind is Mismatch:
-            self.notify("mismatch")
+            self.notify("mismatch", seconds=seconds)
             raise KeyReuseError()
-        self.notify("in_flight")
+        self.notify("in_flight", seconds=seconds)
         raise RequestInFlightError(cast(InFlight, decision).retry_after)
 
     @property
@@ -136,16 +137,18 @@ class _GuardState(Generic[T]):
     def saved(self) -> bytes | None:
         return self.call._saved if self.call is not None else None
 
-    def exited(self, done: bool, completing: bool, exc: BaseException | None) -> None:
+    def exited(
+        self, done: bool, completing: bool, exc: BaseException | None, seconds: float
+    ) -> None:
         """Report how leaving the block went; a lost lease raises unless the block raised."""
         fence = self.claim.fence if self.claim else None
         if not completing:
             if done:
-                self.notify("released", fence)
+                self.notify("released", fence, seconds=seconds)
             else:
                 self.notify("lease_lost", fence, "another executor took the record over")
         elif done:
-            self.notify("completed", fence)
+            self.notify("completed", fence, seconds=seconds)
         else:
             self.notify("lease_lost", fence, "another executor took the record over")
             if exc is None:
@@ -158,8 +161,15 @@ class _GuardState(Generic[T]):
         if exc is None:
             raise error
 
-    def notify(self, kind: EventKind, fence: int | None = None, detail: str = "") -> None:
-        report(self.policy.on_event, kind, self.record, self.scope, GUARD_METHOD, "", fence, detail)
+    def notify(
+        self,
+        kind: EventKind,
+        fence: int | None = None,
+        detail: str = "",
+        seconds: float | None = None,
+    ) -> None:
+        hook = self.policy.on_event
+        report(hook, kind, self.record, self.scope, GUARD_METHOD, "", fence, detail, seconds)
 
 
 class Guard(_GuardState[T]):
@@ -178,15 +188,19 @@ class Guard(_GuardState[T]):
         self.store = store
 
     def __enter__(self) -> Call[T]:
-        policy = self.policy
-        decision = self.store.claim(
-            self.record,
-            self.fingerprint,
-            lease_ms=policy.lease_ms,
-            ttl_ms=policy.ttl_ms,
-            wait=policy.wait,
-        )
-        return self.enter(decision)
+        policy, started = self.policy, perf_counter()
+        try:
+            decision = self.store.claim(
+                self.record,
+                self.fingerprint,
+                lease_ms=policy.lease_ms,
+                ttl_ms=policy.ttl_ms,
+                wait=policy.wait,
+            )
+        except StoreError as error:
+            self.notify("store_error", detail=str(error))
+            raise
+        return self.enter(decision, perf_counter() - started)
 
     def __exit__(
         self,
@@ -194,7 +208,7 @@ class Guard(_GuardState[T]):
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        claim, saved = self.claim, self.saved()
+        claim, saved, started = self.claim, self.saved(), perf_counter()
         if claim is None:
             return
         try:
@@ -205,7 +219,7 @@ class Guard(_GuardState[T]):
         except StoreError as error:
             self.store_failed(error, exc)
             return
-        self.exited(done, saved is not None, exc)
+        self.exited(done, saved is not None, exc, perf_counter() - started)
 
 
 class AsyncGuard(_GuardState[T]):
@@ -224,15 +238,19 @@ class AsyncGuard(_GuardState[T]):
         self.store = store
 
     async def __aenter__(self) -> Call[T]:
-        policy = self.policy
-        decision = await self.store.claim(
-            self.record,
-            self.fingerprint,
-            lease_ms=policy.lease_ms,
-            ttl_ms=policy.ttl_ms,
-            wait=policy.wait,
-        )
-        return self.enter(decision)
+        policy, started = self.policy, perf_counter()
+        try:
+            decision = await self.store.claim(
+                self.record,
+                self.fingerprint,
+                lease_ms=policy.lease_ms,
+                ttl_ms=policy.ttl_ms,
+                wait=policy.wait,
+            )
+        except StoreError as error:
+            self.notify("store_error", detail=str(error))
+            raise
+        return self.enter(decision, perf_counter() - started)
 
     async def __aexit__(
         self,
@@ -240,7 +258,7 @@ class AsyncGuard(_GuardState[T]):
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        claim, saved = self.claim, self.saved()
+        claim, saved, started = self.claim, self.saved(), perf_counter()
         if claim is None:
             return
         try:
@@ -252,7 +270,7 @@ class AsyncGuard(_GuardState[T]):
         except StoreError as error:
             self.store_failed(error, exc)
             return
-        self.exited(done, saved is not None, exc)
+        self.exited(done, saved is not None, exc, perf_counter() - started)
 
 
 # Overloads so that ``result_type=Receipt`` gives a ``Call[Receipt]`` and no result_type a
@@ -367,14 +385,22 @@ def idempotent(
         def charge(invoice): ...
 
     ``key`` and ``payload`` receive the call's arguments. The payload defaults to the arguments
-    themselves (they must then be msgspec-encodable). A repeat call returns the stored result.
+    themselves, bound to the function's parameters (so ``f(1, amount=5)`` and ``f(1, 5)`` are the
+    same call; they must then be msgspec-encodable). A repeat call returns the stored result.
     """
 
-    def identify(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[str, object]:
-        data = payload(*args, **kwargs) if payload is not None else [args, kwargs]
-        return key(*args, **kwargs), data
-
     def decorate(func: F) -> F:
+        signature = inspect.signature(func)
+
+        def identify(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[str, object]:
+            if payload is not None:
+                data = payload(*args, **kwargs)
+            else:
+                bound = signature.bind(*args, **kwargs)
+                bound.apply_defaults()
+                data = bound.arguments
+            return key(*args, **kwargs), data
+
         if inspect.iscoroutinefunction(func):
             if not isinstance(store, AsyncRedisStore):
                 raise TypeError("an async function needs an AsyncRedisStore")

@@ -251,22 +251,25 @@ class Exchange:
 
     # The claim's answer.
 
-    def decide(self, decision: Decision) -> Response | Claimed:
-        """What the claim means: run the handler (``Claimed``) or answer with a Response."""
+    def decide(self, decision: Decision, seconds: float | None = None) -> Response | Claimed:
+        """What the claim means: run the handler (``Claimed``) or answer with a Response.
+
+        ``seconds``: how long the claim took in Redis, for the events.
+        """
         kind = type(decision)
         if kind is Claimed:
             assert isinstance(decision, Claimed)
             self.claim = decision
             if decision.takeover:
-                self.notify("takeover", decision.fence)
+                self.notify("takeover", decision.fence, seconds=seconds)
             else:
-                self.notify("claimed", decision.fence)
+                self.notify("claimed", decision.fence, seconds=seconds)
             return decision
         if kind is Replay:
             assert isinstance(decision, Replay)
-            return self._replay(decision.response)
+            return self._replay(decision.response, seconds)
         if kind is Mismatch:
-            self.notify("mismatch")
+            self.notify("mismatch", seconds=seconds)
             status = self.policy.mismatch_status
             return problem(
                 status,
@@ -274,7 +277,7 @@ class Exchange:
                 "this key was already used with a different request; use a new key",
             )
         assert isinstance(decision, InFlight)
-        self.notify("in_flight")
+        self.notify("in_flight", seconds=seconds)
         # The lease bounds how long the first request can hold the key, but it usually ends
         # much sooner: tell clients to come back in a second, not in a lease.
         retry = str(retry_after_seconds(min(decision.retry_after, 1.0)))
@@ -285,13 +288,13 @@ class Exchange:
             [("Retry-After", retry)],
         )
 
-    def _replay(self, stored: bytes) -> Response:
+    def _replay(self, stored: bytes, seconds: float | None) -> Response:
         try:
             response = decode_response(stored)
         except RecordFormatError as exc:
             self.notify("store_error", detail=str(exc))
             return problem(503, "record_unreadable", str(exc), [("Retry-After", "1")])
-        self.notify("replayed")
+        self.notify("replayed", seconds=seconds)
         # Content-Length is recomputed: the stored body may have been left out on purpose.
         headers = [(n, v) for n, v in response.headers if n.lower() != "content-length"]
         headers.append(("Content-Length", str(len(response.body))))
@@ -325,27 +328,33 @@ class Exchange:
             return Complete(encode_response(StoredResponse(status, kept, b"", body_kept=False)))
         return Complete(encode_response(StoredResponse(status, kept, body)))
 
-    def completed(self, stored: bool) -> None:
+    def completed(self, stored: bool, seconds: float | None = None) -> None:
         """Report what the complete script said (``False``: the lease was lost meanwhile)."""
         fence = self.claim.fence if self.claim else None
         if stored:
-            self.notify("completed", fence)
+            self.notify("completed", fence, seconds=seconds)
         else:
             self.notify("lease_lost", fence, "another executor took the record over")
 
-    def released(self, reason: str, ours: bool = True) -> None:
+    def released(self, reason: str, ours: bool = True, seconds: float | None = None) -> None:
         """Report what the release script said (``False``: the record was no longer ours)."""
         fence = self.claim.fence if self.claim else None
         if ours:
-            self.notify("released", fence, reason)
+            self.notify("released", fence, reason, seconds)
         else:
             self.notify("lease_lost", fence, "another executor took the record over")
 
-    def notify(self, kind: EventKind, fence: int | None = None, detail: str = "") -> None:
+    def notify(
+        self,
+        kind: EventKind,
+        fence: int | None = None,
+        detail: str = "",
+        seconds: float | None = None,
+    ) -> None:
         request = self.request
         route = request.route or request.path
         hook = self.policy.on_event
-        report(hook, kind, self.record, self._scope, request.method, route, fence, detail)
+        report(hook, kind, self.record, self._scope, request.method, route, fence, detail, seconds)
 
 
 def content_length(headers: Headers) -> int | None:

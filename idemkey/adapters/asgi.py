@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable, Coroutine, MutableMapping
+from time import perf_counter
 from typing import Any
 
 from .._core import new_owner
@@ -129,6 +130,7 @@ class IdempotencyMiddleware:
             return {"type": "http.request", "body": body, "more_body": False}
 
         owner = new_owner()
+        started = perf_counter()
         try:
             decision = await self.store.claim(
                 step.record,
@@ -150,7 +152,7 @@ class IdempotencyMiddleware:
             else:
                 await self.app(scope, replay_receive, send)
             return
-        answer = step.decide(decision)
+        answer = step.decide(decision, perf_counter() - started)
         if isinstance(answer, Response):
             await _respond(send, answer)
             return
@@ -217,6 +219,7 @@ class IdempotencyMiddleware:
         if not isinstance(plan, Complete):
             await self._release(step, owner, plan.reason)
             return
+        started = perf_counter()
         try:
             stored = await self.store.complete(
                 step.record, owner, plan.stored, ttl_ms=step.policy.ttl_ms
@@ -225,12 +228,13 @@ class IdempotencyMiddleware:
             # The client already has its answer; the lease will lapse and a retry may run again.
             step.notify("store_error", detail=f"response not stored: {exc}")
             return
-        step.completed(stored)
+        step.completed(stored, perf_counter() - started)
 
     async def _release(self, step: Exchange, owner: str, reason: str) -> None:
+        started = perf_counter()
         try:
             released = await self.store.release(step.record, owner)
         except StoreError as exc:
             step.notify("store_error", detail=f"key not released (its lease will lapse): {exc}")
             return
-        step.released(reason, released)
+        step.released(reason, released, perf_counter() - started)

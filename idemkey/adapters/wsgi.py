@@ -23,6 +23,7 @@ from __future__ import annotations
 import io
 from collections.abc import Iterable, Iterator
 from http import HTTPStatus
+from time import perf_counter
 from typing import TYPE_CHECKING, Any
 
 from .._core import Claimed
@@ -50,6 +51,7 @@ __all__ = ["IdempotencyMiddleware", "claim", "request_of", "settle"]
 def claim(store: RedisStore, exchange: Exchange, body: bytes) -> Response | Claimed | None:
     """Claim the record: Claimed (run it), a Response (replay, 409, 422, 503), None (run open)."""
     policy = exchange.policy
+    started = perf_counter()
     try:
         decision = store.claim(
             exchange.record,
@@ -60,7 +62,7 @@ def claim(store: RedisStore, exchange: Exchange, body: bytes) -> Response | Clai
         )
     except StoreError as exc:
         return exchange.store_failed(exc)
-    return exchange.decide(decision)
+    return exchange.decide(decision, perf_counter() - started)
 
 
 def settle(
@@ -72,13 +74,16 @@ def settle(
     """
     owner = exchange.claim.owner if exchange.claim else ""
     plan = exchange.finish(status, headers, body) if status is not None else None
+    started = perf_counter()
     try:
         if isinstance(plan, Complete):
             ttl_ms = exchange.policy.ttl_ms
-            exchange.completed(store.complete(exchange.record, owner, plan.stored, ttl_ms=ttl_ms))
+            stored = store.complete(exchange.record, owner, plan.stored, ttl_ms=ttl_ms)
+            exchange.completed(stored, perf_counter() - started)
         else:
             released = store.release(exchange.record, owner)
-            exchange.released(plan.reason if plan else "the handler raised", released)
+            reason = plan.reason if plan else "the handler raised"
+            exchange.released(reason, released, perf_counter() - started)
     except StoreError as exc:
         exchange.notify("store_error", exchange.claim.fence if exchange.claim else None, str(exc))
 

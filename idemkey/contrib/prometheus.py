@@ -12,8 +12,8 @@ Metrics (``namespace`` defaults to ``idemkey``):
   too_large). ``route`` is the route template (``/charges/<id>``), so its cardinality is the
   number of guarded routes; guard() records have method ``GUARD`` and route ``""``.
 * ``idemkey_redis_seconds{kind}`` — a histogram of the Redis time an event reports
-  (``Event.redis_seconds``), for events that carry it. (In this version the stores do not fill
-  that field yet: the histogram is ready for when they do.)
+  (``Event.redis_seconds``: the claim behind claimed/replayed/in_flight/mismatch/takeover, the
+  complete or release behind completed/released).
 
 Raw keys and scopes never become labels: they are client input, unbounded and possibly secret.
 """
