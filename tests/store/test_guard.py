@@ -295,6 +295,41 @@ class GuardBehaviour:
             await run(1, 999)  # same key, other arguments
         assert runs == [1, 2]
 
+    async def test_idempotent_binds_arguments_to_the_signature(self, store: Both) -> None:
+        runs: list[int] = []
+
+        def charge(invoice: int, amount: int, currency: str = "eur") -> int:
+            runs.append(invoice)
+            return amount
+
+        run = store.idempotent(charge, key=lambda invoice, *a, **k: f"charge:{invoice}")
+        assert await run(1, 100) == 100
+        # The same call spelt differently: keyword arguments, the default made explicit.
+        assert await run(1, amount=100) == 100
+        assert await run(invoice=1, amount=100, currency="eur") == 100
+        assert runs == [1]
+        with pytest.raises(KeyReuseError):
+            await run(1, 100, "usd")
+
+    async def test_bytes_like_payloads_are_the_same_payload(self, store: Both) -> None:
+        async with store.guard("blob", payload=b"abc") as call:
+            call.save(1)
+        for same in (bytearray(b"abc"), memoryview(b"abc")):
+            async with store.guard("blob", payload=same) as call:
+                assert call.replayed
+
+    async def test_events_carry_the_redis_time_of_their_call(self, store: Both) -> None:
+        events: list[Event] = []
+        watched = policy(store, on_event=events.append)
+        async with store.guard("timed", policy=watched) as call:
+            call.save(1)
+        async with store.guard("timed", policy=watched):
+            pass
+        assert [e.kind for e in events] == ["claimed", "completed", "replayed"]
+        for event in events:
+            assert event.redis_seconds is not None
+            assert 0 < event.redis_seconds < 10
+
     async def test_idempotent_with_a_payload_and_result_type(self, store: Both) -> None:
         runs: list[str] = []
 
@@ -357,3 +392,22 @@ def test_call_result_before_save_is_an_attribute_error() -> None:
             _ = call.result
         call.save([1, 2])
         assert call.result == [1, 2]
+
+
+def test_a_failed_claim_is_reported_as_store_error() -> None:
+    import redis
+
+    from idemkey import StoreError
+    from tests._servers import free_port, no_retry
+
+    events: list[Event] = []
+    dead = redis.Redis(port=free_port(), socket_connect_timeout=1, retry=no_retry())
+    store = RedisStore(dead, Policy(on_event=events.append))
+    try:
+        with pytest.raises(StoreError), guard(store, "charge:1"):
+            pytest.fail("the block ran without a claim")
+    finally:
+        store.close()
+        dead.close()
+    assert [event.kind for event in events] == ["store_error"]
+    assert "charge:1" not in repr(events)
