@@ -9,6 +9,7 @@ from typing import Any
 import fakeredis
 import msgspec
 import pytest
+import redis
 from redis.crc import key_slot
 
 import idemkey.store
@@ -21,12 +22,13 @@ from idemkey import (
     Policy,
     RedisStore,
     RequestInFlightError,
+    StoreError,
     guard,
     idempotent,
 )
 from idemkey._codec import encode_value
 from idemkey._core import Claimed, payload_fingerprint
-from tests._servers import async_wait_until
+from tests._servers import async_wait_until, free_port, no_retry
 from tests.store._both import AsyncStore, Both, SyncStore
 
 
@@ -395,11 +397,6 @@ def test_call_result_before_save_is_an_attribute_error() -> None:
 
 
 def test_a_failed_claim_is_reported_as_store_error() -> None:
-    import redis
-
-    from idemkey import StoreError
-    from tests._servers import free_port, no_retry
-
     events: list[Event] = []
     dead = redis.Redis(port=free_port(), socket_connect_timeout=1, retry=no_retry())
     store = RedisStore(dead, Policy(on_event=events.append))
