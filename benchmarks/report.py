@@ -32,7 +32,10 @@ def build_cases(
         entry.update(round_trips.get(case.name, {}))
         out[case.name] = entry
     for entry in out.values():
-        for ref_field, ratio_field in (("ping", "x_ping"), ("floor", "x_floor")):
+        # An HTTP case is compared through what it adds to the app alone (added_x_floor), not
+        # through its whole latency, which includes the app and the HTTP server.
+        refs = [("ping", "x_ping")] + ([] if entry["baseline"] else [("floor", "x_floor")])
+        for ref_field, ratio_field in refs:
             ref = out.get(entry[ref_field] or "")
             if ref is not None and ref["p50"] > 0 and entry[ref_field] is not None:
                 entry[ratio_field] = entry["p50"] / ref["p50"]
