@@ -15,7 +15,10 @@ slot is half-moved.
 from __future__ import annotations
 
 import contextlib
+import functools
+import re
 import shutil
+import socket
 import subprocess
 from collections.abc import Sequence
 from typing import Any
@@ -25,7 +28,15 @@ import redis.asyncio.cluster
 import redis.cluster
 from redis.cluster import ClusterNode
 
-from tests._servers import HOST, RedisServer, RedisServerError, free_port, no_retry, wait_until
+from tests._servers import (
+    HOST,
+    RedisServer,
+    RedisServerError,
+    free_port,
+    no_retry,
+    redis_server_executable,
+    wait_until,
+)
 
 __all__ = ["ClusterProcesses", "redis_cli_executable"]
 
@@ -34,6 +45,28 @@ SLOTS = 16384
 
 def redis_cli_executable() -> str | None:
     return shutil.which("redis-cli")
+
+
+@functools.cache
+def _server_version() -> tuple[int, ...]:
+    out = subprocess.run(
+        [redis_server_executable() or "redis-server", "--version"],
+        capture_output=True,
+        text=True,
+        timeout=10,
+        check=False,
+    ).stdout
+    match = re.search(r"v=(\d+)\.(\d+)", out)
+    return (int(match.group(1)), int(match.group(2))) if match else (0, 0)
+
+
+def _port_is_free(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind((HOST, port))
+        except OSError:
+            return False
+        return True
 
 
 def _info(text: bytes | str | dict[str, Any]) -> dict[str, str]:
@@ -114,14 +147,22 @@ class ClusterProcesses:
             "nodes.conf",  # in the server's own temporary directory
             "--cluster-node-timeout",
             str(self.node_timeout_ms),
-            "--cluster-port",
-            str(free_port()),
             # A replica whose master died long ago may still be promoted: tests kill masters.
             "--cluster-replica-validity-factor",
             "0",
+            # Replicas sync at once (not after the default 5 s), at start and after a restart.
+            "--repl-diskless-sync-delay",
+            "0",
             *self._extra_args,
         ]
-        return RedisServer(args)
+        if _server_version() >= (7, 0):
+            return RedisServer([*args, "--cluster-port", str(free_port())])
+        # Before 7.0 the bus port is always port + 10000: find a port whose twin is free too.
+        for _ in range(50):
+            port = free_port()
+            if port + 10000 < 65536 and _port_is_free(port + 10000):
+                return RedisServer(args, port=port)
+        raise RedisServerError("no free port pair for a cluster node")
 
     def close(self) -> None:
         for node in self.nodes:
@@ -255,6 +296,28 @@ class ClusterProcesses:
 
     def wait_healthy(self, timeout: float = 20.0) -> None:
         wait_until(self.healthy, timeout, "the Redis cluster to be healthy", interval=0.05)
+
+    def replicas_synced(self) -> bool:
+        """Every master has its replicas connected, each at the master's replication offset."""
+        for master in self.masters():
+            info = self._ask(master, "INFO", "replication")  # parsed by redis-py
+            if int(info.get("connected_slaves", 0)) < self.replicas:
+                return False
+            offset = int(info.get("master_repl_offset", -1))
+            replicas = [v for k, v in info.items() if k.startswith("slave") and k[5:].isdigit()]
+            for replica in replicas:
+                if replica.get("state") != "online" or int(replica.get("offset", -2)) != offset:
+                    return False
+        return True
+
+    def wait_replicas_synced(self, timeout: float = 20.0) -> None:
+        wait_until(
+            self.replicas_synced,
+            timeout,
+            "every replica to catch up",
+            interval=0.05,
+            ignore=(redis.RedisError,),
+        )
 
     def kill_master_for_slot(self, slot: int) -> RedisServer:
         """SIGKILL the master serving ``slot``; returns it (restart it with ``restart_node``)."""

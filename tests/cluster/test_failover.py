@@ -1,0 +1,281 @@
+"""Failover: a master killed under load, and what happens to acknowledged writes.
+
+Each test runs on its own 3-master, 3-replica cluster with ``cluster-node-timeout`` 1000 ms, so
+a killed master is replaced by its replica within seconds. Every wait has a deadline.
+
+Measured here (printed; run with ``-s`` to see the figures):
+
+* a master SIGKILLed under steady load: requests to its slots fail (StoreError, fail closed)
+  until the replica is promoted, then resume; acknowledged completions lost = those the
+  replica had not received yet when the master died (usually none on loopback);
+* a replica cut off from its master (frozen, its replication link dropped) while the master
+  acknowledges writes, then the master dies: without durability every write the replica
+  missed is lost when it is promoted; with ``Policy(durability=Replicas(1, ...))`` none of
+  those writes was acknowledged (they failed closed), so nothing acknowledged is lost.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING
+
+import pytest
+import redis
+from redis.crc import key_slot
+
+from idemkey import Policy, RedisStore, Replicas, StoreError
+from idemkey._core import Claimed, InFlight, Record, Replay, record_for
+from tests._servers import RedisServerError, redis_server_executable, wait_until
+from tests.cluster._cluster import ClusterProcesses, redis_cli_executable
+
+if TYPE_CHECKING:
+    import redis.cluster
+
+    from tests._servers import RedisServer
+
+pytestmark = [pytest.mark.cluster, pytest.mark.redis]
+
+FAILOVER_TIMEOUT = 30.0
+
+
+@pytest.fixture
+def cluster() -> Iterator[ClusterProcesses]:
+    if redis_server_executable() is None or redis_cli_executable() is None:
+        pytest.skip("needs redis-server and redis-cli")
+    try:
+        processes = ClusterProcesses(masters=3, replicas=1, node_timeout_ms=1000).start()
+    except RedisServerError as exc:
+        pytest.fail(f"could not start a Redis cluster: {exc}", pytrace=False)
+    try:
+        processes.wait_replicas_synced()
+        yield processes
+    finally:
+        processes.close()
+
+
+def client_of(cluster: ClusterProcesses) -> redis.cluster.RedisCluster:
+    return cluster.client(socket_timeout=1.0, socket_connect_timeout=0.5)
+
+
+def records_on(cluster: ClusterProcesses, master: RedisServer, prefix: str, n: int) -> list[Record]:
+    """``n`` records whose slot ``master`` serves."""
+    ranges = cluster._ask(master, "CLUSTER", "SLOTS")
+    mine = [
+        (int(first), int(last)) for first, last, owner, *_ in ranges if int(owner[1]) == master.port
+    ]
+    found: list[Record] = []
+    i = 0
+    while len(found) < n:
+        record = record_for(prefix, "", "POST", "/pay", f"k{i}")
+        slot = key_slot(record.key.encode())
+        if any(first <= slot <= last for first, last in mine):
+            found.append(record)
+        i += 1
+    return found
+
+
+def lost(store: RedisStore, acked: list[Record]) -> int:
+    """How many acknowledged completions a retry would not find (it would run them again)."""
+    count = 0
+    for record in acked:
+        answer = store.claim(record, "fp", heartbeat=False)
+        if answer != Replay(record.digest.encode()):
+            count += 1
+            if isinstance(answer, Claimed):
+                store.release(record, answer.owner)
+    return count
+
+
+def lost_claims(store: RedisStore, claimed: list[Record]) -> int:
+    """How many acknowledged, unfinished claims vanished (a duplicate would run at once)."""
+    count = 0
+    for record in claimed:
+        answer = store.claim(record, "fp", heartbeat=False)
+        if not isinstance(answer, InFlight):
+            count += 1
+    return count
+
+
+@pytest.mark.parametrize("durability", [None, Replicas(1, 0.2)], ids=["plain", "durable"])
+def test_a_master_killed_under_load_fails_over_and_requests_resume(
+    cluster: ClusterProcesses, prefix: str, durability: Replicas | None
+) -> None:
+    """With durability, the promoted master has no replica until the old one rejoins: its
+    slots answer StoreError (fail closed) until then, and resume once it has synced."""
+    client = client_of(cluster)
+    store = RedisStore(client, Policy(prefix=prefix, durability=durability))
+    acked: list[tuple[float, Record]] = []
+    errors: list[float] = []
+    stop = threading.Event()
+
+    def load(offset: int) -> None:
+        # Fresh keys until told to stop: the load never runs dry before the failover ends.
+        for i in itertools.count(offset, 4):
+            if stop.is_set():
+                return
+            record = record_for(prefix, "", "POST", "/pay", f"load-{i}")
+            try:
+                claim = store.claim(record, "fp", heartbeat=False)
+                if isinstance(claim, Claimed) and store.complete(
+                    record, claim.owner, record.digest.encode()
+                ):
+                    acked.append((time.monotonic(), record))
+            except StoreError:
+                errors.append(time.monotonic())  # fail closed while the slot has no master
+
+    threads = [threading.Thread(target=load, args=(n,), daemon=True) for n in range(4)]
+    for thread in threads:
+        thread.start()
+    try:
+        wait_for(lambda: len(acked) > 200, "load before the kill")
+        victim_slot = key_slot(acked[0][1].key.encode())
+        victim = cluster.kill_master_for_slot(victim_slot)
+        killed_at = time.monotonic()
+        promoted = cluster.wait_failover(victim_slot, victim, FAILOVER_TIMEOUT)
+        promoted_at = time.monotonic()
+        if durability is not None:
+            cluster.restart_node(victim)
+        acked_at_failover = len(acked)
+        # Requests resume, on the promoted master's slots too.
+        wait_for(
+            lambda: (
+                sum(
+                    1
+                    for at, record in acked[acked_at_failover:]
+                    if cluster.master_for_slot(key_slot(record.key.encode())) is promoted
+                )
+                >= 20
+                or not any(t.is_alive() for t in threads)
+            ),
+            "requests on the promoted master",
+        )
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join(30)
+    after = [record for at, record in acked if at > promoted_at]
+    assert any(
+        cluster.master_for_slot(key_slot(record.key.encode())) is promoted for record in after
+    )
+    lost_count = lost(store, [record for _, record in acked])
+    print(
+        f"\nfailover under load ({'durable' if durability else 'plain'}): {len(acked)} "
+        f"completions acknowledged, {len(errors)} requests failed closed, failover took "
+        f"{promoted_at - killed_at:.1f} s, acknowledged completions lost: {lost_count}"
+    )
+    if durability is not None:
+        assert lost_count == 0
+    else:
+        cluster.restart_node(victim)
+    store.close()
+    client.close()
+
+
+def test_lost_acknowledged_writes_with_a_partitioned_replica_without_and_with_durability(
+    cluster: ClusterProcesses, prefix: str
+) -> None:
+    client = client_of(cluster)
+    plain = RedisStore(client, Policy(prefix=prefix))
+    durable = RedisStore(client, Policy(prefix=prefix, durability=Replicas(1, 0.1)))
+    try:
+        # Without durability: the master acknowledges what its stalled replica never gets.
+        master = cluster.masters()[0]
+        [replica] = cluster.replicas_of(master)
+        records = records_on(cluster, master, prefix + "a", 40)
+        completed, claimed = write(plain, records[:30], records[30:], (cluster, master, replica))
+        assert (len(completed), len(claimed)) == (30, 10)  # all acknowledged
+        fail_over(cluster, master, replica, records[0])
+        lost_without = lost(plain, completed)
+        lost_claims_without = lost_claims(plain, claimed)
+        cluster.restart_node(master)
+        cluster.wait_replicas_synced()
+
+        # With durability: the same fault, and nothing acknowledged is lost.
+        master = next(m for m in cluster.masters() if m is not replica)
+        [replica] = cluster.replicas_of(master)
+        records = records_on(cluster, master, prefix + "b", 40)
+        before, _ = write(durable, records[:10], [], None)  # replica healthy: confirmed
+        completed, claimed = write(
+            durable, records[10:30], records[30:], (cluster, master, replica)
+        )
+        assert (len(before), len(completed), len(claimed)) == (10, 0, 0)  # failed closed
+        fail_over(cluster, master, replica, records[0])
+        lost_with = lost(plain, before + completed)
+        lost_claims_with = lost_claims(plain, claimed)
+        print(
+            f"\npartitioned replica, then failover: without durability {lost_without}/30 "
+            f"acknowledged completions and {lost_claims_without}/10 acknowledged claims lost; "
+            f"with Replicas(1, 0.1): {lost_with}/10 completions and {lost_claims_with}/0 "
+            "claims lost (the 30 writes during the stall failed closed)"
+        )
+        assert lost_without > 0  # the gap durability exists for
+        assert lost_with == 0
+        assert lost_claims_with == 0
+        # Once the old master is back as a replica (and streaming: after a full sync that
+        # takes its first ACK, up to a second), durable writes are confirmed again.
+        cluster.restart_node(master)
+        extra = iter(records_on(cluster, replica, prefix + "c", 200))
+        wait_until(
+            lambda: write(durable, [next(extra)], [], None)[0],
+            FAILOVER_TIMEOUT,
+            "a durable write to be confirmed by the rejoined replica",
+        )
+    finally:
+        for node in cluster.nodes:
+            if node.paused:
+                node.resume()
+        plain.close()
+        durable.close()
+        client.close()
+
+
+def write(
+    store: RedisStore,
+    to_complete: list[Record],
+    to_claim: list[Record],
+    cut: tuple[ClusterProcesses, RedisServer, RedisServer] | None,
+) -> tuple[list[Record], list[Record]]:
+    """Complete and claim records; return what was acknowledged.
+
+    ``cut=(cluster, master, replica)`` first partitions the replica from its master: SIGSTOP
+    alone is not enough (the kernel keeps buffering the replication stream, and the replica
+    applies it when it wakes), so the master also drops its replication link.
+    """
+    if cut is not None:
+        cluster, master, replica = cut
+        replica.pause()
+        cluster._ask(master, "CLIENT", "KILL", "TYPE", "replica")
+    completed: list[Record] = []
+    claimed: list[Record] = []
+    for record in to_complete:
+        try:
+            claim = store.claim(record, "fp", heartbeat=False)
+            assert isinstance(claim, Claimed)
+            if store.complete(record, claim.owner, record.digest.encode()):
+                completed.append(record)
+        except StoreError:
+            pass
+    for record in to_claim:
+        try:
+            if isinstance(store.claim(record, "fp", lease_ms=60_000, heartbeat=False), Claimed):
+                claimed.append(record)
+        except StoreError:
+            pass
+    return completed, claimed
+
+
+def fail_over(
+    cluster: ClusterProcesses, master: RedisServer, replica: RedisServer, record: Record
+) -> None:
+    """Kill ``master`` (its replica still stalled), wake the replica, wait for its promotion."""
+    slot = key_slot(record.key.encode())
+    master.kill()
+    replica.resume()
+    assert cluster.wait_failover(slot, master, FAILOVER_TIMEOUT) is replica
+
+
+def wait_for(predicate: Callable[[], object], message: str) -> None:
+    wait_until(predicate, FAILOVER_TIMEOUT, message)
