@@ -34,7 +34,6 @@ from .cases import Case, Context, core_cases, naive_cases
 from .extra import memory_per_record, throughput
 from .httpcases import HttpBench
 from .peers import idemkit_cases, powertools_cases
-from .profile import warm_cpu
 from .report import build_cases, check_targets, format_report, plot
 from .roundtrips import count_round_trips, counting_clients
 from .runner import prepare_all, run_interleaved
@@ -118,6 +117,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             server.close()
 
     # Own CPU in a warm loop: outside the event loop (the async paths run one of their own).
+    # Imported here: `python -m benchmarks.profile` must not find it imported by the package.
+    from .profile import warm_cpu
+
     doc["cpu_warm"] = warm_cpu(2_000 if args.quick else 10_000, 3 if args.quick else 7)
     doc["targets"] = check_targets(doc["cases"], doc["skipped"], doc["cpu_warm"])
     verdicts = check_budgets(budgets, doc["cases"], doc["skipped"])
