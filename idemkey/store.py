@@ -121,6 +121,65 @@ def _durable_reply(name: str, replies: list[Any]) -> tuple[Any, int]:
     return reply, int(acked)
 
 
+# store.check(): the server settings that decide whether records can be lost (sans-IO part).
+_CONFIG_NAMES: Final = ("maxmemory-policy", "maxmemory", "save", "appendonly")
+
+
+def _text(value: Any) -> str:
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
+
+
+def _config_pairs(reply: Any) -> dict[str, str]:
+    """A CONFIG GET reply (a dict, or a flat list from older clients) as str -> str."""
+    if isinstance(reply, dict):
+        return {_text(name): _text(value) for name, value in reply.items()}
+    if isinstance(reply, list):
+        return {
+            _text(name): _text(value) for name, value in zip(reply[::2], reply[1::2], strict=False)
+        }
+    return {}
+
+
+def _info_settings(memory: Any, persistence: Any) -> dict[str, str]:
+    """The same settings from INFO, where CONFIG is disabled (managed Redis).
+
+    INFO shows the eviction policy and whether AOF is on, but not the RDB save points: without
+    AOF, persistence is unknown and nothing is said about it.
+    """
+    settings: dict[str, str] = {}
+    if isinstance(memory, dict) and "maxmemory_policy" in memory:
+        settings["maxmemory-policy"] = _text(memory["maxmemory_policy"])
+        settings["maxmemory"] = _text(memory.get("maxmemory", ""))
+    if isinstance(persistence, dict) and str(persistence.get("aof_enabled")) == "1":
+        settings["appendonly"], settings["save"] = "yes", ""
+    return settings
+
+
+def server_warnings(settings: dict[str, str]) -> list[str]:
+    """What can lose records on a server with these settings (``CONFIG GET`` names)."""
+    from .diagnostics import check_persistence, eviction_warning
+
+    warnings = []
+    if "maxmemory-policy" in settings:
+        warning = eviction_warning(settings["maxmemory-policy"], settings.get("maxmemory"))
+        if warning is not None:
+            warnings.append(warning)
+    if "save" in settings and "appendonly" in settings:
+        persistence = check_persistence(settings["save"], settings["appendonly"])
+        if persistence.verdict != "OK":
+            warnings.append(persistence.detail)
+    return warnings
+
+
+def _report(labelled: list[tuple[str, list[str]]]) -> list[str]:
+    warnings = [
+        f"{label}: {text}" if label else text for label, texts in labelled for text in texts
+    ]
+    for warning in warnings:
+        logger.warning("idemkey store check: %s", warning)
+    return warnings
+
+
 def _next_delay(previous: float, deadline: float) -> float:
     return next_poll_delay(previous, deadline - time.monotonic())
 
@@ -148,6 +207,13 @@ class _StoreBase:
         self._errors, self._noscript, self._moving = _backend_errors(client)
         self._scripts = {name: client.register_script(text) for name, text in SCRIPTS.items()}
         self._leases = LeaseTable()
+
+    def _check_targets(self) -> list[tuple[str, dict[str, Any]]]:
+        """(label, execute_command kwargs) per server to check: each primary of a cluster."""
+        primaries = getattr(self.client, "get_primaries", None)
+        if primaries is None:
+            return [("", {})]
+        return [(node.name, {"target_nodes": node}) for node in primaries()]
 
     def _store_error(self, name: str, exc: BaseException) -> StoreError:
         return StoreError(f"Redis failed during {name}: {type(exc).__name__}: {exc}")
@@ -308,6 +374,41 @@ class RedisStore(_StoreBase):
         """Extend the lease by ``lease_ms``; False when it is no longer ours."""
         lease_ms = lease_ms or self.policy.lease_ms
         return bool(self._eval("renew", record.key, record.lock, owner, lease_ms) == 1)
+
+    def check(self) -> list[str]:
+        """Warn when the server can lose records: an evicting ``maxmemory-policy`` (any but
+        ``noeviction``: records carry a TTL, so ``volatile-*`` evicts them too) or nothing kept
+        on disk. Returns the warnings (each also logged); an empty list means nothing found.
+
+        An explicit call rather than I/O in ``__init__``: creating a store stays free of round
+        trips and cannot fail because Redis is down or slow at import time, and the app picks
+        the moment (startup, a health check). It never raises: where CONFIG is disabled
+        (managed Redis) it reads INFO instead, and if that fails too it says nothing. On a
+        cluster every primary is checked and each warning names its node.
+        """
+        labelled = []
+        try:
+            for label, target in self._check_targets():
+                labelled.append((label, server_warnings(self._settings(target))))
+        except self._errors:  # the node list itself (a cluster that cannot be reached)
+            pass
+        return _report(labelled)
+
+    def _settings(self, target: dict[str, Any]) -> dict[str, str]:
+        ask = self.client.execute_command
+        try:
+            settings: dict[str, str] = {}
+            for name in _CONFIG_NAMES:
+                settings.update(_config_pairs(ask("CONFIG", "GET", name, **target)))
+            return settings
+        except self._errors:
+            pass
+        try:
+            return _info_settings(
+                ask("INFO", "memory", **target), ask("INFO", "persistence", **target)
+            )
+        except self._errors:
+            return {}
 
     def close(self) -> None:
         """Stop the heartbeat. The Redis client stays open: it belongs to the caller."""
@@ -532,6 +633,33 @@ class AsyncRedisStore(_StoreBase):
         """Extend the lease by ``lease_ms``; False when it is no longer ours."""
         lease_ms = lease_ms or self.policy.lease_ms
         return bool(await self._eval("renew", record.key, record.lock, owner, lease_ms) == 1)
+
+    async def acheck(self) -> list[str]:
+        """The asyncio twin of :meth:`RedisStore.check`: warnings about record loss."""
+        labelled = []
+        try:
+            if hasattr(self.client, "get_primaries"):
+                await self.client.initialize()  # the node list is known only after it
+            for label, target in self._check_targets():
+                labelled.append((label, server_warnings(await self._settings(target))))
+        except self._errors:  # the node list itself (a cluster that cannot be reached)
+            pass
+        return _report(labelled)
+
+    async def _settings(self, target: dict[str, Any]) -> dict[str, str]:
+        ask = self.client.execute_command
+        try:
+            settings: dict[str, str] = {}
+            for name in _CONFIG_NAMES:
+                settings.update(_config_pairs(await ask("CONFIG", "GET", name, **target)))
+            return settings
+        except self._errors:
+            pass
+        try:
+            memory = await ask("INFO", "memory", **target)
+            return _info_settings(memory, await ask("INFO", "persistence", **target))
+        except self._errors:
+            return {}
 
     async def aclose(self) -> None:
         """Stop the heartbeat. The Redis client stays open: it belongs to the caller."""
