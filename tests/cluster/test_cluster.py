@@ -120,6 +120,24 @@ def test_a_master_that_never_saw_the_scripts_loads_them(
         node.close()
 
 
+def test_check_looks_at_every_primary(
+    redis_cluster: ClusterProcesses, cluster_client: redis.cluster.RedisCluster
+) -> None:
+    warnings = RedisStore(cluster_client).check()
+    # The test cluster keeps nothing on disk: one warning per primary, naming it.
+    assert len(warnings) == 3
+    ports = {str(port) for port in redis_cluster.topology()}
+    assert {w.split(":")[1] for w in warnings} == ports
+    assert all("neither RDB save points nor AOF" in w for w in warnings)
+
+
+async def test_acheck_looks_at_every_primary(
+    async_cluster_client: redis.asyncio.cluster.RedisCluster,
+) -> None:
+    warnings = await AsyncRedisStore(async_cluster_client).acheck()
+    assert len(warnings) == 3
+
+
 # ---------------------------------------------------------------------------------------------
 # The core contract, sync
 # ---------------------------------------------------------------------------------------------
