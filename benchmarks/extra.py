@@ -2,9 +2,9 @@
 
 * Throughput: 64 concurrent asyncio HTTP clients, each with its own keys, send keep-alive
   requests to the ASGI app under uvicorn (one worker), with and without idemkey's middleware,
-  alternating in short slices so both see the same noise; requests per second is the median
-  over the slices. (In-process, the app alone never awaits anything and would measure only
-  the client loop.)
+  and with the bare floor (the app plus two bare EVALSHA calls), alternating in short slices
+  so all see the same noise; requests per second is the median over the slices.
+  (In-process, the app alone never awaits anything and would measure only the client loop.)
 * Memory: ``MEMORY USAGE`` of one completed record against the size of what it stores, for a
   guard result and for an HTTP response (status, one header, body) as the adapters store it.
 """
@@ -86,14 +86,17 @@ async def throughput(
             )  # fmt: skip
             return counts[0] / (time.perf_counter() - start)
 
-        runs: dict[str, list[float]] = {"plain": [], "idemkey": []}
+        runs: dict[str, list[float]] = {"plain": [], "floor": [], "idemkey": []}
         await drive(b"/asgi/guarded", b"tp-warm")
+        await drive(b"/asgi/floor", b"tp-warm")
         for i in range(slices):
             runs["plain"].append(await drive(b"/asgi/plain", b"tp-plain-%d" % i))
+            runs["floor"].append(await drive(b"/asgi/floor", b"tp-floor-%d" % i))
             runs["idemkey"].append(await drive(b"/asgi/guarded", b"tp-idemkey-%d" % i))
     finally:
         server.close()
     plain_rps = statistics.median(runs["plain"])
+    floor_rps = statistics.median(runs["floor"])
     guarded_rps = statistics.median(runs["idemkey"])
     return {
         "clients": CLIENTS,
@@ -101,8 +104,10 @@ async def throughput(
         "slices": slices,
         "slice_seconds": seconds,
         "plain_rps": plain_rps,
+        "floor_rps": floor_rps,
         "idemkey_rps": guarded_rps,
         "ratio": guarded_rps / plain_rps if plain_rps else None,
+        "ratio_to_floor": guarded_rps / floor_rps if floor_rps else None,
         "runs": runs,
     }
 

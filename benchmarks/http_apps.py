@@ -8,6 +8,7 @@ between them is idemkey's:
     /wsgi/plain   /wsgi/guarded    (idemkey.adapters.wsgi.IdempotencyMiddleware)
     /flask/plain  /flask/guarded   (idemkey.adapters.flask.Idemkey)
     /asgi/plain   /asgi/guarded    (idemkey.adapters.asgi.IdempotencyMiddleware)
+    /asgi/floor   the app plus bare EVALSHA claim and complete (the throughput floor)
 
 Servers build the apps from the environment: ``IDEMKEY_BENCH_REDIS_URL`` and
 ``IDEMKEY_BENCH_PREFIX`` (``gunicorn 'benchmarks.http_apps:make_wsgi()'``,
@@ -22,8 +23,10 @@ from typing import Any
 
 import redis
 import redis.asyncio
+from redis.exceptions import NoScriptError
 
 from idemkey import AsyncRedisStore, Policy, RedisStore
+from idemkey._codec import StoredResponse, encode_response
 
 __all__ = [
     "BODY",
@@ -134,8 +137,39 @@ def make_wsgi() -> WSGIApp:
     return dispatch
 
 
+def floor_asgi(client: Any, store: AsyncRedisStore) -> Any:
+    """The app alone plus the bare floor: claim before it, complete after its answer is sent.
+
+    Bare ``EVALSHA`` of idemkey's own scripts with every argument but the key fixed in
+    advance: what any correct design must add to a request, without idemkey's code.
+    """
+    scripts = store._scripts
+    claim_sha, complete_sha = scripts["claim"].sha, scripts["complete"].sha
+    policy = store.policy
+    lease_ms, ttl_ms = policy.lease_ms, policy.ttl_ms
+    fp, owner = "f" * 32, "o" * 32
+    stored = encode_response(StoredResponse(201, (("content-type", "application/json"),), BODY))
+    prefix = policy.prefix.encode()
+
+    async def evalsha(name: str, sha: str, *args: Any) -> None:
+        try:
+            await client.execute_command("EVALSHA", sha, 2, *args)
+        except NoScriptError:
+            await scripts[name](args[:2], args[2:])
+
+    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        key = next((v for k, v in scope["headers"] if k == b"idempotency-key"), b"")
+        record = b"%b:floor:{%b}" % (prefix, key)
+        lock = record + b":lock"
+        await evalsha("claim", claim_sha, record, lock, fp, owner, lease_ms, ttl_ms)
+        await plain_asgi(scope, receive, send)
+        await evalsha("complete", complete_sha, record, lock, owner, stored, ttl_ms)
+
+    return app
+
+
 def make_asgi() -> Any:
-    """The uvicorn app: ``/asgi/plain``, ``/asgi/guarded`` and ``/health``."""
+    """The uvicorn app: ``/asgi/plain``, ``/asgi/floor``, ``/asgi/guarded`` and ``/health``."""
     url = os.environ["IDEMKEY_BENCH_REDIS_URL"]
     # Under the 64-client throughput run a request's claim and the previous request's
     # completion (sent after the response) can both hold a connection: redis-py's asyncio
@@ -149,7 +183,12 @@ def make_asgi() -> Any:
                     "headers": [(b"content-length", b"2")]})  # fmt: skip
         await send({"type": "http.response.body", "body": b"ok"})
 
-    routes = {"/asgi/plain": plain, "/asgi/guarded": guarded, "/health": health}
+    routes = {
+        "/asgi/plain": plain,
+        "/asgi/floor": floor_asgi(client, store),
+        "/asgi/guarded": guarded,
+        "/health": health,
+    }
 
     async def dispatch(scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] != "http":
