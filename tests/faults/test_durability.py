@@ -35,7 +35,7 @@ if TYPE_CHECKING:
 
 pytestmark = pytest.mark.redis
 
-TIMEOUT = 0.2  # seconds a write waits for its replica
+TIMEOUT = 0.5  # seconds a write waits for its replica (generous: the machine may be busy)
 
 
 def _replication(client: redis.Redis) -> dict[str, Any]:
@@ -61,9 +61,27 @@ def pair(
         )
     finally:
         probe.close()
+    wait_streaming(primary)
     yield primary, replica
     if replica.paused:
         replica.resume()
+
+
+def wait_streaming(primary: RedisServer) -> None:
+    """Wait until the replica acknowledges writes: after a full sync (or a pause) it takes its
+    first REPLCONF ACK, up to a second later, before WAIT can count it."""
+    client = primary.client(socket_timeout=5, retry=no_retry())
+
+    def acknowledged() -> bool:
+        pipe = client.pipeline(transaction=False)
+        pipe.set("idemkey-test-probe", "1")
+        pipe.execute_command("WAIT", 1, 200)
+        return bool(pipe.execute()[1] >= 1)
+
+    try:
+        wait_until(acknowledged, 15, "the replica to acknowledge writes")
+    finally:
+        client.close()
 
 
 def client_of(server: RedisServer) -> redis.Redis:
@@ -120,6 +138,7 @@ def test_a_claim_no_replica_confirms_fails_closed_and_frees_the_key(
             assert call.replayed
             assert call.result == "kept"
         replica.resume()
+        wait_streaming(primary)
         with guard(store, "job", payload=b"") as call:
             assert not call.replayed
             call.save("after the replica came back")
@@ -177,6 +196,7 @@ def test_wsgi_answers_503_when_no_replica_confirms_the_claim(
         assert reply.json["code"] == "store_unavailable"
         assert runs == []
         replica.resume()
+        wait_streaming(primary)
         assert web.post("/charges", data=b"{}", headers={"Idempotency-Key": "k"}).status_code == 201
         assert runs == [1]
     finally:
