@@ -77,8 +77,15 @@ class Headers(Mapping[str, str]):
             values.setdefault(name.lower(), []).append(value)
         self._values = values
 
+    def get_all(self, name: str) -> list[str]:
+        """Every field line's value for ``name``, in order; every lookup goes through here."""
+        return self._values.get(name.lower(), [])
+
     def __getitem__(self, name: str) -> str:
-        return self._values[name.lower()][0]
+        values = self.get_all(name)
+        if not values:
+            raise KeyError(name)
+        return values[0]
 
     @overload
     def get(self, name: str, /) -> str | None: ...
@@ -87,14 +94,11 @@ class Headers(Mapping[str, str]):
     def get(self, name: str, /, default: object = None) -> object:
         # Mapping.get would raise and catch KeyError for every absent header (about 1 us each;
         # the default scope looks up three that are usually absent).
-        values = self._values.get(name.lower())
+        values = self.get_all(name)
         return values[0] if values else default
 
-    def get_all(self, name: str) -> list[str]:
-        return self._values.get(name.lower(), [])
-
     def __contains__(self, name: object) -> bool:
-        return isinstance(name, str) and name.lower() in self._values
+        return isinstance(name, str) and bool(self.get_all(name))
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._values)

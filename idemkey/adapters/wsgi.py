@@ -88,16 +88,58 @@ def settle(
         exchange.notify("store_error", exchange.claim.fence if exchange.claim else None, str(exc))
 
 
+class EnvironHeaders(Headers):
+    """The request headers of a WSGI environ, read on demand: a request carries a dozen headers
+    and idemkey looks at a handful, so copying them all would be most of the adapter's work.
+    The server has already joined repeated field lines (PEP 3333): one value per name."""
+
+    __slots__ = ("_environ",)
+
+    def __init__(self, environ: WSGIEnvironment) -> None:  # no super(): nothing to copy
+        self._environ = environ
+
+    def get_all(self, name: str) -> list[str]:
+        key = _environ_key(name)
+        value = self._environ.get(key)
+        # Servers set CONTENT_TYPE/CONTENT_LENGTH to "" when the request had none; an empty
+        # HTTP_* value is a header sent empty (an empty Idempotency-Key is invalid, not missing).
+        if value is None or (not value and key in _UNPREFIXED):
+            return []
+        return [value]
+
+    def __iter__(self) -> Iterator[str]:
+        for key, value in self._environ.items():
+            if key.startswith("HTTP_"):
+                yield key[5:].replace("_", "-").lower()
+            elif key in _UNPREFIXED and value:
+                yield key.replace("_", "-").lower()
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)
+
+
+_UNPREFIXED = frozenset({"CONTENT_TYPE", "CONTENT_LENGTH"})
+_ENVIRON_KEYS: dict[str, str] = {}
+
+
+def _environ_key(name: str) -> str:
+    """``Idempotency-Key`` -> ``HTTP_IDEMPOTENCY_KEY``; Content-Type/-Length have no prefix."""
+    key = _ENVIRON_KEYS.get(name)
+    if key is None:
+        key = name.upper().replace("-", "_")
+        if key not in _UNPREFIXED:
+            key = "HTTP_" + key
+        if len(_ENVIRON_KEYS) < 256:  # header names come from code, but stay bounded anyway
+            _ENVIRON_KEYS[name] = key
+    return key
+
+
 def request_of(environ: WSGIEnvironment, route: str = "") -> Request:
     """What idemkey sees of a WSGI request; ``route`` is the framework's template, if any."""
-    headers = [(k[5:].replace("_", "-"), v) for k, v in environ.items() if k.startswith("HTTP_")]
-    for name in ("CONTENT_TYPE", "CONTENT_LENGTH"):
-        if environ.get(name):
-            headers.append((name.replace("_", "-"), environ[name]))
     path = environ.get("SCRIPT_NAME", "") + environ.get("PATH_INFO", "")
     query = environ.get("QUERY_STRING", "")
     method = environ["REQUEST_METHOD"].upper()
-    return Request(method, path or "/", query, Headers(headers), route)
+    return Request(method, path or "/", query, EnvironHeaders(environ), route)
 
 
 def send(start_response: StartResponse, response: Response) -> list[bytes]:

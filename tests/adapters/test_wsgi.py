@@ -290,3 +290,25 @@ def test_body_shorter_than_content_length_is_400_and_never_runs(store: RedisStor
     assert server.status.startswith("400")
     assert json.loads(body)["code"] == "incomplete_body"
     assert app.runs == 0
+
+
+def test_environ_headers_read_the_environ_like_headers() -> None:
+    from idemkey.adapters.wsgi import EnvironHeaders
+
+    environ = {
+        "HTTP_IDEMPOTENCY_KEY": "k1",
+        "HTTP_X_EMPTY": "",
+        "CONTENT_TYPE": "application/json",
+        "CONTENT_LENGTH": "",
+        "REQUEST_METHOD": "POST",
+    }
+    headers = EnvironHeaders(environ)
+    assert headers.get("idempotency-key") == headers["Idempotency-Key"] == "k1"
+    assert headers.get_all("IDEMPOTENCY-KEY") == ["k1"]
+    assert headers.get_all("X-Empty") == [""]  # sent empty: present
+    assert headers.get("content-type") == "application/json"
+    assert headers.get("content-length") is None  # the server's "" means absent
+    assert "authorization" not in headers
+    assert headers.get("authorization", "none") == "none"
+    assert sorted(headers) == ["content-type", "idempotency-key", "x-empty"]
+    assert len(headers) == 3
