@@ -140,6 +140,10 @@ class Policy:
     durability: Replicas | None = None
     #: Called with every :class:`idemkey.events.Event`; exceptions in it are logged, not raised.
     on_event: Callable[[Event], None] | None = field(default=None, compare=False)
+    #: ``lease`` and ``ttl`` in whole milliseconds, as the scripts take them (derived, computed
+    #: once here rather than on every call).
+    lease_ms: int = field(init=False, repr=False, compare=False)
+    ttl_ms: int = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if not 0 < self.lease < self.ttl:
@@ -166,14 +170,8 @@ class Policy:
         if self.header_allowlist is not None:
             allow = frozenset(h.lower() for h in self.header_allowlist)
             object.__setattr__(self, "header_allowlist", allow)
-
-    @property
-    def lease_ms(self) -> int:
-        return max(1, int(self.lease * 1000))
-
-    @property
-    def ttl_ms(self) -> int:
-        return max(1, int(self.ttl * 1000))
+        object.__setattr__(self, "lease_ms", max(1, int(self.lease * 1000)))
+        object.__setattr__(self, "ttl_ms", max(1, int(self.ttl * 1000)))
 
     def replace(self, **changes: Any) -> Policy:
         """A copy with ``changes`` applied (and validated)."""

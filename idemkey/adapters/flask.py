@@ -53,7 +53,7 @@ __all__ = ["Idemkey"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 
-_FIELDS = {f.name: f for f in dataclasses.fields(Policy)}
+_FIELDS = {f.name: f for f in dataclasses.fields(Policy) if f.init}
 
 
 @dataclasses.dataclass
