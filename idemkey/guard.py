@@ -16,6 +16,7 @@ retry runs again.
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import inspect
 from collections.abc import Awaitable, Callable
@@ -41,7 +42,7 @@ from .errors import (
     RequestInFlightError,
     StoreError,
 )
-from .events import EventKind, report
+from .events import EventKind, logger, report
 from .policy import Policy
 from .store import AsyncRedisStore, RedisStore
 
@@ -270,7 +271,34 @@ class AsyncGuard(_GuardState[T]):
         except StoreError as error:
             self.store_failed(error, exc)
             return
+        except asyncio.CancelledError:
+            # Cancelled while the write was on its way (the caller went away). The work is
+            # done: an unwritten completion would let a retry run it again once the lease
+            # lapses. Finish the write in a task; complete and release are safe to repeat.
+            _write_in_background(self.store, self.record, claim.owner, saved, self.ttl_ms)
+            raise
         self.exited(done, saved is not None, exc, perf_counter() - started)
+
+
+# Writes finished after a cancellation; held here so the event loop does not drop them.
+_background: set[asyncio.Task[None]] = set()
+
+
+def _write_in_background(
+    store: AsyncRedisStore, record: Record, owner: str, saved: bytes | None, ttl_ms: int
+) -> None:
+    async def write() -> None:
+        try:
+            if saved is None:
+                await store.release(record, owner)
+            else:
+                await store.complete(record, owner, saved, ttl_ms=ttl_ms)
+        except StoreError as error:
+            logger.warning("idemkey could not finish a cancelled guard's write: %s", error)
+
+    task = asyncio.get_running_loop().create_task(write())
+    _background.add(task)
+    task.add_done_callback(_background.discard)
 
 
 # Overloads so that ``result_type=Receipt`` gives a ``Call[Receipt]`` and no result_type a
