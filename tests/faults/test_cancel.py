@@ -1,0 +1,86 @@
+"""A caller cancelled while aguard writes the outcome: the write still happens.
+
+Found by the soak (tests/soak): a task cancelled while ``complete`` was on its way left the
+record in progress although the work was done; after the lease a retry ran it again. The
+guard now finishes a cut-off write in a task of its own (complete and release are safe to
+send twice).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+import redis.asyncio
+
+from idemkey import AsyncRedisStore, Policy, aguard
+from idemkey._core import record_for
+from idemkey.guard import GUARD_METHOD
+from tests._servers import async_wait_until
+
+pytestmark = pytest.mark.redis
+
+
+class StallingStore(AsyncRedisStore):
+    """The first complete/release waits (cancellably) before anything is sent."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.stalled = asyncio.Event()
+        self.calls = 0
+
+    async def _stall(self) -> None:
+        self.calls += 1
+        if self.calls == 1:
+            self.stalled.set()
+            await asyncio.sleep(30)  # the caller is cancelled here: nothing reached Redis
+
+    async def complete(self, *args: Any, **kwargs: Any) -> bool:
+        await self._stall()
+        return await super().complete(*args, **kwargs)
+
+    async def release(self, *args: Any, **kwargs: Any) -> bool:
+        await self._stall()
+        return await super().release(*args, **kwargs)
+
+
+@pytest.mark.parametrize("saved", [True, False], ids=["complete", "release"])
+async def test_a_write_cut_off_by_a_cancellation_is_finished(
+    real_async_client: redis.asyncio.Redis, prefix: str, saved: bool
+) -> None:
+    store = StallingStore(real_async_client, Policy(prefix=prefix, lease=60))
+    record = record_for(prefix, "", GUARD_METHOD, "", "job")
+
+    async def work() -> None:
+        async with aguard(store, "job", payload=b"p") as call:
+            if saved:
+                call.save("done once")
+
+    task = asyncio.ensure_future(work())
+    await asyncio.wait_for(store.stalled.wait(), 10)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    # Without the background write the record would stay in progress for the whole lease.
+    if saved:
+        await async_wait_until(
+            lambda: _state_is(real_async_client, record.key, b"complete"), 10, "the completion"
+        )
+        async with aguard(store, "job", payload=b"p") as call:
+            assert call.replayed
+            assert call.result == "done once"
+    else:
+        await async_wait_until(lambda: _released(real_async_client, record.lock), 10, "the release")
+        async with aguard(store, "job", payload=b"p") as call:
+            assert not call.replayed  # released: the retry runs at once, not after 60 s
+            call.save("second try")
+    await store.aclose()
+
+
+async def _state_is(client: redis.asyncio.Redis, key: str, state: bytes) -> bool:
+    return await client.hget(key, "state") == state
+
+
+async def _released(client: redis.asyncio.Redis, lock: str) -> bool:
+    return await client.exists(lock) == 0

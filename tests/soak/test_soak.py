@@ -1,0 +1,126 @@
+"""Exactly-once soak: several processes race on the same keys against a real Redis.
+
+Every key is sent once by each of RACERS worker processes (``tests/soak/_worker.py``), with
+random handler failures and random cancellations (during the claim, the handler or the
+completion). Then, per key:
+
+* the handler's effect happened at most once, and exactly once if the record completed;
+* every replay any client got is byte-identical to the value the one successful run saved;
+* nothing is stuck: once the workers are done, every lock is gone within lease + 1 s.
+
+CI runs the short form (IDEMKEY_SOAK_KEYS, default 4000 keys x 4 racers, about 30 s on two
+cores); ``IDEMKEY_SOAK_KEYS=10000`` (or more) is the long form.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import redis
+
+from idemkey._codec import decode_value
+from idemkey._core import record_for
+from idemkey.guard import GUARD_METHOD
+from tests._servers import wait_until
+
+pytestmark = [pytest.mark.slow, pytest.mark.redis]
+
+ROOT = Path(__file__).resolve().parents[2]
+RACERS = 4
+KEYS = int(os.environ.get("IDEMKEY_SOAK_KEYS", "4000"))
+LEASE = 2.0  # the workers' lease (tests/soak/_worker.py)
+
+
+def test_exactly_once_under_racing_failing_and_cancelled_clients(
+    redis_url: str, real_client: redis.Redis, prefix: str, tmp_path: Path
+) -> None:
+    outs = [tmp_path / f"worker-{n}.json" for n in range(RACERS)]
+    workers = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "tests.soak._worker",
+                redis_url,
+                prefix,
+                str(KEYS),
+                str(n + 1),
+                str(out),
+            ],
+            cwd=ROOT,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for n, out in enumerate(outs)
+    ]
+    started = time.monotonic()
+    try:
+        wait_until(
+            lambda: int(real_client.get(f"{prefix}:ready") or 0) == RACERS, 60, "workers ready"
+        )
+        real_client.rpush(f"{prefix}:go", *["go"] * RACERS)
+        for worker in workers:
+            _, err = worker.communicate(timeout=600)
+            assert worker.returncode == 0, err[-3000:]
+    finally:
+        for worker in workers:
+            if worker.poll() is None:
+                worker.kill()
+                worker.communicate()
+    finished = time.monotonic()
+
+    totals: Counter[str] = Counter()
+    replays: list[dict[str, str]] = []
+    for out in outs:
+        summary = json.loads(out.read_text())
+        totals.update(summary["outcomes"])
+        replays.append(summary["replays"])
+
+    keys = [f"job-{i}" for i in range(KEYS)]
+    pipe = real_client.pipeline(transaction=False)
+    for key in keys:
+        record = record_for(prefix, "", GUARD_METHOD, "", key)
+        pipe.get(f"{prefix}:ok:{key}")
+        pipe.get(f"{prefix}:val:{key}")
+        pipe.hget(record.key, "state")
+        pipe.hget(record.key, "resp")
+    answers = pipe.execute()
+
+    duplicates = 0
+    completed = 0
+    for i, key in enumerate(keys):
+        ok, value, state, resp = answers[4 * i : 4 * i + 4]
+        runs = int(ok or 0)
+        duplicates += runs > 1
+        if state == b"complete":
+            completed += 1
+            assert runs == 1, f"{key}: completed, but its effect happened {runs} times"
+            assert decode_value(resp) == value.decode()  # the stored value is the one run's
+        else:
+            assert runs == 0, f"{key}: its effect happened {runs} times, never stored"
+        for seen in replays:
+            if key in seen:
+                assert value is not None
+                assert seen[key] == value.decode(), f"{key}: a replay differs"
+
+    # Nothing stuck: claims cut off by a cancellation lapse with their lease.
+    wait_until(
+        lambda: not list(real_client.scan_iter(match=f"{prefix}:*:lock", count=1000)),
+        LEASE + 1 + 5,  # lease + 1 s, plus slack for a busy machine
+        "every lease to lapse",
+    )
+    print(
+        f"\nsoak: {KEYS} keys x {RACERS} racers in {finished - started:.1f} s; "
+        f"{completed} completed, duplicates {duplicates}; outcomes {dict(totals)}"
+    )
+    assert duplicates == 0
+    assert totals["replay_differs_within_process"] == 0
+    assert completed > KEYS * 0.9
