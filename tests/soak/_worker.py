@@ -1,6 +1,7 @@
-"""One racing client process of the soak: ``python -m tests.soak._worker URL PREFIX N SEED OUT``.
+"""One racing client of the soak: ``python -m tests.soak._worker URL PREFIX N SEED OUT SECONDS``.
 
-Sends every key 0..N-1 once, in its own random order, with up to CONCURRENCY requests in
+In rounds, until SECONDS have passed since the start signal: sends every key
+``r<round>-job-<i>`` (i in 0..N-1) once, in its own random order, with up to CONCURRENCY requests in
 flight (asyncio tasks over ``aguard``). Each handler run fails at random (before its effect),
 and some requests are cancelled at a random moment (during the claim, the handler or the
 completion). A handler that succeeds records its effect in the same step as ``call.save``:
@@ -16,6 +17,7 @@ import json
 import os
 import random
 import sys
+import time
 from collections import Counter
 
 import redis
@@ -25,7 +27,7 @@ from idemkey import AsyncRedisStore, Policy, RequestInFlightError, StoreError, a
 
 CONCURRENCY = 32
 FAIL_RATE = 0.1
-CANCEL_RATE = float(os.environ.get("IDEMKEY_SOAK_CANCEL_RATE", "0.1"))
+CANCEL_RATE = float(os.environ.get("IDEMKEY_SOAK_CANCEL_RATE", "0.2"))
 LEASE = 2.0
 START_TIMEOUT = 60
 
@@ -34,7 +36,7 @@ class HandlerFailed(Exception):
     pass
 
 
-async def main(url: str, prefix: str, n_keys: int, seed: int) -> dict[str, object]:
+async def main(url: str, prefix: str, n_keys: int, seed: int, seconds: float) -> dict[str, object]:
     rng = random.Random(seed)
     client = redis.asyncio.Redis.from_url(url, socket_timeout=10, max_connections=CONCURRENCY + 8)
     effects = redis.Redis.from_url(url, socket_timeout=10)  # sync: no await inside the effect
@@ -80,12 +82,16 @@ async def main(url: str, prefix: str, n_keys: int, seed: int) -> dict[str, objec
                 outcomes["store_error"] += 1
                 print(f"store error: {exc}", file=sys.stderr)
 
-    keys = [f"job-{i}" for i in range(n_keys)]
-    rng.shuffle(keys)
     await client.incr(f"{prefix}:ready")
     if await client.blpop([f"{prefix}:go"], timeout=START_TIMEOUT) is None:
         sys.exit("no start signal")
-    await asyncio.gather(*(one(key) for key in keys))
+    deadline = time.monotonic() + seconds
+    rounds = 0
+    while rounds == 0 or time.monotonic() < deadline:
+        keys = [f"r{rounds}-job-{i}" for i in range(n_keys)]
+        rng.shuffle(keys)
+        await asyncio.gather(*(one(key) for key in keys))
+        rounds += 1
     # Writes that a cancellation cut off finish in tasks of their own (idemkey.guard):
     # a server process keeps running them; this one must not close the client under them.
     others = asyncio.all_tasks() - {asyncio.current_task()}
@@ -93,11 +99,11 @@ async def main(url: str, prefix: str, n_keys: int, seed: int) -> dict[str, objec
     await store.aclose()
     await client.aclose()
     effects.close()
-    return {"outcomes": outcomes, "replays": replays}
+    return {"outcomes": outcomes, "replays": replays, "rounds": rounds}
 
 
 if __name__ == "__main__":
-    url, prefix, n, seed, out = sys.argv[1:6]
-    summary = asyncio.run(main(url, prefix, int(n), int(seed)))
+    url, prefix, n, seed, out, seconds = sys.argv[1:7]
+    summary = asyncio.run(main(url, prefix, int(n), int(seed), float(seconds)))
     with open(out, "w") as fh:
         json.dump(summary, fh)

@@ -8,8 +8,9 @@ completion). Then, per key:
 * every replay any client got is byte-identical to the value the one successful run saved;
 * nothing is stuck: once the workers are done, every lock is gone within lease + 1 s.
 
-CI runs the short form (IDEMKEY_SOAK_KEYS, default 4000 keys x 4 racers, about 30 s on two
-cores); ``IDEMKEY_SOAK_KEYS=10000`` (or more) is the long form.
+Keys come in rounds of IDEMKEY_SOAK_KEYS (default 10 000) for IDEMKEY_SOAK_SECONDS (default
+25: CI's short form, two or three rounds on two cores); ``IDEMKEY_SOAK_SECONDS=60`` or more is
+the long form. IDEMKEY_SOAK_CANCEL_RATE (default 0.2) sets how many requests get cancelled.
 """
 
 from __future__ import annotations
@@ -34,7 +35,8 @@ pytestmark = [pytest.mark.slow, pytest.mark.redis]
 
 ROOT = Path(__file__).resolve().parents[2]
 RACERS = 4
-KEYS = int(os.environ.get("IDEMKEY_SOAK_KEYS", "4000"))
+KEYS = int(os.environ.get("IDEMKEY_SOAK_KEYS", "10000"))
+SECONDS = float(os.environ.get("IDEMKEY_SOAK_SECONDS", "25"))
 LEASE = 2.0  # the workers' lease (tests/soak/_worker.py)
 
 
@@ -53,6 +55,7 @@ def test_exactly_once_under_racing_failing_and_cancelled_clients(
                 str(KEYS),
                 str(n + 1),
                 str(out),
+                str(SECONDS),
             ],
             cwd=ROOT,
             stdout=subprocess.DEVNULL,
@@ -64,8 +67,14 @@ def test_exactly_once_under_racing_failing_and_cancelled_clients(
     started = time.monotonic()
     try:
         wait_until(
-            lambda: int(real_client.get(f"{prefix}:ready") or 0) == RACERS, 60, "workers ready"
+            lambda: (
+                int(real_client.get(f"{prefix}:ready") or 0) == RACERS
+                or any(worker.poll() is not None for worker in workers)
+            ),
+            60,
+            "workers ready",
         )
+        assert all(worker.poll() is None for worker in workers), "a worker died at start"
         real_client.rpush(f"{prefix}:go", *["go"] * RACERS)
         for worker in workers:
             _, err = worker.communicate(timeout=600)
@@ -79,12 +88,14 @@ def test_exactly_once_under_racing_failing_and_cancelled_clients(
 
     totals: Counter[str] = Counter()
     replays: list[dict[str, str]] = []
+    rounds = 0
     for out in outs:
         summary = json.loads(out.read_text())
         totals.update(summary["outcomes"])
         replays.append(summary["replays"])
+        rounds = max(rounds, summary["rounds"])
 
-    keys = [f"job-{i}" for i in range(KEYS)]
+    keys = [f"r{r}-job-{i}" for r in range(rounds) for i in range(KEYS)]
     pipe = real_client.pipeline(transaction=False)
     for key in keys:
         record = record_for(prefix, "", GUARD_METHOD, "", key)
@@ -118,9 +129,10 @@ def test_exactly_once_under_racing_failing_and_cancelled_clients(
         "every lease to lapse",
     )
     print(
-        f"\nsoak: {KEYS} keys x {RACERS} racers in {finished - started:.1f} s; "
+        f"\nsoak: {len(keys)} keys ({rounds} rounds of {KEYS}) x {RACERS} racers in "
+        f"{finished - started:.1f} s; "
         f"{completed} completed, duplicates {duplicates}; outcomes {dict(totals)}"
     )
     assert duplicates == 0
     assert totals["replay_differs_within_process"] == 0
-    assert completed > KEYS * 0.9
+    assert completed > len(keys) * 0.9
