@@ -364,6 +364,7 @@ class Exchange:
 def content_length(headers: Headers) -> int | None:
     """The declared Content-Length, or None when absent or malformed."""
     value = headers.get("content-length")
-    if value is None or not value.strip().isdigit():
+    # isdigit() alone accepts "³" (latin-1 0xB3) and other digits that int() refuses.
+    if value is None or not value.isascii() or not value.strip().isdigit():
         return None
     return int(value)
