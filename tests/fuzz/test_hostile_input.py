@@ -63,7 +63,7 @@ key_values = st.one_of(
 )
 other_values = st.one_of(
     st.sampled_from(CONTENT_TYPES),
-    st.sampled_from([b"-1", b"99999999999999999999", b"12abc", b" 3", b"0"]),
+    st.sampled_from([b"-1", b"99999999999999999999", b"12abc", b" 3", b"0", b"\xb2", b"1\xb9"]),
     st.binary(max_size=80),
 )
 other_headers = st.lists(
@@ -132,6 +132,9 @@ def test_any_request_ends_in_a_well_formed_answer(data: Input) -> None:
 @example(Input(headers=[(b"Idempotency-Key", b"\xff\xfe")], body=b"\xff" * 3000, variant=4))
 @example(Input(headers=[(b"Idempotency-Key", b"k"), (b"Content-Length", b"9" * 30)], variant=4))
 @example(Input(headers=[(b"Idempotency-Key", b"k")], decision=1, stored=b"\x01\x93\xcc"))
+# Found by atheris: a Content-Length of latin-1 digits ("12\xb3" is "12³") passed isdigit()
+# and then broke int(), a 500 in both adapters.
+@example(Input(headers=[(b"Idempotency-Key", b"k"), (b"Content-Length", b"12\xb3")]))
 def test_any_guarded_exchange_ends_in_a_well_formed_answer(data: Input) -> None:
     event(run_exchange(data))
 
@@ -249,6 +252,11 @@ adapter_headers = st.tuples(
     body=st.one_of(
         st.just(KNOWN_BODY), st.binary(max_size=64), st.binary(min_size=600, max_size=900)
     ),
+)
+@example(
+    method=b"POST",
+    headers=[(b"idempotency-key", b"k"), (b"content-length", b"1\xb9")],
+    body=b"x",
 )
 def test_hostile_requests_through_asgi_never_change_a_stored_record(
     harness: Harness, method: bytes, headers: list[tuple[bytes, bytes]], body: bytes
