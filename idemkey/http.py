@@ -364,7 +364,9 @@ class Exchange:
 def content_length(headers: Headers) -> int | None:
     """The declared Content-Length, or None when absent or malformed."""
     value = headers.get("content-length")
-    # isdigit() alone accepts "³" (latin-1 0xB3) and other digits that int() refuses.
-    if value is None or not value.isascii() or not value.strip().isdigit():
+    # ASCII digits inside optional spaces and tabs (RFC 9110 OWS), nothing else: isdigit()
+    # accepts "³" (latin-1 0xB3) and strip() removes "\x1c", and int() refuses both.
+    digits = value.strip(" \t") if value is not None else ""
+    if not digits.isascii() or not digits.isdigit():
         return None
-    return int(value)
+    return int(digits)
