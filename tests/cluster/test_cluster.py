@@ -20,12 +20,14 @@ from idemkey import (
     KeyReuseError,
     Policy,
     RedisStore,
+    Replicas,
     RequestInFlightError,
+    StoreError,
     aguard,
     guard,
 )
 from idemkey._core import Claimed, InFlight, Mismatch, Record, Replay, record_for
-from tests._servers import wait_until
+from tests._servers import async_wait_until, wait_until
 
 if TYPE_CHECKING:
     import redis.asyncio.cluster
@@ -266,6 +268,45 @@ async def test_async_store_and_aguard_on_cluster(
                 assert call.replayed
                 assert call.result == i * 2
         assert results == [i * 2 for i in range(200)]
+    finally:
+        await store.aclose()
+
+
+async def test_durable_writes_on_the_asyncio_cluster_client(
+    redis_cluster: ClusterProcesses,
+    async_cluster_client: redis.asyncio.cluster.RedisCluster,
+    prefix: str,
+) -> None:
+    """EVALSHA + WAIT on one connection of the slot's master (ClusterNode.execute_pipeline)."""
+    store = AsyncRedisStore(
+        async_cluster_client, Policy(prefix=prefix, durability=Replicas(1, 0.5))
+    )
+    try:
+        # A replica takes its first ACK up to a second after syncing: wait for it once.
+        first = record_for(prefix, "", "POST", "/d", "first")
+
+        async def confirmed() -> bool:
+            try:
+                decision = await store.claim(first, "fp", heartbeat=False)
+            except StoreError:
+                return False
+            return isinstance(decision, Claimed)
+
+        await async_wait_until(confirmed, 20, "the replicas to acknowledge writes")
+        for i in range(30):
+            record = record_for(prefix, "", "POST", "/d", f"k{i}")
+            claim = await store.claim(record, "fp", heartbeat=False)
+            assert isinstance(claim, Claimed)
+            assert await store.complete(record, claim.owner, b"kept")
+            # Acknowledged means on the replica of the slot's master, already.
+            master = redis_cluster.master_for_slot(key_slot(record.key.encode()))
+            [replica] = redis_cluster.replicas_of(master)
+            node = redis_cluster.node_client(replica)
+            try:
+                node.execute_command("READONLY")
+                assert node.hget(record.key, "state") == b"complete"
+            finally:
+                node.close()
     finally:
         await store.aclose()
 
