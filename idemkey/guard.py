@@ -16,10 +16,9 @@ retry runs again.
 
 from __future__ import annotations
 
-import asyncio
 import functools
 import inspect
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from time import perf_counter
 from types import TracebackType
 from typing import Any, Generic, TypeVar, cast, overload
@@ -42,9 +41,9 @@ from .errors import (
     RequestInFlightError,
     StoreError,
 )
-from .events import EventKind, logger, report
+from .events import EventKind, report
 from .policy import Policy
-from .store import AsyncRedisStore, RedisStore
+from .store import AsyncRedisStore, RedisStore, uncancellable
 
 __all__ = ["AsyncGuard", "Call", "Guard", "aguard", "guard", "idempotent"]
 
@@ -262,43 +261,21 @@ class AsyncGuard(_GuardState[T]):
         claim, saved, started = self.claim, self.saved(), perf_counter()
         if claim is None:
             return
-        try:
+        store, record, owner, ttl_ms = self.store, self.record, claim.owner, self.ttl_ms
+
+        def write() -> Coroutine[Any, Any, bool]:
             if saved is None:
-                done = await self.store.release(self.record, claim.owner)
-            else:
-                ttl_ms = self.ttl_ms
-                done = await self.store.complete(self.record, claim.owner, saved, ttl_ms=ttl_ms)
+                return store.release(record, owner)
+            return store.complete(record, owner, saved, ttl_ms=ttl_ms)
+
+        try:
+            # The caller may go away (a cancelled task) while this is on its way: the write is
+            # finished all the same, or a retry would run the work again after the lease.
+            done = await uncancellable(write)
         except StoreError as error:
             self.store_failed(error, exc)
             return
-        except asyncio.CancelledError:
-            # Cancelled while the write was on its way (the caller went away). The work is
-            # done: an unwritten completion would let a retry run it again once the lease
-            # lapses. Finish the write in a task; complete and release are safe to repeat.
-            _write_in_background(self.store, self.record, claim.owner, saved, self.ttl_ms)
-            raise
         self.exited(done, saved is not None, exc, perf_counter() - started)
-
-
-# Writes finished after a cancellation; held here so the event loop does not drop them.
-_background: set[asyncio.Task[None]] = set()
-
-
-def _write_in_background(
-    store: AsyncRedisStore, record: Record, owner: str, saved: bytes | None, ttl_ms: int
-) -> None:
-    async def write() -> None:
-        try:
-            if saved is None:
-                await store.release(record, owner)
-            else:
-                await store.complete(record, owner, saved, ttl_ms=ttl_ms)
-        except StoreError as error:
-            logger.warning("idemkey could not finish a cancelled guard's write: %s", error)
-
-    task = asyncio.get_running_loop().create_task(write())
-    _background.add(task)
-    task.add_done_callback(_background.discard)
 
 
 # Overloads so that ``result_type=Receipt`` gives a ``Call[Receipt]`` and no result_type a

@@ -17,8 +17,9 @@ import importlib
 import os
 import threading
 import time
+from collections.abc import Callable, Coroutine
 from importlib.resources import files
-from typing import Any, Final
+from typing import Any, Final, TypeVar
 
 from ._core import (
     Claimed,
@@ -34,7 +35,9 @@ from .errors import ConfigurationError, StoreError
 from .events import logger
 from .policy import Policy, Replicas
 
-__all__ = ["AsyncRedisStore", "RedisStore"]
+__all__ = ["AsyncRedisStore", "RedisStore", "detach", "uncancellable"]
+
+T = TypeVar("T")
 
 SCRIPT_NAMES: Final = ("claim", "complete", "release", "renew")
 SCRIPTS: Final[dict[str, str]] = {
@@ -722,6 +725,39 @@ class AsyncRedisStore(_StoreBase):
         except StoreError as exc:
             logger.warning("idemkey heartbeat could not renew a lease: %s", exc)
             return None
+
+
+# Writes that a cancellation cut off, finished in their own task; held here because the event
+# loop keeps only weak references to tasks.
+_detached: set[asyncio.Task[Any]] = set()
+
+
+def detach(write: Coroutine[Any, Any, Any]) -> None:
+    """Run a store write to its end in a task of its own, whatever happens to the caller."""
+    task = asyncio.get_running_loop().create_task(write)
+    _detached.add(task)
+    task.add_done_callback(_detached_done)
+
+
+def _detached_done(task: asyncio.Task[Any]) -> None:
+    _detached.discard(task)
+    if not task.cancelled() and (error := task.exception()) is not None:
+        logger.warning("idemkey could not finish a write cut off by a cancellation: %s", error)
+
+
+async def uncancellable(write: Callable[[], Coroutine[Any, Any, T]]) -> T:
+    """Await ``write()``; if the caller is cancelled meanwhile, send it again in a task.
+
+    For complete and release after the work is done: left unwritten, the record would stay in
+    progress and a retry would run the work again once the lease lapsed. Cheaper than
+    ``asyncio.shield`` on every call (no task unless a cancellation comes), and safe because
+    both scripts answer the same when sent twice with one owner.
+    """
+    try:
+        return await write()
+    except asyncio.CancelledError:
+        detach(write())
+        raise
 
 
 # How long an idle async heartbeat waits for new claims before its task ends, and how often an

@@ -17,7 +17,7 @@ never runs twice.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Coroutine, MutableMapping
+from collections.abc import Awaitable, Callable, MutableMapping
 from time import perf_counter
 from typing import Any
 
@@ -25,7 +25,7 @@ from .._core import new_owner
 from ..errors import StoreError
 from ..http import Complete, Exchange, Headers, Request, Response, begin, content_length
 from ..policy import Policy
-from ..store import AsyncRedisStore
+from ..store import AsyncRedisStore, detach, uncancellable
 
 __all__ = ["IdempotencyMiddleware"]
 
@@ -35,30 +35,6 @@ Message = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
-
-# Store writes that a cancellation cut off, sent again in the background: the event loop holds
-# tasks weakly, so they are kept here until they finish.
-_detached: set[asyncio.Task[None]] = set()
-
-
-def _detach(write: Coroutine[Any, Any, None]) -> None:
-    task = asyncio.ensure_future(write)
-    _detached.add(task)
-    task.add_done_callback(_detached.discard)
-
-
-async def _uncancellable(write: Callable[[], Coroutine[Any, Any, None]]) -> None:
-    """Await ``write()``; if the caller is cancelled (a client left), finish it in a task.
-
-    Cheaper than ``asyncio.shield`` on every request: no task unless a cancellation comes. The
-    complete and release scripts are safe to run twice with one owner, so a write cut off in
-    flight (sent or not) is simply sent again.
-    """
-    try:
-        await write()
-    except asyncio.CancelledError:
-        _detach(write())
-        raise
 
 
 async def _respond(send: Send, response: Response) -> None:
@@ -143,7 +119,7 @@ class IdempotencyMiddleware:
         except asyncio.CancelledError:
             # The claim may have been taken before the cancel cut off its reply: free it, or
             # retries would get 409 until the lease lapses. Not ours: release changes nothing.
-            _detach(self._release(step, owner, "cancelled while claiming"))
+            detach(self._release(step, owner, "cancelled while claiming"))
             raise
         except StoreError as exc:
             failed = step.store_failed(exc)
@@ -196,7 +172,7 @@ class IdempotencyMiddleware:
                 await send(message)
             finally:
                 body_copy = None if kept is None else b"".join(kept)
-                await _uncancellable(
+                await uncancellable(
                     lambda: self._finish(step, owner, status, response_headers, body_copy)
                 )
 
@@ -205,7 +181,7 @@ class IdempotencyMiddleware:
         finally:
             if not finished:  # the app raised, was cancelled, or returned mid-response
                 reason = "the app did not finish its response"
-                await _uncancellable(lambda: self._release(step, owner, reason))
+                await uncancellable(lambda: self._release(step, owner, reason))
 
     async def _finish(
         self,
