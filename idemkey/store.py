@@ -71,6 +71,16 @@ def _backend_errors(client: Any) -> tuple[_Errors, type[BaseException], _Errors]
         TryAgainError,
     )
 
+    if type(client).__module__ == "redis.asyncio.cluster":
+        # redis-py's asyncio cluster client can tear a connection down under a task that is
+        # using it while the topology changes (a slot moving, a failover); the task then gets
+        # AttributeError ("'NoneType' object has no attribute 'writelines'"). It is retried like
+        # a moving slot (sending a script twice with one owner is safe), then a StoreError.
+        return (
+            (RedisError, RedisClusterException, OSError, AttributeError),
+            NoScriptError,
+            (ClusterError, TryAgainError, AttributeError),
+        )
     return (
         (RedisError, RedisClusterException, OSError),
         NoScriptError,
