@@ -282,21 +282,19 @@ async def test_durable_writes_on_the_asyncio_cluster_client(
         async_cluster_client, Policy(prefix=prefix, durability=Replicas(1, 0.5))
     )
     try:
-        # A replica takes its first ACK up to a second after syncing: wait for it once.
-        first = record_for(prefix, "", "POST", "/d", "first")
-
-        async def confirmed() -> bool:
-            try:
-                decision = await store.claim(first, "fp", heartbeat=False)
-            except StoreError:
-                return False
-            return isinstance(decision, Claimed)
-
-        await async_wait_until(confirmed, 20, "the replicas to acknowledge writes")
         for i in range(30):
             record = record_for(prefix, "", "POST", "/d", f"k{i}")
-            claim = await store.claim(record, "fp", heartbeat=False)
-            assert isinstance(claim, Claimed)
+
+            async def confirmed(record: Record = record) -> Claimed | None:
+                # A replica takes its first ACK up to a second after it synced: until then a
+                # durable claim fails closed (and is released), so try again.
+                try:
+                    decision = await store.claim(record, "fp", heartbeat=False)
+                except StoreError:
+                    return None
+                return decision if isinstance(decision, Claimed) else None
+
+            claim = await async_wait_until(confirmed, 20, "a replica to confirm the claim")
             assert await store.complete(record, claim.owner, b"kept")
             # Acknowledged means on the replica of the slot's master, already.
             master = redis_cluster.master_for_slot(key_slot(record.key.encode()))
@@ -422,3 +420,73 @@ def test_requests_survive_a_live_migration_of_a_busy_slot(
     assert redis_cluster.master_for_slot(slot) is target
     for record in done:
         assert store.claim(record, "fp") == Replay(record.digest.encode())
+
+
+async def test_async_requests_survive_a_live_migration_of_a_busy_slot(
+    redis_cluster: ClusterProcesses,
+    async_cluster_client: redis.asyncio.cluster.RedisCluster,
+    prefix: str,
+) -> None:
+    """The asyncio twin: tasks claim and replay in a slot while it moves between masters."""
+    store = _AsyncCountingStore(async_cluster_client, Policy(prefix=prefix))
+    tag = "abusy-" + prefix
+    slot = key_slot(f"{{{tag}}}".encode())
+    done = busy_records(prefix, tag, 100)
+    for record in done:
+        claim = await store.claim(record, "fp", heartbeat=False)
+        assert isinstance(claim, Claimed)
+        assert await store.complete(record, claim.owner, record.digest.encode())
+    new_records = [
+        Record(f"n{i}", f"{prefix}:{{{tag}}}:n:{i}", f"{prefix}:{{{tag}}}:n:{i}:lock")
+        for i in range(300)
+    ]
+    progress = 0
+    stop = asyncio.Event()
+
+    async def worker(offset: int) -> None:
+        nonlocal progress
+        i = offset
+        while not stop.is_set():
+            record = done[i % len(done)]
+            assert await store.claim(record, "fp") == Replay(record.digest.encode())
+            new = new_records[i % len(new_records)]
+            decision = await store.claim(new, "fp", heartbeat=False)
+            if isinstance(decision, Claimed):
+                assert await store.complete(new, decision.owner, b"new")
+            else:
+                assert decision == Replay(b"new")
+            progress += 1
+            i += 4
+
+    tasks = [asyncio.ensure_future(worker(n)) for n in range(4)]
+    try:
+        await async_wait_until(lambda: progress > 20 or any(t.done() for t in tasks), 20, "load")
+        owner = redis_cluster.master_for_slot(slot)
+        target = next(m for m in redis_cluster.masters() if m is not owner)
+        # The migration runs in a thread: its blocking calls must not stall the tasks.
+        source = await asyncio.to_thread(redis_cluster.begin_migration, slot, target)
+        await async_wait_until(
+            lambda: store.slot_moving_retries or any(t.done() for t in tasks), 20, "a TRYAGAIN"
+        )
+        await asyncio.to_thread(redis_cluster.finish_migration, slot, source, target)
+        seen = progress
+        await async_wait_until(
+            lambda: progress > seen + 20 or any(t.done() for t in tasks), 20, "load after"
+        )
+    finally:
+        stop.set()
+        results = await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), 20)
+    assert [r for r in results if r is not None] == []
+    assert store.slot_moving_retries > 0
+    assert redis_cluster.master_for_slot(slot) is target
+    await store.aclose()
+
+
+class _AsyncCountingStore(AsyncRedisStore):
+    slot_moving_retries = 0
+
+    async def _eval_while_slot_moves(
+        self, name: str, keys_and_args: tuple[str | bytes | int, ...]
+    ) -> Any:
+        self.slot_moving_retries += 1
+        return await super()._eval_while_slot_moves(name, keys_and_args)
