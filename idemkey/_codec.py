@@ -7,7 +7,7 @@ record is data written by one process and read by another.
 
 from __future__ import annotations
 
-from typing import Any, Final, TypeVar
+from typing import Annotated, Any, Final, TypeVar
 
 import msgspec
 
@@ -36,7 +36,7 @@ class StoredResponse(msgspec.Struct, frozen=True, array_like=True):
     status and headers only, and a replay says so instead of running the handler again.
     """
 
-    status: int
+    status: Annotated[int, msgspec.Meta(ge=100, le=599)]
     headers: tuple[tuple[str, str], ...]
     body: bytes
     body_kept: bool = True

@@ -147,6 +147,7 @@ class Release:
 
 _RELEASE_SERVER_ERROR: Final = Release("server error")
 _RELEASE_NEVER_BEGAN: Final = Release("the request never began")
+_RELEASE_INVALID_STATUS: Final = Release("the app answered a status outside 100-599")
 
 _TITLES: Final = {
     "missing_key": "Idempotency-Key header is missing",
@@ -318,6 +319,8 @@ class Exchange:
         record then completes without it, so the handler still never runs twice.
         """
         policy = self.policy
+        if not 100 <= status <= 599:  # not HTTP: a stored copy could never be replayed
+            return _RELEASE_INVALID_STATUS
         if status >= 500 and not policy.store_server_errors:
             return _RELEASE_SERVER_ERROR
         if status in policy.release_statuses:

@@ -113,3 +113,10 @@ def test_payloads_bytes_as_is_text_as_utf8_else_deterministic_msgpack() -> None:
 def test_an_unencodable_payload_is_a_configuration_error() -> None:
     with pytest.raises(ConfigurationError, match="pass bytes"):
         encode_payload(object())
+
+
+@pytest.mark.parametrize("status", [0, 99, 600, 999, -1])
+def test_a_stored_status_outside_http_is_a_record_format_error(status: int) -> None:
+    data = b"\x01" + msgspec.msgpack.encode([status, [], b"body", True])
+    with pytest.raises(RecordFormatError):
+        decode_response(data)

@@ -1,0 +1,306 @@
+"""The sans-IO HTTP exchange (idemkey/http.py), without Redis or a framework.
+
+Each test is one row of DESIGN.md section 4 decided by ``begin`` / ``Exchange`` alone; the
+adapter suite (tests/adapters/test_suite.py) then proves the same rows through every adapter.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from idemkey import ConfigurationError, Event, Policy, StoredResponse, StoreError
+from idemkey._codec import decode_response, encode_response
+from idemkey._core import Claimed, InFlight, Mismatch, Replay
+from idemkey.http import (
+    BODY_NOT_KEPT_HEADER,
+    REPLAYED_HEADER,
+    Complete,
+    Exchange,
+    Headers,
+    Release,
+    Request,
+    Response,
+    begin,
+    content_length,
+    problem,
+)
+from idemkey.policy import credential_scope
+
+
+def request(
+    method: str = "POST",
+    path: str = "/charges",
+    headers: list[tuple[str, str]] | None = None,
+    query: str = "",
+) -> Request:
+    if headers is None:
+        headers = [("Idempotency-Key", "k1"), ("Content-Type", "application/json")]
+    return Request(method, path, query, Headers(headers))
+
+
+def exchange(policy: Policy | None = None, **kwargs: Any) -> Exchange:
+    step = begin(policy or Policy(), request(**kwargs))
+    assert isinstance(step, Exchange)
+    return step
+
+
+def problem_body(response: Response) -> dict[str, Any]:
+    assert dict(response.headers)["Content-Type"] == "application/problem+json"
+    body: dict[str, Any] = json.loads(response.body)
+    assert set(body) == {"type", "title", "status", "detail", "code"}
+    assert body["status"] == response.status
+    assert body["type"] == f"urn:idemkey:problem:{body['code']}"
+    assert dict(response.headers)["Content-Length"] == str(len(response.body))
+    return body
+
+
+# ---- begin: before anything is read --------------------------------------------------------
+
+
+@pytest.mark.parametrize("method", ["GET", "HEAD", "OPTIONS", "PUT", "DELETE"])
+def test_unguarded_methods_pass_through_even_with_a_key(method: str) -> None:
+    assert begin(Policy(), request(method)) is None
+
+
+def test_a_missing_key_is_400_or_passes_when_not_required() -> None:
+    answer = begin(Policy(), request(headers=[]))
+    assert isinstance(answer, Response)
+    assert answer.status == 400
+    assert problem_body(answer)["code"] == "missing_key"
+    assert begin(Policy(require_key=False), request(headers=[])) is None
+
+
+@pytest.mark.parametrize(
+    "values",
+    [[""], ["a" * 256], ["caf\xe9"], ["a b"], ["k1", "k2"], ['"unterminated']],
+    ids=["empty", "too-long", "non-ascii", "space", "two-lines", "bad-sf-string"],
+)
+def test_invalid_keys_are_400(values: list[str]) -> None:
+    answer = begin(Policy(), request(headers=[("Idempotency-Key", v) for v in values]))
+    assert isinstance(answer, Response)
+    assert answer.status == 400
+    assert problem_body(answer)["code"] == "invalid_key"
+
+
+def test_quoted_and_bare_keys_name_the_same_record() -> None:
+    bare = exchange(headers=[("Idempotency-Key", "abc")])
+    quoted = exchange(headers=[("idempotency-key", '"abc"')])
+    assert bare.record == quoted.record
+    strict = begin(Policy(strict_header=True), request(headers=[("Idempotency-Key", "abc")]))
+    assert isinstance(strict, Response)
+    assert strict.status == 400
+
+
+def test_scope_and_route_separate_records() -> None:
+    alice = exchange(headers=[("Idempotency-Key", "k"), ("Authorization", "Bearer alice")])
+    bob = exchange(headers=[("Idempotency-Key", "k"), ("Authorization", "Bearer bob")])
+    refunds = exchange(
+        headers=[("Idempotency-Key", "k"), ("Authorization", "Bearer alice")], path="/refunds"
+    )
+    assert len({alice.record, bob.record, refunds.record}) == 3
+
+
+def test_the_default_scope_digests_credentials_and_never_shows_them() -> None:
+    scope = credential_scope(request(headers=[("Authorization", "Bearer secret")]))
+    assert "secret" not in scope
+    assert scope != credential_scope(request(headers=[("Authorization", "Bearer other")]))
+    assert scope != credential_scope(request(headers=[("Cookie", "Bearer secret")]))
+    assert scope == credential_scope(request(headers=[("authorization", "Bearer secret")]))
+
+
+def test_a_scope_that_is_not_a_string_is_a_configuration_error() -> None:
+
+    with pytest.raises(ConfigurationError):
+        begin(Policy(scope=lambda request: None), request())  # type: ignore[arg-type,return-value]
+
+
+# ---- the body and the fingerprint ----------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        ("12", 12),
+        (" 12\t", 12),
+        ("", None),
+        ("-1", None),
+        ("1e3", None),
+        ("1\xb3", None),
+        ("0\x1c", None),
+        ("١٢", None),
+    ],
+)
+def test_content_length_is_ascii_digits_or_nothing(value: str, expected: int | None) -> None:
+    assert content_length(Headers([("Content-Length", value)])) == expected
+
+
+def test_too_large_is_413_with_a_problem_body() -> None:
+    step = exchange(Policy(max_request_bytes=10))
+    assert not step.too_large(10)
+    assert step.too_large(11)
+    answer = step.too_large_response()
+    assert answer.status == 413
+    assert problem_body(answer)["code"] == "request_too_large"
+
+
+def test_the_fingerprint_covers_body_path_query_and_content_type() -> None:
+    base = exchange(query="a=1&b=2")
+    fp = base.fingerprint(b"{}")
+    assert fp == exchange(query="b=2&a=1").fingerprint(b"{}")  # parameter order: same request
+    assert fp != base.fingerprint(b"{ }")
+    assert fp != exchange(query="a=1&b=3").fingerprint(b"{}")
+    assert fp != exchange(path="/charges/2", query="a=1&b=2").fingerprint(b"{}")
+    other_type = exchange(
+        headers=[("Idempotency-Key", "k1"), ("Content-Type", "text/plain")], query="a=1&b=2"
+    )
+    assert fp != other_type.fingerprint(b"{}")
+
+
+# ---- what the claim means ------------------------------------------------------------------
+
+
+def test_claimed_runs_the_handler() -> None:
+    step = exchange()
+    claimed = Claimed("owner", 3, False)
+    assert step.decide(claimed) is claimed
+    assert step.claim is claimed
+
+
+def test_a_replay_is_byte_identical_with_recomputed_length_and_a_marker() -> None:
+    stored = StoredResponse(
+        201,
+        (("Content-Type", "application/json"), ("Content-Length", "99"), ("X-Charge-Id", "ch_1")),
+        b'{"id":"ch_1"}',
+    )
+    answer = exchange().decide(Replay(encode_response(stored)))
+    assert isinstance(answer, Response)
+    assert answer.status == 201
+    assert answer.body == b'{"id":"ch_1"}'
+    assert answer.headers == [
+        ("Content-Type", "application/json"),
+        ("X-Charge-Id", "ch_1"),
+        ("Content-Length", "13"),
+        (REPLAYED_HEADER, "true"),
+    ]
+
+
+def test_a_replay_without_its_body_says_so() -> None:
+    stored = StoredResponse(201, (("Content-Length", "5000000"),), b"", body_kept=False)
+    answer = exchange().decide(Replay(encode_response(stored)))
+    assert isinstance(answer, Response)
+    assert answer.body == b""
+    assert (BODY_NOT_KEPT_HEADER, "true") in answer.headers
+    assert ("Content-Length", "0") in answer.headers
+
+
+def test_an_unreadable_stored_record_is_a_503_not_a_crash() -> None:
+    answer = exchange().decide(Replay(b"\x7fgarbage"))
+    assert isinstance(answer, Response)
+    assert answer.status == 503
+    assert problem_body(answer)["code"] == "record_unreadable"
+
+
+@pytest.mark.parametrize("status", [422, 400])
+def test_a_mismatch_is_the_policy_status(status: int) -> None:
+    answer = exchange(Policy(mismatch_status=status)).decide(Mismatch())
+    assert isinstance(answer, Response)
+    assert answer.status == status
+    assert problem_body(answer)["code"] == "key_reused"
+
+
+@pytest.mark.parametrize(("left", "header"), [(29.9, "1"), (0.2, "1"), (0.0, "1")])
+def test_in_flight_is_409_with_retry_after(left: float, header: str) -> None:
+    answer = exchange().decide(InFlight(left))
+    assert isinstance(answer, Response)
+    assert answer.status == 409
+    assert dict(answer.headers)["Retry-After"] == header
+    assert problem_body(answer)["code"] == "in_flight"
+
+
+def test_a_store_error_fails_closed_or_open() -> None:
+
+    closed = exchange().store_failed(StoreError("down"))
+    assert isinstance(closed, Response)
+    assert closed.status == 503
+    assert dict(closed.headers)["Retry-After"] == "1"
+    assert problem_body(closed)["code"] == "store_unavailable"
+    events: list[Event] = []
+    opened = exchange(Policy(on_store_error="open", on_event=events.append))
+    assert opened.store_failed(StoreError("down")) is None
+    assert [event.kind for event in events] == ["unprotected"]
+
+
+# ---- after the handler: store or release ---------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("status", "stored"),
+    [
+        (200, True),
+        (201, True),
+        (302, True),
+        (402, True),
+        (410, True),
+        (400, False),
+        (401, False),
+        (404, False),
+        (409, False),
+        (422, False),
+        (429, False),
+        (500, False),
+        (503, False),
+        (99, False),
+        (600, False),
+    ],
+)
+def test_finish_stores_outcomes_and_releases_the_rest(status: int, stored: bool) -> None:
+    plan = exchange().finish(status, [("Content-Type", "text/plain")], b"body")
+    assert isinstance(plan, Complete if stored else Release)
+
+
+def test_store_server_errors_keeps_5xx() -> None:
+    plan = exchange(Policy(store_server_errors=True)).finish(503, [], b"down")
+    assert isinstance(plan, Complete)
+    assert decode_response(plan.stored).status == 503
+
+
+def test_finish_drops_hop_by_hop_date_and_set_cookie_headers() -> None:
+    headers = [
+        ("Content-Type", "application/json"),
+        ("Set-Cookie", "s=1"),
+        ("Date", "x"),
+        ("Connection", "close"),
+        ("Transfer-Encoding", "chunked"),
+        ("X-Id", "1"),
+    ]
+    plan = exchange().finish(201, headers, b"{}")
+    assert isinstance(plan, Complete)
+    kept = decode_response(plan.stored)
+    assert kept.headers == (("Content-Type", "application/json"), ("X-Id", "1"))
+    allow = exchange(Policy(header_allowlist=frozenset({"X-ID"}))).finish(201, headers, b"{}")
+    assert isinstance(allow, Complete)
+    assert decode_response(allow.stored).headers == (("X-Id", "1"),)
+
+
+def test_finish_without_a_body_stores_status_and_headers_only() -> None:
+    plan = exchange().finish(201, [("Content-Type", "text/csv")], None)
+    assert isinstance(plan, Complete)
+    assert decode_response(plan.stored) == StoredResponse(
+        201, (("Content-Type", "text/csv"),), b"", body_kept=False
+    )
+
+
+def test_problem_bodies_are_rfc_9457() -> None:
+    answer = problem(418, "teapot", "short and stout", [("Retry-After", "3")])
+    body = problem_body(answer)
+    assert body == {
+        "type": "urn:idemkey:problem:teapot",
+        "title": "teapot",
+        "status": 418,
+        "detail": "short and stout",
+        "code": "teapot",
+    }
+    assert ("Retry-After", "3") in answer.headers
