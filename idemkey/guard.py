@@ -16,6 +16,7 @@ retry runs again.
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import inspect
 from collections.abc import Awaitable, Callable, Coroutine
@@ -31,6 +32,7 @@ from ._core import (
     Mismatch,
     Record,
     Replay,
+    new_owner,
     payload_fingerprint,
     record_for,
 )
@@ -43,7 +45,7 @@ from .errors import (
 )
 from .events import EventKind, report
 from .policy import Policy
-from .store import AsyncRedisStore, RedisStore, uncancellable
+from .store import AsyncRedisStore, RedisStore, detach, uncancellable
 
 __all__ = ["AsyncGuard", "Call", "Guard", "aguard", "guard", "idempotent"]
 
@@ -238,17 +240,24 @@ class AsyncGuard(_GuardState[T]):
         self.store = store
 
     async def __aenter__(self) -> Call[T]:
-        policy, started = self.policy, perf_counter()
+        policy, started, owner = self.policy, perf_counter(), new_owner()
         try:
             decision = await self.store.claim(
                 self.record,
                 self.fingerprint,
+                owner=owner,
                 lease_ms=policy.lease_ms,
                 ttl_ms=policy.ttl_ms,
                 wait=policy.wait,
             )
         except StoreError as error:
             self.notify("store_error", detail=str(error))
+            raise
+        except asyncio.CancelledError:
+            # Redis may have applied the claim before the cancel cut off its reply: free it, or
+            # every retry would get RequestInFlightError until the lease lapsed. Not ours
+            # (never claimed): the release script changes nothing.
+            detach(self.store.release(self.record, owner))
             raise
         return self.enter(decision, perf_counter() - started)
 

@@ -84,3 +84,43 @@ async def _state_is(client: redis.asyncio.Redis, key: str, state: bytes) -> bool
 
 async def _released(client: redis.asyncio.Redis, lock: str) -> bool:
     return await client.exists(lock) == 0
+
+
+class ClaimThenStallStore(AsyncRedisStore):
+    """The claim reaches Redis, then its caller waits (cancellably) for the reply."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.applied = asyncio.Event()
+
+    async def claim(self, *args: Any, **kwargs: Any) -> Any:
+        decision = await super().claim(*args, **kwargs)
+        self.applied.set()
+        await asyncio.sleep(30)  # the reply is "lost": the caller is cancelled here
+        return decision
+
+
+async def test_a_claim_cut_off_by_a_cancellation_is_released(
+    real_async_client: redis.asyncio.Redis, prefix: str
+) -> None:
+    stalling = ClaimThenStallStore(real_async_client, Policy(prefix=prefix, lease=60))
+    record = record_for(prefix, "", GUARD_METHOD, "", "job")
+
+    async def work() -> None:
+        async with aguard(stalling, "job", payload=b"p"):
+            pytest.fail("the block ran although its claim's reply never came")
+
+    task = asyncio.ensure_future(work())
+    await asyncio.wait_for(stalling.applied.wait(), 10)
+    assert await real_async_client.get(record.lock) is not None  # Redis holds the claim
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    # Without the release every retry would get RequestInFlightError for the 60 s lease.
+    await async_wait_until(lambda: _released(real_async_client, record.lock), 10, "the release")
+    store = AsyncRedisStore(real_async_client, Policy(prefix=prefix, lease=60))
+    async with aguard(store, "job", payload=b"p") as call:
+        assert not call.replayed
+        call.save("ran once")
+    await stalling.aclose()
+    await store.aclose()
