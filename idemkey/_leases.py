@@ -39,8 +39,9 @@ class LeaseTable:
         self._leases[(record.key, owner)] = lease
         return lease.due
 
-    def remove(self, record: Record, owner: str) -> None:
-        self._leases.pop((record.key, owner), None)
+    def remove(self, record: Record, owner: str) -> Lease | None:
+        """Stop renewing a claim; returns its lease, if it was being renewed."""
+        return self._leases.pop((record.key, owner), None)
 
     def holds(self, lease: Lease) -> bool:
         """Whether ``lease`` is still live (not completed or released while it was renewed)."""

@@ -204,6 +204,17 @@ class _StoreBase:
     #: ``_slot_moving``); after that it raises StoreError. A slot moves in well under a second
     #: unless it holds a great many keys.
     slot_moving_wait: float = 2.0
+    #: Seconds a completion keeps retrying a failed write (a dropped connection, a full pool)
+    #: before it raises StoreError; at most a third of the lease, which stops being renewed
+    #: once the completion starts. The work is done by then: a completion that never lands
+    #: leaves the record in progress, and a retry runs the work again once the lease lapses.
+    #: Safe to repeat: complete.lua answers the same to the same owner, and never overwrites
+    #: another owner's record.
+    completion_retry: float = 1.0
+
+    def _completion_deadline(self, lease: Lease | None) -> float:
+        lease_ms = lease.lease_ms if lease is not None else self.policy.lease_ms
+        return time.monotonic() + min(self.completion_retry, lease_ms / 3000)
 
     def __init__(self, client: Any, policy: Policy | None) -> None:
         encoder = getattr(client, "get_encoder", None)
@@ -373,10 +384,21 @@ class RedisStore(_StoreBase):
     def complete(
         self, record: Record, owner: str, response: bytes, *, ttl_ms: int | None = None
     ) -> bool:
-        """Store ``response``; False when another owner took over (nothing written)."""
-        self._unwatch(record, owner)
-        ttl_ms = ttl_ms or self.policy.ttl_ms
-        return bool(self._eval("complete", record.key, record.lock, owner, response, ttl_ms) == 1)
+        """Store ``response``; False when another owner took over (nothing written).
+
+        A failed write is retried for up to ``completion_retry`` seconds (a third of the lease
+        at most) before StoreError.
+        """
+        lease = self._unwatch(record, owner)
+        args = (record.key, record.lock, owner, response, ttl_ms or self.policy.ttl_ms)
+        deadline, delay = self._completion_deadline(lease), 0.0
+        while True:
+            try:
+                return bool(self._eval("complete", *args) == 1)
+            except StoreError:
+                if (delay := _next_delay(delay, deadline)) <= 0:
+                    raise
+            time.sleep(delay)
 
     def release(self, record: Record, owner: str) -> bool:
         """Free an unfinished claim so a retry runs afresh; False when it was not ours."""
@@ -460,9 +482,9 @@ class RedisStore(_StoreBase):
             if due < self._sleeping_until:
                 self._wakeup.notify()
 
-    def _unwatch(self, record: Record, owner: str) -> None:
+    def _unwatch(self, record: Record, owner: str) -> Lease | None:
         with self._condition():
-            self._leases.remove(record, owner)
+            return self._leases.remove(record, owner)
 
     def _beat(self) -> None:
         while True:
@@ -631,11 +653,21 @@ class AsyncRedisStore(_StoreBase):
     async def complete(
         self, record: Record, owner: str, response: bytes, *, ttl_ms: int | None = None
     ) -> bool:
-        """Store ``response``; False when another owner took over (nothing written)."""
-        self._leases.remove(record, owner)
-        ttl_ms = ttl_ms or self.policy.ttl_ms
-        reply = await self._eval("complete", record.key, record.lock, owner, response, ttl_ms)
-        return bool(reply == 1)
+        """Store ``response``; False when another owner took over (nothing written).
+
+        A failed write is retried for up to ``completion_retry`` seconds (a third of the lease
+        at most) before StoreError.
+        """
+        lease = self._leases.remove(record, owner)
+        args = (record.key, record.lock, owner, response, ttl_ms or self.policy.ttl_ms)
+        deadline, delay = self._completion_deadline(lease), 0.0
+        while True:
+            try:
+                return bool(await self._eval("complete", *args) == 1)
+            except StoreError:
+                if (delay := _next_delay(delay, deadline)) <= 0:
+                    raise
+            await asyncio.sleep(delay)
 
     async def release(self, record: Record, owner: str) -> bool:
         """Free an unfinished claim so a retry runs afresh; False when it was not ours."""
