@@ -259,6 +259,10 @@ class RedisStore(_StoreBase):
     lease, retention and prefix for callers that pass none.
     """
 
+    #: Seconds without a live claim after which the heartbeat thread ends (a new claim starts
+    #: another), so an idle store can be garbage-collected.
+    heartbeat_idle_exit: float = 30.0
+
     def __init__(self, client: Any, policy: Policy | None = None) -> None:
         super().__init__(client, policy)
         self._wakeup = threading.Condition()
@@ -487,12 +491,22 @@ class RedisStore(_StoreBase):
             return self._leases.remove(record, owner)
 
     def _beat(self) -> None:
+        idle_since: float | None = None
         while True:
             with self._wakeup:
                 due = self._leases.due(time.monotonic())
                 while not due and not self._closed:
                     next_due = self._leases.next_due()
                     now = time.monotonic()
+                    if next_due is not None:
+                        idle_since = None
+                    elif idle_since is None:
+                        idle_since = now
+                    elif now - idle_since >= self.heartbeat_idle_exit:
+                        # Long idle: end, so the thread does not keep the store alive; the next
+                        # claim starts a new one (under this same lock, so none is missed).
+                        self._heartbeat = None
+                        return
                     # Without a lease, still wake every _IDLE_SECONDS: a new claim then needs no
                     # notify unless it falls due sooner. Sleeping for ever made every claim wake
                     # the thread, which found the claim already completed and slept for ever

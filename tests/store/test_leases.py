@@ -243,3 +243,31 @@ async def test_a_short_lease_claimed_while_the_async_heartbeat_sleeps_is_renewed
                 call.save("done")
     finally:
         await store.aclose()
+
+
+def test_an_idle_heartbeat_thread_ends_and_a_new_claim_starts_another(
+    real_client: redis.Redis, prefix: str
+) -> None:
+    store = RedisStore(real_client, Policy(prefix=prefix, lease=LEASE))
+    rival = RedisStore(real_client, Policy(prefix=prefix))
+    store.heartbeat_idle_exit = 0.2
+    try:
+        with guard(store, "first") as call:
+            call.save(1)
+        first = store._heartbeat
+        assert first is not None
+        wait_until(lambda: not first.is_alive(), 10, "the idle heartbeat thread to end")
+        assert store._heartbeat is None
+        # A new slow claim gets a new heartbeat that keeps its lease.
+        with guard(store, "second") as call:
+            assert store._heartbeat is not None
+            assert store._heartbeat.is_alive()
+            deadline = time.monotonic() + LEASE * 3
+            while time.monotonic() < deadline:  # three leases long: renewed, never lost
+                with pytest.raises(RequestInFlightError), guard(rival, "second"):
+                    pytest.fail("a duplicate ran while the claim was being renewed")
+                time.sleep(0.05)  # pacing the checks, not waiting for anything
+            call.save(2)
+    finally:
+        store.close()
+        rival.close()
