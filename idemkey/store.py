@@ -134,6 +134,41 @@ def _durable_reply(name: str, replies: list[Any]) -> tuple[Any, int]:
     return reply, int(acked)
 
 
+# What an EVALSHA + WAIT answer asks of the store's shell (sync or async) next.
+_DONE, _LOAD_SCRIPT, _REDIRECTED, _UNCONFIRMED = range(4)
+
+
+def _durable_outcome(
+    name: str,
+    replies: list[Any],
+    noscript: type[BaseException],
+    durability: Replicas,
+    may_retry: bool,
+) -> tuple[int, Any]:
+    """Decide on an EVALSHA + WAIT answer, without I/O.
+
+    ``(_DONE, reply)``; ``(_LOAD_SCRIPT, None)``: load the script and send again;
+    ``(_REDIRECTED, None)``: the slot is elsewhere now, learn the topology and send again (both
+    only while ``may_retry``); ``(_UNCONFIRMED, error)``: the script wrote but too few replicas
+    have it, so raise ``error`` (after releasing a claim). Any other failure raises StoreError.
+    """
+    reply, acked = _durable_reply(name, replies)
+    if may_retry and isinstance(reply, noscript):
+        return _LOAD_SCRIPT, None
+    if may_retry and type(reply).__name__ in _REDIRECTS:
+        return _REDIRECTED, None
+    if isinstance(reply, BaseException):
+        raise StoreError(f"Redis failed during {name}: {type(reply).__name__}: {reply}") from reply
+    if _wrote(name, reply) and acked < durability.count:
+        return _UNCONFIRMED, _unconfirmed(name, acked, durability)
+    return _DONE, reply
+
+
+def _retry_delay(previous: float, deadline: float) -> float:
+    """Backoff while a cluster slot moves or a redirect settles: 10 ms doubling to 100 ms."""
+    return min(max(previous * 2, 0.01), 0.1, max(0.0, deadline - time.monotonic()))
+
+
 # store.check(): the server settings that decide whether records can be lost (sans-IO part).
 _CONFIG_NAMES: Final = ("maxmemory-policy", "maxmemory", "save", "appendonly")
 
@@ -294,8 +329,7 @@ class RedisStore(_StoreBase):
         script = self._scripts[name]
         deadline, delay = time.monotonic() + self.slot_moving_wait, 0.0
         while True:
-            delay = min(max(delay * 2, 0.01), 0.1, max(0.0, deadline - time.monotonic()))
-            time.sleep(delay)
+            time.sleep(delay := _retry_delay(delay, deadline))
             try:
                 return script(keys_and_args[:2], keys_and_args[2:])
             except self._errors as exc:
@@ -310,30 +344,28 @@ class RedisStore(_StoreBase):
         deadline, delay = time.monotonic() + self.slot_moving_wait, 0.0
         while True:
             try:
-                replies = self._pipeline(keys_and_args, script.sha, durability).execute(
-                    raise_on_error=False
+                pipe = self._pipeline(keys_and_args, script.sha, durability)
+                replies = pipe.execute(raise_on_error=False)
+                may_retry = time.monotonic() < deadline
+                outcome, value = _durable_outcome(
+                    name, replies, self._noscript, durability, may_retry
                 )
-                reply, acked = _durable_reply(name, replies)
-                if isinstance(reply, self._noscript) and time.monotonic() < deadline:
+                if outcome == _LOAD_SCRIPT:
                     self.client.script_load(script.script)
-                    continue
             except self._errors as exc:
                 self._refresh_topology()
                 raise self._store_error(name, exc) from exc
-            if type(reply).__name__ in _REDIRECTS and time.monotonic() < deadline:
+            if outcome == _DONE:
+                return value
+            if outcome == _REDIRECTED:
                 self._refresh_topology()
-                delay = min(max(delay * 2, 0.01), 0.1)
-                time.sleep(delay)
-                continue
-            if isinstance(reply, BaseException):
-                raise self._store_error(name, reply) from reply
-            if _wrote(name, reply) and acked < durability.count:
+                time.sleep(delay := _retry_delay(delay, deadline))
+            elif outcome == _UNCONFIRMED:
                 if name == "claim":  # free the key so a retry can run, if Redis lets us
                     with contextlib.suppress(StoreError):
                         key, lock, _, owner, *_ = keys_and_args
                         RedisStore._eval(self, "release", key, lock, owner)
-                raise _unconfirmed(name, acked, durability)
-            return reply
+                raise value
 
     def _pipeline(
         self, keys_and_args: tuple[str | bytes | int, ...], sha: str, durability: Replicas
@@ -569,8 +601,7 @@ class AsyncRedisStore(_StoreBase):
         script = self._scripts[name]
         deadline, delay = time.monotonic() + self.slot_moving_wait, 0.0
         while True:
-            delay = min(max(delay * 2, 0.01), 0.1, max(0.0, deadline - time.monotonic()))
-            await asyncio.sleep(delay)
+            await asyncio.sleep(delay := _retry_delay(delay, deadline))
             try:
                 return await script(keys_and_args[:2], keys_and_args[2:])
             except self._errors as exc:
@@ -586,27 +617,26 @@ class AsyncRedisStore(_StoreBase):
         while True:
             try:
                 replies = await self._send_with_wait(keys_and_args, script.sha, durability)
-                reply, acked = _durable_reply(name, replies)
-                if isinstance(reply, self._noscript) and time.monotonic() < deadline:
+                may_retry = time.monotonic() < deadline
+                outcome, value = _durable_outcome(
+                    name, replies, self._noscript, durability, may_retry
+                )
+                if outcome == _LOAD_SCRIPT:
                     await self.client.script_load(script.script)
-                    continue
             except self._errors as exc:
                 await self._refresh_topology()
                 raise self._store_error(name, exc) from exc
-            if type(reply).__name__ in _REDIRECTS and time.monotonic() < deadline:
+            if outcome == _DONE:
+                return value
+            if outcome == _REDIRECTED:
                 await self._refresh_topology()
-                delay = min(max(delay * 2, 0.01), 0.1)
-                await asyncio.sleep(delay)
-                continue
-            if isinstance(reply, BaseException):
-                raise self._store_error(name, reply) from reply
-            if _wrote(name, reply) and acked < durability.count:
+                await asyncio.sleep(delay := _retry_delay(delay, deadline))
+            elif outcome == _UNCONFIRMED:
                 if name == "claim":  # free the key so a retry can run, if Redis lets us
                     with contextlib.suppress(StoreError):
                         key, lock, _, owner, *_ = keys_and_args
                         await AsyncRedisStore._eval(self, "release", key, lock, owner)
-                raise _unconfirmed(name, acked, durability)
-            return reply
+                raise value
 
     async def _send_with_wait(
         self, keys_and_args: tuple[str | bytes | int, ...], sha: str, durability: Replicas

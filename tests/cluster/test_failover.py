@@ -139,8 +139,10 @@ def test_a_master_killed_under_load_fails_over_and_requests_resume(
         if durability is not None:
             cluster.restart_node(victim)
         acked_at_failover = len(acked)
-        # Requests resume, on the promoted master's slots too.
-        wait_for(
+        # Requests resume, on the promoted master's slots too. With durability they need the
+        # restarted node to rejoin as the promoted master's replica and finish a full sync
+        # first, which on a loaded two-core CI box once took longer than FAILOVER_TIMEOUT.
+        wait_until(
             lambda: (
                 sum(
                     1
@@ -150,6 +152,7 @@ def test_a_master_killed_under_load_fails_over_and_requests_resume(
                 >= 20
                 or not any(t.is_alive() for t in threads)
             ),
+            FAILOVER_TIMEOUT if durability is None else 2 * FAILOVER_TIMEOUT,
             "requests on the promoted master",
         )
     finally:

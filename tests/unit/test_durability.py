@@ -10,11 +10,21 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from redis.exceptions import NoScriptError, TryAgainError
 
 from idemkey import ConfigurationError, Policy, RedisStore, StoreError
 from idemkey._core import Claimed, record_for
 from idemkey.policy import Replicas
-from idemkey.store import _durable_reply, _unconfirmed, _wrote
+from idemkey.store import (
+    _DONE,
+    _LOAD_SCRIPT,
+    _REDIRECTED,
+    _UNCONFIRMED,
+    _durable_outcome,
+    _durable_reply,
+    _unconfirmed,
+    _wrote,
+)
 
 
 def test_replicas_defaults_and_units() -> None:
@@ -142,3 +152,20 @@ def test_renew_and_release_are_not_waited_for() -> None:
     assert store.release(record, "me")
     assert client.pipelines == []
     assert len(client.plain) == 2
+
+
+def test_durable_outcomes() -> None:
+    one = Replicas(1, 0.1)
+    claimed = [1, 1, 0]
+    assert _durable_outcome("claim", [claimed, 1], NoScriptError, one, True) == (_DONE, claimed)
+    assert _durable_outcome("claim", [[3, 500], 0], NoScriptError, one, True) == (_DONE, [3, 500])
+    outcome, error = _durable_outcome("claim", [claimed, 0], NoScriptError, one, True)
+    assert outcome == _UNCONFIRMED
+    assert isinstance(error, StoreError)
+    noscript = NoScriptError("NOSCRIPT")
+    assert _durable_outcome("complete", [noscript, 0], NoScriptError, one, True)[0] == _LOAD_SCRIPT
+    moved = TryAgainError("TRYAGAIN")
+    assert _durable_outcome("complete", [moved, 0], NoScriptError, one, True)[0] == _REDIRECTED
+    for reply in (noscript, moved):  # out of time: a failure, not another try
+        with pytest.raises(StoreError):
+            _durable_outcome("complete", [reply, 0], NoScriptError, one, False)
