@@ -23,7 +23,16 @@ from typing import Any
 
 from .._core import new_owner
 from ..errors import StoreError
-from ..http import Complete, Exchange, Headers, Request, Response, begin, content_length
+from ..http import (
+    BodyCopy,
+    Complete,
+    Exchange,
+    Headers,
+    Request,
+    Response,
+    begin,
+    content_length,
+)
 from ..policy import Policy
 from ..store import AsyncRedisStore, detach, uncancellable
 
@@ -132,13 +141,11 @@ class IdempotencyMiddleware:
         if isinstance(answer, Response):
             await _respond(send, answer)
             return
-        limit = policy.max_response_bytes
-        status, response_headers = 0, []
-        kept: list[bytes] | None = []  # the body copy; None once dropped
-        size, parts, finished, sized = 0, 0, False, False
+        copy = BodyCopy(policy.max_response_bytes)
+        status, response_headers, finished = 0, [], False
 
         async def capture_send(message: Message) -> None:
-            nonlocal status, response_headers, kept, size, parts, finished, sized
+            nonlocal status, response_headers, finished
             kind = message["type"]
             if kind == "http.response.start":
                 status = message["status"]
@@ -146,19 +153,13 @@ class IdempotencyMiddleware:
                     (n.decode("latin-1"), v.decode("latin-1"))
                     for n, v in message.get("headers", ())
                 ]
-                sized = any(n.lower() == "content-length" for n, _ in response_headers)
+                copy.start(response_headers)
             elif kind == "http.response.body" and not finished:
                 finished = not message.get("more_body", False)
-                chunk = message.get("body", b"")
-                size, parts = size + len(chunk), parts + 1
-                # Over max_response_bytes, or streamed (several messages and no Content-Length,
-                # the WSGI adapter's rule too): the record completes without its body.
-                if kept is not None and (size > limit or (parts > 1 and not sized)):
-                    kept = None
-                elif kept is not None:
-                    kept.append(chunk)
+                copy.add(message.get("body", b""))
             elif kind == "http.response.pathsend" and not finished:
-                kept, finished = None, True  # a file sent by the server: too large to keep
+                copy.drop()  # a file sent by the server: too large to keep
+                finished = True
             else:
                 await send(message)
                 return
@@ -171,7 +172,7 @@ class IdempotencyMiddleware:
             try:
                 await send(message)
             finally:
-                body_copy = None if kept is None else b"".join(kept)
+                body_copy = copy.body()
                 await uncancellable(
                     lambda: self._finish(step, owner, status, response_headers, body_copy)
                 )

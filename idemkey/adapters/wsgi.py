@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 from .._core import Claimed
 from ..errors import StoreError
 from ..http import (
+    BodyCopy,
     Complete,
     Exchange,
     Headers,
@@ -221,29 +222,19 @@ class _Tee:
         self.iterator: Iterator[bytes] | None = None
         self.status: int | None = None
         self.headers: list[tuple[str, str]] = []
-        self.kept: list[bytes] | None = []
-        self.size = self.chunks = 0
+        self.copy = BodyCopy(exchange.policy.max_response_bytes)
         self.settled = False
 
     def start_response(self, status: str, headers: list[tuple[str, str]], *exc_info: Any) -> Any:
         write = self.server_start_response(status, headers, *exc_info)
         self.status, self.headers = int(status[:3]), headers
+        self.copy.start(headers)
 
         def tee_write(data: bytes) -> None:  # the legacy write() callable: keep a copy too
-            self.keep(data)
+            self.copy.add(data)
             write(data)
 
         return tee_write
-
-    def keep(self, chunk: bytes) -> None:
-        if not chunk or self.kept is None:
-            return
-        self.size += len(chunk)
-        self.chunks += 1
-        if self.size > self.exchange.policy.max_response_bytes:
-            self.kept = None  # too large to store: the body still streams through
-        else:
-            self.kept.append(chunk)
 
     def __iter__(self) -> Iterator[bytes]:
         return self
@@ -259,18 +250,15 @@ class _Tee:
         except BaseException:
             self.finish(failed=True)
             raise
-        self.keep(chunk)
+        self.copy.add(chunk)
         return chunk
 
     def finish(self, failed: bool = False) -> None:
         if self.settled:
             return
         self.settled = True
-        body = None if self.kept is None else b"".join(self.kept)
-        # Several blocks and no length: the app streams (PEP 3333); keep no body for it.
-        streamed = self.chunks > 1 and all(n.lower() != "content-length" for n, _ in self.headers)
         status = None if failed else self.status
-        settle(self.store, self.exchange, status, self.headers, None if streamed else body)
+        settle(self.store, self.exchange, status, self.headers, self.copy.body())
 
     def close(self) -> None:
         """The server is done with us: if it stopped early, drain the app (bounded), then
@@ -279,7 +267,7 @@ class _Tee:
             if not self.settled:
                 try:
                     for _ in self:
-                        if self.kept is None:
+                        if self.copy.too_large:
                             break  # over the limit: stop pulling, complete without the body
                     self.finish()
                 except Exception:

@@ -17,6 +17,7 @@ from idemkey._core import Claimed, InFlight, Mismatch, Replay
 from idemkey.http import (
     BODY_NOT_KEPT_HEADER,
     REPLAYED_HEADER,
+    BodyCopy,
     Complete,
     Exchange,
     Headers,
@@ -304,3 +305,41 @@ def test_problem_bodies_are_rfc_9457() -> None:
         "code": "teapot",
     }
     assert ("Retry-After", "3") in answer.headers
+
+
+def test_the_body_copy_keeps_one_block_or_a_sized_body_within_the_limit() -> None:
+    single = BodyCopy(10)
+    single.start([("Content-Type", "text/plain")])
+    single.add(b"hello")
+    single.add(b"")  # an empty final block (ASGI's more_body=False) is not a second block
+    assert single.body() == b"hello"
+
+    sized = BodyCopy(10)
+    sized.start([("Content-Length", "6")])
+    for block in (b"abc", b"def"):
+        sized.add(block)
+    assert sized.body() == b"abcdef"
+
+
+def test_the_body_copy_is_dropped_when_streamed_or_too_large() -> None:
+    streamed = BodyCopy(100)
+    streamed.start([])
+    streamed.add(b"one")
+    streamed.add(b"two")  # several blocks, no length: a stream
+    assert streamed.dropped
+    assert streamed.body() is None
+    assert not streamed.too_large
+
+    large = BodyCopy(4)
+    large.start([("content-length", "5")])
+    large.add(b"12345")
+    assert large.too_large
+    assert large.body() is None
+
+
+def test_the_body_copy_counts_size_after_it_is_dropped() -> None:
+    stream = BodyCopy(10)
+    stream.start([])
+    for _ in range(4):
+        stream.add(b"1234")  # dropped as a stream at the second block, still measured
+    assert stream.too_large  # so a drain of an endless body stops
