@@ -36,6 +36,7 @@ from ._core import (
     payload_fingerprint,
     record_for,
 )
+from ._steprun import AsyncSteps, Steps
 from .errors import (
     InvalidKeyError,
     KeyReuseError,
@@ -58,7 +59,7 @@ _UNSET: Any = object()
 class Call(Generic[T]):
     """What a guard yields: either a replay of the stored result, or a claim to do the work."""
 
-    __slots__ = ("_result", "_saved", "fence", "replayed", "takeover")
+    __slots__ = ("_result", "_saved", "_steps", "fence", "replayed", "takeover")
 
     def __init__(
         self,
@@ -75,6 +76,8 @@ class Call(Generic[T]):
         self.takeover = takeover
         self._result: Any = result
         self._saved: bytes | None = None
+        # Set by guard / aguard on a claimed call: runs steps against the store.
+        self._steps: Steps | AsyncSteps | None = None
 
     @property
     def result(self) -> T:
@@ -82,6 +85,39 @@ class Call(Generic[T]):
         if self._result is _UNSET:
             raise AttributeError("no result: this call was not replayed and nothing was saved")
         return cast(T, self._result)
+
+    def step(self, name: str, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
+        """Run ``fn(*args, **kwargs)`` once for this record as the step ``name`` (a recovery
+        point), and return its result.
+
+        The result is stored in the record before this returns. An executor that takes the
+        key over after a crash, or retries it after a release, gets the stored result of a
+        finished step without running ``fn`` again, and runs the steps that did not finish.
+        The value returned is the stored one (msgspec built-ins: a dataclass comes back as a
+        dict), the same on a first run and on a resume. Under :func:`aguard` this returns an
+        awaitable (``await call.step(...)``) and ``fn`` may be a coroutine function.
+
+        Raises :class:`LeaseLostError` when another executor took the record over (nothing
+        stored; no later step runs), :class:`ConfigurationError` for a bad name or a result
+        that cannot be stored (the step then does not count as finished).
+        """
+        if self._steps is None:
+            raise RuntimeError("call.step() needs a claimed call: this one was replayed")
+        return self._steps.run(name, fn, args, kwargs)
+
+    def step_key(self, name: str) -> str:
+        """A key for the downstream call inside step ``name`` (e.g. a PSP's idempotency key):
+        the same for every executor of this record, so a step that ran but crashed before its
+        checkpoint is deduplicated downstream. Pass ``call.fence`` along where it is accepted.
+        """
+        if self._steps is None:
+            raise RuntimeError("call.step_key() needs a claimed call: this one was replayed")
+        return self._steps.key(name)
+
+    @property
+    def resumed_steps(self) -> tuple[str, ...]:
+        """Names of the steps an earlier executor finished (returned, not run, by step())."""
+        return self._steps.book.resumed if self._steps is not None else ()
 
     def save(self, value: T) -> None:
         """Record the result; the record completes with it when the block exits."""
@@ -135,6 +171,11 @@ class _GuardState(Generic[T]):
     @property
     def ttl_ms(self) -> int:
         return self.policy.ttl_ms
+
+    def close_steps(self) -> None:
+        """The block has exited: no step may start any more."""
+        if self.call is not None and self.call._steps is not None:
+            self.call._steps.book.close()
 
     def saved(self) -> bytes | None:
         return self.call._saved if self.call is not None else None
@@ -202,7 +243,10 @@ class Guard(_GuardState[T]):
         except StoreError as error:
             self.notify("store_error", detail=str(error))
             raise
-        return self.enter(decision, perf_counter() - started)
+        call = self.enter(decision, perf_counter() - started)
+        if self.claim is not None:
+            call._steps = Steps(self.store, self.record, self.claim)
+        return call
 
     def __exit__(
         self,
@@ -213,6 +257,7 @@ class Guard(_GuardState[T]):
         claim, saved, started = self.claim, self.saved(), perf_counter()
         if claim is None:
             return
+        self.close_steps()
         try:
             if saved is None:
                 done = self.store.release(self.record, claim.owner)
@@ -259,7 +304,10 @@ class AsyncGuard(_GuardState[T]):
             # (never claimed): the release script changes nothing.
             detach(self.store.release(self.record, owner))
             raise
-        return self.enter(decision, perf_counter() - started)
+        call = self.enter(decision, perf_counter() - started)
+        if self.claim is not None:
+            call._steps = AsyncSteps(self.store, self.record, self.claim)
+        return call
 
     async def __aexit__(
         self,
@@ -270,6 +318,7 @@ class AsyncGuard(_GuardState[T]):
         claim, saved, started = self.claim, self.saved(), perf_counter()
         if claim is None:
             return
+        self.close_steps()
         store, record, owner, ttl_ms = self.store, self.record, claim.owner, self.ttl_ms
 
         def write() -> Coroutine[Any, Any, bool]:

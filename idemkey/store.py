@@ -39,7 +39,7 @@ __all__ = ["AsyncRedisStore", "RedisStore", "detach", "uncancellable"]
 
 T = TypeVar("T")
 
-SCRIPT_NAMES: Final = ("claim", "complete", "release", "renew")
+SCRIPT_NAMES: Final = ("claim", "complete", "release", "renew", "checkpoint")
 SCRIPTS: Final[dict[str, str]] = {
     name: (files("idemkey") / "lua" / f"{name}.lua").read_text("utf-8") for name in SCRIPT_NAMES
 }
@@ -101,9 +101,9 @@ def _slot_moving(exc: BaseException, moving: _Errors) -> bool:
     return type(exc) in moving
 
 
-# Durability (Policy.durability): claim and complete are sent as EVALSHA + WAIT in one pipeline,
-# on one connection, because WAIT counts the replicas that have this connection's writes.
-_DURABLE: Final = frozenset({"claim", "complete"})
+# Durability (Policy.durability): claim, complete and checkpoint are sent as EVALSHA + WAIT in
+# one pipeline, on one connection, because WAIT counts the replicas that have its writes.
+_DURABLE: Final = frozenset({"claim", "complete", "checkpoint"})
 # Replies that mean "not on this node (now)": the cluster client handles them for plain calls,
 # the durable path (its own pipeline to the slot's master) retries them. redis-py and valkey
 # name them alike.
@@ -446,6 +446,20 @@ class RedisStore(_StoreBase):
         lease_ms = lease_ms or self.policy.lease_ms
         return bool(self._eval("renew", record.key, record.lock, owner, lease_ms) == 1)
 
+    def checkpoint(self, record: Record, owner: str, field: str, result: bytes) -> bool:
+        """Store a finished step's ``result`` under ``field`` (see checkpoint.lua); False when
+        the record is no longer ours (nothing written). A failed write is retried like a
+        completion: checkpoint.lua answers the same when sent twice."""
+        args = (record.key, record.lock, owner, field, result)
+        deadline, delay = self._completion_deadline(None), 0.0
+        while True:
+            try:
+                return bool(self._eval("checkpoint", *args) == 1)
+            except StoreError:
+                if (delay := _next_delay(delay, deadline)) <= 0:
+                    raise
+            time.sleep(delay)
+
     def check(self) -> list[str]:
         """Warn when the server can lose records: an evicting ``maxmemory-policy`` (any but
         ``noeviction``: records carry a TTL, so ``volatile-*`` evicts them too) or nothing kept
@@ -722,6 +736,18 @@ class AsyncRedisStore(_StoreBase):
         """Extend the lease by ``lease_ms``; False when it is no longer ours."""
         lease_ms = lease_ms or self.policy.lease_ms
         return bool(await self._eval("renew", record.key, record.lock, owner, lease_ms) == 1)
+
+    async def checkpoint(self, record: Record, owner: str, field: str, result: bytes) -> bool:
+        """Store a finished step's result; see :meth:`RedisStore.checkpoint`."""
+        args = (record.key, record.lock, owner, field, result)
+        deadline, delay = self._completion_deadline(None), 0.0
+        while True:
+            try:
+                return bool(await self._eval("checkpoint", *args) == 1)
+            except StoreError:
+                if (delay := _next_delay(delay, deadline)) <= 0:
+                    raise
+            await asyncio.sleep(delay)
 
     async def acheck(self) -> list[str]:
         """The asyncio twin of :meth:`RedisStore.check`: warnings about record loss."""
