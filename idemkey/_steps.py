@@ -35,9 +35,9 @@ _FIELD_PREFIX: Final = "s:"
 def check_step_name(name: object) -> str:
     """Return ``name`` if it can name a step, else raise :class:`ConfigurationError`.
 
-    A step name is a non-empty ``str`` of at most ``MAX_STEP_NAME`` printable characters that
-    UTF-8 can encode (no lone surrogates): it is stored as part of a Redis field name and
-    shown in logs, so it must read back exactly as written.
+    A step name is a non-empty ``str`` of at most ``MAX_STEP_NAME`` printable characters: it
+    is stored as part of a Redis field name and shown in logs, so it must read back exactly as
+    written.
     """
     if not isinstance(name, str):
         raise ConfigurationError(f"a step name must be a str, not {type(name).__name__}")
@@ -45,12 +45,10 @@ def check_step_name(name: object) -> str:
         raise ConfigurationError("a step name must not be empty")
     if len(name) > MAX_STEP_NAME:
         raise ConfigurationError(f"a step name must be at most {MAX_STEP_NAME} characters")
+    # isprintable() is False for control characters and for lone surrogates (which UTF-8
+    # cannot encode), so a printable name always round-trips through Redis.
     if not name.isprintable():
         raise ConfigurationError("a step name must be printable (no control characters)")
-    try:
-        name.encode("utf-8")
-    except UnicodeEncodeError:
-        raise ConfigurationError("a step name must be valid Unicode text") from None
     return name
 
 
