@@ -20,11 +20,11 @@ from pathlib import Path
 import pytest
 import redis
 
+pytest.importorskip("celery")
+
 from idemkey.contrib.celery import IdempotentTask
 from tests._servers import wait_until
 from tests.contrib._celery_app import STEPS, make_app
-
-pytest.importorskip("celery")
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.redis
