@@ -219,6 +219,18 @@ def _steps_of(reply: list[object]) -> tuple[tuple[str, bytes], ...]:
     )
 
 
+def decode_checkpoint_reply(reply: object, result: bytes) -> bytes | None:
+    """checkpoint.lua's reply: the step's stored result (``result`` if ours was stored), or
+    None when the record was not ours. Anything else is a :class:`StoreError`."""
+    if reply == 1:
+        return result
+    if reply == 0:
+        return None
+    if isinstance(reply, bytes):
+        return reply
+    raise StoreError(f"unexpected reply from the checkpoint script: {reply!r:.200}")
+
+
 def retry_after_seconds(retry_after: float) -> int:
     """The ``Retry-After`` header value: whole seconds, at least 1."""
     whole = int(retry_after)

@@ -56,15 +56,15 @@ class Steps(_StepsBase):
             # An unstorable result raises ConfigurationError here: the step does not count as
             # finished, and a retry runs it again.
             encoded = encode_value(value)
-            stored_now = self.store.checkpoint(self.record, self.owner, step_field(name), encoded)
+            stored = self.store.checkpoint(self.record, self.owner, step_field(name), encoded)
         except BaseException:
             book.abandon(name)
             raise
-        if not stored_now:
+        if stored is None:
             raise book.lose(name)
-        book.finish(name, encoded)
+        book.finish(name, stored)
         # What a resume would return: the same value whether the step ran now or before.
-        return decode_value(encoded)
+        return decode_value(stored)
 
 
 class AsyncSteps(_StepsBase):
@@ -89,13 +89,11 @@ class AsyncSteps(_StepsBase):
             encoded = encode_value(value)
             # The step's work is done: a cancellation must not keep its checkpoint from Redis
             # (a retry would run it again).
-            stored_now = await uncancellable(
-                lambda: store.checkpoint(record, owner, field, encoded)
-            )
+            stored = await uncancellable(lambda: store.checkpoint(record, owner, field, encoded))
         except BaseException:
             book.abandon(name)
             raise
-        if not stored_now:
+        if stored is None:
             raise book.lose(name)
-        book.finish(name, encoded)
-        return decode_value(encoded)
+        book.finish(name, stored)
+        return decode_value(stored)

@@ -26,6 +26,7 @@ from ._core import (
     Decision,
     InFlight,
     Record,
+    decode_checkpoint_reply,
     decode_claim_reply,
     new_owner,
     next_poll_delay,
@@ -113,9 +114,12 @@ _REDIRECTS: Final = frozenset(
 
 
 def _wrote(name: str, reply: Any) -> bool:
-    """Whether a script reply means the call wrote: a claim (``{1, ...}``) or a completion (1)."""
+    """Whether a script reply means the call wrote (or found written, for a checkpoint): a
+    claim (``{1, ...}``), a completion (1), a checkpoint (1 or the stored result)."""
     if name == "claim":
         return isinstance(reply, list) and bool(reply) and reply[0] == 1
+    if name == "checkpoint":
+        return reply == 1 or isinstance(reply, bytes)
     return bool(reply == 1)
 
 
@@ -446,15 +450,15 @@ class RedisStore(_StoreBase):
         lease_ms = lease_ms or self.policy.lease_ms
         return bool(self._eval("renew", record.key, record.lock, owner, lease_ms) == 1)
 
-    def checkpoint(self, record: Record, owner: str, field: str, result: bytes) -> bool:
-        """Store a finished step's ``result`` under ``field`` (see checkpoint.lua); False when
-        the record is no longer ours (nothing written). A failed write is retried like a
-        completion: checkpoint.lua answers the same when sent twice."""
+    def checkpoint(self, record: Record, owner: str, field: str, result: bytes) -> bytes | None:
+        """Store a finished step's ``result`` under ``field`` (see checkpoint.lua). Returns the
+        step's stored result (``result``, or the one stored first), None when the record is no
+        longer ours (nothing written). A failed write is retried like a completion."""
         args = (record.key, record.lock, owner, field, result)
         deadline, delay = self._completion_deadline(None), 0.0
         while True:
             try:
-                return bool(self._eval("checkpoint", *args) == 1)
+                return decode_checkpoint_reply(self._eval("checkpoint", *args), result)
             except StoreError:
                 if (delay := _next_delay(delay, deadline)) <= 0:
                     raise
@@ -737,13 +741,15 @@ class AsyncRedisStore(_StoreBase):
         lease_ms = lease_ms or self.policy.lease_ms
         return bool(await self._eval("renew", record.key, record.lock, owner, lease_ms) == 1)
 
-    async def checkpoint(self, record: Record, owner: str, field: str, result: bytes) -> bool:
+    async def checkpoint(
+        self, record: Record, owner: str, field: str, result: bytes
+    ) -> bytes | None:
         """Store a finished step's result; see :meth:`RedisStore.checkpoint`."""
         args = (record.key, record.lock, owner, field, result)
         deadline, delay = self._completion_deadline(None), 0.0
         while True:
             try:
-                return bool(await self._eval("checkpoint", *args) == 1)
+                return decode_checkpoint_reply(await self._eval("checkpoint", *args), result)
             except StoreError:
                 if (delay := _next_delay(delay, deadline)) <= 0:
                     raise

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from idemkey import ConfigurationError, LeaseLostError, StoreError
-from idemkey._core import Claimed, decode_claim_reply
+from idemkey._core import Claimed, decode_checkpoint_reply, decode_claim_reply
 from idemkey._steps import MAX_STEP_NAME, StepBook, check_step_name, step_field, step_key
 
 
@@ -92,3 +92,11 @@ def test_a_claim_reply_carries_the_finished_steps() -> None:
 def test_a_malformed_claim_reply_is_a_store_error(reply: list[object]) -> None:
     with pytest.raises(StoreError):
         decode_claim_reply(reply, "me")
+
+
+def test_a_checkpoint_reply_names_the_stored_result() -> None:
+    assert decode_checkpoint_reply(1, b"ours") == b"ours"
+    assert decode_checkpoint_reply(b"first", b"ours") == b"first"  # stored before: it stays
+    assert decode_checkpoint_reply(0, b"ours") is None  # not our record
+    with pytest.raises(StoreError):
+        decode_checkpoint_reply([1], b"ours")

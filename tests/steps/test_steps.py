@@ -307,3 +307,20 @@ async def test_async_a_stale_owner_cannot_checkpoint(
                 await stale.step("two", str, "2")
             assert await fresh.step("two", str, "fresh") == "fresh"
             fresh.save("done")
+
+
+def test_a_resent_checkpoint_keeps_the_first_result(
+    store: RedisStore, sync_client: redis.Redis, prefix: str
+) -> None:
+    """checkpoint.lua sent twice (redis-py re-sends after a timeout; a retry after a lost
+    reply): written once, and the second answer is the first result."""
+    from idemkey._core import Claimed
+
+    record = guard_record(prefix, "k")
+    claim = store.claim(record, "fp", heartbeat=False)
+    assert isinstance(claim, Claimed)
+    assert store.checkpoint(record, claim.owner, "s:a", b"\x01first") == b"\x01first"
+    assert store.checkpoint(record, claim.owner, "s:a", b"\x01second") == b"\x01first"
+    assert sync_client.hget(record.key, "ns") == b"1"
+    assert store.checkpoint(record, "someone else", "s:b", b"\x01x") is None
+    assert sync_client.hget(record.key, "s:b") is None
