@@ -35,6 +35,7 @@ def make_app(url: str, prefix: str) -> Celery:
         },
         worker_prefetch_multiplier=1,
         result_expires=600,
+        result_extended=True,  # the stored result names its retry count
     )
 
     def make_store() -> RedisStore:

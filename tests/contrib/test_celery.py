@@ -114,6 +114,8 @@ def test_the_same_task_sent_three_times_at_once_runs_once_and_all_get_its_result
     assert values[0] == values[1] == values[2]
     assert values[0]["total"] == 42
     assert client.get(f"{prefix}:runs") == b"1"
+    # Waiting out the first run did not spend the duplicates' retries (max_retries).
+    assert [result.retries for result in results] == [0, 0, 0]
     # Same call, positional or keyword: the stored result, no new run.
     assert task.delay("o-1", 21).get(timeout=30) == values[0]
     assert client.get(f"{prefix}:runs") == b"1"
