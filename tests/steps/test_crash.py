@@ -20,7 +20,7 @@ from idemkey import LeaseLostError, Policy, RedisStore, guard
 from idemkey._core import record_for
 from idemkey.guard import GUARD_METHOD
 from tests._servers import wait_until
-from tests.steps._worker import STEPS, run_job
+from tests.steps._worker import STEPS, run_job, side_effect
 
 ROOT = Path(__file__).resolve().parents[2]
 LEASE = 0.6  # seconds: short, so the takeover comes quickly after the kill
@@ -30,8 +30,8 @@ LEASE = 0.6  # seconds: short, so the takeover comes quickly after the kill
 def spawn(redis_url: str, prefix: str) -> Iterator[object]:
     workers: list[subprocess.Popen[str]] = []
 
-    def start(key: str, pause_after: int) -> subprocess.Popen[str]:
-        argv = [sys.executable, "-m", "tests.steps._worker", "steps", redis_url, prefix, key]
+    def start(key: str, pause_after: int, mode: str = "steps") -> subprocess.Popen[str]:
+        argv = [sys.executable, "-m", "tests.steps._worker", mode, redis_url, prefix, key]
         worker = subprocess.Popen(
             [*argv, str(LEASE), str(pause_after)],
             cwd=ROOT,
@@ -141,3 +141,33 @@ def test_a_stale_owner_in_process_gets_lease_lost_and_no_later_step_runs(
         store.close()
     assert ran == ["one", "two"]
     assert real_client.hget(record.key, "s:two") is None
+
+
+async def test_an_async_takeover_after_sigkill_of_an_async_worker_resumes(
+    spawn, real_client: redis.Redis, redis_url: str, prefix: str
+) -> None:
+    import redis.asyncio
+
+    from idemkey import AsyncRedisStore, aguard
+
+    worker = spawn("order-3", 2, "asteps")
+    assert wait_for_pause(real_client, prefix, worker) == 2
+    os.kill(worker.pid, signal.SIGKILL)
+    worker.wait(timeout=10)
+
+    aclient = redis.asyncio.Redis.from_url(redis_url)
+    store = AsyncRedisStore(aclient, Policy(prefix=prefix, lease=LEASE, wait=10))
+    try:
+        async with aguard(store, "order-3", payload="order-3") as call:
+            assert call.takeover
+            assert call.resumed_steps == STEPS[:2]
+            results = [
+                await call.step(name, side_effect, real_client, prefix, name, call.fence)
+                for name in STEPS
+            ]
+            call.save(results)
+    finally:
+        await store.aclose()
+        await aclient.aclose()
+    assert side_effects(real_client, prefix) == dict.fromkeys(STEPS, 1)
+    assert [result["fence"] for result in results] == [1, 1, 2]
