@@ -12,7 +12,8 @@ import pytest
 import redis
 from redis.crc import key_slot
 
-import idemkey.store
+import idemkey.store._async_store
+import idemkey.store._sync_store
 from idemkey import (
     AsyncRedisStore,
     Event,
@@ -122,13 +123,14 @@ class GuardBehaviour:
         self, store: Both, monkeypatch: pytest.MonkeyPatch
     ) -> None:
         polling = threading.Event()
-        real_next_delay = idemkey.store._next_delay
+        real_next_delay = idemkey.store._async_store._next_delay
 
         def next_delay(previous: float, deadline: float) -> float:
             polling.set()  # the duplicate saw the first call in flight and is waiting
             return real_next_delay(previous, deadline)
 
-        monkeypatch.setattr(idemkey.store, "_next_delay", next_delay)
+        monkeypatch.setattr(idemkey.store._async_store, "_next_delay", next_delay)
+        monkeypatch.setattr(idemkey.store._sync_store, "_next_delay", next_delay)
 
         async def duplicate() -> tuple[bool, object]:
             async with store.guard("charge:1", policy=policy(store, wait=10)) as call:

@@ -114,6 +114,24 @@ def test_lease_table_renews_every_third_of_a_lease() -> None:
     assert len(table) == 0
 
 
+def test_lease_table_takes_each_renewal_answer() -> None:
+    table = LeaseTable()
+    record = record_for("p", "", "GUARD", "", "k")
+    table.add(record, "o", 3000, now=100.0)
+    (lease,) = table.due(101.0)
+    assert table.answered(lease, True, 101.0) is False  # renewed: due a third later
+    assert table.next_due() == 102.0
+    assert table.answered(lease, None, 102.0) is False  # failed: due again soon
+    assert table.next_due() == pytest.approx(102.3)
+    assert table.answered(lease, False, 102.3) is True  # taken over: lost, no longer renewed
+    assert len(table) == 0
+    table.add(record, "o", 3000, now=200.0)
+    (live,) = table.due(201.0)
+    table.remove(record, "o")  # completed while its renewal was on the way
+    assert table.answered(live, False, 201.0) is False
+    assert len(table) == 0
+
+
 def test_policy_defaults() -> None:
     policy = Policy()
     assert (policy.ttl, policy.lease, policy.wait) == (86_400.0, 30.0, 0.0)
