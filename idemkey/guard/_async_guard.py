@@ -33,8 +33,9 @@ class AsyncGuard(GuardState[T]):
         scope: str,
         policy: Policy | None,
         result_type: Any,
+        name: str = "",
     ) -> None:
-        super().__init__(key, payload, scope, policy, result_type, store.policy)
+        super().__init__(key, payload, scope, policy, result_type, store.policy, name)
         self.store = store
 
     async def __aenter__(self) -> Call[T]:
@@ -52,8 +53,7 @@ class AsyncGuard(GuardState[T]):
                 lambda: self.store.release(self.record, owner),
             )
         except StoreError as error:
-            self.notify("store_error", detail=str(error))
-            raise
+            return self.claim_failed(error)
         return self.enter(decision, perf_counter() - started)
 
     async def __aexit__(

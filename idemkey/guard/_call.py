@@ -6,9 +6,9 @@ Both guards (``_async_guard``, and ``_sync_guard`` generated from it) build on
 
 from __future__ import annotations
 
-from typing import Any, Generic, TypeVar, cast
+from typing import Any, Final, Generic, TypeVar, cast
 
-from .._codec import decode_value, encode_payload, encode_value
+from .._codec import RESULT_NOT_KEPT, decode_value, encode_payload, encode_value
 from .._core import (
     Claimed,
     Decision,
@@ -20,11 +20,15 @@ from .._core import (
     record_for,
 )
 from ..errors import (
+    ConfigurationError,
     InvalidKeyError,
     KeyReuseError,
     LeaseLostError,
+    NoResultError,
     RequestInFlightError,
+    ResultNotStorableError,
     StoreError,
+    UsageError,
 )
 from ..events import EventKind, report
 from ..policy import Policy
@@ -36,11 +40,51 @@ GUARD_METHOD = "GUARD"  # the record's "method" for guards: never equal to an HT
 
 _UNSET: Any = object()
 
+# Policy fields only the HTTP adapters read: a guard has no request, header or status to apply
+# them to. A guard's own policy that sets one is refused rather than silently ignored.
+HTTP_ONLY_FIELDS: Final = (
+    "methods",
+    "require_key",
+    "strict_header",
+    "header",
+    "max_request_bytes",
+    "max_response_bytes",
+    "store_error_retry_after",
+    "scope",
+    "mismatch_status",
+    "store_server_errors",
+    "release_statuses",
+    "header_denylist",
+    "header_allowlist",
+)
+_DEFAULTS: Final = Policy()
+
+
+def check_guard_policy(policy: Policy, store_policy: Policy) -> None:
+    """Refuse a guard policy with a field the guard cannot honour.
+
+    An HTTP-only field may keep its default or the store's value (a policy derived from the
+    store's with ``replace``, or one shared with the HTTP adapters); any other value would be
+    ignored, so it raises :class:`ConfigurationError`. ``durability`` is the store's to set:
+    the store sends every write.
+    """
+    for name in HTTP_ONLY_FIELDS:
+        value = getattr(policy, name)
+        if value != getattr(_DEFAULTS, name) and value != getattr(store_policy, name):
+            raise ConfigurationError(
+                f"Policy.{name} applies to HTTP requests only; guard() and @idempotent cannot "
+                "honour it (leave it at its default in the guard's policy)"
+            )
+    if policy.durability != store_policy.durability:
+        raise ConfigurationError(
+            "Policy.durability is read from the store's policy: set it on the store, not on a guard"
+        )
+
 
 class Call(Generic[T]):
     """What a guard yields: either a replay of the stored result, or a claim to do the work."""
 
-    __slots__ = ("_result", "_saved", "fence", "replayed", "takeover")
+    __slots__ = ("_key", "_result", "_saved", "fence", "replayed", "takeover")
 
     def __init__(
         self,
@@ -49,7 +93,9 @@ class Call(Generic[T]):
         result: Any = _UNSET,
         fence: int | None = None,
         takeover: bool = False,
+        key: str = "",
     ) -> None:
+        self._key = key
         self.replayed = replayed
         #: Fencing token: grows with every takeover; pass it to downstream writes.
         self.fence = fence
@@ -62,14 +108,22 @@ class Call(Generic[T]):
     def result(self) -> T:
         """The stored result of the first run (only when ``replayed``), or what was saved."""
         if self._result is _UNSET:
-            raise AttributeError("no result: this call was not replayed and nothing was saved")
+            raise NoResultError("no result: this call was not replayed and nothing was saved")
         return cast(T, self._result)
 
     def save(self, value: T) -> None:
-        """Record the result; the record completes with it when the block exits."""
+        """Record the result; the record completes with it when the block exits.
+
+        A value msgspec cannot encode raises :class:`ResultNotStorableError`, and the record
+        then completes as "result not kept": the work has run, so it must not run again.
+        """
         if self.replayed:
-            raise RuntimeError("cannot save() on a replayed call")
-        self._saved = encode_value(value)
+            raise UsageError("cannot save() on a replayed call")
+        try:
+            self._saved = encode_value(value)
+        except ConfigurationError as exc:
+            self._saved, self._result = RESULT_NOT_KEPT, _UNSET
+            raise ResultNotStorableError(self._key, str(exc.__cause__ or exc)) from exc
         self._result = value
 
 
@@ -84,12 +138,22 @@ class GuardState(Generic[T]):
         policy: Policy | None,
         result_type: Any,
         store_policy: Policy,
+        name: str = "",
     ) -> None:
         if not isinstance(key, str) or not key:
             raise InvalidKeyError("a guard key must be a non-empty string")
-        self.policy = policy if policy is not None else store_policy
+        if not isinstance(scope, str):
+            raise ConfigurationError(f"a guard scope must be a str, got {type(scope).__name__}")
+        if policy is None or policy is store_policy:
+            self.policy = store_policy
+        else:
+            check_guard_policy(policy, store_policy)
+            self.policy = policy
+        self.key = key
         self.scope = scope
-        self.record: Record = record_for(self.policy.prefix, scope, GUARD_METHOD, "", key)
+        # ``name`` (a decorated function's qualified name) takes the route's place: two
+        # functions never share a record, whatever their keys.
+        self.record: Record = record_for(self.policy.prefix, scope, GUARD_METHOD, name, key)
         self.fingerprint = payload_fingerprint(encode_payload(payload))
         self.result_type = result_type
         self.claim: Claimed | None = None
@@ -102,17 +166,32 @@ class GuardState(Generic[T]):
             claim = cast(Claimed, decision)
             self.claim = claim
             self.notify("takeover" if claim.takeover else "claimed", claim.fence, seconds=seconds)
-            self.call = Call(replayed=False, fence=claim.fence, takeover=claim.takeover)
+            self.call = Call(
+                replayed=False, fence=claim.fence, takeover=claim.takeover, key=self.key
+            )
             return self.call
         if kind is Replay:
+            response = cast(Replay, decision).response
+            if response == RESULT_NOT_KEPT:
+                self.notify("replayed", detail="result not kept", seconds=seconds)
+                raise ResultNotStorableError(self.key, "it could not be encoded on the first run")
             self.notify("replayed", seconds=seconds)
-            value = decode_value(cast(Replay, decision).response, self.result_type)
-            return Call(replayed=True, result=value)
+            return Call(replayed=True, result=decode_value(response, self.result_type))
         if kind is Mismatch:
             self.notify("mismatch", seconds=seconds)
             raise KeyReuseError()
         self.notify("in_flight", seconds=seconds)
         raise RequestInFlightError(cast(InFlight, decision).retry_after)
+
+    def claim_failed(self, error: StoreError) -> Call[T]:
+        """Redis failed before the work ran: raise it (``on_store_error="closed"``), or run
+        the work unprotected (``"open"``: nothing is claimed or stored, a retry runs again)."""
+        if self.policy.on_store_error == "open":
+            self.notify("unprotected", detail=str(error))
+            self.call = Call(replayed=False, key=self.key)
+            return self.call
+        self.notify("store_error", detail=str(error))
+        raise error
 
     @property
     def ttl_ms(self) -> int:

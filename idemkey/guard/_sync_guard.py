@@ -34,8 +34,9 @@ class Guard(GuardState[T]):
         scope: str,
         policy: Policy | None,
         result_type: Any,
+        name: str = "",
     ) -> None:
-        super().__init__(key, payload, scope, policy, result_type, store.policy)
+        super().__init__(key, payload, scope, policy, result_type, store.policy, name)
         self.store = store
 
     def __enter__(self) -> Call[T]:
@@ -53,8 +54,7 @@ class Guard(GuardState[T]):
                 lambda: self.store.release(self.record, owner),
             )
         except StoreError as error:
-            self.notify("store_error", detail=str(error))
-            raise
+            return self.claim_failed(error)
         return self.enter(decision, perf_counter() - started)
 
     def __exit__(

@@ -16,6 +16,7 @@ import idemkey.store._async_store
 import idemkey.store._sync_store
 from idemkey import (
     AsyncRedisStore,
+    ConfigurationError,
     Event,
     InvalidKeyError,
     KeyReuseError,
@@ -27,8 +28,7 @@ from idemkey import (
     guard,
     idempotent,
 )
-from idemkey._codec import encode_value
-from idemkey._core import Claimed, payload_fingerprint
+from idemkey.records import Claimed, encode_value, payload_fingerprint
 from tests._servers import async_wait_until, free_port, no_retry
 from tests.store._both import AsyncStore, Both, SyncStore
 
@@ -384,9 +384,9 @@ def test_idempotent_refuses_a_store_of_the_wrong_kind() -> None:
 
     def sync_job() -> None: ...
 
-    with pytest.raises(TypeError, match="AsyncRedisStore"):
+    with pytest.raises(ConfigurationError, match="AsyncRedisStore"):
         idempotent(store, key=lambda: "k")(async_job)
-    with pytest.raises(TypeError, match="RedisStore"):
+    with pytest.raises(ConfigurationError, match="RedisStore"):
         idempotent(astore, key=lambda: "k")(sync_job)
 
 

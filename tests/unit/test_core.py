@@ -7,20 +7,17 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from idemkey import ConfigurationError, Policy, StoreError
-from idemkey._core import (
+from idemkey._core import decode_claim_reply, fingerprint, next_poll_delay, retry_after_seconds
+from idemkey._leases import LeaseTable
+from idemkey.records import (
     Claimed,
     InFlight,
     Mismatch,
     Replay,
-    decode_claim_reply,
-    fingerprint,
     new_owner,
-    next_poll_delay,
     payload_fingerprint,
     record_for,
-    retry_after_seconds,
 )
-from idemkey._leases import LeaseTable
 
 
 @pytest.mark.parametrize(
