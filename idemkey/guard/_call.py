@@ -151,6 +151,7 @@ class GuardState(Generic[T]):
             self.policy = policy
         self.key = key
         self.scope = scope
+        self.name = name
         # ``name`` (a decorated function's qualified name) takes the route's place: two
         # functions never share a record, whatever their keys.
         self.record: Record = record_for(self.policy.prefix, scope, GUARD_METHOD, name, key)
@@ -232,4 +233,5 @@ class GuardState(Generic[T]):
         seconds: float | None = None,
     ) -> None:
         hook = self.policy.on_event
-        report(hook, kind, self.record, self.scope, GUARD_METHOD, "", fence, detail, seconds)
+        # Events name a decorated function where an HTTP event names its route.
+        report(hook, kind, self.record, self.scope, GUARD_METHOD, self.name, fence, detail, seconds)

@@ -81,6 +81,20 @@ class EdgeBehaviour:
         assert await ship_once(42) == "shipped 42"
         assert ran == ["charge", "ship"]
 
+    async def test_events_of_a_decorated_function_name_it(self, store: Both) -> None:
+        events: list[Event] = []
+
+        def charge(order_id: int) -> str:
+            return "charged"
+
+        once = decorate(
+            store, charge, key=str, policy=store.store.policy.replace(on_event=events.append)
+        )
+        await once(1)
+        await once(1)
+        assert [event.kind for event in events] == ["claimed", "completed", "replayed"]
+        assert {event.route for event in events} == {f"{__name__}.{charge.__qualname__}"}
+
     async def test_an_explicit_name_keeps_the_records_of_a_renamed_function(
         self, store: Both
     ) -> None:
