@@ -84,7 +84,7 @@ def _exchange(
     except TimeoutError:
         return NoResponse(f"no answer within {timeout:g} s", sent_at)
     except (OSError, http.client.HTTPException) as exc:
-        return NoResponse(f"{type(exc).__name__}: {exc}".rstrip(": "), sent_at)
+        return NoResponse(f"no answer: {type(exc).__name__}: {exc}".rstrip(": "), sent_at)
     finally:
         connection.close()
 

@@ -104,7 +104,7 @@ def excerpt(body: bytes, limit: int = EXCERPT_CHARS) -> str:
 def evidence(answer: Answer, replay_header: str) -> str:
     """``201, Idempotent-Replayed: true, body {"id": ...}``: what a line shows of an answer."""
     if isinstance(answer, NoResponse):
-        return f"no answer ({answer.reason})"
+        return answer.reason
     parts = [str(answer.status)]
     for name in (replay_header, "Retry-After"):
         value = answer.header(name)
@@ -165,7 +165,7 @@ def body_differences(first: bytes, second: bytes) -> tuple[str, ...]:
 
 
 def _no_answer(number: int, name: str, answer: NoResponse) -> Result:
-    return Result(number, name, "FAIL", f"no answer: {answer.reason}")
+    return Result(number, name, "FAIL", answer.reason)
 
 
 def judge_first(answer: Answer, replay_header: str) -> Result:
