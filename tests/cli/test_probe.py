@@ -255,7 +255,7 @@ def test_an_edited_retry_answered_with_2xx(idemkey: CliRunner, broken: dict[str,
     assert [checks[n]["verdict"] for n in (1, 2, 4)] == ["PASS"] * 3
     assert checks[3]["verdict"] == "FAIL"
     assert "an edited retry was executed" in checks[3]["summary"]
-    assert ": 201, body {\"id\": \"ch_" in checks[3]["summary"]
+    assert ': 201, body {"id": "ch_' in checks[3]["summary"]
 
 
 def test_concurrent_duplicates_run_twice(idemkey: CliRunner, broken: dict[str, str]) -> None:
