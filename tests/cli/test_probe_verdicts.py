@@ -253,7 +253,8 @@ def test_a_correct_endpoint_passes_every_check() -> None:
     assert len(batches[4].requests) == PLAN.concurrency
     assert session.sent == 5 + PLAN.concurrency <= PLAN.max_requests
     # The other tenant's credentials replace the first tenant's, and the key stays.
-    assert _headers(batches[5].requests[0]) == {"account": "acct_2", "idempotency-key": "k1"}
+    # Exactly once: a server reading the first Authorization header would see tenant 1.
+    assert batches[5].requests[0].headers == (("Account", "acct_2"), ("Idempotency-Key", "k1"))
     assert batches[2].requests[0].body == EDITED
     assert "idempotency-key" not in _headers(batches[3].requests[0])
     assert {_headers(r)["idempotency-key"] for r in batches[4].requests} == {"k2"}
