@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import re
-import uuid
+import secrets
 from pathlib import Path
 from typing import IO, Final
 
@@ -18,8 +18,7 @@ HELP: Final = "check an endpoint's retry behaviour over HTTP (any server)"
 MAX_CONCURRENCY: Final = 20
 DEFAULT_CONCURRENCY: Final = 5
 WARNING: Final = (
-    "warning: this creates real records on the target (each success runs the endpoint: a "
-    "charge, an order); use staging"
+    "warning: this creates real records on the target (each success runs the endpoint); use staging"
 )
 _example = Plan("POST", (), b"", b"x", other_tenant=("A", "b"), concurrency=DEFAULT_CONCURRENCY)
 _bound = _example.max_requests - DEFAULT_CONCURRENCY
@@ -182,13 +181,14 @@ def _line(result: Result) -> str:
 
 def run(args: argparse.Namespace, out: IO[str]) -> int:
     target, plan, how = plan_from(args)
-    session = ProbeSession(plan, f"probe-{uuid.uuid4().hex}", f"probe-{uuid.uuid4().hex}")
+    session = ProbeSession(plan, f"probe-{secrets.token_hex(8)}", f"probe-{secrets.token_hex(8)}")
     url = args.url
     if not args.json:
         out.write(
-            f"idemkey probe: {plan.method} {url}\n{WARNING}\n"
-            f"keys {session.first_key} (checks 1-3, 6) and {session.concurrent_key} (check 5); "
-            f"edited body: {how}; at most {plan.max_requests} requests\n"
+            f"idemkey probe: {plan.method} {url}, at most {plan.max_requests} requests\n"
+            f"{WARNING}\n"
+            f"keys {session.first_key} (checks 1-3, 6), {session.concurrent_key} (check 5); "
+            f"edited body: {how}\n"
         )
         out.flush()
     try:

@@ -122,7 +122,9 @@ def test_concurrent_one_execution_passes() -> None:
     ]
     result = judge_concurrent(answers, RH)
     assert result.verdict == "PASS", result
-    assert "4 at once: 2 x 201, 2 x 409: one execution (1 Idempotent-Replayed)" in result.summary
+    assert (
+        "4 at once: 2 x 201, 2 x 409 (Retry-After: 1): one execution, 1 replayed" in result.summary
+    )
     assert "4 of 4 in flight together" in result.summary
 
 

@@ -35,7 +35,7 @@ __all__ = [
 Verdict = Literal["PASS", "WARN", "FAIL", "SKIP"]
 _RANK: Final[dict[Verdict, int]] = {"SKIP": 0, "PASS": 1, "WARN": 2, "FAIL": 3}
 
-EXCERPT_CHARS: Final = 60
+EXCERPT_CHARS: Final = 40
 MAX_FIELD_LINES: Final = 6
 
 #: Refusals of a key reused with another request: the IETF draft's 422, Stripe's 400.
@@ -300,12 +300,10 @@ def judge_concurrent(answers: Sequence[Answer], replay_header: str) -> Result:
             body_differences(distinct[0].body, distinct[1].body),
         )
     replays = sum(1 for r in successes if r.header(replay_header) is not None)
-    shown = f"{tally}: one execution"
-    if replays:
-        shown += f" ({replays} {replay_header})"
     bare = [r for r in conflicts if r.header("Retry-After") is None]
     if conflicts and not bare:
-        shown += f", 409s with Retry-After: {conflicts[0].header('Retry-After')}"
+        tally += f" (Retry-After: {conflicts[0].header('Retry-After')})"
+    shown = f"{tally}: one execution" + (f", {replays} replayed" if replays else "")
     together = _in_flight_together(answers)
     if bare:
         return Result(number, name, "WARN", f"{shown}, but {len(bare)} x 409 without Retry-After")
