@@ -64,8 +64,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--edit",
         metavar="BODY",
-        help="the edited body for check 3 (default: a JSON body with its first number + 1, "
-        "else its first string + '-edited')",
+        help="the edited body for check 3, a request the endpoint would accept on its own (a "
+        "validation 400 would pass for a refusal); default: the JSON body with its first "
+        "number + 1, else its first string + '-edited'",
     )
     parser.add_argument(
         "-H",
