@@ -8,6 +8,8 @@ from __future__ import annotations
 import http.client
 import json
 import os
+import shutil
+import socket
 import subprocess
 import sys
 import threading
@@ -351,3 +353,66 @@ def test_help_states_the_bound_and_the_warning(idemkey: CliRunner) -> None:
     assert "never sends more than 8 + N requests (13 with the default N=5)" in text
     assert "creates real records on the target" in text
     assert "exit status: 0" in text
+
+
+def test_a_silent_endpoint_fails_check_1_after_the_timeout(idemkey: CliRunner) -> None:
+    # The kernel completes the TCP handshake for a listening socket nobody accepts from: the
+    # endpoint is reachable (not exit 3) and never answers.
+    with socket.create_server(("127.0.0.1", 0)) as silent:
+        url = f"http://127.0.0.1:{silent.getsockname()[1]}/charges"
+        started = time.monotonic()
+        run = idemkey("probe", url, "-d", CHARGE, "--timeout", "0.5")
+    assert run.code == 1, run.out + run.err
+    assert "FAIL  1  first request         no answer within 0.5 s" in run.out
+    assert _verdicts(run) == {1: "FAIL", **dict.fromkeys(range(2, 7), "SKIP")}
+    assert time.monotonic() - started < 10
+
+
+@pytest.fixture
+def tls_files(tmp_path: Path) -> tuple[str, str]:
+    """A self-signed certificate for 127.0.0.1, and its key."""
+    openssl = shutil.which("openssl")
+    if openssl is None:
+        pytest.skip("needs the openssl command to make a certificate")
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    options = [
+        "req",
+        "-x509",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-days",
+        "1",
+        "-subj",
+        "/CN=127.0.0.1",
+    ]
+    files = ["-keyout", str(key), "-out", str(cert)]
+    subprocess.run(
+        [openssl, *options, "-addext", "subjectAltName=IP:127.0.0.1", *files],
+        check=True,
+        capture_output=True,
+        timeout=60,
+    )
+    return str(cert), str(key)
+
+
+def test_https_verifies_the_certificate(
+    idemkey: CliRunner, tls_files: tuple[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    server = make_server(
+        "127.0.0.1", 0, BrokenPayments("no-fingerprint"), threaded=True, ssl_context=tls_files
+    )
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"https://127.0.0.1:{server.socket.getsockname()[1]}/charges"
+    try:
+        untrusted = idemkey("probe", url, "-d", CHARGE)
+        assert untrusted.code == 3
+        assert "CERTIFICATE_VERIFY_FAILED" in untrusted.err
+        assert len(untrusted.err.splitlines()) == 1
+        monkeypatch.setenv("SSL_CERT_FILE", tls_files[0])  # trust it, as a staging CA would be
+        trusted = idemkey("probe", url, "-d", CHARGE)
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert trusted.code == 1, trusted.out + trusted.err
+    assert "an edited retry was replayed" in _line(trusted, 3)
