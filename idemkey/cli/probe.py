@@ -53,6 +53,9 @@ EPILOG: Final = (
 FORMATTER: Final = argparse.RawDescriptionHelpFormatter
 
 _TOKEN = re.compile(r"^[!#$%&'*+\-.^_`|~0-9A-Za-z]+$")
+KEY_HEADER: Final = "Idempotency-Key"
+#: Headers the probe writes itself: the key, and the body's framing.
+_OWN_HEADERS: Final = frozenset({KEY_HEADER.lower(), "content-length", "transfer-encoding"})
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -107,6 +110,12 @@ def _header(text: str, option: str) -> tuple[str, str]:
         raise CliError(f"{option} must look like 'Name: value', got {text!r}", 2)
     if any(c in value for c in "\r\n\0"):
         raise CliError(f"{option} {name}: the value holds a line break", 2)
+    try:
+        value.encode("latin-1")  # what HTTP/1.1 can carry in a header
+    except UnicodeEncodeError:
+        raise CliError(f"{option} {name}: the value is not ISO-8859-1 text", 2) from None
+    if name.lower() in _OWN_HEADERS:
+        raise CliError(f"{option}: the probe sets {name} itself", 2)
     return name, value
 
 
@@ -135,9 +144,6 @@ def plan_from(args: argparse.Namespace) -> tuple[Target, Plan, str]:
     if not _TOKEN.match(args.replay_header):
         raise CliError(f"--replay-header must be a header name, got {args.replay_header!r}", 2)
     headers = tuple(_header(h, "-H") for h in args.header)
-    key_header = "Idempotency-Key"
-    if any(n.lower() == key_header.lower() for n, _ in headers):
-        raise CliError(f"the probe sends its own {key_header}: drop it from -H", 2)
     tenant = None
     if args.other_tenant_header is not None:
         tenant = _header(args.other_tenant_header, "--other-tenant-header")
@@ -169,7 +175,7 @@ def plan_from(args: argparse.Namespace) -> tuple[Target, Plan, str]:
         concurrency=args.concurrency,
         replay_header=args.replay_header,
         other_tenant=tenant,
-        key_header=key_header,
+        key_header=KEY_HEADER,
     )
     return target, plan, how
 

@@ -48,6 +48,8 @@ def parse_target(method: str, url: str) -> Target:
     if not parts.hostname:
         raise ValueError(f"URL has no host: {url!r}")
     port = parts.port  # raises ValueError for a port out of range
+    if not all(33 <= ord(c) <= 126 for c in parts.path + parts.query):
+        raise ValueError(f"percent-encode spaces and non-ASCII characters in the URL: {url!r}")
     default = 443 if parts.scheme == "https" else 80
     path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
     return Target(method, parts.scheme, parts.hostname, port or default, path)
