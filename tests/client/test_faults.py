@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import os
+import ssl
 import time
 import uuid
 from collections.abc import Iterator
@@ -36,6 +37,8 @@ from .conftest import Server, Servers
 TIMEOUT = 0.5  # each attempt's timeout; a held answer or a slow handler outlasts it
 SLOW = 1.0  # the slow handler's run time
 FAST = RetryPolicy(backoff=0.05, backoff_cap=0.2, deadline=10.0)
+# Plain HTTP only: one context for every client spares loading the CA bundle per client.
+TLS = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
 
 
 class Caller:
@@ -45,7 +48,7 @@ class Caller:
         self.mode, self.base_url = mode, base_url
         self.events: list[RetryEvent] = []
         self.client = Client(
-            base_url=base_url, timeout=TIMEOUT, retry=FAST, on_retry=self.events.append
+            base_url=base_url, timeout=TIMEOUT, retry=FAST, on_retry=self.events.append, verify=TLS
         )
 
     def prepare(self, url: str, **kwargs: Any) -> Operation:
@@ -58,7 +61,11 @@ class Caller:
 
     async def _asend(self, operation: Operation) -> IdempotentResponse:
         async with AsyncClient(
-            base_url=self.base_url, timeout=TIMEOUT, retry=FAST, on_retry=self.events.append
+            base_url=self.base_url,
+            timeout=TIMEOUT,
+            retry=FAST,
+            on_retry=self.events.append,
+            verify=TLS,
         ) as client:
             return await client.send(operation)
 
@@ -213,7 +220,7 @@ def test_multipart_is_retried_byte_identically(target: Any) -> None:
 
 def plain_retry(base_url: str, url: str, attempts: int = 3, **kwargs: Any) -> httpx.Response:
     """What the issue calls the classic bug: each attempt gets a new key."""
-    with httpx.Client(base_url=base_url, timeout=TIMEOUT) as client:
+    with httpx.Client(base_url=base_url, timeout=TIMEOUT, verify=TLS) as client:
         for _ in range(attempts - 1):
             try:
                 return client.post(url, headers={"Idempotency-Key": str(uuid.uuid4())}, **kwargs)
@@ -250,7 +257,7 @@ def test_control_reserialised_multipart_is_refused(plain: Any) -> None:
     files = {"receipt": ("receipt.pdf", b"%PDF-1.7 receipt", "application/pdf")}
     headers = {"Idempotency-Key": f"k-{call}"}
     proxy.arm("drop")
-    with httpx.Client(base_url=proxy.url, timeout=TIMEOUT) as client:
+    with httpx.Client(base_url=proxy.url, timeout=TIMEOUT, verify=TLS) as client:
         with pytest.raises(httpx.RemoteProtocolError):
             client.post(f"/charges?call={call}", files=files, headers=headers)
         retry = client.post(f"/charges?call={call}", files=files, headers=headers)
