@@ -23,8 +23,10 @@ import pytest
 
 from idemkey.client import (
     AsyncClient,
+    AsyncIdempotentTransport,
     Client,
     IdempotentResponse,
+    IdempotentTransport,
     Operation,
     RefusedError,
     RetryEvent,
@@ -213,6 +215,40 @@ def test_multipart_is_retried_byte_identically(target: Any) -> None:
     assert_once(server, proxy, call, reply)
     assert reply.attempts == 3
     assert proxy.requests_for(call)[0].headers["content-type"].startswith("multipart/form-data")
+
+
+# ---- the transports, mounted on plain httpx clients ----------------------------------------
+
+
+def test_transport_mounted_on_httpx_client(servers: Servers) -> None:
+    server = servers.get("wsgi")
+    with HttpFaultProxy("127.0.0.1", server.port) as proxy:
+        call = new_call()
+        proxy.arm("drop")
+        transport = IdempotentTransport(httpx.HTTPTransport(verify=TLS), retry=FAST)
+        with httpx.Client(base_url=proxy.url, timeout=TIMEOUT, transport=transport) as http:
+            reply = http.post(f"/charges?call={call}", json={"amount": 1000})
+        assert reply.status_code == 201
+        assert reply.headers["idempotent-replayed"] == "true"
+        assert runs(server, call) == 1
+        first, second = proxy.requests_for(call)
+        assert first.headers["idempotency-key"] == second.headers["idempotency-key"]
+        assert first.body == second.body
+
+
+async def test_async_transport_mounted_on_httpx_async_client(servers: Servers) -> None:
+    server = servers.get("asgi")
+    with HttpFaultProxy("127.0.0.1", server.port) as proxy:
+        call = new_call()
+        proxy.arm("hold", 3 * TIMEOUT)
+        transport = AsyncIdempotentTransport(httpx.AsyncHTTPTransport(verify=TLS), retry=FAST)
+        async with httpx.AsyncClient(
+            base_url=proxy.url, timeout=TIMEOUT, transport=transport
+        ) as http:
+            reply = await http.post(f"/charges?call={call}", json={"amount": 1000})
+        assert reply.status_code == 201
+        assert reply.headers["idempotent-replayed"] == "true"
+        assert runs(server, call) == 1
 
 
 # ---- negative controls: plain httpx, a fresh key per attempt ------------------------------
