@@ -1,7 +1,8 @@
-"""The blocking shell: :class:`Client` and :class:`IdempotentTransport` over ``httpx``.
+"""The I/O shell over ``httpx``: :class:`AsyncClient` and :class:`AsyncIdempotentTransport`.
 
-The twin of ``_async.py``, line for line but for ``await`` and the sleep; the decisions are in
-``_retry.py`` and the actions in ``_shell.py``, so neither shell holds a rule of its own.
+The source of its blocking twin ``_sync.py``, which ``python -m tests.client.unasync``
+generates (and ``tests/client/test_unasync.py`` checks for drift). Every decision is in
+``_retry.py`` and every action on one in ``_shell.py``: a shell only sends, reads and sleeps.
 """
 
 from __future__ import annotations
@@ -59,7 +60,7 @@ class AsyncClient(Preparing):
     """An ``httpx.AsyncClient`` sending each POST/PATCH as one idempotent call, retried safely.
 
     Wrap your own (``AsyncClient(httpx.AsyncClient(base_url=..., auth=...))``) or let this one
-    build it from httpx options (``Client(base_url=..., timeout=2.0)``); ``client.http`` is the
+    build it from httpx options (``AsyncClient(base_url=..., timeout=2.0)``); ``client.http`` is the
     httpx client, for every call that needs no key.
     """
 
@@ -139,9 +140,8 @@ class AsyncIdempotentTransport(httpx.AsyncBaseTransport):
         if request.method not in self.methods:
             return await self.transport.handle_async_request(request)
         operation = Operation.from_request(request, self.header)
-        return (
-            await arun(self._send, operation, self.retry, self.on_retry, transport=True)
-        ).response
+        reply = await arun(self._send, operation, self.retry, self.on_retry, transport=True)
+        return reply.response
 
     async def _send(self, request: httpx.Request) -> httpx.Response:
         response = await self.transport.handle_async_request(request)

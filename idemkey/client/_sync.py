@@ -1,7 +1,8 @@
-"""The blocking shell: :class:`Client` and :class:`IdempotentTransport` over ``httpx``.
+"""The blocking shell over ``httpx``: :class:`Client` and :class:`IdempotentTransport`.
 
-The twin of ``_async.py``, line for line but for ``await`` and the sleep; the decisions are in
-``_retry.py`` and the actions in ``_shell.py``, so neither shell holds a rule of its own.
+Generated from ``_async.py`` by ``python -m tests.client.unasync``: edit that file, not this
+one (``tests/client/test_unasync.py`` fails on drift). Every decision is in ``_retry.py`` and
+every action on one in ``_shell.py``: a shell only sends, reads and sleeps.
 """
 
 from __future__ import annotations
@@ -55,9 +56,9 @@ def run(
 
 
 class Client(Preparing):
-    """An ``httpx.Client`` that sends each POST/PATCH as one idempotent call, retried safely.
+    """An ``httpx.Client`` sending each POST/PATCH as one idempotent call, retried safely.
 
-    Wrap your own client (``Client(httpx.Client(base_url=..., auth=...))``) or let this one
+    Wrap your own (``Client(httpx.Client(base_url=..., auth=...))``) or let this one
     build it from httpx options (``Client(base_url=..., timeout=2.0)``); ``client.http`` is the
     httpx client, for every call that needs no key.
     """
@@ -112,9 +113,9 @@ class Client(Preparing):
 
 
 class IdempotentTransport(httpx.BaseTransport):
-    """Mount on any ``httpx.Client``: POST/PATCH get a key (unless they carry one) and retries.
+    """Mount on an ``httpx.Client``: POST/PATCH get a key (unless they carry one) and retries.
 
-    ``httpx.Client(transport=IdempotentTransport())``. A transport raises only httpx errors:
+    ``httpx.Client(transport=IdempotentTransport())``. It raises only httpx errors:
     a refusal comes back as its response, and giving up returns the last response or raises
     the last httpx error. Set the header yourself to know (and persist) the key.
     """
@@ -138,7 +139,8 @@ class IdempotentTransport(httpx.BaseTransport):
         if request.method not in self.methods:
             return self.transport.handle_request(request)
         operation = Operation.from_request(request, self.header)
-        return run(self._send, operation, self.retry, self.on_retry, transport=True).response
+        reply = run(self._send, operation, self.retry, self.on_retry, transport=True)
+        return reply.response
 
     def _send(self, request: httpx.Request) -> httpx.Response:
         response = self.transport.handle_request(request)
