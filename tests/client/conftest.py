@@ -20,6 +20,7 @@ import sys
 import threading
 import uuid
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -128,22 +129,31 @@ def serve(name: str, url: str, prefix: str, tmp: Path) -> Iterator[Server]:
 
 
 class Servers:
-    """Starts each adapter's server on first use and keeps it for the rest of the module."""
+    """The three adapters' servers, started together and kept for the whole module."""
 
-    def __init__(self, redis_url: str, tmp: Path, stack: contextlib.ExitStack) -> None:
-        self.redis_url, self.tmp, self.stack = redis_url, tmp, stack
-        self.running: dict[str, Server] = {}
+    def __init__(self, running: dict[str, Server]) -> None:
+        self.running = running
 
     def get(self, name: str) -> Server:
-        if name not in self.running:
-            prefix = "t" + uuid.uuid4().hex[:12]
-            self.running[name] = self.stack.enter_context(
-                serve(name, self.redis_url, prefix, self.tmp)
-            )
         return self.running[name]
 
 
 @pytest.fixture(scope="module")
 def servers(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Servers]:
+    tmp = tmp_path_factory.mktemp("servers")
+    names = ("flask", "wsgi", "asgi")
+    managers = {name: serve(name, redis_url, "t" + uuid.uuid4().hex[:12], tmp) for name in names}
     with contextlib.ExitStack() as stack:
-        yield Servers(redis_url, tmp_path_factory.mktemp("servers"), stack)
+        # Start them at once (each waits for its own health check); whichever started is
+        # stopped at the end even if another failed.
+        with ThreadPoolExecutor(len(names)) as pool:
+            futures = {name: pool.submit(manager.__enter__) for name, manager in managers.items()}
+            wait(futures.values())
+        running = {}
+        for name, future in futures.items():
+            if future.exception() is None:
+                stack.push(managers[name].__exit__)
+                running[name] = future.result()
+        for future in futures.values():
+            future.result()  # raise the first startup failure, if any
+        yield Servers(running)
