@@ -44,6 +44,7 @@ from ._retry import (
     Retry,
     RetryPolicy,
     Schedule,
+    Step,
     parse_retry_after,
 )
 from ._sync import Client, IdempotentTransport
@@ -67,5 +68,6 @@ __all__ = [
     "RetryHook",
     "RetryPolicy",
     "Schedule",
+    "Step",
     "parse_retry_after",
 ]

@@ -25,7 +25,7 @@ import json
 import os
 import time
 import uuid
-from collections.abc import Iterable
+from collections.abc import Iterable, MutableMapping
 from typing import Any
 from urllib.parse import parse_qs
 
@@ -140,7 +140,7 @@ def asgi_app(url: str | None = None, prefix: str | None = None) -> Any:
         url, prefix = _settings()
     client = redis.asyncio.Redis.from_url(url)
 
-    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+    async def app(scope: MutableMapping[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] != "http":
             return
         if scope["method"] != "POST":

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import AsyncIterator, Callable
+from typing import Any
 
 import httpx
 import pytest
@@ -50,12 +51,9 @@ def scripted(*answers: httpx.Response | Exception) -> tuple[Handler, list[httpx.
     return handler, seen
 
 
-def client(handler: Handler, **kwargs: object) -> Client:
+def client(handler: Handler, retry: RetryPolicy = NOW, **kwargs: Any) -> Client:
     return Client(
-        transport=httpx.MockTransport(handler),
-        base_url="http://api.test",
-        retry=kwargs.pop("retry", NOW),
-        **kwargs,  # type: ignore[arg-type]
+        transport=httpx.MockTransport(handler), base_url="http://api.test", retry=retry, **kwargs
     )
 
 

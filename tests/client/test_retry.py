@@ -16,6 +16,7 @@ from idemkey.client import (
     Retry,
     RetryPolicy,
     Schedule,
+    Step,
     parse_retry_after,
 )
 from idemkey.errors import ConfigurationError
@@ -31,7 +32,7 @@ def problem(code: str, status: int) -> tuple[dict[str, str], bytes]:
 
 def answer(
     schedule: Schedule, status: int, headers: dict[str, str], body: bytes = b"", now: float = 0.0
-):  # type: ignore[no-untyped-def]
+) -> Step:
     schedule.send(now)
     return schedule.answered(status, headers, body, now, WALL)
 
