@@ -29,9 +29,11 @@ from idemkey.client import (
     IdempotentTransport,
     Operation,
     RefusedError,
+    RetriesExhaustedError,
     RetryEvent,
     RetryPolicy,
 )
+from tests._servers import wait_until
 
 from ._http_proxy import HttpFaultProxy
 from .conftest import Server, Servers
@@ -216,6 +218,36 @@ def test_multipart_is_retried_byte_identically(target: Any) -> None:
     assert_once(server, proxy, call, reply)
     assert reply.attempts >= 3
     assert proxy.requests_for(call)[0].headers["content-type"].startswith("multipart/form-data")
+
+
+def test_deadline_gives_up_and_the_same_operation_resumes_later(servers: Servers) -> None:
+    """Past the deadline the client stops (the handler still runs, once); sending the same
+    operation again later, as a restarted process would with its saved key, gets the answer."""
+    server = servers.get("flask")
+    call = new_call()
+    with HttpFaultProxy("127.0.0.1", server.port) as proxy:
+        short = RetryPolicy(backoff=0.05, backoff_cap=0.2, deadline=1.0)
+        with Client(base_url=proxy.url, timeout=TIMEOUT, retry=short, verify=TLS) as client:
+            operation = client.prepare("POST", f"/charges?call={call}&sleep=1.5", json={})
+            started = time.monotonic()
+            with pytest.raises(RetriesExhaustedError) as gave_up:
+                client.send(operation)
+            # Every attempt's timeouts are clipped to the deadline, and no wait outlives it.
+            assert time.monotonic() - started < 1.5
+            assert gave_up.value.reason == "deadline"
+            # Normally a 409 whose Retry-After (1 s) would end past the deadline; a timeout
+            # if a loaded machine delayed that answer.
+            assert gave_up.value.last in ("409 in_flight", "timeout")
+            with server.redis() as r:
+                wait_until(lambda: r.exists(f"{server.prefix}:first:{call}"), 10, "the first run")
+            reply = client.send(operation)  # later, with the same key
+        assert reply.replayed
+        assert runs(server, call) == 1
+        with server.redis() as r:
+            assert reply.content == r.get(f"{server.prefix}:first:{call}")
+        seen = proxy.requests_for(call)
+        assert {s.headers["idempotency-key"] for s in seen} == {operation.key}
+        assert len({s.body for s in seen}) == 1
 
 
 # ---- the transports, mounted on plain httpx clients ----------------------------------------
