@@ -19,12 +19,21 @@ bytes between it, the step function and the store:
 from __future__ import annotations
 
 import hashlib
+import inspect
 from collections.abc import Iterable
-from typing import Final
+from typing import Any, Final
 
-from .errors import ConfigurationError, LeaseLostError
+from .errors import ConfigurationError, LeaseLostError, UsageError
 
-__all__ = ["MAX_STEP_NAME", "StepBook", "check_step_name", "step_field", "step_key"]
+__all__ = [
+    "MAX_STEP_NAME",
+    "StepBook",
+    "_async_result",
+    "_sync_result",
+    "check_step_name",
+    "step_field",
+    "step_key",
+]
 
 #: Longest step name, in characters: names are code, not data.
 MAX_STEP_NAME: Final = 100
@@ -88,13 +97,13 @@ class StepBook:
         (run it, then :meth:`finish` or :meth:`abandon`)."""
         name = check_step_name(name)
         if self._closed:
-            raise RuntimeError("call.step() after the guard's block has exited")
+            raise UsageError("call.step() after the guard's block has exited")
         if self._lost:
             raise LeaseLostError(self.fence)
         if name in self._done:
             return self._done[name]
         if name in self._running:
-            raise RuntimeError(f"step {name!r} is already running in this call")
+            raise UsageError(f"step {name!r} is already running in this call")
         self._running.add(name)
         return None
 
@@ -117,3 +126,24 @@ class StepBook:
     def close(self) -> None:
         """The guard's block has exited."""
         self._closed = True
+
+
+# What a step function returned, as a result: the one difference between the asyncio runner
+# (guard/_async_steps.py) and the generated sync one, which scripts/unasync.py points from
+# ``_async_result`` to ``_sync_result``.
+
+
+async def _async_result(name: str, value: Any) -> Any:
+    """Under aguard a step function may be a coroutine function: await what it returned."""
+    return await value if inspect.isawaitable(value) else value
+
+
+def _sync_result(name: str, value: Any) -> Any:
+    """Under guard nothing can await a step's coroutine: refuse it (closed, so Python does not
+    warn that it was never awaited)."""
+    if inspect.isawaitable(value):
+        close = getattr(value, "close", None)
+        if close is not None:
+            close()
+        raise UsageError(f"step {name!r} returned an awaitable: use aguard for async steps")
+    return value

@@ -21,6 +21,9 @@ from idemkey import (
     KeyReuseError,
     Policy,
     RedisStore,
+    ResultNotStorableError,
+    StepNotStorableError,
+    UsageError,
     aguard,
     guard,
 )
@@ -138,14 +141,16 @@ def test_an_unstorable_result_is_refused_and_the_step_runs_again(
         return object()
 
     with (
-        pytest.raises(ConfigurationError, match="cannot store a result of type object"),
+        pytest.raises(StepNotStorableError, match=r"step 'bad' .* runs again on a retry") as err,
         guard(store, "k") as call,
     ):
         call.step("bad", unstorable)
+    assert err.value.step == "bad"
+    assert isinstance(err.value, ResultNotStorableError)  # what guard raises for its result
     assert sync_client.hget(guard_record(prefix, "k").key, "s:bad") is None
     with guard(store, "k") as call:
         assert call.resumed_steps == ()
-        with pytest.raises(ConfigurationError):
+        with pytest.raises(StepNotStorableError):
             call.step("bad", unstorable)
     assert run == ["ran", "ran"]
 
@@ -235,7 +240,7 @@ def test_an_async_function_is_refused_under_the_sync_guard(store: RedisStore) ->
     async def charge() -> str:
         return "x"
 
-    with guard(store, "k") as call, pytest.raises(TypeError, match="use aguard"):
+    with guard(store, "k") as call, pytest.raises(UsageError, match="use aguard"):
         call.step("charge", charge)
 
 
@@ -285,7 +290,7 @@ async def test_async_an_unstorable_result_is_refused(
     async def unstorable() -> object:
         return object()
 
-    with pytest.raises(ConfigurationError):
+    with pytest.raises(StepNotStorableError):
         async with aguard(astore, "k") as call:
             await call.step("bad", unstorable)
     assert await async_client.hget(guard_record(prefix, "k").key, "s:bad") is None
