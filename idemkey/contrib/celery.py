@@ -45,7 +45,7 @@ from celery import Task  # type: ignore[import-untyped]
 from celery.exceptions import Retry  # type: ignore[import-untyped]
 
 from .._codec import encode_payload
-from ..errors import ConfigurationError, LeaseLostError, RequestInFlightError
+from ..errors import ConfigurationError, LeaseLostError, RequestInFlightError, UsageError
 from ..guard import Call, guard
 from ..policy import Policy
 from ..store import RedisStore
@@ -81,7 +81,7 @@ class IdempotentTask(Task):  # type: ignore[misc]
         ``call.fence``. Only inside the task body."""
         call = getattr(self.request, _REQUEST_ATTRIBUTE, None)
         if call is None:
-            raise RuntimeError("idempotent_call is only available inside the running task")
+            raise UsageError("idempotent_call is only available inside the running task")
         return call  # type: ignore[no-any-return]
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:

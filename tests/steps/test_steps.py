@@ -329,3 +329,23 @@ def test_a_resent_checkpoint_keeps_the_first_result(
     assert sync_client.hget(record.key, "ns") == b"1"
     assert store.checkpoint(record, "someone else", "s:b", b"\x01x") is None
     assert sync_client.hget(record.key, "s:b") is None
+
+
+def test_steps_run_unprotected_when_redis_fails_and_on_store_error_is_open() -> None:
+    """on_store_error="open" runs the block without a claim: its steps run too, storing
+    nothing (a retry runs them again), and step_key is still the record's."""
+    from tests._servers import free_port, no_retry
+
+    dead = redis.Redis(port=free_port(), socket_connect_timeout=1, retry=no_retry())
+    store = RedisStore(dead, Policy(on_store_error="open"))
+    runs: list[str] = []
+    try:
+        with guard(store, "order-1") as call:
+            assert call.step("reserve", Counter(), "reserve") == {"step": "reserve", "value": None}
+            assert call.step("reserve", runs.append, "again") == {"step": "reserve", "value": None}
+            assert call.step_key("charge").startswith("ik_")
+            assert call.resumed_steps == ()
+    finally:
+        store.close()
+        dead.close()
+    assert runs == []  # a name still runs once per call
