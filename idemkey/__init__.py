@@ -17,7 +17,7 @@ from .errors import (
     StoreError,
 )
 from .events import Event
-from .guard import Call, aguard, guard, idempotent
+from .guard import Call, aguard, current_call, guard, idempotent
 from .policy import Policy, Replicas
 from .store import AsyncRedisStore, RedisStore
 
@@ -38,6 +38,7 @@ __all__ = [
     "StoreError",
     "StoredResponse",
     "aguard",
+    "current_call",
     "guard",
     "idempotent",
 ]

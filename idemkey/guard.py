@@ -17,6 +17,7 @@ retry runs again.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import functools
 import inspect
 from collections.abc import Awaitable, Callable, Coroutine
@@ -47,18 +48,34 @@ from .events import EventKind, report
 from .policy import Policy
 from .store import AsyncRedisStore, RedisStore, detach, uncancellable
 
-__all__ = ["AsyncGuard", "Call", "Guard", "aguard", "guard", "idempotent"]
+__all__ = ["AsyncGuard", "Call", "Guard", "aguard", "current_call", "guard", "idempotent"]
 
 T = TypeVar("T")
 GUARD_METHOD = "GUARD"  # the record's "method" for guards: never equal to an HTTP method's record
 
 _UNSET: Any = object()
+_CURRENT: contextvars.ContextVar[Call[Any] | None] = contextvars.ContextVar(
+    "idemkey_current_call", default=None
+)
+
+
+def current_call() -> Call[Any]:
+    """The claimed call whose block (or ``@idempotent`` function) is running in this context.
+
+    For code that cannot be handed the call, such as a function under ``@idempotent`` that
+    fences its transaction (``idemkey.contrib.sqlalchemy.fenced(session, current_call())``).
+    Raises ``LookupError`` outside a claimed block.
+    """
+    call = _CURRENT.get()
+    if call is None:
+        raise LookupError("no claimed idemkey call is running in this context")
+    return call
 
 
 class Call(Generic[T]):
     """What a guard yields: either a replay of the stored result, or a claim to do the work."""
 
-    __slots__ = ("_result", "_saved", "fence", "replayed", "takeover")
+    __slots__ = ("_result", "_saved", "fence", "record", "replayed", "takeover", "ttl_ms")
 
     def __init__(
         self,
@@ -67,8 +84,14 @@ class Call(Generic[T]):
         result: Any = _UNSET,
         fence: int | None = None,
         takeover: bool = False,
+        record: Record | None = None,
+        ttl_ms: int | None = None,
     ) -> None:
         self.replayed = replayed
+        #: The record's Redis names; its ``digest`` names it in SQL (``contrib.sqlalchemy``).
+        self.record = record
+        #: The record's retention, milliseconds.
+        self.ttl_ms = ttl_ms
         #: Fencing token: grows with every takeover; pass it to downstream writes.
         self.fence = fence
         #: True when this claim took over from an executor whose lease lapsed.
@@ -112,6 +135,7 @@ class _GuardState(Generic[T]):
         self.result_type = result_type
         self.claim: Claimed | None = None
         self.call: Call[T] | None = None
+        self._current: contextvars.Token[Call[Any] | None] | None = None
 
     def enter(self, decision: Decision, seconds: float) -> Call[T]:
         """The Call for a claim or a replay; raises for a mismatch or a request in flight."""
@@ -120,7 +144,14 @@ class _GuardState(Generic[T]):
             claim = cast(Claimed, decision)
             self.claim = claim
             self.notify("takeover" if claim.takeover else "claimed", claim.fence, seconds=seconds)
-            self.call = Call(replayed=False, fence=claim.fence, takeover=claim.takeover)
+            self.call = Call(
+                replayed=False,
+                fence=claim.fence,
+                takeover=claim.takeover,
+                record=self.record,
+                ttl_ms=self.policy.ttl_ms,
+            )
+            self._current = _CURRENT.set(self.call)
             return self.call
         if kind is Replay:
             self.notify("replayed", seconds=seconds)
@@ -137,6 +168,10 @@ class _GuardState(Generic[T]):
         return self.policy.ttl_ms
 
     def saved(self) -> bytes | None:
+        """The saved result, if any; the block is left, so it is no longer the current call."""
+        if self._current is not None:
+            _CURRENT.reset(self._current)
+            self._current = None
         return self.call._saved if self.call is not None else None
 
     def exited(

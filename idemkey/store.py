@@ -19,13 +19,14 @@ import threading
 import time
 from collections.abc import Callable, Coroutine
 from importlib.resources import files
-from typing import Any, Final, TypeVar
+from typing import Any, Final, Protocol, TypeVar
 
 from ._core import (
     Claimed,
     Decision,
     InFlight,
     Record,
+    Replay,
     decode_claim_reply,
     new_owner,
     next_poll_delay,
@@ -228,6 +229,18 @@ def _report(labelled: list[tuple[str, list[str]]]) -> list[str]:
     return warnings
 
 
+class Effects(Protocol):
+    """Where committed results can be found again (``idemkey.contrib.sqlalchemy.Effects``)."""
+
+    def lookup(self, record: Record) -> bytes | None: ...
+
+
+class AsyncEffects(Protocol):
+    """:class:`Effects` for :class:`AsyncRedisStore`."""
+
+    async def lookup(self, record: Record) -> bytes | None: ...
+
+
 def _next_delay(previous: float, deadline: float) -> float:
     return next_poll_delay(previous, deadline - time.monotonic())
 
@@ -298,8 +311,11 @@ class RedisStore(_StoreBase):
     #: another), so an idle store can be garbage-collected.
     heartbeat_idle_exit: float = 30.0
 
-    def __init__(self, client: Any, policy: Policy | None = None) -> None:
+    def __init__(
+        self, client: Any, policy: Policy | None = None, *, effects: Effects | None = None
+    ) -> None:
         super().__init__(client, policy)
+        self.effects = effects
         self._wakeup = threading.Condition()
         self._heartbeat: threading.Thread | None = None
         # While the heartbeat thread waits: the monotonic time it wakes at by itself (inf when
@@ -415,7 +431,22 @@ class RedisStore(_StoreBase):
                 decision = decode_claim_reply(self._eval("claim", *args), owner)
         if heartbeat and type(decision) is Claimed:
             self._watch(record, owner, lease_ms)
+        if self.effects is not None and isinstance(decision, Claimed) and decision.fence > 1:
+            # Not the key's first claim: a fenced transaction may have committed already.
+            return self._recover(record, decision, ttl_ms)
         return decision
+
+    def _recover(self, record: Record, claim: Claimed, ttl_ms: int) -> Decision:
+        """A claim that is not the key's first: a committed fenced result is the answer."""
+        try:
+            stored = self.effects.lookup(record) if self.effects is not None else None
+        except StoreError:
+            self.release(record, claim.owner)  # fail closed: nothing runs unfenced
+            raise
+        if stored is None:
+            return claim
+        self.complete(record, claim.owner, stored, ttl_ms=ttl_ms)
+        return Replay(stored)
 
     def complete(
         self, record: Record, owner: str, response: bytes, *, ttl_ms: int | None = None
@@ -573,8 +604,11 @@ class AsyncRedisStore(_StoreBase):
     """Idempotency records in Redis, for asyncio: ``redis.asyncio.Redis``, its ``RedisCluster``
     or ``valkey.asyncio.Valkey``, made with ``decode_responses=False``."""
 
-    def __init__(self, client: Any, policy: Policy | None = None) -> None:
+    def __init__(
+        self, client: Any, policy: Policy | None = None, *, effects: AsyncEffects | None = None
+    ) -> None:
         super().__init__(client, policy)
+        self.effects = effects
         self._heartbeat: asyncio.Task[None] | None = None
         self._wakeup: asyncio.Event | None = None
         # While the heartbeat task waits: the loop time it wakes at by itself; else 0.0.
@@ -692,7 +726,22 @@ class AsyncRedisStore(_StoreBase):
                 decision = decode_claim_reply(await self._eval("claim", *args), owner)
         if heartbeat and type(decision) is Claimed:
             self._watch(record, owner, lease_ms)
+        if self.effects is not None and isinstance(decision, Claimed) and decision.fence > 1:
+            # Not the key's first claim: a fenced transaction may have committed already.
+            return await self._recover(record, decision, ttl_ms)
         return decision
+
+    async def _recover(self, record: Record, claim: Claimed, ttl_ms: int) -> Decision:
+        """A claim that is not the key's first: a committed fenced result is the answer."""
+        try:
+            stored = await self.effects.lookup(record) if self.effects is not None else None
+        except StoreError:
+            await self.release(record, claim.owner)  # fail closed: nothing runs unfenced
+            raise
+        if stored is None:
+            return claim
+        await self.complete(record, claim.owner, stored, ttl_ms=ttl_ms)
+        return Replay(stored)
 
     async def complete(
         self, record: Record, owner: str, response: bytes, *, ttl_ms: int | None = None
