@@ -109,8 +109,8 @@ def _call_parts(call: Call[Any]) -> tuple[Record, int]:
 def _upsert(dialect: str, table: Table, row: str, fence: int, ttl_ms: int) -> Any:
     """INSERT ... ON CONFLICT DO UPDATE ... WHERE, RETURNING the row when it is ours.
 
-    The update applies only while the stored row does not belong to a newer claim and holds no
-    other claim's committed result; an expired row (past the retention) never counts.
+    The update applies only while the stored row belongs to no newer claim and holds no
+    committed result; an expired row (past the retention) never counts.
     """
     from sqlalchemy.dialects import postgresql, sqlite
 
@@ -130,9 +130,9 @@ def _upsert(dialect: str, table: Table, row: str, fence: int, ttl_ms: int) -> An
         expires_at=now + timedelta(milliseconds=ttl_ms),
     )
     current = table.c
-    ours = (current.fence == stmt.excluded.fence) | (
-        (current.fence < stmt.excluded.fence) & current.result.is_(None)
-    )
+    # A committed result is final; a newer fence has taken over. One fenced transaction per
+    # call (or per step), then.
+    ours = (current.fence <= stmt.excluded.fence) & current.result.is_(None)
     return stmt.on_conflict_do_update(
         index_elements=[current.record],
         set_={

@@ -337,3 +337,20 @@ def test_an_idempotent_function_fences_through_current_call(
         current_call()
     with engine.connect() as conn:
         assert conn.execute(sa.text("SELECT result FROM idemkey_effects")).scalar() is not None
+
+
+def test_records_lost_by_redis_still_commit_one_effect(
+    store: RedisStore, engine: sa.Engine, db_url: str, real_client: redis.Redis, prefix: str
+) -> None:
+    """Redis forgets the record (a restart without persistence): the retry is a first claim
+    again (fence 1, no SQL read) and runs, but cannot commit a second effect; its next retry
+    replays the committed result."""
+    runs: list[int] = []
+    first = charge(store, engine, "k8", runs)
+    real_client.delete(*real_client.keys(f"{prefix}:*"))
+    with pytest.raises(LeaseLostError):
+        charge(store, engine, "k8", runs)
+    assert runs == [1, 1]
+    assert charge(store, engine, "k8", runs) == first  # fence 2: recovered from SQL
+    assert runs == [1, 1]
+    assert rows(db_url, "k8") == [("k8", 1)]
