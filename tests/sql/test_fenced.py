@@ -287,6 +287,7 @@ async def test_aguard_with_afenced_and_async_effects(
     assert rows(db_url, "k7") == [("k7", 1)]
 
 
+@pytest.mark.slow
 def test_racing_workers_with_lapsing_leases_commit_one_row_per_key(
     db_url: str, spawn: Callable[..., Any]
 ) -> None:
