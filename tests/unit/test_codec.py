@@ -11,14 +11,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from idemkey import ConfigurationError, RecordFormatError, StoredResponse, StoreError
-from idemkey._codec import (
-    FORMAT_VERSION,
-    decode_response,
-    decode_value,
-    encode_payload,
-    encode_response,
-    encode_value,
-)
+from idemkey._codec import FORMAT_VERSION, encode_payload
+from idemkey.records import decode_response, decode_value, encode_response, encode_value
 
 
 class Receipt(msgspec.Struct):
