@@ -8,6 +8,7 @@
     ├── RequestInFlightError     the first request with this key is still running
     ├── LeaseLostError           another executor took the record over; our result was not stored
     ├── ConfigurationError       a Policy, client or argument that cannot work
+    ├── ProtocolError            an integration called the HTTP exchange's steps out of order
     └── StoreError               Redis failed or answered something we cannot read
         └── RecordFormatError    a stored record is not in a format this version reads
 
@@ -23,6 +24,7 @@ __all__ = [
     "InvalidKeyError",
     "KeyReuseError",
     "LeaseLostError",
+    "ProtocolError",
     "RecordFormatError",
     "RequestInFlightError",
     "StoreError",
@@ -76,3 +78,16 @@ class StoreError(IdemkeyError):
 
 class RecordFormatError(StoreError):
     """A stored record was written in a format this version cannot read."""
+
+
+class ProtocolError(IdemkeyError, RuntimeError):
+    """A step of one HTTP exchange was called out of order (an integration bug, never a client's).
+
+    ``state`` is where the exchange was and ``step`` what was asked of it, as h11's
+    ``LocalProtocolError``: the exchange is unchanged, so nothing stored is lost.
+    """
+
+    def __init__(self, state: str, step: str) -> None:
+        super().__init__(f"cannot {step} an exchange that is {state}")
+        self.state = state
+        self.step = step
