@@ -11,7 +11,7 @@ from types import TracebackType
 from typing import Any, TypeVar, overload
 
 from .._core import new_owner
-from ..errors import StoreError
+from ..errors import ConfigurationError, StoreError
 from ..policy import Policy
 from ..store import AsyncRedisStore
 from ..store._async_runtime import Cancelled, detach
@@ -35,6 +35,10 @@ class AsyncGuard(GuardState[T]):
         result_type: Any,
         name: str = "",
     ) -> None:
+        if not isinstance(store, AsyncRedisStore):
+            raise ConfigurationError(
+                f"aguard() needs an AsyncRedisStore, got {type(store).__name__}"
+            )
         super().__init__(key, payload, scope, policy, result_type, store.policy, name)
         self.store = store
 

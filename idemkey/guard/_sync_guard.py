@@ -12,7 +12,7 @@ from types import TracebackType
 from typing import Any, TypeVar, overload
 
 from .._core import new_owner
-from ..errors import StoreError
+from ..errors import ConfigurationError, StoreError
 from ..policy import Policy
 from ..store import RedisStore
 from ..store._sync_runtime import Cancelled, detach
@@ -36,6 +36,10 @@ class Guard(GuardState[T]):
         result_type: Any,
         name: str = "",
     ) -> None:
+        if not isinstance(store, RedisStore):
+            raise ConfigurationError(
+                f"guard() needs an RedisStore, got {type(store).__name__}"
+            )
         super().__init__(key, payload, scope, policy, result_type, store.policy, name)
         self.store = store
 
