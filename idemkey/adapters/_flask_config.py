@@ -14,7 +14,7 @@ import redis
 from ..errors import ConfigurationError
 from ..policy import Policy
 from ..store import RedisStore
-from ._driver_sync import SyncDriver
+from ._sync_driver import Driver
 
 __all__ = ["AppState", "app_state", "view_overrides"]
 
@@ -27,7 +27,7 @@ class AppState:
 
     store: RedisStore
     policy: Policy
-    driver: SyncDriver
+    driver: Driver
     views: dict[int, Policy] = dataclasses.field(default_factory=dict)
 
     def policy_for(self, view: int, overrides: dict[str, Any]) -> Policy:
@@ -48,7 +48,7 @@ def app_state(config: Any, store: RedisStore | None, policy: Policy | None) -> A
         if not url:
             raise ConfigurationError("set IDEMKEY_REDIS_URL or pass Idemkey(store=...)")
         store = RedisStore(redis.Redis.from_url(url), policy)
-    return AppState(store, policy, SyncDriver(store))
+    return AppState(store, policy, Driver(store))
 
 
 def view_overrides(overrides: dict[str, Any]) -> dict[str, Any]:

@@ -2,7 +2,7 @@
 
 :class:`~idemkey.http.Exchange` makes every HTTP decision; :class:`Lifecycle` owns the order in
 which they are asked, so no adapter can run the app before the claim, settle twice, or release a
-response that already went out. The drivers (``_driver_async``, ``_driver_sync``) do the store
+response that already went out. The drivers (``_async_driver``, ``_sync_driver``) do the store
 I/O around it and adapters only move bytes. Like h11's connection states, each step is one
 entry of a transition table, and a step asked in the wrong state raises
 :class:`~idemkey.errors.ProtocolError` without changing anything::

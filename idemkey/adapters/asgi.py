@@ -4,7 +4,7 @@
 
     app = IdempotencyMiddleware(app, AsyncRedisStore(redis.asyncio.Redis.from_url(url)))
 
-This module moves bytes: the order of the steps is the driver's (``_driver_async``), every
+This module moves bytes: the order of the steps is the driver's (``_async_driver``), every
 decision :mod:`idemkey.http`'s. The request body is read (bounded by ``max_request_bytes``)
 before the claim, because the fingerprint covers it, and is replayed to the app. The response
 is forwarded to the client as it streams, with a copy kept up to ``max_response_bytes``; the
@@ -34,7 +34,7 @@ from ._asgi_messages import (
     read_body,
     respond,
 )
-from ._driver_async import AsyncDriver
+from ._async_driver import AsyncDriver
 from ._lifecycle import Lifecycle, State
 
 __all__ = ["ASGIApp", "IdempotencyMiddleware", "Receive", "Scope", "Send"]

@@ -50,7 +50,7 @@ if TYPE_CHECKING:
 
     from ..policy import Policy
     from ..store import RedisStore
-    from ._driver_sync import SyncDriver
+    from ._sync_driver import Driver
 
 __all__ = ["Idemkey"]
 
@@ -102,7 +102,7 @@ class Idemkey:
 
 
 def _guard(
-    driver: SyncDriver, policy: Policy, view: Callable[..., Any], args: Any, kwargs: Any
+    driver: Driver, policy: Policy, view: Callable[..., Any], args: Any, kwargs: Any
 ) -> ResponseReturnValue:
     req = request._get_current_object()  # type: ignore[attr-defined]  # one proxy lookup
     if req.method not in policy.methods:

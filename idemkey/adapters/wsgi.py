@@ -5,7 +5,7 @@
     app.wsgi_app = IdempotencyMiddleware(app.wsgi_app, RedisStore(redis.Redis()), Policy())
 
 A ``ProxyFix``-shaped wrapper that only moves bytes: the order of the steps is the driver's
-(``_driver_sync``), every decision ``idemkey.http``'s. The body is read as ``_environ`` says
+(``_sync_driver``), every decision ``idemkey.http``'s. The body is read as ``_environ`` says
 and handed to the app in a ``BytesIO``. Body chunks go to the server as the app yields them,
 while a copy of at most ``max_response_bytes`` is kept for the record. The record completes
 when the app's iterable is exhausted, or, if the server closes it early (the client went
@@ -27,9 +27,9 @@ from time import monotonic
 from typing import TYPE_CHECKING, Any, Final
 
 from ..http import BodyCopy, Response, begin
-from ._driver_sync import SyncDriver
 from ._environ import EnvironHeaders, read_body, request_of
 from ._lifecycle import Lifecycle
+from ._sync_driver import Driver
 
 if TYPE_CHECKING:
     from _typeshed.wsgi import StartResponse, WSGIApplication, WSGIEnvironment
@@ -62,7 +62,7 @@ class IdempotencyMiddleware:
         self.app = app
         self.store = store
         self.policy = policy if policy is not None else store.policy
-        self.driver = SyncDriver(store)
+        self.driver = Driver(store)
 
     def __call__(self, environ: WSGIEnvironment, start_response: StartResponse) -> Iterable[bytes]:
         if environ["REQUEST_METHOD"].upper() not in self.policy.methods:
@@ -94,7 +94,7 @@ class IdempotencyMiddleware:
 class _Tee:
     """The app's body iterable, forwarded chunk by chunk while a bounded copy is kept."""
 
-    def __init__(self, driver: SyncDriver, lifecycle: Lifecycle, start: StartResponse) -> None:
+    def __init__(self, driver: Driver, lifecycle: Lifecycle, start: StartResponse) -> None:
         self.driver, self.lifecycle, self.server_start_response = driver, lifecycle, start
         self.iterable: Iterable[bytes] = ()
         self.iterator: Iterator[bytes] | None = None

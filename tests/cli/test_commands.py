@@ -20,8 +20,9 @@ from pathlib import Path
 import pytest
 import redis
 
-from idemkey import Policy, demo
-from idemkey import cli as cli_module
+from idemkey import Policy
+from idemkey.cli import stats as stats_command
+from idemkey.cli.demo_app import http_client, payments
 from tests._servers import RedisServer, free_port
 from tests.cli.conftest import CliRunner
 
@@ -165,7 +166,7 @@ def test_a_bug_is_one_line_unless_debugging(
     def broken(*args: object, **kwargs: object) -> None:
         raise RuntimeError("boom\nsecond line")
 
-    monkeypatch.setattr(cli_module, "collect_stats", broken)
+    monkeypatch.setattr(stats_command, "collect_stats", broken)
     run = idemkey("stats", "--redis-url", redis_url)
     assert run.code == 70
     assert run.err == (
@@ -195,35 +196,39 @@ def test_demo_embedded(idemkey: CliRunner, monkeypatch: pytest.MonkeyPatch) -> N
     run = idemkey("demo")
     assert run.code == 0, run.out + run.err
     assert "store: embedded fakeredis" in run.out
-    for step in range(1, 7):
+    for step in range(1, 8):
         assert f"\n{step}. " in run.out
     assert "FAILED" not in run.out
     assert "409 in_flight, Retry-After: 1" in run.out
-    assert "-> 422 key_reused" in run.out
+    assert "-> 422 key_reused: RefusedError, not retried" in run.out
+    # The retries are idemkey.client's: it says each one, and keeps the key and the bytes.
+    assert "attempt 1 failed (timeout); retrying in" in run.out
+    assert "attempt 2 failed (409 in_flight); retrying in" in run.out
+    assert "-> 201 after 3 attempts, Idempotent-Replayed: true" in run.out
     assert "-> 400 missing_key" in run.out
     assert "every step behaved" in run.out
 
 
-def test_demo_on_a_real_server_leaves_two_records(
+def test_demo_on_a_real_server_leaves_three_records(
     idemkey: CliRunner, real_client: redis.Redis, redis_url: str, prefix: str
 ) -> None:
     run = idemkey("demo", "--redis-url", redis_url, "--prefix", prefix, "--json")
     assert run.code == 0, run.out + run.err
     story = json.loads(run.out)
     assert story["ok"] is True
-    assert [s["ok"] for s in story["steps"]] == [True] * 6
+    assert [s["ok"] for s in story["steps"]] == [True] * 7
     stats = json.loads(idemkey("stats", "--redis-url", redis_url, "--prefix", prefix, "--json").out)
-    assert stats["states"]["complete"] == 2  # two payments; the 422 and the 400 stored nothing
-    assert stats["records"] == 2
-    assert stats["ttl"]["1 min - 1 h"] == 2  # the demo keeps records 10 minutes
+    assert stats["states"]["complete"] == 3  # three payments; the 422 and the 400 stored nothing
+    assert stats["records"] == 3
+    assert stats["ttl"]["1 min - 1 h"] == 3  # the demo keeps records 10 minutes
 
 
 def test_demo_exits_non_zero_when_a_step_misbehaves(
     idemkey: CliRunner, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # A misconfigured app: POST is not a guarded method, so the retry charges again.
-    broken = Policy(methods=frozenset({"PATCH"}), scope=demo.account_scope)
-    monkeypatch.setattr(demo, "demo_policy", lambda prefix: broken)
+    broken = Policy(methods=frozenset({"PATCH"}), scope=payments.account_scope)
+    monkeypatch.setattr(payments, "demo_policy", lambda prefix: broken)
     run = idemkey("demo")
     assert run.code == 1
     assert "FAILED: expected the header Idempotent-Replayed: true" in run.out
@@ -279,7 +284,7 @@ def served() -> Iterator[tuple[subprocess.Popen[str], str]]:
 
 def test_serve_runs_the_demo_app(served: tuple[subprocess.Popen[str], str]) -> None:
     _, base = served
-    client = demo.Client(base)
+    client = http_client.Client(base)
     body = {"amount": 700, "currency": "chf"}
     first = client.request("POST", "/charges", body, {"Idempotency-Key": "k1"})
     again = client.request("POST", "/charges", body, {"Idempotency-Key": "k1"})
@@ -298,7 +303,7 @@ def test_serve_runs_the_demo_app(served: tuple[subprocess.Popen[str], str]) -> N
 def test_demo_app_rejects_bad_input_with_problems(
     served: tuple[subprocess.Popen[str], str],
 ) -> None:
-    client = demo.Client(served[1])
+    client = http_client.Client(served[1])
     cases = [
         ({"amount": "10", "currency": "eur"}, {}, "bad_amount"),
         ({"amount": True, "currency": "eur"}, {}, "bad_amount"),

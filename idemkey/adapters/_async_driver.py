@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 
 from ..errors import StoreError
 from ..http import Complete
-from ._shield_async import settle_later, uncancellable
+from ._async_shield import settle_later, uncancellable
 
 if TYPE_CHECKING:
     from ..http import Release, Response

@@ -1,4 +1,4 @@
-"""The sync side of ``_shield_async``: without an event loop there is no cancellation to
+"""The sync side of ``_async_shield``: without an event loop there is no cancellation to
 outlive, so a settling write simply runs now, in the caller's thread."""
 
 from __future__ import annotations

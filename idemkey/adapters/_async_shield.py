@@ -2,7 +2,7 @@
 
 A server cancels a request's task when its client leaves. The store writes that settle a record
 (complete, release) must still happen, or the record stays in progress and a retry runs the
-work again once the lease lapses. The sync twin (``_shield_sync``) has no cancellation to
+work again once the lease lapses. The sync twin (``_sync_shield``) has no cancellation to
 outlive and just calls the write.
 """
 
