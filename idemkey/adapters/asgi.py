@@ -37,7 +37,7 @@ from ._asgi_messages import (
 from ._async_driver import AsyncDriver
 from ._lifecycle import Lifecycle, State
 
-__all__ = ["ASGIApp", "IdempotencyMiddleware", "Receive", "Scope", "Send"]
+__all__ = ["ASGIApp", "IdempotencyMiddleware", "Message", "Receive", "Scope", "Send"]
 
 
 class IdempotencyMiddleware:
