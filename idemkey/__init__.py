@@ -17,6 +17,7 @@ from .errors import (
     RecordFormatError,
     RequestInFlightError,
     ResultNotStorableError,
+    StepNotStorableError,
     StoreError,
     UsageError,
 )
@@ -41,6 +42,7 @@ __all__ = [
     "Replicas",
     "RequestInFlightError",
     "ResultNotStorableError",
+    "StepNotStorableError",
     "StoreError",
     "StoredResponse",
     "UsageError",

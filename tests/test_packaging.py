@@ -17,6 +17,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 
 REQUIRED_FILES = [
+    "idemkey/lua/checkpoint.lua",
     "idemkey/lua/claim.lua",
     "idemkey/lua/complete.lua",
     "idemkey/lua/release.lua",

@@ -20,6 +20,7 @@ CORE_CASES = {
     "redis.ping", "floor.first", "floor.replay", "guard.first", "guard.replay",
     "aredis.ping", "afloor.first", "afloor.replay", "aguard.first", "aguard.replay",
     "cpu.guard.first", "cpu.guard.replay", "cpu.aguard.first", "cpu.aguard.replay",
+    "floor.steps3", "guard.steps3",
 }  # fmt: skip
 LOOSE = "miss<=1.725xfloor,replay<=1.725xfloor,amiss<=1.725xfloor,areplay<=1.725xfloor"
 
@@ -43,9 +44,12 @@ def test_quick_suite_holds_loose_budgets(
     assert cases["aguard.replay"]["round_trips"] == 1
     assert cases["guard.first"]["round_trips"] == 2
     assert cases["aguard.first"]["round_trips"] == 2
+    # A recovery point costs one round trip: a 3-step first call makes five.
+    assert cases["guard.steps3"]["round_trips"] == 5
     if not os.environ.get("IDEMKEY_REDIS_URL"):  # the session's private server: exact stats
         assert cases["guard.replay"]["evalsha"] == 1
         assert cases["guard.first"]["evalsha"] == 2
+        assert cases["guard.steps3"]["evalsha"] == 5
     assert [b["ok"] for b in doc["budgets"]] == [True] * 4
     assert set(doc["cpu_warm"]) == {"guard.first", "guard.replay", "aguard.first",
                                     "aguard.replay"}  # fmt: skip
