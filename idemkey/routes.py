@@ -39,7 +39,16 @@ from .errors import ConfigurationError
 if TYPE_CHECKING:
     from .policy import Policy
 
-__all__ = ["ROUTE_UNKNOWN", "Route", "RouteTable", "Routes", "Selected", "exempt", "route"]
+__all__ = [
+    "ROUTE_UNKNOWN",
+    "KnownRoute",
+    "Route",
+    "RouteTable",
+    "Routes",
+    "Selected",
+    "exempt",
+    "route",
+]
 
 #: The route label of a guarded request whose route template nobody knows (a middleware guarding
 #: by method only): a fixed value, because the concrete path is an unbounded metric label.
@@ -167,6 +176,32 @@ class RouteTable:
                     break
             else:
                 return None
+        return selected if method in selected.policy.methods else None
+
+
+class KnownRoute:
+    """One route whose template the framework already matched (FastAPI, Starlette): every
+    request that reaches it is selected, for the methods of its policy. The integrations pass
+    it as ``routes=`` to the middleware they wrap around a single route."""
+
+    __slots__ = ("options", "template")
+
+    def __init__(self, template: str, options: Mapping[str, Any] | None = None) -> None:
+        self.template = template
+        self.options = policy_options(options or {})
+
+    def bind(self, policy: Policy) -> _KnownTable:
+        return _KnownTable(Selected(self.template, policy.replace(**self.options)))
+
+
+class _KnownTable:
+    __slots__ = ("_selected",)
+
+    def __init__(self, selected: Selected) -> None:
+        self._selected = selected
+
+    def select(self, method: str, path: str) -> Selected | None:
+        selected = self._selected
         return selected if method in selected.policy.methods else None
 
 

@@ -39,6 +39,7 @@ from ..http import (
     content_length,
     problem,
 )
+from ..routes import KnownRoute, Routes
 
 if TYPE_CHECKING:
     from _typeshed.wsgi import StartResponse, WSGIApplication, WSGIEnvironment
@@ -178,19 +179,39 @@ def read_body(environ: WSGIEnvironment, exchange: Exchange) -> bytes | Response:
 
 
 class IdempotencyMiddleware:
-    """Guard a WSGI app with idempotency keys; ``policy`` defaults to the store's."""
+    """Guard a WSGI app with idempotency keys; ``policy`` defaults to the store's.
+
+    ``routes`` (:class:`~idemkey.routes.Routes`) chooses the guarded paths and their options;
+    without it every path is guarded for ``policy.methods``. Requests that are not guarded pass
+    straight through: no Redis call, no body read.
+    """
 
     def __init__(
-        self, app: WSGIApplication, store: RedisStore, policy: Policy | None = None
+        self,
+        app: WSGIApplication,
+        store: RedisStore,
+        policy: Policy | None = None,
+        *,
+        routes: Routes | KnownRoute | None = None,
     ) -> None:
         self.app = app
         self.store = store
         self.policy = policy if policy is not None else store.policy
+        self.routes = routes.bind(self.policy) if routes is not None else None
 
     def __call__(self, environ: WSGIEnvironment, start_response: StartResponse) -> Iterable[bytes]:
-        if environ["REQUEST_METHOD"].upper() not in self.policy.methods:
-            return self.app(environ, start_response)  # the cheap path: nothing to look at
-        step = begin(self.policy, request_of(environ))
+        method = environ["REQUEST_METHOD"].upper()
+        if self.routes is None:
+            if method not in self.policy.methods:
+                return self.app(environ, start_response)  # the cheap path: nothing to look at
+            policy, route = self.policy, ""
+        else:
+            path = environ.get("SCRIPT_NAME", "") + environ.get("PATH_INFO", "")
+            selected = self.routes.select(method, path or "/")
+            if selected is None:
+                return self.app(environ, start_response)
+            policy, route = selected.policy, selected.route
+        step = begin(policy, request_of(environ, route))
         if step is None:
             return self.app(environ, start_response)
         if isinstance(step, Response):
