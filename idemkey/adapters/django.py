@@ -25,8 +25,9 @@ Settings (``IDEMKEY``): the store is ``STORE`` (a :class:`~idemkey.RedisStore`),
 ``"all"`` (every view, for the policy's methods, except those decorated with
 :func:`idempotency_exempt`, the way ``csrf_exempt`` opts a view out). ``SCOPE`` is a callable
 (or its dotted path) that receives the Django request and returns the tenant; by default the
-authenticated user (``user:<pk>``), else a digest of the request's credentials. Every other key
-is a :class:`~idemkey.Policy` field in upper case.
+authenticated user (``user:<pk>``), else the policy's scope (by default a digest of the
+request's credentials). Every other key is a :class:`~idemkey.Policy` field in upper case
+(``ON_EVENT`` and ``RENDER_PROBLEM`` take callables).
 
 The record's route and the events' label are the resolver's route pattern
 (``/charges/<int:charge_id>``). The middleware decides in ``process_view`` (after URL
@@ -41,6 +42,7 @@ from __future__ import annotations
 
 import contextvars
 import functools
+import io
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar, overload
 
@@ -53,7 +55,7 @@ from django.utils.module_loading import import_string
 from .. import RedisStore
 from ..errors import ConfigurationError
 from ..http import Response, begin, render
-from ..policy import Policy, credential_scope
+from ..policy import Policy
 from ..routes import ROUTE_UNKNOWN, policy_options
 from .wsgi import EnvironHeaders, claim, settle
 
@@ -105,12 +107,12 @@ def idempotency_exempt(view: F) -> F:
     return wrapped  # type: ignore[return-value]
 
 
-def user_scope(request: HttpRequest) -> str:
-    """The default scope: the authenticated user, else a digest of the request's credentials."""
+def user_scope(request: HttpRequest) -> str | None:
+    """The authenticated user as a scope (``user:<pk>``), or None for an anonymous request."""
     user = getattr(request, "user", None)
     if user is not None and user.is_authenticated:
         return f"user:{user.pk}"
-    return credential_scope(_request_of(request, ""))
+    return None
 
 
 class IdempotencyMiddleware:
@@ -122,10 +124,18 @@ class IdempotencyMiddleware:
     def __init__(self, get_response: Callable[[HttpRequest], HttpResponseBase]) -> None:
         self.get_response = get_response
         config = dict(getattr(settings, "IDEMKEY", {}) or {})
-        store, scope, self.guard_all = _configure(config)
+        store, custom, self.guard_all = _configure(config)
         self.store = store
-        # The scope callable sees the Django request (the user), not idemkey's view of it.
-        self.policy = store.policy.replace(scope=lambda _: scope(_current.get()))
+        fallback = store.policy.scope
+
+        def scope(request: Request) -> str:
+            # The scope sees the Django request (its user), not only idemkey's view of it.
+            django_request = _current.get()
+            if custom is not None:
+                return custom(django_request)  # type: ignore[no-any-return]
+            return user_scope(django_request) or fallback(request)
+
+        self.policy = store.policy.replace(scope=scope)
         self._views: dict[int, Policy] = {}
 
     def __call__(self, request: HttpRequest) -> HttpResponseBase:
@@ -188,11 +198,11 @@ class IdempotencyMiddleware:
         return chosen
 
 
-def _configure(config: dict[str, Any]) -> tuple[RedisStore, Callable[[HttpRequest], str], bool]:
+def _configure(config: dict[str, Any]) -> tuple[RedisStore, Callable[..., Any] | None, bool]:
     store = config.pop("STORE", None)
     client = config.pop("CLIENT", None)
     url = config.pop("REDIS_URL", None)
-    scope = _callable(config.pop("SCOPE", None)) or user_scope
+    scope = _callable(config.pop("SCOPE", None))
     guard = config.pop("GUARD", "decorated")
     if guard not in ("decorated", "all"):
         raise ConfigurationError('IDEMKEY["GUARD"] must be "decorated" or "all"')
@@ -238,6 +248,16 @@ def _read_body(request: HttpRequest, step: Exchange) -> bytes | Response:
     length = int(declared) if declared.isascii() and declared.isdigit() else None
     if length is not None and step.too_large(length):
         return step.too_large_response()
+    if length is None and request.META.get("wsgi.input_terminated"):
+        # A chunked body under WSGI: Django reads no body without a Content-Length, so read it
+        # here (bounded) and hand it to Django as the request's stream, as the WSGI middleware
+        # hands it to the app.
+        chunked = request.META["wsgi.input"].read(step.policy.max_request_bytes + 1)
+        if step.too_large(len(chunked)):
+            return step.too_large_response()
+        request.META["CONTENT_LENGTH"] = str(len(chunked))
+        request._stream = io.BytesIO(chunked)
+        request._read_started = False
     try:
         body = request.body
     except RequestDataTooBig:  # over Django's own DATA_UPLOAD_MAX_MEMORY_SIZE
