@@ -7,6 +7,7 @@ from . import views
 urlpatterns = [
     path("health", views.health),
     path("charges", views.charges),
+    path("charges/<int:charge_id>", views.capture),
     path("charges/<int:charge_id>/refund", views.refund),
     path("login", views.login),
     path("webhook", views.webhook),

@@ -59,6 +59,12 @@ def charges(request: HttpRequest) -> HttpResponse:
     return JsonResponse({"id": f"ch_{run}", "amount": amount, "user": request.user.pk}, status=201)
 
 
+@idempotent
+def capture(request: HttpRequest, charge_id: int) -> HttpResponse:
+    """No Redis of its own: the label test sends it a thousand paths."""
+    return HttpResponse(b"ok", status=201)
+
+
 @idempotent(required=False, ttl=3600)
 def refund(request: HttpRequest, charge_id: int) -> HttpResponse:
     run = _run("refund")
