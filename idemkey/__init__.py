@@ -1,6 +1,7 @@
 """idemkey: make HTTP writes and background jobs safe to retry.
 
-Public names only; importing idemkey imports no web framework.
+Public names only; importing idemkey imports no web framework. The records and decisions the
+store's methods take and return, for custom integrations, are in :mod:`idemkey.records`.
 """
 
 from __future__ import annotations
@@ -12,9 +13,12 @@ from .errors import (
     InvalidKeyError,
     KeyReuseError,
     LeaseLostError,
+    NoResultError,
     RecordFormatError,
     RequestInFlightError,
+    ResultNotStorableError,
     StoreError,
+    UsageError,
 )
 from .events import Event
 from .guard import Call, aguard, guard, idempotent
@@ -30,13 +34,16 @@ __all__ = [
     "InvalidKeyError",
     "KeyReuseError",
     "LeaseLostError",
+    "NoResultError",
     "Policy",
     "RecordFormatError",
     "RedisStore",
     "Replicas",
     "RequestInFlightError",
+    "ResultNotStorableError",
     "StoreError",
     "StoredResponse",
+    "UsageError",
     "aguard",
     "guard",
     "idempotent",

@@ -15,6 +15,7 @@ from .errors import ConfigurationError, RecordFormatError
 
 __all__ = [
     "FORMAT_VERSION",
+    "RESULT_NOT_KEPT",
     "StoredResponse",
     "decode_response",
     "decode_value",
@@ -27,6 +28,14 @@ FORMAT_VERSION: Final = 1
 _VERSION_BYTE: Final = bytes([FORMAT_VERSION])
 
 T = TypeVar("T")
+
+#: What a guard stores when its result cannot be encoded: the work ran, its result is not kept.
+#: 0xC1 is the one byte MessagePack never uses, so no encoded value can equal this.
+RESULT_NOT_KEPT: Final = _VERSION_BYTE + b"\xc1"
+
+# What msgspec raises for a value it cannot encode: an unsupported type (TypeError), an int
+# outside 64 bits (OverflowError), a dict with non-str keys under deterministic order (TypeError).
+_UNENCODABLE: Final = (TypeError, OverflowError, msgspec.EncodeError)
 
 
 class StoredResponse(msgspec.Struct, frozen=True, array_like=True):
@@ -51,7 +60,10 @@ _any_decoder: Final = msgspec.msgpack.Decoder()
 
 
 def encode_response(response: StoredResponse) -> bytes:
-    return _VERSION_BYTE + _encoder.encode(response)
+    try:
+        return _VERSION_BYTE + _encoder.encode(response)
+    except _UNENCODABLE as exc:
+        raise ConfigurationError(f"cannot store a response: {exc}") from exc
 
 
 def decode_response(data: bytes) -> StoredResponse:
@@ -66,7 +78,7 @@ def encode_value(value: object) -> bytes:
     """Encode a guard result; it must be msgspec-encodable (built-ins, Structs, dataclasses)."""
     try:
         return _VERSION_BYTE + _encoder.encode(value)
-    except (TypeError, msgspec.EncodeError) as exc:
+    except _UNENCODABLE as exc:
         raise ConfigurationError(
             f"cannot store a result of type {type(value).__name__}: {exc}"
         ) from exc
@@ -82,6 +94,8 @@ def decode_value(data: bytes, type: type[T] | Any = Any) -> T:
         return msgspec.msgpack.decode(memoryview(data)[1:], type=type)
     except msgspec.DecodeError as exc:
         raise RecordFormatError(f"stored result is unreadable: {exc}") from exc
+    except TypeError as exc:  # a type msgspec cannot decode into
+        raise ConfigurationError(f"cannot decode a result as {type!r}: {exc}") from exc
 
 
 def encode_payload(payload: object) -> bytes:
@@ -94,9 +108,11 @@ def encode_payload(payload: object) -> bytes:
         return payload.encode("utf-8", "surrogatepass")
     try:
         return _payload_encoder.encode(payload)
-    except (TypeError, msgspec.EncodeError) as exc:
+    except _UNENCODABLE as exc:
         raise ConfigurationError(
-            f"cannot fingerprint a payload of type {type(payload).__name__}; pass bytes: {exc}"
+            f"cannot fingerprint a payload of type {type(payload).__name__} ({exc}); payloads "
+            "must be bytes, str, or built-ins msgspec encodes: dicts with str keys, ints within "
+            "64 bits; pass bytes (payload=) that identify the work"
         ) from exc
 
 

@@ -59,5 +59,23 @@ class LeaseTable:
     def failed(self, lease: Lease, now: float) -> None:
         lease.due = now + lease.lease_ms / 1000 / _RETRY_FRACTION
 
+    def answered(self, lease: Lease, ours: bool | None, now: float) -> bool:
+        """Take a renewal's answer: True (renewed), None (failed: try again soon) or False
+        (another owner has the record: stop). Returns whether the lease was lost just now.
+
+        A lease completed or released while its renewal was on the way is not touched: the
+        answer means nothing any more.
+        """
+        if not self.holds(lease):
+            return False
+        if ours is None:
+            self.failed(lease, now)
+        elif ours:
+            self.renewed(lease, now)
+        else:
+            self.remove(lease.record, lease.owner)
+            return True
+        return False
+
     def clear(self) -> None:
         self._leases.clear()

@@ -7,12 +7,16 @@
     ├── KeyReuseError            the key was already used with another payload
     ├── RequestInFlightError     the first request with this key is still running
     ├── LeaseLostError           another executor took the record over; our result was not stored
+    ├── ResultNotStorableError   a guard's result cannot be encoded: stored as "result not kept"
+    ├── UsageError               the API used out of order (save() on a replayed call)
+    │   └── NoResultError        ``call.result`` with no result (also an AttributeError)
     ├── ConfigurationError       a Policy, client or argument that cannot work
     └── StoreError               Redis failed or answered something we cannot read
         └── RecordFormatError    a stored record is not in a format this version reads
 
 Every error carries the context a caller needs to act (``reason``, ``retry_after``, ``fence``),
-never the raw key: raw keys are client input and may be secrets.
+never the raw key of an HTTP request: raw keys are client input and may be secrets. The guard
+key on :class:`ResultNotStorableError` is the application's own (``f"charge:{id}"``).
 """
 
 from __future__ import annotations
@@ -23,9 +27,12 @@ __all__ = [
     "InvalidKeyError",
     "KeyReuseError",
     "LeaseLostError",
+    "NoResultError",
     "RecordFormatError",
     "RequestInFlightError",
+    "ResultNotStorableError",
     "StoreError",
+    "UsageError",
 ]
 
 
@@ -64,6 +71,31 @@ class LeaseLostError(IdemkeyError):
     def __init__(self, fence: int | None = None) -> None:
         super().__init__("the lease on this idempotency record was lost to another executor")
         self.fence = fence
+
+
+class ResultNotStorableError(IdemkeyError):
+    """The guarded work ran, but its result cannot be stored (msgspec cannot encode it).
+
+    The record is completed as "result not kept", so the work never runs again for ``key``:
+    the first caller and every retry within the retention window get this error. Return
+    something msgspec encodes (built-ins, Structs, dataclasses, ints within 64 bits).
+    """
+
+    def __init__(self, key: str, reason: str) -> None:
+        super().__init__(
+            f"the result for guard key {key!r} could not be stored ({reason}); the work ran "
+            "once and will not run again for this key"
+        )
+        self.key = key
+        self.reason = reason
+
+
+class UsageError(IdemkeyError, RuntimeError):
+    """An idemkey object was used out of order, such as ``save()`` on a replayed call."""
+
+
+class NoResultError(UsageError, AttributeError):
+    """``call.result`` read before anything was saved on a call that was not replayed."""
 
 
 class ConfigurationError(IdemkeyError, ValueError):

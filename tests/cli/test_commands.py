@@ -20,8 +20,9 @@ from pathlib import Path
 import pytest
 import redis
 
-from idemkey import Policy, demo
-from idemkey import cli as cli_module
+from idemkey import Policy
+from idemkey.cli import stats as stats_command
+from idemkey.cli.demo_app import http_client, payments
 from tests._servers import RedisServer, free_port
 from tests.cli.conftest import CliRunner
 
@@ -165,7 +166,7 @@ def test_a_bug_is_one_line_unless_debugging(
     def broken(*args: object, **kwargs: object) -> None:
         raise RuntimeError("boom\nsecond line")
 
-    monkeypatch.setattr(cli_module, "collect_stats", broken)
+    monkeypatch.setattr(stats_command, "collect_stats", broken)
     run = idemkey("stats", "--redis-url", redis_url)
     assert run.code == 70
     assert run.err == (
@@ -222,8 +223,8 @@ def test_demo_exits_non_zero_when_a_step_misbehaves(
     idemkey: CliRunner, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # A misconfigured app: POST is not a guarded method, so the retry charges again.
-    broken = Policy(methods=frozenset({"PATCH"}), scope=demo.account_scope)
-    monkeypatch.setattr(demo, "demo_policy", lambda prefix: broken)
+    broken = Policy(methods=frozenset({"PATCH"}), scope=payments.account_scope)
+    monkeypatch.setattr(payments, "demo_policy", lambda prefix: broken)
     run = idemkey("demo")
     assert run.code == 1
     assert "FAILED: expected the header Idempotent-Replayed: true" in run.out
@@ -279,7 +280,7 @@ def served() -> Iterator[tuple[subprocess.Popen[str], str]]:
 
 def test_serve_runs_the_demo_app(served: tuple[subprocess.Popen[str], str]) -> None:
     _, base = served
-    client = demo.Client(base)
+    client = http_client.Client(base)
     body = {"amount": 700, "currency": "chf"}
     first = client.request("POST", "/charges", body, {"Idempotency-Key": "k1"})
     again = client.request("POST", "/charges", body, {"Idempotency-Key": "k1"})
@@ -298,7 +299,7 @@ def test_serve_runs_the_demo_app(served: tuple[subprocess.Popen[str], str]) -> N
 def test_demo_app_rejects_bad_input_with_problems(
     served: tuple[subprocess.Popen[str], str],
 ) -> None:
-    client = demo.Client(served[1])
+    client = http_client.Client(served[1])
     cases = [
         ({"amount": "10", "currency": "eur"}, {}, "bad_amount"),
         ({"amount": True, "currency": "eur"}, {}, "bad_amount"),

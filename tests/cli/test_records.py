@@ -10,8 +10,8 @@ import pytest
 import redis
 
 from idemkey import Policy, RedisStore, guard
-from idemkey import cli as cli_module
 from idemkey._core import record_for
+from idemkey.cli import stats as stats_command
 from idemkey.guard import GUARD_METHOD
 from tests.cli.conftest import CliRunner, http_record
 
@@ -276,8 +276,8 @@ def test_stats_reports_progress_on_large_keyspaces(
 ) -> None:
     for i in range(30):
         http_record(store, f"order-{i}")
-    monkeypatch.setattr(cli_module, "PROGRESS_THRESHOLD", 1)
-    monkeypatch.setattr(cli_module, "PROGRESS_EVERY", 1)
+    monkeypatch.setattr(stats_command, "PROGRESS_THRESHOLD", 1)
+    monkeypatch.setattr(stats_command, "PROGRESS_EVERY", 1)
     run = idemkey("stats", "--json", "--sample", "5", *_at(redis_url, prefix))
     assert run.code == 0
     assert "idemkey stats: scanned" in run.err
@@ -289,4 +289,4 @@ def test_stats_reports_progress_on_large_keyspaces(
 
 
 def test_stats_escapes_glob_characters_in_the_prefix() -> None:
-    assert cli_module.glob_escape("a*b?[c]\\") == "a\\*b\\?\\[c\\]\\\\"
+    assert stats_command.glob_escape("a*b?[c]\\") == "a\\*b\\?\\[c\\]\\\\"

@@ -17,7 +17,7 @@ from idemkey import (
     guard,
 )
 from idemkey._core import record_for
-from idemkey.demo import DEFAULT_ACCOUNT, account_scope, create_app
+from idemkey.cli.demo_app import DEFAULT_ACCOUNT, account_scope, create_app
 from idemkey.guard import GUARD_METHOD
 from tests._servers import free_port, no_retry, wait_until
 

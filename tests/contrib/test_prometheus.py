@@ -7,9 +7,9 @@ import redis
 from prometheus_client import CollectorRegistry, generate_latest
 
 from idemkey import Event, KeyReuseError, Policy, RedisStore, guard
+from idemkey.cli.demo_app import account_scope, create_app
 from idemkey.contrib import chain
 from idemkey.contrib.prometheus import prometheus_hook
-from idemkey.demo import account_scope, create_app
 
 
 def _count(registry: CollectorRegistry, kind: str, method: str = "GUARD", route: str = "") -> float:

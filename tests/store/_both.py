@@ -21,8 +21,7 @@ import redis
 import redis.asyncio
 
 from idemkey import AsyncRedisStore, Call, Policy, RedisStore, aguard, guard, idempotent
-from idemkey._core import Decision, Record, record_for
-from idemkey.guard import GUARD_METHOD
+from idemkey.records import GUARD_METHOD, Decision, Record, record_for
 from tests._servers import async_wait_until
 
 T = TypeVar("T")

@@ -30,7 +30,7 @@ from idemkey import (
     aguard,
     guard,
 )
-from idemkey._core import Claimed, Replay, record_for
+from idemkey.records import Claimed, Replay, record_for
 from tests._servers import RedisServer, free_port, no_retry, wait_until
 
 # ---- configuration ---------------------------------------------------------------------------

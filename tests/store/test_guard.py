@@ -12,9 +12,11 @@ import pytest
 import redis
 from redis.crc import key_slot
 
-import idemkey.store
+import idemkey.store._async_store
+import idemkey.store._sync_store
 from idemkey import (
     AsyncRedisStore,
+    ConfigurationError,
     Event,
     InvalidKeyError,
     KeyReuseError,
@@ -26,8 +28,7 @@ from idemkey import (
     guard,
     idempotent,
 )
-from idemkey._codec import encode_value
-from idemkey._core import Claimed, payload_fingerprint
+from idemkey.records import Claimed, encode_value, payload_fingerprint
 from tests._servers import async_wait_until, free_port, no_retry
 from tests.store._both import AsyncStore, Both, SyncStore
 
@@ -122,13 +123,14 @@ class GuardBehaviour:
         self, store: Both, monkeypatch: pytest.MonkeyPatch
     ) -> None:
         polling = threading.Event()
-        real_next_delay = idemkey.store._next_delay
+        real_next_delay = idemkey.store._async_store._next_delay
 
         def next_delay(previous: float, deadline: float) -> float:
             polling.set()  # the duplicate saw the first call in flight and is waiting
             return real_next_delay(previous, deadline)
 
-        monkeypatch.setattr(idemkey.store, "_next_delay", next_delay)
+        monkeypatch.setattr(idemkey.store._async_store, "_next_delay", next_delay)
+        monkeypatch.setattr(idemkey.store._sync_store, "_next_delay", next_delay)
 
         async def duplicate() -> tuple[bool, object]:
             async with store.guard("charge:1", policy=policy(store, wait=10)) as call:
@@ -382,9 +384,9 @@ def test_idempotent_refuses_a_store_of_the_wrong_kind() -> None:
 
     def sync_job() -> None: ...
 
-    with pytest.raises(TypeError, match="AsyncRedisStore"):
+    with pytest.raises(ConfigurationError, match="AsyncRedisStore"):
         idempotent(store, key=lambda: "k")(async_job)
-    with pytest.raises(TypeError, match="RedisStore"):
+    with pytest.raises(ConfigurationError, match="RedisStore"):
         idempotent(astore, key=lambda: "k")(sync_job)
 
 

@@ -30,8 +30,7 @@ from idemkey import (
     aguard,
     guard,
 )
-from idemkey._core import record_for
-from idemkey.guard import GUARD_METHOD
+from idemkey.records import GUARD_METHOD, record_for
 from tests._servers import async_wait_until, wait_until
 
 # Seconds each, not milliseconds: lease lengths and a body four leases long.

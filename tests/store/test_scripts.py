@@ -6,7 +6,7 @@ AsyncRedisStore. Records are compared byte for byte where a call must change not
 
 from __future__ import annotations
 
-from idemkey._core import Claimed, InFlight, Mismatch, Replay
+from idemkey.records import Claimed, InFlight, Mismatch, Replay
 from tests.store._both import AsyncStore, Both, SyncStore
 
 LEASE_MS = 10_000

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule, run_state_machine_as_test
 
 from idemkey import Policy, RedisStore
-from idemkey._core import Claimed, Decision, InFlight, Mismatch, Record, Replay, record_for
+from idemkey.records import Claimed, Decision, InFlight, Mismatch, Record, Replay, record_for
 from tests._servers import wait_until
 
 OWNERS = st.sampled_from(["o1", "o2", "o3"])

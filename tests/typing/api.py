@@ -23,15 +23,31 @@ from idemkey import (
     InvalidKeyError,
     KeyReuseError,
     LeaseLostError,
+    NoResultError,
     Policy,
     RecordFormatError,
     RedisStore,
     RequestInFlightError,
+    ResultNotStorableError,
     StoredResponse,
     StoreError,
+    UsageError,
     aguard,
     guard,
     idempotent,
+)
+from idemkey.records import (
+    GUARD_METHOD,
+    Claimed,
+    Decision,
+    InFlight,
+    Mismatch,
+    Record,
+    Replay,
+    new_owner,
+    payload_fingerprint,
+    record_for,
+    request_fingerprint,
 )
 
 
@@ -110,6 +126,11 @@ def handle_errors(invoice: Invoice) -> str:
     except LeaseLostError as exc:
         lost_fence: int | None = exc.fence
         return f"lost at {lost_fence}"
+    except ResultNotStorableError as exc:
+        unstored_key: str = exc.key
+        return f"ran once, result not kept: {unstored_key}: {exc.reason}"
+    except (UsageError, NoResultError):
+        return "misuse"
     except RecordFormatError:
         return "unreadable record"
     except StoreError as exc:
@@ -119,6 +140,35 @@ def handle_errors(invoice: Invoice) -> str:
     return "ok"
 
 
+@idempotent(store, key=lambda invoice: invoice.id, name="billing.charge_job")
+def renamed_charge_job(invoice: Invoice) -> Receipt:
+    return charge(invoice)
+
+
+class Billing:
+    @idempotent(store, key=lambda self, invoice: invoice.id)
+    def charge(self, invoice: Invoice) -> Receipt:
+        return charge(invoice)
+
+
+def custom_integration(body: bytes) -> bytes | None:
+    """A job runner of one's own, on the store's methods and idemkey.records."""
+    record: Record = record_for(store.policy.prefix, "tenant", GUARD_METHOD, "", "job-1")
+    owner = new_owner()
+    decision: Decision = store.claim(record, payload_fingerprint(body), owner=owner)
+    if isinstance(decision, Claimed):
+        ours: bool = store.complete(record, decision.owner, b"done")
+        return b"done" if ours else None
+    if isinstance(decision, Replay):
+        return decision.response
+    if isinstance(decision, InFlight):
+        wait: float = decision.retry_after
+        print(wait)
+    assert_type(decision, InFlight | Mismatch)
+    return None
+
+
+http_fingerprint: str = request_fingerprint("POST", "/charges", "", "application/json", b"{}")
 response = StoredResponse(201, (("content-type", "application/json"),), b"{}")
 status: int = response.status
 kept: bool = response.body_kept

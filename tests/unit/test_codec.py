@@ -11,14 +11,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from idemkey import ConfigurationError, RecordFormatError, StoredResponse, StoreError
-from idemkey._codec import (
-    FORMAT_VERSION,
-    decode_response,
-    decode_value,
-    encode_payload,
-    encode_response,
-    encode_value,
-)
+from idemkey._codec import FORMAT_VERSION, encode_payload
+from idemkey.records import decode_response, decode_value, encode_response, encode_value
 
 
 class Receipt(msgspec.Struct):
@@ -83,6 +77,32 @@ def test_an_unencodable_value_is_a_configuration_error() -> None:
         encode_value(object())
 
 
+@pytest.mark.parametrize("value", [2**64, -(2**63) - 1, [2**70], {"n": 2**70}])
+def test_an_int_beyond_64_bits_is_a_configuration_error_not_an_overflow(value: object) -> None:
+    with pytest.raises(ConfigurationError, match="int"):
+        encode_value(value)
+    with pytest.raises(ConfigurationError, match="cannot fingerprint"):
+        encode_payload(value)
+
+
+def test_a_type_msgspec_cannot_decode_into_is_a_configuration_error() -> None:
+    with pytest.raises(ConfigurationError, match="cannot decode"):
+        decode_value(encode_value(1), object())
+
+
+def test_an_unencodable_response_is_a_configuration_error() -> None:
+    bad = StoredResponse(200, (("x-big", 2**70),), b"")  # type: ignore[arg-type]
+    with pytest.raises(ConfigurationError, match="cannot store a response"):
+        encode_response(bad)
+
+
+def test_the_not_kept_marker_is_no_encoded_value() -> None:
+    from idemkey._codec import RESULT_NOT_KEPT
+
+    with pytest.raises(RecordFormatError):
+        decode_value(RESULT_NOT_KEPT)
+
+
 @pytest.mark.parametrize(
     "data", [b"", b"\x00\x90", bytes([FORMAT_VERSION + 1]) + b"\x90", b"\x80\x04pickle"]
 )
@@ -113,6 +133,8 @@ def test_payloads_bytes_as_is_text_as_utf8_else_deterministic_msgpack() -> None:
 def test_an_unencodable_payload_is_a_configuration_error() -> None:
     with pytest.raises(ConfigurationError, match="pass bytes"):
         encode_payload(object())
+    with pytest.raises(ConfigurationError, match="str keys"):
+        encode_payload({1: "a"})
 
 
 @pytest.mark.parametrize("status", [0, 99, 600, 999, -1])

@@ -7,20 +7,17 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from idemkey import ConfigurationError, Policy, StoreError
-from idemkey._core import (
+from idemkey._core import decode_claim_reply, fingerprint, next_poll_delay, retry_after_seconds
+from idemkey._leases import LeaseTable
+from idemkey.records import (
     Claimed,
     InFlight,
     Mismatch,
     Replay,
-    decode_claim_reply,
-    fingerprint,
     new_owner,
-    next_poll_delay,
     payload_fingerprint,
     record_for,
-    retry_after_seconds,
 )
-from idemkey._leases import LeaseTable
 
 
 @pytest.mark.parametrize(
@@ -111,6 +108,24 @@ def test_lease_table_renews_every_third_of_a_lease() -> None:
     assert table.next_due() == pytest.approx(102.3)  # a failed renewal retries soon
     table.remove(record, "o")
     assert not table.holds(lease)
+    assert len(table) == 0
+
+
+def test_lease_table_takes_each_renewal_answer() -> None:
+    table = LeaseTable()
+    record = record_for("p", "", "GUARD", "", "k")
+    table.add(record, "o", 3000, now=100.0)
+    (lease,) = table.due(101.0)
+    assert table.answered(lease, True, 101.0) is False  # renewed: due a third later
+    assert table.next_due() == 102.0
+    assert table.answered(lease, None, 102.0) is False  # failed: due again soon
+    assert table.next_due() == pytest.approx(102.3)
+    assert table.answered(lease, False, 102.3) is True  # taken over: lost, no longer renewed
+    assert len(table) == 0
+    table.add(record, "o", 3000, now=200.0)
+    (live,) = table.due(201.0)
+    table.remove(record, "o")  # completed while its renewal was on the way
+    assert table.answered(live, False, 201.0) is False
     assert len(table) == 0
 
 

@@ -13,8 +13,8 @@ import pytest
 from redis.exceptions import NoScriptError, TryAgainError
 
 from idemkey import ConfigurationError, Policy, RedisStore, StoreError
-from idemkey._core import Claimed, record_for
 from idemkey.policy import Replicas
+from idemkey.records import Claimed, record_for
 from idemkey.store import (
     _DONE,
     _LOAD_SCRIPT,

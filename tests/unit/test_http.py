@@ -12,8 +12,6 @@ from typing import Any
 import pytest
 
 from idemkey import ConfigurationError, Event, Policy, StoredResponse, StoreError
-from idemkey._codec import decode_response, encode_response
-from idemkey._core import Claimed, InFlight, Mismatch, Replay
 from idemkey.http import (
     BODY_NOT_KEPT_HEADER,
     REPLAYED_HEADER,
@@ -29,6 +27,7 @@ from idemkey.http import (
     problem,
 )
 from idemkey.policy import credential_scope
+from idemkey.records import Claimed, InFlight, Mismatch, Replay, decode_response, encode_response
 
 
 def request(

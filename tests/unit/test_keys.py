@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from redis.crc import key_slot
 
 from idemkey import InvalidKeyError, RedisStore, guard
-from idemkey._core import MAX_KEY_LENGTH, parse_key, record_for
+from idemkey.records import MAX_KEY_LENGTH, parse_key, record_for
 
 PRINTABLE = "".join(chr(c) for c in range(0x20, 0x7F))
 printable_keys = st.text(alphabet=PRINTABLE, min_size=1, max_size=MAX_KEY_LENGTH)

@@ -1,0 +1,153 @@
+"""The ``idemkey`` command: the demo, the probe, and the tools an operator needs around records.
+
+::
+
+    idemkey demo                      play the retry story against the demo payments app
+    idemkey serve [--port N]          run the demo app for curl
+    idemkey probe URL [--data BODY]   check any endpoint's retry behaviour over HTTP
+    idemkey inspect KEY --scope S --route /charges     one record, decoded
+    idemkey forget KEY ... [--yes] [--force]           delete one record
+    idemkey stats                     records by state, memory, TTLs (SCAN, never KEYS)
+    idemkey doctor                    is this Redis fit to hold idempotency records?
+    idemkey bench -- ARGS             the benchmark suite (source checkouts)
+
+One module per command (``idemkey/cli/<command>.py``: ``HELP``, ``configure(parser)``,
+``run(args, out)``); the demo app lives in :mod:`idemkey.cli.demo_app`.
+
+Exit codes: 0 success; 1 a check failed (doctor FAIL, a probe check failed, a demo step
+misbehaved, no such record, forget refused); 2 bad arguments; 3 Redis (or, for probe, the
+endpoint) unreachable or erroring; 70 a bug in idemkey (``IDEMKEY_DEBUG=1`` shows its
+traceback); 130 interrupted. Every error is one line on stderr, never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import sys
+from collections.abc import Sequence
+from types import ModuleType
+from typing import IO, Final
+
+from ..errors import IdemkeyError
+from . import bench, demo, doctor, forget, inspect, probe, serve, stats
+from ._base import DEBUG_ENV, URL_ENV, CliError, Parser, UsageError
+from ._redis import redact
+
+__all__ = ["CliError", "build_parser", "main"]
+
+#: The commands in the order --help lists them.
+COMMANDS: Final[dict[str, ModuleType]] = {
+    "demo": demo,
+    "serve": serve,
+    "probe": probe,
+    "inspect": inspect,
+    "forget": forget,
+    "stats": stats,
+    "doctor": doctor,
+    "bench": bench,
+}
+#: Commands that never read $IDEMKEY_REDIS_URL: the demo and the benchmarks write records of
+#: their own only into a Redis named on the command line (never into what may be production),
+#: and probe talks HTTP, not Redis.
+NO_REDIS_FROM_ENV: Final = frozenset({"demo", "serve", "bench", "probe"})
+
+
+def _global_options(parser: argparse.ArgumentParser, *, defaults: bool, redis: bool) -> None:
+    # Added to the main parser and to every subcommand, so `idemkey inspect K --json` works as
+    # well as `idemkey --json inspect K`; subcommands SUPPRESS defaults so they do not override.
+    def default(value: object) -> object:
+        return value if defaults else argparse.SUPPRESS
+
+    if redis:
+        parser.add_argument(
+            "--redis-url",
+            default=default(None),
+            metavar="URL",
+            help=f"redis://, rediss:// or unix:// URL (default: ${URL_ENV})",
+        )
+        parser.add_argument(
+            "--prefix",
+            default=default("idemkey"),
+            help="key prefix of the records (Policy.prefix; default: idemkey)",
+        )
+    parser.add_argument(
+        "--json", action="store_true", default=default(False), help="machine-readable output"
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = Parser(
+        prog="idemkey",
+        description="Idempotency keys backed by Redis: demo, probe and operator tools.",
+        epilog="exit codes: 0 ok, 1 check failed, 2 bad arguments, 3 Redis (or endpoint) error",
+    )
+    _global_options(parser, defaults=True, redis=True)
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
+    sub.required = True
+    for name, module in COMMANDS.items():
+        command = sub.add_parser(
+            name,
+            help=module.HELP,
+            description=getattr(module, "DESCRIPTION", module.HELP),
+            epilog=getattr(module, "EPILOG", None),
+            formatter_class=getattr(module, "FORMATTER", argparse.HelpFormatter),
+        )
+        _global_options(command, defaults=False, redis=name != "probe")
+        module.configure(command)
+        command.set_defaults(run=module.run)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command line; returns the exit code (the console script exits with it)."""
+    parser = build_parser()
+    out = sys.stdout
+    try:
+        args = parser.parse_args(argv)
+    except UsageError as exc:
+        sys.stderr.write(f"{exc}\n")
+        return 2
+    except SystemExit as exc:  # --help
+        return exc.code if isinstance(exc.code, int) else 0
+    if args.redis_url is None and args.command not in NO_REDIS_FROM_ENV:
+        args.redis_url = os.environ.get(URL_ENV) or None
+    return _run(args, out)
+
+
+def _run(args: argparse.Namespace, out: IO[str]) -> int:
+    import redis
+
+    try:
+        code: int = args.run(args, out)
+        return code
+    except CliError as exc:
+        sys.stderr.write(f"idemkey {args.command}: {exc}\n")
+        return exc.code
+    except BrokenPipeError:
+        # `idemkey stats | head`: the reader left; say nothing more, as shell tools do.
+        with contextlib.suppress(OSError):
+            sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - stays open until exit
+        return 141
+    except (redis.RedisError, OSError) as exc:
+        where = redact(args.redis_url) if args.redis_url else "Redis"
+        message = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        sys.stderr.write(f"idemkey {args.command}: {where}: {type(exc).__name__}: {message}\n")
+        return 3
+    except IdemkeyError as exc:
+        sys.stderr.write(f"idemkey {args.command}: {type(exc).__name__}: {exc}\n")
+        return 3
+    except KeyboardInterrupt:
+        sys.stderr.write(f"idemkey {args.command}: interrupted\n")
+        return 130
+    except Exception as exc:
+        # A bug of ours: still one line, unless asked for the traceback.
+        if os.environ.get(DEBUG_ENV):
+            raise
+        message = str(exc).splitlines()[0] if str(exc) else ""
+        sys.stderr.write(
+            f"idemkey {args.command}: internal error: {type(exc).__name__}: {message} "
+            f"(set {DEBUG_ENV}=1 for the traceback)\n"
+        )
+        return 70

@@ -1,0 +1,40 @@
+"""What every command shares: the CLI's error type, the argument parser, JSON output."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import IO, Final, NoReturn
+
+__all__ = ["DEBUG_ENV", "URL_ENV", "CliError", "Parser", "UsageError", "print_json"]
+
+URL_ENV: Final = "IDEMKEY_REDIS_URL"
+DEBUG_ENV: Final = "IDEMKEY_DEBUG"
+
+
+class CliError(Exception):
+    """An error a command reports as one line on stderr, with its exit code.
+
+    Raised only by the command modules of :mod:`idemkey.cli`; the demo app has its own error
+    type (:class:`idemkey.cli.demo_app.DemoError`), which the demo commands translate.
+    """
+
+    def __init__(self, message: str, code: int = 1) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+class UsageError(Exception):
+    """A command line argparse refused: one line, exit status 2."""
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse that raises instead of printing usage and exiting, so errors stay one line."""
+
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(f"{self.prog}: {message} (see --help)")
+
+
+def print_json(data: object, out: IO[str]) -> None:
+    json.dump(data, out, indent=2, sort_keys=False, default=str)
+    out.write("\n")

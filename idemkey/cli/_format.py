@@ -1,0 +1,49 @@
+"""Human-readable durations, sizes and previews for the commands' text output."""
+
+from __future__ import annotations
+
+from typing import Final
+
+__all__ = ["PREVIEW_BYTES", "duration", "preview", "shorten", "size"]
+
+PREVIEW_BYTES: Final = 120
+
+
+def duration(ms: int) -> str:
+    """A PTTL as ``1d 2h 3m 4.5s``; negative answers mean none / no TTL."""
+    if ms == -2:
+        return "none"
+    if ms == -1:
+        return "no TTL (never expires)"
+    seconds = ms / 1000
+    parts = []
+    for unit, length in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= length:
+            parts.append(f"{int(seconds // length)}{unit}")
+            seconds %= length
+    parts.append(f"{seconds:.1f}s" if not parts else f"{int(seconds)}s")
+    return " ".join(parts)
+
+
+def size(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+def preview(body: bytes, limit: int = PREVIEW_BYTES) -> str:
+    """The start of a body: text when it decodes as UTF-8, escaped bytes otherwise."""
+    head = body[:limit]
+    try:
+        text = head.decode("utf-8")
+    except UnicodeDecodeError:
+        text = repr(head)[2:-1]
+    else:
+        text = text.encode("unicode_escape").decode("ascii") if not text.isprintable() else text
+    return text + ("..." if len(body) > limit else "")
+
+
+def shorten(owner: str) -> str:
+    return owner[:8] + "..." if len(owner) > 8 else owner

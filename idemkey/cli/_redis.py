@@ -1,0 +1,101 @@
+"""Connections for the commands that talk to Redis, and printing a URL without its password."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+from ..diagnostics import _text as text
+from ._base import URL_ENV, CliError
+
+__all__ = ["Server", "connect", "info", "redact"]
+
+
+def redact(url: str) -> str:
+    """``url`` with its password replaced by ``***``, for printing."""
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return "<unparsable url>"
+    if parts.password is None:
+        return url
+    user = parts.username or ""
+    host = parts.hostname or ""
+    netloc = f"{user}:***@{host}" + (f":{parts.port}" if parts.port else "")
+    return urlunsplit(parts._replace(netloc=netloc))
+
+
+@dataclass
+class Server:
+    """The client for a URL and, on a cluster, one plain client per primary."""
+
+    url: str
+    client: Any
+    nodes: list[tuple[str, Any]]  # (host:port, redis.Redis) for every primary
+    cluster: bool
+
+    def close(self) -> None:
+        self.client.close()
+
+
+def _client_options() -> dict[str, Any]:
+    from redis.backoff import NoBackoff
+    from redis.retry import Retry
+
+    # Fail fast: redis-py's default retries would make an unreachable server hang for seconds.
+    return {
+        "socket_connect_timeout": 3.0,
+        "socket_timeout": 15.0,
+        "retry": Retry(NoBackoff(), 0),
+        "decode_responses": False,
+    }
+
+
+@contextmanager
+def connect(url: str | None) -> Iterator[Server]:
+    """Connect to ``url`` (or ``$IDEMKEY_REDIS_URL``); a cluster gets a ``RedisCluster``."""
+    import redis
+    from redis.cluster import RedisCluster
+
+    if not url:
+        raise CliError(f"no Redis to talk to: pass --redis-url or set {URL_ENV}", 2)
+    try:
+        probe = redis.Redis.from_url(url, **_client_options())
+    except ValueError as exc:
+        raise CliError(f"bad --redis-url {redact(url)}: {exc}", 2) from exc
+    try:
+        cluster = text(info(probe, "cluster").get("cluster_enabled")) == "1"
+    except redis.ResponseError:
+        cluster = False  # INFO denied by an ACL: inspect and forget still work
+    except BaseException:
+        probe.close()
+        raise
+    if not cluster:
+        server = Server(url, probe, [(_address(probe), probe)], False)
+    else:
+        probe.close()
+        options = _client_options()
+        options.pop("retry")  # RedisCluster handles its own retries across nodes
+        client = RedisCluster.from_url(url, **options)
+        primaries = client.get_primaries()  # type: ignore[no-untyped-call]
+        nodes = [(f"{n.host}:{n.port}", n.redis_connection) for n in primaries]
+        server = Server(url, client, nodes, True)
+    try:
+        yield server
+    finally:
+        server.close()
+
+
+def _address(client: Any) -> str:
+    kwargs = client.connection_pool.connection_kwargs
+    if "path" in kwargs:
+        return str(kwargs["path"])
+    return f"{kwargs.get('host', 'localhost')}:{kwargs.get('port', 6379)}"
+
+
+def info(client: Any, section: str | None = None) -> dict[str, Any]:
+    reply: dict[str, Any] = client.info(section) if section else client.info()
+    return reply

@@ -1,0 +1,63 @@
+"""``idemkey demo``: play the retry story against the demo payments app on a real port."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Iterator
+from contextlib import contextmanager
+from types import ModuleType
+from typing import IO, Final
+
+from ._base import CliError
+from ._redis import redact
+
+HELP: Final = (
+    "play the retry story against the demo payments app (embedded store unless "
+    "--redis-url is given; $IDEMKEY_REDIS_URL is not used)"
+)
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    pass
+
+
+def load_demo() -> ModuleType:
+    """The demo package, once Flask and werkzeug are known to be installed."""
+    try:
+        import flask  # noqa: F401
+        import werkzeug  # noqa: F401
+    except ImportError as exc:
+        raise CliError(f"the demo app needs {exc.name}: pip install 'idemkey[demo]'", 2) from None
+    from . import demo_app
+
+    return demo_app
+
+
+@contextmanager
+def demo_errors() -> Iterator[None]:
+    """The demo's errors as the CLI's: a missing package is a usage error (exit 2)."""
+    from .demo_app import DemoError, MissingPackageError
+
+    try:
+        yield
+    except MissingPackageError as exc:
+        raise CliError(str(exc), 2) from None
+    except DemoError as exc:
+        raise CliError(str(exc)) from None
+
+
+def shown(redis_url: str | None) -> str | None:
+    return redact(redis_url) if redis_url else None
+
+
+def run(args: argparse.Namespace, out: IO[str]) -> int:
+    demo = load_demo()
+    with demo_errors():
+        ok = demo.run_story(
+            redis_url=args.redis_url,
+            prefix=args.prefix,
+            out=out,
+            as_json=args.json,
+            shown_url=shown(args.redis_url),
+        )
+    return 0 if ok else 1

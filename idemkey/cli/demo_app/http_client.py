@@ -1,0 +1,61 @@
+"""The story's HTTP client: one connection per request, JSON in and out.
+
+Kept to this one module on purpose: the story's retry moves to :mod:`idemkey.client` once that
+exists, and this is the only code it replaces.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["Answer", "Client"]
+
+
+@dataclass
+class Answer:
+    status: int
+    headers: Mapping[str, str]
+    body: Any  # parsed JSON, or the raw text
+
+    def header(self, name: str) -> str:
+        return self.headers.get(name.lower(), "")
+
+
+class Client:
+    """A tiny HTTP client for the story: one connection per request, JSON in and out."""
+
+    def __init__(self, base: str) -> None:
+        host, _, port = base.removeprefix("http://").partition(":")
+        self.host, self.port = host, int(port)
+
+    def request(
+        self,
+        method: str,
+        path: str,
+        body: object = None,
+        headers: Mapping[str, str] | None = None,
+        timeout: float = 10.0,
+    ) -> Answer:
+        connection = http.client.HTTPConnection(self.host, self.port, timeout=timeout)
+        try:
+            payload = None if body is None else json.dumps(body).encode()
+            sent = {"Content-Type": "application/json"} if payload is not None else {}
+            connection.request(method, path, body=payload, headers={**sent, **(headers or {})})
+            response = connection.getresponse()
+            raw = response.read()
+            answer_headers = {k.lower(): v for k, v in response.getheaders()}
+        finally:
+            connection.close()
+        try:
+            parsed: Any = json.loads(raw) if raw else None
+        except ValueError:
+            parsed = raw.decode("utf-8", "replace")
+        return Answer(response.status, answer_headers, parsed)
+
+    def charges(self) -> dict[str, Any]:
+        listing: dict[str, Any] = self.request("GET", "/charges").body
+        return listing

@@ -1,0 +1,146 @@
+"""Where the demo runs: its store (a real Redis, or an embedded fakeredis with Lua) and a
+threaded werkzeug server on a real port."""
+
+from __future__ import annotations
+
+import secrets
+import socket
+import sys
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import IO, TYPE_CHECKING
+
+from ...store import RedisStore
+from . import payments
+from .errors import ListenError, MissingPackageError
+from .flask_app import create_app
+from .payments import DEFAULT_ACCOUNT
+
+if TYPE_CHECKING:
+    from flask import Flask
+    from werkzeug.serving import BaseWSGIServer, WSGIRequestHandler
+
+__all__ = ["open_store", "running", "serve"]
+
+
+def open_store(
+    redis_url: str | None, prefix: str, shown_url: str | None = None
+) -> tuple[RedisStore, str, Callable[[], None]]:
+    """A store on ``redis_url``, or on an embedded fakeredis server (with Lua) when None.
+
+    Returns the store, a description of where it is (``shown_url``: the URL as it may be
+    printed, without its password), and a function that closes it.
+    """
+    policy = payments.demo_policy(prefix)
+    if redis_url:
+        import redis
+
+        client = redis.Redis.from_url(redis_url, socket_connect_timeout=3, socket_timeout=10)
+        client.ping()  # fail now, with one line, rather than inside the first request
+        where = shown_url or "the Redis server given"
+    else:
+        try:
+            import fakeredis
+        except ImportError:
+            raise MissingPackageError(
+                "the embedded store needs fakeredis[lua]: pip install 'idemkey[demo]', "
+                "or pass --redis-url"
+            ) from None
+        client = fakeredis.FakeRedis(server=fakeredis.FakeServer(), decode_responses=False)
+        where = "embedded fakeredis (Lua scripts, in this process)"
+    store = RedisStore(client, policy)
+
+    def close() -> None:
+        store.close()
+        client.close()
+
+    return store, where, close
+
+
+@contextmanager
+def running(
+    app: Flask, host: str = "127.0.0.1", port: int = 0, quiet: bool = True
+) -> Iterator[str]:
+    """Serve ``app`` on a real port in a thread (threaded server); yields its base URL."""
+    from werkzeug.serving import WSGIRequestHandler
+
+    class Quiet(WSGIRequestHandler):
+        def log_request(self, code: int | str = "-", size: int | str = "-") -> None:
+            pass
+
+    server = _make_server(host, port, app, Quiet if quiet else None)
+    thread = threading.Thread(target=server.serve_forever, name="idemkey-demo", daemon=True)
+    thread.start()
+    try:
+        yield f"http://{host}:{server.socket.getsockname()[1]}"
+    finally:
+        server.shutdown()
+        thread.join(5)
+        server.server_close()
+
+
+def _make_server(
+    host: str, port: int, app: Flask, handler: type[WSGIRequestHandler] | None = None
+) -> BaseWSGIServer:
+    """A threaded werkzeug server on a socket we bind ourselves.
+
+    werkzeug prints a message and calls ``sys.exit(1)`` when it cannot bind; binding first
+    turns a busy port into one clear line.
+    """
+    from werkzeug.serving import make_server
+
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    try:
+        listener = socket.create_server((host, port), family=family)
+    except OSError as exc:
+        raise ListenError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+    with listener:  # werkzeug works on a duplicate of the descriptor
+        return make_server(
+            host, port, app, threaded=True, request_handler=handler, fd=listener.fileno()
+        )
+
+
+def serve(
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    redis_url: str | None = None,
+    prefix: str = "idemkey",
+    out: IO[str] | None = None,
+    ready: Callable[[str], None] | None = None,
+    shown_url: str | None = None,
+) -> None:
+    """Run the demo app until interrupted, printing curl commands to try it."""
+    out = out if out is not None else sys.stdout
+    store, where, close = open_store(redis_url, prefix, shown_url)
+    try:
+        server = _make_server(host, port, create_app(store))
+        base = f"http://{host}:{server.socket.getsockname()[1]}"
+        key = "order-" + secrets.token_hex(3)
+        out.write(
+            f"idemkey demo app on {base} (store: {where}); Ctrl-C stops it\n\n"
+            f"  curl -i -X POST {base}/charges -H 'Idempotency-Key: {key}' \\\n"
+            "       -H 'Content-Type: application/json' "
+            """-d '{"amount": 1000, "currency": "eur"}'\n"""
+            "  # the same again: the stored 201, Idempotent-Replayed: true, no new charge\n"
+            "  # -d with another amount: 422; add -H 'Demo-Delay: 5' and send twice: 409\n"
+            f"  curl -s {base}/charges\n"
+            + (
+                f"  idemkey inspect {key} --scope {DEFAULT_ACCOUNT} --route /charges "
+                f"--redis-url {where}"
+                if redis_url
+                else "  # `idemkey inspect` needs a real Redis: start the app with --redis-url"
+            )
+            + "\n\n"
+        )
+        out.flush()
+        if ready is not None:
+            ready(base)
+        try:
+            server.serve_forever()
+        except KeyboardInterrupt:
+            pass
+        finally:
+            server.server_close()
+    finally:
+        close()

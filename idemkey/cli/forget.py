@@ -1,0 +1,69 @@
+"""``idemkey forget KEY ... [--yes] [--force]``: delete one record and its lock."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import IO, Final
+
+from ..diagnostics import _text as text
+from ._base import CliError, print_json
+from ._format import duration
+from ._records import add_record_options, read_record, record_named
+from ._redis import connect
+
+HELP: Final = "delete one record (record and lock)"
+
+# Deletes one record and its lock atomically, so an in-progress record cannot be claimed between
+# the check and the delete. An operator tool, off the hot path: inline rather than package data.
+# KEYS[1] record hash, KEYS[2] lock; ARGV[1] "1" deletes an in-progress record too.
+# Reply: {deleted keys, state} ({-1, state} when refused); state "" when the hash has none.
+_FORGET_LUA: Final = """
+local state = redis.call("HGET", KEYS[1], "state") or ""
+if state == "in_progress" and ARGV[1] ~= "1" then
+  return {-1, state}
+end
+return {redis.call("DEL", KEYS[1], KEYS[2]), state}
+"""
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    add_record_options(parser)
+    parser.add_argument("--yes", "-y", action="store_true", help="do not ask on a terminal")
+    parser.add_argument("--force", action="store_true", help="delete an in-progress record too")
+
+
+def _confirm(question: str) -> bool:
+    sys.stderr.write(f"{question} [y/N] ")
+    sys.stderr.flush()
+    answer = sys.stdin.readline()
+    return answer.strip().lower() in ("y", "yes")
+
+
+def run(args: argparse.Namespace, out: IO[str]) -> int:
+    record = record_named(args)
+    with connect(args.redis_url) as server:
+        client = server.client
+        view = read_record(client, record, guard=True if args.guard else None)
+        if not view.exists:
+            raise CliError(f"no record {record.key}")
+        if view.state == "in_progress" and not args.force:
+            lease = "no live lease" if view.lease_ms < 0 else f"lease {duration(view.lease_ms)}"
+            raise CliError(
+                f"refusing to forget an in-progress record ({lease}): a request may be running "
+                "it right now; pass --force to delete it anyway"
+            )
+        if not args.yes and sys.stdin.isatty():
+            question = f"forget {view.state} record {record.key}?"
+            if not _confirm(question):
+                raise CliError("not confirmed; nothing deleted")
+        script = client.register_script(_FORGET_LUA)
+        deleted, state = script(keys=[record.key, record.lock], args=["1" if args.force else "0"])
+    state = text(state)
+    if deleted == -1:
+        raise CliError("the record became in progress meanwhile; nothing deleted (--force)")
+    if args.json:
+        print_json({"record": record.key, "deleted": deleted, "state": state or "released"}, out)
+    else:
+        out.write(f"forgot {state or 'released'} record {record.key} ({deleted} keys deleted)\n")
+    return 0

@@ -1,0 +1,3 @@
+"""The machinery of ``idemkey probe``: sans-IO verdicts (:mod:`.verdicts`), the sequence as a
+state machine (:mod:`.session`), and the HTTP driver (:mod:`.transport`, standard library only).
+The command itself, its arguments and its output, is :mod:`idemkey.cli.probe`."""

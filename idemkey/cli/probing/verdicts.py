@@ -1,0 +1,350 @@
+"""Sans-IO verdicts: from the answers an endpoint gave to a verdict per check, no network.
+
+Each ``judge_*`` function takes what was observed (:class:`Response` or :class:`NoResponse`)
+and returns a :class:`Result`: the verdict, a one-line summary with the evidence (status, the
+headers that matter, a body excerpt), and detail lines (a per-field comparison of two bodies).
+
+Verdicts: ``PASS`` the check holds; ``WARN`` it holds with a caveat, or could not be settled;
+``FAIL`` the endpoint broke the contract; ``SKIP`` not run. Only ``FAIL`` fails the probe.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Final, Literal
+
+__all__ = [
+    "Answer",
+    "NoResponse",
+    "Response",
+    "Result",
+    "Verdict",
+    "body_differences",
+    "excerpt",
+    "judge_concurrent",
+    "judge_edited",
+    "judge_first",
+    "judge_keyless",
+    "judge_other_tenant",
+    "judge_replay",
+    "worst",
+]
+
+Verdict = Literal["PASS", "WARN", "FAIL", "SKIP"]
+_RANK: Final[dict[Verdict, int]] = {"SKIP": 0, "PASS": 1, "WARN": 2, "FAIL": 3}
+
+EXCERPT_CHARS: Final = 40
+MAX_FIELD_LINES: Final = 6
+
+#: Refusals of a key reused with another request: the IETF draft's 422, Stripe's 400.
+REFUSED: Final = {422: "the IETF draft's status", 400: "Stripe's convention"}
+#: Refusals of a request that carries no key at all.
+KEY_REQUIRED: Final = frozenset({400, 422, 428})
+
+
+@dataclass(frozen=True, slots=True)
+class Response:
+    """An answer: status, headers, body, and when (monotonic seconds) it was sent and began."""
+
+    status: int
+    headers: tuple[tuple[str, str], ...]
+    body: bytes
+    sent_at: float = 0.0
+    answered_at: float = 0.0
+
+    def header(self, name: str) -> str | None:
+        wanted = name.lower()
+        return next((v for n, v in self.headers if n.lower() == wanted), None)
+
+    @property
+    def ok(self) -> bool:
+        return 200 <= self.status < 300
+
+    def same_as(self, other: Response) -> bool:
+        """Same status and byte-equal body: what a replay must be."""
+        return self.status == other.status and self.body == other.body
+
+
+@dataclass(frozen=True, slots=True)
+class NoResponse:
+    """No answer: a timeout, a reset connection, a malformed response."""
+
+    reason: str
+    sent_at: float = 0.0
+
+
+Answer = Response | NoResponse
+
+
+@dataclass(frozen=True, slots=True)
+class Result:
+    """One check's verdict, a one-line summary with the evidence, and detail lines."""
+
+    number: int
+    name: str
+    verdict: Verdict
+    summary: str
+    details: tuple[str, ...] = ()
+
+
+def worst(results: Sequence[Result]) -> Verdict:
+    """The most severe verdict (``SKIP`` only when nothing ran)."""
+    return max((r.verdict for r in results), key=_RANK.__getitem__, default="SKIP")
+
+
+def excerpt(body: bytes, limit: int = EXCERPT_CHARS) -> str:
+    """The start of a body as printable text, for a line of evidence."""
+    text = body[:limit].decode("utf-8", "replace")
+    text = "".join(c if c.isprintable() else "." for c in text)
+    return text + ("..." if len(body) > limit else "")
+
+
+def evidence(answer: Answer, replay_header: str) -> str:
+    """``201, Idempotent-Replayed: true, body {"id": ...}``: what a line shows of an answer."""
+    if isinstance(answer, NoResponse):
+        return answer.reason
+    parts = [str(answer.status)]
+    for name in (replay_header, "Retry-After"):
+        value = answer.header(name)
+        if value is not None:
+            parts.append(f"{name}: {value}")
+    parts.append(f"body {excerpt(answer.body)}" if answer.body else "empty body")
+    return ", ".join(parts)
+
+
+def _json_object(body: bytes) -> dict[str, object] | None:
+    try:
+        value = json.loads(body)
+    except ValueError:
+        return None
+    return value if isinstance(value, dict) else None
+
+
+def _field_changes(old: dict[str, object], new: dict[str, object], path: str = "") -> Iterator[str]:
+    for name in dict.fromkeys([*old, *new]):
+        where = f"{path}.{name}" if path else name
+        a, b = old.get(name, _MISSING), new.get(name, _MISSING)
+        if a == b:
+            continue
+        if isinstance(a, dict) and isinstance(b, dict):
+            yield from _field_changes(a, b, where)
+        else:
+            yield f"{where}: {_shown(a)} -> {_shown(b)}"
+
+
+_MISSING: Final = object()
+
+
+def _shown(value: object) -> str:
+    if value is _MISSING:
+        return "(absent)"
+    text = json.dumps(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def body_differences(first: bytes, second: bytes) -> tuple[str, ...]:
+    """How two bodies differ: field by field for JSON objects, else the first differing byte."""
+    old, new = _json_object(first), _json_object(second)
+    if old is not None and new is not None:
+        changes = list(_field_changes(old, new))
+        if not changes:  # the same fields, serialized differently
+            return ("same JSON fields, different bytes (key order or whitespace)",)
+        shown = changes[:MAX_FIELD_LINES]
+        if len(changes) > len(shown):
+            shown.append(f"... and {len(changes) - len(shown)} more fields")
+        return tuple(shown)
+    at = next((i for i, (a, b) in enumerate(zip(first, second, strict=False)) if a != b), None)
+    at = min(len(first), len(second)) if at is None else at
+    return (
+        f"bytes differ from offset {at} ({len(first)} vs {len(second)} bytes)",
+        f"first:  {excerpt(first[at:])}",
+        f"second: {excerpt(second[at:])}",
+    )
+
+
+def _no_answer(number: int, name: str, answer: NoResponse) -> Result:
+    return Result(number, name, "FAIL", answer.reason)
+
+
+def judge_first(answer: Answer, replay_header: str) -> Result:
+    """Check 1: the first request with a key must succeed, to give the others a reference."""
+    number, name = 1, "first request"
+    if isinstance(answer, NoResponse):
+        return _no_answer(number, name, answer)
+    shown = evidence(answer, replay_header)
+    if answer.ok:
+        return Result(number, name, "PASS", shown)
+    return Result(
+        number,
+        name,
+        "FAIL",
+        f"not a success: {shown}; fix --data or -H so the request succeeds (the other checks "
+        "compare against it)",
+    )
+
+
+def judge_replay(first: Response, replay: Answer, replay_header: str, waits: int = 0) -> Result:
+    """Check 2: the same request with the same key must answer the same status and bytes."""
+    number, name = 2, "same key again"
+    if isinstance(replay, NoResponse):
+        return _no_answer(number, name, replay)
+    waited = f" (after {waits} x 409, honouring Retry-After)" if waits else ""
+    marker = replay.header(replay_header)
+    if replay.same_as(first):
+        said = f"{replay_header}: {marker}" if marker is not None else f"no {replay_header} header"
+        summary = f"replayed: {replay.status}, byte-equal body ({len(replay.body)} bytes), {said}"
+        return Result(number, name, "PASS", summary + waited)
+    if replay.status == 409:
+        return Result(
+            number,
+            name,
+            "FAIL",
+            f"still in progress after {waits} retries: {evidence(replay, replay_header)}",
+        )
+    if replay.status != first.status:
+        summary = f"answered {replay.status}, the first request {first.status}: not a replay"
+    else:
+        summary = "the retry ran again: same status, a different body (a second execution)"
+    details = body_differences(first.body, replay.body) if replay.body != first.body else ()
+    return Result(number, name, "FAIL", f"{summary}{waited}; {excerpt(replay.body)}", details)
+
+
+def judge_edited(first: Response, edited: Answer, replay_header: str) -> Result:
+    """Check 3: the same key with an edited body must be refused, never replayed or run."""
+    number, name = 3, "edited retry"
+    if isinstance(edited, NoResponse):
+        return _no_answer(number, name, edited)
+    shown = evidence(edited, replay_header)
+    if edited.status in REFUSED:
+        return Result(number, name, "PASS", f"refused ({REFUSED[edited.status]}): {shown}")
+    if edited.status == 409:
+        return Result(
+            number,
+            name,
+            "WARN",
+            f"refused with 409: accepted, though 422 says what happened (the key was reused "
+            f"with another request) and 409 tells clients to retry: {shown}",
+        )
+    if edited.ok:
+        if edited.same_as(first):
+            what = "an edited retry was replayed: the first request's answer, for another request"
+        else:
+            what = "an edited retry was executed: the key did not stop a different request"
+        return Result(number, name, "FAIL", f"{what}: {shown}")
+    return Result(number, name, "FAIL", f"expected 422 (or 400, 409), got {shown}")
+
+
+def judge_keyless(answer: Answer, replay_header: str) -> Result:
+    """Check 4: without a key, the endpoint either requires one or runs unprotected."""
+    number, name = 4, "no key"
+    if isinstance(answer, NoResponse):
+        return _no_answer(number, name, answer)
+    shown = evidence(answer, replay_header)
+    if answer.status in KEY_REQUIRED:
+        return Result(number, name, "PASS", f"the endpoint requires a key: {shown}")
+    if answer.ok:
+        return Result(
+            number,
+            name,
+            "WARN",
+            f"runs without a key, unprotected: a client that forgets the key can pay twice: "
+            f"{shown}",
+        )
+    if answer.status >= 500:
+        return Result(number, name, "FAIL", f"a server error for a request without a key: {shown}")
+    return Result(number, name, "WARN", f"answered {shown}")
+
+
+def _in_flight_together(answers: Sequence[Answer]) -> int:
+    """How many requests were sent before the first answer began: the overlap achieved."""
+    answered = [a.answered_at for a in answers if isinstance(a, Response)]
+    if not answered:
+        return 0
+    first_answer = min(answered)
+    return sum(1 for a in answers if a.sent_at and a.sent_at <= first_answer)
+
+
+def judge_concurrent(answers: Sequence[Answer], replay_header: str) -> Result:
+    """Check 5: N identical first requests at once: at most one execution.
+
+    Every success must be the same (status, bytes); the rest 409 with ``Retry-After``.
+    """
+    number, name, n = 5, "concurrent duplicates", len(answers)
+    lost = [a for a in answers if isinstance(a, NoResponse)]
+    responses = [a for a in answers if isinstance(a, Response)]
+    if lost:
+        return Result(number, name, "FAIL", f"{len(lost)} of {n} got no answer: {lost[0].reason}")
+    successes = [r for r in responses if r.ok]
+    conflicts = [r for r in responses if r.status == 409]
+    others = [r for r in responses if not r.ok and r.status != 409]
+    counts: dict[int, int] = {}
+    for r in responses:
+        counts[r.status] = counts.get(r.status, 0) + 1
+    tally = f"{n} at once: " + ", ".join(f"{c} x {s}" for s, c in sorted(counts.items()))
+    if others:
+        return Result(
+            number, name, "FAIL", f"{tally}: unexpected {evidence(others[0], replay_header)}"
+        )
+    if not successes:
+        return Result(number, name, "FAIL", f"{tally}: no request succeeded")
+    distinct = list({(r.status, r.body): r for r in successes}.values())
+    if len(distinct) > 1:
+        return Result(
+            number,
+            name,
+            "FAIL",
+            f"{tally}: concurrent duplicates ran {len(distinct)} times "
+            f"({len(distinct)} different answers for one key)",
+            body_differences(distinct[0].body, distinct[1].body),
+        )
+    replays = sum(1 for r in successes if r.header(replay_header) is not None)
+    bare = [r for r in conflicts if r.header("Retry-After") is None]
+    if conflicts and not bare:
+        tally += f" (Retry-After: {conflicts[0].header('Retry-After')})"
+    shown = f"{tally}: one execution" + (f", {replays} replayed" if replays else "")
+    together = _in_flight_together(answers)
+    if bare:
+        return Result(number, name, "WARN", f"{shown}, but {len(bare)} x 409 without Retry-After")
+    if together < 2 and not conflicts:
+        return Result(
+            number,
+            name,
+            "WARN",
+            f"{shown}, but inconclusive: each answer came before the next request was sent, "
+            "so nothing ran concurrently (a slower endpoint, or more --concurrency, overlaps)",
+        )
+    return Result(number, name, "PASS", f"{shown}; {together} of {n} in flight together")
+
+
+def judge_other_tenant(first: Response, other: Answer, replay_header: str) -> Result:
+    """Check 6: the same key from another tenant must not see the first tenant's response."""
+    number, name = 6, "other tenant"
+    if isinstance(other, NoResponse):
+        return _no_answer(number, name, other)
+    shown = evidence(other, replay_header)
+    if other.same_as(first):
+        return Result(
+            number, name, "FAIL", f"another tenant was served the first tenant's response: {shown}"
+        )
+    if other.ok:
+        return Result(number, name, "PASS", f"its own answer, not the first tenant's: {shown}")
+    if other.status in (409, 422):
+        return Result(
+            number,
+            name,
+            "WARN",
+            f"refused ({other.status}): keys are shared across tenants, so one tenant's key "
+            f"blocks another's: {shown}",
+        )
+    if other.status in (401, 403):
+        return Result(
+            number,
+            name,
+            "WARN",
+            f"inconclusive: the other tenant was not let in ({shown}); check --other-tenant-header",
+        )
+    if other.status >= 500:
+        return Result(number, name, "FAIL", f"a server error for the other tenant: {shown}")
+    return Result(number, name, "WARN", f"answered {shown}")

@@ -1,0 +1,245 @@
+"""``idemkey stats``: records by state, memory and TTLs, counted with SCAN (never KEYS)."""
+
+from __future__ import annotations
+
+import argparse
+import random
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import IO, Any, Final
+
+from ..diagnostics import _text as text
+from ._base import CliError, print_json
+from ._format import size
+from ._redis import connect, redact
+
+HELP: Final = "records by state, memory and TTLs (SCAN, never KEYS)"
+
+#: stats prints progress on stderr when the database holds at least this many keys.
+PROGRESS_THRESHOLD = 10_000
+PROGRESS_EVERY = 10_000
+PROGRESS_LOG_SECONDS = 2.0
+SCAN_COUNT: Final = 1000
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--sample", type=int, default=1000, help="records measured with MEMORY USAGE per node"
+    )
+    parser.add_argument("--no-progress", action="store_true", help="no progress on stderr")
+
+
+TTL_BUCKETS: Final = (
+    ("< 1 min", 60_000),
+    ("1 min - 1 h", 3_600_000),
+    ("1 h - 6 h", 21_600_000),
+    ("6 h - 24 h", 86_400_000),
+    ("> 24 h", None),
+)
+STATES: Final = ("complete", "in_progress", "released", "other")
+
+
+def glob_escape(text: str) -> str:
+    """``text`` as a literal inside a Redis MATCH pattern."""
+    return "".join("\\" + c if c in "*?[]\\" else c for c in text)
+
+
+@dataclass
+class Stats:
+    prefix: str
+    nodes: int = 0
+    scanned: int = 0
+    states: dict[str, int] = field(default_factory=lambda: dict.fromkeys(STATES, 0))
+    lease_lapsed: int = 0
+    ttl: dict[str, int] = field(
+        default_factory=lambda: {**{name: 0 for name, _ in TTL_BUCKETS}, "no TTL": 0}
+    )
+    sampled: int = 0
+    sampled_bytes: int = 0
+    seconds: float = 0.0
+
+    @property
+    def mean_bytes(self) -> float:
+        return self.sampled_bytes / self.sampled if self.sampled else 0.0
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "prefix": self.prefix,
+            "nodes": self.nodes,
+            "records": self.scanned,
+            "states": self.states,
+            "in_progress_lease_lapsed": self.lease_lapsed,
+            "ttl": self.ttl,
+            "memory": {
+                "sampled": self.sampled,
+                "mean_bytes": round(self.mean_bytes, 1),
+                "total_bytes_estimate": round(self.mean_bytes * self.scanned),
+            },
+            "seconds": round(self.seconds, 3),
+        }
+
+
+def _bucket(ttl_ms: int) -> str:
+    if ttl_ms < 0:
+        return "no TTL"
+    for name, upper in TTL_BUCKETS:
+        if upper is None or ttl_ms < upper:
+            return name
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+class _Progress:
+    """Progress lines on stderr, only for large keyspaces; ``\\r`` on a terminal."""
+
+    def __init__(self, total: int, enabled: bool) -> None:
+        self.enabled = enabled and total >= PROGRESS_THRESHOLD
+        self.total = total
+        self.tty = sys.stderr.isatty()
+        self.next = PROGRESS_EVERY
+        self.last = -1e9
+
+    def update(self, scanned: int, records: int) -> None:
+        if not self.enabled or scanned < self.next:
+            return
+        now = time.monotonic()
+        if not self.tty and now - self.last < PROGRESS_LOG_SECONDS:
+            return  # a log file gets a line every few seconds, not one per SCAN page
+        self.next, self.last = scanned + PROGRESS_EVERY, now
+        line = f"idemkey stats: scanned {scanned}/{self.total} keys, {records} records"
+        sys.stderr.write(("\r" + line) if self.tty else line + "\n")
+        sys.stderr.flush()
+
+    def done(self) -> None:
+        if self.enabled and self.tty:
+            sys.stderr.write("\n")
+
+
+def collect_stats(
+    nodes: Sequence[tuple[str, Any]],
+    prefix: str,
+    *,
+    sample: int = 1000,
+    progress: bool = True,
+    rng: random.Random | None = None,
+) -> Stats:
+    """Count records under ``prefix`` on every primary with SCAN (never KEYS).
+
+    Memory is ``MEMORY USAGE`` of a uniform sample (reservoir) of at most ``sample`` records.
+    """
+    rng = rng or random.Random()
+    stats = Stats(prefix, nodes=len(nodes))
+    pattern = f"{glob_escape(prefix)}:{{*}}"
+    started = time.perf_counter()
+    total = sum(int(client.dbsize()) for _, client in nodes)
+    meter = _Progress(total, progress)
+    scanned_keys = 0
+    for _, client in nodes:
+        reservoir: list[bytes] = []
+        seen_here = 0
+        cursor = 0
+        while True:
+            cursor, keys = client.scan(cursor, match=pattern, count=SCAN_COUNT)
+            # SCAN's COUNT is roughly the keys looked at (matching or not): progress is in those.
+            scanned_keys += SCAN_COUNT
+            if keys:
+                _classify(client, keys, stats)
+                for key in keys:
+                    seen_here += 1
+                    if len(reservoir) < sample:
+                        reservoir.append(key)
+                    else:
+                        slot = rng.randrange(seen_here)
+                        if slot < sample:
+                            reservoir[slot] = key
+            meter.update(min(scanned_keys, total), stats.scanned)
+            if cursor == 0:
+                break
+        _measure(client, reservoir, stats)
+    meter.done()
+    stats.seconds = time.perf_counter() - started
+    return stats
+
+
+def _classify(client: Any, keys: Sequence[bytes], stats: Stats) -> None:
+    pipe = client.pipeline(transaction=False)
+    for key in keys:
+        pipe.hmget(key, "state", "fence")
+        pipe.pttl(key)
+    replies = pipe.execute(raise_on_error=False)
+    in_progress: list[bytes] = []
+    for i, key in enumerate(keys):
+        fields, ttl = replies[2 * i], replies[2 * i + 1]
+        if isinstance(fields, Exception) or isinstance(ttl, Exception):
+            stats.states["other"] += 1  # not a hash: a stranger's key under our prefix
+            stats.scanned += 1
+            continue
+        if ttl == -2:
+            continue  # expired between SCAN and now
+        stats.scanned += 1
+        state = text(fields[0])
+        if state in ("complete", "in_progress"):
+            stats.states[state] += 1
+            if state == "in_progress":
+                in_progress.append(key)
+        elif fields[1] is not None:
+            stats.states["released"] += 1
+        else:
+            stats.states["other"] += 1
+        stats.ttl[_bucket(int(ttl))] += 1
+    if in_progress:
+        pipe = client.pipeline(transaction=False)
+        for key in in_progress:
+            pipe.exists(key + b":lock")
+        stats.lease_lapsed += sum(1 for live in pipe.execute() if not live)
+
+
+def _measure(client: Any, keys: Sequence[bytes], stats: Stats) -> None:
+    if not keys:
+        return
+    pipe = client.pipeline(transaction=False)
+    for key in keys:
+        pipe.memory_usage(key, samples=0)  # all six fields, not an estimate from five
+    for used in pipe.execute(raise_on_error=False):
+        if isinstance(used, int):
+            stats.sampled += 1
+            stats.sampled_bytes += used
+
+
+def _show_stats(stats: Stats, url: str, out: IO[str]) -> None:
+    where = f"{stats.nodes} primaries" if stats.nodes > 1 else redact(url)
+    out.write(f'records under prefix "{stats.prefix}" on {where} ({stats.seconds:.2f} s)\n')
+    for state, count in stats.states.items():
+        if state == "other" and not count:
+            continue
+        note = ""
+        if state == "in_progress" and stats.lease_lapsed:
+            note = f"  ({stats.lease_lapsed} with a lapsed lease: crashed owners)"
+        if state == "released":
+            note = "  (only the fence counter left)"
+        out.write(f"  {state:<12} {count:>9}{note}\n")
+    out.write(f"  {'total':<12} {stats.scanned:>9}\n")
+    if stats.sampled:
+        out.write(f"memory (MEMORY USAGE of {stats.sampled} sampled records)\n")
+        out.write(f"  {'mean':<12} {size(stats.mean_bytes):>9} per record\n")
+        out.write(f"  {'total':<12} {size(stats.mean_bytes * stats.scanned):>9} (estimated)\n")
+    out.write("TTL left\n")
+    for bucket, count in stats.ttl.items():
+        if bucket == "no TTL" and not count:
+            continue
+        out.write(f"  {bucket:<12} {count:>9}\n")
+
+
+def run(args: argparse.Namespace, out: IO[str]) -> int:
+    if args.sample < 0:
+        raise CliError("--sample must be >= 0", 2)
+    with connect(args.redis_url) as server:
+        stats = collect_stats(
+            server.nodes, args.prefix, sample=args.sample, progress=not args.no_progress
+        )
+    if args.json:
+        print_json(stats.as_dict(), out)
+    else:
+        _show_stats(stats, args.redis_url, out)
+    return 0

@@ -1,0 +1,124 @@
+"""AsyncGuard and aguard(): run a block once per idempotency key (see ``idemkey.guard``).
+
+One text for both guards: the async file is the source, and scripts/unasync.py writes the sync
+one from it. Cancellation shielding comes from the hand-written runtime module imported below.
+"""
+
+from __future__ import annotations
+
+from time import perf_counter
+from types import TracebackType
+from typing import Any, TypeVar, overload
+
+from .._core import new_owner
+from ..errors import StoreError
+from ..policy import Policy
+from ..store import AsyncRedisStore
+from ..store._async_runtime import release_if_cancelled, uncancellable
+from ._call import Call, GuardState
+
+__all__ = ["AsyncGuard", "aguard"]
+
+T = TypeVar("T")
+
+
+class AsyncGuard(GuardState[T]):
+    """The context manager :func:`aguard` returns."""
+
+    def __init__(
+        self,
+        store: AsyncRedisStore,
+        key: str,
+        payload: object,
+        scope: str,
+        policy: Policy | None,
+        result_type: Any,
+        name: str = "",
+    ) -> None:
+        super().__init__(key, payload, scope, policy, result_type, store.policy, name)
+        self.store = store
+
+    async def __aenter__(self) -> Call[T]:
+        policy, started, owner = self.policy, perf_counter(), new_owner()
+        try:
+            decision = await release_if_cancelled(
+                self.store.claim(
+                    self.record,
+                    self.fingerprint,
+                    owner=owner,
+                    lease_ms=policy.lease_ms,
+                    ttl_ms=policy.ttl_ms,
+                    wait=policy.wait,
+                ),
+                lambda: self.store.release(self.record, owner),
+            )
+        except StoreError as error:
+            return self.claim_failed(error)
+        return self.enter(decision, perf_counter() - started)
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        claim, saved, started = self.claim, self.saved(), perf_counter()
+        if claim is None:
+            return
+        owner = claim.owner
+        try:
+            # The caller may go away (a cancelled task) while this is on its way: the write is
+            # finished all the same, or a retry would run the work again after the lease.
+            done = await uncancellable(lambda: self._settle(owner, saved))
+        except StoreError as error:
+            self.store_failed(error, exc)
+            return
+        self.exited(done, saved is not None, exc, perf_counter() - started)
+
+    async def _settle(self, owner: str, saved: bytes | None) -> bool:
+        """Complete the record with the saved result, or release it when nothing was saved."""
+        if saved is None:
+            return await self.store.release(self.record, owner)
+        return await self.store.complete(self.record, owner, saved, ttl_ms=self.ttl_ms)
+
+
+# Overloads so that ``result_type=Receipt`` gives a ``Call[Receipt]`` and no result_type a
+# ``Call[Any]``: with ``type[T] | Any`` alone, mypy cannot solve T and asks users to annotate.
+@overload
+def aguard(
+    store: AsyncRedisStore,
+    key: str,
+    *,
+    payload: object = ...,
+    scope: str = ...,
+    policy: Policy | None = ...,
+    result_type: type[T],
+) -> AsyncGuard[T]: ...
+@overload
+def aguard(
+    store: AsyncRedisStore,
+    key: str,
+    *,
+    payload: object = ...,
+    scope: str = ...,
+    policy: Policy | None = ...,
+    result_type: Any = ...,
+) -> AsyncGuard[Any]: ...
+def aguard(
+    store: AsyncRedisStore,
+    key: str,
+    *,
+    payload: object = b"",
+    scope: str = "",
+    policy: Policy | None = None,
+    result_type: type[T] | Any = Any,
+) -> AsyncGuard[T]:
+    """Run a block once per ``key`` (within ``scope``): ``async with aguard(store, key) as call``.
+
+    ``payload`` identifies the work (bytes, str, or anything msgspec encodes): the same key
+    with another payload raises :class:`KeyReuseError`. While the first call runs, others raise
+    :class:`RequestInFlightError`, or wait up to ``policy.wait`` seconds for its result.
+    ``result_type`` decodes a replayed result into that type (a Struct, a dataclass, ...).
+    See :mod:`idemkey.guard`.
+    """
+    return AsyncGuard(store, key, payload, scope, policy, result_type)

@@ -1,0 +1,237 @@
+"""The I/O-free part of guard() / aguard(): the Call they yield and what each decision means.
+
+Both guards (``_async_guard``, and ``_sync_guard`` generated from it) build on
+:class:`GuardState`; only the store calls differ.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Final, Generic, TypeVar, cast
+
+from .._codec import RESULT_NOT_KEPT, decode_value, encode_payload, encode_value
+from .._core import (
+    Claimed,
+    Decision,
+    InFlight,
+    Mismatch,
+    Record,
+    Replay,
+    payload_fingerprint,
+    record_for,
+)
+from ..errors import (
+    ConfigurationError,
+    InvalidKeyError,
+    KeyReuseError,
+    LeaseLostError,
+    NoResultError,
+    RequestInFlightError,
+    ResultNotStorableError,
+    StoreError,
+    UsageError,
+)
+from ..events import EventKind, report
+from ..policy import Policy
+
+__all__ = ["GUARD_METHOD", "Call", "GuardState"]
+
+T = TypeVar("T")
+GUARD_METHOD = "GUARD"  # the record's "method" for guards: never equal to an HTTP method's record
+
+_UNSET: Any = object()
+
+# Policy fields only the HTTP adapters read: a guard has no request, header or status to apply
+# them to. A guard's own policy that sets one is refused rather than silently ignored.
+HTTP_ONLY_FIELDS: Final = (
+    "methods",
+    "require_key",
+    "strict_header",
+    "header",
+    "max_request_bytes",
+    "max_response_bytes",
+    "store_error_retry_after",
+    "scope",
+    "mismatch_status",
+    "store_server_errors",
+    "release_statuses",
+    "header_denylist",
+    "header_allowlist",
+)
+_DEFAULTS: Final = Policy()
+
+
+def check_guard_policy(policy: Policy, store_policy: Policy) -> None:
+    """Refuse a guard policy with a field the guard cannot honour.
+
+    An HTTP-only field may keep its default or the store's value (a policy derived from the
+    store's with ``replace``, or one shared with the HTTP adapters); any other value would be
+    ignored, so it raises :class:`ConfigurationError`. ``durability`` is the store's to set:
+    the store sends every write.
+    """
+    for name in HTTP_ONLY_FIELDS:
+        value = getattr(policy, name)
+        if value != getattr(_DEFAULTS, name) and value != getattr(store_policy, name):
+            raise ConfigurationError(
+                f"Policy.{name} applies to HTTP requests only; guard() and @idempotent cannot "
+                "honour it (leave it at its default in the guard's policy)"
+            )
+    if policy.durability != store_policy.durability:
+        raise ConfigurationError(
+            "Policy.durability is read from the store's policy: set it on the store, not on a guard"
+        )
+
+
+class Call(Generic[T]):
+    """What a guard yields: either a replay of the stored result, or a claim to do the work."""
+
+    __slots__ = ("_key", "_result", "_saved", "fence", "replayed", "takeover")
+
+    def __init__(
+        self,
+        *,
+        replayed: bool,
+        result: Any = _UNSET,
+        fence: int | None = None,
+        takeover: bool = False,
+        key: str = "",
+    ) -> None:
+        self._key = key
+        self.replayed = replayed
+        #: Fencing token: grows with every takeover; pass it to downstream writes.
+        self.fence = fence
+        #: True when this claim took over from an executor whose lease lapsed.
+        self.takeover = takeover
+        self._result: Any = result
+        self._saved: bytes | None = None
+
+    @property
+    def result(self) -> T:
+        """The stored result of the first run (only when ``replayed``), or what was saved."""
+        if self._result is _UNSET:
+            raise NoResultError("no result: this call was not replayed and nothing was saved")
+        return cast(T, self._result)
+
+    def save(self, value: T) -> None:
+        """Record the result; the record completes with it when the block exits.
+
+        A value msgspec cannot encode raises :class:`ResultNotStorableError`, and the record
+        then completes as "result not kept": the work has run, so it must not run again.
+        """
+        if self.replayed:
+            raise UsageError("cannot save() on a replayed call")
+        try:
+            self._saved = encode_value(value)
+        except ConfigurationError as exc:
+            self._saved, self._result = RESULT_NOT_KEPT, _UNSET
+            raise ResultNotStorableError(self._key, str(exc.__cause__ or exc)) from exc
+        self._result = value
+
+
+class GuardState(Generic[T]):
+    """The I/O-free part of a guard: which record, which fingerprint, what a decision means."""
+
+    def __init__(
+        self,
+        key: str,
+        payload: object,
+        scope: str,
+        policy: Policy | None,
+        result_type: Any,
+        store_policy: Policy,
+        name: str = "",
+    ) -> None:
+        if not isinstance(key, str) or not key:
+            raise InvalidKeyError("a guard key must be a non-empty string")
+        if not isinstance(scope, str):
+            raise ConfigurationError(f"a guard scope must be a str, got {type(scope).__name__}")
+        if policy is None or policy is store_policy:
+            self.policy = store_policy
+        else:
+            check_guard_policy(policy, store_policy)
+            self.policy = policy
+        self.key = key
+        self.scope = scope
+        self.name = name
+        # ``name`` (a decorated function's qualified name) takes the route's place: two
+        # functions never share a record, whatever their keys.
+        self.record: Record = record_for(self.policy.prefix, scope, GUARD_METHOD, name, key)
+        self.fingerprint = payload_fingerprint(encode_payload(payload))
+        self.result_type = result_type
+        self.claim: Claimed | None = None
+        self.call: Call[T] | None = None
+
+    def enter(self, decision: Decision, seconds: float) -> Call[T]:
+        """The Call for a claim or a replay; raises for a mismatch or a request in flight."""
+        kind = type(decision)
+        if kind is Claimed:
+            claim = cast(Claimed, decision)
+            self.claim = claim
+            self.notify("takeover" if claim.takeover else "claimed", claim.fence, seconds=seconds)
+            self.call = Call(
+                replayed=False, fence=claim.fence, takeover=claim.takeover, key=self.key
+            )
+            return self.call
+        if kind is Replay:
+            response = cast(Replay, decision).response
+            if response == RESULT_NOT_KEPT:
+                self.notify("replayed", detail="result not kept", seconds=seconds)
+                raise ResultNotStorableError(self.key, "it could not be encoded on the first run")
+            self.notify("replayed", seconds=seconds)
+            return Call(replayed=True, result=decode_value(response, self.result_type))
+        if kind is Mismatch:
+            self.notify("mismatch", seconds=seconds)
+            raise KeyReuseError()
+        self.notify("in_flight", seconds=seconds)
+        raise RequestInFlightError(cast(InFlight, decision).retry_after)
+
+    def claim_failed(self, error: StoreError) -> Call[T]:
+        """Redis failed before the work ran: raise it (``on_store_error="closed"``), or run
+        the work unprotected (``"open"``: nothing is claimed or stored, a retry runs again)."""
+        if self.policy.on_store_error == "open":
+            self.notify("unprotected", detail=str(error))
+            self.call = Call(replayed=False, key=self.key)
+            return self.call
+        self.notify("store_error", detail=str(error))
+        raise error
+
+    @property
+    def ttl_ms(self) -> int:
+        return self.policy.ttl_ms
+
+    def saved(self) -> bytes | None:
+        return self.call._saved if self.call is not None else None
+
+    def exited(
+        self, done: bool, completing: bool, exc: BaseException | None, seconds: float
+    ) -> None:
+        """Report how leaving the block went; a lost lease raises unless the block raised."""
+        fence = self.claim.fence if self.claim else None
+        if not completing:
+            if done:
+                self.notify("released", fence, seconds=seconds)
+            else:
+                self.notify("lease_lost", fence, "another executor took the record over")
+        elif done:
+            self.notify("completed", fence, seconds=seconds)
+        else:
+            self.notify("lease_lost", fence, "another executor took the record over")
+            if exc is None:
+                raise LeaseLostError(fence)
+
+    def store_failed(self, error: StoreError, exc: BaseException | None) -> None:
+        """Redis failed while leaving the block: raise it, unless the block's own exception
+        is already on its way out (that one is what the caller must see; ours is logged)."""
+        self.notify("store_error", self.claim.fence if self.claim else None, str(error))
+        if exc is None:
+            raise error
+
+    def notify(
+        self,
+        kind: EventKind,
+        fence: int | None = None,
+        detail: str = "",
+        seconds: float | None = None,
+    ) -> None:
+        hook = self.policy.on_event
+        # Events name a decorated function where an HTTP event names its route.
+        report(hook, kind, self.record, self.scope, GUARD_METHOD, self.name, fence, detail, seconds)

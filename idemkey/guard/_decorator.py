@@ -1,0 +1,152 @@
+"""@idempotent: make a function (sync or async) run once per key, for queue workers.
+
+It picks :func:`guard` or :func:`aguard` by the function's kind; everything else is theirs.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import typing
+from collections.abc import Awaitable, Callable
+from typing import Any, Final, TypeVar, cast, overload
+
+import msgspec
+
+from ..errors import ConfigurationError
+from ..policy import Policy
+from ..store import AsyncRedisStore, RedisStore
+from ._async_guard import AsyncGuard
+from ._sync_guard import Guard
+
+__all__ = ["idempotent"]
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+@overload
+def idempotent(
+    store: RedisStore,
+    *,
+    key: Callable[..., str],
+    payload: Callable[..., object] | None = ...,
+    scope: str = ...,
+    policy: Policy | None = ...,
+    result_type: Any = ...,
+    name: str | None = ...,
+) -> Callable[[F], F]: ...
+@overload
+def idempotent(
+    store: AsyncRedisStore,
+    *,
+    key: Callable[..., str],
+    payload: Callable[..., object] | None = ...,
+    scope: str = ...,
+    policy: Policy | None = ...,
+    result_type: Any = ...,
+    name: str | None = ...,
+) -> Callable[[F], F]: ...
+def idempotent(
+    store: RedisStore | AsyncRedisStore,
+    *,
+    key: Callable[..., str],
+    payload: Callable[..., object] | None = None,
+    scope: str = "",
+    policy: Policy | None = None,
+    result_type: Any = Any,
+    name: str | None = None,
+) -> Callable[[F], F]:
+    """Make a function (sync or async) run once per key, for queue workers::
+
+        @idempotent(store, key=lambda invoice: f"charge:{invoice.id}")
+        def charge(invoice): ...
+
+    ``key`` and ``payload`` receive the call's arguments. The payload defaults to the arguments
+    themselves, bound to the function's parameters (so ``f(1, amount=5)`` and ``f(1, 5)`` are the
+    same call; they must then be msgspec-encodable), leaving out a method's ``self`` or ``cls``.
+    A repeat call returns the stored result, decoded as ``result_type``, which defaults to the
+    function's return annotation (so a dataclass, tuple or ``datetime`` comes back as one).
+
+    Each function has records of its own: ``name`` (default: ``module.qualname``) is part of
+    every record, so two functions never share one, whatever their keys. Pass the old name
+    when you rename or move a function whose records must still be replayed.
+    """
+
+    def decorate(func: F) -> F:
+        signature = inspect.signature(func)
+        leave_out = _bound_receiver(signature)
+        record_name = name if name is not None else f"{func.__module__}.{func.__qualname__}"
+        decode_as = result_type if result_type is not Any else _return_type(func)
+
+        def identify(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[str, object]:
+            if payload is not None:
+                data = payload(*args, **kwargs)
+            else:
+                bound = signature.bind(*args, **kwargs)
+                bound.apply_defaults()
+                data = bound.arguments
+                if leave_out is not None:
+                    del data[leave_out]
+            return key(*args, **kwargs), data
+
+        if inspect.iscoroutinefunction(func):
+            if not isinstance(store, AsyncRedisStore):
+                raise ConfigurationError("an async function needs an AsyncRedisStore")
+            astore = store
+
+            @functools.wraps(func)
+            async def arun(*args: Any, **kwargs: Any) -> Any:
+                call_key, data = identify(args, kwargs)
+                guarded = AsyncGuard[Any](
+                    astore, call_key, data, scope, policy, decode_as, record_name
+                )
+                async with guarded as call:
+                    if call.replayed:
+                        return call.result
+                    result = await cast(Callable[..., Awaitable[Any]], func)(*args, **kwargs)
+                    call.save(result)
+                    return result
+
+            return cast(F, arun)
+        if not isinstance(store, RedisStore):
+            raise ConfigurationError("a sync function needs a RedisStore")
+        sstore = store
+
+        @functools.wraps(func)
+        def run(*args: Any, **kwargs: Any) -> Any:
+            call_key, data = identify(args, kwargs)
+            with Guard[Any](sstore, call_key, data, scope, policy, decode_as, record_name) as call:
+                if call.replayed:
+                    return call.result
+                result = func(*args, **kwargs)
+                call.save(result)
+                return result
+
+        return cast(F, run)
+
+    return decorate
+
+
+def _bound_receiver(signature: inspect.Signature) -> str | None:
+    """The name of a method's ``self`` or ``cls`` parameter, which the payload leaves out: it
+    is the object the method runs on, not the work's input (and rarely encodable)."""
+    first = next(iter(signature.parameters.values()), None)
+    if first is not None and first.name in ("self", "cls") and first.kind in _POSITIONAL:
+        return first.name
+    return None
+
+
+_POSITIONAL: Final = (
+    inspect.Parameter.POSITIONAL_ONLY,
+    inspect.Parameter.POSITIONAL_OR_KEYWORD,
+)
+
+
+def _return_type(func: Callable[..., Any]) -> Any:
+    """The function's return annotation when msgspec can decode into it, else ``Any``."""
+    try:
+        hint = typing.get_type_hints(func).get("return", Any)
+        msgspec.msgpack.Decoder(hint)
+    except Exception:  # an unresolvable annotation, or a type msgspec does not decode
+        return Any
+    return hint

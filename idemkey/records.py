@@ -1,0 +1,89 @@
+"""The records and decisions behind the store's methods: the extension surface.
+
+The adapters and guards are built on four store methods, and a custom integration (another
+framework, a queue consumer, a CLI) can use them the same way::
+
+    from idemkey.records import Claimed, InFlight, Mismatch, Replay, payload_fingerprint
+    from idemkey.records import new_owner, record_for
+
+    record = record_for(store.policy.prefix, "tenant-7", "JOB", "send-invoice", key)
+    decision = store.claim(record, payload_fingerprint(body), owner=new_owner())
+    if type(decision) is Claimed:        # ours: do the work, then store its answer
+        try:
+            answer = work()
+        except BaseException:
+            store.release(record, decision.owner)  # nothing happened: a retry runs afresh
+            raise
+        store.complete(record, decision.owner, answer)  # False: another owner took over
+    elif type(decision) is Replay:       # done before: decision.response is the stored bytes
+        ...
+    elif type(decision) is InFlight:     # running elsewhere: retry in decision.retry_after s
+        ...
+    else:                                # Mismatch: the key was used with another request
+        ...
+
+``store.claim(record, fingerprint, *, owner, lease_ms, ttl_ms, wait, heartbeat)`` returns a
+:data:`Decision`; ``store.complete(record, owner, response: bytes)``,
+``store.release(record, owner)`` and ``store.renew(record, owner)`` return whether the record
+was still ours. A claim is renewed by the store's heartbeat until it is completed or released.
+
+What is stored is bytes of your choosing; :class:`StoredResponse` with
+:func:`encode_response` / :func:`decode_response` is the HTTP adapters' format, and
+:func:`encode_value` / :func:`decode_value` the guards' (MessagePack behind a format byte).
+
+Names:
+
+* :class:`Record`, :func:`record_for`: the two Redis keys of one record, named from
+  ``(prefix, scope, method, route, key)``; ``method="GUARD"`` (:data:`GUARD_METHOD`) with
+  ``route=""`` is what ``guard(store, key, scope=scope)`` uses.
+* :func:`request_fingerprint` (an HTTP request) and :func:`payload_fingerprint` (bytes): what
+  must match for a retry to be the same request.
+* :func:`parse_key`, :data:`MAX_KEY_LENGTH`: the ``Idempotency-Key`` header's rules.
+* :func:`new_owner`: a fresh owner token for a claim.
+"""
+
+from __future__ import annotations
+
+from ._codec import (
+    StoredResponse,
+    decode_response,
+    decode_value,
+    encode_response,
+    encode_value,
+)
+from ._core import (
+    MAX_KEY_LENGTH,
+    Claimed,
+    Decision,
+    InFlight,
+    Mismatch,
+    Record,
+    Replay,
+    new_owner,
+    parse_key,
+    payload_fingerprint,
+    record_for,
+)
+from ._core import fingerprint as request_fingerprint
+from .guard._call import GUARD_METHOD
+
+__all__ = [
+    "GUARD_METHOD",
+    "MAX_KEY_LENGTH",
+    "Claimed",
+    "Decision",
+    "InFlight",
+    "Mismatch",
+    "Record",
+    "Replay",
+    "StoredResponse",
+    "decode_response",
+    "decode_value",
+    "encode_response",
+    "encode_value",
+    "new_owner",
+    "parse_key",
+    "payload_fingerprint",
+    "record_for",
+    "request_fingerprint",
+]

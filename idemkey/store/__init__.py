@@ -1,0 +1,53 @@
+"""RedisStore and AsyncRedisStore: the only code that talks to Redis.
+
+Each method sends one script call and hands the reply to ``idemkey._core``; every decision
+lives there. One source serves both stores:
+
+* ``_async_store.py``: AsyncRedisStore, the source.
+* ``_sync_store.py``: RedisStore, generated from it by ``scripts/unasync.py``; never edited.
+* ``_async_runtime.py`` / ``_sync_runtime.py``: what a task and a thread do differently
+  (sleeping, cancellation shielding, EVALSHA + WAIT on one connection); hand-written.
+* ``_async_heartbeat.py`` / ``_sync_heartbeat.py``: the lease-renewing task / thread.
+* ``_base.py``: what both share (client check, scripts, error classes, delays).
+* ``_durable.py``, ``_server_check.py``: I/O-free decisions for ``Policy.durability`` and
+  for ``check()``.
+"""
+
+from __future__ import annotations
+
+from ._async_runtime import detach, uncancellable
+from ._async_store import AsyncRedisStore
+from ._base import SCRIPT_NAMES, SCRIPTS, _next_delay
+from ._durable import (
+    _DONE,
+    _DURABLE,
+    _LOAD_SCRIPT,
+    _REDIRECTED,
+    _UNCONFIRMED,
+    _durable_outcome,
+    _durable_reply,
+    _unconfirmed,
+    _wrote,
+)
+from ._server_check import server_warnings
+from ._sync_store import RedisStore
+
+__all__ = [
+    "SCRIPTS",
+    "SCRIPT_NAMES",
+    "AsyncRedisStore",
+    "RedisStore",
+    "_DONE",
+    "_DURABLE",
+    "_LOAD_SCRIPT",
+    "_REDIRECTED",
+    "_UNCONFIRMED",
+    "_durable_outcome",
+    "_durable_reply",
+    "_next_delay",
+    "_unconfirmed",
+    "_wrote",
+    "detach",
+    "server_warnings",
+    "uncancellable",
+]

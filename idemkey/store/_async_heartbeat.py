@@ -1,0 +1,91 @@
+"""The asyncio heartbeat: one task per store renews every live claim; hand-written, twin of
+``_sync_heartbeat``.
+
+The task ends when no claim is left for a while, so no task outlives its event loop's work; the
+next claim starts another (also on another event loop).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+
+from .._core import Record
+from .._leases import Lease
+from ..errors import StoreError
+from ..events import logger
+from ..policy import Policy
+from ._base import _IDLE_SECONDS, StoreBase
+
+__all__ = ["AsyncHeartbeat"]
+
+
+class AsyncHeartbeat(StoreBase):
+    """The heartbeat part of AsyncRedisStore: ``_watch``, ``_unwatch`` and ``aclose``."""
+
+    def __init__(self, client: object, policy: Policy | None) -> None:
+        super().__init__(client, policy)
+        self._heartbeat: asyncio.Task[None] | None = None
+        self._wakeup: asyncio.Event | None = None
+        # While the heartbeat task waits: the monotonic time it wakes at by itself; else 0.0.
+        self._sleeping_until = 0.0
+
+    async def renew(self, record: Record, owner: str, *, lease_ms: int | None = None) -> bool:
+        raise NotImplementedError  # the store's
+
+    async def aclose(self) -> None:
+        """Stop the heartbeat. The Redis client stays open: it belongs to the caller."""
+        self._leases.clear()
+        task, self._heartbeat = self._heartbeat, None
+        if task is not None and not task.done():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    def _watch(self, record: Record, owner: str, lease_ms: int) -> None:
+        due = self._leases.add(record, owner, lease_ms, time.monotonic())
+        task = self._heartbeat
+        if task is None or task.done() or task.get_loop() is not asyncio.get_running_loop():
+            self._sleeping_until = 0.0
+            self._wakeup = asyncio.Event()
+            self._heartbeat = asyncio.get_running_loop().create_task(self._beat(self._wakeup))
+        elif self._wakeup is not None and due < self._sleeping_until:
+            # Only when due before the task wakes by itself: waking it on every claim costs
+            # a task switch per request.
+            self._wakeup.set()
+
+    def _unwatch(self, record: Record, owner: str) -> Lease | None:
+        # One event loop thread: the table needs no lock.
+        return self._leases.remove(record, owner)
+
+    async def _beat(self, wakeup: asyncio.Event) -> None:
+        while True:
+            next_due = self._leases.next_due()
+            now = time.monotonic()
+            if next_due is None or next_due > now:
+                wakeup.clear()
+                timeout = _IDLE_SECONDS if next_due is None else next_due - now
+                self._sleeping_until = now + timeout
+                try:
+                    await asyncio.wait_for(wakeup.wait(), timeout)
+                except asyncio.TimeoutError:
+                    if not self._leases:
+                        return
+                finally:
+                    self._sleeping_until = 0.0
+                continue
+            due = self._leases.due(now)
+            answers = await asyncio.gather(
+                *(self._renew_quietly(lease) for lease in due), return_exceptions=False
+            )
+            for lease, ours in zip(due, answers, strict=True):
+                if self._leases.answered(lease, ours, time.monotonic()):
+                    self._lease_lost(lease)
+
+    async def _renew_quietly(self, lease: Lease) -> bool | None:
+        try:
+            return await self.renew(lease.record, lease.owner, lease_ms=lease.lease_ms)
+        except StoreError as exc:
+            logger.warning("idemkey heartbeat could not renew a lease: %s", exc)
+            return None

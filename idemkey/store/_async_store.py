@@ -1,0 +1,199 @@
+"""AsyncRedisStore: idempotency records in Redis.
+
+One text for both stores: the async file is the source, and scripts/unasync.py writes the sync
+one from it (see ``idemkey/store/__init__.py``). What a thread does differently from an
+event-loop task (sleeping, the heartbeat, one-connection pipelines) comes from the hand-written
+runtime and heartbeat modules imported below.
+
+Each method sends one script call and hands the reply to ``idemkey._core``; every decision
+lives there, in ``_durable`` and in ``_server_check``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from typing import Any
+
+from .._core import Claimed, Decision, InFlight, Record, decode_claim_reply, new_owner
+from ..errors import StoreError
+from ..policy import Policy
+from ._async_heartbeat import AsyncHeartbeat
+from ._async_runtime import discover, send_with_wait, sleep
+from ._base import _next_delay, _retry_delay, _slot_moving
+from ._durable import _DONE, _DURABLE, _LOAD_SCRIPT, _REDIRECTED, _UNCONFIRMED, _durable_outcome
+from ._server_check import _CONFIG_NAMES, _config_pairs, _info_settings, _report, server_warnings
+
+__all__ = ["AsyncRedisStore"]
+
+
+class AsyncRedisStore(AsyncHeartbeat):
+    """Idempotency records in Redis.
+
+    ``client`` is a ``redis.asyncio.Redis``, ``redis.asyncio.RedisCluster`` or
+    ``valkey.asyncio.Valkey`` made with ``decode_responses=False``; the store does not close
+    it. ``policy`` gives the default lease, retention and prefix for callers that pass none.
+    """
+
+    def __init__(self, client: Any, policy: Policy | None = None) -> None:
+        super().__init__(client, policy)
+        if self.policy.durability is not None:
+            # Only with durability on: the plain _eval (the hot path) stays exactly as it is.
+            self._eval = self._eval_durable  # type: ignore[method-assign]
+
+    async def _eval(self, name: str, *keys_and_args: str | bytes | int) -> Any:
+        script = self._scripts[name]
+        try:
+            try:
+                return await self.client.execute_command("EVALSHA", script.sha, 2, *keys_and_args)
+            except self._noscript:
+                return await script(keys_and_args[:2], keys_and_args[2:])
+        except self._errors as exc:
+            if _slot_moving(exc, self._moving):
+                return await self._eval_while_slot_moves(name, keys_and_args)
+            raise self._store_error(name, exc) from exc
+
+    async def _eval_while_slot_moves(
+        self, name: str, keys_and_args: tuple[str | bytes | int, ...]
+    ) -> Any:
+        script = self._scripts[name]
+        deadline, delay = time.monotonic() + self.slot_moving_wait, 0.0
+        while True:
+            await sleep(delay := _retry_delay(delay, deadline))
+            try:
+                return await script(keys_and_args[:2], keys_and_args[2:])
+            except self._errors as exc:
+                if not _slot_moving(exc, self._moving) or time.monotonic() >= deadline:
+                    raise self._store_error(name, exc) from exc
+
+    async def _eval_durable(self, name: str, *keys_and_args: str | bytes | int) -> Any:
+        durability = self.policy.durability
+        if durability is None or name not in _DURABLE:
+            return await AsyncRedisStore._eval(self, name, *keys_and_args)
+        script = self._scripts[name]
+        deadline, delay = time.monotonic() + self.slot_moving_wait, 0.0
+        while True:
+            try:
+                replies = await send_with_wait(self.client, keys_and_args, script.sha, durability)
+                may_retry = time.monotonic() < deadline
+                outcome, value = _durable_outcome(
+                    name, replies, self._noscript, durability, may_retry
+                )
+                if outcome == _LOAD_SCRIPT:
+                    await self.client.script_load(script.script)
+            except self._errors as exc:
+                await self._refresh_topology()
+                raise self._store_error(name, exc) from exc
+            if outcome == _DONE:
+                return value
+            if outcome == _REDIRECTED:
+                await self._refresh_topology()
+                await sleep(delay := _retry_delay(delay, deadline))
+            elif outcome == _UNCONFIRMED:
+                if name == "claim":  # free the key so a retry can run, if Redis lets us
+                    with contextlib.suppress(StoreError):
+                        key, lock, _, owner, *_ = keys_and_args
+                        await AsyncRedisStore._eval(self, "release", key, lock, owner)
+                raise value
+
+    async def _refresh_topology(self) -> None:
+        """After a redirect or a dead node, let a cluster client learn who serves what now."""
+        nodes = getattr(self.client, "nodes_manager", None)
+        if nodes is not None:
+            with contextlib.suppress(*self._errors):
+                await nodes.initialize()
+
+    async def claim(
+        self,
+        record: Record,
+        fingerprint: str,
+        *,
+        owner: str | None = None,
+        lease_ms: int | None = None,
+        ttl_ms: int | None = None,
+        wait: float = 0.0,
+        heartbeat: bool = True,
+    ) -> Decision:
+        """Claim ``record`` for a request with ``fingerprint``; see claim.lua for the answers.
+
+        While another executor holds the record, poll with backoff for up to ``wait`` seconds
+        for it to finish (then the answer is its replay). A ``Claimed`` record is renewed by the
+        store's heartbeat until it is completed or released (unless ``heartbeat=False``).
+        """
+        owner = owner or new_owner()
+        lease_ms = lease_ms or self.policy.lease_ms
+        ttl_ms = ttl_ms or self.policy.ttl_ms
+        args = (record.key, record.lock, fingerprint, owner, lease_ms, ttl_ms)
+        decision = decode_claim_reply(await self._eval("claim", *args), owner)
+        if wait > 0 and type(decision) is InFlight:
+            deadline, delay = time.monotonic() + wait, 0.0
+            while type(decision) is InFlight and (delay := _next_delay(delay, deadline)) > 0:
+                await sleep(delay)
+                decision = decode_claim_reply(await self._eval("claim", *args), owner)
+        if heartbeat and type(decision) is Claimed:
+            self._watch(record, owner, lease_ms)
+        return decision
+
+    async def complete(
+        self, record: Record, owner: str, response: bytes, *, ttl_ms: int | None = None
+    ) -> bool:
+        """Store ``response``; False when another owner took over (nothing written).
+
+        A failed write is retried for up to ``completion_retry`` seconds (a third of the lease
+        at most) before StoreError.
+        """
+        lease = self._unwatch(record, owner)
+        args = (record.key, record.lock, owner, response, ttl_ms or self.policy.ttl_ms)
+        deadline, delay = self._completion_deadline(lease), 0.0
+        while True:
+            try:
+                return bool(await self._eval("complete", *args) == 1)
+            except StoreError:
+                if (delay := _next_delay(delay, deadline)) <= 0:
+                    raise
+            await sleep(delay)
+
+    async def release(self, record: Record, owner: str) -> bool:
+        """Free an unfinished claim so a retry runs afresh; False when it was not ours."""
+        self._unwatch(record, owner)
+        return bool(await self._eval("release", record.key, record.lock, owner) == 1)
+
+    async def renew(self, record: Record, owner: str, *, lease_ms: int | None = None) -> bool:
+        """Extend the lease by ``lease_ms``; False when it is no longer ours."""
+        lease_ms = lease_ms or self.policy.lease_ms
+        return bool(await self._eval("renew", record.key, record.lock, owner, lease_ms) == 1)
+
+    async def acheck(self) -> list[str]:
+        """Warn when the server can lose records: an evicting ``maxmemory-policy`` (any but
+        ``noeviction``: records carry a TTL, so ``volatile-*`` evicts them too) or nothing kept
+        on disk. Returns the warnings (each also logged); an empty list means nothing found.
+
+        An explicit call rather than I/O in ``__init__``: creating a store stays free of round
+        trips and cannot fail because Redis is down or slow at import time, and the app picks
+        the moment (startup, a health check). It never raises: where CONFIG is disabled
+        (managed Redis) it reads INFO instead, and if that fails too it says nothing. On a
+        cluster every primary is checked and each warning names its node.
+        """
+        labelled = []
+        try:
+            await discover(self.client)
+            for label, target in self._check_targets():
+                labelled.append((label, server_warnings(await self._settings(target))))
+        except self._errors:  # the node list itself (a cluster that cannot be reached)
+            pass
+        return _report(labelled)
+
+    async def _settings(self, target: dict[str, Any]) -> dict[str, str]:
+        ask = self.client.execute_command
+        try:
+            settings: dict[str, str] = {}
+            for name in _CONFIG_NAMES:
+                settings.update(_config_pairs(await ask("CONFIG", "GET", name, **target)))
+            return settings
+        except self._errors:
+            pass
+        try:
+            memory = await ask("INFO", "memory", **target)
+            return _info_settings(memory, await ask("INFO", "persistence", **target))
+        except self._errors:
+            return {}

@@ -1,0 +1,159 @@
+"""What RedisStore and AsyncRedisStore share: the client check, the scripts, the backend's
+error classes, the policy, and the retry delays. No I/O here.
+
+Scripts are registered per store instance (``client.register_script``), never on a class bound
+to the first client. The hot path sends a bare ``EVALSHA`` with ``execute_command``, which saves
+redis-py's per-call argument shuffling, and falls back to the registered ``Script`` (which loads
+the script and retries) when the server answers NOSCRIPT, e.g. after a restart or a failover.
+"""
+
+from __future__ import annotations
+
+import time
+from importlib.resources import files
+from typing import Any, Final
+
+from .._core import next_poll_delay
+from .._leases import Lease, LeaseTable
+from ..errors import ConfigurationError, StoreError
+from ..events import logger
+from ..policy import Policy
+
+__all__ = [
+    "SCRIPTS",
+    "SCRIPT_NAMES",
+    "StoreBase",
+    "_IDLE_SECONDS",
+    "_backend_errors",
+    "_next_delay",
+    "_retry_delay",
+    "_slot_moving",
+]
+
+SCRIPT_NAMES: Final = ("claim", "complete", "release", "renew")
+SCRIPTS: Final[dict[str, str]] = {
+    name: (files("idemkey") / "lua" / f"{name}.lua").read_text("utf-8") for name in SCRIPT_NAMES
+}
+
+# How long an idle async heartbeat waits for new claims before its task ends, and how often an
+# idle heartbeat thread looks at its (empty) table.
+_IDLE_SECONDS: Final = 1.0
+
+_Errors = tuple[type[BaseException], ...]
+
+
+def _backend_errors(client: Any) -> tuple[_Errors, type[BaseException], _Errors]:
+    """(errors to wrap as StoreError, the NOSCRIPT error, "slot is moving" errors) of the
+    client's library.
+
+    The cluster client raises its topology errors (no reachable node, slots not covered during
+    a failover) as a class outside the RedisError tree; they are store errors all the same.
+    """
+    if type(client).__module__.startswith("valkey"):
+        from valkey.exceptions import ClusterError as ValkeyClusterError
+        from valkey.exceptions import NoScriptError as ValkeyNoScript
+        from valkey.exceptions import TryAgainError as ValkeyTryAgain
+        from valkey.exceptions import ValkeyClusterException, ValkeyError
+
+        errors = (ValkeyError, ValkeyClusterException, OSError)
+        return errors, ValkeyNoScript, (ValkeyClusterError, ValkeyTryAgain)
+    from redis.exceptions import (
+        ClusterError,
+        NoScriptError,
+        RedisClusterException,
+        RedisError,
+        TryAgainError,
+    )
+
+    if type(client).__module__ == "redis.asyncio.cluster":
+        # redis-py's asyncio cluster client can tear a connection down under a task that is
+        # using it while the topology changes (a slot moving, a failover); the task then gets
+        # AttributeError ("'NoneType' object has no attribute 'writelines'"). It is retried like
+        # a moving slot (sending a script twice with one owner is safe), then a StoreError.
+        return (
+            (RedisError, RedisClusterException, OSError, AttributeError),
+            NoScriptError,
+            (ClusterError, TryAgainError, AttributeError),
+        )
+    return (
+        (RedisError, RedisClusterException, OSError),
+        NoScriptError,
+        (ClusterError, TryAgainError),
+    )
+
+
+def _slot_moving(exc: BaseException, moving: _Errors) -> bool:
+    """Whether Redis Cluster refused the script because its slot is being migrated.
+
+    A script touches two keys (record and lock). While their slot migrates, the cluster answers
+    TRYAGAIN to a multi-key command unless both keys exist on the node asked, which a new record
+    (no keys yet) or a completed one (no lock) never satisfies, until the slot has moved. The
+    client retries TRYAGAIN for a moment, then raises ``ClusterError("TTL exhausted.")`` (exactly
+    that class; ``ClusterDownError`` is a subclass and means something else). The script did not
+    run, so sending it again is safe.
+    """
+    return type(exc) in moving
+
+
+def _retry_delay(previous: float, deadline: float) -> float:
+    """Backoff while a cluster slot moves or a redirect settles: 10 ms doubling to 100 ms."""
+    return min(max(previous * 2, 0.01), 0.1, max(0.0, deadline - time.monotonic()))
+
+
+def _next_delay(previous: float, deadline: float) -> float:
+    """Backoff while polling a record in flight, or retrying a completion, up to ``deadline``."""
+    return next_poll_delay(previous, deadline - time.monotonic())
+
+
+class StoreBase:
+    """What both stores share: the client check, the scripts, the policy."""
+
+    #: Seconds a call keeps retrying while its Redis Cluster slot is being migrated (see
+    #: ``_slot_moving``); after that it raises StoreError. A slot moves in well under a second
+    #: unless it holds a great many keys.
+    slot_moving_wait: float = 2.0
+    #: Seconds a completion keeps retrying a failed write (a dropped connection, a full pool)
+    #: before it raises StoreError; at most a third of the lease, which stops being renewed
+    #: once the completion starts. The work is done by then: a completion that never lands
+    #: leaves the record in progress, and a retry runs the work again once the lease lapses.
+    #: Safe to repeat: complete.lua answers the same to the same owner, and never overwrites
+    #: another owner's record.
+    completion_retry: float = 1.0
+
+    def __init__(self, client: Any, policy: Policy | None) -> None:
+        encoder = getattr(client, "get_encoder", None)
+        if encoder is None or not hasattr(client, "execute_command"):
+            raise ConfigurationError(
+                f"expected a redis-py or valkey client, got {type(client).__name__}"
+            )
+        if getattr(encoder(), "decode_responses", False):
+            raise ConfigurationError(
+                "the Redis client must use decode_responses=False: stored responses are bytes"
+            )
+        self.client = client
+        self.policy = policy if policy is not None else Policy()
+        self._errors, self._noscript, self._moving = _backend_errors(client)
+        self._scripts = {name: client.register_script(text) for name, text in SCRIPTS.items()}
+        self._leases = LeaseTable()
+
+    def _completion_deadline(self, lease: Lease | None) -> float:
+        lease_ms = lease.lease_ms if lease is not None else self.policy.lease_ms
+        return time.monotonic() + min(self.completion_retry, lease_ms / 3000)
+
+    def _check_targets(self) -> list[tuple[str, dict[str, Any]]]:
+        """(label, execute_command kwargs) per server to check: each primary of a cluster."""
+        primaries = getattr(self.client, "get_primaries", None)
+        if primaries is None:
+            return [("", {})]
+        return [(node.name, {"target_nodes": node}) for node in primaries()]
+
+    def _store_error(self, name: str, exc: BaseException) -> StoreError:
+        return StoreError(f"Redis failed during {name}: {type(exc).__name__}: {exc}")
+
+    def _lease_lost(self, lease: Lease) -> None:
+        # INFO, not an event: the guard or adapter holding this claim reports the loss once,
+        # with its route and scope, when its complete or release is refused.
+        logger.info(
+            "idemkey heartbeat: a lease was taken over; renewal stopped",
+            extra={"idemkey_event": "lease_lost", "idemkey_record": lease.record.digest},
+        )

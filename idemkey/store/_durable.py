@@ -1,0 +1,87 @@
+"""Policy.durability, without I/O: what an EVALSHA + WAIT answer means.
+
+Claim and complete are sent as EVALSHA + WAIT in one pipeline, on one connection, because WAIT
+counts the replicas that have this connection's writes. Both stores send that pipeline
+(``send_with_wait`` in ``_async_runtime`` / ``_sync_runtime``) and act on the decision made here.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Final
+
+from ..errors import StoreError
+from ..policy import Replicas
+
+__all__ = [
+    "_DONE",
+    "_DURABLE",
+    "_LOAD_SCRIPT",
+    "_REDIRECTED",
+    "_REDIRECTS",
+    "_UNCONFIRMED",
+    "_durable_outcome",
+    "_durable_reply",
+    "_unconfirmed",
+    "_wrote",
+]
+
+# The scripts whose writes wait for replicas.
+_DURABLE: Final = frozenset({"claim", "complete"})
+# Replies that mean "not on this node (now)": the cluster client handles them for plain calls,
+# the durable path (its own pipeline to the slot's master) retries them. redis-py and valkey
+# name them alike.
+_REDIRECTS: Final = frozenset(
+    {"MovedError", "AskError", "TryAgainError", "ClusterDownError", "MasterDownError"}
+)
+
+
+def _wrote(name: str, reply: Any) -> bool:
+    """Whether a script reply means the call wrote: a claim (``{1, ...}``) or a completion (1)."""
+    if name == "claim":
+        return isinstance(reply, list) and bool(reply) and reply[0] == 1
+    return bool(reply == 1)
+
+
+def _unconfirmed(name: str, acked: int, durability: Replicas) -> StoreError:
+    return StoreError(
+        f"{name} reached {acked} of {durability.count} replicas within "
+        f"{durability.timeout_ms} ms (Policy.durability): treated as failed"
+    )
+
+
+def _durable_reply(name: str, replies: list[Any]) -> tuple[Any, int]:
+    """The script reply and the replica count from an EVALSHA + WAIT pipeline."""
+    reply, acked = replies
+    if isinstance(acked, BaseException):
+        raise StoreError(f"Redis failed during {name} (WAIT): {acked}") from acked
+    return reply, int(acked)
+
+
+# What an EVALSHA + WAIT answer asks of the store's shell (sync or async) next.
+_DONE, _LOAD_SCRIPT, _REDIRECTED, _UNCONFIRMED = range(4)
+
+
+def _durable_outcome(
+    name: str,
+    replies: list[Any],
+    noscript: type[BaseException],
+    durability: Replicas,
+    may_retry: bool,
+) -> tuple[int, Any]:
+    """Decide on an EVALSHA + WAIT answer, without I/O.
+
+    ``(_DONE, reply)``; ``(_LOAD_SCRIPT, None)``: load the script and send again;
+    ``(_REDIRECTED, None)``: the slot is elsewhere now, learn the topology and send again (both
+    only while ``may_retry``); ``(_UNCONFIRMED, error)``: the script wrote but too few replicas
+    have it, so raise ``error`` (after releasing a claim). Any other failure raises StoreError.
+    """
+    reply, acked = _durable_reply(name, replies)
+    if may_retry and isinstance(reply, noscript):
+        return _LOAD_SCRIPT, None
+    if may_retry and type(reply).__name__ in _REDIRECTS:
+        return _REDIRECTED, None
+    if isinstance(reply, BaseException):
+        raise StoreError(f"Redis failed during {name}: {type(reply).__name__}: {reply}") from reply
+    if _wrote(name, reply) and acked < durability.count:
+        return _UNCONFIRMED, _unconfirmed(name, acked, durability)
+    return _DONE, reply

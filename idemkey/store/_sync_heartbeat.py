@@ -1,0 +1,120 @@
+"""The heartbeat thread: one daemon thread per store renews every live claim of this process;
+hand-written, twin of ``_async_heartbeat``.
+
+The thread ends after ``heartbeat_idle_exit`` seconds without a claim, so an idle store can be
+garbage-collected; the next claim starts another. A forked child starts afresh.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+
+from .._core import Record
+from .._leases import Lease
+from ..errors import StoreError
+from ..events import logger
+from ..policy import Policy
+from ._base import _IDLE_SECONDS, StoreBase
+
+__all__ = ["Heartbeat"]
+
+
+class Heartbeat(StoreBase):
+    """The heartbeat part of RedisStore: ``_watch``, ``_unwatch`` and ``close``."""
+
+    #: Seconds without a live claim after which the heartbeat thread ends (a new claim starts
+    #: another), so an idle store can be garbage-collected.
+    heartbeat_idle_exit: float = 30.0
+
+    def __init__(self, client: object, policy: Policy | None) -> None:
+        super().__init__(client, policy)
+        self._wakeup = threading.Condition()
+        self._heartbeat: threading.Thread | None = None
+        # While the heartbeat thread waits: the monotonic time it wakes at by itself (inf when
+        # it has no lease); 0.0 while it is not waiting, as it then rereads the table anyway.
+        self._sleeping_until = 0.0
+        self._pid = os.getpid()
+        self._closed = False
+
+    def renew(self, record: Record, owner: str, *, lease_ms: int | None = None) -> bool:
+        raise NotImplementedError  # the store's
+
+    def close(self) -> None:
+        """Stop the heartbeat. The Redis client stays open: it belongs to the caller."""
+        with self._condition():
+            self._closed = True
+            self._leases.clear()
+            self._wakeup.notify_all()
+
+    def _condition(self) -> threading.Condition:
+        """The heartbeat's condition, checked for a fork before anyone takes it.
+
+        In a forked child the parent's claims and thread are not ours, and the parent's lock may
+        be held forever by its heartbeat thread (caught mid-loop by the fork, and gone): start
+        afresh with a new condition, or the child's first claim would hang.
+        """
+        if self._pid != os.getpid():
+            self._pid, self._heartbeat = os.getpid(), None
+            self._wakeup = threading.Condition()
+            self._leases.clear()
+            self._sleeping_until = 0.0
+        return self._wakeup
+
+    def _watch(self, record: Record, owner: str, lease_ms: int) -> None:
+        with self._condition():
+            due = self._leases.add(record, owner, lease_ms, time.monotonic())
+            if self._heartbeat is None and not self._closed:
+                self._heartbeat = threading.Thread(
+                    target=self._beat, name="idemkey-heartbeat", daemon=True
+                )
+                self._heartbeat.start()
+            # Wake the heartbeat only if this lease falls due before it wakes by itself. With
+            # one lease length, a new claim is due after every live one; waking the thread on
+            # each claim made it fight the request thread for the GIL (~9 us per guarded call).
+            if due < self._sleeping_until:
+                self._wakeup.notify()
+
+    def _unwatch(self, record: Record, owner: str) -> Lease | None:
+        with self._condition():
+            return self._leases.remove(record, owner)
+
+    def _beat(self) -> None:
+        idle_since: float | None = None
+        while True:
+            with self._wakeup:
+                due = self._leases.due(time.monotonic())
+                while not due and not self._closed:
+                    next_due = self._leases.next_due()
+                    now = time.monotonic()
+                    if next_due is not None:
+                        idle_since = None
+                    elif idle_since is None:
+                        idle_since = now
+                    elif now - idle_since >= self.heartbeat_idle_exit:
+                        # Long idle: end, so the thread does not keep the store alive; the next
+                        # claim starts a new one (under this same lock, so none is missed).
+                        self._heartbeat = None
+                        return
+                    # Without a lease, still wake every _IDLE_SECONDS: a new claim then needs no
+                    # notify unless it falls due sooner. Sleeping for ever made every claim wake
+                    # the thread, which found the claim already completed and slept for ever
+                    # again: a GIL ping-pong per request.
+                    wake = now + _IDLE_SECONDS if next_due is None else next_due
+                    self._sleeping_until = wake
+                    self._wakeup.wait(max(0.0, wake - now))
+                    self._sleeping_until = 0.0
+                    due = self._leases.due(time.monotonic())
+                if self._closed:
+                    return
+            for lease in due:
+                try:
+                    ours = self.renew(lease.record, lease.owner, lease_ms=lease.lease_ms)
+                except StoreError as exc:
+                    logger.warning("idemkey heartbeat could not renew a lease: %s", exc)
+                    ours = None
+                with self._wakeup:
+                    lost = self._leases.answered(lease, ours, time.monotonic())
+                if lost:
+                    self._lease_lost(lease)

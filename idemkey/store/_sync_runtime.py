@@ -1,0 +1,58 @@
+"""What threads do differently from asyncio; hand-written, twin of ``_async_runtime``.
+
+The generated sync files call these where their async source awaits the asyncio versions. A
+thread is never cancelled between sending a write and reading its reply, so the cancellation
+helpers have nothing to shield: the write has already run to its end, inline.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from ..policy import Replicas
+
+__all__ = [
+    "detach",
+    "discover",
+    "release_if_cancelled",
+    "send_with_wait",
+    "sleep",
+    "uncancellable",
+]
+
+T = TypeVar("T")
+
+sleep = time.sleep
+
+
+def detach(done: object) -> None:
+    """The sync counterpart of running a write in a task: it already ran, in this thread."""
+
+
+def uncancellable(write: Callable[[], T]) -> T:
+    """``write()``: a thread cannot be cancelled part way."""
+    return write()
+
+
+def release_if_cancelled(claim: T, release: Callable[[], object]) -> T:
+    """The claim's answer, as it is: a thread cannot be cancelled while it waits for it."""
+    return claim
+
+
+def discover(client: Any) -> None:
+    """A sync cluster client learns its nodes when it is made: nothing to do."""
+
+
+def send_with_wait(
+    client: Any, keys_and_args: tuple[str | bytes | int, ...], sha: str, durability: Replicas
+) -> list[Any]:
+    """EVALSHA + WAIT sent on one connection (the key's master, in a cluster); their replies,
+    errors included as values."""
+    if hasattr(client, "get_node_from_key"):  # RedisCluster: that node's own client
+        client = client.get_redis_connection(client.get_node_from_key(keys_and_args[0]))
+    pipe = client.pipeline(transaction=False)
+    pipe.execute_command("EVALSHA", sha, 2, *keys_and_args)
+    pipe.execute_command("WAIT", durability.count, durability.timeout_ms)
+    return list(pipe.execute(raise_on_error=False))

@@ -1,0 +1,366 @@
+"""guard() and @idempotent at their edges (issue 9 item 4, issue 10 items 4, 5 and 12).
+
+Every test runs on RedisStore and AsyncRedisStore, on the real session server and on fakeredis.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import uuid
+from decimal import Decimal
+from typing import Any
+
+import msgspec
+import pytest
+import redis
+
+from idemkey import (
+    AsyncRedisStore,
+    ConfigurationError,
+    Event,
+    IdemkeyError,
+    NoResultError,
+    Policy,
+    RedisStore,
+    ResultNotStorableError,
+    StoreError,
+    UsageError,
+    aguard,
+    guard,
+    idempotent,
+)
+from idemkey.records import (
+    Claimed,
+    InFlight,
+    Mismatch,
+    Replay,
+    new_owner,
+    payload_fingerprint,
+    record_for,
+)
+from tests._servers import free_port, no_retry
+from tests.store._both import AsyncStore, Both, SyncStore
+
+
+@dataclasses.dataclass(frozen=True)
+class Shipment:
+    order_id: int
+    carrier: str
+
+
+class Label(msgspec.Struct, frozen=True):
+    tracking: str
+    weight: Decimal
+
+
+def decorate(store: Both, func: Any, **kwargs: Any) -> Any:
+    """``@idempotent(store.store, **kwargs)`` on ``func``, for a test that awaits the result."""
+    return store.idempotent(func, **kwargs)
+
+
+class EdgeBehaviour:
+    # ---- issue 10 item 4: one namespace per function -------------------------------------
+
+    async def test_two_functions_with_the_same_key_never_share_records(self, store: Both) -> None:
+        ran: list[str] = []
+
+        def charge(order_id: int) -> str:
+            ran.append("charge")
+            return f"charged {order_id}"
+
+        def ship(order_id: int) -> str:
+            ran.append("ship")
+            return f"shipped {order_id}"
+
+        charge_once = decorate(store, charge, key=lambda order_id: str(order_id))
+        ship_once = decorate(store, ship, key=lambda order_id: str(order_id))
+        assert await charge_once(42) == "charged 42"
+        assert await ship_once(42) == "shipped 42"  # on main: "charged 42", ship never ran
+        assert await charge_once(42) == "charged 42"
+        assert await ship_once(42) == "shipped 42"
+        assert ran == ["charge", "ship"]
+
+    async def test_events_of_a_decorated_function_name_it(self, store: Both) -> None:
+        events: list[Event] = []
+
+        def charge(order_id: int) -> str:
+            return "charged"
+
+        once = decorate(
+            store, charge, key=str, policy=store.store.policy.replace(on_event=events.append)
+        )
+        await once(1)
+        await once(1)
+        assert [event.kind for event in events] == ["claimed", "completed", "replayed"]
+        assert {event.route for event in events} == {f"{__name__}.{charge.__qualname__}"}
+
+    async def test_an_explicit_name_keeps_the_records_of_a_renamed_function(
+        self, store: Both
+    ) -> None:
+        ran: list[str] = []
+
+        def charge(order_id: int) -> str:
+            ran.append("old")
+            return "charged"
+
+        def bill(order_id: int) -> str:  # the same work, renamed
+            ran.append("new")
+            return "billed"
+
+        old = decorate(store, charge, key=str, name="billing.charge")
+        new = decorate(store, bill, key=str, name="billing.charge")
+        assert await old(7) == "charged"
+        assert await new(7) == "charged"  # replayed: the renamed function does not run again
+        assert ran == ["old"]
+
+    # ---- issue 10 item 5: a result that cannot be stored -----------------------------------
+
+    @pytest.mark.parametrize("result", [object(), 2**70, -(2**70)], ids=["object", "big", "neg"])
+    async def test_an_unstorable_result_runs_once_and_every_retry_is_told(
+        self, store: Both, result: object
+    ) -> None:
+        ran: list[int] = []
+
+        def send_email(order_id: int) -> object:
+            ran.append(order_id)
+            return result
+
+        once = decorate(store, send_email, key=lambda order_id: f"mail:{order_id}")
+        with pytest.raises(ResultNotStorableError) as first:
+            await once(1)
+        assert first.value.key == "mail:1"
+        for _ in range(2):  # on main: the key was released and every retry sent another email
+            with pytest.raises(ResultNotStorableError) as retry:
+                await once(1)
+            assert retry.value.key == "mail:1"
+        assert ran == [1]
+
+    async def test_save_of_an_unstorable_value_completes_the_record_as_not_kept(
+        self, store: Both
+    ) -> None:
+        with pytest.raises(ResultNotStorableError):
+            async with store.guard("job:1") as call:
+                call.save(object())
+        record = store.guard_record("job:1")
+        assert await store.lock_holder(record) is None  # completed, not held, not released
+        assert (await store.hash(record))[b"state"] == b"complete"
+        with pytest.raises(ResultNotStorableError, match="job:1"):
+            async with store.guard("job:1"):
+                pytest.fail("the block ran again")
+
+    @pytest.mark.parametrize(
+        "payload", [2**70, {1: "a"}, {"items": {(1, 2): 3}}], ids=["big-int", "int-key", "nested"]
+    )
+    async def test_an_unfingerprintable_payload_is_refused_before_anything_runs(
+        self, store: Both, payload: object
+    ) -> None:
+        ran: list[object] = []
+
+        def job(data: object) -> str:
+            ran.append(data)
+            return "ok"
+
+        once = decorate(store, job, key=lambda data: "job")
+        with pytest.raises(ConfigurationError, match="cannot fingerprint"):
+            await once(payload)
+        with pytest.raises(ConfigurationError, match="cannot fingerprint"):
+            async with store.guard("job", payload=payload):
+                pytest.fail("the block ran")
+        assert ran == []
+        assert await store.keys() == []  # nothing claimed
+
+    # ---- issue 10 item 12: methods and result types ----------------------------------------
+
+    async def test_a_method_leaves_self_out_and_replays_its_dataclass(self, store: Both) -> None:
+        ran: list[int] = []
+        if store.is_async:
+
+            class AsyncWarehouse:
+                @idempotent(store.store, key=lambda self, order_id: f"ship:{order_id}")
+                async def ship(self, order_id: int) -> Shipment:
+                    ran.append(order_id)
+                    return Shipment(order_id, "ups")
+
+            warehouse: Any = AsyncWarehouse()
+        else:
+
+            class Warehouse:
+                @idempotent(store.store, key=lambda self, order_id: f"ship:{order_id}")
+                def ship(self, order_id: int) -> Shipment:
+                    ran.append(order_id)
+                    return Shipment(order_id, "ups")
+
+            warehouse = Warehouse()
+
+        async def ship(order_id: int) -> Shipment:
+            result = warehouse.ship(order_id)
+            return await result if store.is_async else result  # type: ignore[no-any-return]
+
+        first = await ship(9)  # on main: ConfigurationError, "cannot fingerprint ... dict"
+        again = await ship(9)
+        assert first == again == Shipment(9, "ups")
+        assert type(again) is Shipment  # on main: a dict
+        assert ran == [9]
+
+    async def test_a_classmethod_leaves_cls_out(self, store: Both) -> None:
+        ran: list[int] = []
+        if store.is_async:
+
+            class AsyncLedger:
+                @classmethod
+                @idempotent(store.store, key=lambda cls, n: f"post:{n}")
+                async def post(cls, n: int) -> int:
+                    ran.append(n)
+                    return n * 2
+
+            assert await AsyncLedger.post(3) == await AsyncLedger.post(3) == 6
+        else:
+
+            class Ledger:
+                @classmethod
+                @idempotent(store.store, key=lambda cls, n: f"post:{n}")
+                def post(cls, n: int) -> int:
+                    ran.append(n)
+                    return n * 2
+
+            assert Ledger.post(3) == Ledger.post(3) == 6
+        assert ran == [3]
+
+    async def test_a_replay_has_the_type_of_the_return_annotation(self, store: Both) -> None:
+        when = datetime.datetime(2026, 11, 30, 21, 0, tzinfo=datetime.timezone.utc)
+        ident = uuid.UUID("12345678-1234-5678-1234-567812345678")
+
+        def quote(n: int) -> tuple[int, datetime.datetime, Decimal, uuid.UUID, Label]:
+            return (n, when, Decimal("10.50"), ident, Label("1Z", Decimal("2.5")))
+
+        once = decorate(store, quote, key=lambda n: f"quote:{n}")
+        first = await once(1)
+        replayed = await once(1)
+        assert replayed == first
+        # on main: a list of [int, str, str, str, dict]
+        assert [type(part) for part in replayed] == [
+            int,
+            datetime.datetime,
+            Decimal,
+            uuid.UUID,
+            Label,
+        ]
+
+    # ---- issue 9 item 4: errors and policies ----------------------------------------------
+
+    async def test_misuse_raises_idemkey_errors(self, store: Both) -> None:
+        async with store.guard("k") as call:
+            with pytest.raises(NoResultError):
+                _ = call.result
+            call.save(1)
+        async with store.guard("k") as again:
+            with pytest.raises(UsageError):
+                again.save(2)
+        with pytest.raises(ConfigurationError, match="scope"):
+            async with store.guard("k", scope=7):
+                pytest.fail("the block ran")
+        assert issubclass(NoResultError, IdemkeyError)
+        assert issubclass(UsageError, IdemkeyError)
+
+    @pytest.mark.parametrize(
+        "change",
+        [
+            {"methods": frozenset({"PUT"})},
+            {"require_key": False},
+            {"strict_header": True},
+            {"header": "X-Key"},
+            {"max_request_bytes": 10},
+            {"max_response_bytes": 10},
+            {"store_error_retry_after": 5.0},
+            {"scope": lambda request: "tenant"},
+            {"mismatch_status": 400},
+            {"store_server_errors": True},
+            {"release_statuses": frozenset({400})},
+            {"header_denylist": frozenset()},
+            {"header_allowlist": frozenset({"etag"})},
+        ],
+        ids=lambda change: next(iter(change)),
+    )
+    async def test_a_guard_policy_with_an_http_only_field_is_refused(
+        self, store: Both, change: dict[str, Any]
+    ) -> None:
+        (field,) = change
+        with pytest.raises(ConfigurationError, match=f"Policy.{field} applies to HTTP"):
+            async with store.guard("k", policy=store.store.policy.replace(**change)):
+                pytest.fail("the block ran")
+        assert await store.keys() == []
+
+    async def test_a_policy_shared_with_the_adapters_is_accepted(self, store: Both) -> None:
+        shared = store.store.policy.replace(methods=frozenset({"PUT"}), mismatch_status=400)
+        kind = AsyncRedisStore if store.is_async else RedisStore
+        other = Both(kind(store.client, shared), store.prefix)  # the store holds the same policy
+        async with other.guard("k", policy=shared.replace(wait=1.0)) as call:
+            call.save("ok")
+        async with other.guard("k") as again:
+            assert again.result == "ok"
+
+    async def test_the_extension_surface_drives_the_store(self, store: Both) -> None:
+        """What idemkey.records documents: claim, work, complete; then replay and mismatch."""
+        record = record_for(store.prefix, "tenant-7", "JOB", "send-invoice", "inv-1")
+        owner = new_owner()
+        decision = await store.claim(record, payload_fingerprint(b"body"), owner=owner)
+        assert decision == Claimed(owner, 1, False)
+        busy = await store.claim(record, payload_fingerprint(b"body"))
+        assert type(busy) is InFlight
+        assert await store.complete(record, owner, b"answer")
+        assert await store.claim(record, payload_fingerprint(b"body")) == Replay(b"answer")
+        assert type(await store.claim(record, payload_fingerprint(b"other"))) is Mismatch
+
+
+class TestSyncEdges(SyncStore, EdgeBehaviour):
+    pass
+
+
+class TestAsyncEdges(AsyncStore, EdgeBehaviour):
+    pass
+
+
+# ---- on_store_error="open" in guard(): run unprotected ------------------------------------
+
+
+def _dead_store_policy(events: list[Event], mode: str) -> Policy:
+    return Policy(on_event=events.append, on_store_error=mode)  # type: ignore[arg-type]
+
+
+def test_open_on_store_error_runs_the_block_unprotected() -> None:
+    events: list[Event] = []
+    dead = redis.Redis(port=free_port(), socket_connect_timeout=1, retry=no_retry())
+    store = RedisStore(dead, _dead_store_policy(events, "open"))
+    ran = []
+    try:
+        with guard(store, "charge:1") as call:
+            assert call.replayed is False
+            assert call.fence is None
+            ran.append(1)
+            call.save("charged")
+        assert call.result == "charged"
+    finally:
+        store.close()
+        dead.close()
+    assert ran == [1]
+    assert [event.kind for event in events] == ["unprotected"]
+
+
+async def test_open_on_store_error_runs_the_async_block_unprotected() -> None:
+    import redis.asyncio
+
+    events: list[Event] = []
+    dead = redis.asyncio.Redis(port=free_port(), socket_connect_timeout=1, retry=no_retry())
+    store = AsyncRedisStore(dead, _dead_store_policy(events, "open"))
+    try:
+        async with aguard(store, "charge:1") as call:
+            assert call.replayed is False
+            call.save("charged")
+        with pytest.raises(StoreError):  # closed (the default) still refuses to run
+            async with aguard(store, "charge:2", policy=Policy()):
+                pytest.fail("the block ran without a claim")
+    finally:
+        await store.aclose()
+        await dead.aclose()
+    assert [event.kind for event in events] == ["unprotected"]
