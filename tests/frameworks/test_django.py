@@ -129,8 +129,9 @@ def test_the_scope_is_the_user_and_the_route_is_the_resolver_pattern(
     bob = post(client, "/charges", "same", Authorization="Token bob")
     assert alice.json()["user"] == "alice"
     assert bob.json()["user"] == "bob"  # another user: another record, another run
-    again = post(client, "/charges", "same", Authorization="Token alice")
-    assert again.json() == alice.json()
+    again = post(client, "/charges", "same", Authorization="Token alice:another-session")
+    assert again.json() == alice.json()  # the same user, whatever the credential
+    assert again.headers["Idempotent-Replayed"] == "true"
     assert runs(real_client, prefix, "charges") == 2
     for charge_id in (1, 2, 3):
         assert post(client, f"/charges/{charge_id}/refund", f"r{charge_id}").status_code == 200

@@ -22,14 +22,15 @@ class User:
 
 
 class TokenUserMiddleware:
-    """``Authorization: Token <name>`` makes ``request.user`` that user (no database)."""
+    """``Authorization: Token <name>[:<session>]`` makes ``request.user`` that user (no
+    database); two sessions of one user are two credentials of the same user."""
 
     def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]) -> None:
         self.get_response = get_response
 
     def __call__(self, request: HttpRequest) -> HttpResponse:
         token = request.headers.get("Authorization", "")
-        name = token.removeprefix("Token ") if token.startswith("Token ") else ""
+        name = token.removeprefix("Token ").split(":")[0] if token.startswith("Token ") else ""
         request.user = User(name) if name else User("", is_authenticated=False)  # type: ignore[assignment]
         return self.get_response(request)
 
