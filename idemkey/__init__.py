@@ -21,7 +21,7 @@ from .errors import (
     UsageError,
 )
 from .events import Event
-from .guard import Call, aguard, guard, idempotent
+from .guard import Call, aguard, current_call, guard, idempotent
 from .policy import Policy, Replicas
 from .store import AsyncRedisStore, RedisStore
 
@@ -45,6 +45,7 @@ __all__ = [
     "StoredResponse",
     "UsageError",
     "aguard",
+    "current_call",
     "guard",
     "idempotent",
 ]

@@ -31,7 +31,7 @@ def server_settings(client: Any, node_info: dict[str, Any]) -> dict[str, str]:
     """
     import redis
 
-    from ..store import _CONFIG_NAMES, _config_pairs, _info_settings
+    from ..store._server_check import _CONFIG_NAMES, _config_pairs, _info_settings
 
     settings: dict[str, str] = {}
     try:

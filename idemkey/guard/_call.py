@@ -6,6 +6,7 @@ Both guards (``_async_guard``, and ``_sync_guard`` generated from it) build on
 
 from __future__ import annotations
 
+import contextvars
 from typing import Any, Final, Generic, TypeVar, cast
 
 from .._codec import RESULT_NOT_KEPT, decode_value, encode_payload, encode_value
@@ -33,7 +34,7 @@ from ..errors import (
 from ..events import EventKind, report
 from ..policy import Policy
 
-__all__ = ["GUARD_METHOD", "Call", "GuardState"]
+__all__ = ["GUARD_METHOD", "Call", "GuardState", "current_call"]
 
 T = TypeVar("T")
 GUARD_METHOD = "GUARD"  # the record's "method" for guards: never equal to an HTTP method's record
@@ -84,7 +85,7 @@ def check_guard_policy(policy: Policy, store_policy: Policy) -> None:
 class Call(Generic[T]):
     """What a guard yields: either a replay of the stored result, or a claim to do the work."""
 
-    __slots__ = ("_key", "_result", "_saved", "fence", "replayed", "takeover")
+    __slots__ = ("_key", "_result", "_saved", "fence", "record", "replayed", "takeover", "ttl_ms")
 
     def __init__(
         self,
@@ -94,9 +95,15 @@ class Call(Generic[T]):
         fence: int | None = None,
         takeover: bool = False,
         key: str = "",
+        record: Record | None = None,
+        ttl_ms: int | None = None,
     ) -> None:
         self._key = key
         self.replayed = replayed
+        #: The claimed record's names; its ``digest`` names it in SQL (``contrib.sqlalchemy``).
+        self.record = record
+        #: The record's retention, milliseconds.
+        self.ttl_ms = ttl_ms
         #: Fencing token: grows with every takeover; pass it to downstream writes.
         self.fence = fence
         #: True when this claim took over from an executor whose lease lapsed.
@@ -125,6 +132,24 @@ class Call(Generic[T]):
             self._saved, self._result = RESULT_NOT_KEPT, _UNSET
             raise ResultNotStorableError(self._key, str(exc.__cause__ or exc)) from exc
         self._result = value
+
+
+_CURRENT: contextvars.ContextVar[Call[Any] | None] = contextvars.ContextVar(
+    "idemkey_current_call", default=None
+)
+
+
+def current_call() -> Call[Any]:
+    """The claimed call whose block (or ``@idempotent`` function) runs in this context.
+
+    For code that is not handed the call, such as a function under ``@idempotent`` that fences
+    its transaction (``idemkey.contrib.sqlalchemy.fenced(session, current_call())``). Raises
+    ``LookupError`` outside a claimed block.
+    """
+    call = _CURRENT.get()
+    if call is None:
+        raise LookupError("no claimed idemkey call is running in this context")
+    return call
 
 
 class GuardState(Generic[T]):
@@ -159,6 +184,7 @@ class GuardState(Generic[T]):
         self.result_type = result_type
         self.claim: Claimed | None = None
         self.call: Call[T] | None = None
+        self._current: contextvars.Token[Call[Any] | None] | None = None
 
     def enter(self, decision: Decision, seconds: float) -> Call[T]:
         """The Call for a claim or a replay; raises for a mismatch or a request in flight."""
@@ -168,8 +194,14 @@ class GuardState(Generic[T]):
             self.claim = claim
             self.notify("takeover" if claim.takeover else "claimed", claim.fence, seconds=seconds)
             self.call = Call(
-                replayed=False, fence=claim.fence, takeover=claim.takeover, key=self.key
+                replayed=False,
+                fence=claim.fence,
+                takeover=claim.takeover,
+                key=self.key,
+                record=self.record,
+                ttl_ms=self.policy.ttl_ms,
             )
+            self._current = _CURRENT.set(self.call)
             return self.call
         if kind is Replay:
             response = cast(Replay, decision).response
@@ -199,6 +231,10 @@ class GuardState(Generic[T]):
         return self.policy.ttl_ms
 
     def saved(self) -> bytes | None:
+        """The saved result, if any; the block is left, so it is no longer the current call."""
+        if self._current is not None:
+            _CURRENT.reset(self._current)
+            self._current = None
         return self.call._saved if self.call is not None else None
 
     def exited(

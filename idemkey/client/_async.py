@@ -1,0 +1,155 @@
+"""The I/O shell over ``httpx``: :class:`AsyncClient` and :class:`AsyncIdempotentTransport`.
+
+The source of its blocking twin ``_sync.py``, which ``python -m tests.client.unasync``
+generates (and ``tests/client/test_unasync.py`` checks for drift). Every decision is in
+``_retry.py`` and every action on one in ``_shell.py``: a shell only sends, reads and sleeps.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable, Collection
+from types import TracebackType
+from typing import Any
+
+import httpx
+
+from ..errors import ConfigurationError
+from ._operation import DEFAULT_HEADER, IdempotentResponse, Operation, RetryHook
+from ._retry import RetryPolicy, Schedule
+from ._shell import DEFAULT_RETRY, Preparing, failure_kind, settle
+
+__all__ = ["AsyncClient", "AsyncIdempotentTransport", "arun"]
+
+
+async def arun(
+    send: Callable[[httpx.Request], Awaitable[httpx.Response]],
+    operation: Operation,
+    policy: RetryPolicy,
+    on_retry: RetryHook | None = None,
+    *,
+    transport: bool = False,
+) -> IdempotentResponse:
+    """Send ``operation`` through ``send`` (which returns a read response) until it settles."""
+    schedule = Schedule(policy, time.monotonic())
+    while True:
+        request = operation.attempt(schedule.send(time.monotonic()))
+        response: httpx.Response | None = None
+        error: httpx.TransportError | None = None
+        try:
+            response = await send(request)
+        except httpx.TransportError as exc:
+            kind = failure_kind(exc)
+            if kind is None:
+                raise
+            error = exc
+            step = schedule.failed(kind, time.monotonic())
+        else:
+            status, headers, body = response.status_code, response.headers, response.content
+            step = schedule.answered(status, headers, body, time.monotonic(), time.time())
+        outcome = settle(
+            step, schedule.attempts, operation, response, error, on_retry, transport=transport
+        )
+        if isinstance(outcome, IdempotentResponse):
+            return outcome
+        await asyncio.sleep(outcome)
+
+
+class AsyncClient(Preparing):
+    """An ``httpx.AsyncClient`` sending each POST/PATCH as one idempotent call, retried safely.
+
+    Wrap your own (``AsyncClient(httpx.AsyncClient(base_url=..., auth=...))``) or let this one
+    build it from httpx options (``AsyncClient(base_url=..., timeout=2.0)``); ``client.http`` is the
+    httpx client, for every call that needs no key.
+    """
+
+    http: httpx.AsyncClient
+
+    def __init__(
+        self,
+        http: httpx.AsyncClient | None = None,
+        *,
+        retry: RetryPolicy = DEFAULT_RETRY,
+        on_retry: RetryHook | None = None,
+        header: str = DEFAULT_HEADER,
+        **options: Any,
+    ) -> None:
+        if http is not None and options:
+            raise ConfigurationError("pass an httpx.AsyncClient or httpx options, not both")
+        self.http = http if http is not None else httpx.AsyncClient(**options)
+        self._owns_http = http is None
+        self.retry = retry
+        self.on_retry = on_retry
+        self.header = header
+
+    async def send(self, operation: Operation) -> IdempotentResponse:
+        """Send ``operation`` until it has an answer; raises ``RefusedError`` on a refusal
+        (``422 key_reused``...) and ``RetriesExhaustedError`` past the deadline."""
+        return await arun(self.http.send, operation, self.retry, self.on_retry)
+
+    async def post(self, url: httpx.URL | str, **kwargs: Any) -> IdempotentResponse:
+        """``send(prepare("POST", url, **kwargs))``: takes ``json=``, ``idempotency_key=``..."""
+        return await self.send(self.prepare("POST", url, **kwargs))
+
+    async def patch(self, url: httpx.URL | str, **kwargs: Any) -> IdempotentResponse:
+        """``send(prepare("PATCH", url, **kwargs))``."""
+        return await self.send(self.prepare("PATCH", url, **kwargs))
+
+    async def aclose(self) -> None:
+        """Close the httpx client if this object built it."""
+        if self._owns_http:
+            await self.http.aclose()
+
+    async def __aenter__(self) -> AsyncClient:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+
+class AsyncIdempotentTransport(httpx.AsyncBaseTransport):
+    """Mount on an ``httpx.AsyncClient``: POST/PATCH get a key (unless they carry one) and retries.
+
+    ``httpx.AsyncClient(transport=AsyncIdempotentTransport())``. It raises only httpx errors:
+    a refusal comes back as its response, and giving up returns the last response or raises
+    the last httpx error. Set the header yourself to know (and persist) the key.
+    """
+
+    def __init__(
+        self,
+        transport: httpx.AsyncBaseTransport | None = None,
+        *,
+        retry: RetryPolicy = DEFAULT_RETRY,
+        on_retry: RetryHook | None = None,
+        header: str = DEFAULT_HEADER,
+        methods: Collection[str] = ("POST", "PATCH"),
+    ) -> None:
+        self.transport = transport if transport is not None else httpx.AsyncHTTPTransport()
+        self.retry = retry
+        self.on_retry = on_retry
+        self.header = header
+        self.methods = frozenset(method.upper() for method in methods)
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        if request.method not in self.methods:
+            return await self.transport.handle_async_request(request)
+        operation = Operation.from_request(request, self.header)
+        reply = await arun(self._send, operation, self.retry, self.on_retry, transport=True)
+        return reply.response
+
+    async def _send(self, request: httpx.Request) -> httpx.Response:
+        response = await self.transport.handle_async_request(request)
+        try:
+            await response.aread()
+        finally:
+            await response.aclose()
+        return response
+
+    async def aclose(self) -> None:
+        await self.transport.aclose()

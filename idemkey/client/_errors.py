@@ -1,0 +1,71 @@
+"""The client's exceptions, under :class:`~idemkey.errors.IdemkeyError`.
+
+::
+
+    IdemkeyError
+    └── ClientError                 root of everything idemkey.client raises
+        ├── RefusedError            the server refused with an idemkey problem document
+        ├── RetriesExhaustedError   the deadline or the attempt budget ran out
+        └── ClientStateError        a retry schedule was driven out of order (a bug)
+
+Like the rest of idemkey, an error never carries the raw idempotency key in its message (keys
+may be secrets); the caller holds it already (``Operation.key``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
+
+from ..errors import IdemkeyError
+
+if TYPE_CHECKING:
+    import httpx
+
+__all__ = ["ClientError", "ClientStateError", "RefusedError", "RetriesExhaustedError"]
+
+
+class ClientError(IdemkeyError):
+    """Root of every exception :mod:`idemkey.client` raises."""
+
+
+class RefusedError(ClientError):
+    """The server refused the call: ``code`` is the problem's stable code (``key_reused``).
+
+    ``problem`` is the whole RFC 9457 document, ``status`` the HTTP status and ``response``
+    the ``httpx.Response`` itself. Retrying with the same key and body fails the same way.
+    """
+
+    def __init__(
+        self, code: str, problem: Mapping[str, object], response: httpx.Response, attempts: int
+    ) -> None:
+        detail = problem.get("detail") or problem.get("title") or ""
+        super().__init__(f"{response.status_code} {code}: {detail}")
+        self.code = code
+        self.problem = problem
+        self.status = response.status_code
+        self.response = response
+        self.attempts = attempts
+
+
+class RetriesExhaustedError(ClientError):
+    """No attempt got an answer worth returning before the deadline or the attempt budget.
+
+    ``reason`` is ``"deadline"`` or ``"attempts"``; ``last`` describes the last failure
+    (``"timeout"``, ``"503"``, ``"409 in_flight"``); ``response`` is the last response when
+    the last attempt got one (else None, and the transport error is ``__cause__``). The
+    handler ran at most once: send the same key again later to learn its answer.
+    """
+
+    def __init__(
+        self, reason: str, last: str, attempts: int, response: httpx.Response | None = None
+    ) -> None:
+        super().__init__(f"gave up after {attempts} attempt(s) ({reason}); last: {last}")
+        self.reason = reason
+        self.last = last
+        self.attempts = attempts
+        self.response = response
+
+
+class ClientStateError(ClientError, RuntimeError):
+    """A retry :class:`~idemkey.client.Schedule` was driven out of order."""

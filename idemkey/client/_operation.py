@@ -1,0 +1,131 @@
+"""One logical call, frozen before its first attempt, and what the sync and async shells share.
+
+An :class:`Operation` holds the key and the request bytes, built and serialised once: every
+attempt sends a fresh ``httpx.Request`` over the very same bytes (a multipart boundary is drawn
+once), so the server's fingerprint matches and a retry is a replay, never a ``422``.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any, Final
+
+import httpx
+
+from .._core import parse_key
+from ..errors import ConfigurationError
+
+__all__ = [
+    "DEFAULT_HEADER",
+    "IdempotentResponse",
+    "Operation",
+    "RetryEvent",
+    "RetryHook",
+]
+
+DEFAULT_HEADER: Final = "Idempotency-Key"
+REPLAYED_HEADER: Final = "Idempotent-Replayed"
+
+
+@dataclass(frozen=True, slots=True)
+class Operation:
+    """One logical call: its key and its bytes, the same on every attempt.
+
+    Persist ``key`` before sending if a process restart must not charge twice, and pass it back
+    as ``idempotency_key=`` to finish the call later. Build one with ``Client.prepare``.
+    """
+
+    method: str
+    url: httpx.URL
+    key: str
+    headers: httpx.Headers
+    content: bytes
+    timeout: dict[str, float | None]
+
+    @classmethod
+    def from_request(
+        cls, request: httpx.Request, header: str = DEFAULT_HEADER, key: str | None = None
+    ) -> Operation:
+        """Freeze ``request``: read its body once, and give it ``key`` (or its own, or a UUID)."""
+        if key is None:
+            key = request.headers.get(header) or str(uuid.uuid4())
+        key = parse_key(key)  # an InvalidKeyError now beats a 400 invalid_key from the server
+        if not isinstance(request.stream, Iterable):
+            raise ConfigurationError(
+                "an idempotent call must be re-sent byte for byte: pass bytes, json=, data= or "
+                "files=, not an async stream"
+            )
+        content = request.read()
+        headers = request.headers.copy()
+        headers[header] = key
+        # The body is bytes now: frame it with a length, whatever the stream was.
+        headers.pop("Transfer-Encoding", None)
+        headers["Content-Length"] = str(len(content))
+        timeout = request.extensions.get("timeout", {})
+        return cls(request.method, request.url, key, headers, content, dict(timeout))
+
+    def attempt(self, budget: float) -> httpx.Request:
+        """A fresh request over the same bytes; every timeout clipped to ``budget`` seconds."""
+        budget = max(budget, 0.001)
+        timeout = {
+            name: budget if value is None else min(value, budget)
+            for name, value in (
+                self.timeout or dict.fromkeys(("connect", "read", "write", "pool"))
+            ).items()
+        }
+        return httpx.Request(
+            self.method,
+            self.url,
+            headers=self.headers,
+            stream=httpx.ByteStream(self.content),
+            extensions={"timeout": timeout},
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class IdempotentResponse:
+    """The call's answer: ``response`` (read), the ``key`` it used, and how many ``attempts``.
+
+    ``replayed`` is True when the server answered with the stored response of an earlier
+    attempt (``Idempotent-Replayed: true``): the handler did not run again.
+    """
+
+    response: httpx.Response
+    key: str
+    attempts: int
+
+    @property
+    def replayed(self) -> bool:
+        value: str = self.response.headers.get(REPLAYED_HEADER, "")
+        return value.lower() == "true"
+
+    @property
+    def status_code(self) -> int:
+        return self.response.status_code
+
+    @property
+    def headers(self) -> httpx.Headers:
+        return self.response.headers
+
+    @property
+    def content(self) -> bytes:
+        return self.response.content
+
+    def json(self) -> Any:
+        return self.response.json()
+
+
+@dataclass(frozen=True, slots=True)
+class RetryEvent:
+    """What the ``on_retry`` hook receives before each wait."""
+
+    operation: Operation
+    attempt: int  # the attempt that failed, 1-based
+    reason: str  # "timeout", "protocol", "503", "409 in_flight", ...
+    delay: float  # seconds the client now waits
+    retry_after: float | None  # what the server asked for, if anything
+
+
+RetryHook = Callable[[RetryEvent], None]

@@ -1,0 +1,265 @@
+"""The client's retry decisions, without I/O: which outcome retries, how long to wait, when to stop.
+
+One :class:`Schedule` drives one logical call (one idempotency key). The I/O shells
+(:mod:`idemkey.client._sync`, :mod:`idemkey.client._async`) only send bytes, read the clock and
+sleep; every rule lives here and is tested without a network (``tests/client/test_retry.py``)::
+
+    schedule = Schedule(policy, now=monotonic())
+    while True:
+        budget = schedule.send(monotonic())        # seconds left before the deadline
+        ... send the same bytes with the same key, at most `budget` seconds ...
+        step = schedule.answered(status, headers, body, monotonic(), time())
+          or   schedule.failed("timeout", monotonic())
+        Done -> return the response;  Refused -> raise;  GiveUp -> raise
+        Retry -> sleep(step.delay) and go round again
+
+States: ``ready`` (may send) -> ``sending`` (awaits the outcome) -> ``ready`` again after a
+:class:`Retry`, or ``finished`` after :class:`Done`, :class:`Refused` or :class:`GiveUp`. Any
+other order raises :class:`~idemkey.client.ClientStateError`, as h11 raises on an out-of-order
+event: a shell that sends twice without reading the outcome is a bug, not a retry.
+
+What retries (every retry sends the same key, so the server runs the handler at most once):
+
+* a connection error, a timeout, a dropped or malformed response: the server may or may not
+  have run the handler; only a retry with the same key can find out;
+* ``409`` whose problem ``code`` is ``in_flight``: the first attempt still runs;
+* a status in :attr:`RetryPolicy.retry_statuses` (429, 502, 503, 504 by default).
+
+A ``Retry-After`` (delta-seconds or HTTP-date) is a floor on the wait. Nothing else retries:
+a 422 ``key_reused`` or a 400 would fail the same way again.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from email.utils import parsedate_to_datetime
+from typing import Final, Literal
+
+from ..errors import ConfigurationError
+from ._errors import ClientStateError
+
+__all__ = [
+    "PROBLEM_TYPE_PREFIX",
+    "Done",
+    "GiveUp",
+    "Refused",
+    "Retry",
+    "RetryPolicy",
+    "Schedule",
+    "Step",
+    "parse_retry_after",
+    "read_problem",
+]
+
+#: Problem documents idemkey's server side answers with (``urn:idemkey:problem:key_reused``).
+PROBLEM_TYPE_PREFIX: Final = "urn:idemkey:problem:"
+
+#: Why an attempt got no response. Every kind retries: with the key, a retry is always safe.
+FailureKind = Literal["connect", "timeout", "network", "protocol"]
+
+
+@dataclass(frozen=True, slots=True)
+class RetryPolicy:
+    """How a client retries one logical call. Immutable; share one across clients.
+
+    ``deadline``: seconds from the first attempt after which no new attempt starts (and every
+    attempt's timeouts are clipped to what is left). ``max_attempts`` counts the first one.
+    The wait before retry *n* (1-based) is ``min(backoff_cap, backoff * 2 ** (n - 1))``, of
+    which a random part up to ``jitter`` (a fraction) is taken off so that clients that failed
+    together do not retry together; a ``Retry-After`` raises the wait to at least its value.
+    """
+
+    max_attempts: int = 8
+    deadline: float = 60.0
+    backoff: float = 0.25
+    backoff_cap: float = 8.0
+    jitter: float = 0.5
+    retry_statuses: frozenset[int] = frozenset({429, 502, 503, 504})
+
+    def __post_init__(self) -> None:
+        if self.max_attempts < 1:
+            raise ConfigurationError("RetryPolicy.max_attempts must be at least 1")
+        if not self.deadline > 0:
+            raise ConfigurationError("RetryPolicy.deadline must be positive seconds")
+        if self.backoff < 0 or self.backoff_cap < self.backoff:
+            raise ConfigurationError("RetryPolicy needs 0 <= backoff <= backoff_cap")
+        if not 0 <= self.jitter <= 1:
+            raise ConfigurationError("RetryPolicy.jitter is a fraction between 0 and 1")
+        if any(
+            400 <= status < 500 and status not in (408, 425, 429) for status in self.retry_statuses
+        ):
+            # A 4xx outcome (422 key_reused, 400, 402...) fails the same way every time.
+            raise ConfigurationError("RetryPolicy.retry_statuses may not hold a 4xx outcome")
+
+    def backoff_for(self, retry: int, draw: float) -> float:
+        """The wait before retry number ``retry`` (1-based), ``draw`` in [0, 1) for the jitter."""
+        ceiling = min(self.backoff_cap, self.backoff * 2.0 ** (retry - 1))
+        return ceiling * (1.0 - self.jitter * draw)
+
+
+# ---- steps ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Done:
+    """The response is the call's answer (a replay or not): hand it to the caller."""
+
+
+@dataclass(frozen=True, slots=True)
+class Refused:
+    """The server refused the call with an idemkey problem document: raise, never retry."""
+
+    code: str
+    problem: Mapping[str, object]
+
+
+@dataclass(frozen=True, slots=True)
+class Retry:
+    """Wait ``delay`` seconds, then send the same bytes with the same key again."""
+
+    delay: float
+    reason: str
+    attempt: int  # the attempt that just failed, 1-based
+    retry_after: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class GiveUp:
+    """Stop: the deadline or the attempt budget is spent; ``reason`` says which, ``last`` why."""
+
+    reason: Literal["deadline", "attempts"]
+    last: str
+    attempts: int
+
+
+Step = Done | Refused | Retry | GiveUp
+
+_DONE: Final = Done()
+
+
+# ---- parsing -------------------------------------------------------------------------------
+
+
+def parse_retry_after(value: str | None, wall_now: float) -> float | None:
+    """``Retry-After`` in seconds from now (RFC 9110 10.2.3), or None when absent or unreadable.
+
+    Delta-seconds (``"2"``) or an HTTP-date, read against ``wall_now`` (Unix time); a date in
+    the past means "now" (0.0).
+    """
+    if value is None:
+        return None
+    value = value.strip()
+    if value.isascii() and value.isdigit():
+        return float(int(value))
+    try:
+        when = parsedate_to_datetime(value)
+    except (TypeError, ValueError, IndexError):
+        return None
+    if when.tzinfo is None:  # an HTTP-date is GMT; parsedate leaves "-0000" naive
+        return None
+    return max(0.0, when.timestamp() - wall_now)
+
+
+def read_problem(headers: Mapping[str, str], body: bytes) -> Mapping[str, object] | None:
+    """The RFC 9457 problem document in ``body``, or None when it is not one."""
+    content_type = headers.get("content-type", "").split(";", 1)[0].strip().lower()
+    if content_type not in ("application/problem+json", "application/json"):
+        return None
+    try:
+        document = json.loads(body)
+    except ValueError:  # UnicodeDecodeError is a ValueError too
+        return None
+    return document if isinstance(document, dict) else None
+
+
+def _idemkey_code(problem: Mapping[str, object] | None) -> str | None:
+    if problem is None:
+        return None
+    kind, code = problem.get("type"), problem.get("code")
+    if isinstance(kind, str) and kind.startswith(PROBLEM_TYPE_PREFIX) and isinstance(code, str):
+        return code
+    return None
+
+
+# ---- the schedule --------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class Schedule:
+    """The retry state of one logical call; see the module docstring for the protocol.
+
+    ``now`` values are monotonic seconds, ``wall_now`` is Unix time (for HTTP-dates only).
+    ``draw`` returns a number in [0, 1) for the jitter (inject a constant in tests).
+    """
+
+    policy: RetryPolicy
+    now: float
+    draw: Callable[[], float] = field(default=random.random)
+    attempts: int = 0
+    state: Literal["ready", "sending", "finished"] = "ready"
+    started: float = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.started = self.now
+
+    @property
+    def deadline_at(self) -> float:
+        return self.started + self.policy.deadline
+
+    def send(self, now: float) -> float:
+        """Start an attempt; returns the seconds it may take (what is left before the deadline)."""
+        if self.state != "ready":
+            raise ClientStateError(f"cannot start an attempt while {self.state}")
+        self.state = "sending"
+        self.attempts += 1
+        return max(0.0, self.deadline_at - now)
+
+    def answered(
+        self, status: int, headers: Mapping[str, str], body: bytes, now: float, wall_now: float
+    ) -> Step:
+        """The server answered the attempt: accept, refuse, or retry."""
+        self._expect_sending("an answer")
+        if status in self.policy.retry_statuses or status == 409:
+            problem = read_problem(headers, body)
+            code = _idemkey_code(problem)
+            if status != 409 or code == "in_flight":
+                retry_after = parse_retry_after(headers.get("retry-after"), wall_now)
+                reason = f"{status} {code}" if code else str(status)
+                return self._retry(reason, now, retry_after)
+            if code is not None and problem is not None:
+                return self._finish(Refused(code, problem))
+            return self._finish(_DONE)
+        if 400 <= status < 500:
+            problem = read_problem(headers, body)
+            code = _idemkey_code(problem)
+            if code is not None and problem is not None:
+                return self._finish(Refused(code, problem))
+        return self._finish(_DONE)
+
+    def failed(self, kind: FailureKind, now: float) -> Step:
+        """The attempt got no (complete) response: retry with the same key, if time allows."""
+        self._expect_sending("a failure")
+        return self._retry(kind, now, None)
+
+    def _retry(self, reason: str, now: float, retry_after: float | None) -> Step:
+        if self.attempts >= self.policy.max_attempts:
+            return self._finish(GiveUp("attempts", reason, self.attempts))
+        delay = self.policy.backoff_for(self.attempts, self.draw())
+        if retry_after is not None:
+            delay = max(delay, retry_after)
+        # Starting an attempt we know cannot finish in time only doubles the load.
+        if now + delay >= self.deadline_at:
+            return self._finish(GiveUp("deadline", reason, self.attempts))
+        self.state = "ready"
+        return Retry(delay, reason, self.attempts, retry_after)
+
+    def _finish(self, step: Step) -> Step:
+        self.state = "finished"
+        return step
+
+    def _expect_sending(self, what: str) -> None:
+        if self.state != "sending":
+            raise ClientStateError(f"got {what} while {self.state}, not sending")

@@ -1,0 +1,119 @@
+"""What the sync and async shells share: building operations, and acting on a retry step.
+
+The shells (``_sync.py``, ``_async.py``) differ only in ``await`` and in how they sleep; each
+decision they act on comes from :class:`~idemkey.client._retry.Schedule`, and each action on a
+decision (return, raise, report and wait) is :func:`settle`, here.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import httpx
+
+from ._errors import RefusedError, RetriesExhaustedError
+from ._operation import DEFAULT_HEADER, IdempotentResponse, Operation, RetryEvent, RetryHook
+from ._retry import Done, FailureKind, GiveUp, Refused, Retry, RetryPolicy, Step
+
+__all__ = ["DEFAULT_RETRY", "Preparing", "failure_kind", "logger", "settle"]
+
+logger = logging.getLogger("idemkey.client")
+
+DEFAULT_RETRY = RetryPolicy()
+
+
+class Preparing:
+    """``prepare()``, the same for :class:`Client` and :class:`AsyncClient` (it does no I/O)."""
+
+    http: httpx.Client | httpx.AsyncClient
+    header: str = DEFAULT_HEADER
+
+    def prepare(
+        self,
+        method: str,
+        url: httpx.URL | str,
+        *,
+        content: Any = None,
+        data: Any = None,
+        files: Any = None,
+        json: Any = None,
+        params: Any = None,
+        headers: Any = None,
+        timeout: Any = httpx.USE_CLIENT_DEFAULT,
+        idempotency_key: str | None = None,
+    ) -> Operation:
+        """Build and serialise the request once, and fix its key; nothing is sent yet.
+
+        The key is ``idempotency_key`` if given (say, derived from a job id, or persisted from
+        an earlier run), else a random UUID. Persist ``operation.key`` before :meth:`send` if a
+        process restart must resume the same call rather than start a new one.
+        """
+        request = self.http.build_request(
+            method, url, content=content, data=data, files=files, json=json,
+            params=params, headers=headers, timeout=timeout,
+        )  # fmt: skip
+        return Operation.from_request(request, self.header, idempotency_key)
+
+
+def failure_kind(exc: httpx.TransportError) -> FailureKind | None:
+    """Which retryable failure ``exc`` is, or None when a retry cannot help (a bad URL, say)."""
+    if isinstance(exc, httpx.ConnectError | httpx.ConnectTimeout | httpx.PoolTimeout):
+        return "connect"  # nothing was sent
+    if isinstance(exc, httpx.TimeoutException):
+        return "timeout"
+    if isinstance(exc, httpx.NetworkError):
+        return "network"
+    if isinstance(exc, httpx.RemoteProtocolError):
+        return "protocol"  # e.g. the connection closed before a response
+    return None
+
+
+def settle(
+    step: Step,
+    attempts: int,
+    operation: Operation,
+    response: httpx.Response | None,
+    error: httpx.TransportError | None,
+    on_retry: RetryHook | None,
+    *,
+    transport: bool = False,
+) -> IdempotentResponse | float:
+    """Act on a :class:`Schedule` step: the answer, a raise, or the seconds to wait.
+
+    A transport (``transport=True``) raises nothing of its own: a refusal is a response like
+    any other, and giving up returns the last response or re-raises the last httpx error.
+    """
+    if isinstance(step, Retry):
+        _report(
+            on_retry, RetryEvent(operation, step.attempt, step.reason, step.delay, step.retry_after)
+        )
+        return step.delay
+    if isinstance(step, Done) or (isinstance(step, Refused) and transport):
+        assert response is not None
+        return IdempotentResponse(response, operation.key, attempts)
+    if isinstance(step, Refused):
+        assert response is not None
+        raise RefusedError(step.code, step.problem, response, attempts)
+    assert isinstance(step, GiveUp)
+    if transport:  # hand httpx what it would have had without us: the response, or the error
+        if response is not None:
+            return IdempotentResponse(response, operation.key, attempts)
+        assert error is not None
+        raise error
+    raise RetriesExhaustedError(step.reason, step.last, step.attempts, response) from error
+
+
+def _report(hook: RetryHook | None, event: RetryEvent) -> None:
+    # The URL without its query (it may carry tokens), and never the key.
+    url = event.operation.url.copy_with(query=None)
+    logger.info(
+        "retrying %s %s in %.2f s: attempt %d failed (%s)",
+        event.operation.method, url, event.delay, event.attempt, event.reason,
+    )  # fmt: skip
+    if hook is None:
+        return
+    try:
+        hook(event)
+    except Exception:
+        logger.exception("the on_retry hook raised; retrying anyway")

@@ -1,0 +1,252 @@
+"""An HTTP/1.1-aware loopback proxy that records every request and injects one fault per request.
+
+``tests/faults/_proxy.py`` cuts and delays raw byte chunks, which suits Redis; a client retry
+test needs to act on whole HTTP messages ("the server answered, then the answer was lost"), so
+this proxy reads each request and each response by their framing::
+
+    with HttpFaultProxy("127.0.0.1", server_port) as proxy:
+        proxy.arm("drop")          # the next request reaches the server; its answer is lost
+        proxy.arm("hold", 1.0)     # ... its answer arrives 1 s late, after the client gave up
+        proxy.arm("reset")         # the next request is answered with a TCP RST, unforwarded
+        proxy.seen                 # every request: method, target, headers, body, time, fault
+
+Each request goes upstream on a fresh connection (so a fault never leaks into the next
+request). Blocking sockets with a short timeout and a stop flag: nothing outlives ``close()``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import struct
+import threading
+import time
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Literal
+
+__all__ = ["HttpFaultProxy", "Seen"]
+
+Fault = Literal["pass", "drop", "hold", "reset"]
+
+_TICK = 0.05
+_JOIN = 2.0
+_UPSTREAM_TIMEOUT = 30.0  # how long a response may take (a slow handler)
+
+
+@dataclass(frozen=True, slots=True)
+class Seen:
+    """One request as it crossed the proxy, byte for byte."""
+
+    method: str
+    target: str
+    headers: dict[str, str]  # lower-cased names
+    body: bytes
+    at: float  # time.monotonic() when the whole request had arrived
+    fault: Fault
+
+
+class _Closed(Exception):
+    """The peer closed, or the proxy is stopping."""
+
+
+class _Reader:
+    def __init__(self, sock: socket.socket, stop: threading.Event, timeout: float) -> None:
+        self.sock, self.stop, self.timeout = sock, stop, timeout
+        self.buffer = b""
+
+    def _fill(self, deadline: float) -> None:
+        while not self.stop.is_set():
+            if time.monotonic() > deadline:
+                raise _Closed("timed out")
+            try:
+                data = self.sock.recv(65536)
+            except TimeoutError:
+                continue
+            except OSError as exc:
+                raise _Closed(str(exc)) from exc
+            if not data:
+                raise _Closed("eof")
+            self.buffer += data
+            return
+        raise _Closed("stopping")
+
+    def until(self, marker: bytes) -> bytes:
+        deadline = time.monotonic() + self.timeout
+        while marker not in self.buffer:
+            self._fill(deadline)
+        head, self.buffer = self.buffer.split(marker, 1)
+        return head + marker
+
+    def exactly(self, size: int) -> bytes:
+        deadline = time.monotonic() + self.timeout
+        while len(self.buffer) < size:
+            self._fill(deadline)
+        data, self.buffer = self.buffer[:size], self.buffer[size:]
+        return data
+
+    def to_eof(self) -> bytes:
+        deadline = time.monotonic() + self.timeout
+        with contextlib.suppress(_Closed):
+            while True:
+                self._fill(deadline)
+        data, self.buffer = self.buffer, b""
+        return data
+
+    def message(self, *, response: bool) -> tuple[bytes, dict[str, str], bytes]:
+        """One HTTP/1.1 message: (head, headers, body), the body framed as its headers say."""
+        head = self.until(b"\r\n\r\n")
+        lines = head.decode("latin-1").split("\r\n")
+        headers = {}
+        for line in lines[1:]:
+            if ":" in line:
+                name, value = line.split(":", 1)
+                headers[name.strip().lower()] = value.strip()
+        if response and (lines[0].split(" ")[1].startswith("1") or " 204 " in lines[0]):
+            return head, headers, b""
+        if "chunked" in headers.get("transfer-encoding", "").lower():
+            body = b""
+            while True:
+                size_line = self.until(b"\r\n")
+                size = int(size_line.split(b";")[0], 16)
+                chunk = self.exactly(size + 2)
+                body += size_line + chunk
+                if size == 0:
+                    return head, headers, body
+        if "content-length" in headers:
+            return head, headers, self.exactly(int(headers["content-length"]))
+        return head, headers, self.to_eof() if response else b""
+
+
+class HttpFaultProxy:
+    """Forward 127.0.0.1:``port`` to ``upstream``, one HTTP request at a time per connection."""
+
+    def __init__(self, upstream_host: str, upstream_port: int) -> None:
+        self.upstream = (upstream_host, upstream_port)
+        self.host = "127.0.0.1"
+        self._listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self._listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self._listener.bind((self.host, 0))
+        self._listener.listen(64)
+        self._listener.settimeout(_TICK)
+        self.port: int = self._listener.getsockname()[1]
+        self.url = f"http://{self.host}:{self.port}"
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._faults: list[tuple[Fault, float]] = []
+        self._threads: list[threading.Thread] = []
+        self._sockets: set[socket.socket] = set()
+        #: Every request that fully arrived, in order.
+        self.seen: list[Seen] = []
+        self._acceptor = threading.Thread(target=self._accept, name="http-fault-proxy", daemon=True)
+        self._acceptor.start()
+
+    def arm(self, fault: Fault, seconds: float = 0.0) -> None:
+        """Apply ``fault`` to the next request that arrives (faults queue up, one per request)."""
+        with self._lock:
+            self._faults.append((fault, seconds))
+
+    def requests_for(self, needle: str) -> list[Seen]:
+        """The requests whose target contains ``needle`` (a per-test call id in the query)."""
+        with self._lock:
+            return [seen for seen in self.seen if needle in seen.target]
+
+    # ---- plumbing ---------------------------------------------------------------------------
+
+    def _accept(self) -> None:
+        while not self._stop.is_set():
+            try:
+                client, _ = self._listener.accept()
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+            client.settimeout(_TICK)
+            thread = threading.Thread(target=self._serve, args=(client,), daemon=True)
+            with self._lock:
+                self._sockets.add(client)
+                self._threads.append(thread)
+            thread.start()
+
+    def _serve(self, client: socket.socket) -> None:
+        reader = _Reader(client, self._stop, timeout=3600.0)  # an idle keep-alive connection
+        try:
+            while not self._stop.is_set():
+                try:
+                    head, headers, body = reader.message(response=False)
+                except _Closed:
+                    return
+                request_line = head.split(b"\r\n", 1)[0].decode("latin-1").split(" ")
+                with self._lock:
+                    fault, seconds = self._faults.pop(0) if self._faults else ("pass", 0.0)
+                    self.seen.append(
+                        Seen(
+                            request_line[0], request_line[1], headers, body, time.monotonic(), fault
+                        )
+                    )
+                if fault == "reset":
+                    # SO_LINGER 0: close() sends RST, not FIN; nothing was forwarded.
+                    client.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                    return
+                answer = self._forward(head + body)
+                if answer is None or fault == "drop":
+                    return  # the server answered (or died); the client never hears it
+                if fault == "hold" and self._stop.wait(seconds):
+                    return
+                try:
+                    client.sendall(answer[0])
+                except OSError:
+                    return
+                if answer[1].get("connection", "").lower() == "close":
+                    return
+        finally:
+            with self._lock:
+                self._sockets.discard(client)
+            with contextlib.suppress(OSError):
+                client.close()
+
+    def _forward(self, request: bytes) -> tuple[bytes, dict[str, str]] | None:
+        try:
+            upstream = socket.create_connection(self.upstream, timeout=2.0)
+        except OSError:
+            return None
+        upstream.settimeout(_TICK)
+        with self._lock:
+            self._sockets.add(upstream)
+        try:
+            upstream.sendall(request)
+            head, headers, body = _Reader(upstream, self._stop, _UPSTREAM_TIMEOUT).message(
+                response=True
+            )
+            return head + body, headers
+        except (OSError, _Closed):
+            return None
+        finally:
+            with self._lock:
+                self._sockets.discard(upstream)
+            with contextlib.suppress(OSError):
+                upstream.close()
+
+    def close(self) -> None:
+        self._stop.set()
+        with contextlib.suppress(OSError):
+            self._listener.close()
+        self._acceptor.join(_JOIN)
+        with self._lock:
+            sockets, threads = list(self._sockets), list(self._threads)
+        for sock in sockets:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+        for thread in threads:
+            thread.join(_JOIN)
+
+    def __enter__(self) -> HttpFaultProxy:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()

@@ -1,0 +1,197 @@
+"""The sans-IO retry schedule: which outcomes retry, how long to wait, when to stop."""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime, timezone
+from email.utils import format_datetime
+
+import pytest
+
+from idemkey.client import (
+    ClientStateError,
+    Done,
+    GiveUp,
+    Refused,
+    Retry,
+    RetryPolicy,
+    Schedule,
+    Step,
+    parse_retry_after,
+)
+from idemkey.errors import ConfigurationError
+
+WALL = 1_800_000_000.0  # a fixed Unix time for HTTP-dates
+FAST = RetryPolicy(max_attempts=5, deadline=10.0, backoff=0.1, backoff_cap=0.5, jitter=0.0)
+
+
+def problem(code: str, status: int) -> tuple[dict[str, str], bytes]:
+    body = {"type": f"urn:idemkey:problem:{code}", "status": status, "code": code}
+    return {"content-type": "application/problem+json"}, json.dumps(body).encode()
+
+
+def answer(
+    schedule: Schedule, status: int, headers: dict[str, str], body: bytes = b"", now: float = 0.0
+) -> Step:
+    schedule.send(now)
+    return schedule.answered(status, headers, body, now, WALL)
+
+
+# ---- Retry-After --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("value", "seconds"),
+    [("2", 2.0), (" 120 ", 120.0), ("0", 0.0), (None, None), ("", None), ("-1", None),
+     ("1.5", None), ("soon", None), ("Mon, 99 Foo 2026 25:00:00 GMT", None)],
+)  # fmt: skip
+def test_retry_after_delta_seconds(value: str | None, seconds: float | None) -> None:
+    assert parse_retry_after(value, WALL) == seconds
+
+
+def test_retry_after_http_date_counts_from_the_wall_clock() -> None:
+    later = format_datetime(datetime.fromtimestamp(WALL + 30, timezone.utc), usegmt=True)
+    earlier = format_datetime(datetime.fromtimestamp(WALL - 30, timezone.utc), usegmt=True)
+    assert parse_retry_after(later, WALL) == pytest.approx(30.0)
+    assert parse_retry_after(earlier, WALL) == 0.0  # a date in the past means now
+
+
+# ---- backoff ------------------------------------------------------------------------------
+
+
+def test_backoff_doubles_up_to_the_cap() -> None:
+    assert [FAST.backoff_for(n, 0.0) for n in range(1, 6)] == pytest.approx(
+        [0.1, 0.2, 0.4, 0.5, 0.5]
+    )
+
+
+def test_jitter_takes_off_at_most_its_fraction() -> None:
+    policy = RetryPolicy(backoff=1.0, backoff_cap=1.0, jitter=0.5)
+    assert policy.backoff_for(1, 0.0) == 1.0
+    assert policy.backoff_for(1, 0.999) == pytest.approx(0.5, abs=0.001)
+
+
+def test_the_schedule_draws_its_jitter() -> None:
+    draws = iter([0.0, 0.5])
+    policy = RetryPolicy(backoff=1.0, backoff_cap=4.0, jitter=1.0)
+    schedule = Schedule(policy, 0.0, draw=lambda: next(draws))
+    schedule.send(0.0)
+    first = schedule.failed("timeout", 0.0)
+    schedule.send(1.0)
+    second = schedule.failed("timeout", 1.0)
+    assert isinstance(first, Retry)
+    assert first.delay == 1.0
+    assert isinstance(second, Retry)
+    assert second.delay == pytest.approx(1.0)
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [dict(max_attempts=0), dict(deadline=0), dict(backoff=-1), dict(backoff=2, backoff_cap=1),
+     dict(jitter=1.5), dict(retry_statuses=frozenset({503, 422})),
+     dict(retry_statuses=frozenset({409}))],
+)  # fmt: skip
+def test_policy_refuses_what_cannot_work(bad: dict[str, object]) -> None:
+    with pytest.raises(ConfigurationError):
+        RetryPolicy(**bad)  # type: ignore[arg-type]
+
+
+# ---- what retries -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", ["connect", "timeout", "network", "protocol"])
+def test_every_failure_without_an_answer_retries(kind: str) -> None:
+    schedule = Schedule(FAST, 0.0)
+    schedule.send(0.0)
+    step = schedule.failed(kind, 0.0)  # type: ignore[arg-type]
+    assert step == Retry(0.1, kind, 1, None)
+
+
+def test_in_flight_retries_after_its_retry_after() -> None:
+    headers, body = problem("in_flight", 409)
+    step = answer(Schedule(FAST, 0.0), 409, {**headers, "retry-after": "1"}, body)
+    assert step == Retry(1.0, "409 in_flight", 1, 1.0)  # Retry-After is a floor on the wait
+
+
+@pytest.mark.parametrize("status", [429, 502, 503, 504])
+def test_overload_statuses_retry(status: int) -> None:
+    step = answer(Schedule(FAST, 0.0), status, {"retry-after": "2"})
+    assert isinstance(step, Retry)
+    assert step.delay == 2.0
+    assert step.reason == str(status)
+
+
+def test_store_unavailable_retries_with_its_code_in_the_reason() -> None:
+    headers, body = problem("store_unavailable", 503)
+    step = answer(Schedule(FAST, 0.0), 503, headers, body)
+    assert isinstance(step, Retry)
+    assert step.reason == "503 store_unavailable"
+    assert step.delay == 0.1  # no Retry-After: the backoff
+
+
+@pytest.mark.parametrize(
+    ("code", "status"),
+    [("key_reused", 422), ("key_reused", 400), ("missing_key", 400), ("invalid_key", 400),
+     ("request_too_large", 413)],
+)  # fmt: skip
+def test_idemkey_refusals_never_retry(code: str, status: int) -> None:
+    headers, body = problem(code, status)
+    schedule = Schedule(FAST, 0.0)
+    step = answer(schedule, status, headers, body)
+    assert isinstance(step, Refused)
+    assert step.code == code
+    assert step.problem["status"] == status
+    assert schedule.state == "finished"
+
+
+@pytest.mark.parametrize(
+    ("status", "headers", "body"),
+    [(201, {}, b"{}"), (200, {"content-type": "application/json"}, b'{"code": "in_flight"}'),
+     (402, {"content-type": "application/problem+json"}, b'{"type": "about:blank", "code": "x"}'),
+     (404, {}, b""), (409, {"content-type": "application/json"}, b'{"code": "conflict"}'),
+     (409, {}, b"not json"), (422, {"content-type": "application/json"}, b"[1]"),
+     (500, {}, b""), (422, {"content-type": "application/problem+json"}, b"\xff")],
+)  # fmt: skip
+def test_other_answers_are_the_callers(status: int, headers: dict[str, str], body: bytes) -> None:
+    """The app's own answers (even 4xx problems that are not idemkey's) are returned."""
+    assert answer(Schedule(FAST, 0.0), status, headers, body) == Done()
+
+
+# ---- when to stop -------------------------------------------------------------------------
+
+
+def test_attempt_budget() -> None:
+    schedule = Schedule(RetryPolicy(max_attempts=2, backoff=0.0), 0.0)
+    schedule.send(0.0)
+    assert isinstance(schedule.failed("timeout", 0.0), Retry)
+    schedule.send(0.0)
+    assert schedule.failed("network", 0.0) == GiveUp("attempts", "network", 2)
+
+
+def test_no_retry_that_would_start_after_the_deadline() -> None:
+    schedule = Schedule(RetryPolicy(deadline=5.0), 100.0)
+    assert schedule.send(101.0) == 4.0  # the attempt may take what is left
+    step = schedule.answered(503, {"retry-after": "4"}, b"", 101.5, WALL)
+    assert step == GiveUp("deadline", "503", 1)
+
+
+def test_attempt_budget_is_what_is_left_of_the_deadline() -> None:
+    schedule = Schedule(RetryPolicy(deadline=5.0, backoff=0.5, jitter=0.0), 0.0)
+    assert schedule.send(0.0) == 5.0
+    assert isinstance(schedule.failed("timeout", 3.0), Retry)
+    assert schedule.send(3.5) == 1.5
+
+
+# ---- misuse -------------------------------------------------------------------------------
+
+
+def test_out_of_order_use_raises() -> None:
+    schedule = Schedule(FAST, 0.0)
+    with pytest.raises(ClientStateError):
+        schedule.failed("timeout", 0.0)  # nothing was sent
+    schedule.send(0.0)
+    with pytest.raises(ClientStateError):
+        schedule.send(0.0)  # two attempts at once
+    assert schedule.answered(201, {}, b"", 0.0, WALL) == Done()
+    with pytest.raises(ClientStateError):
+        schedule.send(0.0)  # the call is over
