@@ -54,15 +54,17 @@ from django.utils.module_loading import import_string
 
 from .. import RedisStore
 from ..errors import ConfigurationError
-from ..http import Response, begin, render
+from ..http import Response, begin
 from ..policy import Policy
 from ..routes import ROUTE_UNKNOWN, policy_options
-from .wsgi import EnvironHeaders, claim, settle
+from ._environ import EnvironHeaders
+from ._lifecycle import Lifecycle
+from ._sync_driver import Driver
 
 if TYPE_CHECKING:
     from django.http import HttpRequest, HttpResponseBase
 
-    from ..http import Exchange, Request
+    from ..http import Request
 
 __all__ = ["IdempotencyMiddleware", "idempotency_exempt", "idempotent"]
 
@@ -126,6 +128,7 @@ class IdempotencyMiddleware:
         config = dict(getattr(settings, "IDEMKEY", {}) or {})
         store, custom, self.guard_all = _configure(config)
         self.store = store
+        self.driver = Driver(store)
         fallback = store.policy.scope
 
         def scope(request: Request) -> str:
@@ -142,13 +145,22 @@ class IdempotencyMiddleware:
         try:
             response = self.get_response(request)
         except BaseException:
-            step = request.__dict__.pop("_idemkey", None)
-            if step is not None:
-                settle(self.store, step, None, (), None)
+            lifecycle = request.__dict__.pop("_idemkey", None)
+            if lifecycle is not None:
+                self.driver.fail(lifecycle, "the view raised")
             raise
-        step = request.__dict__.pop("_idemkey", None)
-        if step is not None:
-            _settle(self.store, step, response)
+        lifecycle = request.__dict__.pop("_idemkey", None)
+        if lifecycle is not None:
+            kept: bytes | None = None
+            if not response.streaming:  # a stream completes without its body
+                content: bytes = response.content
+                kept = (
+                    content
+                    if len(content) <= lifecycle.exchange.policy.max_response_bytes
+                    else None
+                )
+            lifecycle.started(response.status_code, list(response.items()))
+            self.driver.finish(lifecycle, kept)
         return response
 
     def process_view(
@@ -172,15 +184,16 @@ class IdempotencyMiddleware:
             return None
         if isinstance(step, Response):
             return _respond(step)
-        body = _read_body(request, step)
+        lifecycle = Lifecycle(step)
+        body = _read_body(request, lifecycle)
         if isinstance(body, Response):
             return _respond(body)
-        answer = claim(self.store, step, body)
-        if answer is None:  # Redis is down and the policy says run unprotected
-            return None
-        if isinstance(answer, Response):
+        answer = self.driver.claim(lifecycle)
+        if answer is not None:
             return _respond(answer)
-        request._idemkey = step  # settled in __call__
+        if lifecycle.unprotected:  # Redis is down and the policy says run unprotected
+            return None
+        request._idemkey = lifecycle  # settled in __call__, with the view's response
         return None
 
     def _policy_for(self, view: Callable[..., Any]) -> Policy | None:
@@ -242,41 +255,30 @@ def _request_of(request: HttpRequest, route: str) -> Request:
     )
 
 
-def _read_body(request: HttpRequest, step: Exchange) -> bytes | Response:
+def _read_body(request: HttpRequest, lifecycle: Lifecycle) -> bytes | Response:
     """The body (Django keeps it for the view), or the 413 / 400 to answer instead."""
-    declared = request.META.get("CONTENT_LENGTH") or ""
-    length = int(declared) if declared.isascii() and declared.isdigit() else None
-    if length is not None and step.too_large(length):
-        return step.too_large_response()
-    if length is None and request.META.get("wsgi.input_terminated"):
+    rejected = lifecycle.announced()
+    if rejected is not None:
+        return rejected
+    if lifecycle.declared is None and request.META.get("wsgi.input_terminated"):
         # A chunked body under WSGI: Django reads no body without a Content-Length, so read it
         # here (bounded) and hand it to Django as the request's stream, as the WSGI middleware
         # hands it to the app.
-        chunked = request.META["wsgi.input"].read(step.policy.max_request_bytes + 1)
-        if step.too_large(len(chunked)):
-            return step.too_large_response()
+        limit = lifecycle.exchange.policy.max_request_bytes
+        chunked: bytes = request.META["wsgi.input"].read(limit + 1)
+        rejected = lifecycle.received(chunked)
+        if rejected is not None:
+            return rejected
         request.META["CONTENT_LENGTH"] = str(len(chunked))
         request._stream = io.BytesIO(chunked)
         request._read_started = False
+        return chunked
     try:
-        body = request.body
+        body: bytes = request.body
     except RequestDataTooBig:  # over Django's own DATA_UPLOAD_MAX_MEMORY_SIZE
-        return step.too_large_response()
-    if step.too_large(len(body)):
-        return step.too_large_response()
-    if length is not None and len(body) < length:  # the client went away mid-body
-        detail = f"the body ended after {len(body)} of {length} bytes"
-        return render(step.policy, 400, "incomplete_body", detail)
-    body_bytes: bytes = body
-    return body_bytes
-
-
-def _settle(store: RedisStore, step: Exchange, response: HttpResponseBase) -> None:
-    kept: bytes | None = None
-    if not response.streaming:
-        content: bytes = response.content
-        kept = content if len(content) <= step.policy.max_response_bytes else None
-    settle(store, step, response.status_code, list(response.items()), kept)
+        return lifecycle.reject_too_large()
+    rejected = lifecycle.received(body)
+    return rejected if rejected is not None else body
 
 
 def _respond(answer: Response) -> HttpResponse:
