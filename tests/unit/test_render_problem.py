@@ -120,3 +120,14 @@ def test_a_broken_renderer_falls_back_to_rfc_9457_and_is_logged(
     assert dict(answer.headers)["Retry-After"] == "1"
     assert dict(answer.headers)["Content-Type"] == "application/problem+json"
     assert "render_problem failed" in caplog.text
+
+
+def test_a_body_shorter_than_its_content_length_is_400_in_the_api_shape() -> None:
+    from idemkey.adapters._lifecycle import Lifecycle
+
+    headers = [("Idempotency-Key", "k1"), ("Content-Length", "10")]
+    step = begin(STRIPE, request(headers))
+    assert isinstance(step, Exchange)
+    answer = Lifecycle(step).received(b"short")
+    assert isinstance(answer, Response)
+    stripe_body(answer, 400, "incomplete_body")
