@@ -43,6 +43,7 @@ from __future__ import annotations
 import contextvars
 import functools
 import io
+import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar, overload
 
@@ -139,7 +140,11 @@ class IdempotencyMiddleware:
             return user_scope(django_request) or fallback(request)
 
         self.policy = store.policy.replace(scope=scope)
-        self._views: dict[int, Policy] = {}
+        # Keyed by the view itself, weakly: a view created at run time and collected never
+        # hands its policy to another that reuses its id().
+        self._views: weakref.WeakKeyDictionary[Callable[..., Any], Policy | None] = (
+            weakref.WeakKeyDictionary()
+        )
 
     def __call__(self, request: HttpRequest) -> HttpResponseBase:
         try:
@@ -198,17 +203,20 @@ class IdempotencyMiddleware:
 
     def _policy_for(self, view: Callable[..., Any]) -> Policy | None:
         """The view's policy (derived once per view), or None when it is not guarded."""
-        policy = self._views.get(id(view))
-        if policy is not None or id(view) in self._views:
-            return policy
+        try:
+            return self._views[view]
+        except KeyError:
+            pass
+        except TypeError:  # a view that cannot be weakly referenced: derive it every time
+            return self._derive(view)
+        chosen = self._views[view] = self._derive(view)
+        return chosen
+
+    def _derive(self, view: Callable[..., Any]) -> Policy | None:
         options = getattr(view, OPTIONS_ATTRIBUTE, None)
         if getattr(view, EXEMPT_ATTRIBUTE, False) or (options is None and not self.guard_all):
-            chosen = None
-        else:
-            chosen = self.policy.replace(**options) if options else self.policy
-        if len(self._views) < 10_000:  # views come from code; stay bounded anyway
-            self._views[id(view)] = chosen  # type: ignore[assignment]
-        return chosen
+            return None
+        return self.policy.replace(**options) if options else self.policy
 
 
 def _configure(config: dict[str, Any]) -> tuple[RedisStore, Callable[..., Any] | None, bool]:

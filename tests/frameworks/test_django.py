@@ -272,3 +272,44 @@ def test_a_real_server_sees_replays_409_and_422(
             assert duplicate.json()["code"] == "in_flight"
             assert [r.status_code for r in results] == [200]
             assert runs(real_client, prefix, "slow") == 1
+
+
+def make_client() -> redis.Redis:
+    """A client factory, named by its dotted path in IDEMKEY["CLIENT"] below."""
+    from django.conf import settings
+
+    return redis.Redis.from_url(settings.REDIS_URL)
+
+
+@pytest.mark.parametrize(
+    "client", [make_client, f"{__name__}.make_client"], ids=["callable", "dotted-path"]
+)
+def test_the_client_from_a_factory(project: dict[str, Any], client: Any) -> None:
+    from django.test import Client
+
+    del project["REDIS_URL"]
+    project["CLIENT"] = client
+    django = Client()
+    assert post(django, "/charges", "f").status_code == 201
+    assert post(django, "/charges", "f").headers["Idempotent-Replayed"] == "true"
+
+
+@pytest.mark.parametrize(
+    ("settings", "error"),
+    [
+        ({"PREFIX": "x"}, "REDIS_URL"),
+        ({"REDIS_URL": "redis://127.0.0.1:1/0", "GUARD": "some"}, "GUARD"),
+        ({"REDIS_URL": "redis://127.0.0.1:1/0", "TLL": 5}, "unknown Policy fields: tll"),
+        ({"STORE": "not a store"}, "STORE"),
+    ],
+)
+def test_bad_settings_are_configuration_errors(settings: dict[str, Any], error: str) -> None:
+    from django.test.utils import override_settings
+
+    from idemkey import ConfigurationError
+    from idemkey.adapters.django import IdempotencyMiddleware
+    from tests.adapters.harness_wsgi import _django
+
+    _django()
+    with override_settings(IDEMKEY=settings), pytest.raises(ConfigurationError, match=error):
+        IdempotencyMiddleware(lambda request: None)
