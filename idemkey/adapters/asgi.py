@@ -10,52 +10,35 @@ before the claim, because the fingerprint covers it, and is replayed to the app.
 is forwarded to the client as it streams, with a copy kept up to ``max_response_bytes``; the
 record is completed once the final body message has been *sent*, not when the app returns, so
 a background task that fails afterwards cannot release a response the client already has.
-Completion and release outlive a cancellation (a server cancelling the request when its client
-leaves), so the handler still never runs twice.
+
+Once the response has started (``http.response.start`` went out with a status the policy
+stores), the key is never released: if the client leaves, times out, or the app fails before
+the final body message, the record completes without its body and a retry gets the stored
+status and headers with ``Idempotent-Body-Not-Kept: true``. Completion and release outlive a
+cancellation (a server cancelling the request when its client leaves).
 """
 
 from __future__ import annotations
-
-from collections.abc import Awaitable, Callable, MutableMapping
-from typing import Any
 
 from ..http import BodyCopy, Headers, Request, Response, begin
 from ..policy import Policy
 from ..routes import KnownRoute, Routes
 from ..store import AsyncRedisStore
+from ._asgi_messages import (
+    ASGIApp,
+    Message,
+    Receive,
+    ReplayReceive,
+    Scope,
+    Send,
+    head_of,
+    read_body,
+    respond,
+)
 from ._async_driver import AsyncDriver
-from ._lifecycle import Lifecycle
+from ._lifecycle import Lifecycle, State
 
-__all__ = ["IdempotencyMiddleware"]
-
-# ASGI types, defined here as in starlette.types so idemkey imports no framework.
-Scope = MutableMapping[str, Any]
-Message = MutableMapping[str, Any]
-Receive = Callable[[], Awaitable[Message]]
-Send = Callable[[Message], Awaitable[None]]
-ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
-
-
-async def _respond(send: Send, response: Response) -> None:
-    headers = [(n.encode("latin-1"), v.encode("latin-1")) for n, v in response.headers]
-    await send({"type": "http.response.start", "status": response.status, "headers": headers})
-    await send({"type": "http.response.body", "body": response.body, "more_body": False})
-
-
-async def _read_body(receive: Receive, limit: int) -> bytes | None:
-    """The request body, stopping once it is over ``limit``; None if the client went away."""
-    chunks: list[bytes] = []
-    size = 0
-    while size <= limit:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            return None
-        chunk = message.get("body", b"")
-        chunks.append(chunk)
-        size += len(chunk)
-        if not message.get("more_body", False):
-            break
-    return b"".join(chunks)
+__all__ = ["ASGIApp", "IdempotencyMiddleware", "Message", "Receive", "Scope", "Send"]
 
 
 class IdempotencyMiddleware:
@@ -103,76 +86,57 @@ class IdempotencyMiddleware:
             await self.app(scope, receive, send)
             return
         if isinstance(step, Response):
-            await _respond(send, step)
+            await respond(send, step)
             return
         lifecycle = Lifecycle(step)
         answer = lifecycle.announced()
         if answer is not None:
-            await _respond(send, answer)
+            await respond(send, answer)
             return
-        body = await _read_body(receive, policy.max_request_bytes)
+        body = await read_body(receive, policy.max_request_bytes)
         if body is None:  # the client left before sending its request: nothing was claimed
             lifecycle.client_left()
             return
         answer = lifecycle.received(body) or await self.driver.claim(lifecycle)
         if answer is not None:
-            await _respond(send, answer)
+            await respond(send, answer)
             return
-        replay = _Replay(body, receive)
         if lifecycle.unprotected:  # Redis is down and the policy says run unprotected
-            await self.app(scope, replay.receive, send)
+            await self.app(scope, ReplayReceive(body, receive), send)
             return
         tee = _Tee(self.driver, lifecycle, send)
         try:
-            await self.app(scope, replay.receive, tee.send)
+            await self.app(scope, ReplayReceive(body, receive), tee.send)
         finally:
             if not tee.finished:  # the app raised, was cancelled, or returned mid-response
                 await self.driver.fail(lifecycle, "the app did not finish its response")
-
-
-class _Replay:
-    """``receive`` for the app: the body already read, in one message, then the real channel
-    (so ``http.disconnect`` still reaches the app)."""
-
-    __slots__ = ("body", "real")
-
-    def __init__(self, body: bytes, real: Receive) -> None:
-        self.body: bytes | None = body
-        self.real = real
-
-    async def receive(self) -> Message:
-        body = self.body
-        if body is None:
-            return await self.real()
-        self.body = None
-        return {"type": "http.request", "body": body, "more_body": False}
 
 
 class _Tee:
     """``send`` for the app: forwards every message while a bounded copy is kept, and settles
     the record once the final body message has been sent."""
 
-    __slots__ = ("copy", "driver", "finished", "headers", "lifecycle", "real", "status")
+    __slots__ = ("copy", "driver", "finished", "lifecycle", "real")
 
     def __init__(self, driver: AsyncDriver, lifecycle: Lifecycle, real: Send) -> None:
         self.driver, self.lifecycle, self.real = driver, lifecycle, real
         self.copy = BodyCopy(lifecycle.exchange.policy.max_response_bytes)
         self.finished = False
-        self.status = 0
-        self.headers: list[tuple[str, str]] = []
 
     async def send(self, message: Message) -> None:
-        if self.finished:  # after the final message: the server's business alone
-            await self.real(message)
-            return
         kind = message["type"]
-        if kind == "http.response.start":
-            self.status = message["status"]
-            self.headers = [
-                (n.decode("latin-1"), v.decode("latin-1")) for n, v in message.get("headers", ())
-            ]
-            self.copy.start(self.headers)
-        elif kind == "http.response.body":
+        lifecycle = self.lifecycle
+        if kind == "http.response.start" and lifecycle.state is State.RUNNING:
+            message, status, headers = head_of(message)
+            await self.real(message)
+            # Sent: from here on the client may hold the answer, so the key is never released.
+            lifecycle.started(status, headers)
+            self.copy.start(headers or ())
+            return
+        if self.finished or lifecycle.state is not State.SENDING:
+            await self.real(message)  # not ours to keep: the server judges it
+            return
+        if kind == "http.response.body":
             self.finished = not message.get("more_body", False)
             self.copy.add(message.get("body", b""))
         elif kind == "http.response.pathsend":
@@ -187,5 +151,4 @@ class _Tee:
         try:
             await self.real(message)
         finally:
-            self.lifecycle.started(self.status, self.headers)
-            await self.driver.finish(self.lifecycle, self.copy.body())
+            await self.driver.finish(lifecycle, self.copy.body())

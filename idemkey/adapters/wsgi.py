@@ -9,7 +9,9 @@ A ``ProxyFix``-shaped wrapper that only moves bytes: the order of the steps is t
 and handed to the app in a ``BytesIO``. Body chunks go to the server as the app yields them,
 while a copy of at most ``max_response_bytes`` is kept for the record. The record completes
 when the app's iterable is exhausted, or, if the server closes it early (the client went
-away), after the rest has been drained, because the handler's work is done either way.
+away), after the rest has been drained, because the handler's work is done either way. The
+drain is bounded: it stops past ``max_response_bytes`` or after :data:`DRAIN_SECONDS`, and the
+record then completes without its body, so a worker is never held by a client that left.
 
 A WSGI app streams by yielding several blocks without a ``Content-Length``; such a response,
 like one over ``max_response_bytes``, is stored without its body (``body_kept=False``). While
@@ -21,7 +23,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
 from http import HTTPStatus
-from typing import TYPE_CHECKING, Any
+from time import monotonic
+from typing import TYPE_CHECKING, Any, Final
 
 from ..http import BodyCopy, Response, begin
 from ..routes import KnownRoute, Routes
@@ -35,7 +38,11 @@ if TYPE_CHECKING:
     from ..policy import Policy
     from ..store import RedisStore
 
-__all__ = ["EnvironHeaders", "IdempotencyMiddleware"]
+__all__ = ["DRAIN_SECONDS", "EnvironHeaders", "IdempotencyMiddleware"]
+
+#: How long the middleware keeps pulling an app's body after the server closed it early (the
+#: client left), measured between blocks: a sync worker serves nobody else meanwhile.
+DRAIN_SECONDS: Final = 1.0
 
 
 def send(start_response: StartResponse, response: Response) -> list[bytes]:
@@ -158,14 +165,17 @@ class _Tee:
         self.driver.finish(self.lifecycle, self.copy.body())
 
     def close(self) -> None:
-        """The server is done with us: if it stopped early, drain the app (bounded), then
-        complete, because the handler's work is done; always close the app's iterable."""
+        """The server is done with us: if it stopped early, drain the app (bounded in bytes
+        and time), then complete, because the handler's work is done; always close the app's
+        iterable."""
         try:
             if not self.settled:
+                deadline = monotonic() + DRAIN_SECONDS
                 try:
                     for _ in self:
-                        if self.copy.too_large:
-                            break  # over the limit: stop pulling, complete without the body
+                        if self.copy.too_large or monotonic() > deadline:
+                            self.copy.drop()  # stop pulling: complete without the body
+                            break
                     self.finish()
                 except Exception:
                     pass  # __next__ released the key; the server is gone, nobody to tell

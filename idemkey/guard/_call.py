@@ -172,6 +172,8 @@ class GuardState(Generic[T]):
         if policy is None or policy is store_policy:
             self.policy = store_policy
         else:
+            if not isinstance(policy, Policy):
+                raise ConfigurationError(f"policy must be a Policy, got {type(policy).__name__}")
             check_guard_policy(policy, store_policy)
             self.policy = policy
         self.key = key
