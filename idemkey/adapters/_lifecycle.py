@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Final
 
 from .._core import Claimed, Decision, new_owner
 from ..errors import ProtocolError
-from ..http import Complete, Release, content_length, problem
+from ..http import Complete, Release, content_length, render
 
 if TYPE_CHECKING:
     from ..errors import StoreError
@@ -123,7 +123,7 @@ class Lifecycle:
         if declared is not None and len(body) < declared:
             self._step("reject")
             detail = f"the body ended after {len(body)} of {declared} bytes"
-            return problem(400, "incomplete_body", detail)
+            return render(exchange.policy, 400, "incomplete_body", detail)
         self._fingerprint = exchange.fingerprint(body)
         self._step("receive")
         return None

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from ..http import BodyCopy, Headers, Request, Response, begin
 from ..policy import Policy
+from ..routes import KnownRoute, Routes
 from ..store import AsyncRedisStore
 from ._asgi_messages import (
     ASGIApp,
@@ -44,22 +45,43 @@ class IdempotencyMiddleware:
     """Run each keyed request once; answer retries with the stored response.
 
     ``store`` is an :class:`~idemkey.AsyncRedisStore`; ``policy`` defaults to the store's.
-    Websocket and lifespan scopes, and methods outside ``policy.methods``, pass straight through.
+    ``routes`` (:class:`~idemkey.routes.Routes`) chooses the guarded paths and their options;
+    without it every path is guarded for ``policy.methods``. Websocket and lifespan scopes, and
+    requests that are not guarded, pass straight through: no Redis call, no body read.
     """
 
-    def __init__(self, app: ASGIApp, store: AsyncRedisStore, policy: Policy | None = None) -> None:
+    def __init__(
+        self,
+        app: ASGIApp,
+        store: AsyncRedisStore,
+        policy: Policy | None = None,
+        *,
+        routes: Routes | KnownRoute | None = None,
+    ) -> None:
         self.app = app
         self.store = store
         self.policy = policy if policy is not None else store.policy
+        self.routes = routes.bind(self.policy) if routes is not None else None
         self.driver = AsyncDriver(store)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["method"] not in self.policy.methods:
+        if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        if self.routes is None:
+            policy, route = self.policy, ""
+            if scope["method"] not in policy.methods:
+                await self.app(scope, receive, send)
+                return
+        else:
+            selected = self.routes.select(scope["method"], scope["path"])
+            if selected is None:
+                await self.app(scope, receive, send)
+                return
+            policy, route = selected.policy, selected.route
         headers = Headers((n.decode("latin-1"), v.decode("latin-1")) for n, v in scope["headers"])
         query = scope.get("query_string", b"").decode("latin-1")
-        step = begin(self.policy, Request(scope["method"], scope["path"], query, headers))
+        step = begin(policy, Request(scope["method"], scope["path"], query, headers, route))
         if step is None:
             await self.app(scope, receive, send)
             return
@@ -71,7 +93,7 @@ class IdempotencyMiddleware:
         if answer is not None:
             await respond(send, answer)
             return
-        body = await read_body(receive, self.policy.max_request_bytes)
+        body = await read_body(receive, policy.max_request_bytes)
         if body is None:  # the client left before sending its request: nothing was claimed
             lifecycle.client_left()
             return

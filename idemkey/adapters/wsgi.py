@@ -27,6 +27,7 @@ from time import monotonic
 from typing import TYPE_CHECKING, Any, Final
 
 from ..http import BodyCopy, Response, begin
+from ..routes import KnownRoute, Routes
 from ._environ import EnvironHeaders, read_body, request_of
 from ._lifecycle import Lifecycle
 from ._sync_driver import Driver
@@ -54,20 +55,40 @@ def send(start_response: StartResponse, response: Response) -> list[bytes]:
 
 
 class IdempotencyMiddleware:
-    """Guard a WSGI app with idempotency keys; ``policy`` defaults to the store's."""
+    """Guard a WSGI app with idempotency keys; ``policy`` defaults to the store's.
+
+    ``routes`` (:class:`~idemkey.routes.Routes`) chooses the guarded paths and their options;
+    without it every path is guarded for ``policy.methods``. Requests that are not guarded pass
+    straight through: no Redis call, no body read.
+    """
 
     def __init__(
-        self, app: WSGIApplication, store: RedisStore, policy: Policy | None = None
+        self,
+        app: WSGIApplication,
+        store: RedisStore,
+        policy: Policy | None = None,
+        *,
+        routes: Routes | KnownRoute | None = None,
     ) -> None:
         self.app = app
         self.store = store
         self.policy = policy if policy is not None else store.policy
+        self.routes = routes.bind(self.policy) if routes is not None else None
         self.driver = Driver(store)
 
     def __call__(self, environ: WSGIEnvironment, start_response: StartResponse) -> Iterable[bytes]:
-        if environ["REQUEST_METHOD"].upper() not in self.policy.methods:
-            return self.app(environ, start_response)  # the cheap path: nothing to look at
-        step = begin(self.policy, request_of(environ))
+        method = environ["REQUEST_METHOD"].upper()
+        if self.routes is None:
+            if method not in self.policy.methods:
+                return self.app(environ, start_response)  # the cheap path: nothing to look at
+            policy, route = self.policy, ""
+        else:
+            path = environ.get("SCRIPT_NAME", "") + environ.get("PATH_INFO", "")
+            selected = self.routes.select(method, path or "/")
+            if selected is None:
+                return self.app(environ, start_response)
+            policy, route = selected.policy, selected.route
+        step = begin(policy, request_of(environ, route))
         if step is None:
             return self.app(environ, start_response)
         if isinstance(step, Response):
