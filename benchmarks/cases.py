@@ -3,10 +3,10 @@
 Core cases (always run, and the only ones in ``--quick``):
 
 * ``redis.ping`` / ``aredis.ping``: one PING round trip, the network's unit.
-* ``floor.first`` / ``floor.replay`` (and ``afloor.*``): DESIGN.md section 8's bare floor, the
-  work any correct design must do, issued as bare ``execute_command("EVALSHA", sha, 2, ...)``
-  calls with idemkey's own Lua scripts and every argument computed in advance: claim +
-  complete for a first call, one claim for a replay.
+* ``floor.first`` / ``floor.replay`` (and ``afloor.*``): the bare floor
+  (docs/design.md#performance-targets), the work any correct design must do, issued as bare
+  ``execute_command("EVALSHA", sha, 2, ...)`` calls with idemkey's own Lua scripts and every
+  argument computed in advance: claim + complete for a first call, one claim for a replay.
 * ``guard.first`` / ``guard.replay`` (and ``aguard.*``): the same work through the public API.
 * ``cpu.guard.*`` / ``cpu.aguard.*``: the same calls against an in-process client that answers
   instantly, i.e. idemkey's own CPU per call.

@@ -5,6 +5,8 @@ Public names only; importing idemkey imports no web framework.
 
 from __future__ import annotations
 
+from importlib import metadata as _metadata
+
 from ._codec import StoredResponse
 from .errors import (
     ConfigurationError,
@@ -42,4 +44,8 @@ __all__ = [
     "idempotent",
 ]
 
-__version__ = "0.1.0"
+try:
+    # One source: the version in pyproject.toml, as the installed distribution records it.
+    __version__: str = _metadata.version("idemkey")
+except _metadata.PackageNotFoundError:  # a source tree on sys.path that was never installed
+    __version__ = "0+unknown"
