@@ -6,6 +6,7 @@
     nox -s bench -- --quick # arguments after -- go to `python -m benchmarks`
     nox -s build            # sdist + wheel, then check the wheel ships the Lua scripts
     nox -s lowest           # the oldest redis/msgspec/xxhash/flask/werkzeug pyproject allows
+    nox -s lowest_core      # the same floors, a short list of tests, a small install (CI)
     nox -s minimal          # no optional dependency: the tests that need no framework
 
 Interpreters: a version is offered only if ``pythonX.Y -c pass`` succeeds, because pyenv
@@ -59,6 +60,18 @@ FLOORED = ("redis", "msgspec", "xxhash", "flask", "werkzeug")
 # What `lowest` runs: the core and the Flask, WSGI and ASGI adapters (positional arguments
 # after -- replace this list, as .ci/run does to keep its step short).
 LOWEST_TESTS = ["tests/unit", "tests/store", "tests/adapters", "tests/test_version.py"]
+# The fast variant for CI (`lowest_core`): only what these tests import, so the fresh install
+# stays short; the floors are the same.
+LOWEST_CORE_EXTRAS = ("pytest", "pytest-asyncio", "hypothesis", "fakeredis", "httpx", "starlette")
+LOWEST_CORE_TESTS = [
+    "tests/unit",
+    "tests/store/test_scripts.py",
+    "tests/store/test_guard.py",
+    "tests/adapters/test_flask.py",
+    "tests/adapters/test_wsgi.py",
+    "tests/adapters/test_asgi.py",
+    "tests/test_version.py",
+]
 # The test extra's packages `minimal` installs: a test runner and fakeredis, no framework.
 MINIMAL_EXTRAS = ("pytest", "pytest-asyncio", "hypothesis", "fakeredis")
 # What `minimal` runs: every test that needs no framework, web server, metrics library or
@@ -157,6 +170,20 @@ def lowest(session: nox.Session) -> None:
     session.install("-e", ".[test]", *pins)
     session.run("python", "-m", "pip", "freeze", "--exclude-editable", silent=False)
     session.run("pytest", "-m", NOT_HEAVY, *(session.posargs or LOWEST_TESTS))
+
+
+@nox.session(python=CURRENT, venv_backend="venv")
+def lowest_core(session: nox.Session) -> None:
+    """The same floors with only the packages LOWEST_CORE_TESTS import (CI's step).
+
+    The full test extra takes minutes to install into a fresh venv with nothing cached; the
+    core, the Flask extension and the WSGI and ASGI middlewares need Flask, httpx, Starlette
+    (one ASGI test), fakeredis and the test runner. Positional arguments replace LOWEST_CORE_TESTS.
+    """
+    extras = _requirements(LOWEST_CORE_EXTRAS, "test")
+    session.install("-e", ".[flask]", *extras, *lowest_pins())
+    session.run("python", "-m", "pip", "freeze", "--exclude-editable", silent=False)
+    session.run("pytest", "-m", NOT_HEAVY, *(session.posargs or LOWEST_CORE_TESTS))
 
 
 @nox.session(python=CURRENT, venv_backend="venv")
