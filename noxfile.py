@@ -148,8 +148,7 @@ def lint(session: nox.Session) -> None:
 
 @nox.session(python=CURRENT)
 def typing(session: nox.Session) -> None:
-    """mypy --strict on the package, and on tests/typing/api.py (the public API as user code
-    writes it).
+    """mypy --strict on the package and on tests/typing/api.py (user code of the public API).
 
     Installs the test extra too: the package imports optional clients (valkey) whose types
     mypy must see, exactly as in .ci/run.
@@ -188,8 +187,10 @@ def lowest_core(session: nox.Session) -> None:
 
 @nox.session(python=CURRENT, venv_backend="venv")
 def minimal(session: nox.Session) -> None:
-    """The package with no optional dependency: MINIMAL_TESTS on redis, msgspec and xxhash,
-    with only pytest, pytest-asyncio, hypothesis and fakeredis from the test extra."""
+    """MINIMAL_TESTS with no optional dependency (redis, msgspec, xxhash, no framework).
+
+    From the test extra only pytest, pytest-asyncio, hypothesis and fakeredis are installed.
+    """
     session.install("-e", ".", *_requirements(MINIMAL_EXTRAS, "test"))
     ignore = [f"--ignore={path}" for path in MINIMAL_IGNORE]
     session.run("pytest", "-m", NOT_HEAVY, *ignore, *(session.posargs or MINIMAL_TESTS))
