@@ -26,16 +26,7 @@ MARKDOWN_LINK = re.compile(r"\]\(([^)\s]+)\)")
 # Files that still cite DESIGN.md or STYLE.md, owned by work in flight when docs/design.md was
 # written; each is to point at a docs/design.md section instead. Remove an entry with its fix:
 # the test fails for a file missing here and for an entry that no longer cites them.
-KNOWN_STALE = {
-    "idemkey/http.py",
-    "tests/_servers.py",
-    "tests/adapters/test_suite.py",
-    "tests/conftest.py",
-    "tests/store/test_guard.py",
-    "tests/store/test_state_machine.py",
-    "tests/test_packaging.py",
-    "tests/unit/test_http.py",
-}
+KNOWN_STALE: set[str] = set()
 
 
 def slug(heading: str) -> str:
