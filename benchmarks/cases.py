@@ -3,10 +3,10 @@
 Core cases (always run, and the only ones in ``--quick``):
 
 * ``redis.ping`` / ``aredis.ping``: one PING round trip, the network's unit.
-* ``floor.first`` / ``floor.replay`` (and ``afloor.*``): DESIGN.md section 8's bare floor, the
-  work any correct design must do, issued as bare ``execute_command("EVALSHA", sha, 2, ...)``
-  calls with idemkey's own Lua scripts and every argument computed in advance: claim +
-  complete for a first call, one claim for a replay.
+* ``floor.first`` / ``floor.replay`` (and ``afloor.*``): the bare floor
+  (docs/design.md#performance-targets), the work any correct design must do, issued as bare
+  ``execute_command("EVALSHA", sha, 2, ...)`` calls with idemkey's own Lua scripts and every
+  argument computed in advance: claim + complete for a first call, one claim for a replay.
 * ``guard.first`` / ``guard.replay`` (and ``aguard.*``): the same work through the public API.
 * ``floor.steps3`` / ``guard.steps3``: a first call with three recovery points (``call.step``):
   the bare floor is claim + 3 checkpoint EVALSHAs + complete, i.e. one round trip per step.

@@ -6,6 +6,8 @@ store's methods take and return, for custom integrations, are in :mod:`idemkey.r
 
 from __future__ import annotations
 
+from importlib import metadata as _metadata
+
 from ._codec import StoredResponse
 from .errors import (
     ConfigurationError,
@@ -22,7 +24,7 @@ from .errors import (
     UsageError,
 )
 from .events import Event
-from .guard import Call, aguard, guard, idempotent
+from .guard import Call, aguard, current_call, guard, idempotent
 from .policy import Policy, Replicas
 from .store import AsyncRedisStore, RedisStore
 
@@ -47,8 +49,13 @@ __all__ = [
     "StoredResponse",
     "UsageError",
     "aguard",
+    "current_call",
     "guard",
     "idempotent",
 ]
 
-__version__ = "0.1.0"
+try:
+    # One source: the version in pyproject.toml, as the installed distribution records it.
+    __version__: str = _metadata.version("idemkey")
+except _metadata.PackageNotFoundError:  # a source tree on sys.path that was never installed
+    __version__ = "0+unknown"

@@ -12,6 +12,7 @@
     ├── UsageError               the API used out of order (save() on a replayed call)
     │   └── NoResultError        ``call.result`` with no result (also an AttributeError)
     ├── ConfigurationError       a Policy, client or argument that cannot work
+    ├── ProtocolError            an integration called the HTTP exchange's steps out of order
     └── StoreError               Redis failed or answered something we cannot read
         └── RecordFormatError    a stored record is not in a format this version reads
 
@@ -29,6 +30,7 @@ __all__ = [
     "KeyReuseError",
     "LeaseLostError",
     "NoResultError",
+    "ProtocolError",
     "RecordFormatError",
     "RequestInFlightError",
     "ResultNotStorableError",
@@ -125,3 +127,16 @@ class StoreError(IdemkeyError):
 
 class RecordFormatError(StoreError):
     """A stored record was written in a format this version cannot read."""
+
+
+class ProtocolError(IdemkeyError, RuntimeError):
+    """A step of one HTTP exchange was called out of order (an integration bug, never a client's).
+
+    ``state`` is where the exchange was and ``step`` what was asked of it, as h11's
+    ``LocalProtocolError``: the exchange is unchanged, so nothing stored is lost.
+    """
+
+    def __init__(self, state: str, step: str) -> None:
+        super().__init__(f"cannot {step} an exchange that is {state}")
+        self.state = state
+        self.step = step

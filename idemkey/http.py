@@ -1,6 +1,6 @@
 """The sans-IO HTTP exchange that the Flask, WSGI and ASGI adapters share.
 
-Every HTTP decision of DESIGN.md section 4 is made here, without I/O: an adapter builds a
+Every HTTP decision of docs/design.md#http-decisions is made here, without I/O: an adapter builds a
 :class:`Request`, asks :func:`begin` what to do, reads the body, fingerprints it, sends the claim
 through its store, asks the :class:`Exchange` what the decision means, runs the app, and asks
 what to do with its answer. Adapters only move bytes and call the store.
@@ -38,8 +38,10 @@ from ._core import (
     record_for,
     retry_after_seconds,
 )
+from ._switch import switch
 from .errors import ConfigurationError, InvalidKeyError, RecordFormatError, StoreError
-from .events import EventKind, report
+from .events import EventKind, logger, report
+from .routes import ROUTE_UNKNOWN
 
 if TYPE_CHECKING:
     from .policy import Policy
@@ -51,11 +53,13 @@ __all__ = [
     "Complete",
     "Exchange",
     "Headers",
+    "Problem",
     "Release",
     "Request",
     "Response",
     "begin",
     "problem",
+    "render",
 ]
 
 REPLAYED_HEADER: Final = "Idempotent-Replayed"
@@ -112,8 +116,10 @@ class Headers(Mapping[str, str]):
 class Request:
     """What idemkey sees of a request; ``Policy.scope`` receives it.
 
-    ``route`` is the route template when the framework knows it (Flask's ``/charges/<id>``),
-    else the path. ``query`` is the raw query string, without ``?``.
+    ``route`` is the route template when the framework or the middleware's routes know it
+    (Flask's ``/charges/<id>``), else empty: the record then uses the path, and events the
+    fixed label :data:`idemkey.routes.ROUTE_UNKNOWN` (a concrete path is an unbounded label).
+    ``query`` is the raw query string, without ``?``.
     """
 
     method: str
@@ -187,24 +193,71 @@ def problem(
     )
 
 
+@dataclass(frozen=True, slots=True)
+class Problem:
+    """An answer idemkey gives on its own (400, 409, 413, 422, 503), before it is rendered.
+
+    ``Policy.render_problem`` receives it and returns ``(content_type, body)``; the status and
+    the headers (``Retry-After`` on 409 and 503) stay idemkey's, so clients keep their retry
+    logic whatever the body looks like. ``code`` is stable (``missing_key``, ``invalid_key``,
+    ``key_reused``, ``in_flight``, ``request_too_large``, ``incomplete_body``,
+    ``store_unavailable``, ``record_unreadable``); ``retry_after`` is in whole seconds.
+    """
+
+    status: int
+    code: str
+    title: str
+    detail: str
+    retry_after: int | None = None
+
+
+def render(
+    policy: Policy, status: int, code: str, detail: str, headers: Iterable[tuple[str, str]] = ()
+) -> Response:
+    """The problem response in ``policy``'s format: RFC 9457 unless ``render_problem`` is set.
+
+    A renderer that raises or returns something else than ``(str, bytes)`` is logged and the
+    RFC 9457 body is sent instead: a bad hook never turns a 409 into a 500.
+    """
+    renderer = policy.render_problem
+    if renderer is None:
+        return problem(status, code, detail, headers)
+    extra = list(headers)
+    retry = next((v for n, v in extra if n.lower() == "retry-after"), None)
+    described = Problem(
+        status, code, _TITLES.get(code, code), detail, int(retry) if retry else None
+    )
+    try:
+        content_type, body = renderer(described)
+        if not isinstance(content_type, str) or not isinstance(body, bytes):
+            raise TypeError(f"expected (str, bytes), got ({content_type!r}, {type(body)!r})")
+        content_type.encode("latin-1")  # a header value: refuse what no server can send
+    except Exception:
+        logger.exception("idemkey Policy.render_problem failed; answering RFC 9457 instead")
+        return problem(status, code, detail, extra)
+    fields = [("Content-Type", content_type), ("Content-Length", str(len(body))), *extra]
+    return Response(status, fields, body)
+
+
 def begin(policy: Policy, request: Request) -> Exchange | Response | None:
     """First look at a request: ``None`` passes it through, a ``Response`` rejects it.
 
-    Otherwise the :class:`Exchange` that guards it. Cheap: no body, no I/O.
+    Otherwise the :class:`Exchange` that guards it. Cheap: no body, no I/O. While
+    :func:`idemkey.testing.disabled` is active, always ``None``.
     """
-    if request.method not in policy.methods:
+    if request.method not in policy.methods or switch.disabled:
         return None
     values = request.headers.get_all(policy.header)
     if not values:
         if not policy.require_key:
             return None
-        return problem(400, "missing_key", f"{policy.header} is required for this request")
+        return render(policy, 400, "missing_key", f"{policy.header} is required for this request")
     if len(values) > 1:
-        return problem(400, "invalid_key", f"send exactly one {policy.header} field line")
+        return render(policy, 400, "invalid_key", f"send exactly one {policy.header} field line")
     try:
         key = parse_key(values[0], strict=policy.strict_header)
     except InvalidKeyError as exc:
-        return problem(400, "invalid_key", exc.reason)
+        return render(policy, 400, "invalid_key", exc.reason)
     scope = policy.scope(request)
     if not isinstance(scope, str):
         raise ConfigurationError(f"Policy.scope must return a str, got {type(scope).__name__}")
@@ -234,7 +287,8 @@ class Exchange:
     def too_large_response(self) -> Response:
         self.notify("too_large", detail="request body over max_request_bytes")
         limit = self.policy.max_request_bytes
-        return problem(413, "request_too_large", f"keyed requests may carry at most {limit} bytes")
+        detail = f"keyed requests may carry at most {limit} bytes"
+        return render(self.policy, 413, "request_too_large", detail)
 
     def fingerprint(self, body: bytes) -> str:
         request = self.request
@@ -248,7 +302,8 @@ class Exchange:
             return None
         self.notify("store_error", detail=str(exc))
         retry = str(retry_after_seconds(self.policy.store_error_retry_after))
-        return problem(
+        return render(
+            self.policy,
             503,
             "store_unavailable",
             "the idempotency store is unavailable; retry with the same key",
@@ -277,7 +332,8 @@ class Exchange:
         if kind is Mismatch:
             self.notify("mismatch", seconds=seconds)
             status = self.policy.mismatch_status
-            return problem(
+            return render(
+                self.policy,
                 status,
                 "key_reused",
                 "this key was already used with a different request; use a new key",
@@ -287,7 +343,8 @@ class Exchange:
         # The lease bounds how long the first request can hold the key, but it usually ends
         # much sooner: tell clients to come back in a second, not in a lease.
         retry = str(retry_after_seconds(min(decision.retry_after, 1.0)))
-        return problem(
+        return render(
+            self.policy,
             409,
             "in_flight",
             "a request with this key is still being processed; retry later",
@@ -299,7 +356,7 @@ class Exchange:
             response = decode_response(stored)
         except RecordFormatError as exc:
             self.notify("store_error", detail=str(exc))
-            return problem(503, "record_unreadable", str(exc), [("Retry-After", "1")])
+            return render(self.policy, 503, "record_unreadable", str(exc), [("Retry-After", "1")])
         self.notify("replayed", seconds=seconds)
         # Content-Length is recomputed: the stored body may have been left out on purpose.
         headers = [(n, v) for n, v in response.headers if n.lower() != "content-length"]
@@ -360,7 +417,8 @@ class Exchange:
         seconds: float | None = None,
     ) -> None:
         request = self.request
-        route = request.route or request.path
+        # The template, never the concrete path: a metric label must stay bounded.
+        route = request.route or ROUTE_UNKNOWN
         hook = self.policy.on_event
         report(hook, kind, self.record, self._scope, request.method, route, fence, detail, seconds)
 

@@ -17,7 +17,7 @@ from .errors import ConfigurationError
 
 if TYPE_CHECKING:
     from .events import Event
-    from .http import Request
+    from .http import Problem, Request
 
 __all__ = [
     "DEFAULT_HEADER_DENYLIST",
@@ -140,6 +140,12 @@ class Policy:
     durability: Replicas | None = None
     #: Called with every :class:`idemkey.events.Event`; exceptions in it are logged, not raised.
     on_event: Callable[[Event], None] | None = field(default=None, compare=False)
+    #: Renders idemkey's own answers (400, 409, 413, 422, 503) in your API's error format:
+    #: called with an :class:`idemkey.http.Problem`, returns ``(content_type, body)``. The status
+    #: and ``Retry-After`` stay idemkey's. None (default): RFC 9457 ``application/problem+json``.
+    render_problem: Callable[[Problem], tuple[str, bytes]] | None = field(
+        default=None, compare=False
+    )
     #: ``lease`` and ``ttl`` in whole milliseconds, as the scripts take them (derived, computed
     #: once here rather than on every call).
     lease_ms: int = field(init=False, repr=False, compare=False)

@@ -26,6 +26,7 @@ PAIRS: list[tuple[str, str]] = [
     ("idemkey/store/_async_store.py", "idemkey/store/_sync_store.py"),
     ("idemkey/guard/_async_guard.py", "idemkey/guard/_sync_guard.py"),
     ("idemkey/guard/_async_steps.py", "idemkey/guard/_sync_steps.py"),
+    ("idemkey/adapters/_async_driver.py", "idemkey/adapters/_sync_driver.py"),
 ]
 
 #: (regex, replacement), applied in order to every line. Each regex is anchored on word

@@ -22,51 +22,39 @@ defaults) with the ``IDEMKEY_*`` keys applied. Everything per app lives in
 :class:`~idemkey.http.Exchange`; ``g.idemkey.claim.fence`` is the fencing token), so one
 ``Idemkey`` serves any number of apps in one process.
 
-The record's route is the URL rule template (``/charges/<int:id>``). The view's answer, as
-``make_response`` builds it, is what is stored; ``after_request`` hooks run on first answers
-and replays alike. A streamed response (``response.is_streamed``) passes through and the record
-completes without its body when the view returns. A view that raises releases the key.
+The record's route is the URL rule template (``/charges/<int:id>``). The body is read and
+checked as the WSGI middleware does. The view's answer, as ``make_response`` builds it, is
+stored; ``after_request`` hooks run on first answers and replays alike. A streamed response
+passes through and completes without its body. A view that raises releases the key.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar, overload
 
-import redis
 from flask import current_app, g, request
-from werkzeug.exceptions import HTTPException, RequestEntityTooLarge
+from werkzeug.exceptions import HTTPException
 
 from ..errors import ConfigurationError
 from ..http import Response, begin
-from ..policy import Policy
-from ..store import RedisStore
-from .wsgi import claim, request_of, settle
+from ._environ import read_werkzeug_body, request_of
+from ._flask_config import AppState, app_state, view_overrides
+from ._lifecycle import Lifecycle
 
 if TYPE_CHECKING:
     from flask import Flask
+    from flask import Response as FlaskResponse
     from flask.typing import ResponseReturnValue
+
+    from ..policy import Policy
+    from ..store import RedisStore
+    from ._sync_driver import Driver
 
 __all__ = ["Idemkey"]
 
 F = TypeVar("F", bound=Callable[..., Any])
-
-_FIELDS = {f.name: f for f in dataclasses.fields(Policy) if f.init}
-
-
-@dataclasses.dataclass
-class _AppState:
-    store: RedisStore
-    policy: Policy
-    views: dict[int, Policy] = dataclasses.field(default_factory=dict)
-
-    def policy_for(self, view: int, overrides: dict[str, Any]) -> Policy:
-        policy = self.views.get(view)
-        if policy is None:  # first request to this view in this app: derive once, then reuse
-            policy = self.views[view] = self.policy.replace(**overrides)
-        return policy
 
 
 class Idemkey:
@@ -85,16 +73,7 @@ class Idemkey:
 
     def init_app(self, app: Flask) -> None:
         """Configure idemkey for ``app`` from the constructor's arguments and ``app.config``."""
-        policy = self.policy or _configured(
-            self.store.policy if self.store else Policy(), app.config
-        )
-        store = self.store
-        if store is None:
-            url = app.config.get("IDEMKEY_REDIS_URL")
-            if not url:
-                raise ConfigurationError("set IDEMKEY_REDIS_URL or pass Idemkey(store=...)")
-            store = RedisStore(redis.Redis.from_url(url), policy)
-        app.extensions["idemkey"] = _AppState(store, policy)
+        app.extensions["idemkey"] = app_state(app.config, self.store, self.policy)
 
     @overload
     def idempotent(self, view: F, /) -> F: ...
@@ -106,20 +85,16 @@ class Idemkey:
         ``required`` is ``Policy.require_key``; any other keyword is a Policy field for this
         view only.
         """
-        if "required" in overrides:
-            overrides["require_key"] = overrides.pop("required")
-        unknown = set(overrides) - set(_FIELDS)
-        if unknown:
-            raise ConfigurationError(f"unknown Policy fields: {', '.join(sorted(unknown))}")
+        overrides = view_overrides(overrides)
 
         def decorate(view: F) -> F:
             @functools.wraps(view)
             def guarded(*args: Any, **kwargs: Any) -> ResponseReturnValue:
-                state: _AppState | None = current_app.extensions.get("idemkey")
+                state: AppState | None = current_app.extensions.get("idemkey")
                 if state is None:
                     raise ConfigurationError("Idemkey.init_app(app) was not called for this app")
                 policy = state.policy_for(id(guarded), overrides) if overrides else state.policy
-                return _guard(state.store, policy, view, args, kwargs)
+                return _guard(state.driver, policy, view, args, kwargs)
 
             return guarded  # type: ignore[return-value]
 
@@ -127,7 +102,7 @@ class Idemkey:
 
 
 def _guard(
-    store: RedisStore, policy: Policy, view: Callable[..., Any], args: Any, kwargs: Any
+    driver: Driver, policy: Policy, view: Callable[..., Any], args: Any, kwargs: Any
 ) -> ResponseReturnValue:
     req = request._get_current_object()  # type: ignore[attr-defined]  # one proxy lookup
     if req.method not in policy.methods:
@@ -138,43 +113,39 @@ def _guard(
         return view(*args, **kwargs)  # type: ignore[no-any-return]
     if isinstance(step, Response):
         return _respond(step)
-    length = req.content_length
-    if length is not None and step.too_large(length):
-        return _respond(step.too_large_response())
-    # Bound a chunked body's read: werkzeug stops at the maximum without raising, so read one
-    # byte more than allowed to tell "at the limit" from "over it".
-    bound = policy.max_request_bytes + 1
-    if req.max_content_length is None or req.max_content_length > bound:
-        req.max_content_length = bound
-    try:
-        body: bytes | None = req.get_data(cache=True)  # the view reads these from the cache
-    except RequestEntityTooLarge:
-        body = None
-    if body is None or step.too_large(len(body)):
-        return _respond(step.too_large_response())
-    answer = claim(store, step, body)
-    if answer is None:
-        return view(*args, **kwargs)  # type: ignore[no-any-return]
-    if isinstance(answer, Response):
+    lifecycle = Lifecycle(step)
+    body = read_werkzeug_body(req, lifecycle)
+    if isinstance(body, Response):
+        return _respond(body)
+    answer = driver.claim(lifecycle)
+    if answer is not None:
         return _respond(answer)
+    if lifecycle.unprotected:
+        return view(*args, **kwargs)  # type: ignore[no-any-return]
     g.idemkey = step
     try:
-        try:
-            response = current_app.make_response(view(*args, **kwargs))
-        except HTTPException as exc:  # abort(402) is an answer too: render it as Flask would
-            rendered = current_app.handle_user_exception(exc)
-            if isinstance(rendered, HTTPException):  # no error handler: werkzeug's own page
-                rendered = rendered.get_response()
-            response = current_app.make_response(rendered)
+        response = _render(view, args, kwargs)
     except BaseException:
-        settle(store, step, None, (), None)
+        driver.fail(lifecycle, "the handler raised")
         raise
     kept: bytes | None = None
     if not response.is_streamed:
         data = response.get_data()
         kept = data if len(data) <= policy.max_response_bytes else None
-    settle(store, step, response.status_code, response.headers.to_wsgi_list(), kept)
+    lifecycle.started(response.status_code, response.headers.to_wsgi_list())
+    driver.finish(lifecycle, kept)
     return response
+
+
+def _render(view: Callable[..., Any], args: Any, kwargs: Any) -> FlaskResponse:
+    """The view's answer as ``make_response`` builds it; ``abort(402)`` is an answer too."""
+    try:
+        return current_app.make_response(view(*args, **kwargs))
+    except HTTPException as exc:  # render it as Flask would
+        rendered = current_app.handle_user_exception(exc)
+        if isinstance(rendered, HTTPException):  # no error handler: werkzeug's own page
+            rendered = rendered.get_response()
+        return current_app.make_response(rendered)
 
 
 def _respond(answer: Response) -> ResponseReturnValue:
@@ -183,13 +154,3 @@ def _respond(answer: Response) -> ResponseReturnValue:
     if not any(name.lower() == "content-type" for name, _ in headers):
         del response.headers["Content-Type"]  # exactly the stored headers: no default added
     return response
-
-
-def _configured(base: Policy, config: Any) -> Policy:
-    """``base`` with every ``IDEMKEY_<FIELD>`` config key applied."""
-    changes = {
-        name: config[key] for name in _FIELDS if (key := f"IDEMKEY_{name.upper()}") in config
-    }
-    if "methods" in changes:
-        changes["methods"] = frozenset(changes["methods"])
-    return base.replace(**changes) if changes else base

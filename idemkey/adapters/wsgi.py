@@ -4,13 +4,14 @@
 
     app.wsgi_app = IdempotencyMiddleware(app.wsgi_app, RedisStore(redis.Redis()), Policy())
 
-A ``ProxyFix``-shaped wrapper that only moves bytes; every decision is ``idemkey.http``'s. It
-reads ``wsgi.input`` up to ``CONTENT_LENGTH`` (never past it: a peer would hang), or, for a
-chunked request (``wsgi.input_terminated``), up to ``max_request_bytes + 1``, and hands the app
-the same bytes in a ``BytesIO``. Body chunks go to the server as the app yields them, while a
-copy of at most ``max_response_bytes`` is kept for the record. The record completes when the
-app's iterable is exhausted, or, if the server closes it early (the client went away), after
-the rest has been drained, because the handler's work is done either way.
+A ``ProxyFix``-shaped wrapper that only moves bytes: the order of the steps is the driver's
+(``_sync_driver``), every decision ``idemkey.http``'s. The body is read as ``_environ`` says
+and handed to the app in a ``BytesIO``. Body chunks go to the server as the app yields them,
+while a copy of at most ``max_response_bytes`` is kept for the record. The record completes
+when the app's iterable is exhausted, or, if the server closes it early (the client went
+away), after the rest has been drained, because the handler's work is done either way. The
+drain is bounded: it stops past ``max_response_bytes`` or after :data:`DRAIN_SECONDS`, and the
+record then completes without its body, so a worker is never held by a client that left.
 
 A WSGI app streams by yielding several blocks without a ``Content-Length``; such a response,
 like one over ``max_response_bytes``, is stored without its body (``body_kept=False``). While
@@ -20,25 +21,16 @@ the app runs under a claim, ``environ["idemkey.exchange"]`` is the
 
 from __future__ import annotations
 
-import io
 from collections.abc import Iterable, Iterator
 from http import HTTPStatus
-from time import perf_counter
-from typing import TYPE_CHECKING, Any
+from time import monotonic
+from typing import TYPE_CHECKING, Any, Final
 
-from .._core import Claimed
-from ..errors import StoreError
-from ..http import (
-    BodyCopy,
-    Complete,
-    Exchange,
-    Headers,
-    Request,
-    Response,
-    begin,
-    content_length,
-    problem,
-)
+from ..http import BodyCopy, Response, begin
+from ..routes import KnownRoute, Routes
+from ._environ import EnvironHeaders, read_body, request_of
+from ._lifecycle import Lifecycle
+from ._sync_driver import Driver
 
 if TYPE_CHECKING:
     from _typeshed.wsgi import StartResponse, WSGIApplication, WSGIEnvironment
@@ -46,101 +38,11 @@ if TYPE_CHECKING:
     from ..policy import Policy
     from ..store import RedisStore
 
-__all__ = ["IdempotencyMiddleware", "claim", "request_of", "settle"]
+__all__ = ["DRAIN_SECONDS", "EnvironHeaders", "IdempotencyMiddleware"]
 
-
-def claim(store: RedisStore, exchange: Exchange, body: bytes) -> Response | Claimed | None:
-    """Claim the record: Claimed (run it), a Response (replay, 409, 422, 503), None (run open)."""
-    policy = exchange.policy
-    started = perf_counter()
-    try:
-        decision = store.claim(
-            exchange.record,
-            exchange.fingerprint(body),
-            lease_ms=policy.lease_ms,
-            ttl_ms=policy.ttl_ms,
-            wait=policy.wait,
-        )
-    except StoreError as exc:
-        return exchange.store_failed(exc)
-    return exchange.decide(decision, perf_counter() - started)
-
-
-def settle(
-    store: RedisStore, exchange: Exchange, status: int | None, headers: Any, body: bytes | None
-) -> None:
-    """Complete or release after the handler; ``status`` None: it failed, release the key.
-
-    A store failure here is reported, never raised: the client still gets its real answer.
-    """
-    owner = exchange.claim.owner if exchange.claim else ""
-    plan = exchange.finish(status, headers, body) if status is not None else None
-    started = perf_counter()
-    try:
-        if isinstance(plan, Complete):
-            ttl_ms = exchange.policy.ttl_ms
-            stored = store.complete(exchange.record, owner, plan.stored, ttl_ms=ttl_ms)
-            exchange.completed(stored, perf_counter() - started)
-        else:
-            released = store.release(exchange.record, owner)
-            reason = plan.reason if plan else "the handler raised"
-            exchange.released(reason, released, perf_counter() - started)
-    except StoreError as exc:
-        exchange.notify("store_error", exchange.claim.fence if exchange.claim else None, str(exc))
-
-
-class EnvironHeaders(Headers):
-    """The request headers of a WSGI environ, read on demand: a request carries a dozen headers
-    and idemkey looks at a handful, so copying them all would be most of the adapter's work.
-    The server has already joined repeated field lines (PEP 3333): one value per name."""
-
-    __slots__ = ("_environ",)
-
-    def __init__(self, environ: WSGIEnvironment) -> None:  # no super(): nothing to copy
-        self._environ = environ
-
-    def get_all(self, name: str) -> list[str]:
-        key = _environ_key(name)
-        value = self._environ.get(key)
-        # Servers set CONTENT_TYPE/CONTENT_LENGTH to "" when the request had none; an empty
-        # HTTP_* value is a header sent empty (an empty Idempotency-Key is invalid, not missing).
-        if value is None or (not value and key in _UNPREFIXED):
-            return []
-        return [value]
-
-    def __iter__(self) -> Iterator[str]:
-        for key, value in self._environ.items():
-            if key.startswith("HTTP_"):
-                yield key[5:].replace("_", "-").lower()
-            elif key in _UNPREFIXED and value:
-                yield key.replace("_", "-").lower()
-
-    def __len__(self) -> int:
-        return sum(1 for _ in self)
-
-
-_UNPREFIXED = frozenset({"CONTENT_TYPE", "CONTENT_LENGTH"})
-_ENVIRON_KEYS: dict[str, str] = {}
-
-
-def _environ_key(name: str) -> str:
-    """``Idempotency-Key`` -> ``HTTP_IDEMPOTENCY_KEY``; Content-Type/-Length have no prefix."""
-    key = _ENVIRON_KEYS.get(name)
-    if key is None:
-        key = name.upper().replace("-", "_")
-        if key not in _UNPREFIXED:
-            key = "HTTP_" + key
-        if len(_ENVIRON_KEYS) < 256:  # header names come from code, but stay bounded anyway
-            _ENVIRON_KEYS[name] = key
-    return key
-
-
-def request_of(environ: WSGIEnvironment, route: str = "") -> Request:
-    """What idemkey sees of a WSGI request; ``route`` is the framework's template, if any."""
-    path = environ.get("SCRIPT_NAME", "") + environ.get("PATH_INFO", "")
-    query = environ.get("QUERY_STRING", "")
-    method = environ["REQUEST_METHOD"].upper()
-    return Request(method, path or "/", query, EnvironHeaders(environ), route)
+#: How long the middleware keeps pulling an app's body after the server closed it early (the
+#: client left), measured between blocks: a sync worker serves nobody else meanwhile.
+DRAIN_SECONDS: Final = 1.0
 
 
 def send(start_response: StartResponse, response: Response) -> list[bytes]:
@@ -152,63 +54,60 @@ def send(start_response: StartResponse, response: Response) -> list[bytes]:
     return [response.body]
 
 
-def read_body(environ: WSGIEnvironment, exchange: Exchange) -> bytes | Response:
-    """The request body, re-supplied to the app as BytesIO; or the problem to answer instead."""
-    stream = environ["wsgi.input"]
-    length = content_length(exchange.request.headers)
-    if length is not None:
-        if exchange.too_large(length):
-            return exchange.too_large_response()
-        want = length
-    elif environ.get("wsgi.input_terminated"):  # chunked: the server marks the end with EOF
-        want = exchange.policy.max_request_bytes + 1
-    else:
-        want = 0  # PEP 3333: no Content-Length means no body we may read
-    parts, got = [], 0
-    while got < want and (part := stream.read(want - got)):
-        parts.append(part)
-        got += len(part)
-    if exchange.too_large(got):
-        return exchange.too_large_response()
-    if length is not None and got < length:  # the client went away mid-body: never run on half
-        return problem(400, "incomplete_body", f"the body ended after {got} of {length} bytes")
-    body = b"".join(parts)
-    environ["wsgi.input"], environ["CONTENT_LENGTH"] = io.BytesIO(body), str(got)
-    return body
-
-
 class IdempotencyMiddleware:
-    """Guard a WSGI app with idempotency keys; ``policy`` defaults to the store's."""
+    """Guard a WSGI app with idempotency keys; ``policy`` defaults to the store's.
+
+    ``routes`` (:class:`~idemkey.routes.Routes`) chooses the guarded paths and their options;
+    without it every path is guarded for ``policy.methods``. Requests that are not guarded pass
+    straight through: no Redis call, no body read.
+    """
 
     def __init__(
-        self, app: WSGIApplication, store: RedisStore, policy: Policy | None = None
+        self,
+        app: WSGIApplication,
+        store: RedisStore,
+        policy: Policy | None = None,
+        *,
+        routes: Routes | KnownRoute | None = None,
     ) -> None:
         self.app = app
         self.store = store
         self.policy = policy if policy is not None else store.policy
+        self.routes = routes.bind(self.policy) if routes is not None else None
+        self.driver = Driver(store)
 
     def __call__(self, environ: WSGIEnvironment, start_response: StartResponse) -> Iterable[bytes]:
-        if environ["REQUEST_METHOD"].upper() not in self.policy.methods:
-            return self.app(environ, start_response)  # the cheap path: nothing to look at
-        step = begin(self.policy, request_of(environ))
+        method = environ["REQUEST_METHOD"].upper()
+        if self.routes is None:
+            if method not in self.policy.methods:
+                return self.app(environ, start_response)  # the cheap path: nothing to look at
+            policy, route = self.policy, ""
+        else:
+            path = environ.get("SCRIPT_NAME", "") + environ.get("PATH_INFO", "")
+            selected = self.routes.select(method, path or "/")
+            if selected is None:
+                return self.app(environ, start_response)
+            policy, route = selected.policy, selected.route
+        step = begin(policy, request_of(environ, route))
         if step is None:
             return self.app(environ, start_response)
         if isinstance(step, Response):
             return send(start_response, step)
-        body = read_body(environ, step)
+        lifecycle = Lifecycle(step)
+        body = read_body(environ, lifecycle)
         if isinstance(body, Response):
             return send(start_response, body)
-        answer = claim(self.store, step, body)
-        if answer is None:  # Redis is down and the policy says run unprotected
-            return self.app(environ, start_response)
-        if isinstance(answer, Response):
+        answer = self.driver.claim(lifecycle)
+        if answer is not None:
             return send(start_response, answer)
+        if lifecycle.unprotected:  # Redis is down and the policy says run unprotected
+            return self.app(environ, start_response)
         environ["idemkey.exchange"] = step  # the app may read its fence: .claim.fence
-        tee = _Tee(self.store, step, start_response)
+        tee = _Tee(self.driver, lifecycle, start_response)
         try:
             tee.iterable = self.app(environ, tee.start_response)
         except BaseException:
-            settle(self.store, step, None, (), None)
+            self.driver.fail(lifecycle, "the handler raised")
             raise
         return tee
 
@@ -216,13 +115,13 @@ class IdempotencyMiddleware:
 class _Tee:
     """The app's body iterable, forwarded chunk by chunk while a bounded copy is kept."""
 
-    def __init__(self, store: RedisStore, exchange: Exchange, start: StartResponse) -> None:
-        self.store, self.exchange, self.server_start_response = store, exchange, start
+    def __init__(self, driver: Driver, lifecycle: Lifecycle, start: StartResponse) -> None:
+        self.driver, self.lifecycle, self.server_start_response = driver, lifecycle, start
         self.iterable: Iterable[bytes] = ()
         self.iterator: Iterator[bytes] | None = None
         self.status: int | None = None
         self.headers: list[tuple[str, str]] = []
-        self.copy = BodyCopy(exchange.policy.max_response_bytes)
+        self.copy = BodyCopy(lifecycle.exchange.policy.max_response_bytes)
         self.settled = False
 
     def start_response(self, status: str, headers: list[tuple[str, str]], *exc_info: Any) -> Any:
@@ -257,18 +156,26 @@ class _Tee:
         if self.settled:
             return
         self.settled = True
-        status = None if failed else self.status
-        settle(self.store, self.exchange, status, self.headers, self.copy.body())
+        # WSGI lets an app replace its status until the first body byte (exc_info), and a
+        # failure mid-body releases the key: the head counts as sent once the body is done.
+        if failed or self.status is None:
+            self.driver.fail(self.lifecycle, "the handler raised")
+            return
+        self.lifecycle.started(self.status, self.headers)
+        self.driver.finish(self.lifecycle, self.copy.body())
 
     def close(self) -> None:
-        """The server is done with us: if it stopped early, drain the app (bounded), then
-        complete, because the handler's work is done; always close the app's iterable."""
+        """The server is done with us: if it stopped early, drain the app (bounded in bytes
+        and time), then complete, because the handler's work is done; always close the app's
+        iterable."""
         try:
             if not self.settled:
+                deadline = monotonic() + DRAIN_SECONDS
                 try:
                     for _ in self:
-                        if self.copy.too_large:
-                            break  # over the limit: stop pulling, complete without the body
+                        if self.copy.too_large or monotonic() > deadline:
+                            self.copy.drop()  # stop pulling: complete without the body
+                            break
                     self.finish()
                 except Exception:
                     pass  # __next__ released the key; the server is gone, nobody to tell

@@ -9,8 +9,10 @@ Metrics (``namespace`` defaults to ``idemkey``):
 
 * ``idemkey_events_total{kind, method, route}`` — a counter per event kind (claimed, replayed,
   in_flight, mismatch, completed, released, takeover, lease_lost, store_error, unprotected,
-  too_large). ``route`` is the route template (``/charges/<id>``), so its cardinality is the
-  number of guarded routes; guard() records have method ``GUARD`` and route ``""``.
+  too_large). ``route`` is the route template (``/charges/<id>``), never the concrete path,
+  so its cardinality is the number of guarded routes; a middleware guarding by method only
+  (no ``routes=``) labels every request ``<unknown>`` (``idemkey.routes.ROUTE_UNKNOWN``);
+  guard() records have method ``GUARD``.
 * ``idemkey_redis_seconds{kind}`` — a histogram of the Redis time an event reports
   (``Event.redis_seconds``: the claim behind claimed/replayed/in_flight/mismatch/takeover, the
   complete or release behind completed/released).

@@ -6,6 +6,7 @@ Both guards (``_async_guard``, and ``_sync_guard`` generated from it) build on
 
 from __future__ import annotations
 
+import contextvars
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Final, Generic, TypeVar, cast
 
@@ -38,7 +39,7 @@ if TYPE_CHECKING:
     from ._async_steps import AsyncSteps
     from ._sync_steps import Steps
 
-__all__ = ["GUARD_METHOD", "Call", "GuardState"]
+__all__ = ["GUARD_METHOD", "Call", "GuardState", "current_call"]
 
 T = TypeVar("T")
 GUARD_METHOD = "GUARD"  # the record's "method" for guards: never equal to an HTTP method's record
@@ -89,7 +90,17 @@ def check_guard_policy(policy: Policy, store_policy: Policy) -> None:
 class Call(Generic[T]):
     """What a guard yields: either a replay of the stored result, or a claim to do the work."""
 
-    __slots__ = ("_key", "_result", "_saved", "_steps", "fence", "replayed", "takeover")
+    __slots__ = (
+        "_key",
+        "_result",
+        "_saved",
+        "_steps",
+        "fence",
+        "record",
+        "replayed",
+        "takeover",
+        "ttl_ms",
+    )
 
     def __init__(
         self,
@@ -99,9 +110,15 @@ class Call(Generic[T]):
         fence: int | None = None,
         takeover: bool = False,
         key: str = "",
+        record: Record | None = None,
+        ttl_ms: int | None = None,
     ) -> None:
         self._key = key
         self.replayed = replayed
+        #: The claimed record's names; its ``digest`` names it in SQL (``contrib.sqlalchemy``).
+        self.record = record
+        #: The record's retention, milliseconds.
+        self.ttl_ms = ttl_ms
         #: Fencing token: grows with every takeover; pass it to downstream writes.
         self.fence = fence
         #: True when this claim took over from an executor whose lease lapsed.
@@ -168,6 +185,24 @@ class Call(Generic[T]):
         self._result = value
 
 
+_CURRENT: contextvars.ContextVar[Call[Any] | None] = contextvars.ContextVar(
+    "idemkey_current_call", default=None
+)
+
+
+def current_call() -> Call[Any]:
+    """The claimed call whose block (or ``@idempotent`` function) runs in this context.
+
+    For code that is not handed the call, such as a function under ``@idempotent`` that fences
+    its transaction (``idemkey.contrib.sqlalchemy.fenced(session, current_call())``). Raises
+    ``LookupError`` outside a claimed block.
+    """
+    call = _CURRENT.get()
+    if call is None:
+        raise LookupError("no claimed idemkey call is running in this context")
+    return call
+
+
 class GuardState(Generic[T]):
     """The I/O-free part of a guard: which record, which fingerprint, what a decision means."""
 
@@ -188,6 +223,8 @@ class GuardState(Generic[T]):
         if policy is None or policy is store_policy:
             self.policy = store_policy
         else:
+            if not isinstance(policy, Policy):
+                raise ConfigurationError(f"policy must be a Policy, got {type(policy).__name__}")
             check_guard_policy(policy, store_policy)
             self.policy = policy
         self.key = key
@@ -200,6 +237,7 @@ class GuardState(Generic[T]):
         self.result_type = result_type
         self.claim: Claimed | None = None
         self.call: Call[T] | None = None
+        self._current: contextvars.Token[Call[Any] | None] | None = None
 
     def enter(self, decision: Decision, seconds: float) -> Call[T]:
         """The Call for a claim or a replay; raises for a mismatch or a request in flight."""
@@ -209,8 +247,14 @@ class GuardState(Generic[T]):
             self.claim = claim
             self.notify("takeover" if claim.takeover else "claimed", claim.fence, seconds=seconds)
             self.call = Call(
-                replayed=False, fence=claim.fence, takeover=claim.takeover, key=self.key
+                replayed=False,
+                fence=claim.fence,
+                takeover=claim.takeover,
+                key=self.key,
+                record=self.record,
+                ttl_ms=self.policy.ttl_ms,
             )
+            self._current = _CURRENT.set(self.call)
             return self.call
         if kind is Replay:
             response = cast(Replay, decision).response
@@ -245,6 +289,10 @@ class GuardState(Generic[T]):
             self.call._steps.book.close()
 
     def saved(self) -> bytes | None:
+        """The saved result, if any; the block is left, so it is no longer the current call."""
+        if self._current is not None:
+            _CURRENT.reset(self._current)
+            self._current = None
         return self.call._saved if self.call is not None else None
 
     def exited(

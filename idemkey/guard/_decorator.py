@@ -72,6 +72,9 @@ def idempotent(
     when you rename or move a function whose records must still be replayed.
     """
 
+    if not callable(key) or (payload is not None and not callable(payload)):
+        raise ConfigurationError("key= and payload= take functions of the call's arguments")
+
     def decorate(func: F) -> F:
         signature = inspect.signature(func)
         leave_out = _bound_receiver(signature)

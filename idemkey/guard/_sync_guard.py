@@ -12,10 +12,10 @@ from types import TracebackType
 from typing import Any, TypeVar, overload
 
 from .._core import new_owner
-from ..errors import StoreError
+from ..errors import ConfigurationError, StoreError
 from ..policy import Policy
 from ..store import RedisStore
-from ..store._sync_runtime import release_if_cancelled, uncancellable
+from ..store._sync_runtime import Cancelled, detach
 from ._sync_steps import Steps
 from ._call import Call, GuardState
 
@@ -37,25 +37,32 @@ class Guard(GuardState[T]):
         result_type: Any,
         name: str = "",
     ) -> None:
+        if not isinstance(store, RedisStore):
+            raise ConfigurationError(
+                f"guard() needs an RedisStore, got {type(store).__name__}"
+            )
         super().__init__(key, payload, scope, policy, result_type, store.policy, name)
         self.store = store
 
     def __enter__(self) -> Call[T]:
         policy, started, owner = self.policy, perf_counter(), new_owner()
         try:
-            decision = release_if_cancelled(
-                self.store.claim(
-                    self.record,
-                    self.fingerprint,
-                    owner=owner,
-                    lease_ms=policy.lease_ms,
-                    ttl_ms=policy.ttl_ms,
-                    wait=policy.wait,
-                ),
-                lambda: self.store.release(self.record, owner),
+            decision = self.store.claim(
+                self.record,
+                self.fingerprint,
+                owner=owner,
+                lease_ms=policy.lease_ms,
+                ttl_ms=policy.ttl_ms,
+                wait=policy.wait,
             )
         except StoreError as error:
             call = self.claim_failed(error)
+        except Cancelled:
+            # Redis may have applied the claim before the cancel cut off its reply: free it, or
+            # every retry would get RequestInFlightError until the lease lapsed. Not ours
+            # (never claimed): the release script changes nothing.
+            detach(self.store.release(self.record, owner))
+            raise
         else:
             call = self.enter(decision, perf_counter() - started)
         if not call.replayed:
@@ -74,12 +81,16 @@ class Guard(GuardState[T]):
             return
         owner = claim.owner
         try:
-            # The caller may go away (a cancelled task) while this is on its way: the write is
-            # finished all the same, or a retry would run the work again after the lease.
-            done = uncancellable(lambda: self._settle(owner, saved))
+            done = self._settle(owner, saved)
         except StoreError as error:
             self.store_failed(error, exc)
             return
+        except Cancelled:
+            # The caller went away (a cancelled task) while this was on its way: finish the
+            # write all the same, or a retry would run the work again after the lease. Safe:
+            # both scripts answer the same when sent twice with one owner.
+            detach(self._settle(owner, saved))
+            raise
         self.exited(done, saved is not None, exc, perf_counter() - started)
 
     def _settle(self, owner: str, saved: bytes | None) -> bool:

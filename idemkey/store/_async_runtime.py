@@ -2,7 +2,7 @@
 
 Generated sync files import ``_sync_runtime`` where their async source imports this module
 (scripts/unasync.py maps ``_async_<name>`` to ``_sync_<name>``), so both must export the same
-names: ``sleep``, ``detach``, ``uncancellable``, ``release_if_cancelled``, ``discover`` and
+names: ``Cancelled``, ``sleep``, ``detach``, ``uncancellable``, ``discover`` and
 ``send_with_wait``.
 """
 
@@ -17,9 +17,9 @@ from ..events import logger
 from ..policy import Replicas
 
 __all__ = [
+    "Cancelled",
     "detach",
     "discover",
-    "release_if_cancelled",
     "send_with_wait",
     "sleep",
     "uncancellable",
@@ -28,6 +28,9 @@ __all__ = [
 T = TypeVar("T")
 
 sleep = asyncio.sleep
+#: What a cancelled task gets at its await: the write it was waiting on may or may not have
+#: been applied, so ``except Cancelled`` clauses finish or undo it with :func:`detach`.
+Cancelled = asyncio.CancelledError
 
 # Writes that a cancellation cut off, finished in their own task; held here because the event
 # loop keeps only weak references to tasks.
@@ -59,22 +62,6 @@ async def uncancellable(write: Callable[[], Coroutine[Any, Any, T]]) -> T:
         return await write()
     except asyncio.CancelledError:
         detach(write())
-        raise
-
-
-async def release_if_cancelled(
-    claim: Coroutine[Any, Any, T], release: Callable[[], Coroutine[Any, Any, object]]
-) -> T:
-    """Await ``claim``; if the caller is cancelled meanwhile, run ``release()`` in a task.
-
-    Redis may have applied the claim before the cancellation cut off its reply: left alone,
-    every retry would get "in flight" until the lease lapsed. If the claim was not ours (never
-    made), the release script changes nothing.
-    """
-    try:
-        return await claim
-    except asyncio.CancelledError:
-        detach(release())
         raise
 
 

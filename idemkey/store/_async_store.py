@@ -20,6 +20,7 @@ from .._core import (
     Decision,
     InFlight,
     Record,
+    Replay,
     decode_checkpoint_reply,
     decode_claim_reply,
     new_owner,
@@ -28,7 +29,7 @@ from ..errors import StoreError
 from ..policy import Policy
 from ._async_heartbeat import AsyncHeartbeat
 from ._async_runtime import discover, send_with_wait, sleep
-from ._base import _next_delay, _retry_delay, _slot_moving
+from ._base import AsyncEffects, _next_delay, _retry_delay, _slot_moving
 from ._durable import _DONE, _DURABLE, _LOAD_SCRIPT, _REDIRECTED, _UNCONFIRMED, _durable_outcome
 from ._server_check import _CONFIG_NAMES, _config_pairs, _info_settings, _report, server_warnings
 
@@ -43,8 +44,12 @@ class AsyncRedisStore(AsyncHeartbeat):
     it. ``policy`` gives the default lease, retention and prefix for callers that pass none.
     """
 
-    def __init__(self, client: Any, policy: Policy | None = None) -> None:
+    def __init__(
+        self, client: Any, policy: Policy | None = None, *, effects: AsyncEffects | None = None
+    ) -> None:
         super().__init__(client, policy)
+        #: Where committed results are found again (``idemkey.contrib.sqlalchemy``), or None.
+        self.effects = effects
         if self.policy.durability is not None:
             # Only with durability on: the plain _eval (the hot path) stays exactly as it is.
             self._eval = self._eval_durable  # type: ignore[method-assign]
@@ -140,7 +145,22 @@ class AsyncRedisStore(AsyncHeartbeat):
                 decision = decode_claim_reply(await self._eval("claim", *args), owner)
         if heartbeat and type(decision) is Claimed:
             self._watch(record, owner, lease_ms)
+        if self.effects is not None and isinstance(decision, Claimed) and decision.fence > 1:
+            # Not the key's first claim: a fenced transaction may have committed already.
+            return await self._recover(record, decision, ttl_ms)
         return decision
+
+    async def _recover(self, record: Record, claim: Claimed, ttl_ms: int) -> Decision:
+        """A committed fenced result is the answer: complete the record with it and replay."""
+        try:
+            stored = await self.effects.lookup(record) if self.effects is not None else None
+        except StoreError:
+            await self.release(record, claim.owner)  # fail closed: nothing runs unfenced
+            raise
+        if stored is None:
+            return claim
+        await self.complete(record, claim.owner, stored, ttl_ms=ttl_ms)
+        return Replay(stored)
 
     async def complete(
         self, record: Record, owner: str, response: bytes, *, ttl_ms: int | None = None

@@ -11,7 +11,10 @@ from __future__ import annotations
 
 import time
 from importlib.resources import files
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final, Protocol
+
+if TYPE_CHECKING:
+    from .._core import Record
 
 from .._core import next_poll_delay
 from .._leases import Lease, LeaseTable
@@ -20,6 +23,8 @@ from ..events import logger
 from ..policy import Policy
 
 __all__ = [
+    "AsyncEffects",
+    "Effects",
     "SCRIPTS",
     "SCRIPT_NAMES",
     "StoreBase",
@@ -40,6 +45,20 @@ SCRIPTS: Final[dict[str, str]] = {
 _IDLE_SECONDS: Final = 1.0
 
 _Errors = tuple[type[BaseException], ...]
+
+
+class Effects(Protocol):
+    """Where committed results are found again (``idemkey.contrib.sqlalchemy.Effects``)."""
+
+    def lookup(self, record: Record) -> bytes | None:
+        """The result a committed fenced transaction saved for ``record``, or None."""
+
+
+class AsyncEffects(Protocol):
+    """:class:`Effects` for :class:`AsyncRedisStore`."""
+
+    async def lookup(self, record: Record) -> bytes | None:
+        """The result a committed fenced transaction saved for ``record``, or None."""
 
 
 def _backend_errors(client: Any) -> tuple[_Errors, type[BaseException], _Errors]:

@@ -389,7 +389,7 @@ async def test_starlette_background_task_failure_keeps_the_response(
     assert len(runs) == 1
 
 
-async def test_app_raising_before_its_final_message_releases_the_key(
+async def test_app_raising_before_it_starts_its_response_releases_the_key(
     store: AsyncRedisStore,
 ) -> None:
     runs = []
@@ -397,20 +397,45 @@ async def test_app_raising_before_its_final_message_releases_the_key(
     async def app(scope: Scope, receive: Receive, send: Send) -> None:
         await receive()
         runs.append(1)
-        await send(start(200))
-        await send({"type": "http.response.body", "body": b"part", "more_body": True})
         if len(runs) == 1:
-            raise RuntimeError("stream broke")
+            raise RuntimeError("failed before answering")
+        await send(start(200))
         await send({"type": "http.response.body", "body": b"whole", "more_body": False})
 
     middleware = IdempotencyMiddleware(app, store)
-    with pytest.raises(RuntimeError, match="stream broke"):
+    with pytest.raises(RuntimeError, match="failed before answering"):
         await call(middleware)
     assert await record_state(store) is None  # released: the retry runs again
 
     retry = await call(middleware)
-    assert retry.body == b"partwhole"
+    assert retry.body == b"whole"
     assert len(runs) == 2
+
+
+async def test_app_raising_after_its_response_started_completes_without_the_body(
+    store: AsyncRedisStore,
+) -> None:
+    """The status and headers went out: the client may hold the answer and the work is done,
+    so the key is never released (issue 10, case 1); the retry gets the head, no body."""
+    runs = []
+
+    async def app(scope: Scope, receive: Receive, send: Send) -> None:
+        await receive()
+        runs.append(1)
+        await send(start(200))
+        await send({"type": "http.response.body", "body": b"part", "more_body": True})
+        raise RuntimeError("stream broke")
+
+    middleware = IdempotencyMiddleware(app, store)
+    with pytest.raises(RuntimeError, match="stream broke"):
+        await call(middleware)
+    assert await record_state(store) == "complete"
+
+    retry = await call(middleware)
+    assert (retry.status, retry.body) == (200, b"")
+    assert retry.headers["content-type"] == "application/json"
+    assert retry.headers["idempotent-body-not-kept"] == "true"
+    assert len(runs) == 1
 
 
 async def test_send_failing_on_the_final_message_still_completes(store: AsyncRedisStore) -> None:
@@ -528,7 +553,9 @@ async def test_cancelled_while_claiming_frees_a_claim_already_taken(
     await late.aclose()
 
 
-async def test_cancelled_mid_stream_releases_the_key(store: AsyncRedisStore) -> None:
+async def test_cancelled_mid_stream_completes_without_the_body(store: AsyncRedisStore) -> None:
+    """A server cancels the request when its client leaves a stream: the response had started,
+    so the record completes without its body instead of freeing the key for a second run."""
     runs, more = [], asyncio.Event()
 
     async def app(scope: Scope, receive: Receive, send: Send) -> None:
@@ -546,8 +573,30 @@ async def test_cancelled_mid_stream_releases_the_key(store: AsyncRedisStore) -> 
     with pytest.raises(asyncio.CancelledError):
         await task
 
-    await async_wait_until(state_is(store, None), DEADLINE, "the key to be released")
+    await async_wait_until(state_is(store, "complete"), DEADLINE, "the record to complete")
+    retry = await call(IdempotencyMiddleware(app, store), b"{}")
+    assert (retry.status, retry.body) == (200, b"")
+    assert retry.headers["idempotent-body-not-kept"] == "true"
     assert len(runs) == 1
+
+
+async def test_cancelled_before_the_response_started_releases_the_key(
+    store: AsyncRedisStore,
+) -> None:
+    runs, never = [], asyncio.Event()
+
+    async def app(scope: Scope, receive: Receive, send: Send) -> None:
+        await receive()
+        runs.append(1)
+        await never.wait()  # still working when the server cancels
+
+    task = asyncio.create_task(call(IdempotencyMiddleware(app, store)))
+    await async_wait_until(lambda: runs, DEADLINE, "the app to run")
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+
+    await async_wait_until(state_is(store, None), DEADLINE, "the key to be released")
 
 
 async def test_completion_failure_after_the_response_is_logged_not_raised(

@@ -1,9 +1,9 @@
 """The quick benchmark suite against the session's real Redis, with loose budgets.
 
 Not a timing test of the machine: the budgets are ratios inside one interleaved run (both
-sides share the noise) at 1.5x the design targets (DESIGN.md section 8: first call and replay
-<= 1.15x the bare floor). What it does hold exactly: a replay is one round trip and one
-EVALSHA, a first call two, and every core case is in the JSON.
+sides share the noise) at 1.5x the design targets (docs/design.md#performance-targets: first
+call and replay <= 1.15x the bare floor). What it does hold exactly: a replay is one round
+trip and one EVALSHA, a first call two, and every core case is in the JSON.
 """
 
 from __future__ import annotations
@@ -15,6 +15,9 @@ from pathlib import Path
 import pytest
 
 from benchmarks import main
+
+# Out of the default run (pyproject's addopts): `pytest -m benchmark`, a step of its own in CI.
+pytestmark = [pytest.mark.benchmark, pytest.mark.redis]
 
 CORE_CASES = {
     "redis.ping", "floor.first", "floor.replay", "guard.first", "guard.replay",

@@ -196,27 +196,31 @@ def test_demo_embedded(idemkey: CliRunner, monkeypatch: pytest.MonkeyPatch) -> N
     run = idemkey("demo")
     assert run.code == 0, run.out + run.err
     assert "store: embedded fakeredis" in run.out
-    for step in range(1, 7):
+    for step in range(1, 8):
         assert f"\n{step}. " in run.out
     assert "FAILED" not in run.out
     assert "409 in_flight, Retry-After: 1" in run.out
-    assert "-> 422 key_reused" in run.out
+    assert "-> 422 key_reused: RefusedError, not retried" in run.out
+    # The retries are idemkey.client's: it says each one, and keeps the key and the bytes.
+    assert "attempt 1 failed (timeout); retrying in" in run.out
+    assert "attempt 2 failed (409 in_flight); retrying in" in run.out
+    assert "-> 201 after 3 attempts, Idempotent-Replayed: true" in run.out
     assert "-> 400 missing_key" in run.out
     assert "every step behaved" in run.out
 
 
-def test_demo_on_a_real_server_leaves_two_records(
+def test_demo_on_a_real_server_leaves_three_records(
     idemkey: CliRunner, real_client: redis.Redis, redis_url: str, prefix: str
 ) -> None:
     run = idemkey("demo", "--redis-url", redis_url, "--prefix", prefix, "--json")
     assert run.code == 0, run.out + run.err
     story = json.loads(run.out)
     assert story["ok"] is True
-    assert [s["ok"] for s in story["steps"]] == [True] * 6
+    assert [s["ok"] for s in story["steps"]] == [True] * 7
     stats = json.loads(idemkey("stats", "--redis-url", redis_url, "--prefix", prefix, "--json").out)
-    assert stats["states"]["complete"] == 2  # two payments; the 422 and the 400 stored nothing
-    assert stats["records"] == 2
-    assert stats["ttl"]["1 min - 1 h"] == 2  # the demo keeps records 10 minutes
+    assert stats["states"]["complete"] == 3  # three payments; the 422 and the 400 stored nothing
+    assert stats["records"] == 3
+    assert stats["ttl"]["1 min - 1 h"] == 3  # the demo keeps records 10 minutes
 
 
 def test_demo_exits_non_zero_when_a_step_misbehaves(

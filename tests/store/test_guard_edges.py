@@ -260,6 +260,14 @@ class EdgeBehaviour:
         with pytest.raises(ConfigurationError, match="scope"):
             async with store.guard("k", scope=7):
                 pytest.fail("the block ran")
+        with pytest.raises(ConfigurationError, match="policy must be a Policy"):
+            async with store.guard("k", policy="strict"):
+                pytest.fail("the block ran")
+        with pytest.raises(ConfigurationError, match="key= and payload="):
+            idempotent(store.store, key="order")  # type: ignore[call-overload]
+        wrong_guard: Any = guard if store.is_async else aguard  # the other kind's
+        with pytest.raises(ConfigurationError, match="needs an"):
+            wrong_guard(store.store, "k")
         assert issubclass(NoResultError, IdemkeyError)
         assert issubclass(UsageError, IdemkeyError)
 

@@ -1,7 +1,7 @@
-"""The story's HTTP client: one connection per request, JSON in and out.
+"""The story's plain HTTP client: one connection per request, JSON in and out.
 
-Kept to this one module on purpose: the story's retry moves to :mod:`idemkey.client` once that
-exists, and this is the only code it replaces.
+It plays the naive first attempt (a client that gives up) and reads the app's ledger; every
+retry in the story goes through :mod:`idemkey.client`.
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ class Client:
     """A tiny HTTP client for the story: one connection per request, JSON in and out."""
 
     def __init__(self, base: str) -> None:
+        self.base = base
         host, _, port = base.removeprefix("http://").partition(":")
         self.host, self.port = host, int(port)
 
@@ -42,7 +43,8 @@ class Client:
     ) -> Answer:
         connection = http.client.HTTPConnection(self.host, self.port, timeout=timeout)
         try:
-            payload = None if body is None else json.dumps(body).encode()
+            # Compact, as httpx writes JSON: a retry through idemkey.client sends the same bytes.
+            payload = None if body is None else json.dumps(body, separators=(",", ":")).encode()
             sent = {"Content-Type": "application/json"} if payload is not None else {}
             connection.request(method, path, body=payload, headers={**sent, **(headers or {})})
             response = connection.getresponse()

@@ -15,11 +15,16 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import IO, Final
+from typing import IO, TYPE_CHECKING, Any, Final
 
+from ...errors import IdemkeyError
 from .flask_app import create_app
 from .http_client import Answer, Client
 from .server import open_store, running
+
+if TYPE_CHECKING:
+    from idemkey.client import Client as IdempotentClient
+    from idemkey.client import IdempotentResponse, RetryEvent
 
 __all__ = ["Step", "Story", "run_story"]
 
@@ -68,6 +73,7 @@ class Story:
             run()
         except (
             StepFailed,
+            IdemkeyError,
             OSError,
             http.client.HTTPException,
             ValueError,
@@ -97,17 +103,24 @@ class Story:
             time.sleep(pause)
             pause = min(pause * 2, 0.1)
 
-    def post_honouring_retry_after(self, key: str, body: object) -> Answer:
-        """A well-behaved client: on 409 it waits Retry-After seconds and sends it again."""
-        answer = self.post(key, body)
-        for _ in range(5):
-            if answer.status != 409:
-                break
-            wait = float(answer.header("Retry-After") or 1)
-            self.say(f"409 (the first attempt is still finishing): retrying in {wait:g} s")
-            time.sleep(wait)
-            answer = self.post(key, body)
-        return answer
+    def idempotent_client(self, timeout: float = 10.0) -> IdempotentClient:
+        """idemkey's own client half: one key per operation, retried with backoff that
+        honours Retry-After; each retry is told in the story."""
+        from idemkey.client import Client as IdempotentClient
+        from idemkey.client import RetryPolicy
+
+        def told(event: RetryEvent) -> None:
+            self.say(
+                f"client: attempt {event.attempt} failed ({event.reason}); "
+                f"retrying in {event.delay:.2f} s with the same key and bytes"
+            )
+
+        return IdempotentClient(
+            base_url=self.client.base,
+            timeout=timeout,
+            retry=RetryPolicy(backoff=0.1, deadline=15.0),
+            on_retry=told,
+        )
 
     # The steps.
 
@@ -137,8 +150,12 @@ class Story:
 
     def retry_replays(self) -> None:
         key = self.key("order-1")
-        self.say(f"POST /charges {json.dumps(self.BODY)}  Idempotency-Key: {key}  (same key)")
-        answer = self.post_honouring_retry_after(key, self.BODY)
+        self.say(f"idemkey.client retries POST /charges with the same key: {key}")
+        with self.idempotent_client() as client:
+            operation = client.prepare("POST", "/charges", json=self.BODY, idempotency_key=key)
+            self.posts += 1
+            reply = client.send(operation)
+        answer = _from_reply(reply)
         replayed = answer.header("Idempotent-Replayed")
         self.say(f"-> {answer.status}, Idempotent-Replayed: {replayed or '-'}, id {_id(answer)}")
         self.expect(answer.status == 201, f"expected 201, got {answer.status}: {answer.body}")
@@ -148,13 +165,45 @@ class Story:
         self.say(f"the same charge as the one the timed-out attempt made; charges: {count}")
         self.expect(count == 1, f"expected 1 charge, found {count}")
 
+    def client_does_it_all(self) -> None:
+        key = self.key("order-3")
+        body = {"amount": 4200, "currency": "eur"}
+        with self.idempotent_client(timeout=0.25) as client:
+            operation = client.prepare(
+                "POST", "/charges", json=body, headers={"Demo-Delay": "1"}, idempotency_key=key
+            )
+            self.say(f"POST /charges {json.dumps(body)}; key fixed before sending: {operation.key}")
+            self.say("the processor takes 1 s; each attempt gives up after 0.25 s")
+            self.posts += 1
+            reply = client.send(operation)
+        answer = _from_reply(reply)
+        self.say(
+            f"-> {answer.status} after {reply.attempts} attempts, "
+            f"Idempotent-Replayed: {answer.header('Idempotent-Replayed') or '-'}, id {_id(answer)}"
+        )
+        self.expect(answer.status == 201, f"expected 201, got {answer.status}: {answer.body}")
+        self.expect(reply.attempts > 1, "expected the client to retry")
+        listing = self.client.charges()
+        made = [c for c in listing["charges"] if c["id"] == _id(answer)]
+        self.expect(len(made) == 1, f"expected charge {_id(answer)} once")
+        self.say("one operation, one key, one charge, however many attempts")
+
     def edited_body_rejected(self) -> None:
+        from idemkey.client import RefusedError
+
         key = self.key("order-1")
         edited = {**self.BODY, "amount": 2000}
         self.say(f"POST /charges {json.dumps(edited)}  Idempotency-Key: {key}  (edited amount)")
-        answer = self.post(key, edited)
-        self.say(f"-> {answer.status} {_code(answer)}")
-        self.expect(answer.status == 422, f"expected 422, got {answer.status}: {answer.body}")
+        with self.idempotent_client() as client:
+            try:
+                self.posts += 1
+                client.post("/charges", json=edited, idempotency_key=key)
+            except RefusedError as refused:
+                self.say(f"-> {refused.status} {refused.code}: RefusedError, not retried")
+                self.expect(refused.status == 422, f"expected 422, got {refused.status}")
+                self.expect(refused.code == "key_reused", f"expected key_reused: {refused.code}")
+            else:
+                raise StepFailed("expected the edited retry to be refused")
         count = self.client.charges()["count"]
         self.say(f"nothing charged, the stored answer is untouched; charges: {count}")
         self.expect(count == 1, f"expected 1 charge, found {count}")
@@ -209,8 +258,8 @@ class Story:
         listing = self.client.charges()
         ids = ", ".join(c["id"] for c in listing["charges"])
         self.say(f"GET /charges -> {listing['count']} charges: {ids}")
-        self.expect(listing["count"] == 2, f"expected exactly 2 charges, found {listing['count']}")
-        self.say(f"two payments, {self.posts} POSTs: each payment charged exactly once")
+        self.expect(listing["count"] == 3, f"expected exactly 3 charges, found {listing['count']}")
+        self.say(f"three payments, {self.posts} operations: each payment charged exactly once")
 
     def play(self) -> bool:
         self.step(
@@ -222,12 +271,23 @@ class Story:
         self.step(3, "The same key with an edited amount", self.edited_body_rejected)
         self.step(4, "A duplicate arrives while the first request runs", self.duplicate_in_flight)
         self.step(5, "A request without a key", self.missing_key)
-        self.step(6, "How many charges were made?", self.final_count)
+        self.step(
+            6, "idemkey.client: timeouts and 409s retried to one charge", self.client_does_it_all
+        )
+        self.step(7, "How many charges were made?", self.final_count)
         return all(step.ok for step in self.steps)
 
 
 def _id(answer: Answer) -> str:
     return str(answer.body.get("id", "?")) if isinstance(answer.body, dict) else "?"
+
+
+def _from_reply(reply: IdempotentResponse) -> Answer:
+    try:
+        body: Any = reply.json()
+    except ValueError:
+        body = reply.content.decode("utf-8", "replace")
+    return Answer(reply.status_code, {k.lower(): v for k, v in reply.headers.items()}, body)
 
 
 def _code(answer: Answer) -> str:

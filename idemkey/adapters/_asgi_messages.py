@@ -1,0 +1,104 @@
+"""The ASGI messages the middleware reads and writes, apart from its flow (``asgi.py``).
+
+The response head is read as servers read it: header names and values as bytes (or bytes-like),
+and, since h11-based servers such as uvicorn accept it, ASCII text, which they send as its
+bytes. Anything else is not ASGI, and what a server does with it is the server's business: the
+message is forwarded untouched, and its head is never stored (:func:`head_of` gives None).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, MutableMapping
+from typing import Any
+
+from ..http import Response
+
+__all__ = [
+    "ASGIApp",
+    "Message",
+    "Receive",
+    "ReplayReceive",
+    "Scope",
+    "Send",
+    "head_of",
+    "read_body",
+    "respond",
+]
+
+# ASGI types, defined here as in starlette.types so idemkey imports no framework.
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+
+async def respond(send: Send, response: Response) -> None:
+    """Send one of idemkey's own answers (a problem, a replay)."""
+    headers = [(n.encode("latin-1"), v.encode("latin-1")) for n, v in response.headers]
+    await send({"type": "http.response.start", "status": response.status, "headers": headers})
+    await send({"type": "http.response.body", "body": response.body, "more_body": False})
+
+
+async def read_body(receive: Receive, limit: int) -> bytes | None:
+    """The request body, stopping once it is over ``limit``; None if the client went away."""
+    chunks: list[bytes] = []
+    size = 0
+    while size <= limit:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            return None
+        chunk = message.get("body", b"")
+        chunks.append(chunk)
+        size += len(chunk)
+        if not message.get("more_body", False):
+            break
+    return b"".join(chunks)
+
+
+class ReplayReceive:
+    """``receive`` for the app: the body already read, in one message, then the real channel
+    (so ``http.disconnect`` still reaches the app)."""
+
+    __slots__ = ("body", "real")
+
+    def __init__(self, body: bytes, real: Receive) -> None:
+        self.body: bytes | None = body
+        self.real = real
+
+    async def __call__(self) -> Message:
+        body = self.body
+        if body is None:
+            return await self.real()
+        self.body = None
+        return {"type": "http.request", "body": body, "more_body": False}
+
+
+def head_of(message: Message) -> tuple[Message, int, list[tuple[str, str]] | None]:
+    """An ``http.response.start`` message: the message to forward, its status, and its headers
+    as text (None: not readable, so never to be stored).
+
+    The spec allows any iterable of headers, and a generator is used up by one reading: it is
+    read once here, and the server is given the list.
+    """
+    raw = message.get("headers", ())
+    if not isinstance(raw, (list, tuple)):
+        raw = list(raw)
+        message = {**message, "headers": raw}
+    status = message.get("status")
+    if type(status) is not int:
+        return message, 0, None
+    try:
+        return message, status, [(_text(name), _text(value)) for name, value in raw]
+    except (TypeError, ValueError):  # not a pair, or not a header a server would send
+        return message, status, None
+
+
+def _text(value: object) -> str:
+    if isinstance(value, bytes):
+        return value.decode("latin-1")
+    if isinstance(value, (bytearray, memoryview)):
+        return bytes(value).decode("latin-1")
+    if isinstance(value, str) and value.isascii():
+        return value
+    raise TypeError(f"not a header a server sends: {type(value).__name__}")

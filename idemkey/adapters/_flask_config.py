@@ -1,0 +1,71 @@
+"""The Flask extension's configuration: ``IDEMKEY_*`` config keys and per-view overrides.
+
+Kept apart from ``flask.py``, which only translates requests and responses; nothing here
+imports Flask.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import redis
+
+from ..errors import ConfigurationError
+from ..policy import Policy
+from ..store import RedisStore
+from ._sync_driver import Driver
+
+__all__ = ["AppState", "app_state", "view_overrides"]
+
+_FIELDS = frozenset(f.name for f in dataclasses.fields(Policy) if f.init)
+
+
+@dataclasses.dataclass
+class AppState:
+    """What one app needs per request, in ``app.extensions["idemkey"]``."""
+
+    store: RedisStore
+    policy: Policy
+    driver: Driver
+    views: dict[int, Policy] = dataclasses.field(default_factory=dict)
+
+    def policy_for(self, view: int, overrides: dict[str, Any]) -> Policy:
+        policy = self.views.get(view)
+        if policy is None:  # first request to this view in this app: derive once, then reuse
+            policy = self.views[view] = self.policy.replace(**overrides)
+        return policy
+
+
+def app_state(config: Any, store: RedisStore | None, policy: Policy | None) -> AppState:
+    """The state for an app: ``policy`` as it is, else the store's policy (or the defaults)
+    with every ``IDEMKEY_<FIELD>`` key of ``config`` applied; a store from
+    ``IDEMKEY_REDIS_URL`` unless one is given."""
+    if policy is None:
+        policy = _configured(store.policy if store else Policy(), config)
+    if store is None:
+        url = config.get("IDEMKEY_REDIS_URL")
+        if not url:
+            raise ConfigurationError("set IDEMKEY_REDIS_URL or pass Idemkey(store=...)")
+        store = RedisStore(redis.Redis.from_url(url), policy)
+    return AppState(store, policy, Driver(store))
+
+
+def view_overrides(overrides: dict[str, Any]) -> dict[str, Any]:
+    """A view's Policy fields (``required`` is ``require_key``); unknown ones are refused."""
+    if "required" in overrides:
+        overrides["require_key"] = overrides.pop("required")
+    unknown = set(overrides) - _FIELDS
+    if unknown:
+        raise ConfigurationError(f"unknown Policy fields: {', '.join(sorted(unknown))}")
+    return overrides
+
+
+def _configured(base: Policy, config: Any) -> Policy:
+    """``base`` with every ``IDEMKEY_<FIELD>`` config key applied."""
+    changes = {
+        name: config[key] for name in _FIELDS if (key := f"IDEMKEY_{name.upper()}") in config
+    }
+    if "methods" in changes:
+        changes["methods"] = frozenset(changes["methods"])
+    return base.replace(**changes) if changes else base

@@ -1,0 +1,229 @@
+"""The order of one keyed HTTP exchange, as an explicit state machine (no I/O).
+
+:class:`~idemkey.http.Exchange` makes every HTTP decision; :class:`Lifecycle` owns the order in
+which they are asked, so no adapter can run the app before the claim, settle twice, or release a
+response that already went out. The drivers (``_async_driver``, ``_sync_driver``) do the store
+I/O around it and adapters only move bytes. Like h11's connection states, each step is one
+entry of a transition table, and a step asked in the wrong state raises
+:class:`~idemkey.errors.ProtocolError` without changing anything::
+
+    READING --received(ok)--> READY --claiming--> CLAIMING --decide(Claimed)--> RUNNING
+       |  received(413/400), client_left             |  decide(replay, 409, 422)     |
+       +--------------------------------------> DONE <-- store_failed (closed)       |
+                                                     |  store_failed (open) -> UNPROTECTED
+    RUNNING --started--> SENDING --finish--> SETTLING --settled/settle_failed--> DONE
+    RUNNING, SENDING --fail--> SETTLING;   CLAIMING --interrupted--> SETTLING (a release)
+
+The one rule that lives here rather than in ``Exchange``: once the response's status and
+headers went out (``started``), the key is never released by a failure. ``fail`` then completes
+the record without its body, as ``finish`` would with an incomplete body, so a retry gets the
+first answer's status and headers (``Idempotent-Body-Not-Kept``) instead of a second run.
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import TYPE_CHECKING, Final
+
+from .._core import Claimed, Decision, new_owner
+from ..errors import ProtocolError
+from ..http import Complete, Release, content_length, render
+
+if TYPE_CHECKING:
+    from ..errors import StoreError
+    from ..http import Exchange, Response
+
+__all__ = ["Lifecycle", "State"]
+
+
+class State(enum.Enum):
+    READING = "reading the body"
+    READY = "ready to claim"
+    CLAIMING = "claiming"
+    RUNNING = "running the app"
+    SENDING = "sending the response"
+    SETTLING = "settling the record"
+    UNPROTECTED = "running unprotected"
+    DONE = "done"
+
+
+_S = State
+# (state, step) -> next state. A step missing here is out of order.
+_NEXT: Final[dict[tuple[State, str], State]] = {
+    (_S.READING, "receive"): _S.READY,
+    (_S.READING, "reject"): _S.DONE,
+    (_S.READING, "client_left"): _S.DONE,
+    (_S.READY, "claim"): _S.CLAIMING,
+    (_S.CLAIMING, "claimed"): _S.RUNNING,
+    (_S.CLAIMING, "answer"): _S.DONE,
+    (_S.CLAIMING, "run_unprotected"): _S.UNPROTECTED,
+    (_S.CLAIMING, "interrupted"): _S.SETTLING,
+    (_S.RUNNING, "start"): _S.SENDING,
+    (_S.RUNNING, "fail"): _S.SETTLING,
+    (_S.SENDING, "finish"): _S.SETTLING,
+    (_S.SENDING, "fail"): _S.SETTLING,
+    (_S.SETTLING, "settle"): _S.DONE,
+}
+
+_UNREADABLE_HEAD: Final = Release("the app's status or headers are not valid: nothing to replay")
+
+
+class Lifecycle:
+    """One keyed request, from its body to its settled record; see the module docstring.
+
+    ``exchange`` makes the decisions, ``state`` is where the request is, ``owner`` the claim's
+    owner token (set by :meth:`claiming`), ``declared`` the request's Content-Length.
+    """
+
+    __slots__ = ("_fingerprint", "_head", "declared", "exchange", "owner", "plan", "state")
+
+    def __init__(self, exchange: Exchange) -> None:
+        self.exchange = exchange
+        self.state = State.READING
+        self.declared = content_length(exchange.request.headers)
+        self.owner = ""
+        self.plan: Complete | Release | None = None
+        self._fingerprint = ""
+        self._head: tuple[int, list[tuple[str, str]]] | None = None
+
+    def _step(self, step: str) -> None:
+        try:
+            self.state = _NEXT[self.state, step]
+        except KeyError:
+            raise ProtocolError(self.state.value, step) from None
+
+    def _check(self, step: str) -> None:
+        """Raise, without moving, unless ``step`` may come next."""
+        if (self.state, step) not in _NEXT:
+            raise ProtocolError(self.state.value, step)
+
+    @property
+    def unprotected(self) -> bool:
+        """The store failed and the policy said run anyway: the app runs without a record."""
+        return self.state is State.UNPROTECTED
+
+    # READING: the request body.
+
+    def announced(self) -> Response | None:
+        """Before reading: the 413 to send when the declared length is over the limit."""
+        self._check("reject")
+        if self.declared is not None and self.exchange.too_large(self.declared):
+            return self.reject_too_large()
+        return None
+
+    def received(self, body: bytes) -> Response | None:
+        """The body as read (at most ``max_request_bytes + 1`` bytes): None to claim next, or
+        the 413 (over the limit) or 400 (shorter than its Content-Length) to send instead.
+        Never run on half a body: its fingerprint would match no honest retry."""
+        self._check("receive")
+        exchange = self.exchange
+        if exchange.too_large(len(body)):
+            return self.reject_too_large()
+        declared = self.declared
+        if declared is not None and len(body) < declared:
+            self._step("reject")
+            detail = f"the body ended after {len(body)} of {declared} bytes"
+            return render(exchange.policy, 400, "incomplete_body", detail)
+        self._fingerprint = exchange.fingerprint(body)
+        self._step("receive")
+        return None
+
+    def reject_too_large(self) -> Response:
+        """The 413 for a body over ``max_request_bytes`` (however the adapter found out)."""
+        self._step("reject")
+        return self.exchange.too_large_response()
+
+    def client_left(self) -> None:
+        """The client went away before its body was complete: nothing was claimed."""
+        self._step("client_left")
+
+    # READY, CLAIMING: the claim and what it means.
+
+    def claiming(self) -> str:
+        """The claim goes out now: returns the request's fingerprint; sets :attr:`owner`."""
+        self._step("claim")
+        self.owner = new_owner()
+        return self._fingerprint
+
+    def decide(self, decision: Decision, seconds: float | None = None) -> Response | None:
+        """The claim's answer: None to run the app (RUNNING), or the Response to send."""
+        self._check("claimed" if type(decision) is Claimed else "answer")
+        answer = self.exchange.decide(decision, seconds)
+        if type(answer) is Claimed:
+            self._step("claimed")
+            return None
+        self._step("answer")
+        assert not isinstance(answer, Claimed)
+        return answer
+
+    def store_failed(self, exc: StoreError) -> Response | None:
+        """The claim failed in Redis: the 503 to send, or None to run the app unprotected."""
+        self._check("answer")
+        answer = self.exchange.store_failed(exc)
+        self._step("answer" if answer is not None else "run_unprotected")
+        return answer
+
+    def interrupted(self) -> Release:
+        """The claim was cut off (a cancellation) after it may have reached Redis: release it,
+        or retries get 409 until the lease lapses (a release that is not ours changes nothing)."""
+        self._step("interrupted")
+        plan = self.plan = Release("cancelled while claiming")
+        return plan
+
+    # RUNNING, SENDING: the app's answer.
+
+    def started(self, status: int, headers: list[tuple[str, str]] | None) -> None:
+        """The response's status and headers went out; ``headers`` None: they were not valid
+        (not latin-1 text), so the record is never completed with them."""
+        self._step("start")
+        self._head = (status, headers) if headers is not None else None
+
+    def finish(self, body: bytes | None) -> Complete | Release:
+        """The response is complete: store it (``body`` None: without its body) or release."""
+        self._check("finish")
+        plan = self._outcome(body)
+        self._step("finish")
+        self.plan = plan
+        return plan
+
+    def fail(self, reason: str) -> Complete | Release:
+        """The app raised, was cancelled, or stopped before its response was complete.
+
+        Before ``started``: release, so a retry runs again. After: the client may have the
+        answer, and the work is done; complete without the body (or release, when the status
+        is one the policy never stores).
+        """
+        self._check("fail")
+        plan = self._outcome(None) if self.state is State.SENDING else Release(reason)
+        self._step("fail")
+        self.plan = plan
+        return plan
+
+    def _outcome(self, body: bytes | None) -> Complete | Release:
+        head = self._head
+        if head is None:
+            return _UNREADABLE_HEAD
+        return self.exchange.finish(head[0], head[1], body)
+
+    # SETTLING: what the store said.
+
+    def settled(self, ok: bool, seconds: float | None = None) -> None:
+        """The complete or release script answered (``ok`` False: the record was not ours)."""
+        plan = self.plan
+        self._step("settle")
+        if isinstance(plan, Complete):
+            self.exchange.completed(ok, seconds)
+        else:
+            assert plan is not None
+            self.exchange.released(plan.reason, ok, seconds)
+
+    def settle_failed(self, exc: StoreError) -> None:
+        """Redis failed while settling: reported, never raised (the client has its answer)."""
+        self._step("settle")
+        exchange = self.exchange
+        fence = exchange.claim.fence if exchange.claim else None
+        if isinstance(self.plan, Complete):
+            detail = f"response not stored: {exc}"
+        else:
+            detail = f"key not released (its lease will lapse): {exc}"
+        exchange.notify("store_error", fence, detail)

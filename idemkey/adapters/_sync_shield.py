@@ -1,0 +1,27 @@
+"""The sync side of ``_async_shield``: without an event loop there is no cancellation to
+outlive, so a settling write simply runs now, in the caller's thread."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TypeVar
+
+from ..events import logger
+
+__all__ = ["settle_later", "uncancellable"]
+
+T = TypeVar("T")
+
+
+def uncancellable(write: Callable[[], T]) -> T:
+    """Call ``write()``: a thread is not cancelled between two statements."""
+    return write()
+
+
+def settle_later(write: Callable[[], object]) -> None:
+    """Run ``write()`` now; the caller is unwinding from an interruption (KeyboardInterrupt,
+    a gevent timeout), so an error here is logged rather than raised over it."""
+    try:
+        write()
+    except Exception as exc:
+        logger.warning("idemkey could not finish a write cut off by an interruption: %s", exc)

@@ -1,0 +1,298 @@
+"""Django: a middleware for ``settings.MIDDLEWARE``, configured from ``settings.IDEMKEY``.
+
+::
+
+    # settings.py
+    MIDDLEWARE = [
+        ...,
+        "django.contrib.auth.middleware.AuthenticationMiddleware",
+        "idemkey.adapters.django.IdempotencyMiddleware",
+    ]
+    IDEMKEY = {
+        "REDIS_URL": "redis://localhost:6379/0",  # or "CLIENT": a client, a factory or its path
+        "TTL": 86400, "WAIT": 0.0,                # any Policy field, upper case
+    }
+
+    # views.py
+    from idemkey.adapters.django import idempotency_exempt, idempotent
+
+    @idempotent                                   # or @idempotent(ttl=3600, required=False)
+    def create_charge(request): ...
+
+Settings (``IDEMKEY``): the store is ``STORE`` (a :class:`~idemkey.RedisStore`), else one on
+``CLIENT`` (a ``redis.Redis``, a callable returning one, or its dotted path) or ``REDIS_URL``.
+``GUARD`` is ``"decorated"`` (default: only views decorated with :func:`idempotent`) or
+``"all"`` (every view, for the policy's methods, except those decorated with
+:func:`idempotency_exempt`, the way ``csrf_exempt`` opts a view out). ``SCOPE`` is a callable
+(or its dotted path) that receives the Django request and returns the tenant; by default the
+authenticated user (``user:<pk>``), else the policy's scope (by default a digest of the
+request's credentials). Every other key is a :class:`~idemkey.Policy` field in upper case
+(``ON_EVENT`` and ``RENDER_PROBLEM`` take callables).
+
+The record's route and the events' label are the resolver's route pattern
+(``/charges/<int:charge_id>``). The middleware decides in ``process_view`` (after URL
+resolution and after ``AuthenticationMiddleware``, wherever it sits in the list): an answer of
+idemkey's own (a replay, 400, 409, 422, 503) is returned without calling the view; otherwise
+the view runs under the claim and the response it returns is stored. A streamed response
+completes the record without its body. It is a synchronous middleware: under ASGI, Django runs
+it in its thread pool, as it does any sync middleware.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import functools
+import io
+import weakref
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, TypeVar, overload
+
+import redis
+from django.conf import settings
+from django.core.exceptions import RequestDataTooBig
+from django.http import HttpResponse
+from django.utils.module_loading import import_string
+
+from .. import RedisStore
+from ..errors import ConfigurationError
+from ..http import Response, begin
+from ..policy import Policy
+from ..routes import ROUTE_UNKNOWN, policy_options
+from ._environ import EnvironHeaders
+from ._lifecycle import Lifecycle
+from ._sync_driver import Driver
+
+if TYPE_CHECKING:
+    from django.http import HttpRequest, HttpResponseBase
+
+    from ..http import Request
+
+__all__ = ["IdempotencyMiddleware", "idempotency_exempt", "idempotent"]
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+_current: contextvars.ContextVar[HttpRequest] = contextvars.ContextVar("idemkey_django_request")
+#: The attribute the decorators set on a view (as ``csrf_exempt`` sets ``csrf_exempt``).
+OPTIONS_ATTRIBUTE = "idemkey_options"
+EXEMPT_ATTRIBUTE = "idemkey_exempt"
+
+
+@overload
+def idempotent(view: F, /) -> F: ...
+@overload
+def idempotent(**options: Any) -> Callable[[F], F]: ...
+def idempotent(view: F | None = None, /, **options: Any) -> F | Callable[[F], F]:
+    """Guard this view: ``@idempotent`` or ``@idempotent(ttl=3600, required=False)``.
+
+    ``options`` are Policy fields for this view (``required`` is ``require_key``).
+    """
+    changes = policy_options(options)
+
+    def decorate(view: F) -> F:
+        @functools.wraps(view)
+        def wrapped(*args: Any, **kwargs: Any) -> Any:
+            return view(*args, **kwargs)
+
+        setattr(wrapped, OPTIONS_ATTRIBUTE, changes)
+        return wrapped  # type: ignore[return-value]
+
+    return decorate(view) if view is not None else decorate
+
+
+def idempotency_exempt(view: F) -> F:
+    """Never guard this view, even with ``IDEMKEY["GUARD"] = "all"``."""
+
+    @functools.wraps(view)
+    def wrapped(*args: Any, **kwargs: Any) -> Any:
+        return view(*args, **kwargs)
+
+    setattr(wrapped, EXEMPT_ATTRIBUTE, True)
+    return wrapped  # type: ignore[return-value]
+
+
+def user_scope(request: HttpRequest) -> str | None:
+    """The authenticated user as a scope (``user:<pk>``), or None for an anonymous request."""
+    user = getattr(request, "user", None)
+    if user is not None and user.is_authenticated:
+        return f"user:{user.pk}"
+    return None
+
+
+class IdempotencyMiddleware:
+    """Guard Django views with idempotency keys; see the module docstring."""
+
+    sync_capable = True
+    async_capable = False
+
+    def __init__(self, get_response: Callable[[HttpRequest], HttpResponseBase]) -> None:
+        self.get_response = get_response
+        config = dict(getattr(settings, "IDEMKEY", {}) or {})
+        store, custom, self.guard_all = _configure(config)
+        self.store = store
+        self.driver = Driver(store)
+        fallback = store.policy.scope
+
+        def scope(request: Request) -> str:
+            # The scope sees the Django request (its user), not only idemkey's view of it.
+            django_request = _current.get()
+            if custom is not None:
+                return custom(django_request)  # type: ignore[no-any-return]
+            return user_scope(django_request) or fallback(request)
+
+        self.policy = store.policy.replace(scope=scope)
+        # Keyed by the view itself, weakly: a view created at run time and collected never
+        # hands its policy to another that reuses its id().
+        self._views: weakref.WeakKeyDictionary[Callable[..., Any], Policy | None] = (
+            weakref.WeakKeyDictionary()
+        )
+
+    def __call__(self, request: HttpRequest) -> HttpResponseBase:
+        try:
+            response = self.get_response(request)
+        except BaseException:
+            lifecycle = request.__dict__.pop("_idemkey", None)
+            if lifecycle is not None:
+                self.driver.fail(lifecycle, "the view raised")
+            raise
+        lifecycle = request.__dict__.pop("_idemkey", None)
+        if lifecycle is not None:
+            kept: bytes | None = None
+            if not response.streaming:  # a stream completes without its body
+                content: bytes = response.content
+                kept = (
+                    content
+                    if len(content) <= lifecycle.exchange.policy.max_response_bytes
+                    else None
+                )
+            lifecycle.started(response.status_code, list(response.items()))
+            self.driver.finish(lifecycle, kept)
+        return response
+
+    def process_view(
+        self,
+        request: HttpRequest,
+        view: Callable[..., Any],
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+    ) -> HttpResponseBase | None:
+        policy = self._policy_for(view)
+        if policy is None or request.method not in policy.methods:
+            return None
+        match = request.resolver_match
+        route = "/" + match.route if match is not None and match.route else ROUTE_UNKNOWN
+        token = _current.set(request)
+        try:
+            step = begin(policy, _request_of(request, route))
+        finally:
+            _current.reset(token)
+        if step is None:
+            return None
+        if isinstance(step, Response):
+            return _respond(step)
+        lifecycle = Lifecycle(step)
+        body = _read_body(request, lifecycle)
+        if isinstance(body, Response):
+            return _respond(body)
+        answer = self.driver.claim(lifecycle)
+        if answer is not None:
+            return _respond(answer)
+        if lifecycle.unprotected:  # Redis is down and the policy says run unprotected
+            return None
+        request._idemkey = lifecycle  # settled in __call__, with the view's response
+        return None
+
+    def _policy_for(self, view: Callable[..., Any]) -> Policy | None:
+        """The view's policy (derived once per view), or None when it is not guarded."""
+        try:
+            return self._views[view]
+        except KeyError:
+            pass
+        except TypeError:  # a view that cannot be weakly referenced: derive it every time
+            return self._derive(view)
+        chosen = self._views[view] = self._derive(view)
+        return chosen
+
+    def _derive(self, view: Callable[..., Any]) -> Policy | None:
+        options = getattr(view, OPTIONS_ATTRIBUTE, None)
+        if getattr(view, EXEMPT_ATTRIBUTE, False) or (options is None and not self.guard_all):
+            return None
+        return self.policy.replace(**options) if options else self.policy
+
+
+def _configure(config: dict[str, Any]) -> tuple[RedisStore, Callable[..., Any] | None, bool]:
+    store = config.pop("STORE", None)
+    client = config.pop("CLIENT", None)
+    url = config.pop("REDIS_URL", None)
+    scope = _callable(config.pop("SCOPE", None))
+    guard = config.pop("GUARD", "decorated")
+    if guard not in ("decorated", "all"):
+        raise ConfigurationError('IDEMKEY["GUARD"] must be "decorated" or "all"')
+    changes = policy_options({name.lower(): value for name, value in config.items()})
+    if store is None:
+        if client is not None:
+            factory = _callable(client)
+            client = factory() if factory is not None else client
+        elif url:
+            client = redis.Redis.from_url(url)
+        else:
+            raise ConfigurationError('set IDEMKEY["REDIS_URL"], ["CLIENT"] or ["STORE"]')
+        store = RedisStore(client, Policy(**changes))
+    elif not isinstance(store, RedisStore):
+        raise ConfigurationError('IDEMKEY["STORE"] must be an idemkey.RedisStore')
+    elif changes:
+        store = RedisStore(store.client, store.policy.replace(**changes))
+    return store, scope, guard == "all"
+
+
+def _callable(value: Any) -> Callable[..., Any] | None:
+    """``value`` if it is a function or class, its import when it is a dotted path, else None."""
+    if isinstance(value, str):
+        imported: Callable[..., Any] = import_string(value)
+        return imported
+    if callable(value) and not hasattr(value, "execute_command"):  # a client is not a factory
+        return value  # type: ignore[no-any-return]
+    return None
+
+
+def _request_of(request: HttpRequest, route: str) -> Request:
+    from ..http import Request
+
+    query = request.META.get("QUERY_STRING", "")
+    return Request(
+        request.method or "GET", request.path, query, EnvironHeaders(request.META), route
+    )
+
+
+def _read_body(request: HttpRequest, lifecycle: Lifecycle) -> bytes | Response:
+    """The body (Django keeps it for the view), or the 413 / 400 to answer instead."""
+    rejected = lifecycle.announced()
+    if rejected is not None:
+        return rejected
+    if lifecycle.declared is None and request.META.get("wsgi.input_terminated"):
+        # A chunked body under WSGI: Django reads no body without a Content-Length, so read it
+        # here (bounded) and hand it to Django as the request's stream, as the WSGI middleware
+        # hands it to the app.
+        limit = lifecycle.exchange.policy.max_request_bytes
+        chunked: bytes = request.META["wsgi.input"].read(limit + 1)
+        rejected = lifecycle.received(chunked)
+        if rejected is not None:
+            return rejected
+        request.META["CONTENT_LENGTH"] = str(len(chunked))
+        request._stream = io.BytesIO(chunked)
+        request._read_started = False
+        return chunked
+    try:
+        body: bytes = request.body
+    except RequestDataTooBig:  # over Django's own DATA_UPLOAD_MAX_MEMORY_SIZE
+        return lifecycle.reject_too_large()
+    rejected = lifecycle.received(body)
+    return rejected if rejected is not None else body
+
+
+def _respond(answer: Response) -> HttpResponse:
+    response = HttpResponse(answer.body, status=answer.status)
+    del response["Content-Type"]  # exactly the stored headers: no default added
+    for name, value in answer.headers:
+        # Django keeps one value per name; join repeats as one field line (RFC 9110 5.3).
+        response[name] = f"{response[name]}, {value}" if name in response else value
+    return response

@@ -1,0 +1,226 @@
+"""FastAPI: a dependency that opts routes in, a route class that guards them, OpenAPI that says so.
+
+::
+
+    from fastapi import APIRouter, FastAPI
+    from idemkey import AsyncRedisStore
+    from idemkey.adapters.fastapi import Idempotency, IdempotentRoute
+
+    idem = Idempotency(AsyncRedisStore(redis.asyncio.Redis.from_url(url)))
+
+    app = FastAPI()
+    app.router.route_class = IdempotentRoute            # before the routes are declared
+
+    @app.post("/charges", status_code=201, dependencies=[idem.guard()])
+    async def create_charge(charge: Charge) -> dict: ...
+
+    @app.post("/login")                                 # not guarded: no key, no Redis call
+    async def login() -> dict: ...
+
+    router = idem.router(prefix="/refunds")             # every route on it guarded
+    @router.post("/{charge_id}", dependencies=[idem.guard(wait=2.0)])   # per-route options
+    async def refund(charge_id: str) -> dict: ...
+    app.include_router(router, prefix="/v1")
+
+``idem.guard(**options)`` is a dependency: declare it on a route, or on an ``APIRouter`` for all
+of its routes (options: Policy fields such as ``ttl``, ``wait``, ``methods``; ``required`` is
+``require_key``; a route's own options override its router's). The route class
+:class:`IdempotentRoute` runs the guarded routes through the ASGI
+:class:`~idemkey.adapters.asgi.IdempotencyMiddleware`, so they behave exactly as under it; it
+survives ``include_router`` (the record's route and the events' label are the full template,
+``/v1/refunds/{charge_id}``). A guard declared on a route that is not an ``IdempotentRoute``
+raises :class:`~idemkey.errors.ConfigurationError` on its first request instead of silently
+guarding nothing.
+
+OpenAPI: each guarded operation documents the ``Idempotency-Key`` header parameter (required
+or optional as configured), the problem responses idemkey may answer (400, 409, 413, the
+key-reuse status and 503) as ``application/problem+json``, and the ``Idempotent-Replayed``
+header on its success response. Declare the guard on the route or on its ``APIRouter`` for the
+documentation to show; a guard added by ``include_router(dependencies=...)`` guards, but the
+schema of the original route does not know it.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Final
+
+import fastapi.routing
+from fastapi import APIRouter, Depends, Request
+from fastapi.routing import APIRoute
+
+from ..errors import ConfigurationError
+from ..http import REPLAYED_HEADER
+from ..routes import KnownRoute, policy_options
+from .asgi import IdempotencyMiddleware
+
+if TYPE_CHECKING:
+    from fastapi import params
+    from starlette.types import Receive, Scope, Send
+
+    from ..policy import Policy
+    from ..store import AsyncRedisStore
+
+__all__ = ["Idempotency", "IdempotentRoute"]
+
+#: The scope key a guarded route sets before its dependencies run (the guard checks it).
+SCOPE_KEY: Final = "idemkey.route"
+
+_PROBLEM_SCHEMA: Final = {
+    "type": "object",
+    "properties": {
+        "type": {"type": "string", "format": "uri-reference"},
+        "title": {"type": "string"},
+        "status": {"type": "integer"},
+        "detail": {"type": "string"},
+        "code": {"type": "string"},
+    },
+    "required": ["type", "title", "status", "detail", "code"],
+}
+
+
+@dataclass(frozen=True)
+class _Guard:
+    """What one ``idem.guard(...)`` declared: the integration and its Policy overrides."""
+
+    idem: Idempotency
+    options: dict[str, Any]
+
+
+class Idempotency:
+    """Idempotency keys for FastAPI routes; ``policy`` defaults to the store's.
+
+    ``store`` is an :class:`~idemkey.AsyncRedisStore`.
+    """
+
+    def __init__(self, store: AsyncRedisStore, policy: Policy | None = None) -> None:
+        self.store = store
+        self.policy = policy if policy is not None else store.policy
+
+    def guard(self, **options: Any) -> params.Depends:
+        """The dependency that opts a route (or a router's routes) in, with Policy overrides."""
+        spec = _Guard(self, policy_options(options))
+
+        def idempotency_key(request: Request) -> None:
+            if SCOPE_KEY not in request.scope:
+                raise ConfigurationError(
+                    f"{request.scope.get('path')}: idem.guard() needs the route class "
+                    "idemkey.adapters.fastapi.IdempotentRoute (APIRouter(route_class=...) or "
+                    "app.router.route_class = IdempotentRoute, before declaring routes)"
+                )
+
+        idempotency_key.__idemkey__ = spec  # type: ignore[attr-defined]
+        depends: params.Depends = Depends(idempotency_key)
+        return depends
+
+    def router(self, **kwargs: Any) -> APIRouter:
+        """An ``APIRouter`` whose every route is guarded with this integration's policy."""
+        dependencies = [self.guard(), *kwargs.pop("dependencies", ())]
+        return APIRouter(route_class=IdempotentRoute, dependencies=dependencies, **kwargs)
+
+
+class IdempotentRoute(APIRoute):
+    """An ``APIRoute`` that guards itself when a dependency is an ``idem.guard()``.
+
+    Routes without one behave exactly as ``APIRoute``.
+    """
+
+    def __init__(self, path: str, endpoint: Callable[..., Any], **kwargs: Any) -> None:
+        super().__init__(path, endpoint, **kwargs)
+        self._idemkey: dict[tuple[str, tuple[int, ...]], IdempotencyMiddleware] = {}
+        guards = _guards(self.dependencies)
+        if guards:
+            idem, options = _merged(guards)
+            policy = idem.policy.replace(**options) if options else idem.policy
+            self.openapi_extra = _document(self.openapi_extra, policy, self.status_code)
+
+    async def handle(self, scope: Scope, receive: Receive, send: Send) -> None:
+        template, dependencies = self._effective(scope)
+        guards = _guards(dependencies)
+        if not guards:
+            await super().handle(scope, receive, send)
+            return
+        key = (template, tuple(id(guard) for guard in guards))
+        middleware = self._idemkey.get(key)
+        if middleware is None:  # once per route and inclusion: the policy is derived here
+            idem, options = _merged(guards)
+            known = KnownRoute(template, options)
+            middleware = IdempotencyMiddleware(
+                self._unguarded, idem.store, idem.policy, routes=known
+            )
+            self._idemkey[key] = middleware
+        scope[SCOPE_KEY] = template
+        await middleware(scope, receive, send)
+
+    async def _unguarded(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await super().handle(scope, receive, send)
+
+    def _effective(self, scope: Scope) -> tuple[str, Sequence[params.Depends]]:
+        """The template and dependencies this request was routed with.
+
+        FastAPI before 0.120 copies a route into each ``include_router`` (so ``self`` is the
+        copy); later versions keep one route and describe each inclusion in a context object.
+        """
+        lookup = getattr(fastapi.routing, "_get_scope_effective_route_context", None)
+        context = lookup(scope) if lookup is not None else None
+        if context is not None and getattr(context, "original_route", None) is self:
+            return context.path_format, context.dependencies
+        return self.path_format, self.dependencies
+
+
+def _guards(dependencies: Sequence[params.Depends]) -> list[_Guard]:
+    found = (getattr(d.dependency, "__idemkey__", None) for d in dependencies)
+    return [guard for guard in found if isinstance(guard, _Guard)]
+
+
+def _merged(guards: list[_Guard]) -> tuple[Idempotency, dict[str, Any]]:
+    """The integration of the innermost guard (the route's own, when it has one) and every
+    guard's options, a router's first, the route's last (so the route's win)."""
+    options: dict[str, Any] = {}
+    for guard in guards:
+        options.update(guard.options)
+    return guards[-1].idem, options
+
+
+def _document(
+    extra: dict[str, Any] | None, policy: Policy, status_code: int | None
+) -> dict[str, Any]:
+    """``openapi_extra`` plus the header, the problem answers and the replay header.
+
+    FastAPI deep-merges ``openapi_extra`` into the operation (lists are concatenated), so the
+    operation keeps everything it documents itself.
+    """
+    merged = copy.deepcopy(extra) if extra else {}
+    header = {
+        "name": policy.header,
+        "in": "header",
+        "required": policy.require_key,
+        "description": (
+            "A unique key per operation (at most 255 printable ASCII characters). A retry with "
+            "the same key and the same request gets the first answer again; with another "
+            f"request, {policy.mismatch_status}."
+        ),
+        "schema": {"type": "string", "minLength": 1, "maxLength": 255},
+    }
+    merged.setdefault("parameters", []).append(header)
+    responses = merged.setdefault("responses", {})
+    success = responses.setdefault(str(status_code or 200), {})
+    success.setdefault("headers", {})[REPLAYED_HEADER] = {
+        "description": "'true' when this is the stored answer to an earlier request with this key",
+        "schema": {"type": "string", "enum": ["true"]},
+    }
+    problems = {
+        400: f"The {policy.header} header is missing or invalid",
+        409: f"A request with this {policy.header} is still running (see Retry-After)",
+        413: "The request body is over the size idemkey stores",
+        policy.mismatch_status: f"The {policy.header} was used with a different request",
+        503: "The idempotency store is unavailable (see Retry-After)",
+    }
+    for status, description in sorted(problems.items()):
+        answer = responses.setdefault(str(status), {})
+        answer.setdefault("description", description)
+        content = answer.setdefault("content", {})
+        content["application/problem+json"] = {"schema": copy.deepcopy(_PROBLEM_SCHEMA)}
+    return merged

@@ -1,0 +1,299 @@
+"""Fenced effects: the business write and the idempotency outcome in one SQL transaction.
+
+Redis stays the fast path; this closes the two holes every Redis-only design has, for effects
+that land in a SQL database (PostgreSQL or SQLite, through SQLAlchemy 2):
+
+* **A stale owner** (a worker frozen past its lease while a successor took over) cannot commit:
+  :func:`fenced` upserts the record's row in ``idemkey_effects`` only while the stored fence is
+  not newer than the call's, so the stale transaction fails with ``LeaseLostError`` and rolls
+  back with the user's own writes.
+* **A lost completion** (the transaction committed, then the worker died before Redis heard of
+  it): ``call.save(value)`` inside the fenced transaction writes the encoded result into the row,
+  in the same commit. A store built with ``effects=Effects(engine)`` reads that row when a claim
+  is not the key's first (a takeover, or a retry after a release: the record's fence is above 1),
+  completes Redis with it and replays it; the work does not run again. The first claim of a key,
+  the hot path, never reads SQL.
+
+::
+
+    store = RedisStore(redis_client, effects=Effects(engine))
+    with guard(store, f"charge:{invoice.id}", payload=invoice.body) as call:
+        if call.replayed:
+            return call.result
+        with Session(engine) as session, session.begin():
+            session.add(Charge(invoice_id=invoice.id, amount=invoice.amount))
+            call.save({"invoice": invoice.id})
+            fenced(session, call)  # last, just before the commit: it locks the row until then
+
+The migration, as plain SQL (PostgreSQL; SQLite takes the same with ``BLOB`` for ``BYTEA``)::
+
+    CREATE TABLE idemkey_effects (
+        record     VARCHAR(160) PRIMARY KEY,  -- record digest, or digest + "#" + step name
+        fence      BIGINT       NOT NULL,     -- fence of the claim that wrote it last
+        result     BYTEA,                     -- the saved result (idemkey's encoding), or NULL
+        created_at TIMESTAMP    NOT NULL,
+        expires_at TIMESTAMP    NOT NULL      -- after it the row no longer counts (retention)
+    );
+
+or ``effects_table(metadata)`` for Alembic / ``metadata.create_all``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import datetime, timedelta, timezone
+from typing import TYPE_CHECKING, Any, Final
+
+from ..errors import ConfigurationError, LeaseLostError, StoreError
+
+if TYPE_CHECKING:
+    from sqlalchemy import Engine, Table
+    from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession
+    from sqlalchemy.orm import Session
+
+    from .._core import Record
+    from ..guard import Call
+
+__all__ = [
+    "AsyncEffects",
+    "Effects",
+    "afenced",
+    "effects_table",
+    "fenced",
+]
+
+TABLE_NAME: Final = "idemkey_effects"
+_STEP_SEPARATOR: Final = "#"
+_TABLES: dict[int, Table] = {}
+
+
+def effects_table(metadata: Any = None, name: str = TABLE_NAME) -> Table:
+    """The ``idemkey_effects`` table on ``metadata`` (a private MetaData when None)."""
+    from sqlalchemy import BigInteger, Column, DateTime, LargeBinary, MetaData, String, Table
+
+    metadata = metadata if metadata is not None else MetaData()
+    return Table(
+        name,
+        metadata,
+        Column("record", String(160), primary_key=True),
+        Column("fence", BigInteger, nullable=False),
+        Column("result", LargeBinary, nullable=True),
+        Column("created_at", DateTime, nullable=False),
+        Column("expires_at", DateTime, nullable=False),
+    )
+
+
+def _default_table() -> Table:
+    table = _TABLES.get(0)
+    if table is None:
+        table = _TABLES[0] = effects_table()
+    return table
+
+
+def _now() -> datetime:
+    # Naive UTC: the same value on every dialect (SQLite keeps no time zone).
+    return datetime.now(timezone.utc).replace(tzinfo=None)
+
+
+def _row_key(record: Record, step: str | None) -> str:
+    return record.digest if step is None else f"{record.digest}{_STEP_SEPARATOR}{step}"
+
+
+def _call_parts(call: Call[Any]) -> tuple[Record, int]:
+    record, fence = getattr(call, "record", None), call.fence
+    if call.replayed or record is None or fence is None:
+        raise ConfigurationError("fenced() needs a claimed call (not a replay) from guard/aguard")
+    return record, fence
+
+
+def _upsert(dialect: str, table: Table, row: str, fence: int, ttl_ms: int) -> Any:
+    """INSERT ... ON CONFLICT DO UPDATE ... WHERE, RETURNING the row when it is ours.
+
+    The update applies only while the stored row belongs to no newer claim and holds no
+    committed result; an expired row (past the retention) never counts.
+    """
+    from sqlalchemy.dialects import postgresql, sqlite
+
+    inserts: dict[str, Callable[[Table], Any]] = {
+        "postgresql": postgresql.insert,
+        "sqlite": sqlite.insert,
+    }
+    insert = inserts.get(dialect)
+    if insert is None:
+        raise ConfigurationError(f"fenced() supports PostgreSQL and SQLite, not {dialect}")
+    now = _now()
+    stmt = insert(table).values(
+        record=row,
+        fence=fence,
+        result=None,
+        created_at=now,
+        expires_at=now + timedelta(milliseconds=ttl_ms),
+    )
+    current = table.c
+    # A committed result is final; a newer fence has taken over. One fenced transaction per
+    # call (or per step), then.
+    ours = (current.fence <= stmt.excluded.fence) & current.result.is_(None)
+    return stmt.on_conflict_do_update(
+        index_elements=[current.record],
+        set_={
+            "fence": stmt.excluded.fence,
+            "expires_at": stmt.excluded.expires_at,
+            # A fresh period after expiry starts without the old result.
+            "result": _case_result(current, now),
+        },
+        where=ours | (current.expires_at < now),
+    ).returning(current.fence)
+
+
+def _case_result(current: Any, now: datetime) -> Any:
+    from sqlalchemy import case, null
+
+    return case((current.expires_at < now, null()), else_=current.result)
+
+
+def _save_statement(table: Table, row: str, fence: int, result: bytes) -> Any:
+    from sqlalchemy import update
+
+    c = table.c
+    return update(table).where(c.record == row, c.fence == fence).values(result=result)
+
+
+def _lost(fence: int) -> LeaseLostError:
+    return LeaseLostError(fence)
+
+
+def _ttl_ms(call: Call[Any], ttl_ms: int | None) -> int:
+    return ttl_ms if ttl_ms is not None else int(getattr(call, "ttl_ms", 86_400_000))
+
+
+def fenced(
+    db: Session | Any,
+    call: Call[Any],
+    *,
+    step: str | None = None,
+    ttl_ms: int | None = None,
+    table: Table | None = None,
+) -> None:
+    """Fence the caller's open transaction on ``call``'s record (sync ``Session``/``Connection``).
+
+    Raises ``LeaseLostError`` when a newer claim fenced the record, or another claim already
+    committed its result: roll the transaction back (a ``with session.begin()`` block does). The
+    result passed to ``call.save()`` before the commit is written into the row by the commit.
+    ``step`` fences one recovery point instead of the whole call.
+    """
+    record, fence = _call_parts(call)
+    table = table if table is not None else _default_table()
+    row = _row_key(record, step)
+    stmt = _upsert(db.get_bind().dialect.name, table, row, fence, _ttl_ms(call, ttl_ms))
+    if db.execute(stmt).first() is None:
+        raise _lost(fence)
+    if step is None:
+        _write_result_on_commit(db, lambda: _saved(call), table, row, fence)
+
+
+async def afenced(
+    db: AsyncSession | AsyncConnection,
+    call: Call[Any],
+    *,
+    step: str | None = None,
+    ttl_ms: int | None = None,
+    table: Table | None = None,
+) -> None:
+    """:func:`fenced` for an ``AsyncSession`` or ``AsyncConnection``."""
+    record, fence = _call_parts(call)
+    table = table if table is not None else _default_table()
+    row = _row_key(record, step)
+    bind = db.get_bind() if hasattr(db, "get_bind") else db.engine
+    stmt = _upsert(bind.dialect.name, table, row, fence, _ttl_ms(call, ttl_ms))
+    if (await db.execute(stmt)).first() is None:
+        raise _lost(fence)
+    if step is None:
+        sync = db.sync_session if hasattr(db, "sync_session") else db.sync_connection
+        _write_result_on_commit(sync, lambda: _saved(call), table, row, fence)
+
+
+def _saved(call: Call[Any]) -> bytes | None:
+    saved = getattr(call, "_saved", None)
+    return saved if isinstance(saved, bytes) else None
+
+
+def _write_result_on_commit(
+    db: Any, saved: Callable[[], bytes | None], table: Table, row: str, fence: int
+) -> None:
+    """Write the saved result into the row as part of the commit of the current transaction.
+
+    At commit, not at ``save()``: the result may be saved before or after ``fenced()``, and an
+    asyncio session can only run SQL from inside its own commit (SQLAlchemy runs the event
+    there, in its greenlet).
+    """
+    from sqlalchemy import event
+    from sqlalchemy.orm import Session
+
+    if isinstance(db, Session):
+
+        def before_commit(session: Session) -> None:
+            result = saved()
+            if result is not None:
+                session.execute(_save_statement(table, row, fence, result))
+
+        event.listen(db, "before_commit", before_commit, once=True)
+        return
+    if db is None or not hasattr(db, "in_transaction"):
+        raise ConfigurationError("fenced() needs a SQLAlchemy Session or Connection")
+
+    def commit(conn: Any) -> None:
+        result = saved()
+        if result is not None:
+            conn.execute(_save_statement(table, row, fence, result))
+
+    event.listen(db, "commit", commit, once=True)
+
+
+class Effects:
+    """The store's view of ``idemkey_effects`` (sync engine): committed results by record."""
+
+    def __init__(self, engine: Engine, *, table: Table | None = None) -> None:
+        self.engine = engine
+        self.table = table if table is not None else _default_table()
+
+    def create(self) -> None:
+        """Create the table when it does not exist (tests, small apps; else migrate)."""
+        self.table.create(self.engine, checkfirst=True)
+
+    def lookup(self, record: Record) -> bytes | None:
+        """The result a committed fenced transaction saved for ``record``, if any."""
+        try:
+            with self.engine.connect() as conn:
+                found = conn.execute(_lookup(self.table, record)).first()
+        except Exception as exc:  # the database's own errors, whatever the driver
+            raise StoreError(f"effects lookup failed: {type(exc).__name__}: {exc}") from exc
+        return None if found is None else bytes(found[0])
+
+
+class AsyncEffects:
+    """:class:`Effects` for an ``AsyncEngine``, for ``AsyncRedisStore(effects=...)``."""
+
+    def __init__(self, engine: AsyncEngine, *, table: Table | None = None) -> None:
+        self.engine = engine
+        self.table = table if table is not None else _default_table()
+
+    async def create(self) -> None:
+        async with self.engine.begin() as conn:
+            await conn.run_sync(lambda sync: self.table.create(sync, checkfirst=True))
+
+    async def lookup(self, record: Record) -> bytes | None:
+        try:
+            async with self.engine.connect() as conn:
+                found = (await conn.execute(_lookup(self.table, record))).first()
+        except Exception as exc:
+            raise StoreError(f"effects lookup failed: {type(exc).__name__}: {exc}") from exc
+        return None if found is None else bytes(found[0])
+
+
+def _lookup(table: Table, record: Record) -> Any:
+    from sqlalchemy import select
+
+    c = table.c
+    return select(c.result).where(
+        c.record == record.digest, c.result.is_not(None), c.expires_at >= _now()
+    )

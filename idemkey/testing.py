@@ -1,0 +1,91 @@
+"""A test kit for your app's own tests: stores on an embedded Redis, a switch to turn idemkey off.
+
+::
+
+    from idemkey.testing import disabled, fake_async_store, fake_store
+
+    store = fake_store()                    # a RedisStore on a fresh in-process fakeredis
+    astore = fake_async_store(wait=1.0)     # an AsyncRedisStore; keywords are Policy fields
+
+    with disabled():                        # every HTTP adapter passes requests straight through
+        client.post("/charges", json=...)   # no key needed, nothing claimed or stored
+
+The embedded server is fakeredis with its Lua engine (``pip install 'idemkey[testing]'``), which
+runs idemkey's real scripts in your process: no redis-server to start, and each store gets its
+own empty server. It is a fast layer for your app's tests; idemkey itself is tested against a
+real Redis. With pytest, ``pytest_plugins = ["idemkey.pytest_plugin"]`` in your ``conftest.py``
+gives the fixtures ``idemkey_store``, ``idemkey_async_store`` and ``idemkey_disabled``.
+
+:func:`disabled` turns idemkey off for the whole process while the block runs (the app under
+test often runs in another thread than the test): the Flask, WSGI, ASGI, FastAPI, Starlette and
+Django integrations then pass every request through to the handler as if they were not
+installed. ``guard()`` and ``@idempotent`` are not affected: they are calls in your code.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+from collections.abc import Iterator
+from typing import Any
+
+from . import AsyncRedisStore, RedisStore
+from ._switch import switch
+from .errors import ConfigurationError
+from .policy import Policy
+
+__all__ = ["disabled", "fake_async_store", "fake_redis", "fake_store"]
+
+
+def fake_redis(*, asyncio: bool = False) -> Any:
+    """A client on a fresh, empty in-process fakeredis server that runs Lua scripts.
+
+    ``asyncio=True``: a ``FakeAsyncRedis`` (redis.asyncio API), else a ``FakeRedis``.
+    Replies are bytes (``decode_responses=False``), as idemkey's stores need.
+    """
+    if importlib.util.find_spec("fakeredis") is None or importlib.util.find_spec("lupa") is None:
+        raise ConfigurationError(
+            "idemkey.testing needs fakeredis with Lua: pip install 'idemkey[testing]'"
+        )
+    import fakeredis
+
+    server = fakeredis.FakeServer()
+    if asyncio:
+        return fakeredis.FakeAsyncRedis(server=server, decode_responses=False)
+    return fakeredis.FakeRedis(server=server, decode_responses=False)
+
+
+def fake_store(policy: Policy | None = None, /, **changes: Any) -> RedisStore:
+    """A :class:`~idemkey.RedisStore` on a fresh embedded server.
+
+    ``policy`` (default ``Policy()``) with ``changes`` applied, e.g. ``fake_store(wait=1.0)``.
+    """
+    return RedisStore(fake_redis(), _policy(policy, changes))
+
+
+def fake_async_store(policy: Policy | None = None, /, **changes: Any) -> AsyncRedisStore:
+    """An :class:`~idemkey.AsyncRedisStore` on a fresh embedded server (see :func:`fake_store`).
+
+    Use it on one event loop, as any asyncio Redis client.
+    """
+    return AsyncRedisStore(fake_redis(asyncio=True), _policy(policy, changes))
+
+
+@contextlib.contextmanager
+def disabled() -> Iterator[None]:
+    """Turn idemkey's HTTP integrations off while the block runs (also a decorator).
+
+    Every request then reaches the handler as if idemkey were not installed: no key is
+    required, nothing is claimed, stored or replayed. Nested and concurrent blocks are counted:
+    idemkey is on again when the last one exits.
+    """
+    switch.push()
+    try:
+        yield
+    finally:
+        switch.pop()
+
+
+def _policy(policy: Policy | None, changes: dict[str, Any]) -> Policy:
+    base = policy if policy is not None else Policy()
+    return base.replace(**changes) if changes else base

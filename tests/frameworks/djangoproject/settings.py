@@ -1,0 +1,26 @@
+"""Settings of the Django project the framework tests run (test Client, gunicorn, uvicorn).
+
+The servers read the Redis URL and key prefix from the environment; in-process tests apply the
+same values with ``override_settings`` (see ``tests/frameworks/test_django.py``).
+"""
+
+from __future__ import annotations
+
+import os
+
+SECRET_KEY = "idemkey-tests"
+DEBUG = False
+ALLOWED_HOSTS = ["*"]
+ROOT_URLCONF = "tests.frameworks.djangoproject.urls"
+INSTALLED_APPS: list[str] = []
+USE_TZ = True
+MIDDLEWARE = [
+    "tests.frameworks.djangoproject.views.TokenUserMiddleware",
+    "idemkey.adapters.django.IdempotencyMiddleware",
+]
+REDIS_URL = os.environ.get("IDEMKEY_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
+IDEMKEY = {
+    "REDIS_URL": REDIS_URL,
+    "PREFIX": os.environ.get("IDEMKEY_TEST_PREFIX", "idemkey"),
+    "LEASE": 10.0,
+}

@@ -1,0 +1,15 @@
+from __future__ import annotations
+
+from django.urls import path
+
+from . import views
+
+urlpatterns = [
+    path("health", views.health),
+    path("charges", views.charges),
+    path("charges/<int:charge_id>", views.capture),
+    path("charges/<int:charge_id>/refund", views.refund),
+    path("login", views.login),
+    path("webhook", views.webhook),
+    path("slow", views.slow),
+]

@@ -1,0 +1,190 @@
+"""FastAPI: per-route and per-router opt-in, OpenAPI on guarded operations only; real Redis."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import httpx
+import pytest
+import redis.asyncio
+from fastapi import APIRouter, FastAPI, Request
+from pydantic import BaseModel
+
+from idemkey import AsyncRedisStore, ConfigurationError, Event, Policy
+from idemkey.adapters.fastapi import Idempotency, IdempotentRoute
+
+
+class Counting(redis.asyncio.Redis):
+    """A client that counts the commands it sends (to show a route never touches Redis)."""
+
+    commands = 0
+
+    async def execute_command(self, *args: Any, **options: Any) -> Any:
+        type(self).commands += 1
+        return await super().execute_command(*args, **options)
+
+
+class Charge(BaseModel):
+    amount: int
+
+
+def build(store: AsyncRedisStore) -> tuple[FastAPI, dict[str, int]]:
+    runs = {"charges": 0, "login": 0, "refunds": 0}
+    idem = Idempotency(store)
+    app = FastAPI()
+    app.router.route_class = IdempotentRoute
+
+    @app.post("/charges", status_code=201, dependencies=[idem.guard()])
+    async def create_charge(charge: Charge) -> dict[str, Any]:
+        runs["charges"] += 1
+        return {"id": f"ch_{runs['charges']}", "amount": charge.amount}
+
+    @app.post("/login")
+    async def login(request: Request) -> dict[str, Any]:
+        runs["login"] += 1
+        return {"ok": True, "body": (await request.body()).decode()}
+
+    router = idem.router(prefix="/refunds")
+
+    @router.post("/{charge_id}", dependencies=[idem.guard(required=False)])
+    async def refund(charge_id: str) -> dict[str, Any]:
+        runs["refunds"] += 1
+        return {"refund": charge_id, "run": runs["refunds"]}
+
+    app.include_router(router, prefix="/v1")
+    return app, runs
+
+
+@pytest.fixture
+async def setup(redis_url: str, prefix: str) -> Any:
+    client = Counting.from_url(redis_url)
+    events: list[Event] = []
+    store = AsyncRedisStore(client, Policy(prefix=prefix, on_event=events.append))
+    app, runs = build(store)
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://test") as http:
+        yield http, runs, events
+    await store.aclose()
+    await client.aclose()
+
+
+async def test_guarded_route_replays_and_unguarded_route_touches_no_redis(setup: Any) -> None:
+    http, runs, events = setup
+    Counting.commands = 0
+    login = await http.post("/login", content=b"user=ann")
+    assert login.status_code == 200
+    assert login.json() == {"ok": True, "body": "user=ann"}  # the body reached the endpoint
+    assert Counting.commands == 0  # no key needed, no Redis call
+    assert events == []
+
+    key = {"Idempotency-Key": "k1"}
+    first = await http.post("/charges", json={"amount": 5}, headers=key)
+    again = await http.post("/charges", json={"amount": 5}, headers=key)
+    assert (first.status_code, again.status_code) == (201, 201)
+    assert again.json() == first.json() == {"id": "ch_1", "amount": 5}
+    assert again.headers["Idempotent-Replayed"] == "true"
+    assert runs["charges"] == 1
+    other = await http.post("/charges", json={"amount": 6}, headers=key)
+    assert other.status_code == 422
+    assert other.headers["content-type"] == "application/problem+json"
+    missing = await http.post("/charges", json={"amount": 5})
+    assert missing.status_code == 400
+    assert missing.json()["code"] == "missing_key"
+    assert runs["charges"] == 1
+    assert {e.route for e in events} == {"/charges"}  # the template labels every event
+
+
+async def test_a_router_included_with_a_prefix_stays_guarded_with_its_options(setup: Any) -> None:
+    http, runs, events = setup
+    key = {"Idempotency-Key": "r1"}
+    first = await http.post("/v1/refunds/ch_1", headers=key)
+    again = await http.post("/v1/refunds/ch_1", headers=key)
+    assert first.status_code == again.status_code == 200
+    assert again.headers["Idempotent-Replayed"] == "true"
+    assert runs["refunds"] == 1
+    keyless = await http.post("/v1/refunds/ch_1")  # required=False on this route
+    assert keyless.status_code == 200
+    assert runs["refunds"] == 2
+    assert {e.route for e in events} == {"/v1/refunds/{charge_id}"}  # never /v1/refunds/ch_1
+
+
+async def test_a_duplicate_while_the_first_runs_is_409(redis_url: str, prefix: str) -> None:
+    client = redis.asyncio.Redis.from_url(redis_url)
+    store = AsyncRedisStore(client, Policy(prefix=prefix))
+    idem = Idempotency(store)
+    started, release = asyncio.Event(), asyncio.Event()
+    app = FastAPI()
+    app.router.route_class = IdempotentRoute
+
+    @app.post("/slow", dependencies=[idem.guard()])
+    async def slow() -> dict[str, str]:
+        started.set()
+        await asyncio.wait_for(release.wait(), 10)
+        return {"ok": "yes"}
+
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://t") as http:
+        key = {"Idempotency-Key": "s"}
+        first = asyncio.create_task(http.post("/slow", headers=key))
+        await asyncio.wait_for(started.wait(), 10)
+        duplicate = await http.post("/slow", headers=key)
+        release.set()
+        assert (await first).status_code == 200
+    assert duplicate.status_code == 409
+    assert duplicate.headers["Retry-After"] == "1"
+    await store.aclose()
+    await client.aclose()
+
+
+async def test_openapi_documents_the_header_and_problems_on_guarded_operations_only(
+    setup: Any,
+) -> None:
+    http, _, _ = setup
+    schema = (await http.get("/openapi.json")).json()
+    charges = schema["paths"]["/charges"]["post"]
+    header = [p for p in charges["parameters"] if p["name"] == "Idempotency-Key"]
+    assert header == [
+        {
+            "name": "Idempotency-Key",
+            "in": "header",
+            "required": True,
+            "description": header[0]["description"],
+            "schema": {"type": "string", "minLength": 1, "maxLength": 255},
+        }
+    ]
+    for status in ("400", "409", "413", "422", "503"):
+        assert "application/problem+json" in charges["responses"][status]["content"], status
+    assert "Idempotent-Replayed" in charges["responses"]["201"]["headers"]
+    assert "application/json" in charges["responses"]["422"]["content"]  # FastAPI's own kept
+
+    refunds = schema["paths"]["/v1/refunds/{charge_id}"]["post"]
+    optional = [p for p in refunds["parameters"] if p["name"] == "Idempotency-Key"]
+    assert [p["required"] for p in optional] == [False]
+    assert "Idempotent-Replayed" in refunds["responses"]["200"]["headers"]
+
+    login = schema["paths"]["/login"]["post"]
+    assert "Idempotency-Key" not in str(login)
+    assert set(login["responses"]) == {"200"}
+
+
+def test_a_guard_on_a_plain_route_fails_loudly() -> None:
+    from idemkey.testing import fake_async_store
+
+    idem = Idempotency(fake_async_store())
+    router = APIRouter()  # forgot route_class=IdempotentRoute
+
+    @router.post("/charges", dependencies=[idem.guard()])
+    async def create() -> dict[str, str]:
+        return {}
+
+    app = FastAPI()
+    app.include_router(router)
+
+    async def call() -> None:
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://t") as http:
+            await http.post("/charges", headers={"Idempotency-Key": "k"})
+
+    with pytest.raises(ConfigurationError, match="IdempotentRoute"):
+        asyncio.run(call())
