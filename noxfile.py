@@ -5,6 +5,9 @@
     nox -s tests-3.11       # one interpreter
     nox -s bench -- --quick # arguments after -- go to `python -m benchmarks`
     nox -s build            # sdist + wheel, then check the wheel ships the Lua scripts
+    nox -s lowest           # the oldest redis/msgspec/xxhash/flask/werkzeug pyproject allows
+    nox -s lowest_core      # the same floors, a short list of tests, a small install (CI)
+    nox -s minimal          # no optional dependency: the tests that need no framework
 
 Interpreters: a version is offered only if ``pythonX.Y -c pass`` succeeds, because pyenv
 installs shims for versions that are not enabled and those fail when run. If none of
@@ -14,6 +17,7 @@ virtualenvs between runs.
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 import sys
@@ -51,6 +55,78 @@ def _runs(version: str) -> bool:
 
 PYTHONS = [v for v in SUPPORTED if v == CURRENT or _runs(v)] or [CURRENT]
 
+# The dependencies whose floors `lowest` installs exactly.
+FLOORED = ("redis", "msgspec", "xxhash", "flask", "werkzeug")
+# What `lowest` runs: the core and the Flask, WSGI and ASGI adapters (positional arguments
+# after -- replace this list, as .ci/run does to keep its step short).
+LOWEST_TESTS = ["tests/unit", "tests/store", "tests/adapters", "tests/test_version.py"]
+# The fast variant for CI (`lowest_core`): only what these tests import, so the fresh install
+# stays short; the floors are the same.
+LOWEST_CORE_EXTRAS = ("pytest", "pytest-asyncio", "hypothesis", "fakeredis", "httpx", "starlette")
+LOWEST_CORE_TESTS = [
+    "tests/unit",
+    "tests/store/test_scripts.py",
+    "tests/store/test_guard.py",
+    "tests/adapters/test_flask.py",
+    "tests/adapters/test_wsgi.py",
+    "tests/adapters/test_asgi.py",
+    "tests/test_version.py",
+]
+# The test extra's packages `minimal` installs: a test runner and fakeredis, no framework.
+MINIMAL_EXTRAS = ("pytest", "pytest-asyncio", "hypothesis", "fakeredis")
+# What `minimal` runs: every test that needs no framework, web server, metrics library or
+# other optional client. Listed, not discovered: these modules import such packages at the
+# top and do not skip without them, so the list says what must pass without extras.
+MINIMAL_TESTS = [
+    "tests/unit",
+    "tests/store",
+    "tests/faults",
+    "tests/fuzz",
+    "tests/typing",
+    "tests/test_version.py",
+]
+MINIMAL_IGNORE = [
+    "tests/store/test_clients.py",  # valkey
+    "tests/faults/test_crash.py",  # werkzeug (drives the WSGI adapter)
+    "tests/faults/test_durability.py",  # werkzeug
+    "tests/faults/test_faults.py",  # werkzeug, httpx
+    "tests/faults/test_faults_asgi.py",  # httpx
+]
+# Both runs leave out what has its own session or CI step.
+NOT_HEAVY = "not slow and not cluster and not benchmark"
+
+
+def _requirements(names: tuple[str, ...], group: str) -> list[str]:
+    """The requirement strings for ``names`` in pyproject.toml's ``group`` list.
+
+    A plain scan of the TOML list (the noxfile also runs on Python 3.10, which has no tomllib).
+    """
+    text = (ROOT / "pyproject.toml").read_text("utf-8")
+    start = text.index(f"\n{group} = [")
+    listing = text[start : text.index("\n]", start)]
+    found = []
+    for requirement in re.findall(r'"([^"]+)"', listing):
+        name = re.split(r"[\[<>=!~ ;]", requirement, maxsplit=1)[0].lower()
+        if name in names:
+            found.append(requirement)
+    return found
+
+
+def lowest_pins() -> list[str]:
+    """``name==floor`` for each of FLOORED: the lowest version pyproject.toml allows.
+
+    Every declaration of a package (dependencies and each extra) must name the same floor, so
+    there is one floor to test.
+    """
+    text = (ROOT / "pyproject.toml").read_text("utf-8")
+    pins = []
+    for name in FLOORED:
+        floors = set(re.findall(rf'"{name}(?:\[[^\]]*\])?>=([0-9][0-9.]*)"', text))
+        if len(floors) != 1:
+            raise ValueError(f"pyproject.toml declares {name} with floors {sorted(floors)}")
+        pins.append(f"{name}=={floors.pop()}")
+    return pins
+
 
 @nox.session(python=PYTHONS)
 def tests(session: nox.Session) -> None:
@@ -59,7 +135,7 @@ def tests(session: nox.Session) -> None:
     `build` is installed so that tests/test_packaging.py builds and inspects a real wheel.
     """
     session.install("-e", ".[test]", "build")
-    session.run("pytest", "-m", "not benchmark", *session.posargs)
+    session.run("pytest", *session.posargs)  # benchmarks excluded by pyproject's addopts
 
 
 @nox.session(python=CURRENT)
@@ -72,13 +148,52 @@ def lint(session: nox.Session) -> None:
 
 @nox.session(python=CURRENT)
 def typing(session: nox.Session) -> None:
-    """mypy --strict on the package.
+    """mypy --strict on the package and on tests/typing/api.py (user code of the public API).
 
     Installs the test extra too: the package imports optional clients (valkey) whose types
     mypy must see, exactly as in .ci/run.
     """
     session.install("-e", ".[test]", "mypy")
     session.run("mypy", "--strict", "idemkey")
+    session.run("mypy", "--strict", "tests/typing/api.py")
+
+
+@nox.session(python=CURRENT, venv_backend="venv")
+def lowest(session: nox.Session) -> None:
+    """The tests on the lowest versions pyproject.toml allows for FLOORED, in a plain venv.
+
+    Installs the test extra with those exact versions (the rest resolves as usual). Positional
+    arguments replace LOWEST_TESTS.
+    """
+    pins = lowest_pins()
+    session.install("-e", ".[test]", *pins)
+    session.run("python", "-m", "pip", "freeze", "--exclude-editable", silent=False)
+    session.run("pytest", "-m", NOT_HEAVY, *(session.posargs or LOWEST_TESTS))
+
+
+@nox.session(python=CURRENT, venv_backend="venv")
+def lowest_core(session: nox.Session) -> None:
+    """The same floors with only the packages LOWEST_CORE_TESTS import (CI's step).
+
+    The full test extra takes minutes to install into a fresh venv with nothing cached; the
+    core, the Flask extension and the WSGI and ASGI middlewares need Flask, httpx, Starlette
+    (one ASGI test), fakeredis and the test runner. Positional arguments replace LOWEST_CORE_TESTS.
+    """
+    extras = _requirements(LOWEST_CORE_EXTRAS, "test")
+    session.install("-e", ".[flask]", *extras, *lowest_pins())
+    session.run("python", "-m", "pip", "freeze", "--exclude-editable", silent=False)
+    session.run("pytest", "-m", NOT_HEAVY, *(session.posargs or LOWEST_CORE_TESTS))
+
+
+@nox.session(python=CURRENT, venv_backend="venv")
+def minimal(session: nox.Session) -> None:
+    """MINIMAL_TESTS with no optional dependency (redis, msgspec, xxhash, no framework).
+
+    From the test extra only pytest, pytest-asyncio, hypothesis and fakeredis are installed.
+    """
+    session.install("-e", ".", *_requirements(MINIMAL_EXTRAS, "test"))
+    ignore = [f"--ignore={path}" for path in MINIMAL_IGNORE]
+    session.run("pytest", "-m", NOT_HEAVY, *ignore, *(session.posargs or MINIMAL_TESTS))
 
 
 @nox.session(python=CURRENT)
@@ -93,6 +208,13 @@ def bench(session: nox.Session) -> None:
     """The latency-budget suite (benchmarks/). Arguments after -- go to it."""
     session.install("-e", ".[test,bench]")
     session.run("python", "-m", "benchmarks", *session.posargs)
+
+
+@nox.session(python=CURRENT)
+def bench_smoke(session: nox.Session) -> None:
+    """The `benchmark`-marked tests: the quick suite under loose ratio budgets."""
+    session.install("-e", ".[test]")
+    session.run("pytest", "-m", "benchmark", *session.posargs)
 
 
 @nox.session(python=CURRENT)

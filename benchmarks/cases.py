@@ -3,11 +3,13 @@
 Core cases (always run, and the only ones in ``--quick``):
 
 * ``redis.ping`` / ``aredis.ping``: one PING round trip, the network's unit.
-* ``floor.first`` / ``floor.replay`` (and ``afloor.*``): DESIGN.md section 8's bare floor, the
-  work any correct design must do, issued as bare ``execute_command("EVALSHA", sha, 2, ...)``
-  calls with idemkey's own Lua scripts and every argument computed in advance: claim +
-  complete for a first call, one claim for a replay.
+* ``floor.first`` / ``floor.replay`` (and ``afloor.*``): the bare floor
+  (docs/design.md#performance-targets), the work any correct design must do, issued as bare
+  ``execute_command("EVALSHA", sha, 2, ...)`` calls with idemkey's own Lua scripts and every
+  argument computed in advance: claim + complete for a first call, one claim for a replay.
 * ``guard.first`` / ``guard.replay`` (and ``aguard.*``): the same work through the public API.
+* ``floor.steps3`` / ``guard.steps3``: a first call with three recovery points (``call.step``):
+  the bare floor is claim + 3 checkpoint EVALSHAs + complete, i.e. one round trip per step.
 * ``cpu.guard.*`` / ``cpu.aguard.*``: the same calls against an in-process client that answers
   instantly, i.e. idemkey's own CPU per call.
 
@@ -25,6 +27,7 @@ from typing import Any
 from idemkey import AsyncRedisStore, Policy, RedisStore, aguard, guard
 from idemkey._codec import encode_value
 from idemkey._core import payload_fingerprint, record_for
+from idemkey._steps import step_field
 from idemkey.guard import GUARD_METHOD
 
 from .fakes import AsyncFakeClient, FakeClient, first_call_replies, replay_replies
@@ -35,6 +38,9 @@ __all__ = ["PAYLOAD", "RESULT", "Case", "Context", "core_cases", "naive_cases"]
 #: order, as a payment handler would see.
 PAYLOAD = b'{"invoice":"inv_42","amount":1999,"currency":"eur","customer":"cus_9"}'
 RESULT: dict[str, Any] = {"id": "ch_3Mtw", "status": "succeeded", "amount": 1999}
+#: The steps of the 3-step case and what each returns (a small reservation-like dict).
+STEP_NAMES = ("reserve", "charge", "ship")
+STEP_RESULT: dict[str, Any] = {"id": "hold_81", "ok": True}
 
 
 @dataclass(eq=False)
@@ -138,6 +144,38 @@ def core_cases(ctx: Context) -> list[Case]:
     async def afloor_replay_run(i: int) -> None:
         await aclient.execute_command("EVALSHA", claim_sha, 2, *replay_args)
 
+    # Recovery points: a 3-step call costs one checkpoint EVALSHA per step on top of a first
+    # call; its floor is the same five bare scripts (claim, 3 checkpoints, complete).
+    checkpoint_sha = store._scripts["checkpoint"].sha
+    floor_steps = records("floor.steps3")
+    steps_keys = ctx.keys("guard.steps3")
+    step_fields = [step_field(name) for name in STEP_NAMES]
+    result = encode_value(STEP_RESULT)
+
+    def floor_steps_run(i: int) -> None:
+        key, lock = floor_steps[i]
+        client.execute_command("EVALSHA", claim_sha, 2, key, lock, fp, owner, lease_ms, ttl_ms)
+        for name in step_fields:
+            client.execute_command("EVALSHA", checkpoint_sha, 2, key, lock, owner, name, result)
+        client.execute_command("EVALSHA", complete_sha, 2, key, lock, owner, stored, ttl_ms)
+
+    def step() -> dict[str, Any]:
+        return STEP_RESULT
+
+    def prepare_steps() -> None:
+        # Loads the scripts the floor sends bare (claim, checkpoint, complete).
+        with guard(store, "steps-prepare", payload=PAYLOAD) as call:
+            if not call.replayed:
+                call.step("load", step)
+                call.save(RESULT)
+
+    def guard_steps(i: int) -> None:
+        with guard(store, steps_keys[i], payload=PAYLOAD) as call:
+            if not call.replayed:
+                for name in STEP_NAMES:
+                    call.step(name, step)
+                call.save(RESULT)
+
     guard_keys = ctx.keys("guard.first")
     aguard_keys = ctx.keys("aguard.first")
 
@@ -198,6 +236,10 @@ def core_cases(ctx: Context) -> list[Case]:
              note="guard(): claim, save, complete"),
         Case("guard.replay", "idemkey", guard_replay, core=True, floor="floor.replay", ping=sync,
              note="guard(): replay, decoded", prepare=prepare_replay),
+        Case("floor.steps3", "floor", floor_steps_run, core=True, ping=sync,
+             note="bare EVALSHA claim + 3 checkpoints + complete", prepare=prepare_steps),
+        Case("guard.steps3", "idemkey", guard_steps, core=True, floor="floor.steps3", ping=sync,
+             note="guard(): claim, 3 call.step, save, complete"),
         Case("aredis.ping", "redis", aping, is_async=True, core=True, ping=asyn,
              note="PING round trip (asyncio)"),
         Case("afloor.first", "floor", afloor_first_run, is_async=True, core=True, ping=asyn,

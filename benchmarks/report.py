@@ -70,7 +70,7 @@ def check_targets(
     skipped: Mapping[str, str],
     cpu_warm: Mapping[str, Mapping[str, float]] | None = None,
 ) -> list[dict[str, Any]]:
-    """The design targets (DESIGN.md section 8 and the benchmark issue) against this run.
+    """The design targets (docs/design.md#performance-targets) against this run.
 
     Own CPU is checked twice: per call in the interleaved run (cold caches, between network
     cases, wall time) and in a warm loop (process CPU time); both are reported.

@@ -6,6 +6,8 @@ store's methods take and return, for custom integrations, are in :mod:`idemkey.r
 
 from __future__ import annotations
 
+from importlib import metadata as _metadata
+
 from ._codec import StoredResponse
 from .errors import (
     ConfigurationError,
@@ -17,6 +19,7 @@ from .errors import (
     RecordFormatError,
     RequestInFlightError,
     ResultNotStorableError,
+    StepNotStorableError,
     StoreError,
     UsageError,
 )
@@ -41,6 +44,7 @@ __all__ = [
     "Replicas",
     "RequestInFlightError",
     "ResultNotStorableError",
+    "StepNotStorableError",
     "StoreError",
     "StoredResponse",
     "UsageError",
@@ -50,4 +54,8 @@ __all__ = [
     "idempotent",
 ]
 
-__version__ = "0.1.0"
+try:
+    # One source: the version in pyproject.toml, as the installed distribution records it.
+    __version__: str = _metadata.version("idemkey")
+except _metadata.PackageNotFoundError:  # a source tree on sys.path that was never installed
+    __version__ = "0+unknown"

@@ -21,7 +21,7 @@ import hashlib
 import os
 import re
 from dataclasses import dataclass
-from typing import Final
+from typing import Final, cast
 
 import xxhash
 
@@ -150,11 +150,16 @@ def new_owner() -> str:
 
 @dataclass(frozen=True, slots=True)
 class Claimed:
-    """We own the record: run the work. ``fence`` grows with every takeover."""
+    """We own the record: run the work. ``fence`` grows with every takeover.
+
+    ``steps``: the finished steps of an earlier executor (name, encoded result), which a
+    resumed call returns instead of running them again; empty on a first claim.
+    """
 
     owner: str
     fence: int
     takeover: bool
+    steps: tuple[tuple[str, bytes], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -194,11 +199,36 @@ def decode_claim_reply(reply: object, owner: str) -> Decision:
             return Replay(reply[1])
         if tag == _CLAIMED and len(reply) == 3:
             return Claimed(owner, int(reply[1]), reply[2] == 1)
+        if tag == _CLAIMED and len(reply) > 3 and len(reply) % 2:
+            return Claimed(owner, int(reply[1]), reply[2] == 1, _steps_of(reply))
         if tag == _IN_FLIGHT and len(reply) == 2:
             return InFlight(max(int(reply[1]), 0) / 1000)
         if tag == _MISMATCH:
             return _MISMATCH_DECISION
     raise StoreError(f"unexpected reply from the claim script: {reply!r:.200}")
+
+
+def _steps_of(reply: list[object]) -> tuple[tuple[str, bytes], ...]:
+    """The (name, result) pairs after a claimed reply's first three elements."""
+    names, results = reply[3::2], reply[4::2]
+    if not all(isinstance(item, bytes) for item in (*names, *results)):
+        raise StoreError(f"unexpected steps in a claim reply: {reply!r:.200}")
+    return tuple(
+        (cast(bytes, name).decode("utf-8", "surrogatepass"), cast(bytes, result))
+        for name, result in zip(names, results, strict=True)
+    )
+
+
+def decode_checkpoint_reply(reply: object, result: bytes) -> bytes | None:
+    """checkpoint.lua's reply: the step's stored result (``result`` if ours was stored), or
+    None when the record was not ours. Anything else is a :class:`StoreError`."""
+    if reply == 1:
+        return result
+    if reply == 0:
+        return None
+    if isinstance(reply, bytes):
+        return reply
+    raise StoreError(f"unexpected reply from the checkpoint script: {reply!r:.200}")
 
 
 def retry_after_seconds(retry_after: float) -> int:

@@ -8,6 +8,7 @@
     ├── RequestInFlightError     the first request with this key is still running
     ├── LeaseLostError           another executor took the record over; our result was not stored
     ├── ResultNotStorableError   a guard's result cannot be encoded: stored as "result not kept"
+    │   └── StepNotStorableError a step's result cannot be encoded: the step is not finished
     ├── UsageError               the API used out of order (save() on a replayed call)
     │   └── NoResultError        ``call.result`` with no result (also an AttributeError)
     ├── ConfigurationError       a Policy, client or argument that cannot work
@@ -33,6 +34,7 @@ __all__ = [
     "RecordFormatError",
     "RequestInFlightError",
     "ResultNotStorableError",
+    "StepNotStorableError",
     "StoreError",
     "UsageError",
 ]
@@ -89,6 +91,21 @@ class ResultNotStorableError(IdemkeyError):
             "once and will not run again for this key"
         )
         self.key = key
+        self.reason = reason
+
+
+class StepNotStorableError(ResultNotStorableError):
+    """A step's result cannot be stored (``call.step``): unlike a guard's result, the step does
+    not count as finished, so a retry runs it again. ``step`` names it."""
+
+    def __init__(self, key: str, step: str, reason: str) -> None:
+        IdemkeyError.__init__(
+            self,
+            f"the result of step {step!r} for guard key {key!r} could not be stored ({reason}); "
+            "the step does not count as finished and runs again on a retry",
+        )
+        self.key = key
+        self.step = step
         self.reason = reason
 
 

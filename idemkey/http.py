@@ -1,6 +1,6 @@
 """The sans-IO HTTP exchange that the Flask, WSGI and ASGI adapters share.
 
-Every HTTP decision of DESIGN.md section 4 is made here, without I/O: an adapter builds a
+Every HTTP decision of docs/design.md#http-decisions is made here, without I/O: an adapter builds a
 :class:`Request`, asks :func:`begin` what to do, reads the body, fingerprints it, sends the claim
 through its store, asks the :class:`Exchange` what the decision means, runs the app, and asks
 what to do with its answer. Adapters only move bytes and call the store.

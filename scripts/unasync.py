@@ -25,6 +25,7 @@ ROOT = Path(__file__).resolve().parent.parent
 PAIRS: list[tuple[str, str]] = [
     ("idemkey/store/_async_store.py", "idemkey/store/_sync_store.py"),
     ("idemkey/guard/_async_guard.py", "idemkey/guard/_sync_guard.py"),
+    ("idemkey/guard/_async_steps.py", "idemkey/guard/_sync_steps.py"),
     ("idemkey/adapters/_async_driver.py", "idemkey/adapters/_sync_driver.py"),
 ]
 

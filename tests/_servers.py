@@ -1,6 +1,6 @@
 """Real ``redis-server`` processes for the test suite, and waiting on conditions.
 
-Tests talk to a real Redis because fakeredis is not a Lua oracle (STYLE.md, Avoid 7). This
+Tests talk to a real Redis because fakeredis is not a Lua oracle (docs/design.md#testing). This
 module starts private ``redis-server`` subprocesses and gives tests the levers that fault tests
 need (kill, pause, restart), plus :func:`wait_until`, the only sanctioned way to wait for
 something: poll a condition against a deadline and fail with a message that says what was

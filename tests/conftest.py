@@ -43,7 +43,8 @@ if TYPE_CHECKING:
 REDIS_URL_ENV = "IDEMKEY_REDIS_URL"
 REQUIRE_REDIS_ENV = "IDEMKEY_REQUIRE_REDIS"
 
-# fakeredis speaks this version; the real servers we target are Redis 7.0 (DESIGN.md §8).
+# fakeredis speaks this version; the real servers we target are Redis 7.0
+# (docs/design.md#supported-servers).
 FAKEREDIS_VERSION = (7, 0)
 
 # Fixtures that need a real server; a test using any of them gets the `redis` marker.

@@ -1,7 +1,8 @@
 """The built wheel ships what the package reads at run time: the Lua scripts and py.typed.
 
 Hatchling includes every file under ``idemkey/``; this proves it on a real build rather than
-trusting it (STYLE.md, Do 1). Skipped when ``build`` is not installed (``pip install build``).
+trusting it (docs/design.md#the-scripts). Skipped when ``build`` is not installed
+(``pip install build``).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 
 REQUIRED_FILES = [
+    "idemkey/lua/checkpoint.lua",
     "idemkey/lua/claim.lua",
     "idemkey/lua/complete.lua",
     "idemkey/lua/release.lua",

@@ -15,6 +15,7 @@ from ..errors import ConfigurationError, StoreError
 from ..policy import Policy
 from ..store import AsyncRedisStore
 from ..store._async_runtime import Cancelled, detach
+from ._async_steps import AsyncSteps
 from ._call import Call, GuardState
 
 __all__ = ["AsyncGuard", "aguard"]
@@ -54,14 +55,18 @@ class AsyncGuard(GuardState[T]):
                 wait=policy.wait,
             )
         except StoreError as error:
-            return self.claim_failed(error)
+            call = self.claim_failed(error)
         except Cancelled:
             # Redis may have applied the claim before the cancel cut off its reply: free it, or
             # every retry would get RequestInFlightError until the lease lapsed. Not ours
             # (never claimed): the release script changes nothing.
             detach(self.store.release(self.record, owner))
             raise
-        return self.enter(decision, perf_counter() - started)
+        else:
+            call = self.enter(decision, perf_counter() - started)
+        if not call.replayed:
+            call._steps = AsyncSteps(self.store, self.record, self.claim, self.key)
+        return call
 
     async def __aexit__(
         self,
@@ -69,6 +74,7 @@ class AsyncGuard(GuardState[T]):
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
+        self.close_steps()
         claim, saved, started = self.claim, self.saved(), perf_counter()
         if claim is None:
             return

@@ -7,7 +7,8 @@ Both guards (``_async_guard``, and ``_sync_guard`` generated from it) build on
 from __future__ import annotations
 
 import contextvars
-from typing import Any, Final, Generic, TypeVar, cast
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Final, Generic, TypeVar, cast
 
 from .._codec import RESULT_NOT_KEPT, decode_value, encode_payload, encode_value
 from .._core import (
@@ -33,6 +34,10 @@ from ..errors import (
 )
 from ..events import EventKind, report
 from ..policy import Policy
+
+if TYPE_CHECKING:
+    from ._async_steps import AsyncSteps
+    from ._sync_steps import Steps
 
 __all__ = ["GUARD_METHOD", "Call", "GuardState", "current_call"]
 
@@ -85,7 +90,17 @@ def check_guard_policy(policy: Policy, store_policy: Policy) -> None:
 class Call(Generic[T]):
     """What a guard yields: either a replay of the stored result, or a claim to do the work."""
 
-    __slots__ = ("_key", "_result", "_saved", "fence", "record", "replayed", "takeover", "ttl_ms")
+    __slots__ = (
+        "_key",
+        "_result",
+        "_saved",
+        "_steps",
+        "fence",
+        "record",
+        "replayed",
+        "takeover",
+        "ttl_ms",
+    )
 
     def __init__(
         self,
@@ -110,6 +125,8 @@ class Call(Generic[T]):
         self.takeover = takeover
         self._result: Any = result
         self._saved: bytes | None = None
+        # Set by guard / aguard on a call that runs: runs its steps against the store.
+        self._steps: Steps | AsyncSteps | None = None
 
     @property
     def result(self) -> T:
@@ -117,6 +134,40 @@ class Call(Generic[T]):
         if self._result is _UNSET:
             raise NoResultError("no result: this call was not replayed and nothing was saved")
         return cast(T, self._result)
+
+    def step(self, name: str, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
+        """Run ``fn(*args, **kwargs)`` once for this record as the step ``name`` (a recovery
+        point), and return its result.
+
+        The result is stored in the record before this returns. An executor that takes the
+        key over after a crash, or retries it after a release, gets the stored result of a
+        finished step without running ``fn`` again, and runs the steps that did not finish.
+        The value returned is the stored one (msgspec built-ins: a dataclass comes back as a
+        dict), the same on a first run and on a resume. Under :func:`aguard` this returns an
+        awaitable (``await call.step(...)``) and ``fn`` may be a coroutine function.
+
+        Raises :class:`LeaseLostError` when another executor took the record over (nothing
+        stored; no later step runs), :class:`StepNotStorableError` for a result msgspec cannot
+        encode (the step then does not count as finished), :class:`ConfigurationError` for a
+        bad name. See docs/steps.md.
+        """
+        if self._steps is None:
+            raise UsageError("call.step() needs a call that runs: this one was replayed")
+        return self._steps.run(name, fn, args, kwargs)
+
+    def step_key(self, name: str) -> str:
+        """A key for the downstream call inside step ``name`` (e.g. a PSP's idempotency key):
+        the same for every executor of this record, so a step that ran but crashed before its
+        checkpoint is deduplicated downstream. Pass ``call.fence`` along where it is accepted.
+        """
+        if self._steps is None:
+            raise UsageError("call.step_key() needs a call that runs: this one was replayed")
+        return self._steps.step_key(name)
+
+    @property
+    def resumed_steps(self) -> tuple[str, ...]:
+        """Names of the steps an earlier executor finished (returned, not run, by step())."""
+        return self._steps.book.resumed if self._steps is not None else ()
 
     def save(self, value: T) -> None:
         """Record the result; the record completes with it when the block exits.
@@ -231,6 +282,11 @@ class GuardState(Generic[T]):
     @property
     def ttl_ms(self) -> int:
         return self.policy.ttl_ms
+
+    def close_steps(self) -> None:
+        """The block has exited: no step may start any more."""
+        if self.call is not None and self.call._steps is not None:
+            self.call._steps.book.close()
 
     def saved(self) -> bytes | None:
         """The saved result, if any; the block is left, so it is no longer the current call."""

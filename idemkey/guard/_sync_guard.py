@@ -16,6 +16,7 @@ from ..errors import ConfigurationError, StoreError
 from ..policy import Policy
 from ..store import RedisStore
 from ..store._sync_runtime import Cancelled, detach
+from ._sync_steps import Steps
 from ._call import Call, GuardState
 
 __all__ = ["Guard", "guard"]
@@ -55,14 +56,18 @@ class Guard(GuardState[T]):
                 wait=policy.wait,
             )
         except StoreError as error:
-            return self.claim_failed(error)
+            call = self.claim_failed(error)
         except Cancelled:
             # Redis may have applied the claim before the cancel cut off its reply: free it, or
             # every retry would get RequestInFlightError until the lease lapsed. Not ours
             # (never claimed): the release script changes nothing.
             detach(self.store.release(self.record, owner))
             raise
-        return self.enter(decision, perf_counter() - started)
+        else:
+            call = self.enter(decision, perf_counter() - started)
+        if not call.replayed:
+            call._steps = Steps(self.store, self.record, self.claim, self.key)
+        return call
 
     def __exit__(
         self,
@@ -70,6 +75,7 @@ class Guard(GuardState[T]):
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
+        self.close_steps()
         claim, saved, started = self.claim, self.saved(), perf_counter()
         if claim is None:
             return

@@ -7,11 +7,16 @@
 -- ARGV[3]  lease_ms      lease length, milliseconds
 -- ARGV[4]  retention_ms  how long the record lives, milliseconds
 --
+-- Record fields "ns" and "s:<name>": the count and the results of finished steps (checkpoint.lua).
+-- A record released with finished steps keeps its fp, so the key stays bound to its payload.
+--
 -- Record field "tk" is 1 when the current claim took over a lapsed one (a re-sent claim must
 -- answer the same). Record field "at" is the server time of the last claim or completion, in milliseconds.
 --
 -- Reply, first element a tag:
---   {1, fence, takeover}  claimed: run the work; takeover = 1 when a lapsed claim was taken over
+--   {1, fence, takeover, name1, result1, ...}
+--                         claimed: run the work; takeover = 1 when a lapsed claim was taken over;
+--                         then the finished steps (name without "s:", stored result), if any
 --   {2, resp}             replay: the record is complete, resp is the stored response
 --   {3, pttl_ms}          in flight: another owner holds the lease for pttl_ms more
 --   {4}                   mismatch: the key was used with another fingerprint
@@ -20,16 +25,30 @@
 -- (redis-py re-sends a command after a timeout) answers claimed both times and writes once.
 -- A completed record is never written here.
 
-local record = redis.call("HMGET", KEYS[1], "state", "fp", "resp", "fence", "owner", "tk")
+local record = redis.call("HMGET", KEYS[1], "state", "fp", "resp", "fence", "owner", "tk", "ns")
 local state, fp, resp = record[1], record[2], record[3]
 
-if state then
-  if fp ~= ARGV[1] then
-    return {4}
+-- fp without a state: released with finished steps, still bound to its payload.
+if fp and fp ~= ARGV[1] then
+  return {4}
+end
+if state == "complete" then
+  return {2, resp}
+end
+
+-- The claimed reply, with the finished steps appended (only read when "ns" says there are).
+local function claimed(fence, takeover)
+  local reply = {1, fence, takeover}
+  if record[7] then
+    local fields = redis.call("HGETALL", KEYS[1])
+    for i = 1, #fields, 2 do
+      if string.sub(fields[i], 1, 2) == "s:" then
+        reply[#reply + 1] = string.sub(fields[i], 3)
+        reply[#reply + 1] = fields[i + 1]
+      end
+    end
   end
-  if state == "complete" then
-    return {2, resp}
-  end
+  return reply
 end
 
 -- Our own claim, sent again: the same answer (fence and takeover flag, kept in "tk"); a lock
@@ -39,7 +58,7 @@ if state == "in_progress" and record[5] == ARGV[2] then
   if not holder then
     redis.call("SET", KEYS[2], ARGV[2], "PX", tonumber(ARGV[3]))
   end
-  return {1, tonumber(record[4]) or 0, tonumber(record[6]) or 0}
+  return claimed(tonumber(record[4]) or 0, tonumber(record[6]) or 0)
 end
 if holder then
   return {3, redis.call("PTTL", KEYS[2])}
@@ -57,4 +76,4 @@ local now = redis.call("TIME")
 redis.call("HSET", KEYS[1], "state", "in_progress", "fp", ARGV[1], "owner", ARGV[2],
   "tk", takeover, "at", now[1] .. string.format("%03d", math.floor(now[2] / 1000)))
 redis.call("PEXPIRE", KEYS[1], tonumber(ARGV[4]))
-return {1, fence, takeover}
+return claimed(fence, takeover)

@@ -9,6 +9,9 @@
 -- Reply: 1 stored (or already stored by this owner), 0 lost: another owner took the record over
 -- after our lease lapsed, and nothing was written.
 --
+-- Finished steps ("ns", "s:<name>", see checkpoint.lua) are dropped: the stored response is
+-- all a replay needs.
+--
 -- The owner field, not the lock, decides: a lease that lapsed without anyone taking over still
 -- lets its owner complete, since no one else ran the work.
 
@@ -20,6 +23,15 @@ if redis.call("HGET", KEYS[1], "state") == "complete" then
 end
 if redis.call("GET", KEYS[2]) == ARGV[1] then
   redis.call("DEL", KEYS[2])
+end
+if redis.call("HEXISTS", KEYS[1], "ns") == 1 then
+  local fields = redis.call("HKEYS", KEYS[1])
+  for i = 1, #fields do
+    if string.sub(fields[i], 1, 2) == "s:" then
+      redis.call("HDEL", KEYS[1], fields[i])
+    end
+  end
+  redis.call("HDEL", KEYS[1], "ns")
 end
 local now = redis.call("TIME")
 redis.call("HSET", KEYS[1], "state", "complete", "resp", ARGV[2],

@@ -4,6 +4,9 @@
 -- KEYS[2]  lock string   {prefix}:{<digest>}:lock
 -- ARGV[1]  owner         the token the claim returned
 --
+-- Finished steps ("ns", "s:<name>", see checkpoint.lua) are kept, and with them "fp": the
+-- retry resumes after the last finished step, and the key stays bound to its payload.
+--
 -- Reply: 1 released, 0 not ours (taken over, already released, or complete: untouched).
 --
 -- The fence counter stays behind (until the record's TTL): fencing tokens handed to
@@ -18,5 +21,9 @@ end
 if redis.call("GET", KEYS[2]) == ARGV[1] then
   redis.call("DEL", KEYS[2])
 end
-redis.call("HDEL", KEYS[1], "state", "fp", "owner", "tk", "resp", "at")
+if redis.call("HEXISTS", KEYS[1], "ns") == 1 then
+  redis.call("HDEL", KEYS[1], "state", "owner", "tk", "resp", "at")
+else
+  redis.call("HDEL", KEYS[1], "state", "fp", "owner", "tk", "resp", "at")
+end
 return 1

@@ -15,7 +15,16 @@ import contextlib
 import time
 from typing import Any
 
-from .._core import Claimed, Decision, InFlight, Record, Replay, decode_claim_reply, new_owner
+from .._core import (
+    Claimed,
+    Decision,
+    InFlight,
+    Record,
+    Replay,
+    decode_checkpoint_reply,
+    decode_claim_reply,
+    new_owner,
+)
 from ..errors import StoreError
 from ..policy import Policy
 from ._async_heartbeat import AsyncHeartbeat
@@ -181,6 +190,22 @@ class AsyncRedisStore(AsyncHeartbeat):
         """Extend the lease by ``lease_ms``; False when it is no longer ours."""
         lease_ms = lease_ms or self.policy.lease_ms
         return bool(await self._eval("renew", record.key, record.lock, owner, lease_ms) == 1)
+
+    async def checkpoint(
+        self, record: Record, owner: str, field: str, result: bytes
+    ) -> bytes | None:
+        """Store a finished step's ``result`` under ``field`` (see checkpoint.lua). Returns the
+        step's stored result (``result``, or the one stored first), None when the record is no
+        longer ours (nothing written). A failed write is retried like a completion."""
+        args = (record.key, record.lock, owner, field, result)
+        deadline, delay = self._completion_deadline(None), 0.0
+        while True:
+            try:
+                return decode_checkpoint_reply(await self._eval("checkpoint", *args), result)
+            except StoreError:
+                if (delay := _next_delay(delay, deadline)) <= 0:
+                    raise
+            await sleep(delay)
 
     async def acheck(self) -> list[str]:
         """Warn when the server can lose records: an evicting ``maxmemory-policy`` (any but

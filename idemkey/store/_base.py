@@ -35,7 +35,7 @@ __all__ = [
     "_slot_moving",
 ]
 
-SCRIPT_NAMES: Final = ("claim", "complete", "release", "renew")
+SCRIPT_NAMES: Final = ("claim", "complete", "release", "renew", "checkpoint")
 SCRIPTS: Final[dict[str, str]] = {
     name: (files("idemkey") / "lua" / f"{name}.lua").read_text("utf-8") for name in SCRIPT_NAMES
 }

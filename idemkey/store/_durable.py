@@ -1,7 +1,7 @@
 """Policy.durability, without I/O: what an EVALSHA + WAIT answer means.
 
-Claim and complete are sent as EVALSHA + WAIT in one pipeline, on one connection, because WAIT
-counts the replicas that have this connection's writes. Both stores send that pipeline
+Claim, complete and checkpoint are sent as EVALSHA + WAIT in one pipeline, on one connection,
+because WAIT counts the replicas that have this connection's writes. Both stores send that pipeline
 (``send_with_wait`` in ``_async_runtime`` / ``_sync_runtime``) and act on the decision made here.
 """
 
@@ -26,7 +26,7 @@ __all__ = [
 ]
 
 # The scripts whose writes wait for replicas.
-_DURABLE: Final = frozenset({"claim", "complete"})
+_DURABLE: Final = frozenset({"claim", "complete", "checkpoint"})
 # Replies that mean "not on this node (now)": the cluster client handles them for plain calls,
 # the durable path (its own pipeline to the slot's master) retries them. redis-py and valkey
 # name them alike.
@@ -36,9 +36,12 @@ _REDIRECTS: Final = frozenset(
 
 
 def _wrote(name: str, reply: Any) -> bool:
-    """Whether a script reply means the call wrote: a claim (``{1, ...}``) or a completion (1)."""
+    """Whether a script reply means the call wrote (or found written, for a checkpoint): a
+    claim (``{1, ...}``), a completion (1), a checkpoint (1 or the stored result)."""
     if name == "claim":
         return isinstance(reply, list) and bool(reply) and reply[0] == 1
+    if name == "checkpoint":
+        return reply == 1 or isinstance(reply, bytes)
     return bool(reply == 1)
 
 

@@ -16,7 +16,16 @@ import contextlib
 import time
 from typing import Any
 
-from .._core import Claimed, Decision, InFlight, Record, Replay, decode_claim_reply, new_owner
+from .._core import (
+    Claimed,
+    Decision,
+    InFlight,
+    Record,
+    Replay,
+    decode_checkpoint_reply,
+    decode_claim_reply,
+    new_owner,
+)
 from ..errors import StoreError
 from ..policy import Policy
 from ._sync_heartbeat import Heartbeat
@@ -182,6 +191,22 @@ class RedisStore(Heartbeat):
         """Extend the lease by ``lease_ms``; False when it is no longer ours."""
         lease_ms = lease_ms or self.policy.lease_ms
         return bool(self._eval("renew", record.key, record.lock, owner, lease_ms) == 1)
+
+    def checkpoint(
+        self, record: Record, owner: str, field: str, result: bytes
+    ) -> bytes | None:
+        """Store a finished step's ``result`` under ``field`` (see checkpoint.lua). Returns the
+        step's stored result (``result``, or the one stored first), None when the record is no
+        longer ours (nothing written). A failed write is retried like a completion."""
+        args = (record.key, record.lock, owner, field, result)
+        deadline, delay = self._completion_deadline(None), 0.0
+        while True:
+            try:
+                return decode_checkpoint_reply(self._eval("checkpoint", *args), result)
+            except StoreError:
+                if (delay := _next_delay(delay, deadline)) <= 0:
+                    raise
+            sleep(delay)
 
     def check(self) -> list[str]:
         """Warn when the server can lose records: an evicting ``maxmemory-policy`` (any but

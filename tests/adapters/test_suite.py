@@ -1,4 +1,4 @@
-"""DESIGN.md section 4, row by row, through every adapter (one parametrized suite).
+"""docs/design.md#http-decisions, row by row, through every adapter (one parametrized suite).
 
 Each test runs once per harness in ``tests/adapters/conftest.py`` (flask, wsgi, django,
 starlette, fastapi, ... on real Redis, and ``wsgi-fakeredis``). A harness is a real app behind

@@ -319,6 +319,64 @@ class ClusterProcesses:
             ignore=(redis.RedisError,),
         )
 
+    def slots_of(self, master: RedisServer) -> list[tuple[int, int]]:
+        """The slot ranges ``master`` serves, as a live node sees them now."""
+        for node in self.nodes:
+            if not node.running or node.paused:
+                continue
+            with contextlib.suppress(redis.RedisError):
+                ranges = self._ask(node, "CLUSTER", "SLOTS")
+                return [(int(r[0]), int(r[1])) for r in ranges if int(r[2][1]) == master.port]
+        raise RedisServerError("no live node answers CLUSTER SLOTS")
+
+    def _replica_link_up(self, replica: RedisServer, master: RedisServer) -> bool:
+        """``replica`` says it replicates ``master``, its link is up and no sync is running."""
+        info = _info(self._ask(replica, "INFO", "replication"))
+        return (
+            info.get("role") == "slave"
+            and info.get("master_port") == str(master.port)
+            and info.get("master_link_status") == "up"
+            and info.get("master_sync_in_progress") == "0"
+        )
+
+    def _replica_offset(self, replica: RedisServer, master: RedisServer) -> int | None:
+        """The offset ``master`` last had acknowledged by ``replica`` (online), else None."""
+        info = self._ask(master, "INFO", "replication")  # parsed by redis-py
+        for name, value in info.items():
+            if not (name.startswith("slave") and name[5:].isdigit()):
+                continue
+            if int(value.get("port", -1)) == replica.port and value.get("state") == "online":
+                return int(value.get("offset", -1))
+        return None
+
+    def wait_replica_attached(
+        self, replica: RedisServer, master: RedisServer, timeout: float = 60.0
+    ) -> None:
+        """Wait until ``replica`` is ``master``'s replica and has caught up with it.
+
+        Three conditions, each with its own deadline so a timeout names the one that stalled:
+        the replica reports ``master_link_status:up`` towards ``master`` with no sync in
+        progress (after a full resync of the dataset), the master lists it ``online``, and its
+        acknowledged offset reaches the master's offset read once the link was up (writes keep
+        flowing under load, so "equal" could be a moving target; "reached" is monotone). From
+        then on a ``WAIT 1`` on ``master`` is answered by this replica.
+        """
+        wait_until(
+            lambda: self._replica_link_up(replica, master),
+            timeout,
+            f"node {replica.port} to replicate {master.port} with master_link_status:up",
+            interval=0.05,
+            ignore=(redis.RedisError,),
+        )
+        target = int(self._ask(master, "INFO", "replication").get("master_repl_offset", 0))
+        wait_until(
+            lambda: (self._replica_offset(replica, master) or -1) >= target,
+            timeout,
+            f"node {replica.port} to acknowledge {master.port}'s offset {target}",
+            interval=0.05,
+            ignore=(redis.RedisError,),
+        )
+
     def kill_master_for_slot(self, slot: int) -> RedisServer:
         """SIGKILL the master serving ``slot``; returns it (restart it with ``restart_node``)."""
         master = self.master_for_slot(slot)

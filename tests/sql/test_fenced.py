@@ -355,3 +355,35 @@ def test_records_lost_by_redis_still_commit_one_effect(
     assert charge(store, engine, "k8", runs) == first  # fence 2: recovered from SQL
     assert runs == [1, 1]
     assert rows(db_url, "k8") == [("k8", 1)]
+
+
+def test_a_recovery_point_fences_its_own_transaction(
+    real_client: redis.Redis, prefix: str, engine: sa.Engine, db_url: str
+) -> None:
+    """Each step can be fenced on its own row: a stale owner's step cannot commit after its
+    successor's step did, and the successor's later steps are unaffected."""
+    store = RedisStore(real_client, Policy(prefix=prefix, lease=LEASE), effects=Effects(engine))
+
+    def charge_step(call: Any, key: str) -> dict[str, int]:
+        with Session(engine) as session, session.begin():
+            session.execute(sa.insert(CHARGES).values(key=key, fence=call.fence))
+            fenced(session, call, step="charge")
+        return {"fence": call.fence}
+
+    old = guard(store, "order-9")
+    old_call = old.__enter__()
+    store._unwatch(old.record, old_call_owner(old))  # frozen before its step
+    wait_until(lambda: real_client.pttl(old.record.lock) == -2, 5, "the old lease to lapse")
+    with guard(store, "order-9") as call:
+        assert call.takeover
+        assert call.step("charge", charge_step, call, "order-9:charge") == {"fence": 2}
+        call.save("shipped")
+    with Session(engine) as session:
+        session.begin()
+        session.execute(sa.insert(CHARGES).values(key="order-9:charge", fence=old_call.fence))
+        with pytest.raises(LeaseLostError):
+            fenced(session, old_call, step="charge")
+        session.rollback()
+    old.__exit__(None, None, None)
+    assert rows(db_url, "order-9:charge") == [("order-9:charge", 2)]
+    store.close()

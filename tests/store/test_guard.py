@@ -1,4 +1,4 @@
-"""guard() / aguard() / idempotent(): DESIGN.md section 5, for both stores, on both backends."""
+"""guard() / aguard() / idempotent(): docs/design.md#guards, for both stores, on both backends."""
 
 from __future__ import annotations
 

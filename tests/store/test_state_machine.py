@@ -1,6 +1,6 @@
 """A hypothesis state machine drives claim/complete/release/renew/expiry against a model.
 
-The model is the contract of the four scripts (DESIGN.md section 3) in a few lines of Python;
+The model is the contract of the four scripts (docs/design.md#the-scripts) in a few lines of Python;
 after every step the record hash and the lock in Redis must equal the model, field by field.
 Runs on the real server and on fakeredis (``sync_client``), with a bounded example count.
 """

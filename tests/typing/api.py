@@ -100,6 +100,20 @@ async def apay(invoice: Invoice) -> Receipt:
         return call.result
 
 
+def steps(invoice: Invoice) -> object:
+    with guard(store, f"order:{invoice.id}", payload=invoice.id) as call:
+        receipt = call.step("charge", charge, invoice)
+        downstream_key: str = call.step_key("charge")
+        resumed: tuple[str, ...] = call.resumed_steps
+        call.save(receipt)
+        return (receipt, downstream_key, resumed)
+
+
+async def asteps(invoice: Invoice) -> object:
+    async with aguard(astore, f"order:{invoice.id}") as call:
+        return await call.step("charge", charge, invoice)
+
+
 @idempotent(store, key=lambda invoice: f"charge:{invoice.id}", result_type=Receipt)
 def charge_job(invoice: Invoice) -> Receipt:
     return charge(invoice)

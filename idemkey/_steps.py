@@ -1,0 +1,149 @@
+"""Recovery points, without I/O: step names, their Redis fields and keys, and the order rules.
+
+A claimed call runs named steps (``call.step(name, fn, ...)``). Each finished step's result
+is stored in the record by checkpoint.lua, written only by the record's current owner. A later
+executor of the same key (a retry after a release, a takeover after a crash) receives the
+finished steps with its claim and gets their results back instead of running them again.
+
+:class:`StepBook` owns the rules for one claimed call; the shells in ``_steprun.py`` only move
+bytes between it, the step function and the store:
+
+* a name is validated before anything runs (:func:`check_step_name`);
+* a finished step (ours or an earlier executor's) is never run again: its stored result is
+  returned, so the code after a step sees the same value on a first run and on a resume;
+* one name cannot run twice at once (two tasks of one call);
+* after a checkpoint was refused (our lease was taken over) no step starts: the call is lost;
+* after the guard's block has exited no step starts.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+from collections.abc import Iterable
+from typing import Any, Final
+
+from .errors import ConfigurationError, LeaseLostError, UsageError
+
+__all__ = [
+    "MAX_STEP_NAME",
+    "StepBook",
+    "_async_result",
+    "_sync_result",
+    "check_step_name",
+    "step_field",
+    "step_key",
+]
+
+#: Longest step name, in characters: names are code, not data.
+MAX_STEP_NAME: Final = 100
+# Step results live in the record hash under "s:<name>": no other record field starts so.
+_FIELD_PREFIX: Final = "s:"
+
+
+def check_step_name(name: object) -> str:
+    """Return ``name`` if it can name a step, else raise :class:`ConfigurationError`.
+
+    A step name is a non-empty ``str`` of at most ``MAX_STEP_NAME`` printable characters: it
+    is stored as part of a Redis field name and shown in logs, so it must read back exactly as
+    written.
+    """
+    if not isinstance(name, str):
+        raise ConfigurationError(f"a step name must be a str, not {type(name).__name__}")
+    if not name:
+        raise ConfigurationError("a step name must not be empty")
+    if len(name) > MAX_STEP_NAME:
+        raise ConfigurationError(f"a step name must be at most {MAX_STEP_NAME} characters")
+    # isprintable() is False for control characters and for lone surrogates (which UTF-8
+    # cannot encode), so a printable name always round-trips through Redis.
+    if not name.isprintable():
+        raise ConfigurationError("a step name must be printable (no control characters)")
+    return name
+
+
+def step_field(name: str) -> str:
+    """The record-hash field holding the result of step ``name`` (already checked)."""
+    return _FIELD_PREFIX + name
+
+
+def step_key(record_digest: str, name: str) -> str:
+    """A key for the downstream call made inside step ``name`` of the record ``record_digest``.
+
+    The same for every executor of the record (first run, retry, takeover), so the downstream
+    service (a PSP's own idempotency key) dedups a step that ran but was not checkpointed
+    before a crash. Derived from the record's digest, never from the raw key (which may be a
+    secret); 35 ASCII characters, within every PSP's limit.
+    """
+    material = f"{record_digest}\x00{check_step_name(name)}".encode()
+    return "ik_" + hashlib.blake2b(material, digest_size=16).hexdigest()
+
+
+class StepBook:
+    """The steps of one claimed call: which are finished, which run, whether we may go on."""
+
+    __slots__ = ("_closed", "_done", "_lost", "_running", "fence", "resumed")
+
+    def __init__(self, fence: int | None, finished: Iterable[tuple[str, bytes]] = ()) -> None:
+        self.fence = fence
+        self._done: dict[str, bytes] = dict(finished)
+        #: Names of the steps an earlier executor finished (their results came with the claim).
+        self.resumed: tuple[str, ...] = tuple(self._done)
+        self._running: set[str] = set()
+        self._lost = False
+        self._closed = False
+
+    def begin(self, name: object) -> bytes | None:
+        """Start step ``name``: its stored result if it is finished (do not run it), else None
+        (run it, then :meth:`finish` or :meth:`abandon`)."""
+        name = check_step_name(name)
+        if self._closed:
+            raise UsageError("call.step() after the guard's block has exited")
+        if self._lost:
+            raise LeaseLostError(self.fence)
+        if name in self._done:
+            return self._done[name]
+        if name in self._running:
+            raise UsageError(f"step {name!r} is already running in this call")
+        self._running.add(name)
+        return None
+
+    def finish(self, name: str, result: bytes) -> None:
+        """The store took the checkpoint of ``name``: it is finished."""
+        self._running.discard(name)
+        self._done[name] = result
+
+    def abandon(self, name: str) -> None:
+        """``name`` raised, or its result could not be stored: not finished, may run again."""
+        self._running.discard(name)
+
+    def lose(self, name: str) -> LeaseLostError:
+        """The store refused the checkpoint of ``name``: another executor owns the record now.
+        Returns the error to raise; no later step of this call will start."""
+        self._running.discard(name)
+        self._lost = True
+        return LeaseLostError(self.fence)
+
+    def close(self) -> None:
+        """The guard's block has exited."""
+        self._closed = True
+
+
+# What a step function returned, as a result: the one difference between the asyncio runner
+# (guard/_async_steps.py) and the generated sync one, which scripts/unasync.py points from
+# ``_async_result`` to ``_sync_result``.
+
+
+async def _async_result(name: str, value: Any) -> Any:
+    """Under aguard a step function may be a coroutine function: await what it returned."""
+    return await value if inspect.isawaitable(value) else value
+
+
+def _sync_result(name: str, value: Any) -> Any:
+    """Under guard nothing can await a step's coroutine: refuse it (closed, so Python does not
+    warn that it was never awaited)."""
+    if inspect.isawaitable(value):
+        close = getattr(value, "close", None)
+        if close is not None:
+            close()
+        raise UsageError(f"step {name!r} returned an awaitable: use aguard for async steps")
+    return value

@@ -1,0 +1,89 @@
+"""The Celery app of tests/contrib/test_celery.py, for the test process and the real worker.
+
+The worker imports :mod:`tests.contrib._celery_worker`, which calls :func:`make_app` with the
+broker URL and key prefix the test put in its environment. Every side effect of a task is
+counted in Redis, so the test sees how often each piece of work really ran.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import redis
+from celery import Celery
+
+from idemkey import Policy, RedisStore
+from idemkey.contrib.celery import IdempotentTask
+
+LEASE = 1.0  # seconds: a killed worker's record is taken over soon after
+STEPS = ("reserve", "charge", "ship")
+WAIT = 30  # seconds a blocked task waits for the test's go signal
+
+
+def make_app(url: str, prefix: str) -> Celery:
+    app = Celery("idemkey_tests", broker=url, backend=url, set_as_current=False)
+    app.conf.update(
+        task_default_queue=prefix,
+        broker_connection_retry_on_startup=True,
+        # A message a killed worker took but never acknowledged comes back after 2 s; the
+        # worker looks for such messages every second.
+        broker_transport_options={
+            "visibility_timeout": 2,
+            "unacked_restore_interval": 1,
+            "unacked_restore_throttle": 1,
+        },
+        worker_prefetch_multiplier=1,
+        result_expires=600,
+        result_extended=True,  # the stored result names its retry count
+    )
+
+    def make_store() -> RedisStore:
+        return RedisStore(redis.Redis.from_url(url), Policy(prefix=prefix, lease=LEASE))
+
+    def client() -> redis.Redis:
+        return redis.Redis.from_url(url)
+
+    @app.task(
+        base=IdempotentTask,
+        shared=False,
+        bind=True,
+        name="tests.slow_total",
+        idempotency_store=make_store,
+        idempotency_retry_max=0.3,
+    )
+    def slow_total(self: IdempotentTask, order_id: str, amount: int) -> dict[str, Any]:
+        """Counts its runs, then waits for the test's go before it returns."""
+        redis_client = client()
+        redis_client.incr(f"{prefix}:runs")
+        redis_client.blpop([f"{prefix}:go"], timeout=WAIT)
+        return {"order": order_id, "total": amount * 2, "pid": os.getpid()}
+
+    @app.task(
+        base=IdempotentTask,
+        shared=False,
+        bind=True,
+        acks_late=True,
+        name="tests.place_order",
+        idempotency_store=make_store,
+        idempotency_key=lambda order_id: f"order:{order_id}",
+    )
+    def place_order(self: IdempotentTask, order_id: str) -> list[Any]:
+        """Three recovery points; while ``{prefix}:block`` exists it stops after the step
+        named there (``{prefix}:after`` tells the test) and waits, to be killed."""
+        redis_client = client()
+        call = self.idempotent_call
+        results = []
+        for name in STEPS:
+            results.append(call.step(name, side_effect, redis_client, prefix, name, call.fence))
+            if redis_client.get(f"{prefix}:block") == name.encode():
+                redis_client.set(f"{prefix}:after", name)
+                redis_client.blpop([f"{prefix}:go"], timeout=WAIT)
+        return results
+
+    return app
+
+
+def side_effect(client: redis.Redis, prefix: str, name: str, fence: int | None) -> dict[str, Any]:
+    client.incr(f"{prefix}:side:{name}")
+    return {"step": name, "pid": os.getpid(), "fence": fence}

@@ -1,0 +1,10 @@
+"""``celery -A tests.contrib._celery_worker worker ...``: the app, configured from the
+environment the test started the worker with."""
+
+from __future__ import annotations
+
+import os
+
+from tests.contrib._celery_app import make_app
+
+app = make_app(os.environ["IDEMKEY_CELERY_URL"], os.environ["IDEMKEY_CELERY_PREFIX"])
