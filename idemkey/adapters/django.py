@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import contextvars
 import functools
+import inspect
 import io
 import weakref
 from collections.abc import Callable
@@ -89,24 +90,32 @@ def idempotent(view: F | None = None, /, **options: Any) -> F | Callable[[F], F]
     changes = policy_options(options)
 
     def decorate(view: F) -> F:
-        @functools.wraps(view)
-        def wrapped(*args: Any, **kwargs: Any) -> Any:
-            return view(*args, **kwargs)
-
-        setattr(wrapped, OPTIONS_ATTRIBUTE, changes)
-        return wrapped  # type: ignore[return-value]
+        return _marked(view, OPTIONS_ATTRIBUTE, changes)
 
     return decorate(view) if view is not None else decorate
 
 
 def idempotency_exempt(view: F) -> F:
     """Never guard this view, even with ``IDEMKEY["GUARD"] = "all"``."""
+    return _marked(view, EXEMPT_ATTRIBUTE, True)
 
-    @functools.wraps(view)
-    def wrapped(*args: Any, **kwargs: Any) -> Any:
-        return view(*args, **kwargs)
 
-    setattr(wrapped, EXEMPT_ATTRIBUTE, True)
+def _marked(view: F, attribute: str, value: object) -> F:
+    """A wrapper of ``view`` carrying ``attribute``; async views stay async (Django checks)."""
+    if inspect.iscoroutinefunction(view):
+
+        async def wrapped_async(*args: Any, **kwargs: Any) -> Any:
+            return await view(*args, **kwargs)
+
+        wrapped: Callable[..., Any] = wrapped_async
+    else:
+
+        def wrapped_sync(*args: Any, **kwargs: Any) -> Any:
+            return view(*args, **kwargs)
+
+        wrapped = wrapped_sync
+    functools.update_wrapper(wrapped, view)
+    setattr(wrapped, attribute, value)
     return wrapped  # type: ignore[return-value]
 
 

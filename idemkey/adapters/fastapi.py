@@ -35,15 +35,14 @@ guarding nothing.
 OpenAPI: each guarded operation documents the ``Idempotency-Key`` header parameter (required
 or optional as configured), the problem responses idemkey may answer (400, 409, 413, the
 key-reuse status and 503) as ``application/problem+json``, and the ``Idempotent-Replayed``
-header on its success response. Declare the guard on the route or on its ``APIRouter`` for the
-documentation to show; a guard added by ``include_router(dependencies=...)`` guards, but the
-schema of the original route does not know it.
+header on its success response, whether the guard is declared on the route, on its
+``APIRouter`` or by ``include_router(dependencies=...)``.
 """
 
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final
 
@@ -58,6 +57,7 @@ from .asgi import IdempotencyMiddleware
 
 if TYPE_CHECKING:
     from fastapi import params
+    from starlette.responses import Response
     from starlette.types import Receive, Scope, Send
 
     from ..policy import Policy
@@ -136,6 +136,26 @@ class IdempotentRoute(APIRoute):
             policy = idem.policy.replace(**options) if options else idem.policy
             self.openapi_extra = _document(self.openapi_extra, policy, self.status_code)
 
+    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
+        handler = super().get_route_handler()
+        # Recent FastAPI builds each include_router() inclusion here, with its context set (older
+        # versions copy the route, whose __init__ sees the inclusion's dependencies): a guard
+        # added by include_router(dependencies=...) is documented on the inclusion.
+        variable = getattr(fastapi.routing, "_effective_route_context_var", None)
+        context = variable.get() if variable is not None else None
+        if (
+            context is not None
+            and getattr(context, "original_route", None) is self
+            and not _guards(self.dependencies)
+        ):
+            guards = _guards(context.dependencies)
+            if guards:
+                idem, options = _merged(guards)
+                policy = idem.policy.replace(**options) if options else idem.policy
+                extra = _document(context.openapi_extra, policy, context.status_code)
+                context.openapi_extra = extra
+        return handler
+
     async def handle(self, scope: Scope, receive: Receive, send: Send) -> None:
         template, dependencies = self._effective(scope)
         guards = _guards(dependencies)
@@ -160,8 +180,8 @@ class IdempotentRoute(APIRoute):
     def _effective(self, scope: Scope) -> tuple[str, Sequence[params.Depends]]:
         """The template and dependencies this request was routed with.
 
-        FastAPI before 0.120 copies a route into each ``include_router`` (so ``self`` is the
-        copy); later versions keep one route and describe each inclusion in a context object.
+        Older FastAPI versions copy a route into each ``include_router`` (so ``self`` is the
+        copy); recent ones keep one route and describe each inclusion in a context object.
         """
         lookup = getattr(fastapi.routing, "_get_scope_effective_route_context", None)
         context = lookup(scope) if lookup is not None else None

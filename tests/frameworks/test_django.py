@@ -188,6 +188,11 @@ async def test_asgi_django_through_the_async_test_client(
     assert again.headers["Idempotent-Replayed"] == "true"
     assert again.content == first.content
     assert runs(real_client, prefix, "charges") == 1
+    one = await client.post("/async-charges", data=data, content_type=JSON, headers=headers)
+    two = await client.post("/async-charges", data=data, content_type=JSON, headers=headers)
+    assert (one.status_code, two.status_code) == (201, 201)
+    assert two.headers["Idempotent-Replayed"] == "true"
+    assert one.json() == {"async": True, "body": data}
 
 
 # ---- real servers ---------------------------------------------------------------------------

@@ -188,3 +188,39 @@ def test_a_guard_on_a_plain_route_fails_loudly() -> None:
 
     with pytest.raises(ConfigurationError, match="IdempotentRoute"):
         asyncio.run(call())
+
+
+async def test_a_guard_added_by_include_router_guards_and_is_documented(
+    redis_url: str, prefix: str
+) -> None:
+    client = redis.asyncio.Redis.from_url(redis_url)
+    store = AsyncRedisStore(client, Policy(prefix=prefix))
+    idem = Idempotency(store)
+    runs = []
+    router = APIRouter(route_class=IdempotentRoute)
+
+    @router.post("/payouts", status_code=202)
+    async def payout() -> dict[str, int]:
+        runs.append(1)
+        return {"run": len(runs)}
+
+    app = FastAPI()
+    app.include_router(router, prefix="/v2", dependencies=[idem.guard(wait=1.0)])
+    app.include_router(router, prefix="/open")  # the same router, unguarded here
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://t") as http:
+        key = {"Idempotency-Key": "p"}
+        first = await http.post("/v2/payouts", headers=key)
+        again = await http.post("/v2/payouts", headers=key)
+        assert (first.status_code, again.status_code) == (202, 202)
+        assert again.headers["Idempotent-Replayed"] == "true"
+        assert (await http.post("/v2/payouts")).status_code == 400
+        assert (await http.post("/open/payouts")).status_code == 202  # no key needed there
+        schema = (await http.get("/openapi.json")).json()
+    guarded = schema["paths"]["/v2/payouts"]["post"]
+    assert [p["name"] for p in guarded["parameters"]] == ["Idempotency-Key"]
+    assert "Idempotent-Replayed" in guarded["responses"]["202"]["headers"]
+    assert "Idempotency-Key" not in str(schema["paths"]["/open/payouts"])
+    assert runs == [1, 1]
+    await store.aclose()
+    await client.aclose()

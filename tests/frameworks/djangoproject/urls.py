@@ -9,6 +9,7 @@ urlpatterns = [
     path("charges", views.charges),
     path("charges/<int:charge_id>", views.capture),
     path("charges/<int:charge_id>/refund", views.refund),
+    path("async-charges", views.async_charges),
     path("login", views.login),
     path("webhook", views.webhook),
     path("slow", views.slow),

@@ -66,6 +66,12 @@ def capture(request: HttpRequest, charge_id: int) -> HttpResponse:
     return HttpResponse(b"ok", status=201)
 
 
+@idempotent
+async def async_charges(request: HttpRequest) -> HttpResponse:
+    """An async view: Django must still see a coroutine function behind the decorator."""
+    return JsonResponse({"async": True, "body": request.body.decode()}, status=201)
+
+
 @idempotent(required=False, ttl=3600)
 def refund(request: HttpRequest, charge_id: int) -> HttpResponse:
     run = _run("refund")
