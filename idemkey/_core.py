@@ -75,6 +75,10 @@ def parse_key(value: str, *, strict: bool = False) -> str:
         key = match.group(1)
         if "\\" in key:
             key = _SF_ESCAPE.sub(r"\1", key)
+        if "," in key:
+            # gunicorn and werkzeug join two field lines `"x` and `y"` into `"x,y"`, a valid
+            # sf-string: a comma is refused in both forms, so several lines never pass as one.
+            return _invalid("the key must not contain a comma (several field lines?)")
     elif strict:
         return _invalid('the key must be an RFC 8941 string in double quotes, like "abc"')
     elif _BARE.fullmatch(value) is None:
