@@ -157,6 +157,8 @@ _TITLES: Final = {
     "in_flight": "A request with this Idempotency-Key is still being processed",
     "request_too_large": "Request body too large for an idempotent request",
     "incomplete_body": "Request body shorter than its Content-Length",
+    "invalid_body": "Request body could not be read",
+    "body_unavailable": "Request body was read before idemkey could fingerprint it",
     "store_unavailable": "Idempotency store unavailable",
     "record_unreadable": "Stored response unreadable",
 }
@@ -413,7 +415,11 @@ class BodyCopy:
 
 def content_length(headers: Headers) -> int | None:
     """The declared Content-Length, or None when absent or malformed."""
-    value = headers.get("content-length")
+    return parse_content_length(headers.get("content-length"))
+
+
+def parse_content_length(value: str | None) -> int | None:
+    """A Content-Length value as a number, or None when absent or malformed."""
     # ASCII digits inside optional spaces and tabs (RFC 9110 OWS), nothing else: isdigit()
     # accepts "³" (latin-1 0xB3) and strip() removes "\x1c", and int() refuses both.
     digits = value.strip(" \t") if value is not None else ""

@@ -37,13 +37,14 @@ from typing import TYPE_CHECKING, Any, TypeVar, overload
 
 import redis
 from flask import current_app, g, request
-from werkzeug.exceptions import HTTPException, RequestEntityTooLarge
+from werkzeug.exceptions import HTTPException
 
 from ..errors import ConfigurationError
-from ..http import Response, begin
+from ..http import Exchange, Response, begin, problem
 from ..policy import Policy
 from ..store import RedisStore
-from .wsgi import claim, request_of, settle
+from ._wsgi_body import BODY_KEY, BodyCapture, read_body
+from .wsgi import _environ_key, claim, request_of, settle
 
 if TYPE_CHECKING:
     from flask import Flask
@@ -61,6 +62,23 @@ class _AppState:
     store: RedisStore
     policy: Policy
     views: dict[int, Policy] = dataclasses.field(default_factory=dict)
+
+    rule: tuple[frozenset[str], frozenset[str], int] | None = None
+    rule_from: int = -1
+
+    def capture_rule(
+        self, overrides: list[dict[str, Any]]
+    ) -> tuple[frozenset[str], frozenset[str], int]:
+        """Methods, environ keys of the key header, and byte limit of any guarded view."""
+        if self.rule is None or self.rule_from != len(overrides):  # views decorated since
+            policies = [self.policy, *(self.policy.replace(**o) for o in overrides)]
+            self.rule = (
+                frozenset().union(*(p.methods for p in policies)),
+                frozenset(_environ_key(p.header) for p in policies),
+                max(p.max_request_bytes for p in policies),
+            )
+            self.rule_from = len(overrides)
+        return self.rule
 
     def policy_for(self, view: int, overrides: dict[str, Any]) -> Policy:
         policy = self.views.get(view)
@@ -80,6 +98,7 @@ class Idemkey:
     ) -> None:
         self.store = store
         self.policy = policy
+        self._overrides: list[dict[str, Any]] = []  # every view's Policy changes, for capture
         if app is not None:
             self.init_app(app)
 
@@ -94,7 +113,17 @@ class Idemkey:
             if not url:
                 raise ConfigurationError("set IDEMKEY_REDIS_URL or pass Idemkey(store=...)")
             store = RedisStore(redis.Redis.from_url(url), policy)
-        app.extensions["idemkey"] = _AppState(store, policy)
+        app.extensions["idemkey"] = state = _AppState(store, policy)
+        # Capture a keyed body before Flask runs a hook that may consume it (request.form).
+        limit_for = functools.partial(self._capture_limit, state)
+        app.wsgi_app = BodyCapture(app.wsgi_app, limit_for)  # type: ignore[method-assign]
+
+    def _capture_limit(self, state: _AppState, environ: dict[str, Any]) -> int | None:
+        """The byte limit to capture a keyed request's body with; None: not keyed here."""
+        methods, keys, limit = state.capture_rule(self._overrides)
+        if environ.get("REQUEST_METHOD") in methods and not keys.isdisjoint(environ):
+            return limit
+        return None
 
     @overload
     def idempotent(self, view: F, /) -> F: ...
@@ -111,6 +140,9 @@ class Idemkey:
         unknown = set(overrides) - set(_FIELDS)
         if unknown:
             raise ConfigurationError(f"unknown Policy fields: {', '.join(sorted(unknown))}")
+
+        if overrides:
+            self._overrides.append(overrides)
 
         def decorate(view: F) -> F:
             @functools.wraps(view)
@@ -138,20 +170,9 @@ def _guard(
         return view(*args, **kwargs)  # type: ignore[no-any-return]
     if isinstance(step, Response):
         return _respond(step)
-    length = req.content_length
-    if length is not None and step.too_large(length):
-        return _respond(step.too_large_response())
-    # Bound a chunked body's read: werkzeug stops at the maximum without raising, so read one
-    # byte more than allowed to tell "at the limit" from "over it".
-    bound = policy.max_request_bytes + 1
-    if req.max_content_length is None or req.max_content_length > bound:
-        req.max_content_length = bound
-    try:
-        body: bytes | None = req.get_data(cache=True)  # the view reads these from the cache
-    except RequestEntityTooLarge:
-        body = None
-    if body is None or step.too_large(len(body)):
-        return _respond(step.too_large_response())
+    body = _body(req, step)  # the bytes the client sent, whatever a hook read before us
+    if isinstance(body, Response):
+        return _respond(body)
     answer = claim(store, step, body)
     if answer is None:
         return view(*args, **kwargs)  # type: ignore[no-any-return]
@@ -175,6 +196,25 @@ def _guard(
         kept = data if len(data) <= policy.max_response_bytes else None
     settle(store, step, response.status_code, response.headers.to_wsgi_list(), kept)
     return response
+
+
+def _body(req: Any, step: Exchange) -> bytes | Response:
+    """The body captured by the layer init_app installed, or read now if nothing read it yet."""
+    if BODY_KEY not in req.environ and _touched(req):
+        # No capture layer (app.wsgi_app replaced after init_app) and the stream is consumed:
+        # a fingerprint of what is left would make different operations one. Refuse instead.
+        return problem(
+            500,
+            "body_unavailable",
+            "the request body was read before idemkey saw it; keep the layer Idemkey.init_app "
+            "puts around app.wsgi_app",
+        )
+    return read_body(req.environ, step)
+
+
+def _touched(req: Any) -> bool:
+    """Whether werkzeug already opened the body stream (get_data, form, stream)."""
+    return "stream" in req.__dict__ or "form" in req.__dict__ or hasattr(req, "_cached_data")
 
 
 def _respond(answer: Response) -> ResponseReturnValue:

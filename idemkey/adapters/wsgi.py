@@ -20,7 +20,6 @@ the app runs under a claim, ``environ["idemkey.exchange"]`` is the
 
 from __future__ import annotations
 
-import io
 from collections.abc import Iterable, Iterator
 from http import HTTPStatus
 from time import perf_counter
@@ -36,9 +35,8 @@ from ..http import (
     Request,
     Response,
     begin,
-    content_length,
-    problem,
 )
+from ._wsgi_body import read_body
 
 if TYPE_CHECKING:
     from _typeshed.wsgi import StartResponse, WSGIApplication, WSGIEnvironment
@@ -150,31 +148,6 @@ def send(start_response: StartResponse, response: Response) -> list[bytes]:
         reason = "Unknown"
     start_response(f"{response.status} {reason}", response.headers)
     return [response.body]
-
-
-def read_body(environ: WSGIEnvironment, exchange: Exchange) -> bytes | Response:
-    """The request body, re-supplied to the app as BytesIO; or the problem to answer instead."""
-    stream = environ["wsgi.input"]
-    length = content_length(exchange.request.headers)
-    if length is not None:
-        if exchange.too_large(length):
-            return exchange.too_large_response()
-        want = length
-    elif environ.get("wsgi.input_terminated"):  # chunked: the server marks the end with EOF
-        want = exchange.policy.max_request_bytes + 1
-    else:
-        want = 0  # PEP 3333: no Content-Length means no body we may read
-    parts, got = [], 0
-    while got < want and (part := stream.read(want - got)):
-        parts.append(part)
-        got += len(part)
-    if exchange.too_large(got):
-        return exchange.too_large_response()
-    if length is not None and got < length:  # the client went away mid-body: never run on half
-        return problem(400, "incomplete_body", f"the body ended after {got} of {length} bytes")
-    body = b"".join(parts)
-    environ["wsgi.input"], environ["CONTENT_LENGTH"] = io.BytesIO(body), str(got)
-    return body
 
 
 class IdempotencyMiddleware:

@@ -4,7 +4,8 @@
 counts its runs in Redis (``INCR {prefix}:runs:<key>``), where the test reads them, since the
 server runs in another process. Each answers JSON naming what it saw of the body.
 
-Run with werkzeug's own server: ``python -m idemkey_edge_apps <flask|wsgi> <port>`` (a copy; see edge_servers.py).
+Run with werkzeug's own server: ``python -m idemkey_edge_apps <flask|wsgi> <port>`` (the copy
+edge_servers.py makes of this file).
 """
 
 from __future__ import annotations

@@ -58,7 +58,11 @@ class Server:
         self.redis_url = redis_url
         self.prefix = "e" + uuid.uuid4().hex[:12]
         self.port = free_port()
-        env = {**os.environ, "IDEMKEY_TEST_REDIS_URL": redis_url, "IDEMKEY_TEST_PREFIX": self.prefix}
+        env = {
+            **os.environ,
+            "IDEMKEY_TEST_REDIS_URL": redis_url,
+            "IDEMKEY_TEST_PREFIX": self.prefix,
+        }
         self.log = log
         # The app runs as a top-level module copied next to its log, with that directory as
         # cwd: idemkey then comes from PYTHONPATH (this worktree, or another checkout when
@@ -95,9 +99,7 @@ class Server:
                 sock.shutdown(socket.SHUT_WR)
             return read_response(sock)
 
-    def post(
-        self, path: str, body: bytes, headers: list[tuple[str, str]] | None = None
-    ) -> Raw:
+    def post(self, path: str, body: bytes, headers: list[tuple[str, str]] | None = None) -> Raw:
         lines = [f"POST {path} HTTP/1.1", "Host: t", "Connection: close"]
         lines += [f"{n}: {v}" for n, v in headers or []]
         lines.append(f"Content-Length: {len(body)}")
