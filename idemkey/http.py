@@ -25,6 +25,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final, TypeVar, overload
 
+from ._canonical import canonical_json, multipart_form
 from ._codec import StoredResponse, decode_response, encode_response
 from ._core import (
     Claimed,
@@ -164,6 +165,22 @@ _TITLES: Final = {
 }
 
 
+# The content type compared for a multipart body reduced to its parts: no header can carry it
+# (a line break), so it never equals a body compared as bytes.
+_MULTIPART_PARTS: Final = "multipart/form-data\nparts"
+
+
+def _custom_form(value: object) -> bytes:
+    """What a ``Policy(fingerprint=callable)`` returned, as bytes."""
+    if isinstance(value, bytes):
+        return value
+    if isinstance(value, str):
+        return value.encode("utf-8", "surrogatepass")
+    raise ConfigurationError(
+        f"Policy.fingerprint must return bytes or str, got {type(value).__name__}"
+    )
+
+
 def problem(
     status: int, code: str, detail: str, headers: Iterable[tuple[str, str]] = ()
 ) -> Response:
@@ -239,9 +256,26 @@ class Exchange:
         return problem(413, "request_too_large", f"keyed requests may carry at most {limit} bytes")
 
     def fingerprint(self, body: bytes) -> str:
+        """The request's fingerprint, its body compared as ``Policy.fingerprint`` says."""
         request = self.request
-        content_type = request.headers.get("content-type", "")
-        return fingerprint(request.method, request.path, request.query, content_type, body)
+        headers = request.headers
+        content_type = headers.get("content-type", "")
+        encoding = headers.get("content-encoding", "")
+        how = self.policy.fingerprint
+        if how == "bytes" and content_type[:10].lower() != "multipart/":
+            pass  # the default, and the fast path: the bytes as sent
+        elif callable(how):
+            body = _custom_form(how(request, body))
+        elif not encoding:  # a canonical form reads the body, so only an unencoded one
+            if content_type[:19].lower() == "multipart/form-data":
+                parts = multipart_form(content_type, body)
+                if parts is not None:
+                    content_type, body = _MULTIPART_PARTS, parts
+            elif how == "json":
+                body = canonical_json(body) or body
+        return fingerprint(
+            request.method, request.path, request.query, content_type, body, encoding
+        )
 
     def store_failed(self, exc: StoreError) -> Response | None:
         """Redis failed before the handler ran: 503 (fail closed) or ``None`` to run it open."""
@@ -282,7 +316,8 @@ class Exchange:
             return problem(
                 status,
                 "key_reused",
-                "this key was already used with a different request; use a new key",
+                "this key was already used with a different request: resend the identical "
+                "request for a retry; use a new key only for a new operation",
             )
         assert isinstance(decision, InFlight)
         self.notify("in_flight", seconds=seconds)

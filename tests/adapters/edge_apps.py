@@ -76,6 +76,21 @@ def flask_app() -> Flask:
     def charges() -> Any:
         return _answer(run(), request.get_data()), 201
 
+    @app.post("/json")
+    @idem.idempotent(fingerprint="json")
+    def as_json() -> Any:
+        return _answer(run(), request.get_data()), 201
+
+    def without_nonce(_request: object, body: bytes) -> bytes:
+        payload = json.loads(body)
+        payload.pop("nonce", None)
+        return json.dumps(payload, sort_keys=True).encode()
+
+    @app.post("/nonce")
+    @idem.idempotent(fingerprint=without_nonce)
+    def with_nonce() -> Any:
+        return _answer(run(), request.get_data()), 201
+
     @app.post("/reason")
     @idem.idempotent
     def reason() -> Any:
@@ -140,13 +155,14 @@ def asgi_app() -> AsgiMiddleware:
             body += message.get("body", b"")
             if not message.get("more_body"):
                 break
+        status = 201
         if scope["method"] == "GET":
-            data = b"ok"
+            status, data = 200, b"ok"
         else:
             key = dict(scope["headers"]).get(b"idempotency-key", b"").decode()
             data = _answer(int(await client.incr(f"{prefix}:runs:{key}")), body)
         headers = [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(data))]
-        await send({"type": "http.response.start", "status": 201, "headers": headers})
+        await send({"type": "http.response.start", "status": status, "headers": headers})
         await send({"type": "http.response.body", "body": data})
 
     store = AsyncRedisStore(client, Policy(prefix=prefix, lease=10.0))

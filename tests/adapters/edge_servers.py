@@ -14,7 +14,12 @@ import sys
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
+if TYPE_CHECKING:
+    from collections.abc import Callable, Iterator
+
+import pytest
 import redis
 
 from tests._servers import free_port, wait_until
@@ -149,3 +154,23 @@ def read_response(sock: socket.socket) -> Raw:
     else:
         body = stream.read()
     return Raw(status, reason[0] if reason else "", headers, body)
+
+
+@pytest.fixture(scope="module")
+def servers(
+    redis_url: str, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Callable[[str, str], Server]]:
+    """``servers(server, app)``: each started once per test module, stopped at its end."""
+    running: dict[tuple[str, str], Server] = {}
+
+    def get(server: str, app: str) -> Server:
+        if (server, app) not in running:
+            log = tmp_path_factory.mktemp("edge") / f"{server}-{app}.log"
+            running[server, app] = Server(server, app, redis_url, log)
+        return running[server, app]
+
+    try:
+        yield get
+    finally:
+        for server in running.values():
+            server.close()

@@ -13,12 +13,13 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from tests.adapters.edge_servers import Raw, Server
+from tests.adapters.edge_servers import Raw, Server, servers
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Iterator
+    from collections.abc import Callable
 
 pytestmark = pytest.mark.redis
+__all__ = ["servers"]  # the fixture, imported
 
 WSGI_SERVERS = [
     pytest.param(("gunicorn", "flask"), id="gunicorn-flask"),
@@ -26,26 +27,6 @@ WSGI_SERVERS = [
     pytest.param(("werkzeug", "flask"), id="werkzeug-flask"),
     pytest.param(("werkzeug", "wsgi"), id="werkzeug-wsgi"),
 ]
-
-
-@pytest.fixture(scope="module")
-def servers(
-    redis_url: str, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[Callable[[str, str], Server]]:
-    """``servers(server, app)``: started once per module, stopped at its end."""
-    running: dict[tuple[str, str], Server] = {}
-
-    def get(server: str, app: str) -> Server:
-        if (server, app) not in running:
-            log = tmp_path_factory.mktemp("edge") / f"{server}-{app}.log"
-            running[server, app] = Server(server, app, redis_url, log)
-        return running[server, app]
-
-    try:
-        yield get
-    finally:
-        for server in running.values():
-            server.close()
 
 
 @pytest.fixture(params=WSGI_SERVERS)
