@@ -126,11 +126,16 @@ class Request:
 
 @dataclass(frozen=True, slots=True)
 class Response:
-    """A complete answer an adapter sends as it is: status, headers (latin-1 text), body."""
+    """A complete answer an adapter sends as it is: status, headers (latin-1 text), body.
+
+    ``reason``: the reason phrase to send (a replay's, as the first client got it); ``""``
+    lets the adapter use the standard one.
+    """
 
     status: int
     headers: list[tuple[str, str]]
     body: bytes
+    reason: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -338,23 +343,32 @@ class Exchange:
             self.notify("store_error", detail=str(exc))
             return problem(503, "record_unreadable", str(exc), [("Retry-After", "1")])
         self.notify("replayed", seconds=seconds)
-        # Content-Length is recomputed: the stored body may have been left out on purpose.
-        headers = [(n, v) for n, v in response.headers if n.lower() != "content-length"]
-        headers.append(("Content-Length", str(len(response.body))))
+        # The headers as the first client got them, in order. A Content-Length is set to the
+        # body sent now (the stored body may have been left out on purpose), where it stood;
+        # none is added where the first answer had none (a 204 must not carry one).
+        headers = list(response.headers)
+        for index, (name, _) in enumerate(headers):
+            if len(name) == 14 and name.lower() == "content-length":
+                headers[index] = (name, str(len(response.body)))
         headers.append((REPLAYED_HEADER, "true"))
         if not response.body_kept:
             headers.append((BODY_NOT_KEPT_HEADER, "true"))
-        return Response(response.status, headers, response.body)
+        return Response(response.status, headers, response.body, response.reason)
 
     # After the handler.
 
     def finish(
-        self, status: int, headers: Iterable[tuple[str, str]], body: bytes | None
+        self,
+        status: int,
+        headers: Iterable[tuple[str, str]],
+        body: bytes | None,
+        reason: str = "",
     ) -> Complete | Release:
         """Store the handler's answer or release the key, from its status.
 
         ``body`` is None when the response was streamed or over ``max_response_bytes``: the
-        record then completes without it, so the handler still never runs twice.
+        record then completes without it, so the handler still never runs twice. ``reason``
+        is the status line's reason phrase (WSGI), replayed as it was sent.
         """
         policy = self.policy
         if not 100 <= status <= 599:  # not HTTP: a stored copy could never be replayed
@@ -370,8 +384,10 @@ class Exchange:
             if (low := name.lower()) not in deny and (allow is None or low in allow)
         )
         if body is None:
-            return Complete(encode_response(StoredResponse(status, kept, b"", body_kept=False)))
-        return Complete(encode_response(StoredResponse(status, kept, body)))
+            return Complete(
+                encode_response(StoredResponse(status, kept, b"", body_kept=False, reason=reason))
+            )
+        return Complete(encode_response(StoredResponse(status, kept, body, reason=reason)))
 
     def completed(self, stored: bool, seconds: float | None = None) -> None:
         """Report what the complete script said (``False``: the lease was lost meanwhile)."""

@@ -194,7 +194,8 @@ def _guard(
     if not response.is_streamed:
         data = response.get_data()
         kept = data if len(data) <= policy.max_response_bytes else None
-    settle(store, step, response.status_code, response.headers.to_wsgi_list(), kept)
+    headers = response.headers.to_wsgi_list()
+    settle(store, step, response.status_code, headers, kept, response.status[4:])
     return response
 
 
@@ -220,8 +221,14 @@ def _touched(req: Any) -> bool:
 def _respond(answer: Response) -> ResponseReturnValue:
     headers = answer.headers
     response = current_app.response_class(answer.body, answer.status, headers)
-    if not any(name.lower() == "content-type" for name, _ in headers):
+    if answer.reason:
+        response.status = f"{answer.status} {answer.reason}"  # "201 Charged OK", as first sent
+    names = {name.lower() for name, _ in headers}
+    if "content-type" not in names:
         del response.headers["Content-Type"]  # exactly the stored headers: no default added
+    if "content-length" not in names:  # nor a length the first answer did not have
+        del response.headers["Content-Length"]
+        response.automatically_set_content_length = False
     return response
 
 

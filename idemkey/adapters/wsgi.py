@@ -65,14 +65,19 @@ def claim(store: RedisStore, exchange: Exchange, body: bytes) -> Response | Clai
 
 
 def settle(
-    store: RedisStore, exchange: Exchange, status: int | None, headers: Any, body: bytes | None
+    store: RedisStore,
+    exchange: Exchange,
+    status: int | None,
+    headers: Any,
+    body: bytes | None,
+    reason: str = "",
 ) -> None:
     """Complete or release after the handler; ``status`` None: it failed, release the key.
 
     A store failure here is reported, never raised: the client still gets its real answer.
     """
     owner = exchange.claim.owner if exchange.claim else ""
-    plan = exchange.finish(status, headers, body) if status is not None else None
+    plan = exchange.finish(status, headers, body, reason) if status is not None else None
     started = perf_counter()
     try:
         if isinstance(plan, Complete):
@@ -142,10 +147,12 @@ def request_of(environ: WSGIEnvironment, route: str = "") -> Request:
 
 
 def send(start_response: StartResponse, response: Response) -> list[bytes]:
-    try:
-        reason = HTTPStatus(response.status).phrase
-    except ValueError:
-        reason = "Unknown"
+    reason = response.reason  # a replay's own phrase ("201 Charged OK"), else the standard one
+    if not reason:
+        try:
+            reason = HTTPStatus(response.status).phrase
+        except ValueError:
+            reason = "Unknown"
     start_response(f"{response.status} {reason}", response.headers)
     return [response.body]
 
@@ -194,13 +201,14 @@ class _Tee:
         self.iterable: Iterable[bytes] = ()
         self.iterator: Iterator[bytes] | None = None
         self.status: int | None = None
+        self.reason = ""
         self.headers: list[tuple[str, str]] = []
         self.copy = BodyCopy(exchange.policy.max_response_bytes)
         self.settled = False
 
     def start_response(self, status: str, headers: list[tuple[str, str]], *exc_info: Any) -> Any:
         write = self.server_start_response(status, headers, *exc_info)
-        self.status, self.headers = int(status[:3]), headers
+        self.status, self.headers, self.reason = int(status[:3]), headers, status[4:]
         self.copy.start(headers)
 
         def tee_write(data: bytes) -> None:  # the legacy write() callable: keep a copy too
@@ -231,7 +239,7 @@ class _Tee:
             return
         self.settled = True
         status = None if failed else self.status
-        settle(self.store, self.exchange, status, self.headers, self.copy.body())
+        settle(self.store, self.exchange, status, self.headers, self.copy.body(), self.reason)
 
     def close(self) -> None:
         """The server is done with us: if it stopped early, drain the app (bounded), then

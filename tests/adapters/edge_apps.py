@@ -131,9 +131,15 @@ def wsgi_app() -> IdempotencyMiddleware:
             start_response("204 No Content", [("X-Run", str(run))])
             return []
         data = _answer(run, body)
+        # Content-Length first and a repeated Link: a replay keeps order and lines as sent.
         start_response(
             "201 Created",
-            [("Content-Type", "application/json"), ("Content-Length", str(len(data)))],
+            [
+                ("Content-Length", str(len(data))),
+                ("Link", "</charges/1>; rel=self"),
+                ("Content-Type", "application/json"),
+                ("Link", "</receipts/1>; rel=receipt"),
+            ],
         )
         return [data]
 
@@ -161,7 +167,14 @@ def asgi_app() -> AsgiMiddleware:
         else:
             key = dict(scope["headers"]).get(b"idempotency-key", b"").decode()
             data = _answer(int(await client.incr(f"{prefix}:runs:{key}")), body)
-        headers = [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(data))]
+        headers = [
+            (b"content-length", b"%d" % len(data)),
+            (b"link", b"</charges/1>; rel=self"),
+            (b"content-type", b"application/json"),
+            (b"link", b"</receipts/1>; rel=receipt"),
+        ]
+        if scope["path"] == "/empty":
+            status, data, headers = 204, b"", [(b"x-run", b"1")]
         await send({"type": "http.response.start", "status": status, "headers": headers})
         await send({"type": "http.response.body", "body": data})
 
