@@ -170,6 +170,8 @@ _TITLES: Final = {
 }
 
 
+# A content type starting otherwise is not multipart: one cheap test on the default path.
+_MULTIPART_INITIALS: Final = frozenset("mM")
 # The content type compared for a multipart body reduced to its parts: no header can carry it
 # (a line break), so it never equals a body compared as bytes.
 _MULTIPART_PARTS: Final = "multipart/form-data\nparts"
@@ -267,7 +269,7 @@ class Exchange:
         content_type = headers.get("content-type", "")
         encoding = headers.get("content-encoding", "")
         how = self.policy.fingerprint
-        if how == "bytes" and content_type[:10].lower() != "multipart/":
+        if how == "bytes" and content_type[:1] not in _MULTIPART_INITIALS:
             pass  # the default, and the fast path: the bytes as sent
         elif callable(how):
             body = _custom_form(how(request, body))
