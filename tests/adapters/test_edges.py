@@ -49,14 +49,21 @@ FORM = [("Content-Type", "application/x-www-form-urlencoded")]
 # ---- 10: two Idempotency-Key field lines ----------------------------------------------------
 
 
-def test_two_key_field_lines_joined_by_the_server_are_refused(wsgi_server: Server) -> None:
-    """gunicorn and werkzeug join `"x` and `y"` into one value, which must not pass as a key."""
+@pytest.mark.parametrize(
+    "where", [*WSGI_SERVERS, pytest.param(("uvicorn", "asgi"), id="uvicorn-asgi")]
+)
+def test_two_key_field_lines_are_refused_on_every_server(
+    servers: Callable[[str, str], Server], where: tuple[str, str]
+) -> None:
+    """gunicorn and werkzeug join `"x` and `y"` into one value, `"x,y"`, which must not pass
+    as a key; uvicorn keeps two lines, refused as such."""
+    server = servers(*where)
     key = new_key()
     headers = [("Idempotency-Key", f'"{key}'), ("Idempotency-Key", 'y"'), *FORM]
-    reply = wsgi_server.post("/charges", b"amount=10", headers)
+    reply = server.post("/charges", b"amount=10", headers)
     assert reply.status == 400, reply
     assert code(reply) == "invalid_key"
-    assert wsgi_server.runs(f'"{key}') == 0
+    assert server.runs(f'"{key},y"') == server.runs(f'"{key}, y"') == 0
 
 
 # ---- 2: a framework read the body before the view --------------------------------------------
