@@ -22,6 +22,12 @@ defaults) with the ``IDEMKEY_*`` keys applied. Everything per app lives in
 :class:`~idemkey.http.Exchange`; ``g.idemkey.claim.fence`` is the fencing token), so one
 ``Idemkey`` serves any number of apps in one process.
 
+``init_app`` wraps ``app.wsgi_app`` in a small WSGI layer that reads a keyed request's body
+(method in ``methods``, key header present) before Flask runs any hook, and hands Flask the
+same bytes: the fingerprint covers what the client sent even when a ``before_request`` hook
+parses ``request.form`` first. A body shorter than its Content-Length is answered 400
+``incomplete_body``, a broken chunked one 400 ``invalid_body``, as the WSGI middleware does.
+
 The record's route is the URL rule template (``/charges/<int:id>``). The view's answer, as
 ``make_response`` builds it, is what is stored; ``after_request`` hooks run on first answers
 and replays alike. A streamed response (``response.is_streamed``) passes through and the record
