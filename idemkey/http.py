@@ -265,9 +265,10 @@ class Exchange:
     def fingerprint(self, body: bytes) -> str:
         """The request's fingerprint, its body compared as ``Policy.fingerprint`` says."""
         request = self.request
-        headers = request.headers
-        content_type = headers.get("content-type", "")
-        encoding = headers.get("content-encoding", "")
+        lookup = request.headers.get_all  # hot path: what .get would call, one call less
+        types, encodings = lookup("content-type"), lookup("content-encoding")
+        content_type = types[0] if types else ""
+        encoding = encodings[0] if encodings else ""
         how = self.policy.fingerprint
         if how == "bytes" and content_type[:1] not in _MULTIPART_INITIALS:
             pass  # the default, and the fast path: the bytes as sent
