@@ -43,12 +43,16 @@ class StoredResponse(msgspec.Struct, frozen=True, array_like=True):
 
     ``body_kept`` is False when the body was too large or streamed: the record then holds
     status and headers only, and a replay says so instead of running the handler again.
+    ``reason`` is the status line's reason phrase as the app sent it (WSGI; ``""`` when it
+    has none, as in ASGI). A trailing field with a default: records written before it existed
+    still decode, and an older reader ignores it.
     """
 
     status: Annotated[int, msgspec.Meta(ge=100, le=599)]
     headers: tuple[tuple[str, str], ...]
     body: bytes
     body_kept: bool = True
+    reason: str = ""
 
 
 _encoder: Final = msgspec.msgpack.Encoder()

@@ -12,7 +12,8 @@ Invariants:
   collides with another tenant's record), and it keeps raw client input out of the braces, where
   ``""`` or ``"}x"`` would change the slot.
 * The fingerprint only compares two requests that already share a record, so it may be fast:
-  xxh3-128 over the length-prefixed method, target, sorted query, content type and body.
+  xxh3-128 over the length-prefixed method, target, sorted query, content type and body (and
+  the content encoding when there is one).
 """
 
 from __future__ import annotations
@@ -75,6 +76,10 @@ def parse_key(value: str, *, strict: bool = False) -> str:
         key = match.group(1)
         if "\\" in key:
             key = _SF_ESCAPE.sub(r"\1", key)
+        if "," in key:
+            # gunicorn and werkzeug join two field lines `"x` and `y"` into `"x,y"`, a valid
+            # sf-string: a comma is refused in both forms, so several lines never pass as one.
+            return _invalid("the key must not contain a comma (several field lines?)")
     elif strict:
         return _invalid('the key must be an RFC 8941 string in double quotes, like "abc"')
     elif _BARE.fullmatch(value) is None:
@@ -118,12 +123,21 @@ def record_for(prefix: str, scope: str, method: str, route: str, key: str) -> Re
     return Record(digest, name, name + ":lock")
 
 
-def fingerprint(method: str, target: str, query: str, content_type: str, body: bytes) -> str:
+def fingerprint(
+    method: str,
+    target: str,
+    query: str,
+    content_type: str,
+    body: bytes,
+    content_encoding: str = "",
+) -> str:
     """Fingerprint an HTTP request; two requests with one key must match it to be one request.
 
     ``target`` is the concrete path (not the route template), so one key cannot be replayed
     against another resource on the same route. The query is compared as a sorted set of
-    ``name=value`` pairs, so parameter order does not matter.
+    ``name=value`` pairs, so parameter order does not matter. ``body`` is the bytes sent or a
+    canonical form of them (:mod:`idemkey._canonical`); ``content_encoding`` (gzip, ...) is
+    part of the request: the same bytes sent encoded and not encoded are two requests.
     """
     if "&" in query:
         query = "&".join(sorted(query.split("&")))
@@ -131,6 +145,14 @@ def fingerprint(method: str, target: str, query: str, content_type: str, body: b
     t = target.encode("utf-8", "surrogatepass")
     q = query.encode("utf-8", "surrogatepass")
     c = content_type.encode("latin-1", "replace")
+    if (
+        content_encoding
+    ):  # a sixth part, only when present: unencoded fingerprints stay as they were
+        e = content_encoding.lower().encode("latin-1", "replace")
+        return xxhash.xxh3_128_hexdigest(
+            b"%d:%b%d:%b%d:%b%d:%b%d:%b%d:%b"
+            % (len(m), m, len(t), t, len(q), q, len(c), c, len(body), body, len(e), e)
+        )
     # Length-prefixed parts as in record_for; the body is copied once, not twice.
     return xxhash.xxh3_128_hexdigest(
         b"%d:%b%d:%b%d:%b%d:%b%d:%b" % (len(m), m, len(t), t, len(q), q, len(c), c, len(body), body)

@@ -27,6 +27,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final, TypeVar, overload
 
+from ._canonical import canonical_json, multipart_form
 from ._codec import StoredResponse, decode_response, encode_response
 from ._core import (
     Claimed,
@@ -133,11 +134,16 @@ class Request:
 
 @dataclass(frozen=True, slots=True)
 class Response:
-    """A complete answer an adapter sends as it is: status, headers (latin-1 text), body."""
+    """A complete answer an adapter sends as it is: status, headers (latin-1 text), body.
+
+    ``reason``: the reason phrase to send (a replay's, as the first client got it); ``""``
+    lets the adapter use the standard one.
+    """
 
     status: int
     headers: list[tuple[str, str]]
     body: bytes
+    reason: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -165,9 +171,29 @@ _TITLES: Final = {
     "in_flight": "A request with this Idempotency-Key is still being processed",
     "request_too_large": "Request body too large for an idempotent request",
     "incomplete_body": "Request body shorter than its Content-Length",
+    "invalid_body": "Request body could not be read",
+    "body_unavailable": "Request body was read before idemkey could fingerprint it",
     "store_unavailable": "Idempotency store unavailable",
     "record_unreadable": "Stored response unreadable",
 }
+
+
+# A content type starting otherwise is not multipart: one cheap test on the default path.
+_MULTIPART_INITIALS: Final = frozenset("mM")
+# The content type compared for a multipart body reduced to its parts: no header can carry it
+# (a line break), so it never equals a body compared as bytes.
+_MULTIPART_PARTS: Final = "multipart/form-data\nparts"
+
+
+def _custom_form(value: object) -> bytes:
+    """What a ``Policy(fingerprint=callable)`` returned, as bytes."""
+    if isinstance(value, bytes):
+        return value
+    if isinstance(value, str):
+        return value.encode("utf-8", "surrogatepass")
+    raise ConfigurationError(
+        f"Policy.fingerprint must return bytes or str, got {type(value).__name__}"
+    )
 
 
 def problem(
@@ -293,9 +319,27 @@ class Exchange:
         return render(self.policy, 413, "request_too_large", detail)
 
     def fingerprint(self, body: bytes) -> str:
+        """The request's fingerprint, its body compared as ``Policy.fingerprint`` says."""
         request = self.request
-        content_type = request.headers.get("content-type", "")
-        return fingerprint(request.method, request.path, request.query, content_type, body)
+        lookup = request.headers.get_all  # hot path: what .get would call, one call less
+        types, encodings = lookup("content-type"), lookup("content-encoding")
+        content_type = types[0] if types else ""
+        encoding = encodings[0] if encodings else ""
+        how = self.policy.fingerprint
+        if how == "bytes" and content_type[:1] not in _MULTIPART_INITIALS:
+            pass  # the default, and the fast path: the bytes as sent
+        elif callable(how):
+            body = _custom_form(how(request, body))
+        elif not encoding:  # a canonical form reads the body, so only an unencoded one
+            if content_type[:19].lower() == "multipart/form-data":
+                parts = multipart_form(content_type, body)
+                if parts is not None:
+                    content_type, body = _MULTIPART_PARTS, parts
+            elif how == "json":
+                body = canonical_json(body) or body
+        return fingerprint(
+            request.method, request.path, request.query, content_type, body, encoding
+        )
 
     def store_failed(self, exc: StoreError) -> Response | None:
         """Redis failed before the handler ran: 503 (fail closed) or ``None`` to run it open."""
@@ -338,7 +382,8 @@ class Exchange:
                 self.policy,
                 status,
                 "key_reused",
-                "this key was already used with a different request; use a new key",
+                "this key was already used with a different request: resend the identical "
+                "request for a retry; use a new key only for a new operation",
             )
         assert isinstance(decision, InFlight)
         self.notify("in_flight", seconds=seconds)
@@ -360,23 +405,32 @@ class Exchange:
             self.notify("store_error", detail=str(exc))
             return render(self.policy, 503, "record_unreadable", str(exc), [("Retry-After", "1")])
         self.notify("replayed", seconds=seconds)
-        # Content-Length is recomputed: the stored body may have been left out on purpose.
-        headers = [(n, v) for n, v in response.headers if n.lower() != "content-length"]
-        headers.append(("Content-Length", str(len(response.body))))
+        # The headers as the first client got them, in order. A Content-Length is set to the
+        # body sent now (the stored body may have been left out on purpose), where it stood;
+        # none is added where the first answer had none (a 204 must not carry one).
+        headers = list(response.headers)
+        for index, (name, _) in enumerate(headers):
+            if len(name) == 14 and name.lower() == "content-length":
+                headers[index] = (name, str(len(response.body)))
         headers.append((REPLAYED_HEADER, "true"))
         if not response.body_kept:
             headers.append((BODY_NOT_KEPT_HEADER, "true"))
-        return Response(response.status, headers, response.body)
+        return Response(response.status, headers, response.body, response.reason)
 
     # After the handler.
 
     def finish(
-        self, status: int, headers: Iterable[tuple[str, str]], body: bytes | None
+        self,
+        status: int,
+        headers: Iterable[tuple[str, str]],
+        body: bytes | None,
+        reason: str = "",
     ) -> Complete | Release:
         """Store the handler's answer or release the key, from its status.
 
         ``body`` is None when the response was streamed or over ``max_response_bytes``: the
-        record then completes without it, so the handler still never runs twice.
+        record then completes without it, so the handler still never runs twice. ``reason``
+        is the status line's reason phrase (WSGI), replayed as it was sent.
         """
         policy = self.policy
         if not 100 <= status <= 599:  # not HTTP: a stored copy could never be replayed
@@ -392,8 +446,10 @@ class Exchange:
             if (low := name.lower()) not in deny and (allow is None or low in allow)
         )
         if body is None:
-            return Complete(encode_response(StoredResponse(status, kept, b"", body_kept=False)))
-        return Complete(encode_response(StoredResponse(status, kept, body)))
+            return Complete(
+                encode_response(StoredResponse(status, kept, b"", body_kept=False, reason=reason))
+            )
+        return Complete(encode_response(StoredResponse(status, kept, body, reason=reason)))
 
     def completed(self, stored: bool, seconds: float | None = None) -> None:
         """Report what the complete script said (``False``: the lease was lost meanwhile)."""
@@ -473,7 +529,11 @@ class BodyCopy:
 
 def content_length(headers: Headers) -> int | None:
     """The declared Content-Length, or None when absent or malformed."""
-    value = headers.get("content-length")
+    return parse_content_length(headers.get("content-length"))
+
+
+def parse_content_length(value: str | None) -> int | None:
+    """A Content-Length value as a number, or None when absent or malformed."""
     # ASCII digits inside optional spaces and tabs (RFC 9110 OWS), nothing else: isdigit()
     # accepts "³" (latin-1 0xB3) and strip() removes "\x1c", and int() refuses both.
     digits = value.strip(" \t") if value is not None else ""

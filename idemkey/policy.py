@@ -125,6 +125,14 @@ class Policy:
     prefix: str = "idemkey"
     #: The tenant a request belongs to; same key in two scopes = two independent records.
     scope: Callable[[Request], str] = credential_scope
+    #: How a retry's body is compared with the first one's. ``"bytes"``: as sent, except a
+    #: ``multipart/form-data`` body, compared by its parts (names, filenames, part content types
+    #: and contents; not the boundary, which clients pick anew per call). ``"json"``: as
+    #: canonical JSON (key order and insignificant whitespace ignored); a body that is not JSON
+    #: is compared as bytes. A callable ``(request, body) -> bytes | str``: its result is
+    #: compared (leave out a timestamp or a nonce). Method, path, sorted query, Content-Type
+    #: and Content-Encoding are compared in every mode; an encoded body is never decoded.
+    fingerprint: Literal["bytes", "json"] | Callable[[Request, bytes], bytes | str] = "bytes"
     #: Status for a key reused with another body: 422 (IETF draft) or 400 (Stripe).
     mismatch_status: int = 422
     #: Store and replay 5xx answers too, instead of releasing the key so a retry runs again.
@@ -166,6 +174,8 @@ class Policy:
             raise ConfigurationError("size limits must be >= 0")
         if self.durability is not None and not isinstance(self.durability, Replicas):
             raise ConfigurationError("durability must be a Replicas(count, timeout) or None")
+        if not callable(self.fingerprint) and self.fingerprint not in ("bytes", "json"):
+            raise ConfigurationError("fingerprint must be 'bytes', 'json' or a callable")
         if not self.header or not self.header.isascii():
             raise ConfigurationError("header must be a non-empty ASCII header name")
         # Normalise case once here so every comparison on the hot path is a plain lookup.

@@ -1,27 +1,53 @@
 """What idemkey reads of a PEP 3333 environ: its headers, on demand, and its body, bounded.
 
 Shared by the WSGI middleware and the Flask extension (a Flask request is a WSGI environ), so a
-body is read and checked one way: up to ``CONTENT_LENGTH`` and never past it (a peer would
-hang), or, for a chunked request (``wsgi.input_terminated``), up to ``max_request_bytes + 1``;
-a body shorter than its ``CONTENT_LENGTH`` is refused, never run on.
+body is read and checked one way (:func:`capture`, then :func:`read_body`): up to
+``CONTENT_LENGTH`` and never past it (on werkzeug's server a read past it hangs), or, for a
+chunked request (``wsgi.input_terminated``), up to the limit plus one byte; then put back as a
+``BytesIO``, so the app reads the same bytes. A body shorter than its ``CONTENT_LENGTH`` is
+refused (400 ``incomplete_body``), one the server could not read (a malformed or aborted
+chunked upload) too (400 ``invalid_body``): never run on, never a 500.
+
+The Flask extension captures the body in a WSGI layer around ``app.wsgi_app``
+(:class:`BodyCapture`), before Flask runs any ``before_request`` hook: a hook that parses
+``request.form`` (CSRF protection does) consumes the stream, and a fingerprint taken after it
+would cover ``b""``, so two different operations would share one. The bytes wait in
+``environ["idemkey.body"]`` for :func:`read_body`.
 """
 
 from __future__ import annotations
 
 import io
-from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Final
 
-from ..http import Headers, Request
+from ..http import Headers, Request, parse_content_length
 
 if TYPE_CHECKING:
-    from _typeshed.wsgi import WSGIEnvironment
+    from collections.abc import Iterable
+
+    from _typeshed import WriteableBuffer
+    from _typeshed.wsgi import StartResponse, WSGIApplication, WSGIEnvironment
     from werkzeug import Request as WerkzeugRequest
 
     from ..http import Response
     from ._lifecycle import Lifecycle
 
-__all__ = ["EnvironHeaders", "read_body", "read_werkzeug_body", "request_of"]
+__all__ = [
+    "BODY_KEY",
+    "BodyCapture",
+    "BodyError",
+    "EnvironHeaders",
+    "capture",
+    "environ_key",
+    "read_body",
+    "read_werkzeug_body",
+    "request_of",
+]
+
+#: Where a captured body (bytes, or the :class:`BodyError` met reading it) waits for the guard.
+BODY_KEY: Final = "idemkey.body"
 
 
 class EnvironHeaders(Headers):
@@ -35,7 +61,7 @@ class EnvironHeaders(Headers):
         self._environ = environ
 
     def get_all(self, name: str) -> list[str]:
-        key = _environ_key(name)
+        key = environ_key(name)
         value = self._environ.get(key)
         # Servers set CONTENT_TYPE/CONTENT_LENGTH to "" when the request had none; an empty
         # HTTP_* value is a header sent empty (an empty Idempotency-Key is invalid, not missing).
@@ -58,7 +84,7 @@ _UNPREFIXED = frozenset({"CONTENT_TYPE", "CONTENT_LENGTH"})
 _ENVIRON_KEYS: dict[str, str] = {}
 
 
-def _environ_key(name: str) -> str:
+def environ_key(name: str) -> str:
     """``Idempotency-Key`` -> ``HTTP_IDEMPOTENCY_KEY``; Content-Type/-Length have no prefix."""
     key = _ENVIRON_KEYS.get(name)
     if key is None:
@@ -78,43 +104,122 @@ def request_of(environ: WSGIEnvironment, route: str = "") -> Request:
     return Request(method, path or "/", query, EnvironHeaders(environ), route)
 
 
+@dataclass(frozen=True, slots=True)
+class BodyError:
+    """Why the body was not read whole: ``request_too_large`` (over the limit) or
+    ``invalid_body`` (the server's chunk parser failed: a malformed or aborted upload)."""
+
+    code: str
+    detail: str
+
+
+def capture(environ: WSGIEnvironment, limit: int) -> bytes | BodyError:
+    """Read the body (at most ``limit`` bytes count) and put it back for the app to read.
+
+    A body shorter than its ``CONTENT_LENGTH`` is returned as it is, with that length left in
+    place: :meth:`Lifecycle.received <._lifecycle.Lifecycle.received>` refuses it.
+    """
+    stream = environ["wsgi.input"]
+    length = parse_content_length(environ.get("CONTENT_LENGTH"))
+    if length is not None:
+        if length > limit:
+            return BodyError("request_too_large", f"Content-Length {length} is over {limit}")
+        want = length
+    elif environ.get("wsgi.input_terminated"):  # chunked: the server marks the end with EOF
+        want = limit + 1
+    else:
+        want = 0  # PEP 3333: no Content-Length means no body we may read
+    parts: list[bytes] = []
+    got = 0
+    try:
+        while got < want and (part := stream.read(want - got)):
+            parts.append(part)
+            got += len(part)
+    except Exception as exc:  # each server raises its own type (gunicorn's
+        # InvalidChunkSize, NoMoreData; werkzeug's OSError): all mean the body is unreadable.
+        environ["wsgi.input"] = io.BytesIO(b"".join(parts))
+        return BodyError("invalid_body", f"the body could not be read ({type(exc).__name__})")
+    body = b"".join(parts)
+    if got > limit:  # chunked and over: the rest stays readable for an unguarded view
+        environ["wsgi.input"] = io.BufferedReader(_Rejoined(body, stream))
+        return BodyError("request_too_large", f"the chunked body is over {limit} bytes")
+    environ["wsgi.input"] = io.BytesIO(body)
+    if length is None or got == length:  # a short body keeps its length: it is refused
+        environ["CONTENT_LENGTH"] = str(got)
+    return body
+
+
 def read_body(environ: WSGIEnvironment, lifecycle: Lifecycle) -> bytes | Response:
-    """The request body, re-supplied to the app as BytesIO; or the problem to answer instead."""
+    """The body the client sent (captured earlier by :class:`BodyCapture`, or now), or the
+    problem to answer instead."""
     rejected = lifecycle.announced()
     if rejected is not None:
         return rejected
-    length = lifecycle.declared
-    if length is not None:
-        want = length
-    elif environ.get("wsgi.input_terminated"):  # chunked: the server marks the end with EOF
-        want = lifecycle.exchange.policy.max_request_bytes + 1
-    else:
-        want = 0  # PEP 3333: no Content-Length means no body we may read
-    stream = environ["wsgi.input"]
-    parts, got = [], 0
-    while got < want and (part := stream.read(want - got)):
-        parts.append(part)
-        got += len(part)
-    body = b"".join(parts)
-    rejected = lifecycle.received(body)
-    if rejected is not None:
-        return rejected
-    environ["wsgi.input"], environ["CONTENT_LENGTH"] = io.BytesIO(body), str(got)
-    return body
+    captured: bytes | BodyError | None = environ.pop(BODY_KEY, None)
+    if captured is None:
+        captured = capture(environ, lifecycle.exchange.policy.max_request_bytes)
+    if isinstance(captured, BodyError):
+        if captured.code == "request_too_large":
+            return lifecycle.reject_too_large()
+        return lifecycle.unreadable(400, captured.code, captured.detail)
+    # Over this view's limit (captured under a larger one), or short: refused there.
+    rejected = lifecycle.received(captured)
+    return rejected if rejected is not None else captured
 
 
 def read_werkzeug_body(request: WerkzeugRequest, lifecycle: Lifecycle) -> bytes | Response:
     """:func:`read_body` for a werkzeug (Flask) request.
 
-    Werkzeug opens its input stream on first use, from the environ, so the view then reads the
-    copy ``read_body`` leaves there. When something before the view (a ``before_request`` hook)
-    already opened that stream, werkzeug's cache is the only copy left.
+    Without the :class:`BodyCapture` layer (``app.wsgi_app`` replaced after ``init_app``), a
+    stream something already consumed (``get_data``, ``form``, ``stream``) cannot be
+    fingerprinted: what is left would make different operations one, so it is refused.
     """
-    if "stream" not in request.__dict__:
-        return read_body(request.environ, lifecycle)
-    rejected = lifecycle.announced()
-    if rejected is not None:
-        return rejected
-    body = request.get_data(cache=True)
-    rejected = lifecycle.received(body)
-    return rejected if rejected is not None else body
+    touched = "stream" in request.__dict__ or "form" in request.__dict__
+    if BODY_KEY not in request.environ and (touched or hasattr(request, "_cached_data")):
+        return lifecycle.unreadable(
+            500,
+            "body_unavailable",
+            "the request body was read before idemkey saw it; keep the layer Idemkey.init_app "
+            "puts around app.wsgi_app",
+        )
+    return read_body(request.environ, lifecycle)
+
+
+class BodyCapture:
+    """A WSGI layer that captures a keyed request's body before the framework sees it.
+
+    ``limit_for(environ)`` says whether the request is keyed (None: pass it through untouched)
+    and with which byte limit.
+    """
+
+    def __init__(
+        self, app: WSGIApplication, limit_for: Callable[[WSGIEnvironment], int | None]
+    ) -> None:
+        self.app = app
+        self.limit_for = limit_for
+
+    def __call__(self, environ: WSGIEnvironment, start_response: StartResponse) -> Iterable[bytes]:
+        limit = self.limit_for(environ)
+        if limit is not None:
+            environ[BODY_KEY] = capture(environ, limit)
+        return self.app(environ, start_response)
+
+
+class _Rejoined(io.RawIOBase):
+    """The bytes already read, then the rest of the original stream."""
+
+    def __init__(self, head: bytes, rest: io.IOBase) -> None:
+        self.head, self.rest = memoryview(head), rest
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: WriteableBuffer) -> int:
+        view = memoryview(buffer).cast("B")
+        if self.head:
+            n = min(len(view), len(self.head))
+            view[:n], self.head = self.head[:n], self.head[n:]
+            return n
+        data = self.rest.read(len(view))
+        view[: len(data)] = data
+        return len(data)

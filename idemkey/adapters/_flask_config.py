@@ -14,6 +14,7 @@ import redis
 from ..errors import ConfigurationError
 from ..policy import Policy
 from ..store import RedisStore
+from ._environ import environ_key
 from ._sync_driver import Driver
 
 __all__ = ["AppState", "app_state", "view_overrides"]
@@ -29,6 +30,30 @@ class AppState:
     policy: Policy
     driver: Driver
     views: dict[int, Policy] = dataclasses.field(default_factory=dict)
+    rule: tuple[frozenset[str], frozenset[str], int] | None = None
+    rule_from: int = -1
+
+    def capture_limit(self, overrides: list[dict[str, Any]], environ: Any) -> int | None:
+        """The byte limit to capture a request's body with before Flask sees it; None: no
+        guarded view could take it as keyed (another method, no key header)."""
+        methods, keys, limit = self.capture_rule(overrides)
+        if environ.get("REQUEST_METHOD") in methods and not keys.isdisjoint(environ):
+            return limit
+        return None
+
+    def capture_rule(
+        self, overrides: list[dict[str, Any]]
+    ) -> tuple[frozenset[str], frozenset[str], int]:
+        """Methods, environ keys of the key header, and byte limit of any guarded view."""
+        if self.rule is None or self.rule_from != len(overrides):  # views decorated since
+            policies = [self.policy, *(self.policy.replace(**o) for o in overrides)]
+            self.rule = (
+                frozenset().union(*(p.methods for p in policies)),
+                frozenset(environ_key(p.header) for p in policies),
+                max(p.max_request_bytes for p in policies),
+            )
+            self.rule_from = len(overrides)
+        return self.rule
 
     def policy_for(self, view: int, overrides: dict[str, Any]) -> Policy:
         policy = self.views.get(view)

@@ -8,7 +8,7 @@ entry of a transition table, and a step asked in the wrong state raises
 :class:`~idemkey.errors.ProtocolError` without changing anything::
 
     READING --received(ok)--> READY --claiming--> CLAIMING --decide(Claimed)--> RUNNING
-       |  received(413/400), client_left             |  decide(replay, 409, 422)     |
+       |  received(413/400), unreadable, client_left |  decide(replay, 409, 422)     |
        +--------------------------------------> DONE <-- store_failed (closed)       |
                                                      |  store_failed (open) -> UNPROTECTED
     RUNNING --started--> SENDING --finish--> SETTLING --settled/settle_failed--> DONE
@@ -84,7 +84,7 @@ class Lifecycle:
         self.owner = ""
         self.plan: Complete | Release | None = None
         self._fingerprint = ""
-        self._head: tuple[int, list[tuple[str, str]]] | None = None
+        self._head: tuple[int, list[tuple[str, str]], str] | None = None
 
     def _step(self, step: str) -> None:
         try:
@@ -133,6 +133,12 @@ class Lifecycle:
         self._step("reject")
         return self.exchange.too_large_response()
 
+    def unreadable(self, status: int, code: str, detail: str) -> Response:
+        """The body cannot be fingerprinted (the server could not read it, or something read
+        it before idemkey could): the problem to send; nothing is claimed."""
+        self._step("reject")
+        return problem(status, code, detail)
+
     def client_left(self) -> None:
         """The client went away before its body was complete: nothing was claimed."""
         self._step("client_left")
@@ -172,11 +178,12 @@ class Lifecycle:
 
     # RUNNING, SENDING: the app's answer.
 
-    def started(self, status: int, headers: list[tuple[str, str]] | None) -> None:
+    def started(self, status: int, headers: list[tuple[str, str]] | None, reason: str = "") -> None:
         """The response's status and headers went out; ``headers`` None: they were not valid
-        (not latin-1 text), so the record is never completed with them."""
+        (not latin-1 text), so the record is never completed with them. ``reason``: the status
+        line's reason phrase (WSGI, Flask), stored to be replayed as it was sent."""
         self._step("start")
-        self._head = (status, headers) if headers is not None else None
+        self._head = (status, headers, reason) if headers is not None else None
 
     def finish(self, body: bytes | None) -> Complete | Release:
         """The response is complete: store it (``body`` None: without its body) or release."""
@@ -203,7 +210,7 @@ class Lifecycle:
         head = self._head
         if head is None:
             return _UNREADABLE_HEAD
-        return self.exchange.finish(head[0], head[1], body)
+        return self.exchange.finish(head[0], head[1], body, head[2])
 
     # SETTLING: what the store said.
 

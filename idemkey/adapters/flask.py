@@ -14,18 +14,18 @@
     def create_charge(): ...
 
 Configuration, when no ``store`` is passed: ``IDEMKEY_REDIS_URL`` (required then) and one
-``IDEMKEY_<FIELD>`` key per :class:`~idemkey.Policy` field (``IDEMKEY_TTL``, ``IDEMKEY_LEASE``,
-``IDEMKEY_WAIT``, ``IDEMKEY_PREFIX``, ``IDEMKEY_REQUIRE_KEY``, ``IDEMKEY_MAX_REQUEST_BYTES``, ...).
-A ``policy`` passed to the constructor is used as it is; otherwise the store's policy (or the
-defaults) with the ``IDEMKEY_*`` keys applied. Everything per app lives in
-``app.extensions["idemkey"]`` and everything per request on ``g.idemkey`` (the
-:class:`~idemkey.http.Exchange`; ``g.idemkey.claim.fence`` is the fencing token), so one
-``Idemkey`` serves any number of apps in one process.
+``IDEMKEY_<FIELD>`` key per :class:`~idemkey.Policy` field (``IDEMKEY_TTL``, ``IDEMKEY_PREFIX``,
+...); a ``policy`` passed in is used as it is. Per app: ``app.extensions["idemkey"]``; per
+request: ``g.idemkey`` (the :class:`~idemkey.http.Exchange`; ``.claim.fence`` is the fencing
+token), so one ``Idemkey`` serves any number of apps.
 
-The record's route is the URL rule template (``/charges/<int:id>``). The body is read and
-checked as the WSGI middleware does. The view's answer, as ``make_response`` builds it, is
-stored; ``after_request`` hooks run on first answers and replays alike. A streamed response
-passes through and completes without its body. A view that raises releases the key.
+``init_app`` wraps ``app.wsgi_app`` in a WSGI layer that reads a keyed request's body before
+Flask runs any hook and hands Flask the same bytes, so the fingerprint covers what the client
+sent even when a ``before_request`` hook parses ``request.form`` first. The body is read and
+checked by the WSGI middleware's reader (``_environ``). The record's route is the URL rule
+template; the view's answer, as ``make_response`` builds it, is stored; ``after_request``
+hooks run on first answers and replays alike. A streamed response completes without its body.
+A view that raises releases the key.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ from werkzeug.exceptions import HTTPException
 
 from ..errors import ConfigurationError
 from ..http import Response, begin
-from ._environ import read_werkzeug_body, request_of
+from ._environ import BodyCapture, read_werkzeug_body, request_of
 from ._flask_config import AppState, app_state, view_overrides
 from ._lifecycle import Lifecycle
 
@@ -68,12 +68,16 @@ class Idemkey:
     ) -> None:
         self.store = store
         self.policy = policy
+        self._overrides: list[dict[str, Any]] = []  # every view's Policy changes, for capture
         if app is not None:
             self.init_app(app)
 
     def init_app(self, app: Flask) -> None:
         """Configure idemkey for ``app`` from the constructor's arguments and ``app.config``."""
-        app.extensions["idemkey"] = app_state(app.config, self.store, self.policy)
+        app.extensions["idemkey"] = state = app_state(app.config, self.store, self.policy)
+        # Capture a keyed body before Flask runs a hook that may consume it (request.form).
+        limit_for = functools.partial(state.capture_limit, self._overrides)
+        app.wsgi_app = BodyCapture(app.wsgi_app, limit_for)  # type: ignore[method-assign]
 
     @overload
     def idempotent(self, view: F, /) -> F: ...
@@ -86,6 +90,8 @@ class Idemkey:
         view only.
         """
         overrides = view_overrides(overrides)
+        if overrides:
+            self._overrides.append(overrides)
 
         def decorate(view: F) -> F:
             @functools.wraps(view)
@@ -114,7 +120,7 @@ def _guard(
     if isinstance(step, Response):
         return _respond(step)
     lifecycle = Lifecycle(step)
-    body = read_werkzeug_body(req, lifecycle)
+    body = read_werkzeug_body(req, lifecycle)  # what the client sent, whatever a hook read
     if isinstance(body, Response):
         return _respond(body)
     answer = driver.claim(lifecycle)
@@ -132,7 +138,8 @@ def _guard(
     if not response.is_streamed:
         data = response.get_data()
         kept = data if len(data) <= policy.max_response_bytes else None
-    lifecycle.started(response.status_code, response.headers.to_wsgi_list())
+    headers = response.headers.to_wsgi_list()
+    lifecycle.started(response.status_code, headers, response.status[4:])
     driver.finish(lifecycle, kept)
     return response
 
@@ -151,6 +158,12 @@ def _render(view: Callable[..., Any], args: Any, kwargs: Any) -> FlaskResponse:
 def _respond(answer: Response) -> ResponseReturnValue:
     headers = answer.headers
     response = current_app.response_class(answer.body, answer.status, headers)
-    if not any(name.lower() == "content-type" for name, _ in headers):
+    if answer.reason:
+        response.status = f"{answer.status} {answer.reason}"  # "201 Charged OK", as first sent
+    names = {name.lower() for name, _ in headers}
+    if "content-type" not in names:
         del response.headers["Content-Type"]  # exactly the stored headers: no default added
+    if "content-length" not in names:  # nor a length the first answer did not have
+        del response.headers["Content-Length"]
+        response.automatically_set_content_length = False
     return response

@@ -5,18 +5,14 @@
     app.wsgi_app = IdempotencyMiddleware(app.wsgi_app, RedisStore(redis.Redis()), Policy())
 
 A ``ProxyFix``-shaped wrapper that only moves bytes: the order of the steps is the driver's
-(``_sync_driver``), every decision ``idemkey.http``'s. The body is read as ``_environ`` says
-and handed to the app in a ``BytesIO``. Body chunks go to the server as the app yields them,
-while a copy of at most ``max_response_bytes`` is kept for the record. The record completes
-when the app's iterable is exhausted, or, if the server closes it early (the client went
-away), after the rest has been drained, because the handler's work is done either way. The
-drain is bounded: it stops past ``max_response_bytes`` or after :data:`DRAIN_SECONDS`, and the
-record then completes without its body, so a worker is never held by a client that left.
-
-A WSGI app streams by yielding several blocks without a ``Content-Length``; such a response,
-like one over ``max_response_bytes``, is stored without its body (``body_kept=False``). While
-the app runs under a claim, ``environ["idemkey.exchange"]`` is the
-:class:`~idemkey.http.Exchange` (``.claim.fence`` is the fencing token for downstream writes).
+(``_sync_driver``), every decision ``idemkey.http``'s, the body read as ``_environ`` says.
+Body chunks go to the server as the app yields them, with a copy of at most
+``max_response_bytes`` kept. The record completes when the app's iterable is exhausted, or, if
+the server closes it early (the client left), after draining the rest, because the work is done
+either way; the drain stops past ``max_response_bytes`` or after :data:`DRAIN_SECONDS`, and
+the record then completes without its body (``body_kept=False``, as for a streamed or oversized
+response). ``environ["idemkey.exchange"]`` is the :class:`~idemkey.http.Exchange` while the app
+runs under a claim (``.claim.fence`` is the fencing token for downstream writes).
 """
 
 from __future__ import annotations
@@ -46,10 +42,12 @@ DRAIN_SECONDS: Final = 1.0
 
 
 def send(start_response: StartResponse, response: Response) -> list[bytes]:
-    try:
-        reason = HTTPStatus(response.status).phrase
-    except ValueError:
-        reason = "Unknown"
+    reason = response.reason  # a replay's own phrase ("201 Charged OK"), else the standard one
+    if not reason:
+        try:
+            reason = HTTPStatus(response.status).phrase
+        except ValueError:
+            reason = "Unknown"
     start_response(f"{response.status} {reason}", response.headers)
     return [response.body]
 
@@ -120,13 +118,14 @@ class _Tee:
         self.iterable: Iterable[bytes] = ()
         self.iterator: Iterator[bytes] | None = None
         self.status: int | None = None
+        self.reason = ""
         self.headers: list[tuple[str, str]] = []
         self.copy = BodyCopy(lifecycle.exchange.policy.max_response_bytes)
         self.settled = False
 
     def start_response(self, status: str, headers: list[tuple[str, str]], *exc_info: Any) -> Any:
         write = self.server_start_response(status, headers, *exc_info)
-        self.status, self.headers = int(status[:3]), headers
+        self.status, self.headers, self.reason = int(status[:3]), headers, status[4:]
         self.copy.start(headers)
 
         def tee_write(data: bytes) -> None:  # the legacy write() callable: keep a copy too
@@ -161,7 +160,7 @@ class _Tee:
         if failed or self.status is None:
             self.driver.fail(self.lifecycle, "the handler raised")
             return
-        self.lifecycle.started(self.status, self.headers)
+        self.lifecycle.started(self.status, self.headers, self.reason)
         self.driver.finish(self.lifecycle, self.copy.body())
 
     def close(self) -> None:

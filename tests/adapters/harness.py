@@ -29,6 +29,8 @@ POST /status/<code> <code>  "status": small JSON body
 POST /slow          201     "slow": waits on ``gate`` (deadline 10 s), then answers
 POST /big           201     "big": body of ``policy.max_response_bytes + 1`` bytes
 POST /stream        200     "stream": streaming response of 3 chunks, no Content-Length
+POST /matrix/<k>    varies  "matrix": one response class per ``MATRIX`` kind (JSON, HTML,
+                            file, redirect, no content, two Set-Cookie, two Link lines)
 ==================  ======  ============================================================
 
 Driving convention for ``Harness.request``: the harness sends ``Content-Length`` for the body
@@ -58,6 +60,7 @@ if TYPE_CHECKING:
     from idemkey import Policy
 
 __all__ = [
+    "MATRIX",
     "STREAM_CHUNKS",
     "Answer",
     "Backend",
@@ -235,11 +238,21 @@ class Backend:
         self.count("stream")
         return Stream(200, [("Content-Type", "text/plain"), ("X-Stream", "yes")], _chunks())
 
+    def matrix(self, kind: str) -> Answer:
+        """POST /matrix/<kind>: the response class ``kind`` of :data:`MATRIX`."""
+        seq = self.count("matrix")
+        status, headers, body = MATRIX[kind]
+        return Answer(status, [*headers, ("X-Run", str(seq))], body)
+
     def dispatch(self, method: str, path: str, body: bytes) -> Answer | Stream:
         """The whole route table, for apps without a router of their own (plain WSGI/ASGI).
 
         Unknown paths answer 404, known paths with another method 405.
         """
+        if path.startswith("/matrix/") and method == "POST":
+            kind = path.removeprefix("/matrix/")
+            if kind in MATRIX:
+                return self.matrix(kind)
         if path.startswith("/status/") and method == "POST":
             code = path.removeprefix("/status/")
             if code.isdigit() and 200 <= int(code) <= 599:
@@ -269,6 +282,24 @@ class Backend:
         if handler is None:
             return _json(405, {"error": "method not allowed"})
         return handler()
+
+
+#: The response classes a replay must reproduce: kind -> (status, headers, body).
+MATRIX: dict[str, tuple[int, list[tuple[str, str]], bytes]] = {
+    "json": (201, [("Content-Type", "application/json"), ("Location", "/charges/ch_1")],
+             b'{"id":"ch_1","amount":10}'),
+    "html": (200, [("Content-Type", "text/html; charset=utf-8")], b"<p>Paid &amp; done</p>"),
+    "file": (200, [("Content-Type", "application/pdf"),
+                   ("Content-Disposition", 'attachment; filename="receipt.pdf"')],
+             b"%PDF-1.4\n\x00\x01\xff binary\r\n%%EOF"),
+    "redirect": (303, [("Content-Type", "text/html; charset=utf-8"),
+                       ("Location", "/charges/ch_1")], b'<a href="/charges/ch_1">ch_1</a>'),
+    "no-content": (204, [], b""),
+    "cookies": (201, [("Content-Type", "application/json"), ("Set-Cookie", "a=1; Path=/"),
+                      ("Set-Cookie", "b=2; Path=/; HttpOnly")], b'{"id":"ch_2"}'),
+    "links": (200, [("Content-Type", "application/json"), ("Link", "</p/2>; rel=next"),
+                    ("Link", "</p/9>; rel=last")], b"[]"),
+}  # fmt: skip
 
 
 def _json(status: int, payload: object, extra: Sequence[tuple[str, str]] = ()) -> Answer:

@@ -175,7 +175,17 @@ def _starlette_routes(backend: Backend) -> list[Any]:
         response.raw_headers.extend(_raw(headers))
         return response
 
+    async def matrix(request: Any) -> Response:
+        answer = backend.matrix(request.path_params["kind"])
+        if answer.status == 204:  # Starlette's Response adds a length for any body
+            response = Response(None, status_code=answer.status)
+        else:
+            response = Response(answer.body, status_code=answer.status)
+        response.raw_headers.extend(_raw(answer.headers))
+        return response
+
     return [
+        Route("/matrix/{kind}", matrix, methods=["POST"]),
         Route("/charges", charge("charges"), methods=["POST"]),
         Route("/charges", simple("list", 200), methods=["GET"]),
         Route("/refunds", charge("refunds"), methods=["POST"]),
@@ -212,6 +222,7 @@ def build_fastapi(backend: Backend, store: AsyncRedisStore, policy: Policy) -> A
 def build_litestar(backend: Backend, store: AsyncRedisStore, policy: Policy) -> ASGIApp:
     from litestar import Litestar, Request, Response, route
     from litestar.response import Stream
+    from litestar.response.base import ASGIResponse
 
     def respond(answer: Answer) -> Response[bytes]:
         # Litestar sets Content-Type from media_type; every answer has at most one line a name.
@@ -258,7 +269,14 @@ def build_litestar(backend: Backend, store: AsyncRedisStore, policy: Policy) -> 
         code, headers, chunks = backend.stream()
         return Stream(_stream(chunks), status_code=code, headers=dict(headers))
 
+    @route("/matrix/{kind:str}", http_method="POST")
+    async def matrix(request: Request[Any, Any, Any]) -> ASGIResponse:
+        # Raw header lines: two Set-Cookie or Link lines need more than a headers dict.
+        answer = backend.matrix(request.path_params["kind"])
+        return ASGIResponse(body=answer.body, status_code=answer.status, headers=answer.headers)
+
     handlers = [
+        matrix,
         charge("/charges", "POST", "charges"),
         charge("/refunds", "POST", "refunds"),
         charge("/charges/1", "PATCH", "patch", 200),
@@ -275,7 +293,12 @@ def build_litestar(backend: Backend, store: AsyncRedisStore, policy: Policy) -> 
     ]
     app = Litestar(
         route_handlers=handlers,
-        signature_namespace={"Request": Request, "Response": Response, "Stream": Stream},
+        signature_namespace={
+            "Request": Request,
+            "Response": Response,
+            "Stream": Stream,
+            "ASGIResponse": ASGIResponse,
+        },
         logging_config=None,
     )
     return IdempotencyMiddleware(app, store, policy)

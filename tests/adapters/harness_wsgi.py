@@ -176,7 +176,9 @@ def _flask_response(answer: Answer | Stream) -> FlaskResponse:
     if isinstance(answer, Stream):
         return FlaskResponse(answer.chunks, status=answer.status, headers=answer.headers)
     response = FlaskResponse(answer.body, status=answer.status, headers=answer.headers)
-    if answer.status == 204:  # no content, so no Content-Type (PEP 3333 validator)
+    if not any(
+        n.lower() == "content-type" for n, _ in answer.headers
+    ):  # no content, so no Content-Type (PEP 3333 validator)
         del response.headers["Content-Type"]
     return response
 
@@ -207,6 +209,11 @@ def make_flask(redis_url: str | None, policy: Policy) -> WSGIHarness:
     def status(code: int) -> FlaskResponse:
         return _flask_response(backend.simple("status", code))
 
+    @app.post("/matrix/<kind>")
+    @idem.idempotent
+    def matrix(kind: str) -> FlaskResponse:
+        return _flask_response(backend.matrix(kind))
+
     @app.post("/<any(refunds, explode, fail500, declined, slow, big, stream):name>")
     @idem.idempotent
     def other(name: str) -> FlaskResponse:
@@ -231,12 +238,13 @@ def _django_view(request: Any, *args: Any, **kwargs: Any) -> Any:
         response: Any = StreamingHttpResponse(answer.chunks, status=answer.status)
     else:
         response = HttpResponse(answer.body, status=answer.status)
-        if answer.status == 204:  # no content, so no Content-Type (PEP 3333 validator)
-            del response["Content-Type"]
+        if not any(n.lower() == "content-type" for n, _ in answer.headers):
+            del response["Content-Type"]  # none declared (a 204, a redirect): none sent
     for name, value in answer.headers:
         if name.lower() == "set-cookie":
             cookie_name, _, rest = value.partition("=")
-            response.set_cookie(cookie_name, rest.split(";")[0], path="/")
+            httponly = "httponly" in rest.lower()
+            response.set_cookie(cookie_name, rest.split(";")[0], path="/", httponly=httponly)
         else:
             response[name] = value
     return response
@@ -275,6 +283,7 @@ def __getattr__(name: str) -> Any:
             path("charges/1", _django_view),
             path("status/<int:code>", _django_view),
             re_path(r"^(refunds|explode|fail500|declined|slow|big|stream)$", _django_view),
+            re_path(r"^matrix/[a-z-]+$", _django_view),
         ]
     raise AttributeError(name)
 

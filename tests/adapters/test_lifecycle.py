@@ -38,6 +38,7 @@ STEPS: dict[str, Callable[[Lifecycle], Any]] = {
     "received": lambda lc: lc.received(BODY),
     "reject_too_large": lambda lc: lc.reject_too_large(),
     "client_left": lambda lc: lc.client_left(),
+    "unreadable": lambda lc: lc.unreadable(400, "invalid_body", "the body could not be read"),
     "claiming": lambda lc: lc.claiming(),
     "decide": lambda lc: lc.decide(Claimed(lc.owner, 1, False)),
     "store_failed": lambda lc: lc.store_failed(StoreError("down")),
@@ -62,7 +63,7 @@ PATHS: dict[State, list[str]] = {
 }
 
 ALLOWED: dict[State, set[str]] = {
-    State.READING: {"announced", "received", "reject_too_large", "client_left"},
+    State.READING: {"announced", "received", "reject_too_large", "client_left", "unreadable"},
     State.READY: {"claiming"},
     State.CLAIMING: {"decide", "store_failed", "interrupted"},
     State.RUNNING: {"started", "fail"},
@@ -162,6 +163,21 @@ def test_the_store_failing_closed_is_a_503_and_open_runs_unprotected() -> None:
     opened = reach(State.CLAIMING, Policy(on_store_error="open"))
     assert opened.store_failed(StoreError("down")) is None
     assert opened.unprotected
+
+
+def test_an_unreadable_body_is_answered_and_nothing_is_claimed() -> None:
+    lc = lifecycle()
+    answer = lc.unreadable(400, "invalid_body", "the body could not be read (OSError)")
+    assert (answer.status, lc.state, lc.owner) == (400, State.DONE, "")
+    assert b'"invalid_body"' in answer.body
+
+
+def test_the_reason_phrase_is_stored_with_the_response() -> None:
+    lc = reach(State.RUNNING)
+    lc.started(201, [("Content-Type", "application/json")], "Charged OK")
+    plan = lc.finish(b"{}")
+    assert isinstance(plan, Complete)
+    assert decode_response(plan.stored).reason == "Charged OK"
 
 
 def test_a_failure_before_the_response_started_releases_the_key() -> None:

@@ -36,6 +36,7 @@ from idemkey import (
     guard,
     idempotent,
 )
+from idemkey.http import Request as HttpRequest
 from idemkey.records import (
     GUARD_METHOD,
     Claimed,
@@ -68,6 +69,14 @@ def on_event(event: Event) -> None:
 
 policy = Policy(ttl=3_600, lease=10, wait=2.0, prefix="payments", on_event=on_event)
 waiting: Policy = policy.replace(wait=5.0)
+as_json: Policy = policy.replace(fingerprint="json")
+
+
+def without_nonce(request: HttpRequest, body: bytes) -> bytes:
+    return body.split(b"&nonce=")[0]
+
+
+custom = Policy(prefix="orders", fingerprint=without_nonce)
 store = RedisStore(redis.Redis.from_url("redis://localhost:6379/0"), policy)
 astore = AsyncRedisStore(redis.asyncio.Redis.from_url("redis://localhost:6379/0"))
 

@@ -179,12 +179,20 @@ def test_a_replay_is_byte_identical_with_recomputed_length_and_a_marker() -> Non
     assert isinstance(answer, Response)
     assert answer.status == 201
     assert answer.body == b'{"id":"ch_1"}'
-    assert answer.headers == [
+    assert answer.headers == [  # in the stored order; the length set where it stood
         ("Content-Type", "application/json"),
-        ("X-Charge-Id", "ch_1"),
         ("Content-Length", "13"),
+        ("X-Charge-Id", "ch_1"),
         (REPLAYED_HEADER, "true"),
     ]
+
+
+def test_a_replay_adds_no_content_length_the_first_answer_lacked() -> None:
+    stored = StoredResponse(204, (("X-Run", "1"),), b"", reason="Done")
+    answer = exchange().decide(Replay(encode_response(stored)))
+    assert isinstance(answer, Response)
+    assert answer.headers == [("X-Run", "1"), (REPLAYED_HEADER, "true")]
+    assert answer.reason == "Done"
 
 
 def test_a_replay_without_its_body_says_so() -> None:

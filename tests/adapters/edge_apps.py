@@ -1,0 +1,189 @@
+"""Apps that tests/adapters/test_edges*.py serve with real servers (gunicorn, werkzeug, uvicorn).
+
+``IDEMKEY_TEST_REDIS_URL`` and ``IDEMKEY_TEST_PREFIX`` come from the environment. Every handler
+counts its runs in Redis (``INCR {prefix}:runs:<key>``), where the test reads them, since the
+server runs in another process. Each answers JSON naming what it saw of the body.
+
+Run with werkzeug's own server: ``python -m idemkey_edge_apps <flask|wsgi> <port>`` (the copy
+edge_servers.py makes of this file).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sys
+from typing import TYPE_CHECKING, Any
+
+import redis
+import redis.asyncio
+from flask import Flask, request
+
+from idemkey import AsyncRedisStore, Policy, RedisStore
+from idemkey.adapters.asgi import IdempotencyMiddleware as AsgiMiddleware
+from idemkey.adapters.flask import Idemkey
+from idemkey.adapters.wsgi import IdempotencyMiddleware
+
+if TYPE_CHECKING:
+    from collections.abc import Iterable
+
+    from _typeshed.wsgi import StartResponse, WSGIEnvironment
+
+    from idemkey.adapters.asgi import Receive, Scope, Send
+
+
+def _settings() -> tuple[str, str]:
+    return os.environ["IDEMKEY_TEST_REDIS_URL"], os.environ["IDEMKEY_TEST_PREFIX"]
+
+
+def _answer(run: int, body: bytes, **extra: Any) -> bytes:
+    digest = hashlib.sha256(body).hexdigest()[:16]
+    return json.dumps({"run": run, "size": len(body), "sha": digest, **extra}).encode()
+
+
+def flask_app() -> Flask:
+    """The Flask extension; ``/form`` has a before_request hook that parses ``request.form``
+    (as CSRF protection does), ``/stream-read`` one that reads ``request.stream`` first."""
+    url, prefix = _settings()
+    app = Flask(__name__)
+    app.config.update(IDEMKEY_REDIS_URL=url, IDEMKEY_PREFIX=prefix, IDEMKEY_LEASE=10.0)
+    idem = Idemkey(app)
+    counter = redis.Redis.from_url(url)
+
+    def run() -> int:
+        return int(counter.incr(f"{prefix}:runs:{request.headers.get('Idempotency-Key')}"))
+
+    @app.before_request
+    def early_readers() -> None:
+        if request.path == "/form":
+            request.form.get("csrf_token")  # parses (and consumes) the body
+        elif request.path == "/stream-read":
+            request.stream.read()
+
+    @app.get("/health")
+    def health() -> str:
+        return "ok"
+
+    @app.post("/form")
+    @idem.idempotent
+    def form() -> Any:
+        return _answer(run(), request.get_data(), amount=request.form.get("amount")), 201
+
+    @app.post("/stream-read")
+    @app.post("/charges")
+    @idem.idempotent
+    def charges() -> Any:
+        return _answer(run(), request.get_data()), 201
+
+    @app.post("/json")
+    @idem.idempotent(fingerprint="json")
+    def as_json() -> Any:
+        return _answer(run(), request.get_data()), 201
+
+    def without_nonce(_request: object, body: bytes) -> bytes:
+        payload = json.loads(body)
+        payload.pop("nonce", None)
+        return json.dumps(payload, sort_keys=True).encode()
+
+    @app.post("/nonce")
+    @idem.idempotent(fingerprint=without_nonce)
+    def with_nonce() -> Any:
+        return _answer(run(), request.get_data()), 201
+
+    @app.post("/reason")
+    @idem.idempotent
+    def reason() -> Any:
+        run()
+        response = app.response_class(b'{"ok":true}', content_type="application/json")
+        response.status = "201 Charged OK"
+        response.headers["Location"] = "/charges/1"
+        return response
+
+    @app.post("/empty")
+    @idem.idempotent
+    def empty() -> Any:
+        run()
+        response = app.response_class(status=204)
+        del response.headers["Content-Type"]
+        return response
+
+    return app
+
+
+def wsgi_app() -> IdempotencyMiddleware:
+    """The WSGI middleware around a plain PEP 3333 app."""
+    url, prefix = _settings()
+    counter = redis.Redis.from_url(url)
+
+    def app(environ: WSGIEnvironment, start_response: StartResponse) -> Iterable[bytes]:
+        path = environ.get("PATH_INFO", "")
+        if environ["REQUEST_METHOD"] == "GET":
+            start_response("200 OK", [("Content-Type", "text/plain")])
+            return [b"ok"]
+        length = int(environ.get("CONTENT_LENGTH") or 0)
+        body = environ["wsgi.input"].read(length) if length else b""
+        run = int(counter.incr(f"{prefix}:runs:{environ.get('HTTP_IDEMPOTENCY_KEY')}"))
+        if path == "/reason":
+            start_response("201 Charged OK", [("Content-Type", "application/json")])
+            return [b'{"ok":true}']
+        if path == "/empty":
+            start_response("204 No Content", [("X-Run", str(run))])
+            return []
+        data = _answer(run, body)
+        # Content-Length first and a repeated Link: a replay keeps order and lines as sent.
+        start_response(
+            "201 Created",
+            [
+                ("Content-Length", str(len(data))),
+                ("Link", "</charges/1>; rel=self"),
+                ("Content-Type", "application/json"),
+                ("Link", "</receipts/1>; rel=receipt"),
+            ],
+        )
+        return [data]
+
+    store = RedisStore(redis.Redis.from_url(url), Policy(prefix=prefix, lease=10.0))
+    return IdempotencyMiddleware(app, store)
+
+
+def asgi_app() -> AsgiMiddleware:
+    """The ASGI middleware around a plain ASGI app (uvicorn: ``--factory``)."""
+    url, prefix = _settings()
+    client = redis.asyncio.Redis.from_url(url)
+
+    async def app(scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            return
+        body = b""
+        while True:
+            message = await receive()
+            body += message.get("body", b"")
+            if not message.get("more_body"):
+                break
+        status = 201
+        if scope["method"] == "GET":
+            status, data = 200, b"ok"
+        else:
+            key = dict(scope["headers"]).get(b"idempotency-key", b"").decode()
+            data = _answer(int(await client.incr(f"{prefix}:runs:{key}")), body)
+        headers = [
+            (b"content-length", b"%d" % len(data)),
+            (b"link", b"</charges/1>; rel=self"),
+            (b"content-type", b"application/json"),
+            (b"link", b"</receipts/1>; rel=receipt"),
+        ]
+        if scope["path"] == "/empty":
+            status, data, headers = 204, b"", [(b"x-run", b"1")]
+        await send({"type": "http.response.start", "status": status, "headers": headers})
+        await send({"type": "http.response.body", "body": data})
+
+    store = AsyncRedisStore(client, Policy(prefix=prefix, lease=10.0))
+    return AsgiMiddleware(app, store)
+
+
+if __name__ == "__main__":  # werkzeug's development server, threaded, as `flask run` uses it
+    from werkzeug.serving import run_simple
+
+    kind, port = sys.argv[1], int(sys.argv[2])
+    run_simple("127.0.0.1", port, flask_app() if kind == "flask" else wsgi_app(), threaded=True)

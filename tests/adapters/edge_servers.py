@@ -1,0 +1,176 @@
+"""Real servers for the edge-case tests: gunicorn, werkzeug and uvicorn serving
+``tests/adapters/edge_apps.py``, and a raw-socket client that can send what httpx will not
+(short bodies, broken chunks, repeated field lines).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Iterator
+
+import pytest
+import redis
+
+from tests._servers import free_port, wait_until
+
+APPS = Path(__file__).with_name("edge_apps.py")
+
+#: server -> app kinds it serves.
+COMMANDS = {
+    "gunicorn": lambda app, port: [
+        sys.executable, "-m", "gunicorn", "--worker-class", "gthread", "--workers", "1",
+        "--threads", "4", "--bind", f"127.0.0.1:{port}", "--log-level", "warning",
+        f"idemkey_edge_apps:{app}_app()",
+    ],
+    "werkzeug": lambda app, port: [sys.executable, "-m", "idemkey_edge_apps", app,
+                                   str(port)],
+    "uvicorn": lambda app, port: [
+        sys.executable, "-m", "uvicorn", "--factory", f"idemkey_edge_apps:{app}_app",
+        "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning",
+    ],
+}  # fmt: skip
+
+
+@dataclass
+class Raw:
+    """A response read off the socket: status line, header lines in order, body."""
+
+    status: int
+    reason: str
+    headers: list[tuple[str, str]]
+    body: bytes
+
+    def header(self, name: str) -> str | None:
+        return next((v for n, v in self.headers if n.lower() == name.lower()), None)
+
+
+class Server:
+    """One server process serving one edge app; ``close()`` stops it and purges its keys."""
+
+    def __init__(self, server: str, app: str, redis_url: str, log: Path) -> None:
+        self.name = f"{server}-{app}"
+        self.redis_url = redis_url
+        self.prefix = "e" + uuid.uuid4().hex[:12]
+        self.port = free_port()
+        env = {
+            **os.environ,
+            "IDEMKEY_TEST_REDIS_URL": redis_url,
+            "IDEMKEY_TEST_PREFIX": self.prefix,
+        }
+        self.log = log
+        # The app runs as a top-level module copied next to its log, with that directory as
+        # cwd: idemkey then comes from PYTHONPATH (this worktree, or another checkout when
+        # checking that a test fails there), never from a `tests` package that shadows it.
+        (log.parent / "idemkey_edge_apps.py").write_text(APPS.read_text())
+        with log.open("wb") as out:
+            self.proc = subprocess.Popen(
+                COMMANDS[server](app, self.port), cwd=log.parent, env=env, stdout=out,
+                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
+            )  # fmt: skip
+
+        def healthy() -> bool:
+            assert self.proc.poll() is None, f"{self.name} exited:\n{log.read_text()}"
+            reply = self.send(b"GET /health HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n")
+            return reply.status == 200
+
+        try:
+            wait_until(healthy, 30, f"{self.name} to answer", ignore=(OSError, ValueError))
+        except BaseException:
+            self.close()
+            raise
+
+    def runs(self, key: str) -> int:
+        """How many times the handler ran for ``key`` (counted in Redis by the app)."""
+        client = redis.Redis.from_url(self.redis_url)
+        with contextlib.closing(client):
+            return int(client.get(f"{self.prefix}:runs:{key}") or 0)
+
+    def send(self, data: bytes, *, close_write: bool = False, timeout: float = 15.0) -> Raw:
+        """Send raw bytes, optionally half-close (the client stops sending), read the answer."""
+        with socket.create_connection(("127.0.0.1", self.port), timeout=timeout) as sock:
+            sock.sendall(data)
+            if close_write:
+                sock.shutdown(socket.SHUT_WR)
+            return read_response(sock)
+
+    def post(self, path: str, body: bytes, headers: list[tuple[str, str]] | None = None) -> Raw:
+        lines = [f"POST {path} HTTP/1.1", "Host: t", "Connection: close"]
+        lines += [f"{n}: {v}" for n, v in headers or []]
+        lines.append(f"Content-Length: {len(body)}")
+        return self.send(("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + body)
+
+    def log_text(self) -> str:
+        return self.log.read_text(errors="replace")
+
+    def close(self) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGTERM)
+        try:
+            self.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+        client = redis.Redis.from_url(self.redis_url)
+        with contextlib.closing(client):
+            keys = list(client.scan_iter(match=f"*{self.prefix}*", count=1000))
+            if keys:
+                client.unlink(*keys)
+
+
+def read_response(sock: socket.socket) -> Raw:
+    """Read one HTTP/1.1 response (Content-Length, chunked, or until close)."""
+    stream = sock.makefile("rb")
+    status_line = stream.readline().decode("latin-1").rstrip("\r\n")
+    if not status_line:
+        raise ValueError("the server closed the connection without an answer")
+    _, code, *reason = status_line.split(" ", 2)
+    headers: list[tuple[str, str]] = []
+    while (line := stream.readline().decode("latin-1").rstrip("\r\n")) != "":
+        name, _, value = line.partition(":")
+        headers.append((name, value.strip()))
+    found = {n.lower(): v for n, v in headers}
+    status = int(code)
+    if status in (204, 304) or 100 <= status < 200:
+        body = b""
+    elif "content-length" in found:
+        body = stream.read(int(found["content-length"]))
+    elif found.get("transfer-encoding", "").lower() == "chunked":
+        parts = []
+        while size := int(stream.readline().split(b";")[0], 16):
+            parts.append(stream.read(size))
+            stream.readline()
+        body = b"".join(parts)
+    else:
+        body = stream.read()
+    return Raw(status, reason[0] if reason else "", headers, body)
+
+
+@pytest.fixture(scope="module")
+def servers(
+    redis_url: str, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Callable[[str, str], Server]]:
+    """``servers(server, app)``: each started once per test module, stopped at its end."""
+    running: dict[tuple[str, str], Server] = {}
+
+    def get(server: str, app: str) -> Server:
+        if (server, app) not in running:
+            log = tmp_path_factory.mktemp("edge") / f"{server}-{app}.log"
+            running[server, app] = Server(server, app, redis_url, log)
+        return running[server, app]
+
+    try:
+        yield get
+    finally:
+        for server in running.values():
+            server.close()
