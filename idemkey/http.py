@@ -229,7 +229,8 @@ class Problem:
     the headers (``Retry-After`` on 409 and 503) stay idemkey's, so clients keep their retry
     logic whatever the body looks like. ``code`` is stable (``missing_key``, ``invalid_key``,
     ``key_reused``, ``in_flight``, ``request_too_large``, ``incomplete_body``,
-    ``store_unavailable``, ``record_unreadable``); ``retry_after`` is in whole seconds.
+    ``invalid_body``, ``body_unavailable``, ``store_unavailable``, ``record_unreadable``);
+    ``retry_after`` is in whole seconds.
     """
 
     status: int

@@ -137,7 +137,7 @@ class Lifecycle:
         """The body cannot be fingerprinted (the server could not read it, or something read
         it before idemkey could): the problem to send; nothing is claimed."""
         self._step("reject")
-        return problem(status, code, detail)
+        return render(self.exchange.policy, status, code, detail)
 
     def client_left(self) -> None:
         """The client went away before its body was complete: nothing was claimed."""
