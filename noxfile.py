@@ -62,7 +62,17 @@ FLOORED = ("redis", "msgspec", "xxhash", "flask", "werkzeug")
 LOWEST_TESTS = ["tests/unit", "tests/store", "tests/adapters", "tests/test_version.py"]
 # The fast variant for CI (`lowest_core`): only what these tests import, so the fresh install
 # stays short; the floors are the same.
-LOWEST_CORE_EXTRAS = ("pytest", "pytest-asyncio", "hypothesis", "fakeredis", "httpx", "starlette")
+LOWEST_CORE_EXTRAS = (
+    "pytest",
+    "pytest-asyncio",
+    "hypothesis",
+    "fakeredis",
+    "httpx",
+    "starlette",
+    # tests/adapters/conftest.py loads every harness module: FastAPI and Django ones too.
+    "fastapi",
+    "django",
+)
 LOWEST_CORE_TESTS = [
     "tests/unit",
     "tests/store/test_scripts.py",
