@@ -3,7 +3,9 @@
 Every HTTP decision of docs/design.md#http-decisions is made here, without I/O: an adapter builds a
 :class:`Request`, asks :func:`begin` what to do, reads the body, fingerprints it, sends the claim
 through its store, asks the :class:`Exchange` what the decision means, runs the app, and asks
-what to do with its answer. Adapters only move bytes and call the store.
+what to do with its answer. The order of these questions is not left to each adapter:
+``idemkey.adapters._lifecycle.Lifecycle`` owns it (a state machine that raises ProtocolError on
+a step out of order) and the drivers (``_async_driver``, ``_sync_driver``) call the store.
 
 ::
 
