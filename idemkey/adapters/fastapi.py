@@ -34,9 +34,10 @@ guarding nothing.
 
 OpenAPI: each guarded operation documents the ``Idempotency-Key`` header parameter (required
 or optional as configured), the problem responses idemkey may answer (400, 409, 413, the
-key-reuse status and 503) as ``application/problem+json``, and the ``Idempotent-Replayed``
-header on its success response, whether the guard is declared on the route, on its
-``APIRouter`` or by ``include_router(dependencies=...)``.
+key-reuse status and 503) as ``application/problem+json`` (with ``Policy.render_problem``, as
+``Idempotency(problem_media_type=...)``, by default ``application/json``), and the
+``Idempotent-Replayed`` header on its success response, whether the guard is declared on the
+route, on its ``APIRouter`` or by ``include_router(dependencies=...)``.
 """
 
 from __future__ import annotations
@@ -95,9 +96,18 @@ class Idempotency:
     ``store`` is an :class:`~idemkey.AsyncRedisStore`.
     """
 
-    def __init__(self, store: AsyncRedisStore, policy: Policy | None = None) -> None:
+    def __init__(
+        self,
+        store: AsyncRedisStore,
+        policy: Policy | None = None,
+        *,
+        problem_media_type: str = "application/json",
+    ) -> None:
         self.store = store
         self.policy = policy if policy is not None else store.policy
+        #: The media type OpenAPI gives idemkey's answers when ``Policy.render_problem`` renders
+        #: them in your API's own shape (else they are RFC 9457 ``application/problem+json``).
+        self.problem_media_type = problem_media_type
 
     def guard(self, **options: Any) -> params.Depends:
         """The dependency that opts a route (or a router's routes) in, with Policy overrides."""
@@ -134,7 +144,7 @@ class IdempotentRoute(APIRoute):
         if guards:
             idem, options = _merged(guards)
             policy = idem.policy.replace(**options) if options else idem.policy
-            self.openapi_extra = _document(self.openapi_extra, policy, self.status_code)
+            self.openapi_extra = _document(self.openapi_extra, idem, policy, self.status_code)
 
     def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
         handler = super().get_route_handler()
@@ -152,7 +162,7 @@ class IdempotentRoute(APIRoute):
             if guards:
                 idem, options = _merged(guards)
                 policy = idem.policy.replace(**options) if options else idem.policy
-                extra = _document(context.openapi_extra, policy, context.status_code)
+                extra = _document(context.openapi_extra, idem, policy, context.status_code)
                 context.openapi_extra = extra
         return handler
 
@@ -205,7 +215,7 @@ def _merged(guards: list[_Guard]) -> tuple[Idempotency, dict[str, Any]]:
 
 
 def _document(
-    extra: dict[str, Any] | None, policy: Policy, status_code: int | None
+    extra: dict[str, Any] | None, idem: Idempotency, policy: Policy, status_code: int | None
 ) -> dict[str, Any]:
     """``openapi_extra`` plus the header, the problem answers and the replay header.
 
@@ -242,5 +252,8 @@ def _document(
         answer = responses.setdefault(str(status), {})
         answer.setdefault("description", description)
         content = answer.setdefault("content", {})
-        content["application/problem+json"] = {"schema": copy.deepcopy(_PROBLEM_SCHEMA)}
+        if policy.render_problem is None:
+            content["application/problem+json"] = {"schema": copy.deepcopy(_PROBLEM_SCHEMA)}
+        else:  # your renderer's shape: idemkey cannot know its schema
+            content.setdefault(idem.problem_media_type, {"schema": {}})
     return merged

@@ -224,3 +224,25 @@ async def test_a_guard_added_by_include_router_guards_and_is_documented(
     assert runs == [1, 1]
     await store.aclose()
     await client.aclose()
+
+
+def test_openapi_follows_a_custom_problem_renderer() -> None:
+    from idemkey.http import Problem
+    from idemkey.testing import fake_async_store
+
+    def api_errors(problem: Problem) -> tuple[str, bytes]:
+        return "application/vnd.api+json", b"{}"
+
+    idem = Idempotency(
+        fake_async_store(render_problem=api_errors), problem_media_type="application/vnd.api+json"
+    )
+    app = FastAPI()
+    app.router.route_class = IdempotentRoute
+
+    @app.post("/charges", dependencies=[idem.guard()])
+    async def create() -> dict[str, str]:
+        return {}
+
+    responses = app.openapi()["paths"]["/charges"]["post"]["responses"]
+    for status in ("400", "409", "413", "503"):
+        assert set(responses[status]["content"]) == {"application/vnd.api+json"}, status

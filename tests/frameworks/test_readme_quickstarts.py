@@ -121,7 +121,7 @@ def test_django(url: str) -> None:
 
 
 def test_any_wsgi_app(url: str) -> None:
-    (code,) = snippets("Any WSGI or ASGI app", url)
+    code, _ = snippets("Any WSGI or ASGI app", url)
     application = run(code, "readme_wsgi")["application"]
 
     def post(path: str, headers: dict[str, str]) -> tuple[str, dict[str, str]]:
@@ -144,3 +144,18 @@ def test_any_wsgi_app(url: str) -> None:
     assert post("/v1/login", {})[0].startswith("201")  # exempt
     assert post("/v1/anything", {})[0].startswith("400")  # guarded by /v1/{rest:path}
     assert post("/elsewhere", {})[0].startswith("201")  # no route: not guarded
+
+
+async def test_any_asgi_app(url: str) -> None:
+    wsgi_code, asgi_code = snippets("Any WSGI or ASGI app", url)
+    module = run(wsgi_code + "\n" + asgi_code, "readme_asgi")  # the routes come from the first
+    transport = httpx.ASGITransport(app=module["asgi_application"])
+    async with httpx.AsyncClient(transport=transport, base_url="http://t") as http:
+        assert (await http.post("/charges", headers=KEY)).status_code == 201
+        again = await http.post("/charges", headers=KEY)
+        assert again.headers["Idempotent-Replayed"] == "true"
+        assert (await http.post("/charges")).status_code == 400
+        assert (await http.post("/v1/login")).status_code == 201  # exempt
+        assert (await http.post("/elsewhere")).status_code == 201  # no route: not guarded
+    await module["astore"].client.aclose()
+    module["store"].client.close()
