@@ -23,10 +23,12 @@ first answer's status and headers (``Idempotent-Body-Not-Kept``) instead of a se
 from __future__ import annotations
 
 import enum
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING, Any, Final
 
 from .._core import Claimed, Decision, new_owner
 from ..errors import ProtocolError
+from ..guard._call import _CURRENT as _CURRENT_CALL
+from ..guard._call import Call, run_as_current
 from ..http import Complete, Release, content_length, render
 
 if TYPE_CHECKING:
@@ -75,7 +77,7 @@ class Lifecycle:
     owner token (set by :meth:`claiming`), ``declared`` the request's Content-Length.
     """
 
-    __slots__ = ("_fingerprint", "_head", "declared", "exchange", "owner", "plan", "state")
+    __slots__ = ("_fingerprint", "_head", "call", "declared", "exchange", "owner", "plan", "state")
 
     def __init__(self, exchange: Exchange) -> None:
         self.exchange = exchange
@@ -83,6 +85,8 @@ class Lifecycle:
         self.declared = content_length(exchange.request.headers)
         self.owner = ""
         self.plan: Complete | Release | None = None
+        #: The claimed call while the app runs (``idemkey.current_call()``), else None.
+        self.call: Call[Any] | None = None
         self._fingerprint = ""
         self._head: tuple[int, list[tuple[str, str]], str] | None = None
 
@@ -157,6 +161,16 @@ class Lifecycle:
         answer = self.exchange.decide(decision, seconds)
         if type(answer) is Claimed:
             self._step("claimed")
+            # The handler reaches its fence through idemkey.current_call() (a fenced SQL
+            # transaction, a downstream write); no longer current once the response settles.
+            self.call = Call(
+                replayed=False,
+                fence=answer.fence,
+                takeover=answer.takeover,
+                record=self.exchange.record,
+                ttl_ms=self.exchange.policy.ttl_ms,
+            )
+            run_as_current(self.call)
             return None
         self._step("answer")
         assert not isinstance(answer, Claimed)
@@ -188,6 +202,7 @@ class Lifecycle:
     def finish(self, body: bytes | None) -> Complete | Release:
         """The response is complete: store it (``body`` None: without its body) or release."""
         self._check("finish")
+        self._leave()
         plan = self._outcome(body)
         self._step("finish")
         self.plan = plan
@@ -201,10 +216,15 @@ class Lifecycle:
         is one the policy never stores).
         """
         self._check("fail")
+        self._leave()
         plan = self._outcome(None) if self.state is State.SENDING else Release(reason)
         self._step("fail")
         self.plan = plan
         return plan
+
+    def _leave(self) -> None:
+        if self.call is not None and _CURRENT_CALL.get() is self.call:
+            run_as_current(None)
 
     def _outcome(self, body: bytes | None) -> Complete | Release:
         head = self._head

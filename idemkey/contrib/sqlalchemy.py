@@ -63,6 +63,8 @@ __all__ = [
 ]
 
 TABLE_NAME: Final = "idemkey_effects"
+#: ``result`` of a row whose transaction committed with nothing saved: final, not replayable.
+COMMITTED: Final = b"\x00committed"
 _STEP_SEPARATOR: Final = "#"
 _TABLES: dict[int, Table] = {}
 
@@ -187,8 +189,8 @@ def fenced(
     stmt = _upsert(db.get_bind().dialect.name, table, row, fence, _ttl_ms(call, ttl_ms))
     if db.execute(stmt).first() is None:
         raise _lost(fence)
-    if step is None:
-        _write_result_on_commit(db, lambda: _saved(call), table, row, fence)
+    saved = (lambda: _saved(call)) if step is None else _nothing
+    _write_result_on_commit(db, saved, table, row, fence)
 
 
 async def afenced(
@@ -207,9 +209,13 @@ async def afenced(
     stmt = _upsert(bind.dialect.name, table, row, fence, _ttl_ms(call, ttl_ms))
     if (await db.execute(stmt)).first() is None:
         raise _lost(fence)
-    if step is None:
-        sync = db.sync_session if hasattr(db, "sync_session") else db.sync_connection
-        _write_result_on_commit(sync, lambda: _saved(call), table, row, fence)
+    sync = db.sync_session if hasattr(db, "sync_session") else db.sync_connection
+    saved = (lambda: _saved(call)) if step is None else _nothing
+    _write_result_on_commit(sync, saved, table, row, fence)
+
+
+def _nothing() -> bytes | None:
+    return None
 
 
 def _saved(call: Call[Any]) -> bytes | None:
@@ -222,6 +228,10 @@ def _write_result_on_commit(
 ) -> None:
     """Write the saved result into the row as part of the commit of the current transaction.
 
+    With nothing saved (a step, an HTTP handler, a block that saves after its commit) the row
+    is marked committed all the same: no other claim may commit an effect after it, and a
+    lookup finds no result to replay.
+
     At commit, not at ``save()``: the result may be saved before or after ``fenced()``, and an
     asyncio session can only run SQL from inside its own commit (SQLAlchemy runs the event
     there, in its greenlet).
@@ -233,8 +243,7 @@ def _write_result_on_commit(
 
         def before_commit(session: Session) -> None:
             result = saved()
-            if result is not None:
-                session.execute(_save_statement(table, row, fence, result))
+            session.execute(_save_statement(table, row, fence, result or COMMITTED))
 
         event.listen(db, "before_commit", before_commit, once=True)
         return
@@ -243,8 +252,7 @@ def _write_result_on_commit(
 
     def commit(conn: Any) -> None:
         result = saved()
-        if result is not None:
-            conn.execute(_save_statement(table, row, fence, result))
+        conn.execute(_save_statement(table, row, fence, result or COMMITTED))
 
     event.listen(db, "commit", commit, once=True)
 
@@ -295,5 +303,8 @@ def _lookup(table: Table, record: Record) -> Any:
 
     c = table.c
     return select(c.result).where(
-        c.record == record.digest, c.result.is_not(None), c.expires_at >= _now()
+        c.record == record.digest,
+        c.result.is_not(None),
+        c.result != COMMITTED,
+        c.expires_at >= _now(),
     )

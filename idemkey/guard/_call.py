@@ -39,7 +39,7 @@ if TYPE_CHECKING:
     from ._async_steps import AsyncSteps
     from ._sync_steps import Steps
 
-__all__ = ["GUARD_METHOD", "Call", "GuardState", "current_call"]
+__all__ = ["GUARD_METHOD", "Call", "GuardState", "current_call", "run_as_current"]
 
 T = TypeVar("T")
 GUARD_METHOD = "GUARD"  # the record's "method" for guards: never equal to an HTTP method's record
@@ -188,6 +188,13 @@ class Call(Generic[T]):
 _CURRENT: contextvars.ContextVar[Call[Any] | None] = contextvars.ContextVar(
     "idemkey_current_call", default=None
 )
+
+
+def run_as_current(call: Call[Any] | None) -> None:
+    """Make ``call`` the current call of this context (None: no call), for the HTTP
+    integrations, whose app runs between two steps of theirs rather than in a ``with`` block.
+    """
+    _CURRENT.set(call)
 
 
 def current_call() -> Call[Any]:

@@ -387,3 +387,28 @@ def test_a_recovery_point_fences_its_own_transaction(
     old.__exit__(None, None, None)
     assert rows(db_url, "order-9:charge") == [("order-9:charge", 2)]
     store.close()
+
+
+def test_a_commit_with_nothing_saved_is_still_final(
+    store: RedisStore, engine: sa.Engine, db_url: str
+) -> None:
+    """A block that commits its fenced transaction but saves nothing (then fails, so the key is
+    released): the retry finds nothing to replay and runs, but cannot commit a second effect."""
+
+    class Lost(Exception):
+        pass
+
+    def commit_then_fail() -> None:
+        with guard(store, "k9") as call:
+            with Session(engine) as session, session.begin():
+                session.execute(sa.insert(CHARGES).values(key="k9", fence=call.fence))
+                fenced(session, call)
+            raise Lost  # nothing saved: released, as if the result were lost
+
+    with pytest.raises(Lost):
+        commit_then_fail()
+    runs: list[int] = []
+    with pytest.raises(LeaseLostError):
+        charge(store, engine, "k9", runs)
+    assert runs == [2]
+    assert rows(db_url, "k9") == [("k9", 1)]
