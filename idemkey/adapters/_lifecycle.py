@@ -23,7 +23,7 @@ first answer's status and headers (``Idempotent-Body-Not-Kept``) instead of a se
 from __future__ import annotations
 
 import enum
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any, Final, NoReturn
 
 from .._core import Claimed, Decision, new_owner
 from ..errors import ProtocolError
@@ -47,6 +47,10 @@ class State(enum.Enum):
     SETTLING = "settling the record"
     UNPROTECTED = "running unprotected"
     DONE = "done"
+
+    # Members are singletons: hash them by identity, in C. Enum's own __hash__ is a Python call,
+    # and every step hashes its (state, step) key.
+    __hash__ = object.__hash__
 
 
 _S = State
@@ -90,16 +94,14 @@ class Lifecycle:
         self._fingerprint = ""
         self._head: tuple[int, list[tuple[str, str]], str] | None = None
 
-    def _step(self, step: str) -> None:
-        try:
-            self.state = _NEXT[self.state, step]
-        except KeyError:
-            raise ProtocolError(self.state.value, step) from None
+    # Each step looks up its (state, step) pair once: ``_NEXT.get(...) or self._refuse(step)``
+    # gives the next state or raises, and the step moves there only once its work succeeded.
 
-    def _check(self, step: str) -> None:
-        """Raise, without moving, unless ``step`` may come next."""
-        if (self.state, step) not in _NEXT:
-            raise ProtocolError(self.state.value, step)
+    def _refuse(self, step: str) -> NoReturn:
+        raise ProtocolError(self.state.value, step)
+
+    def _step(self, step: str) -> None:
+        self.state = _NEXT.get((self.state, step)) or self._refuse(step)
 
     @property
     def unprotected(self) -> bool:
@@ -110,7 +112,8 @@ class Lifecycle:
 
     def announced(self) -> Response | None:
         """Before reading: the 413 to send when the declared length is over the limit."""
-        self._check("reject")
+        if self.state is not State.READING:
+            self._refuse("reject")
         if self.declared is not None and self.exchange.too_large(self.declared):
             return self.reject_too_large()
         return None
@@ -119,7 +122,7 @@ class Lifecycle:
         """The body as read (at most ``max_request_bytes + 1`` bytes): None to claim next, or
         the 413 (over the limit) or 400 (shorter than its Content-Length) to send instead.
         Never run on half a body: its fingerprint would match no honest retry."""
-        self._check("receive")
+        ready = _NEXT.get((self.state, "receive")) or self._refuse("receive")
         exchange = self.exchange
         if exchange.too_large(len(body)):
             return self.reject_too_large()
@@ -129,7 +132,7 @@ class Lifecycle:
             detail = f"the body ended after {len(body)} of {declared} bytes"
             return render(exchange.policy, 400, "incomplete_body", detail)
         self._fingerprint = exchange.fingerprint(body)
-        self._step("receive")
+        self.state = ready
         return None
 
     def reject_too_large(self) -> Response:
@@ -157,10 +160,11 @@ class Lifecycle:
 
     def decide(self, decision: Decision, seconds: float | None = None) -> Response | None:
         """The claim's answer: None to run the app (RUNNING), or the Response to send."""
-        self._check("claimed" if type(decision) is Claimed else "answer")
+        step = "claimed" if type(decision) is Claimed else "answer"
+        target = _NEXT.get((self.state, step)) or self._refuse(step)
         answer = self.exchange.decide(decision, seconds)
+        self.state = target
         if type(answer) is Claimed:
-            self._step("claimed")
             # The handler reaches its fence through idemkey.current_call() (a fenced SQL
             # transaction, a downstream write); no longer current once the response settles.
             self.call = Call(
@@ -172,13 +176,13 @@ class Lifecycle:
             )
             run_as_current(self.call)
             return None
-        self._step("answer")
         assert not isinstance(answer, Claimed)
         return answer
 
     def store_failed(self, exc: StoreError) -> Response | None:
         """The claim failed in Redis: the 503 to send, or None to run the app unprotected."""
-        self._check("answer")
+        if self.state is not State.CLAIMING:
+            self._refuse("answer")
         answer = self.exchange.store_failed(exc)
         self._step("answer" if answer is not None else "run_unprotected")
         return answer
@@ -201,11 +205,10 @@ class Lifecycle:
 
     def finish(self, body: bytes | None) -> Complete | Release:
         """The response is complete: store it (``body`` None: without its body) or release."""
-        self._check("finish")
+        settling = _NEXT.get((self.state, "finish")) or self._refuse("finish")
         self._leave()
-        plan = self._outcome(body)
-        self._step("finish")
-        self.plan = plan
+        plan = self.plan = self._outcome(body)
+        self.state = settling
         return plan
 
     def fail(self, reason: str) -> Complete | Release:
@@ -215,11 +218,11 @@ class Lifecycle:
         answer, and the work is done; complete without the body (or release, when the status
         is one the policy never stores).
         """
-        self._check("fail")
+        settling = _NEXT.get((self.state, "fail")) or self._refuse("fail")
         self._leave()
         plan = self._outcome(None) if self.state is State.SENDING else Release(reason)
-        self._step("fail")
         self.plan = plan
+        self.state = settling
         return plan
 
     def _leave(self) -> None:
