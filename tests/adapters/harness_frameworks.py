@@ -100,6 +100,7 @@ def __getattr__(name: str) -> Any:
             path("charges/1", view),
             path("status/<int:code>", view),
             re_path(r"^(refunds|explode|fail500|declined|slow|big|stream)$", view),
+            re_path(r"^matrix/[a-z-]+$", view),
         ]
     raise AttributeError(name)
 

@@ -54,7 +54,7 @@ def test_each_response_class_is_replayed_exactly(harness: Harness, kind: str) ->
     # The app's own lines reached the first client and come back in the replay (Django keeps
     # one value per header name, so only the last Link line).
     for name, value in headers:
-        if harness.name == "django" and (name, value) == ("Link", "</p/2>; rel=next"):
+        if harness.name.startswith("django") and (name, value) == ("Link", "</p/2>; rel=next"):
             continue
         if name.lower() not in NOT_STORED and name.lower() != "content-type":
             assert (name.lower(), value) in lowered(replay.headers), (name, value)
@@ -63,7 +63,7 @@ def test_each_response_class_is_replayed_exactly(harness: Harness, kind: str) ->
 def test_two_link_lines_stay_two_lines(harness: Harness) -> None:
     first, replay = send_twice(harness, "/matrix/links")
     links = ["</p/2>; rel=next", "</p/9>; rel=last"]
-    if harness.name == "django":  # HttpResponse keeps one value per header name
+    if harness.name.startswith("django"):  # HttpResponse keeps one value per header name
         links = links[1:]
     assert first.header_all("Link") == links
     assert replay.header_all("Link") == links
