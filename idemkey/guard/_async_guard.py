@@ -38,7 +38,7 @@ class AsyncGuard(GuardState[T]):
     ) -> None:
         if not isinstance(store, AsyncRedisStore):
             raise ConfigurationError(
-                f"aguard() needs an AsyncRedisStore, got {type(store).__name__}"
+                f"aguard() takes a store of type AsyncRedisStore, got {type(store).__name__}"
             )
         super().__init__(key, payload, scope, policy, result_type, store.policy, name)
         self.store = store
@@ -65,7 +65,8 @@ class AsyncGuard(GuardState[T]):
         else:
             call = self.enter(decision, perf_counter() - started)
         if not call.replayed:
-            call._steps = AsyncSteps(self.store, self.record, self.claim, self.key)
+            store, record, claim, key = self.store, self.record, self.claim, self.key
+            call._steps = lambda: AsyncSteps(store, record, claim, key)
         return call
 
     async def __aexit__(

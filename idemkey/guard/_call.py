@@ -126,7 +126,8 @@ class Call(Generic[T]):
         self._result: Any = result
         self._saved: bytes | None = None
         # Set by guard / aguard on a call that runs: runs its steps against the store.
-        self._steps: Steps | AsyncSteps | None = None
+        # Built on first use (most calls run no step): a factory until then.
+        self._steps: Steps | AsyncSteps | Callable[[], Steps | AsyncSteps] | None = None
 
     @property
     def result(self) -> T:
@@ -151,23 +152,32 @@ class Call(Generic[T]):
         encode (the step then does not count as finished), :class:`ConfigurationError` for a
         bad name. See docs/steps.md.
         """
-        if self._steps is None:
+        steps = self._runner()
+        if steps is None:
             raise UsageError("call.step() needs a call that runs: this one was replayed")
-        return self._steps.run(name, fn, args, kwargs)
+        return steps.run(name, fn, args, kwargs)
 
     def step_key(self, name: str) -> str:
         """A key for the downstream call inside step ``name`` (e.g. a PSP's idempotency key):
         the same for every executor of this record, so a step that ran but crashed before its
         checkpoint is deduplicated downstream. Pass ``call.fence`` along where it is accepted.
         """
-        if self._steps is None:
+        steps = self._runner()
+        if steps is None:
             raise UsageError("call.step_key() needs a call that runs: this one was replayed")
-        return self._steps.step_key(name)
+        return steps.step_key(name)
 
     @property
     def resumed_steps(self) -> tuple[str, ...]:
         """Names of the steps an earlier executor finished (returned, not run, by step())."""
-        return self._steps.book.resumed if self._steps is not None else ()
+        steps = self._runner()
+        return steps.book.resumed if steps is not None else ()
+
+    def _runner(self) -> Steps | AsyncSteps | None:
+        steps = self._steps
+        if callable(steps):
+            steps = self._steps = steps()
+        return steps
 
     def save(self, value: T) -> None:
         """Record the result; the record completes with it when the block exits.
@@ -208,6 +218,11 @@ def current_call() -> Call[Any]:
     if call is None:
         raise LookupError("no claimed idemkey call is running in this context")
     return call
+
+
+def _closed(steps: Steps | AsyncSteps) -> Steps | AsyncSteps:
+    steps.book.close()
+    return steps
 
 
 class GuardState(Generic[T]):
@@ -292,8 +307,14 @@ class GuardState(Generic[T]):
 
     def close_steps(self) -> None:
         """The block has exited: no step may start any more."""
-        if self.call is not None and self.call._steps is not None:
-            self.call._steps.book.close()
+        call = self.call
+        if call is None or call._steps is None:
+            return
+        steps = call._steps
+        if callable(steps):  # never used: stays unbuilt, and is closed once built
+            call._steps = lambda: _closed(steps())
+        else:
+            steps.book.close()
 
     def saved(self) -> bytes | None:
         """The saved result, if any; the block is left, so it is no longer the current call."""

@@ -39,7 +39,7 @@ class Guard(GuardState[T]):
     ) -> None:
         if not isinstance(store, RedisStore):
             raise ConfigurationError(
-                f"guard() needs an RedisStore, got {type(store).__name__}"
+                f"guard() takes a store of type RedisStore, got {type(store).__name__}"
             )
         super().__init__(key, payload, scope, policy, result_type, store.policy, name)
         self.store = store
@@ -66,7 +66,8 @@ class Guard(GuardState[T]):
         else:
             call = self.enter(decision, perf_counter() - started)
         if not call.replayed:
-            call._steps = Steps(self.store, self.record, self.claim, self.key)
+            store, record, claim, key = self.store, self.record, self.claim, self.key
+            call._steps = lambda: Steps(store, record, claim, key)
         return call
 
     def __exit__(

@@ -266,7 +266,7 @@ class EdgeBehaviour:
         with pytest.raises(ConfigurationError, match="key= and payload="):
             idempotent(store.store, key="order")  # type: ignore[call-overload]
         wrong_guard: Any = guard if store.is_async else aguard  # the other kind's
-        with pytest.raises(ConfigurationError, match="needs an"):
+        with pytest.raises(ConfigurationError, match="takes a store of type"):
             wrong_guard(store.store, "k")
         assert issubclass(NoResultError, IdemkeyError)
         assert issubclass(UsageError, IdemkeyError)
