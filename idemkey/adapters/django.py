@@ -173,7 +173,8 @@ class IdempotencyMiddleware:
                     if len(content) <= lifecycle.exchange.policy.max_response_bytes
                     else None
                 )
-            lifecycle.started(response.status_code, list(response.items()))
+            reason = response.reason_phrase  # "201 Charged OK" is replayed as sent, as in WSGI
+            lifecycle.started(response.status_code, list(response.items()), reason)
             self.driver.finish(lifecycle, kept)
         return response
 
@@ -299,7 +300,7 @@ def _read_body(request: HttpRequest, lifecycle: Lifecycle) -> bytes | Response:
 
 
 def _respond(answer: Response) -> HttpResponse:
-    response = HttpResponse(answer.body, status=answer.status)
+    response = HttpResponse(answer.body, status=answer.status, reason=answer.reason or None)
     del response["Content-Type"]  # exactly the stored headers: no default added
     for name, value in answer.headers:
         # Django keeps one value per name; join repeats as one field line (RFC 9110 5.3).

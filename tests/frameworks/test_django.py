@@ -88,6 +88,17 @@ def test_a_decorated_view_is_guarded_through_the_test_client(
     assert runs(real_client, prefix, "charges") == 1
 
 
+def test_a_custom_reason_phrase_is_replayed(project: dict[str, Any]) -> None:
+    from django.test import Client
+
+    client = Client()
+    first = post(client, "/reasoned", "r1")
+    again = post(client, "/reasoned", "r1")
+    assert (first.status_code, first.reason_phrase) == (201, "Charged OK")
+    assert again.headers["Idempotent-Replayed"] == "true"
+    assert (again.status_code, again.reason_phrase) == (201, "Charged OK")
+
+
 def test_undecorated_and_exempt_views_are_not_guarded(
     project: dict[str, Any], real_client: redis.Redis, prefix: str
 ) -> None:

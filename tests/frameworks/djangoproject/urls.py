@@ -6,6 +6,7 @@ from . import views
 
 urlpatterns = [
     path("health", views.health),
+    path("reasoned", views.reasoned),
     path("charges", views.charges),
     path("charges/<int:charge_id>", views.capture),
     path("charges/<int:charge_id>/refund", views.refund),

@@ -61,6 +61,11 @@ def charges(request: HttpRequest) -> HttpResponse:
 
 
 @idempotent
+def reasoned(request: HttpRequest) -> HttpResponse:
+    return HttpResponse(b"charged", status=201, reason="Charged OK")
+
+
+@idempotent
 def capture(request: HttpRequest, charge_id: int) -> HttpResponse:
     """No Redis of its own: the label test sends it a thousand paths."""
     return HttpResponse(b"ok", status=201)
