@@ -1,13 +1,12 @@
 """The I/O shell over ``httpx``: :class:`AsyncClient` and :class:`AsyncIdempotentTransport`.
 
-The source of its blocking twin ``_sync.py``, which ``python -m tests.client.unasync``
-generates (and ``tests/client/test_unasync.py`` checks for drift). Every decision is in
+The source of its blocking twin ``_sync.py``, which ``scripts/unasync.py`` generates with the
+store's and the guard's (``tests/test_generated.py`` checks for drift). Every decision is in
 ``_retry.py`` and every action on one in ``_shell.py``: a shell only sends, reads and sleeps.
 """
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections.abc import Awaitable, Callable, Collection
 from types import TracebackType
@@ -16,6 +15,7 @@ from typing import Any
 import httpx
 
 from ..errors import ConfigurationError
+from ..store._async_runtime import sleep
 from ._operation import DEFAULT_HEADER, IdempotentResponse, Operation, RetryHook
 from ._retry import RetryPolicy, Schedule
 from ._shell import DEFAULT_RETRY, Preparing, failure_kind, settle
@@ -53,7 +53,7 @@ async def arun(
         )
         if isinstance(outcome, IdempotentResponse):
             return outcome
-        await asyncio.sleep(outcome)
+        await sleep(outcome)
 
 
 class AsyncClient(Preparing):
