@@ -122,6 +122,7 @@ class _Tee:
         self.headers: list[tuple[str, str]] = []
         self.copy = BodyCopy(lifecycle.exchange.policy.max_response_bytes)
         self.settled = False
+        self.body_started = False  # a non-empty chunk went out: the head is the client's
 
     def start_response(self, status: str, headers: list[tuple[str, str]], *exc_info: Any) -> Any:
         write = self.server_start_response(status, headers, *exc_info)
@@ -149,18 +150,21 @@ class _Tee:
             self.finish(failed=True)
             raise
         self.copy.add(chunk)
+        self.body_started = self.body_started or bool(chunk)
         return chunk
 
     def finish(self, failed: bool = False) -> None:
         if self.settled:
             return
         self.settled = True
-        # WSGI lets an app replace its status until the first body byte (exc_info), and a
-        # failure mid-body releases the key: the head counts as sent once the body is done.
+        # WSGI lets an app replace its status until the first body byte (exc_info): the head
+        # counts as sent from then on, and a failure after it completes without the body
+        # (the lifecycle's rule, as under ASGI); a failure before it releases the key.
+        if self.status is not None and (self.body_started or not failed):
+            self.lifecycle.started(self.status, self.headers, self.reason)
         if failed or self.status is None:
             self.driver.fail(self.lifecycle, "the handler raised")
             return
-        self.lifecycle.started(self.status, self.headers, self.reason)
         self.driver.finish(self.lifecycle, self.copy.body())
 
     def close(self) -> None:

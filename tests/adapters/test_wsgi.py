@@ -197,13 +197,37 @@ def test_exception_at_call_releases_and_propagates(store: RedisStore) -> None:
     assert len(runs) == 2  # released: the retry ran again
 
 
-def test_exception_during_iteration_releases_propagates_and_closes(store: RedisStore) -> None:
+def test_exception_after_the_first_body_byte_completes_without_the_body(
+    store: RedisStore,
+) -> None:
+    """The client has the status and part of the body: the work is done, so a retry gets the
+    stored head (the ASGI rule too), never a second run."""
+
     def chunks() -> Iterator[bytes]:
         yield b"partial"
         raise ValueError("mid-body")
 
     app = Recorder(chunks())
     with pytest.raises(ValueError, match="mid-body"):
+        Server().call(IdempotencyMiddleware(app, store))
+    assert app.closed == 1
+    app.chunks = [b"whole"]
+    retry = Server()
+    assert retry.call(IdempotencyMiddleware(app, store)) == b""
+    assert retry.status.startswith("200")
+    assert ("Idempotent-Body-Not-Kept", "true") in retry.headers
+    assert app.runs == 1
+
+
+def test_exception_before_the_first_body_byte_releases_propagates_and_closes(
+    store: RedisStore,
+) -> None:
+    def chunks() -> Iterator[bytes]:
+        yield b""  # nothing reached the client yet: the app may still replace its status
+        raise ValueError("before the body")
+
+    app = Recorder(chunks())
+    with pytest.raises(ValueError, match="before the body"):
         Server().call(IdempotencyMiddleware(app, store))
     assert app.closed == 1
     app.chunks = [b"whole"]
