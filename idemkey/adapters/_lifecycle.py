@@ -27,8 +27,7 @@ from typing import TYPE_CHECKING, Any, Final, NoReturn
 
 from .._core import Claimed, Decision, new_owner
 from ..errors import ProtocolError
-from ..guard._call import _CURRENT as _CURRENT_CALL
-from ..guard._call import Call, run_as_current
+from ..guard._call import Call, leave_current, run_as_current
 from ..http import Complete, Release, content_length, render
 
 if TYPE_CHECKING:
@@ -226,8 +225,8 @@ class Lifecycle:
         return plan
 
     def _leave(self) -> None:
-        if self.call is not None and _CURRENT_CALL.get() is self.call:
-            run_as_current(None)
+        if self.call is not None:
+            leave_current(self.call)
 
     def _outcome(self, body: bytes | None) -> Complete | Release:
         head = self._head

@@ -39,7 +39,14 @@ if TYPE_CHECKING:
     from ._async_steps import AsyncSteps
     from ._sync_steps import Steps
 
-__all__ = ["GUARD_METHOD", "Call", "GuardState", "current_call", "run_as_current"]
+__all__ = [
+    "GUARD_METHOD",
+    "Call",
+    "GuardState",
+    "current_call",
+    "leave_current",
+    "run_as_current",
+]
 
 T = TypeVar("T")
 GUARD_METHOD = "GUARD"  # the record's "method" for guards: never equal to an HTTP method's record
@@ -205,6 +212,13 @@ def run_as_current(call: Call[Any] | None) -> None:
     integrations, whose app runs between two steps of theirs rather than in a ``with`` block.
     """
     _CURRENT.set(call)
+
+
+def leave_current(call: Call[Any]) -> None:
+    """``call`` is over: no longer the current call, if it still is (a nested guard's block
+    restores its outer call itself)."""
+    if _CURRENT.get() is call:
+        _CURRENT.set(None)
 
 
 def current_call() -> Call[Any]:
