@@ -186,12 +186,16 @@ async def _run(
         # 3. Throughput and memory (full runs only).
         tp: dict[str, Any] | str | None = None
         memory: list[dict[str, Any]] = []
+        compressed: dict[str, Any] | None = None
         if not args.quick:
             tp = await throughput(ctx, url, slices=5, seconds=args.throughput_seconds)
             if isinstance(tp, str):
                 skipped["throughput"] = tp
                 tp = None
             memory = memory_per_record(ctx, client)
+            from .compression import compression  # not at the top: see report.py
+
+            compressed = compression(client, prefix)
 
         doc_cases = build_cases(cases, samples, round_trips)
         doc: dict[str, Any] = {
@@ -200,6 +204,7 @@ async def _run(
             "skipped": skipped,
             "throughput": tp,
             "memory": memory,
+            "compression": compressed,
         }
         return doc, samples, cases
     finally:

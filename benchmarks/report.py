@@ -192,6 +192,11 @@ def format_report(doc: Mapping[str, Any]) -> str:
                 f"| {row['size']} | {row['guard_record_bytes']} | {row['guard_overhead']} | "
                 f"{row['http_record_bytes']} | {row['http_overhead']} |"
             )
+    if doc.get("compression"):
+        # Imported here: `python -m benchmarks.compression` must not find itself imported.
+        from .compression import format_compression
+
+        lines += ["", *format_compression(doc["compression"])]
     if doc.get("skipped"):
         lines += ["", "Skipped:"]
         lines += [f"- {name}: {why}" for name, why in doc["skipped"].items()]

@@ -285,10 +285,10 @@ class Exchange:
             if (low := name.lower()) not in deny and (allow is None or low in allow)
         )
         if body is None:
-            return Complete(
-                encode_response(StoredResponse(status, kept, b"", body_kept=False, reason=reason))
-            )
-        return Complete(encode_response(StoredResponse(status, kept, body, reason=reason)))
+            stored = StoredResponse(status, kept, b"", body_kept=False, reason=reason)
+        else:
+            stored = StoredResponse(status, kept, body, reason=reason)
+        return Complete(encode_response(stored, policy.compress_at))
 
     def completed(self, stored: bool, seconds: float | None = None) -> None:
         """Report what the complete script said (``False``: the lease was lost meanwhile)."""
