@@ -1,0 +1,55 @@
+"""Waiting for an in-flight claim to end, for asyncio; hand-written, twin of ``_sync_wakeup``.
+
+Every task of one store that waits on one record shares one ``XREAD BLOCK`` on the record's
+done stream (see complete.lua): 50 duplicates of a request cost one blocked connection, not 50
+(redis-py's pool holds 100 by default and raises past that), and the read, not the waiters,
+decides when they wake. Reads on distinct records are capped at ``limit``; past it a waiter is
+told to poll instead.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+__all__ = ["AsyncWakeups"]
+
+
+class AsyncWakeups:
+    """One blocking read per done stream, shared by its waiters.
+
+    ``read(stream, block_ms)`` blocks until the stream has an entry or ``block_ms`` passes;
+    it returns False when the read failed (the waiter then polls).
+    """
+
+    def __init__(self, read: Callable[[str, int], Coroutine[Any, Any, bool]], limit: int) -> None:
+        self._read = read
+        self._limit = limit
+        self._reads: dict[str, asyncio.Task[bool]] = {}
+        self._waiters: dict[str, int] = {}
+
+    async def wait(self, stream: str, block_ms: int) -> bool:
+        """Wait up to ``block_ms`` for ``stream`` to get an entry (True), or for the read's own
+        timeout (True): either way, claim again. False: no read could be made; poll."""
+        read = self._reads.get(stream)
+        if read is None or read.done():
+            if len(self._reads) >= self._limit:
+                return False
+            read = asyncio.get_running_loop().create_task(self._read(stream, block_ms))
+            self._reads[stream] = read
+            read.add_done_callback(lambda task: self._forget(stream, task))
+        self._waiters[stream] = self._waiters.get(stream, 0) + 1
+        try:
+            await asyncio.wait((read,), timeout=block_ms / 1000)
+        finally:
+            left = self._waiters.pop(stream) - 1
+            if left:
+                self._waiters[stream] = left
+            elif not read.done():
+                read.cancel()  # no one waits on it any more (its caller was cancelled, say)
+        return not read.done() or read.cancelled() or read.result()
+
+    def _forget(self, stream: str, task: asyncio.Task[bool]) -> None:
+        if self._reads.get(stream) is task:
+            del self._reads[stream]

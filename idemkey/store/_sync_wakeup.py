@@ -1,0 +1,60 @@
+"""Waiting for an in-flight claim to end, for threads; hand-written, twin of ``_async_wakeup``.
+
+Every thread of one store that waits on one record shares one ``XREAD BLOCK`` on the record's
+done stream (see complete.lua): the first one reads, the others wait on its event. 50
+duplicates of a request cost one blocked connection, not 50 (redis-py's pool holds 100 by
+default and raises past that). Reads on distinct records are capped at ``limit``; past it a
+waiter is told to poll instead.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+
+__all__ = ["Wakeups"]
+
+
+class _Read:
+    __slots__ = ("done", "ok")
+
+    def __init__(self) -> None:
+        self.done = threading.Event()
+        self.ok = True
+
+
+class Wakeups:
+    """One blocking read per done stream, shared by its waiters.
+
+    ``read(stream, block_ms)`` blocks until the stream has an entry or ``block_ms`` passes;
+    it returns False when the read failed (the waiter then polls).
+    """
+
+    def __init__(self, read: Callable[[str, int], bool], limit: int) -> None:
+        self._read = read
+        self._limit = limit
+        self._reads: dict[str, _Read] = {}
+        self._lock = threading.Lock()
+
+    def wait(self, stream: str, block_ms: int) -> bool:
+        """Wait up to ``block_ms`` for ``stream`` to get an entry (True), or for the read's own
+        timeout (True): either way, claim again. False: no read could be made; poll."""
+        with self._lock:
+            shared = self._reads.get(stream)
+            if shared is None:
+                if len(self._reads) >= self._limit:
+                    return False
+                shared = self._reads[stream] = _Read()
+                reader = True
+            else:
+                reader = False
+        if not reader:
+            shared.done.wait(block_ms / 1000)
+            return shared.ok
+        try:
+            shared.ok = self._read(stream, block_ms)
+        finally:
+            with self._lock:
+                del self._reads[stream]
+            shared.done.set()
+        return shared.ok
