@@ -11,9 +11,14 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Coroutine
-from typing import Any
+from typing import Any, Final
 
-__all__ = ["AsyncWakeups"]
+#: Seconds a waiter gives a read past its block before it leaves it: the server answers a timed
+#: out XREAD on its own clock, a little late, and a read nobody waits for is cancelled (a
+#: dropped connection), not left to end.
+READ_GRACE: Final = 0.25
+
+__all__ = ["READ_GRACE", "AsyncWakeups"]
 
 
 class AsyncWakeups:
@@ -41,7 +46,7 @@ class AsyncWakeups:
             read.add_done_callback(lambda task: self._forget(stream, task))
         self._waiters[stream] = self._waiters.get(stream, 0) + 1
         try:
-            await asyncio.wait((read,), timeout=block_ms / 1000)
+            await asyncio.wait((read,), timeout=block_ms / 1000 + READ_GRACE)
         finally:
             left = self._waiters.pop(stream) - 1
             if left:

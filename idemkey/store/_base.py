@@ -126,10 +126,11 @@ def _retry_delay(previous: float, deadline: float) -> float:
 
 # Waiting for an in-flight claim to end (see complete.lua): one XREAD BLOCK on the record's done
 # stream at a time per store and record, for at most this long (a waiter that reads the stream
-# after its entry expired, 10 s after it was written, re-claims by then), and never past 80 %
-# of the client's socket timeout, which would cut the read as a failure.
+# after its entry expired, 10 s after it was written, re-claims by then), and never so long
+# that the client's socket timeout cuts the read as a failure: a server at the default hz 10
+# answers a block that timed out up to 100 ms late, so 200 ms are kept in hand.
 _MAX_BLOCK: Final = 5.0
-_SOCKET_TIMEOUT_SHARE: Final = 0.8
+_SERVER_LATENESS: Final = 0.2
 # Past this, the lease has lapsed; a little margin so the re-claim finds the lock expired.
 _LAPSE_MARGIN: Final = 0.002
 
@@ -153,8 +154,8 @@ def _socket_timeout(client: Any) -> float | None:
 def _block_cap(client: Any) -> float:
     """The longest XREAD BLOCK this client can wait through, in seconds (0: none, so poll)."""
     timeout = _socket_timeout(client)
-    cap = _MAX_BLOCK if timeout is None else min(_MAX_BLOCK, timeout * _SOCKET_TIMEOUT_SHARE)
-    return cap if cap >= 0.01 else 0.0
+    cap = _MAX_BLOCK if timeout is None else min(_MAX_BLOCK, timeout - _SERVER_LATENESS)
+    return cap if cap >= 0.05 else 0.0  # a socket timeout under 250 ms: poll
 
 
 def _read_limit(client: Any) -> int:

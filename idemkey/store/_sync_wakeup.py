@@ -11,8 +11,14 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
+from typing import Final
 
-__all__ = ["Wakeups"]
+#: Seconds a waiter gives a read past its block before it leaves it: the server answers a timed
+#: out XREAD on its own clock, a little late, and a read nobody waits for is cancelled (a
+#: dropped connection), not left to end.
+READ_GRACE: Final = 0.25
+
+__all__ = ["READ_GRACE", "Wakeups"]
 
 
 class _Read:
@@ -49,7 +55,7 @@ class Wakeups:
             else:
                 reader = False
         if not reader:
-            shared.done.wait(block_ms / 1000)
+            shared.done.wait(block_ms / 1000 + READ_GRACE)
             return shared.ok
         try:
             shared.ok = self._read(stream, block_ms)

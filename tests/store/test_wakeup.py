@@ -18,6 +18,8 @@ from typing import Any
 import pytest
 import redis
 import redis.asyncio
+import redis.asyncio.retry
+import redis.backoff
 
 from idemkey import AsyncRedisStore, Policy, RedisStore
 from idemkey.records import Claimed, InFlight, Record, Replay, record_for
@@ -320,3 +322,35 @@ def test_threads_share_one_read(private_redis_server: RedisServer, admin: redis.
     finally:
         store.close()
         client.close()
+
+
+async def test_reads_stay_within_the_socket_timeout(
+    private_redis_server: RedisServer, admin: redis.Redis
+) -> None:
+    # socket_timeout 0.4 s, no retries: each read blocks 0.2 s at most, so none is cut off as
+    # a failure (which would drop the waiter to polling) while the claim stays in flight for
+    # 0.8 s, even though the server answers a timed-out block up to 100 ms late (hz 10).
+    no_retry = redis.asyncio.retry.Retry(redis.backoff.NoBackoff(), 0)
+    client = private_redis_server.async_client(socket_timeout=0.4, retry=no_retry)
+    store = AsyncRedisStore(client, Policy(prefix="w"))
+    outcomes: list[bool] = []
+    read = store._wakeups._read
+
+    async def counted(stream: str, block_ms: int) -> bool:
+        outcomes.append(await read(stream, block_ms))
+        return outcomes[-1]
+
+    store._wakeups._read = counted
+    rec = record("w")
+    try:
+        first = await store.claim(rec, "fp")
+        assert isinstance(first, Claimed)
+        waiter = asyncio.create_task(store.claim(rec, "fp", wait=10))
+        await asyncio.sleep(0.8)  # the request in flight takes a while
+        assert await store.complete(rec, first.owner, b"ok")
+        assert await asyncio.wait_for(waiter, 5) == Replay(b"ok")
+    finally:
+        await store.aclose()
+        await client.aclose()
+    assert len(outcomes) >= 3
+    assert all(outcomes)
