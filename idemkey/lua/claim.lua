@@ -81,13 +81,14 @@ local takeover = 0
 if state == "in_progress" then
   takeover = 1
 end
-redis.call("SET", KEYS[2], ARGV[2], "PX", tonumber(ARGV[3]))
 -- Wake-up: a record claimed again (after a release or a lapse) drops the done stream of the
 -- claim before, so waiters block until this claim ends; the mark "w" stays for them. A new
--- key (no fence yet) has no stream: nothing to do.
+-- key (no fence yet) has no stream: nothing to do. pcall: the stream is a hint, and a node
+-- that refuses it (its slot half migrated) must not stop the claim.
 if record[4] then
-  redis.call("DEL", KEYS[1] .. ":done")
+  redis.pcall("DEL", KEYS[1] .. ":done")
 end
+redis.call("SET", KEYS[2], ARGV[2], "PX", tonumber(ARGV[3]))
 local fence = redis.call("HINCRBY", KEYS[1], "fence", 1)
 local now = redis.call("TIME")
 redis.call("HSET", KEYS[1], "state", "in_progress", "fp", ARGV[1], "owner", ARGV[2],

@@ -43,10 +43,11 @@ redis.call("PEXPIRE", KEYS[1], tonumber(ARGV[3]))
 -- Wake-up: when a waiter marked the record (claim.lua), post one entry to the done stream
 -- {prefix}:{<digest>}:done, where waiters block with XREAD from id 0 (so one that reads after
 -- this still sees it). It lives 10 s: it only has to outlast the gap between a waiter's
--- in-flight reply and its XREAD. The record is final, so the mark goes.
+-- in-flight reply and its XREAD. The record is final, so the mark goes. pcall: the stream is a
+-- hint (waiters also wake when their read times out), and the response is stored already.
 if redis.call("HDEL", KEYS[1], "w") == 1 then
   local done = KEYS[1] .. ":done"
-  redis.call("XADD", done, "MAXLEN", 1, "*", "end", "complete")
-  redis.call("PEXPIRE", done, 10000)
+  redis.pcall("XADD", done, "MAXLEN", 1, "*", "end", "complete")
+  redis.pcall("PEXPIRE", done, 10000)
 end
 return 1

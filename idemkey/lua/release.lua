@@ -34,7 +34,7 @@ end
 -- that claim ends.
 if redis.call("HEXISTS", KEYS[1], "w") == 1 then
   local done = KEYS[1] .. ":done"
-  redis.call("XADD", done, "MAXLEN", 1, "*", "end", "release")
-  redis.call("PEXPIRE", done, 10000)
+  redis.pcall("XADD", done, "MAXLEN", 1, "*", "end", "release")
+  redis.pcall("PEXPIRE", done, 10000)
 end
 return 1

@@ -24,23 +24,25 @@ __all__ = ["READ_GRACE", "AsyncWakeups"]
 class AsyncWakeups:
     """One blocking read per done stream, shared by its waiters.
 
-    ``read(stream, block_ms)`` blocks until the stream has an entry or ``block_ms`` passes;
-    it returns False when the read failed (the waiter then polls).
+    ``read(stream, block_ms)`` blocks until the stream has an entry (True) or ``block_ms``
+    passes (False); None when the read failed (the waiter then polls).
     """
 
-    def __init__(self, read: Callable[[str, int], Coroutine[Any, Any, bool]], limit: int) -> None:
+    def __init__(
+        self, read: Callable[[str, int], Coroutine[Any, Any, bool | None]], limit: int
+    ) -> None:
         self._read = read
         self._limit = limit
-        self._reads: dict[str, asyncio.Task[bool]] = {}
+        self._reads: dict[str, asyncio.Task[bool | None]] = {}
         self._waiters: dict[str, int] = {}
 
-    async def wait(self, stream: str, block_ms: int) -> bool:
-        """Wait up to ``block_ms`` for ``stream`` to get an entry (True), or for the read's own
-        timeout (True): either way, claim again. False: no read could be made; poll."""
+    async def wait(self, stream: str, block_ms: int) -> bool | None:
+        """Wait up to ``block_ms`` for ``stream`` to have an entry: True it has one, False the
+        wait ended without one (claim again either way), None no read could be made (poll)."""
         read = self._reads.get(stream)
         if read is None or read.done():
             if len(self._reads) >= self._limit:
-                return False
+                return None
             read = asyncio.get_running_loop().create_task(self._read(stream, block_ms))
             self._reads[stream] = read
             read.add_done_callback(lambda task: self._forget(stream, task))
@@ -53,8 +55,10 @@ class AsyncWakeups:
                 self._waiters[stream] = left
             elif not read.done():
                 read.cancel()  # no one waits on it any more (its caller was cancelled, say)
-        return not read.done() or read.cancelled() or read.result()
+        if not read.done() or read.cancelled():
+            return False
+        return read.result()
 
-    def _forget(self, stream: str, task: asyncio.Task[bool]) -> None:
+    def _forget(self, stream: str, task: asyncio.Task[bool | None]) -> None:
         if self._reads.get(stream) is task:
             del self._reads[stream]

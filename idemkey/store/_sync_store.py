@@ -178,34 +178,43 @@ class RedisStore(Heartbeat):
         The end (complete or release) posts to the record's done stream, which a blocking
         XREAD shared by this store's waiters is watching; a lease that lapses with no end is
         noticed when the read times out with it, and taken over. Where no read can be made
-        (too many records waited on, a client without XREAD BLOCK), poll with backoff.
+        (too many records waited on, a read that failed), poll with backoff.
         """
-        owner = str(args[3])
+        owner, stream = str(args[3]), _done_stream(record)
         deadline, delay = time.monotonic() + wait, 0.0
         answer: Decision = decision
         while type(answer) is InFlight:
             block_ms = _block_ms(answer.retry_after, deadline, self._block_cap)
             if block_ms == 0:
                 break
-            if not self._wakeups.wait(_done_stream(record), block_ms):
+            woken = self._wakeups.wait(stream, block_ms)
+            if woken is None:  # no read could be made
                 if (delay := _next_delay(delay, deadline)) <= 0:
                     break
                 sleep(delay)
             answer = decode_claim_reply(self._eval("claim", *args), owner)
+            if woken and type(answer) is InFlight:
+                # Woken, yet in flight: another waiter claimed the record after a release
+                # (its claim dropped the stream), or an entry the claim could not drop. Back
+                # off as a poll would, so that an entry that stays cannot make a loop.
+                if (delay := _next_delay(delay, deadline)) <= 0:
+                    break
+                sleep(delay)
         return answer
 
-    def _read_done(self, stream: str, block_ms: int) -> bool:
-        """XREAD BLOCK on a done stream from its start; False when the read failed."""
+    def _read_done(self, stream: str, block_ms: int) -> bool | None:
+        """XREAD BLOCK on a done stream from its start: True when it has an entry, False when
+        the block ended without one, None when the read failed."""
         command = ("XREAD", "BLOCK", block_ms, "STREAMS", stream, "0-0")
         try:
             if hasattr(self.client, "get_node_from_key"):  # a cluster: no COMMAND GETKEYS
                 node = self.client.get_node_from_key(stream)
-                self.client.execute_command(*command, target_nodes=node)
+                entries = self.client.execute_command(*command, target_nodes=node)
             else:
-                self.client.execute_command(*command)
+                entries = self.client.execute_command(*command)
         except self._errors:
-            return False
-        return True
+            return None
+        return bool(entries)
 
     def _recover(self, record: Record, claim: Claimed, ttl_ms: int) -> Decision:
         """A committed fenced result is the answer: complete the record with it and replay."""

@@ -22,45 +22,46 @@ __all__ = ["READ_GRACE", "Wakeups"]
 
 
 class _Read:
-    __slots__ = ("done", "ok")
+    __slots__ = ("done", "found")
 
     def __init__(self) -> None:
         self.done = threading.Event()
-        self.ok = True
+        self.found: bool | None = False  # what the read answered (see Wakeups)
 
 
 class Wakeups:
     """One blocking read per done stream, shared by its waiters.
 
-    ``read(stream, block_ms)`` blocks until the stream has an entry or ``block_ms`` passes;
-    it returns False when the read failed (the waiter then polls).
+    ``read(stream, block_ms)`` blocks until the stream has an entry (True) or ``block_ms``
+    passes (False); None when the read failed (the waiter then polls).
     """
 
-    def __init__(self, read: Callable[[str, int], bool], limit: int) -> None:
+    def __init__(self, read: Callable[[str, int], bool | None], limit: int) -> None:
         self._read = read
         self._limit = limit
         self._reads: dict[str, _Read] = {}
         self._lock = threading.Lock()
 
-    def wait(self, stream: str, block_ms: int) -> bool:
-        """Wait up to ``block_ms`` for ``stream`` to get an entry (True), or for the read's own
-        timeout (True): either way, claim again. False: no read could be made; poll."""
+    def wait(self, stream: str, block_ms: int) -> bool | None:
+        """Wait up to ``block_ms`` for ``stream`` to have an entry: True it has one, False the
+        wait ended without one (claim again either way), None no read could be made (poll)."""
         with self._lock:
             shared = self._reads.get(stream)
             if shared is None:
                 if len(self._reads) >= self._limit:
-                    return False
+                    return None
                 shared = self._reads[stream] = _Read()
                 reader = True
             else:
                 reader = False
         if not reader:
-            shared.done.wait(block_ms / 1000 + READ_GRACE)
-            return shared.ok
+            if not shared.done.wait(block_ms / 1000 + READ_GRACE):
+                return False
+            return shared.found
         try:
-            shared.ok = self._read(stream, block_ms)
+            shared.found = self._read(stream, block_ms)
         finally:
             with self._lock:
                 del self._reads[stream]
             shared.done.set()
-        return shared.ok
+        return shared.found
