@@ -9,6 +9,7 @@ waiter is told to poll instead.
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Callable
 from typing import Final
@@ -41,10 +42,15 @@ class Wakeups:
         self._limit = limit
         self._reads: dict[str, _Read] = {}
         self._lock = threading.Lock()
+        self._pid = os.getpid()
 
     def wait(self, stream: str, block_ms: int) -> bool | None:
         """Wait up to ``block_ms`` for ``stream`` to have an entry: True it has one, False the
         wait ended without one (claim again either way), None no read could be made (poll)."""
+        if self._pid != os.getpid():
+            # A forked child: the parent's reads are not ours (their threads are gone, their
+            # events never set), and the fork may have caught the lock held. Start afresh.
+            self._pid, self._reads, self._lock = os.getpid(), {}, threading.Lock()
         with self._lock:
             shared = self._reads.get(stream)
             if shared is None:
