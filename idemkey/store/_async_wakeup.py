@@ -40,10 +40,12 @@ class AsyncWakeups:
         """Wait up to ``block_ms`` for ``stream`` to have an entry: True it has one, False the
         wait ended without one (claim again either way), None no read could be made (poll)."""
         read = self._reads.get(stream)
-        if read is None or read.done():
+        loop = asyncio.get_running_loop()
+        # A read of another event loop (a store used from several) cannot be awaited here.
+        if read is None or read.done() or read.get_loop() is not loop:
             if len(self._reads) >= self._limit:
                 return None
-            read = asyncio.get_running_loop().create_task(self._read(stream, block_ms))
+            read = loop.create_task(self._read(stream, block_ms))
             self._reads[stream] = read
             read.add_done_callback(lambda task: self._forget(stream, task))
         self._waiters[stream] = self._waiters.get(stream, 0) + 1
