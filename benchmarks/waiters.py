@@ -1,4 +1,4 @@
-"""Waiters: N identical concurrent requests on uvicorn with ``Policy.wait > 0``.
+"""Waiters: N identical concurrent requests on uvicorn (or gunicorn) with ``Policy.wait > 0``.
 
 One request runs the handler (which takes ``--hold`` seconds); the others wait for it and get
 its replay. Reported: Redis calls per waiter (``INFO commandstats`` deltas of ``evalsha`` and
@@ -7,6 +7,7 @@ replay arrived, after the first request's response (the completion is written ju
 
     python -m benchmarks.waiters                         # this checkout's idemkey
     python -m benchmarks.waiters --idemkey /work/wt/before --runs 3
+    python -m benchmarks.waiters --server gunicorn      # the WSGI middleware, a thread each
 
 ``--idemkey`` is the directory put first on the server's PYTHONPATH, so two checkouts are
 measured by one script.
@@ -31,7 +32,7 @@ import redis
 from .servers import HOST, RedisServer, free_port
 
 APP = """
-import asyncio, os
+import asyncio, os, time
 import redis.asyncio
 from idemkey import AsyncRedisStore, Policy
 from idemkey.adapters.asgi import IdempotencyMiddleware
@@ -55,7 +56,38 @@ def make():
     client = redis.asyncio.Redis.from_url(os.environ["WAITERS_REDIS_URL"], max_connections=512)
     store = AsyncRedisStore(client, Policy(prefix="bench", wait=10.0))
     return IdempotencyMiddleware(charge, store)
+
+
+def charge_wsgi(environ, start_response):
+    environ["wsgi.input"].read(int(environ.get("CONTENT_LENGTH") or 0))
+    if environ["PATH_INFO"] == "/charges":
+        time.sleep(HOLD)  # the payment provider: the duplicates wait meanwhile
+    start_response("201 Created", [("Content-Type", "application/json")])
+    return [b'{"id": "ch_1"}']
+
+
+def make_wsgi():
+    import redis
+    from idemkey import RedisStore
+    from idemkey.adapters.wsgi import IdempotencyMiddleware as WSGIMiddleware
+
+    client = redis.Redis.from_url(os.environ["WAITERS_REDIS_URL"], max_connections=512)
+    store = RedisStore(client, Policy(prefix="bench", wait=10.0))
+    return WSGIMiddleware(charge_wsgi, store)
 """
+
+#: How each server runs the app (one worker; gunicorn with a thread per request).
+SERVERS = {
+    "uvicorn": lambda port, requests: [
+        sys.executable, "-m", "uvicorn", "--factory", "waiters_app:make", "--host", HOST,
+        "--port", str(port), "--log-level", "warning", "--no-access-log", "--lifespan", "off",
+    ],
+    "gunicorn": lambda port, requests: [
+        sys.executable, "-m", "gunicorn", "--bind", f"{HOST}:{port}", "--workers", "1",
+        "--worker-class", "gthread", "--threads", str(requests + 5), "--log-level", "warning",
+        "waiters_app:make_wsgi()",
+    ],
+}  # fmt: skip
 
 
 def _calls(admin: redis.Redis) -> dict[str, int]:
@@ -85,7 +117,9 @@ async def _burst(base: str, key: str, requests: int) -> list[tuple[float, bool, 
         return await asyncio.gather(*tasks)
 
 
-def run(idemkey_root: str, requests: int, hold: float, runs: int) -> list[dict[str, Any]]:
+def run(
+    idemkey_root: str, requests: int, hold: float, runs: int, server_kind: str = "uvicorn"
+) -> list[dict[str, Any]]:
     results = []
     with RedisServer() as server, tempfile.TemporaryDirectory() as tmp:
         Path(tmp, "waiters_app.py").write_text(APP)
@@ -97,10 +131,7 @@ def run(idemkey_root: str, requests: int, hold: float, runs: int) -> list[dict[s
             "WAITERS_REDIS_URL": server.url,
             "WAITERS_HOLD": str(hold),
         }
-        command = [sys.executable, "-m", "uvicorn", "--factory", "waiters_app:make", "--host",
-                   HOST, "--port", str(port), "--log-level", "warning", "--no-access-log",
-                   "--lifespan", "off"]  # fmt: skip
-        proc = subprocess.Popen(command, env=env, cwd=tmp)
+        proc = subprocess.Popen(SERVERS[server_kind](port, requests), env=env, cwd=tmp)
         base = f"http://{HOST}:{port}"
         try:
             deadline = time.monotonic() + 15
@@ -149,11 +180,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--requests", type=int, default=50)
     parser.add_argument("--hold", type=float, default=0.5, help="seconds the handler takes")
     parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--server", choices=sorted(SERVERS), default="uvicorn")
     args = parser.parse_args(argv)
-    print(f"{args.requests} identical requests, handler {args.hold * 1000:g} ms, "
-          f"idemkey from {args.idemkey}")  # fmt: skip
+    print(f"{args.requests} identical requests on {args.server}, handler "
+          f"{args.hold * 1000:g} ms, idemkey from {args.idemkey}")  # fmt: skip
     print("run  EVALSHA  XREAD  (calls-2)/waiter  wake p50 ms  wake max ms  all commands")
-    for index, r in enumerate(run(args.idemkey, args.requests, args.hold, args.runs)):
+    for index, r in enumerate(run(args.idemkey, args.requests, args.hold, args.runs, args.server)):
         counts = f"{index:>3}  {r['evalsha']:>7}  {r['xread']:>5}  {r['per_waiter']:>15.2f}"
         wakes = f"{r['wake_p50_ms']:>11.1f}  {r['wake_max_ms']:>11.1f}  {r['commands']:>12}"
         print(f"{counts}  {wakes}")
