@@ -264,7 +264,8 @@ _MAX_POLL: Final = 0.25
 
 
 def next_poll_delay(previous: float, remaining: float) -> float:
-    """Backoff for a duplicate waiting on the first request: 5 ms doubling to 250 ms.
+    """Backoff for a duplicate polling the first request (where the store cannot block on
+    its end, or was woken while it is still in flight): 5 ms doubling to 250 ms.
 
     Never sleeps past the caller's remaining wait budget.
     """

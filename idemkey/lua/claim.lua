@@ -6,6 +6,11 @@
 -- ARGV[2]  owner         fresh random token of the caller
 -- ARGV[3]  lease_ms      lease length, milliseconds
 -- ARGV[4]  retention_ms  how long the record lives, milliseconds
+-- ARGV[5]  waits         optional; "1": the caller waits for an in-flight claim to end
+--                        (wake-up: record field "w", stream {prefix}:{<digest>}:done)
+--
+-- Wake-up: a fresh claim of a record that existed deletes {prefix}:{<digest>}:done
+--          (KEYS[1] .. ":done", the same slot), see complete.lua.
 --
 -- Record fields "ns" and "s:<name>": the count and the results of finished steps (checkpoint.lua).
 -- A record released with finished steps keeps its fp, so the key stays bound to its payload.
@@ -61,6 +66,12 @@ if state == "in_progress" and record[5] == ARGV[2] then
   return claimed(tonumber(record[4]) or 0, tonumber(record[6]) or 0)
 end
 if holder then
+  -- Wake-up: a caller that will wait marks the record ("w"), so the complete or release that
+  -- ends this claim posts to the done stream its XREAD blocks on (complete.lua, release.lua).
+  -- Only a live record is marked: a lone "w" would make a hash without a TTL.
+  if ARGV[5] == "1" and state then
+    redis.call("HSET", KEYS[1], "w", 1)
+  end
   return {3, redis.call("PTTL", KEYS[2])}
 end
 
@@ -69,6 +80,13 @@ end
 local takeover = 0
 if state == "in_progress" then
   takeover = 1
+end
+-- Wake-up: a record claimed again (after a release or a lapse) drops the done stream of the
+-- claim before, so waiters block until this claim ends; the mark "w" stays for them. A new
+-- key (no fence yet) has no stream: nothing to do. pcall: the stream is a hint, and a node
+-- that refuses it (its slot half migrated) must not stop the claim.
+if record[4] then
+  redis.pcall("DEL", KEYS[1] .. ":done")
 end
 redis.call("SET", KEYS[2], ARGV[2], "PX", tonumber(ARGV[3]))
 local fence = redis.call("HINCRBY", KEYS[1], "fence", 1)

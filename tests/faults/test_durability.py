@@ -8,6 +8,7 @@ StoreError. Reads (a replay) are never refused for want of replicas.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
@@ -24,11 +25,11 @@ from idemkey import (
     aguard,
     guard,
 )
-from idemkey._core import Claimed, record_for
+from idemkey._core import Claimed, Replay, record_for
 from idemkey.adapters.wsgi import IdempotencyMiddleware
 from idemkey.guard import GUARD_METHOD
 from idemkey.policy import Replicas
-from tests._servers import RedisServer, no_retry, wait_until
+from tests._servers import RedisServer, async_wait_until, no_retry, wait_until
 
 if TYPE_CHECKING:
     from _typeshed.wsgi import StartResponse, WSGIEnvironment
@@ -248,3 +249,30 @@ def test_durability_asks_for_more_replicas_than_there_are(
     finally:
         store.close()
         client.close()
+
+
+async def test_a_durable_waiter_is_woken_by_the_completion(
+    pair: tuple[RedisServer, RedisServer], prefix: str
+) -> None:
+    # The in-flight claim marks the record through EVALSHA + WAIT like any claim; the waiter
+    # then blocks on the primary and is woken by the (confirmed) completion.
+    primary, _ = pair
+    client = primary.async_client(socket_timeout=5, retry=no_retry())
+    admin = client_of(primary)
+    store = AsyncRedisStore(client, Policy(prefix=prefix, durability=Replicas(1, TIMEOUT)))
+    record = record_for(prefix, "", "POST", "/w", "k")
+    try:
+        first = await store.claim(record, "fp")
+        assert isinstance(first, Claimed)
+        waiter = asyncio.ensure_future(store.claim(record, "fp", wait=10))
+        await async_wait_until(
+            lambda: int(admin.info("clients")["blocked_clients"]), 10, "the waiter's read"
+        )
+        assert await store.complete(record, first.owner, b"resp")
+        completed = time.monotonic()
+        assert await waiter == Replay(b"resp")
+        assert time.monotonic() - completed < 0.125
+    finally:
+        await store.aclose()
+        await client.aclose()
+        admin.close()
