@@ -128,7 +128,8 @@ def _retry_delay(previous: float, deadline: float) -> float:
 # stream at a time per store and record, for at most this long (a waiter that reads the stream
 # after its entry expired, 10 s after it was written, re-claims by then), and never so long
 # that the client's socket timeout cuts the read as a failure: a server at the default hz 10
-# answers a block that timed out up to 100 ms late, so 200 ms are kept in hand.
+# answers a block that timed out up to 100 ms late, and a busy host delays the reply further,
+# so at least 200 ms and half the timeout are kept in hand.
 _MAX_BLOCK: Final = 5.0
 _SERVER_LATENESS: Final = 0.2
 # Past this, the lease has lapsed; a little margin so the re-claim finds the lock expired.
@@ -154,7 +155,7 @@ def _socket_timeout(client: Any) -> float | None:
 def _block_cap(client: Any) -> float:
     """The longest XREAD BLOCK this client can wait through, in seconds (0: none, so poll)."""
     timeout = _socket_timeout(client)
-    cap = _MAX_BLOCK if timeout is None else min(_MAX_BLOCK, timeout - _SERVER_LATENESS)
+    cap = _MAX_BLOCK if timeout is None else min(_MAX_BLOCK, timeout - _SERVER_LATENESS, timeout / 2)
     return cap if cap >= 0.05 else 0.0  # a socket timeout under 250 ms: poll
 
 

@@ -327,11 +327,12 @@ def test_threads_share_one_read(private_redis_server: RedisServer, admin: redis.
 async def test_reads_stay_within_the_socket_timeout(
     private_redis_server: RedisServer, admin: redis.Redis
 ) -> None:
-    # socket_timeout 0.4 s, no retries: each read blocks 0.2 s at most, so none is cut off as
+    # socket_timeout 1 s, no retries: each read blocks 0.5 s at most, so none is cut off as
     # a failure (which would drop the waiter to polling) while the claim stays in flight for
-    # 0.8 s, even though the server answers a timed-out block up to 100 ms late (hz 10).
+    # 1.6 s, even though the server answers a timed-out block up to 100 ms late (hz 10) and a
+    # loaded host adds its own delay.
     no_retry = redis.asyncio.retry.Retry(redis.backoff.NoBackoff(), 0)
-    client = private_redis_server.async_client(socket_timeout=0.4, retry=no_retry)
+    client = private_redis_server.async_client(socket_timeout=1.0, retry=no_retry)
     store = AsyncRedisStore(client, Policy(prefix="w"))
     outcomes: list[bool | None] = []
     read = store._wakeups._read
@@ -346,7 +347,7 @@ async def test_reads_stay_within_the_socket_timeout(
         first = await store.claim(rec, "fp")
         assert isinstance(first, Claimed)
         waiter = asyncio.create_task(store.claim(rec, "fp", wait=10))
-        await asyncio.sleep(0.8)  # the request in flight takes a while
+        await asyncio.sleep(1.6)  # the request in flight takes a while
         assert await store.complete(rec, first.owner, b"ok")
         assert await asyncio.wait_for(waiter, 5) == Replay(b"ok")
     finally:
