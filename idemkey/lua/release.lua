@@ -11,19 +11,17 @@
 --
 -- The fence counter stays behind (until the record's TTL): fencing tokens handed to
 -- downstream systems must keep growing, even across a release and a fresh claim.
+-- The lock holds the record's owner or nothing (see claim.lua): deleted without being read.
 
-if redis.call("HGET", KEYS[1], "owner") ~= ARGV[1] then
+local record = redis.call("HMGET", KEYS[1], "owner", "state", "ns")
+if record[1] ~= ARGV[1] or record[2] ~= "in_progress" then
   return 0
 end
-if redis.call("HGET", KEYS[1], "state") ~= "in_progress" then
-  return 0
-end
-if redis.call("GET", KEYS[2]) == ARGV[1] then
-  redis.call("DEL", KEYS[2])
-end
-if redis.call("HEXISTS", KEYS[1], "ns") == 1 then
-  redis.call("HDEL", KEYS[1], "state", "owner", "tk", "resp", "at")
+redis.call("DEL", KEYS[2])
+-- "at": written by idemkey before 0.2, dropped with the claim it described.
+if record[3] then
+  redis.call("HDEL", KEYS[1], "state", "owner", "tk", "at")
 else
-  redis.call("HDEL", KEYS[1], "state", "fp", "owner", "tk", "resp", "at")
+  redis.call("HDEL", KEYS[1], "state", "fp", "owner", "tk", "at")
 end
 return 1

@@ -119,7 +119,7 @@ class AsyncRedisStore(AsyncHeartbeat):
     async def claim(
         self,
         record: Record,
-        fingerprint: str,
+        fingerprint: str | bytes,
         *,
         owner: str | None = None,
         lease_ms: int | None = None,

@@ -120,7 +120,7 @@ class RedisStore(Heartbeat):
     def claim(
         self,
         record: Record,
-        fingerprint: str,
+        fingerprint: str | bytes,
         *,
         owner: str | None = None,
         lease_ms: int | None = None,

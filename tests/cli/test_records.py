@@ -35,7 +35,8 @@ def test_inspect_shows_a_completed_http_record(
     lines = dict(line.split(None, 1) for line in run.out.splitlines() if not line.startswith(" "))
     assert lines["record"] == record.key
     assert lines["state"] == "complete"
-    assert lines["fence"] == "1"
+    assert lines["fence"] == "-"  # a completed record keeps no fence counter
+    assert lines["owner"].endswith("...")  # the owner's 12-digit tag, kept to answer its re-send
     assert lines["lease"].startswith("none")
     assert lines["ttl"].startswith("23h 59m")  # the default 24 h retention, just started
     assert lines["status"] == "201"
