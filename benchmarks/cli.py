@@ -34,6 +34,7 @@ from .cases import Case, Context, core_cases, naive_cases
 from .extra import memory_per_record, throughput
 from .httpcases import HttpBench
 from .peers import idemkit_cases, powertools_cases
+from .record_cost import server_time
 from .report import build_cases, check_targets, format_report, plot
 from .roundtrips import count_round_trips, counting_clients
 from .runner import prepare_all, run_interleaved
@@ -186,12 +187,15 @@ async def _run(
         # 3. Throughput and memory (full runs only).
         tp: dict[str, Any] | str | None = None
         memory: list[dict[str, Any]] = []
+        cost: dict[str, Any] | None = None
         if not args.quick:
             tp = await throughput(ctx, url, slices=5, seconds=args.throughput_seconds)
             if isinstance(tp, str):
                 skipped["throughput"] = tp
                 tp = None
             memory = memory_per_record(ctx, client)
+            if args.redis_url is None:  # CONFIG RESETSTAT: only on the suite's own server
+                cost = server_time(admin, prefix)
 
         doc_cases = build_cases(cases, samples, round_trips)
         doc: dict[str, Any] = {
@@ -200,6 +204,7 @@ async def _run(
             "skipped": skipped,
             "throughput": tp,
             "memory": memory,
+            "server_time": cost,
         }
         return doc, samples, cases
     finally:

@@ -28,19 +28,14 @@
 -- A completed record is never written here. The lock is only ever set together with the
 -- owner field (here) or for the owner the field names (renew), so it holds that owner or nothing.
 
-local record = redis.call("HMGET", KEYS[1], "resp", "fp", "state", "owner", "fence", "tk", "ns")
-local resp, fp, state = record[1], record[2], record[3]
+-- Two reads: a replay (the common repeat) reads only the three fields it needs; the rest are
+-- read when the call goes on to claim (measured: benchmarks/record_cost.py).
+local head = redis.call("HMGET", KEYS[1], "resp", "fp", "state")
+local resp, fp, state = head[1], head[2], head[3]
 
--- Is the stored fingerprint this request's? A record from before 0.2 holds 32 hex digits
--- where idemkey now sends 16 bytes: compared in hex, only when the plain comparison fails.
-local function matches(stored)
-  if stored == ARGV[1] then
-    return true
-  end
-  return #stored == 32 and #ARGV[1] == 16
-    and stored == string.format(string.rep("%02x", 16), string.byte(ARGV[1], 1, 16))
-end
-
+-- Is the stored fingerprint this request's? Compared as sent; a record written before 0.2
+-- holds 32 hex digits where idemkey now sends 16 bytes, compared in hex when the bytes differ.
+-- (Inline, not a local function: a closure would be built on every call.)
 if resp then
   -- Complete. A current record's fp ends with the 12-character owner tag; an old one says
   -- state = "complete" and holds the bare fingerprint.
@@ -48,55 +43,57 @@ if resp then
   if state ~= "complete" then
     fp = string.sub(fp, 1, -13)
   end
-  if not matches(fp) then
-    return {4}
+  if fp == ARGV[1] or (#fp == 32 and #ARGV[1] == 16
+      and fp == string.format(string.rep("%02x", 16), string.byte(ARGV[1], 1, 16))) then
+    return {2, resp}
   end
-  return {2, resp}
+  return {4}
 end
 -- fp without a state: released with finished steps, still bound to its payload.
-if fp and not matches(fp) then
+if fp and fp ~= ARGV[1] and not (#fp == 32 and #ARGV[1] == 16
+    and fp == string.format(string.rep("%02x", 16), string.byte(ARGV[1], 1, 16))) then
   return {4}
 end
 
--- The claimed reply, with the finished steps appended (only read when "ns" says there are).
-local function claimed(fence, takeover)
-  local reply = {1, fence, takeover}
-  if record[7] then
-    local fields = redis.call("HGETALL", KEYS[1])
-    for i = 1, #fields, 2 do
-      if string.sub(fields[i], 1, 2) == "s:" then
-        reply[#reply + 1] = string.sub(fields[i], 3)
-        reply[#reply + 1] = fields[i + 1]
-      end
-    end
-  end
-  return reply
-end
-
+local record = redis.call("HMGET", KEYS[1], "owner", "fence", "tk", "ns")
 local in_progress = state == "in_progress"
--- Our own claim, sent again: the same answer (fence and takeover flag, kept in "tk"); a lock
--- that lapsed meanwhile is taken back, as nobody else claimed (that would have changed owner).
-if in_progress and record[4] == ARGV[2] then
+local fence, takeover
+if in_progress and record[1] == ARGV[2] then
+  -- Our own claim, sent again: the same answer (fence and takeover flag, kept in "tk"); a lock
+  -- that lapsed meanwhile is taken back, as nobody else claimed (that would change the owner).
   if not redis.call("GET", KEYS[2]) then
     redis.call("SET", KEYS[2], ARGV[2], "PX", tonumber(ARGV[3]))
   end
-  return claimed(tonumber(record[5]) or 0, tonumber(record[6]) or 0)
-end
-if not redis.call("SET", KEYS[2], ARGV[2], "NX", "PX", tonumber(ARGV[3])) then
-  -- IN-FLIGHT: another owner holds the lease.
-  return {3, redis.call("PTTL", KEYS[2])}
+  fence, takeover = tonumber(record[2]) or 0, tonumber(record[3]) or 0
+else
+  if not redis.call("SET", KEYS[2], ARGV[2], "NX", "PX", tonumber(ARGV[3])) then
+    -- In flight: another owner holds the lease.
+    return {3, redis.call("PTTL", KEYS[2])}
+  end
+  -- The lock was free and is ours now: a new key, a key released after a failure, or a
+  -- crashed owner's lapsed lease (state still in_progress: a takeover, which bumps the fence).
+  fence = (tonumber(record[2]) or 0) + 1
+  if in_progress then
+    takeover = 1
+    redis.call("HSET", KEYS[1], "state", "in_progress", "fp", ARGV[1], "owner", ARGV[2],
+      "fence", fence, "tk", 1)
+  else
+    takeover = 0
+    redis.call("HSET", KEYS[1], "state", "in_progress", "fp", ARGV[1], "owner", ARGV[2],
+      "fence", fence)
+  end
+  redis.call("PEXPIRE", KEYS[1], tonumber(ARGV[4]))
 end
 
--- The lock was free and is ours now: a new key, a key released after a failure, or a crashed
--- owner's lapsed lease (state still in_progress: a takeover, which bumps the fence).
-local fence = (tonumber(record[5]) or 0) + 1
-if in_progress then
-  redis.call("HSET", KEYS[1], "state", "in_progress", "fp", ARGV[1], "owner", ARGV[2],
-    "fence", fence, "tk", 1)
-  redis.call("PEXPIRE", KEYS[1], tonumber(ARGV[4]))
-  return claimed(fence, 1)
+-- Claimed. The finished steps follow, read only when "ns" says there are any.
+local reply = {1, fence, takeover}
+if record[4] then
+  local fields = redis.call("HGETALL", KEYS[1])
+  for i = 1, #fields, 2 do
+    if string.sub(fields[i], 1, 2) == "s:" then
+      reply[#reply + 1] = string.sub(fields[i], 3)
+      reply[#reply + 1] = fields[i + 1]
+    end
+  end
 end
-redis.call("HSET", KEYS[1], "state", "in_progress", "fp", ARGV[1], "owner", ARGV[2],
-  "fence", fence)
-redis.call("PEXPIRE", KEYS[1], tonumber(ARGV[4]))
-return claimed(fence, 0)
+return reply
