@@ -34,7 +34,6 @@ from .cases import Case, Context, core_cases, naive_cases
 from .extra import memory_per_record, throughput
 from .httpcases import HttpBench
 from .peers import idemkit_cases, powertools_cases
-from .record_cost import server_time
 from .report import build_cases, check_targets, format_report, plot
 from .roundtrips import count_round_trips, counting_clients
 from .runner import prepare_all, run_interleaved
@@ -195,6 +194,9 @@ async def _run(
                 tp = None
             memory = memory_per_record(ctx, client)
             if args.redis_url is None:  # CONFIG RESETSTAT: only on the suite's own server
+                # Imported here: `python -m benchmarks.record_cost` must not find it imported.
+                from .record_cost import server_time
+
                 cost = server_time(admin, prefix)
 
         doc_cases = build_cases(cases, samples, round_trips)

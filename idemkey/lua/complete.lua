@@ -11,14 +11,18 @@
 --
 -- The completed record keeps only what a replay and a re-sent complete need: "resp", and "fp"
 -- with a 12-character tag of the owner appended (what a re-sent complete is recognised by: 48
--- random bits, see below). The claim's fields, the lock and the finished steps go in one DEL:
--- a replay needs only the response. Without "state", a record is complete when it has "resp".
+-- random bits, see below). The claim's fields, the finished steps and the lock go: a replay
+-- needs only the response. Without "state", a record is complete when it has "resp".
+--
+-- The record is never deleted and created again (it keeps "fp" throughout): in a cluster slot
+-- being migrated, a script may only touch keys that exist, so re-creating it would fail
+-- mid-script, after the delete had run.
 --
 -- The owner field, not the lock, decides: a lease that lapsed without anyone taking over still
 -- lets its owner complete, since no one else ran the work. The lock holds that owner or nothing
 -- (see claim.lua), so it is deleted without being read.
 
-local record = redis.call("HMGET", KEYS[1], "owner", "state", "fp")
+local record = redis.call("HMGET", KEYS[1], "owner", "state", "fp", "ns")
 -- idemkey's owners are 32 random hex digits: their first 12 are the tag. Any other owner (the
 -- extension API takes one from the caller) is tagged by a 44-bit polynomial hash of all of it,
 -- so owners that share a prefix stay apart (no redis.sha1hex: fakeredis lacks it).
@@ -33,8 +37,21 @@ else
   tag = string.format("%012x", h)
 end
 if record[1] == ARGV[1] and record[2] == "in_progress" then
-  redis.call("DEL", KEYS[1], KEYS[2])
+  -- The claim's fields go first ("at": written by idemkey before 0.2), while the hash is still a
+  -- small listpack: deleted after the response turned it into a hash table, they would leave
+  -- that table at twice the slots (32 bytes more per record; Redis does not shrink it).
+  redis.call("HDEL", KEYS[1], "state", "owner", "fence", "tk", "at")
+  if record[4] then  -- finished steps: their fields go too
+    local fields = redis.call("HKEYS", KEYS[1])
+    for i = 1, #fields do
+      if string.sub(fields[i], 1, 2) == "s:" then
+        redis.call("HDEL", KEYS[1], fields[i])
+      end
+    end
+    redis.call("HDEL", KEYS[1], "ns")
+  end
   redis.call("HSET", KEYS[1], "fp", (record[3] or "") .. tag, "resp", ARGV[2])
+  redis.call("DEL", KEYS[2])
   redis.call("PEXPIRE", KEYS[1], tonumber(ARGV[3]))
   return 1
 end
