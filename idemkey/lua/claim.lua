@@ -11,7 +11,7 @@
 -- when the claim took over a lapsed one (a re-sent claim must answer the same), and "ns" /
 -- "s:<name>", the count and results of finished steps (checkpoint.lua). Released: fence, plus fp
 -- and the steps when there are steps (the key stays bound to its payload). Complete (written by
--- complete.lua): only resp and fp .. the completing owner's first 12 characters.
+-- complete.lua): only resp, and fp followed by the 12-character tag of the completing owner.
 -- Records written before 0.2 may hold a 32-hex fp, and state = "complete" with the full owner,
 -- fence, tk and "at": both are read here as before.
 --
