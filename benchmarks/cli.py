@@ -187,6 +187,7 @@ async def _run(
         tp: dict[str, Any] | str | None = None
         memory: list[dict[str, Any]] = []
         compressed: dict[str, Any] | None = None
+        cost: dict[str, Any] | None = None
         if not args.quick:
             tp = await throughput(ctx, url, slices=5, seconds=args.throughput_seconds)
             if isinstance(tp, str):
@@ -196,6 +197,11 @@ async def _run(
             from .compression import compression  # not at the top: see report.py
 
             compressed = compression(client, prefix)
+            if args.redis_url is None:  # CONFIG RESETSTAT: only on the suite's own server
+                # Imported here: `python -m benchmarks.record_cost` must not find it imported.
+                from .record_cost import server_time
+
+                cost = server_time(admin, prefix)
 
         doc_cases = build_cases(cases, samples, round_trips)
         doc: dict[str, Any] = {
@@ -205,6 +211,7 @@ async def _run(
             "throughput": tp,
             "memory": memory,
             "compression": compressed,
+            "server_time": cost,
         }
         return doc, samples, cases
     finally:

@@ -184,19 +184,14 @@ def format_report(doc: Mapping[str, Any]) -> str:
         )
     memory = doc.get("memory")
     if memory:
-        lines += ["", "Memory per completed record (MEMORY USAGE, bytes)", ""]
-        lines.append("| stored size | guard record | overhead | HTTP record | overhead |")
-        lines.append("|---:|---:|---:|---:|---:|")
-        for row in memory:
-            lines.append(
-                f"| {row['size']} | {row['guard_record_bytes']} | {row['guard_overhead']} | "
-                f"{row['http_record_bytes']} | {row['http_overhead']} |"
-            )
+        lines += memory_table(memory)
     if doc.get("compression"):
         # Imported here: `python -m benchmarks.compression` must not find itself imported.
         from .compression import format_compression
 
         lines += ["", *format_compression(doc["compression"])]
+    if doc.get("server_time"):
+        lines += ["", *format_server_time(doc["server_time"])]
     if doc.get("skipped"):
         lines += ["", "Skipped:"]
         lines += [f"- {name}: {why}" for name, why in doc["skipped"].items()]
@@ -210,6 +205,35 @@ def format_report(doc: Mapping[str, Any]) -> str:
         for b in doc["budgets"]:
             lines.append(f"- {'ok  ' if b['ok'] else 'FAIL'} {b['budget']}: {b['detail']}")
     return "\n".join(lines)
+
+
+def format_server_time(row: dict[str, Any]) -> list[str]:
+    """The report's table for :func:`server_time`'s result."""
+    return [
+        f"Redis server time per call (INFO commandstats evalsha usec, median of {row['slices']}"
+        f" slices of {row['calls_per_slice']}, {row['response_bytes']} B response)",
+        "",
+        "| call | idemkey us | floor us | x floor |",
+        "|---|---:|---:|---:|",
+        f"| first call (claim + complete) | {row['first_usec']:.1f} | "
+        f"{row['floor_first_usec']:.1f} | {row['first_x_floor']:.2f}x |",
+        f"| replay (claim) | {row['replay_usec']:.1f} | {row['floor_replay_usec']:.1f} | "
+        f"{row['replay_x_floor']:.2f}x |",
+    ]
+
+
+def memory_table(memory: Sequence[Mapping[str, Any]]) -> list[str]:
+    """The report's memory table: each record beside the plain-string floor of its bytes."""
+    lines = ["", "Memory per completed record (MEMORY USAGE SAMPLES 0, bytes; floor: a plain",
+             "string holding the same stored bytes under a name as long)", ""]  # fmt: skip
+    lines.append("| result size | guard record | string floor | HTTP record | string floor |")
+    lines.append("|---:|---:|---:|---:|---:|")
+    for row in memory:
+        lines.append(
+            f"| {row['size']} | {row['guard_record_bytes']} | {row.get('guard_floor_bytes', '')} | "
+            f"{row['http_record_bytes']} | {row.get('http_floor_bytes', '')} |"
+        )
+    return lines
 
 
 def plot(path: str, samples: Mapping[str, Sequence[int]], cases: Sequence[Case]) -> str | None:

@@ -157,7 +157,7 @@ class Exchange:
         detail = f"keyed requests may carry at most {limit} bytes"
         return render(self.policy, 413, "request_too_large", detail)
 
-    def fingerprint(self, body: bytes) -> str:
+    def fingerprint(self, body: bytes) -> bytes:
         """The request's fingerprint, its body compared as ``Policy.fingerprint`` says."""
         request = self.request
         lookup = request.headers.get_all  # hot path: what .get would call, one call less

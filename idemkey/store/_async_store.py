@@ -131,7 +131,7 @@ class AsyncRedisStore(AsyncHeartbeat):
     async def claim(
         self,
         record: Record,
-        fingerprint: str,
+        fingerprint: str | bytes,
         *,
         owner: str | None = None,
         lease_ms: int | None = None,
@@ -149,7 +149,7 @@ class AsyncRedisStore(AsyncHeartbeat):
         owner = owner or new_owner()
         lease_ms = lease_ms or self.policy.lease_ms
         ttl_ms = ttl_ms or self.policy.ttl_ms
-        args: tuple[str | int, ...] = (
+        args: tuple[str | bytes | int, ...] = (
             record.key,
             record.lock,
             fingerprint,

@@ -155,7 +155,9 @@ def _socket_timeout(client: Any) -> float | None:
 def _block_cap(client: Any) -> float:
     """The longest XREAD BLOCK this client can wait through, in seconds (0: none, so poll)."""
     timeout = _socket_timeout(client)
-    cap = _MAX_BLOCK if timeout is None else min(_MAX_BLOCK, timeout - _SERVER_LATENESS, timeout / 2)
+    if timeout is None:
+        return _MAX_BLOCK
+    cap = min(_MAX_BLOCK, timeout - _SERVER_LATENESS, timeout / 2)
     return cap if cap >= 0.05 else 0.0  # a socket timeout under 250 ms: poll
 
 

@@ -132,7 +132,7 @@ class RedisStore(Heartbeat):
     def claim(
         self,
         record: Record,
-        fingerprint: str,
+        fingerprint: str | bytes,
         *,
         owner: str | None = None,
         lease_ms: int | None = None,
@@ -150,7 +150,7 @@ class RedisStore(Heartbeat):
         owner = owner or new_owner()
         lease_ms = lease_ms or self.policy.lease_ms
         ttl_ms = ttl_ms or self.policy.ttl_ms
-        args: tuple[str | int, ...] = (
+        args: tuple[str | bytes | int, ...] = (
             record.key,
             record.lock,
             fingerprint,

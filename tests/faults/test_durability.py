@@ -103,7 +103,7 @@ def test_an_acknowledged_write_is_already_on_the_replica(
                 assert replica_client.hget(record.key, "state") == b"in_progress"
                 call.save(i)
             # ...and the completion before the guard returned. No waiting: WAIT did it.
-            assert replica_client.hget(record.key, "state") == b"complete"
+            assert replica_client.hexists(record.key, "resp")  # complete
         with guard(store, "job-7", payload=7) as call:
             assert call.replayed
             assert call.result == 7
@@ -165,7 +165,7 @@ def test_a_completion_no_replica_confirms_raises_store_error(
             work_while_the_replica_stalls()
         # The primary has it (WAIT cannot take a write back); only its durability is unknown.
         record = record_for(prefix, "", GUARD_METHOD, "", "job")
-        assert client.hget(record.key, "state") == b"complete"
+        assert client.hexists(record.key, "resp")  # complete
     finally:
         store.close()
         client.close()
@@ -214,7 +214,7 @@ async def test_async_durable_writes(pair: tuple[RedisServer, RedisServer], prefi
         async with aguard(store, "a", payload=b"") as call:
             call.save("one")
         record = record_for(prefix, "", GUARD_METHOD, "", "a")
-        assert replica_client.hget(record.key, "state") == b"complete"
+        assert replica_client.hexists(record.key, "resp")  # complete
         replica.pause()
         with pytest.raises(StoreError, match="replicas"):
             async with aguard(store, "b", payload=b""):
