@@ -170,7 +170,7 @@ class AsyncRedisStore(AsyncHeartbeat):
         return decision
 
     async def _wait_for_end(
-        self, record: Record, args: tuple[str | int, ...], decision: InFlight, wait: float
+        self, record: Record, args: tuple[str | bytes | int, ...], decision: InFlight, wait: float
     ) -> Decision:
         """Claim again each time the claim in flight ends, for up to ``wait`` seconds.
 

@@ -171,7 +171,7 @@ class RedisStore(Heartbeat):
         return decision
 
     def _wait_for_end(
-        self, record: Record, args: tuple[str | int, ...], decision: InFlight, wait: float
+        self, record: Record, args: tuple[str | bytes | int, ...], decision: InFlight, wait: float
     ) -> Decision:
         """Claim again each time the claim in flight ends, for up to ``wait`` seconds.
 
