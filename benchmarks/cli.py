@@ -34,7 +34,7 @@ from .cases import Case, Context, core_cases, naive_cases
 from .extra import memory_per_record, throughput
 from .httpcases import HttpBench
 from .peers import idemkit_cases, powertools_cases
-from .report import build_cases, check_targets, format_report, plot
+from .report import build_cases, check_scale_targets, check_targets, format_report, plot
 from .roundtrips import count_round_trips, counting_clients
 from .runner import prepare_all, run_interleaved
 from .servers import RedisServer, ServerError
@@ -122,6 +122,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     doc["cpu_warm"] = warm_cpu(2_000 if args.quick else 10_000, 3 if args.quick else 7)
     doc["targets"] = check_targets(doc["cases"], doc["skipped"], doc["cpu_warm"])
+    doc["targets"] += check_scale_targets(doc)
     verdicts = check_budgets(budgets, doc["cases"], doc["skipped"])
     doc["budgets"] = [
         {"budget": v.budget.text, "check": v.budget.describe(), "ok": v.ok, "detail": v.detail}

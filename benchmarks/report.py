@@ -9,7 +9,15 @@ from typing import Any
 from .cases import Case
 from .runner import summarize
 
-__all__ = ["TARGETS", "build_cases", "check_targets", "format_report", "plot"]
+__all__ = [
+    "SCALE_TARGETS",
+    "TARGETS",
+    "build_cases",
+    "check_scale_targets",
+    "check_targets",
+    "format_report",
+    "plot",
+]
 
 
 def build_cases(
@@ -115,6 +123,55 @@ def check_targets(
                 continue
             add(f"{ours}.{kind} faster than {prefix}.{kind}", mine["p50"] < peer["p50"],
                 f"{mine['p50'] / 1000:.0f} us vs {peer['p50'] / 1000:.0f} us")  # fmt: skip
+    return results
+
+
+# The scale goals (docs/design.md#performance-targets): idemkey's own time over the floor in
+# the interleaved run (us, p50 minus the floor's p50), memory per completed 100 B / 1 KiB /
+# 10 KiB record (bytes), Redis server time per call (x the floor scripts'), and throughput
+# under 64 clients (x the app plus the floor's two scripts).
+SCALE_TARGETS: Mapping[str, float] = {
+    "guard.first": 25.0,
+    "guard.replay": 10.0,
+    "aguard.first": 25.0,
+    "aguard.replay": 10.0,
+    "memory.100": 400,
+    "memory.1024": 1560,
+    "memory.10240": 12600,
+    "server.first": 1.15,
+    "server.replay": 1.1,
+    "throughput": 0.95,
+}
+
+
+def check_scale_targets(doc: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The scale goals against this run; a goal whose measurement did not run is left out."""
+    results: list[dict[str, Any]] = []
+    cases = doc.get("cases") or {}
+    for name in ("guard.first", "guard.replay", "aguard.first", "aguard.replay"):
+        case, limit = cases.get(name), SCALE_TARGETS[name]
+        floor = cases.get(case["floor"] or "") if case else None
+        if case and floor:
+            over = (case["p50"] - floor["p50"]) / 1000
+            results.append({"target": f"{name} <= {limit:g} us over the floor", "ok": over <= limit,
+                            "measured": f"+{over:.1f} us"})  # fmt: skip
+    for row in doc.get("memory") or []:
+        limit = SCALE_TARGETS.get(f"memory.{row['size']}")
+        if limit is not None:
+            worst = max(row["guard_record_bytes"], row["http_record_bytes"])
+            results.append({"target": f"a completed {row['size']} B record <= {limit:g} B",
+                            "ok": worst <= limit, "measured": f"{worst} B"})  # fmt: skip
+    server = doc.get("server_time")
+    if server:
+        for kind in ("first", "replay"):
+            limit, value = SCALE_TARGETS[f"server.{kind}"], server[f"{kind}_x_floor"]
+            results.append({"target": f"Redis server time per {kind} <= {limit:g}x floor scripts",
+                            "ok": value <= limit, "measured": f"{value:.2f}x"})  # fmt: skip
+    tp = doc.get("throughput")
+    if tp and tp.get("ratio_to_floor") is not None:
+        limit, value = SCALE_TARGETS["throughput"], tp["ratio_to_floor"]
+        results.append({"target": f"throughput (64 clients, uvicorn) >= {limit:g}x app + floor",
+                        "ok": value >= limit, "measured": f"{value:.2f}x"})  # fmt: skip
     return results
 
 
