@@ -41,7 +41,16 @@ from idemkey.http import (
 __all__ = ["Exchange", "Input", "policy_for", "run_exchange"]
 
 PROBLEM_CODES = {
-    400: {"missing_key", "invalid_key", "key_reused"},
+    # incomplete_body / invalid_body: a body shorter than its Content-Length, or unreadable;
+    # body_unavailable: Flask's body read before idemkey could fingerprint it.
+    400: {
+        "missing_key",
+        "invalid_key",
+        "key_reused",
+        "incomplete_body",
+        "invalid_body",
+        "body_unavailable",
+    },
     409: {"in_flight", "key_reused"},
     413: {"request_too_large"},
     422: {"key_reused"},
@@ -137,9 +146,8 @@ def run_exchange(data: Input) -> str:
         return "too_large"
 
     fingerprint = step.fingerprint(data.body)
-    assert isinstance(fingerprint, str)
-    assert len(fingerprint) == 32
-    int(fingerprint, 16)
+    assert isinstance(fingerprint, bytes)
+    assert len(fingerprint) == 16  # raw xxh3-128, as the record stores it
 
     # The claim's answer.
     app_headers = [(_text(n), _text(v)) for n, v in data.response_headers]
