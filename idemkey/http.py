@@ -18,15 +18,18 @@ a step out of order) and the drivers (``_async_driver``, ``_sync_driver``) call 
     answer = step.decide(decision)                # Response (replay, 409, 422) or Claimed
     run the app; capture status, headers, body (None when streamed or too large)
     plan = step.finish(status, headers, body)     # Complete(bytes) or Release
+
+The request view and the answers (``_http_messages``), the problem documents (``_problems``) and
+the response body copy (``_body_copy``) have modules of their own; this one re-exports the names
+users import from it.
 """
 
 from __future__ import annotations
 
-import json
-from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Final, TypeVar, overload
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Final
 
+from ._body_copy import BodyCopy
 from ._canonical import canonical_json, multipart_form
 from ._codec import StoredResponse, decode_response, encode_response
 from ._core import (
@@ -41,9 +44,20 @@ from ._core import (
     record_for,
     retry_after_seconds,
 )
+from ._http_messages import (
+    Complete,
+    Headers,
+    Release,
+    Request,
+    Response,
+)
+from ._http_messages import content_length as content_length
+from ._http_messages import parse_content_length as parse_content_length
+from ._problems import PROBLEM_TYPE as PROBLEM_TYPE
+from ._problems import Problem, problem, render
 from ._switch import switch
 from .errors import ConfigurationError, InvalidKeyError, RecordFormatError, StoreError
-from .events import EventKind, logger, report
+from .events import EventKind, report
 from .routes import ROUTE_UNKNOWN
 
 if TYPE_CHECKING:
@@ -69,114 +83,10 @@ REPLAYED_HEADER: Final = "Idempotent-Replayed"
 #: On a replay whose body was too large or streamed to keep: the body is empty on purpose.
 BODY_NOT_KEPT_HEADER: Final = "Idempotent-Body-Not-Kept"
 
-PROBLEM_TYPE: Final = "urn:idemkey:problem:"
-
-T = TypeVar("T")
-
-
-class Headers(Mapping[str, str]):
-    """Case-insensitive, multi-valued request headers; ``headers[name]`` is the first value."""
-
-    __slots__ = ("_values",)
-
-    def __init__(self, items: Iterable[tuple[str, str]]) -> None:
-        values: dict[str, list[str]] = {}
-        for name, value in items:
-            values.setdefault(name.lower(), []).append(value)
-        self._values = values
-
-    def get_all(self, name: str) -> list[str]:
-        """Every field line's value for ``name``, in order; every lookup goes through here."""
-        return self._values.get(name.lower(), [])
-
-    def __getitem__(self, name: str) -> str:
-        values = self.get_all(name)
-        if not values:
-            raise KeyError(name)
-        return values[0]
-
-    @overload
-    def get(self, name: str, /) -> str | None: ...
-    @overload
-    def get(self, name: str, /, default: str | T) -> str | T: ...
-    def get(self, name: str, /, default: object = None) -> object:
-        # Mapping.get would raise and catch KeyError for every absent header (about 1 us each;
-        # the default scope looks up three that are usually absent).
-        values = self.get_all(name)
-        return values[0] if values else default
-
-    def __contains__(self, name: object) -> bool:
-        return isinstance(name, str) and bool(self.get_all(name))
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._values)
-
-    def __len__(self) -> int:
-        return len(self._values)
-
-
-@dataclass(frozen=True, slots=True)
-class Request:
-    """What idemkey sees of a request; ``Policy.scope`` receives it.
-
-    ``route`` is the route template when the framework or the middleware's routes know it
-    (Flask's ``/charges/<id>``), else empty: the record then uses the path, and events the
-    fixed label :data:`idemkey.routes.ROUTE_UNKNOWN` (a concrete path is an unbounded label).
-    ``query`` is the raw query string, without ``?``.
-    """
-
-    method: str
-    path: str
-    query: str
-    headers: Headers
-    route: str = ""
-
-
-@dataclass(frozen=True, slots=True)
-class Response:
-    """A complete answer an adapter sends as it is: status, headers (latin-1 text), body.
-
-    ``reason``: the reason phrase to send (a replay's, as the first client got it); ``""``
-    lets the adapter use the standard one.
-    """
-
-    status: int
-    headers: list[tuple[str, str]]
-    body: bytes
-    reason: str = ""
-
-
-@dataclass(frozen=True, slots=True)
-class Complete:
-    """Store this encoded response and complete the record."""
-
-    stored: bytes
-
-
-@dataclass(frozen=True, slots=True)
-class Release:
-    """Free the key: the request never began (or failed), so a retry may run again."""
-
-    reason: str
-
 
 _RELEASE_SERVER_ERROR: Final = Release("server error")
 _RELEASE_NEVER_BEGAN: Final = Release("the request never began")
 _RELEASE_INVALID_STATUS: Final = Release("the app answered a status outside 100-599")
-
-_TITLES: Final = {
-    "missing_key": "Idempotency-Key header is missing",
-    "invalid_key": "Idempotency-Key header is invalid",
-    "key_reused": "Idempotency-Key reused with a different request",
-    "in_flight": "A request with this Idempotency-Key is still being processed",
-    "request_too_large": "Request body too large for an idempotent request",
-    "incomplete_body": "Request body shorter than its Content-Length",
-    "invalid_body": "Request body could not be read",
-    "body_unavailable": "Request body was read before idemkey could fingerprint it",
-    "store_unavailable": "Idempotency store unavailable",
-    "record_unreadable": "Stored response unreadable",
-}
-
 
 # A content type starting otherwise is not multipart: one cheap test on the default path.
 _MULTIPART_INITIALS: Final = frozenset("mM")
@@ -194,78 +104,6 @@ def _custom_form(value: object) -> bytes:
     raise ConfigurationError(
         f"Policy.fingerprint must return bytes or str, got {type(value).__name__}"
     )
-
-
-def problem(
-    status: int, code: str, detail: str, headers: Iterable[tuple[str, str]] = ()
-) -> Response:
-    """An RFC 9457 ``application/problem+json`` response with a stable ``code`` member."""
-    body = json.dumps(
-        {
-            "type": PROBLEM_TYPE + code,
-            "title": _TITLES.get(code, code),
-            "status": status,
-            "detail": detail,
-            "code": code,
-        },
-        separators=(",", ":"),
-    ).encode()
-    return Response(
-        status,
-        [
-            ("Content-Type", "application/problem+json"),
-            ("Content-Length", str(len(body))),
-            *headers,
-        ],
-        body,
-    )
-
-
-@dataclass(frozen=True, slots=True)
-class Problem:
-    """An answer idemkey gives on its own (400, 409, 413, 422, 503), before it is rendered.
-
-    ``Policy.render_problem`` receives it and returns ``(content_type, body)``; the status and
-    the headers (``Retry-After`` on 409 and 503) stay idemkey's, so clients keep their retry
-    logic whatever the body looks like. ``code`` is stable (``missing_key``, ``invalid_key``,
-    ``key_reused``, ``in_flight``, ``request_too_large``, ``incomplete_body``,
-    ``invalid_body``, ``body_unavailable``, ``store_unavailable``, ``record_unreadable``);
-    ``retry_after`` is in whole seconds.
-    """
-
-    status: int
-    code: str
-    title: str
-    detail: str
-    retry_after: int | None = None
-
-
-def render(
-    policy: Policy, status: int, code: str, detail: str, headers: Iterable[tuple[str, str]] = ()
-) -> Response:
-    """The problem response in ``policy``'s format: RFC 9457 unless ``render_problem`` is set.
-
-    A renderer that raises or returns something else than ``(str, bytes)`` is logged and the
-    RFC 9457 body is sent instead: a bad hook never turns a 409 into a 500.
-    """
-    renderer = policy.render_problem
-    if renderer is None:
-        return problem(status, code, detail, headers)
-    extra = list(headers)
-    retry = next((v for n, v in extra if n.lower() == "retry-after"), None)
-    described = Problem(
-        status, code, _TITLES.get(code, code), detail, int(retry) if retry else None
-    )
-    try:
-        content_type, body = renderer(described)
-        if not isinstance(content_type, str) or not isinstance(body, bytes):
-            raise TypeError(f"expected (str, bytes), got ({content_type!r}, {type(body)!r})")
-        content_type.encode("latin-1")  # a header value: refuse what no server can send
-    except Exception:
-        logger.exception("idemkey Policy.render_problem failed; answering RFC 9457 instead")
-        return problem(status, code, detail, extra)
-    fields = [("Content-Type", content_type), ("Content-Length", str(len(body))), *extra]
-    return Response(status, fields, body)
 
 
 def begin(policy: Policy, request: Request) -> Exchange | Response | None:
@@ -480,64 +318,3 @@ class Exchange:
         route = request.route or ROUTE_UNKNOWN
         hook = self.policy.on_event
         report(hook, kind, self.record, self._scope, request.method, route, fence, detail, seconds)
-
-
-class BodyCopy:
-    """The copy of a response body kept for the record while the body streams to the client.
-
-    Dropped (the record then completes without the body, and is never run twice) once it grows
-    past ``limit``, or once the app streams: a second non-empty block with no Content-Length,
-    the same rule for a WSGI iterable and for ASGI body messages.
-    """
-
-    __slots__ = ("_chunks", "_limit", "_size", "_sized")
-
-    def __init__(self, limit: int) -> None:
-        self._chunks: list[bytes] | None = []
-        self._limit = limit
-        self._size = 0
-        self._sized = False
-
-    def start(self, headers: Iterable[tuple[str, str]]) -> None:
-        """The response's headers: whether it declared its length."""
-        self._sized = any(name.lower() == "content-length" for name, _ in headers)
-
-    def add(self, chunk: bytes) -> None:
-        self._size += len(chunk)  # counted even once dropped: a drain stops on too_large
-        chunks = self._chunks
-        if not chunk or chunks is None:
-            return
-        if self._size > self._limit or (chunks and not self._sized):
-            self._chunks = None
-        else:
-            chunks.append(chunk)
-
-    def drop(self) -> None:
-        self._chunks = None
-
-    @property
-    def dropped(self) -> bool:
-        return self._chunks is None
-
-    @property
-    def too_large(self) -> bool:
-        return self._size > self._limit
-
-    def body(self) -> bytes | None:
-        """What to store: the whole body, or None when it was dropped."""
-        return None if self._chunks is None else b"".join(self._chunks)
-
-
-def content_length(headers: Headers) -> int | None:
-    """The declared Content-Length, or None when absent or malformed."""
-    return parse_content_length(headers.get("content-length"))
-
-
-def parse_content_length(value: str | None) -> int | None:
-    """A Content-Length value as a number, or None when absent or malformed."""
-    # ASCII digits inside optional spaces and tabs (RFC 9110 OWS), nothing else: isdigit()
-    # accepts "³" (latin-1 0xB3) and strip() removes "\x1c", and int() refuses both.
-    digits = value.strip(" \t") if value is not None else ""
-    if not digits.isascii() or not digits.isdigit():
-        return None
-    return int(digits)

@@ -1,4 +1,6 @@
-"""The ASGI messages the middleware reads and writes, apart from its flow (``asgi.py``).
+"""The ASGI messages the middleware reads and writes, apart from its flow (``asgi.py``), and
+the two channels it gives the app: :class:`ReplayReceive` (the body already read) and
+:class:`TeeSend` (the response forwarded while a bounded copy is kept for the record).
 
 The response head is read as servers read it: header names and values as bytes (or bytes-like),
 and, since h11-based servers such as uvicorn accept it, ASCII text, which they send as its
@@ -9,9 +11,14 @@ message is forwarded untouched, and its head is never stored (:func:`head_of` gi
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, MutableMapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from ..http import Response
+from ..http import BodyCopy, Response
+from ._lifecycle import State
+
+if TYPE_CHECKING:
+    from ._async_driver import AsyncDriver
+    from ._lifecycle import Lifecycle
 
 __all__ = [
     "ASGIApp",
@@ -20,6 +27,7 @@ __all__ = [
     "ReplayReceive",
     "Scope",
     "Send",
+    "TeeSend",
     "head_of",
     "read_body",
     "respond",
@@ -102,3 +110,45 @@ def _text(value: object) -> str:
     if isinstance(value, str) and value.isascii():
         return value
     raise TypeError(f"not a header a server sends: {type(value).__name__}")
+
+
+class TeeSend:
+    """``send`` for the app: forwards every message while a bounded copy is kept, and settles
+    the record once the final body message has been sent."""
+
+    __slots__ = ("copy", "driver", "finished", "lifecycle", "real")
+
+    def __init__(self, driver: AsyncDriver, lifecycle: Lifecycle, real: Send) -> None:
+        self.driver, self.lifecycle, self.real = driver, lifecycle, real
+        self.copy = BodyCopy(lifecycle.exchange.policy.max_response_bytes)
+        self.finished = False
+
+    async def send(self, message: Message) -> None:
+        kind = message["type"]
+        lifecycle = self.lifecycle
+        if kind == "http.response.start" and lifecycle.state is State.RUNNING:
+            message, status, headers = head_of(message)
+            await self.real(message)
+            # Sent: from here on the client may hold the answer, so the key is never released.
+            lifecycle.started(status, headers)
+            self.copy.start(headers or ())
+            return
+        if self.finished or lifecycle.state is not State.SENDING:
+            await self.real(message)  # not ours to keep: the server judges it
+            return
+        if kind == "http.response.body":
+            self.finished = not message.get("more_body", False)
+            self.copy.add(message.get("body", b""))
+        elif kind == "http.response.pathsend":
+            self.copy.drop()  # a file sent by the server: too large to keep
+            self.finished = True
+        if not self.finished:
+            await self.real(message)
+            return
+        # The app produced its final message: the work is done and must be stored, even if
+        # the client is gone and send raises. After send returns, not before, so the stored
+        # answer is never one the client did not get while the server could deliver it.
+        try:
+            await self.real(message)
+        finally:
+            await self.driver.finish(lifecycle, self.copy.body())

@@ -20,7 +20,7 @@ cancellation (a server cancelling the request when its client leaves).
 
 from __future__ import annotations
 
-from ..http import BodyCopy, Headers, Request, Response, begin
+from ..http import Headers, Request, Response, begin
 from ..policy import Policy
 from ..routes import KnownRoute, Routes
 from ..store import AsyncRedisStore
@@ -31,12 +31,12 @@ from ._asgi_messages import (
     ReplayReceive,
     Scope,
     Send,
-    head_of,
+    TeeSend,
     read_body,
     respond,
 )
 from ._async_driver import AsyncDriver
-from ._lifecycle import Lifecycle, State
+from ._lifecycle import Lifecycle
 
 __all__ = ["ASGIApp", "IdempotencyMiddleware", "Message", "Receive", "Scope", "Send"]
 
@@ -104,51 +104,9 @@ class IdempotencyMiddleware:
         if lifecycle.unprotected:  # Redis is down and the policy says run unprotected
             await self.app(scope, ReplayReceive(body, receive), send)
             return
-        tee = _Tee(self.driver, lifecycle, send)
+        tee = TeeSend(self.driver, lifecycle, send)
         try:
             await self.app(scope, ReplayReceive(body, receive), tee.send)
         finally:
             if not tee.finished:  # the app raised, was cancelled, or returned mid-response
                 await self.driver.fail(lifecycle, "the app did not finish its response")
-
-
-class _Tee:
-    """``send`` for the app: forwards every message while a bounded copy is kept, and settles
-    the record once the final body message has been sent."""
-
-    __slots__ = ("copy", "driver", "finished", "lifecycle", "real")
-
-    def __init__(self, driver: AsyncDriver, lifecycle: Lifecycle, real: Send) -> None:
-        self.driver, self.lifecycle, self.real = driver, lifecycle, real
-        self.copy = BodyCopy(lifecycle.exchange.policy.max_response_bytes)
-        self.finished = False
-
-    async def send(self, message: Message) -> None:
-        kind = message["type"]
-        lifecycle = self.lifecycle
-        if kind == "http.response.start" and lifecycle.state is State.RUNNING:
-            message, status, headers = head_of(message)
-            await self.real(message)
-            # Sent: from here on the client may hold the answer, so the key is never released.
-            lifecycle.started(status, headers)
-            self.copy.start(headers or ())
-            return
-        if self.finished or lifecycle.state is not State.SENDING:
-            await self.real(message)  # not ours to keep: the server judges it
-            return
-        if kind == "http.response.body":
-            self.finished = not message.get("more_body", False)
-            self.copy.add(message.get("body", b""))
-        elif kind == "http.response.pathsend":
-            self.copy.drop()  # a file sent by the server: too large to keep
-            self.finished = True
-        if not self.finished:
-            await self.real(message)
-            return
-        # The app produced its final message: the work is done and must be stored, even if
-        # the client is gone and send raises. After send returns, not before, so the stored
-        # answer is never one the client did not get while the server could deliver it.
-        try:
-            await self.real(message)
-        finally:
-            await self.driver.finish(lifecycle, self.copy.body())

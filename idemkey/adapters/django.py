@@ -48,17 +48,14 @@ import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar, overload
 
-import redis
 from django.conf import settings
 from django.core.exceptions import RequestDataTooBig
 from django.http import HttpResponse
-from django.utils.module_loading import import_string
 
-from .. import RedisStore
-from ..errors import ConfigurationError
 from ..http import Response, begin
 from ..policy import Policy
 from ..routes import ROUTE_UNKNOWN, policy_options
+from ._django_config import configure
 from ._environ import EnvironHeaders
 from ._lifecycle import Lifecycle
 from ._sync_driver import Driver
@@ -136,7 +133,7 @@ class IdempotencyMiddleware:
     def __init__(self, get_response: Callable[[HttpRequest], HttpResponseBase]) -> None:
         self.get_response = get_response
         config = dict(getattr(settings, "IDEMKEY", {}) or {})
-        store, custom, self.guard_all = _configure(config)
+        store, custom, self.guard_all = configure(config)
         self.store = store
         self.driver = Driver(store)
         fallback = store.policy.scope
@@ -227,41 +224,6 @@ class IdempotencyMiddleware:
         if getattr(view, EXEMPT_ATTRIBUTE, False) or (options is None and not self.guard_all):
             return None
         return self.policy.replace(**options) if options else self.policy
-
-
-def _configure(config: dict[str, Any]) -> tuple[RedisStore, Callable[..., Any] | None, bool]:
-    store = config.pop("STORE", None)
-    client = config.pop("CLIENT", None)
-    url = config.pop("REDIS_URL", None)
-    scope = _callable(config.pop("SCOPE", None))
-    guard = config.pop("GUARD", "decorated")
-    if guard not in ("decorated", "all"):
-        raise ConfigurationError('IDEMKEY["GUARD"] must be "decorated" or "all"')
-    changes = policy_options({name.lower(): value for name, value in config.items()})
-    if store is None:
-        if client is not None:
-            factory = _callable(client)
-            client = factory() if factory is not None else client
-        elif url:
-            client = redis.Redis.from_url(url)
-        else:
-            raise ConfigurationError('set IDEMKEY["REDIS_URL"], ["CLIENT"] or ["STORE"]')
-        store = RedisStore(client, Policy(**changes))
-    elif not isinstance(store, RedisStore):
-        raise ConfigurationError('IDEMKEY["STORE"] must be an idemkey.RedisStore')
-    elif changes:
-        store = RedisStore(store.client, store.policy.replace(**changes))
-    return store, scope, guard == "all"
-
-
-def _callable(value: Any) -> Callable[..., Any] | None:
-    """``value`` if it is a function or class, its import when it is a dotted path, else None."""
-    if isinstance(value, str):
-        imported: Callable[..., Any] = import_string(value)
-        return imported
-    if callable(value) and not hasattr(value, "execute_command"):  # a client is not a factory
-        return value  # type: ignore[no-any-return]
-    return None
 
 
 def _request_of(request: HttpRequest, route: str) -> Request:

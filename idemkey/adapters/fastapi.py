@@ -42,7 +42,6 @@ route, on its ``APIRouter`` or by ``include_router(dependencies=...)``.
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final
@@ -52,8 +51,8 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.routing import APIRoute
 
 from ..errors import ConfigurationError
-from ..http import REPLAYED_HEADER
 from ..routes import KnownRoute, policy_options
+from ._fastapi_openapi import document
 from .asgi import IdempotencyMiddleware
 
 if TYPE_CHECKING:
@@ -68,18 +67,6 @@ __all__ = ["Idempotency", "IdempotentRoute"]
 
 #: The scope key a guarded route sets before its dependencies run (the guard checks it).
 SCOPE_KEY: Final = "idemkey.route"
-
-_PROBLEM_SCHEMA: Final = {
-    "type": "object",
-    "properties": {
-        "type": {"type": "string", "format": "uri-reference"},
-        "title": {"type": "string"},
-        "status": {"type": "integer"},
-        "detail": {"type": "string"},
-        "code": {"type": "string"},
-    },
-    "required": ["type", "title", "status", "detail", "code"],
-}
 
 
 @dataclass(frozen=True)
@@ -144,7 +131,7 @@ class IdempotentRoute(APIRoute):
         if guards:
             idem, options = _merged(guards)
             policy = idem.policy.replace(**options) if options else idem.policy
-            self.openapi_extra = _document(self.openapi_extra, idem, policy, self.status_code)
+            self.openapi_extra = document(self.openapi_extra, idem, policy, self.status_code)
 
     def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
         handler = super().get_route_handler()
@@ -162,7 +149,7 @@ class IdempotentRoute(APIRoute):
             if guards:
                 idem, options = _merged(guards)
                 policy = idem.policy.replace(**options) if options else idem.policy
-                extra = _document(context.openapi_extra, idem, policy, context.status_code)
+                extra = document(context.openapi_extra, idem, policy, context.status_code)
                 context.openapi_extra = extra
         return handler
 
@@ -212,48 +199,3 @@ def _merged(guards: list[_Guard]) -> tuple[Idempotency, dict[str, Any]]:
     for guard in guards:
         options.update(guard.options)
     return guards[-1].idem, options
-
-
-def _document(
-    extra: dict[str, Any] | None, idem: Idempotency, policy: Policy, status_code: int | None
-) -> dict[str, Any]:
-    """``openapi_extra`` plus the header, the problem answers and the replay header.
-
-    FastAPI deep-merges ``openapi_extra`` into the operation (lists are concatenated), so the
-    operation keeps everything it documents itself.
-    """
-    merged = copy.deepcopy(extra) if extra else {}
-    header = {
-        "name": policy.header,
-        "in": "header",
-        "required": policy.require_key,
-        "description": (
-            "A unique key per operation (at most 255 printable ASCII characters). A retry with "
-            "the same key and the same request gets the first answer again; with another "
-            f"request, {policy.mismatch_status}."
-        ),
-        "schema": {"type": "string", "minLength": 1, "maxLength": 255},
-    }
-    merged.setdefault("parameters", []).append(header)
-    responses = merged.setdefault("responses", {})
-    success = responses.setdefault(str(status_code or 200), {})
-    success.setdefault("headers", {})[REPLAYED_HEADER] = {
-        "description": "'true' when this is the stored answer to an earlier request with this key",
-        "schema": {"type": "string", "enum": ["true"]},
-    }
-    problems = {
-        400: f"The {policy.header} header is missing or invalid",
-        409: f"A request with this {policy.header} is still running (see Retry-After)",
-        413: "The request body is over the size idemkey stores",
-        policy.mismatch_status: f"The {policy.header} was used with a different request",
-        503: "The idempotency store is unavailable (see Retry-After)",
-    }
-    for status, description in sorted(problems.items()):
-        answer = responses.setdefault(str(status), {})
-        answer.setdefault("description", description)
-        content = answer.setdefault("content", {})
-        if policy.render_problem is None:
-            content["application/problem+json"] = {"schema": copy.deepcopy(_PROBLEM_SCHEMA)}
-        else:  # your renderer's shape: idemkey cannot know its schema
-            content.setdefault(idem.problem_media_type, {"schema": {}})
-    return merged

@@ -35,17 +35,16 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar, overload
 
 from flask import current_app, g, request
-from werkzeug.exceptions import HTTPException
 
 from ..errors import ConfigurationError
 from ..http import Response, begin
 from ._environ import BodyCapture, read_werkzeug_body, request_of
 from ._flask_config import AppState, app_state, view_overrides
+from ._flask_response import render_view, respond
 from ._lifecycle import Lifecycle
 
 if TYPE_CHECKING:
     from flask import Flask
-    from flask import Response as FlaskResponse
     from flask.typing import ResponseReturnValue
 
     from ..policy import Policy
@@ -118,19 +117,19 @@ def _guard(
     if step is None:
         return view(*args, **kwargs)  # type: ignore[no-any-return]
     if isinstance(step, Response):
-        return _respond(step)
+        return respond(step)
     lifecycle = Lifecycle(step)
     body = read_werkzeug_body(req, lifecycle)  # what the client sent, whatever a hook read
     if isinstance(body, Response):
-        return _respond(body)
+        return respond(body)
     answer = driver.claim(lifecycle)
     if answer is not None:
-        return _respond(answer)
+        return respond(answer)
     if lifecycle.unprotected:
         return view(*args, **kwargs)  # type: ignore[no-any-return]
     g.idemkey = step
     try:
-        response = _render(view, args, kwargs)
+        response = render_view(view, args, kwargs)
     except BaseException:
         driver.fail(lifecycle, "the handler raised")
         raise
@@ -141,29 +140,4 @@ def _guard(
     headers = response.headers.to_wsgi_list()
     lifecycle.started(response.status_code, headers, response.status[4:])
     driver.finish(lifecycle, kept)
-    return response
-
-
-def _render(view: Callable[..., Any], args: Any, kwargs: Any) -> FlaskResponse:
-    """The view's answer as ``make_response`` builds it; ``abort(402)`` is an answer too."""
-    try:
-        return current_app.make_response(view(*args, **kwargs))
-    except HTTPException as exc:  # render it as Flask would
-        rendered = current_app.handle_user_exception(exc)
-        if isinstance(rendered, HTTPException):  # no error handler: werkzeug's own page
-            rendered = rendered.get_response()
-        return current_app.make_response(rendered)
-
-
-def _respond(answer: Response) -> ResponseReturnValue:
-    headers = answer.headers
-    response = current_app.response_class(answer.body, answer.status, headers)
-    if answer.reason:
-        response.status = f"{answer.status} {answer.reason}"  # "201 Charged OK", as first sent
-    names = {name.lower() for name, _ in headers}
-    if "content-type" not in names:
-        del response.headers["Content-Type"]  # exactly the stored headers: no default added
-    if "content-length" not in names:  # nor a length the first answer did not have
-        del response.headers["Content-Length"]
-        response.automatically_set_content_length = False
     return response

@@ -1,0 +1,56 @@
+"""The Django middleware's configuration: the ``IDEMKEY`` setting read into a store.
+
+Kept apart from ``django.py``, which only translates requests and responses.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import redis
+from django.utils.module_loading import import_string
+
+from .. import RedisStore
+from ..errors import ConfigurationError
+from ..policy import Policy
+from ..routes import policy_options
+
+__all__ = ["configure"]
+
+
+def configure(config: dict[str, Any]) -> tuple[RedisStore, Callable[..., Any] | None, bool]:
+    """The store, the ``SCOPE`` callable and whether ``GUARD`` is ``"all"``, from a copy of
+    ``settings.IDEMKEY`` (its keys are popped as they are read)."""
+    store = config.pop("STORE", None)
+    client = config.pop("CLIENT", None)
+    url = config.pop("REDIS_URL", None)
+    scope = _callable(config.pop("SCOPE", None))
+    guard = config.pop("GUARD", "decorated")
+    if guard not in ("decorated", "all"):
+        raise ConfigurationError('IDEMKEY["GUARD"] must be "decorated" or "all"')
+    changes = policy_options({name.lower(): value for name, value in config.items()})
+    if store is None:
+        if client is not None:
+            factory = _callable(client)
+            client = factory() if factory is not None else client
+        elif url:
+            client = redis.Redis.from_url(url)
+        else:
+            raise ConfigurationError('set IDEMKEY["REDIS_URL"], ["CLIENT"] or ["STORE"]')
+        store = RedisStore(client, Policy(**changes))
+    elif not isinstance(store, RedisStore):
+        raise ConfigurationError('IDEMKEY["STORE"] must be an idemkey.RedisStore')
+    elif changes:
+        store = RedisStore(store.client, store.policy.replace(**changes))
+    return store, scope, guard == "all"
+
+
+def _callable(value: Any) -> Callable[..., Any] | None:
+    """``value`` if it is a function or class, its import when it is a dotted path, else None."""
+    if isinstance(value, str):
+        imported: Callable[..., Any] = import_string(value)
+        return imported
+    if callable(value) and not hasattr(value, "execute_command"):  # a client is not a factory
+        return value  # type: ignore[no-any-return]
+    return None

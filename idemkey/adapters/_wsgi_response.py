@@ -1,0 +1,119 @@
+"""The WSGI middleware's response side: idemkey's own answers, and the app's body tee.
+
+:func:`send` hands one of idemkey's answers (a problem, a replay) to ``start_response``.
+:class:`TeeIterable` is what the middleware returns for a claimed request: the app's body,
+forwarded chunk by chunk while a copy of at most ``max_response_bytes`` is kept, settled through
+the driver when the iterable is exhausted, or, when the server closes it early (the client
+left), after draining the rest for at most :data:`DRAIN_SECONDS`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from http import HTTPStatus
+from time import monotonic
+from typing import TYPE_CHECKING, Any, Final
+
+from ..http import BodyCopy
+
+if TYPE_CHECKING:
+    from _typeshed.wsgi import StartResponse
+
+    from ..http import Response
+    from ._lifecycle import Lifecycle
+    from ._sync_driver import Driver
+
+__all__ = ["DRAIN_SECONDS", "TeeIterable", "send"]
+
+#: How long the middleware keeps pulling an app's body after the server closed it early (the
+#: client left), measured between blocks: a sync worker serves nobody else meanwhile.
+DRAIN_SECONDS: Final = 1.0
+
+
+def send(start_response: StartResponse, response: Response) -> list[bytes]:
+    reason = response.reason  # a replay's own phrase ("201 Charged OK"), else the standard one
+    if not reason:
+        try:
+            reason = HTTPStatus(response.status).phrase
+        except ValueError:
+            reason = "Unknown"
+    start_response(f"{response.status} {reason}", response.headers)
+    return [response.body]
+
+
+class TeeIterable:
+    """The app's body iterable, forwarded chunk by chunk while a bounded copy is kept."""
+
+    def __init__(self, driver: Driver, lifecycle: Lifecycle, start: StartResponse) -> None:
+        self.driver, self.lifecycle, self.server_start_response = driver, lifecycle, start
+        self.iterable: Iterable[bytes] = ()
+        self.iterator: Iterator[bytes] | None = None
+        self.status: int | None = None
+        self.reason = ""
+        self.headers: list[tuple[str, str]] = []
+        self.copy = BodyCopy(lifecycle.exchange.policy.max_response_bytes)
+        self.settled = False
+        self.body_started = False  # a non-empty chunk went out: the head is the client's
+
+    def start_response(self, status: str, headers: list[tuple[str, str]], *exc_info: Any) -> Any:
+        write = self.server_start_response(status, headers, *exc_info)
+        self.status, self.headers, self.reason = int(status[:3]), headers, status[4:]
+        self.copy.start(headers)
+
+        def tee_write(data: bytes) -> None:  # the legacy write() callable: keep a copy too
+            self.copy.add(data)
+            write(data)
+
+        return tee_write
+
+    def __iter__(self) -> Iterator[bytes]:
+        return self
+
+    def __next__(self) -> bytes:
+        try:
+            if self.iterator is None:
+                self.iterator = iter(self.iterable)
+            chunk = next(self.iterator)
+        except StopIteration:
+            self.finish()
+            raise
+        except BaseException:
+            self.finish(failed=True)
+            raise
+        self.copy.add(chunk)
+        self.body_started = self.body_started or bool(chunk)
+        return chunk
+
+    def finish(self, failed: bool = False) -> None:
+        if self.settled:
+            return
+        self.settled = True
+        # WSGI lets an app replace its status until the first body byte (exc_info): the head
+        # counts as sent from then on, and a failure after it completes without the body
+        # (the lifecycle's rule, as under ASGI); a failure before it releases the key.
+        if self.status is not None and (self.body_started or not failed):
+            self.lifecycle.started(self.status, self.headers, self.reason)
+        if failed or self.status is None:
+            self.driver.fail(self.lifecycle, "the handler raised")
+            return
+        self.driver.finish(self.lifecycle, self.copy.body())
+
+    def close(self) -> None:
+        """The server is done with us: if it stopped early, drain the app (bounded in bytes
+        and time), then complete, because the handler's work is done; always close the app's
+        iterable."""
+        try:
+            if not self.settled:
+                deadline = monotonic() + DRAIN_SECONDS
+                try:
+                    for _ in self:
+                        if self.copy.too_large or monotonic() > deadline:
+                            self.copy.drop()  # stop pulling: complete without the body
+                            break
+                    self.finish()
+                except Exception:
+                    pass  # __next__ released the key; the server is gone, nobody to tell
+        finally:
+            close = getattr(self.iterable, "close", None)
+            if close is not None:
+                close()
