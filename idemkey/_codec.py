@@ -71,7 +71,8 @@ def encode_response(response: StoredResponse) -> bytes:
 
 
 def decode_response(data: bytes) -> StoredResponse:
-    _check_version(data)
+    if not data or data[0] != FORMAT_VERSION:
+        _check_version(data)
     try:
         return _response_decoder.decode(memoryview(data)[1:])
     except msgspec.DecodeError as exc:
@@ -90,7 +91,8 @@ def encode_value(value: object) -> bytes:
 
 def decode_value(data: bytes, type: type[T] | Any = Any) -> T:
     """Decode a stored guard result, as ``type`` when given (a Struct, dataclass, ...)."""
-    _check_version(data)
+    if not data or data[0] != FORMAT_VERSION:
+        _check_version(data)
     try:
         if type is Any:
             result: T = _any_decoder.decode(memoryview(data)[1:])
