@@ -30,7 +30,10 @@ class Heartbeat(StoreBase):
 
     def __init__(self, client: object, policy: Policy | None) -> None:
         super().__init__(client, policy)
-        self._wakeup = threading.Condition()
+        # Claims take the lock itself (a C context manager); the heartbeat waits on the
+        # condition built on it. Condition's own __enter__/__exit__ are Python calls.
+        self._lock = threading.RLock()
+        self._wakeup = threading.Condition(self._lock)
         self._heartbeat: threading.Thread | None = None
         # While the heartbeat thread waits: the monotonic time it wakes at by itself (inf when
         # it has no lease); 0.0 while it is not waiting, as it then rereads the table anyway.
@@ -56,14 +59,20 @@ class Heartbeat(StoreBase):
         afresh with a new condition, or the child's first claim would hang.
         """
         if self._pid != os.getpid():
-            self._pid, self._heartbeat = os.getpid(), None
-            self._wakeup = threading.Condition()
-            self._leases.clear()
-            self._sleeping_until = 0.0
+            self._forked()
         return self._wakeup
 
+    def _forked(self) -> None:
+        self._pid, self._heartbeat = os.getpid(), None
+        self._lock = threading.RLock()
+        self._wakeup = threading.Condition(self._lock)
+        self._leases.clear()
+        self._sleeping_until = 0.0
+
     def _watch(self, record: Record, owner: str, lease_ms: int) -> None:
-        with self._condition():
+        if self._pid != os.getpid():  # what _condition() checks, without its call (every claim)
+            self._forked()
+        with self._lock:
             due = self._leases.add(record, owner, lease_ms, time.monotonic())
             if self._heartbeat is None and not self._closed:
                 self._heartbeat = threading.Thread(
@@ -77,7 +86,9 @@ class Heartbeat(StoreBase):
                 self._wakeup.notify()
 
     def _unwatch(self, record: Record, owner: str) -> Lease | None:
-        with self._condition():
+        if self._pid != os.getpid():
+            self._forked()
+        with self._lock:
             return self._leases.remove(record, owner)
 
     def _beat(self) -> None:
