@@ -12,13 +12,13 @@ from typing import TYPE_CHECKING, Any, ClassVar, Final, Generic, TypeVar
 
 from .._codec import RESULT_NOT_KEPT, decode_value, encode_payload, encode_value
 from .._core import (
+    PAYLOAD_DIGEST,
     Claimed,
     Decision,
     InFlight,
     Mismatch,
     Record,
     Replay,
-    payload_fingerprint,
     record_for,
 )
 from ..errors import (
@@ -296,7 +296,10 @@ class GuardState(Generic[T]):
         # ``name`` (a decorated function's qualified name) takes the route's place: two
         # functions never share a record, whatever their keys.
         self.record: Record = record_for(self.policy.prefix, scope, GUARD_METHOD, name, key)
-        self.fingerprint = payload_fingerprint(encode_payload(payload))
+        # payload_fingerprint(encode_payload(payload)), without their calls for bytes
+        self.fingerprint = PAYLOAD_DIGEST(
+            payload if type(payload) is bytes else encode_payload(payload)
+        )
         self.result_type = result_type
         self.claim: Claimed | None = None
         self.call: Call[T] | None = None
