@@ -22,7 +22,7 @@ import hashlib
 import os
 import re
 from dataclasses import dataclass
-from typing import Final, cast
+from typing import Final, NamedTuple, cast
 
 import xxhash
 
@@ -97,8 +97,13 @@ def _invalid(reason: str) -> str:
     raise InvalidKeyError(reason)
 
 
-@dataclass(frozen=True, slots=True)
-class Record:
+# Record, Claimed and Replay are built on every request: named tuples, so the hot path builds
+# them with tuple.__new__ (C) rather than a Python __init__ (a frozen dataclass's sets each
+# field through object.__setattr__). Immutable, compared and hashed by value, as before.
+_new_tuple = tuple.__new__
+
+
+class Record(NamedTuple):
     """The Redis names of one idempotency record; ``digest`` is what sits in the braces."""
 
     digest: str
@@ -120,7 +125,7 @@ def record_for(prefix: str, scope: str, method: str, route: str, key: str) -> Re
     material = b"%d:%b%d:%b%d:%b%d:%b" % (len(s), s, len(m), m, len(r), r, len(k), k)
     digest = hashlib.blake2b(material, digest_size=16).hexdigest()
     name = f"{prefix}:{{{digest}}}"
-    return Record(digest, name, name + ":lock")
+    return _new_tuple(Record, (digest, name, name + ":lock"))  # Record(digest, name, lock)
 
 
 def fingerprint(
@@ -174,8 +179,7 @@ def new_owner() -> str:
     return os.urandom(16).hex()
 
 
-@dataclass(frozen=True, slots=True)
-class Claimed:
+class Claimed(NamedTuple):
     """We own the record: run the work. ``fence`` grows with every takeover.
 
     ``steps``: the finished steps of an earlier executor (name, encoded result), which a
@@ -188,8 +192,7 @@ class Claimed:
     steps: tuple[tuple[str, bytes], ...] = ()
 
 
-@dataclass(frozen=True, slots=True)
-class Replay:
+class Replay(NamedTuple):
     """The record is complete and the request matches: ``response`` is the stored value."""
 
     response: bytes
@@ -222,9 +225,9 @@ def decode_claim_reply(reply: object, owner: str) -> Decision:
     if isinstance(reply, list) and reply:
         tag = reply[0]
         if tag == _REPLAY and len(reply) == 2 and isinstance(reply[1], bytes):
-            return Replay(reply[1])
+            return _new_tuple(Replay, (reply[1],))  # Replay(reply[1])
         if tag == _CLAIMED and len(reply) == 3:
-            return Claimed(owner, int(reply[1]), reply[2] == 1)
+            return _new_tuple(Claimed, (owner, int(reply[1]), reply[2] == 1, ()))
         if tag == _CLAIMED and len(reply) > 3 and len(reply) % 2:
             return Claimed(owner, int(reply[1]), reply[2] == 1, _steps_of(reply))
         if tag == _IN_FLIGHT and len(reply) == 2:

@@ -13,6 +13,7 @@ from idemkey.records import (
     Claimed,
     InFlight,
     Mismatch,
+    Record,
     Replay,
     new_owner,
     payload_fingerprint,
@@ -32,7 +33,18 @@ from idemkey.records import (
     ],
 )
 def test_claim_replies_decode_into_decisions(reply: object, decision: object) -> None:
-    assert decode_claim_reply(reply, "o") == decision
+    decoded = decode_claim_reply(reply, "o")
+    # Built with tuple.__new__ on the hot path: the same type and fields as the constructor's.
+    assert type(decoded) is type(decision)
+    assert decoded == decision
+    assert repr(decoded) == repr(decision)
+
+
+def test_record_for_builds_a_record_as_its_constructor_does() -> None:
+    record = record_for("p", "s", "POST", "/r", "k")
+    assert type(record) is Record
+    assert record == Record(record.digest, f"p:{{{record.digest}}}", f"p:{{{record.digest}}}:lock")
+    assert (record.key, record.lock) == (f"p:{{{record.digest}}}", f"p:{{{record.digest}}}:lock")
 
 
 @pytest.mark.parametrize(
