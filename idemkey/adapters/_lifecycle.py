@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any, Final, NoReturn
 from .._core import Claimed, Decision, new_owner
 from ..errors import ProtocolError
 from ..guard._call import Call, leave_current, run_as_current
-from ..http import Complete, Release, content_length, render
+from ..http import Complete, Release, parse_content_length, render
 
 if TYPE_CHECKING:
     from ..errors import StoreError
@@ -96,7 +96,9 @@ class Lifecycle:
     def __init__(self, exchange: Exchange) -> None:
         self.exchange = exchange
         self.state = State.READING
-        self.declared = content_length(exchange.request.headers)
+        # content_length(headers), without its call
+        values = exchange.request.headers.get_all("content-length")
+        self.declared = parse_content_length(values[0]) if values else None
         #: The store failed and the policy said run anyway: the app runs without a record.
         self.unprotected = False
         # Exchange.too_large's limit, read once: the body is checked against it twice.

@@ -88,7 +88,7 @@ class AsyncGuard(GuardState[T]):
         """Complete the record with the saved result, or release it when nothing was saved."""
         if saved is None:
             return await self.store.release(self.record, owner)
-        return await self.store.complete(self.record, owner, saved, ttl_ms=self.ttl_ms)
+        return await self.store.complete(self.record, owner, saved, ttl_ms=self.policy.ttl_ms)
 
 
 # Overloads so that ``result_type=Receipt`` gives a ``Call[Receipt]`` and no result_type a

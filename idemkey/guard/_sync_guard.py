@@ -89,7 +89,7 @@ class Guard(GuardState[T]):
         """Complete the record with the saved result, or release it when nothing was saved."""
         if saved is None:
             return self.store.release(self.record, owner)
-        return self.store.complete(self.record, owner, saved, ttl_ms=self.ttl_ms)
+        return self.store.complete(self.record, owner, saved, ttl_ms=self.policy.ttl_ms)
 
 
 # Overloads so that ``result_type=Receipt`` gives a ``Call[Receipt]`` and no result_type a
