@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import warnings
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -86,7 +89,31 @@ def test_payload_fingerprints_tell_payloads_apart() -> None:
 def test_owners_are_fresh_and_unguessable() -> None:
     owners = {new_owner() for _ in range(1000)}
     assert len(owners) == 1000
-    assert all(len(owner) == 32 for owner in owners)
+    assert all(len(owner) == 32 and int(owner, 16) >= 0 for owner in owners)
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_a_forked_child_never_hands_out_its_parents_owner_tokens() -> None:
+    # Owner tokens are read from os.urandom in blocks: a child that inherited the unused
+    # rest of a block would share tokens with its parent, and both would own one record.
+    new_owner()  # a block is read and partly used
+    read, write = os.pipe()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)  # forking with threads running
+        pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child
+        try:
+            os.write(write, "".join(new_owner() for _ in range(8)).encode())
+        finally:
+            os._exit(0)
+    os.close(write)
+    with os.fdopen(read, "rb") as pipe:
+        child = pipe.read().decode()
+    os.waitpid(pid, 0)
+    theirs = {child[i : i + 32] for i in range(0, len(child), 32)}
+    ours = {new_owner() for _ in range(8)}
+    assert len(theirs) == 8
+    assert not theirs & ours
 
 
 @pytest.mark.parametrize(
