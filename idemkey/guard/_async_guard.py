@@ -6,6 +6,7 @@ one from it. Cancellation shielding comes from the hand-written runtime module i
 
 from __future__ import annotations
 
+from functools import partial
 from time import perf_counter
 from types import TracebackType
 from typing import Any, ClassVar, TypeVar, overload
@@ -54,8 +55,8 @@ class AsyncGuard(GuardState[T]):
             call = self.enter(decision, perf_counter() - started)
             if call.replayed:
                 return call
-        store, record, claim, key = self.store, self.record, self.claim, self.key
-        call._steps = lambda: AsyncSteps(store, record, claim, key)
+        # A partial (C), not a lambda: no closure cells built per call.
+        call._steps = partial(AsyncSteps, self.store, self.record, self.claim, self.key)
         return call
 
     async def __aexit__(

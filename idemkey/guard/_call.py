@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextvars
 from collections.abc import Callable
+from functools import partial
 from typing import TYPE_CHECKING, Any, ClassVar, Final, Generic, TypeVar
 
 from .._codec import RESULT_NOT_KEPT, decode_value, encode_payload, encode_value
@@ -234,7 +235,9 @@ def current_call() -> Call[Any]:
     return call
 
 
-def _closed(steps: Steps | AsyncSteps) -> Steps | AsyncSteps:
+def _closed(make: Callable[[], Steps | AsyncSteps]) -> Steps | AsyncSteps:
+    """Build the steps of a block that has exited, closed: no step may start."""
+    steps = make()
     steps.book.close()
     return steps
 
@@ -357,7 +360,7 @@ class GuardState(Generic[T]):
             return
         steps = call._steps
         if callable(steps):  # never used: stays unbuilt, and is closed once built
-            call._steps = lambda: _closed(steps())
+            call._steps = partial(_closed, steps)
         else:
             steps.book.close()
 

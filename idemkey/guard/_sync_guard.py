@@ -7,6 +7,7 @@ one from it. Cancellation shielding comes from the hand-written runtime module i
 
 from __future__ import annotations
 
+from functools import partial
 from time import perf_counter
 from types import TracebackType
 from typing import Any, ClassVar, TypeVar, overload
@@ -55,8 +56,8 @@ class Guard(GuardState[T]):
             call = self.enter(decision, perf_counter() - started)
             if call.replayed:
                 return call
-        store, record, claim, key = self.store, self.record, self.claim, self.key
-        call._steps = lambda: Steps(store, record, claim, key)
+        # A partial (C), not a lambda: no closure cells built per call.
+        call._steps = partial(Steps, self.store, self.record, self.claim, self.key)
         return call
 
     def __exit__(
