@@ -27,6 +27,7 @@ import argparse
 import asyncio
 import hashlib
 import io
+import os
 import re
 import subprocess
 import sys
@@ -392,6 +393,7 @@ def _instructions(name: str, n: int) -> float:
                 ["valgrind", "--tool=callgrind", f"--callgrind-out-file={tmp}/out",
                  sys.executable, __file__, "--run", name, "-n", str(requests)],
                 capture_output=True, text=True, check=True,
+                env={**os.environ, "PYTHONHASHSEED": "0"},  # dict probes alike in every run
             ).stderr  # fmt: skip
         counts.append(int(re.search(r"Collected : (\d+)", out).group(1)))  # type: ignore[union-attr]
     return (counts[1] - counts[0]) / 1000
