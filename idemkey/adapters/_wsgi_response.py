@@ -9,7 +9,7 @@ left), after draining the rest for at most :data:`DRAIN_SECONDS`.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from http import HTTPStatus
 from time import monotonic
 from typing import TYPE_CHECKING, Any, Final
@@ -44,8 +44,24 @@ def send(start_response: StartResponse, response: Response) -> list[bytes]:
 class TeeIterable:
     """The app's body iterable, forwarded chunk by chunk while a bounded copy is kept."""
 
+    __slots__ = (
+        "body_started",
+        "copy",
+        "driver",
+        "headers",
+        "iterable",
+        "iterator",
+        "lifecycle",
+        "reason",
+        "server_start_response",
+        "server_write",
+        "settled",
+        "status",
+    )
+
     def __init__(self, driver: Driver, lifecycle: Lifecycle, start: StartResponse) -> None:
         self.driver, self.lifecycle, self.server_start_response = driver, lifecycle, start
+        self.server_write: Callable[[bytes], object] | None = None
         self.iterable: Iterable[bytes] = ()
         self.iterator: Iterator[bytes] | None = None
         self.status: int | None = None
@@ -56,15 +72,16 @@ class TeeIterable:
         self.body_started = False  # a non-empty chunk went out: the head is the client's
 
     def start_response(self, status: str, headers: list[tuple[str, str]], *exc_info: Any) -> Any:
-        write = self.server_start_response(status, headers, *exc_info)
+        self.server_write = self.server_start_response(status, headers, *exc_info)
         self.status, self.headers, self.reason = int(status[:3]), headers, status[4:]
         self.copy.start(headers)
+        return self.write  # a bound method: no closure built per request
 
-        def tee_write(data: bytes) -> None:  # the legacy write() callable: keep a copy too
-            self.copy.add(data)
-            write(data)
-
-        return tee_write
+    def write(self, data: bytes) -> None:
+        """The legacy write() callable start_response returns: keeps a copy too."""
+        self.copy.add(data)
+        assert self.server_write is not None  # start_response came first
+        self.server_write(data)
 
     def __iter__(self) -> Iterator[bytes]:
         return self
