@@ -17,13 +17,16 @@ from typing import TYPE_CHECKING, Any, Final
 from ..http import BodyCopy
 
 if TYPE_CHECKING:
-    from _typeshed.wsgi import StartResponse
+    from _typeshed.wsgi import StartResponse, WSGIEnvironment
 
     from ..http import Response
     from ._lifecycle import Lifecycle
     from ._sync_driver import Driver
 
 __all__ = ["DRAIN_SECONDS", "TeeIterable", "send"]
+
+#: Where the app finds the Exchange of its claimed request (``.claim.fence``) while it runs.
+EXCHANGE_KEY: Final = "idemkey.exchange"
 
 #: How long the middleware keeps pulling an app's body after the server closed it early (the
 #: client left), measured between blocks: a sync worker serves nobody else meanwhile.
@@ -48,6 +51,7 @@ class TeeIterable:
         "body_started",
         "copy",
         "driver",
+        "environ",
         "headers",
         "iterable",
         "iterator",
@@ -59,8 +63,11 @@ class TeeIterable:
         "status",
     )
 
-    def __init__(self, driver: Driver, lifecycle: Lifecycle, start: StartResponse) -> None:
+    def __init__(
+        self, driver: Driver, lifecycle: Lifecycle, start: StartResponse, environ: WSGIEnvironment
+    ) -> None:
         self.driver, self.lifecycle, self.server_start_response = driver, lifecycle, start
+        self.environ = environ
         self.server_write: Callable[[bytes], object] | None = None
         self.iterable: Iterable[bytes] = ()
         self.iterator: Iterator[bytes] | None = None
@@ -131,6 +138,10 @@ class TeeIterable:
                 except Exception:
                     pass  # __next__ released the key; the server is gone, nobody to tell
         finally:
+            # environ -> exchange -> request headers -> environ is a reference cycle: break it
+            # when the request ends, so the environ and its body go with their last reference
+            # instead of waiting for the cyclic garbage collector.
+            self.environ.pop(EXCHANGE_KEY, None)
             close = getattr(self.iterable, "close", None)
             if close is not None:
                 close()
