@@ -34,7 +34,7 @@ from .cases import Case, Context, core_cases, naive_cases
 from .extra import memory_per_record, throughput
 from .httpcases import HttpBench
 from .peers import idemkit_cases, powertools_cases
-from .report import build_cases, check_targets, format_report, plot
+from .report import build_cases, check_scale_targets, check_targets, format_report, plot
 from .roundtrips import count_round_trips, counting_clients
 from .runner import prepare_all, run_interleaved
 from .servers import RedisServer, ServerError
@@ -122,6 +122,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     doc["cpu_warm"] = warm_cpu(2_000 if args.quick else 10_000, 3 if args.quick else 7)
     doc["targets"] = check_targets(doc["cases"], doc["skipped"], doc["cpu_warm"])
+    doc["targets"] += check_scale_targets(doc)
     verdicts = check_budgets(budgets, doc["cases"], doc["skipped"])
     doc["budgets"] = [
         {"budget": v.budget.text, "check": v.budget.describe(), "ok": v.ok, "detail": v.detail}
@@ -186,12 +187,22 @@ async def _run(
         # 3. Throughput and memory (full runs only).
         tp: dict[str, Any] | str | None = None
         memory: list[dict[str, Any]] = []
+        compressed: dict[str, Any] | None = None
+        cost: dict[str, Any] | None = None
         if not args.quick:
             tp = await throughput(ctx, url, slices=5, seconds=args.throughput_seconds)
             if isinstance(tp, str):
                 skipped["throughput"] = tp
                 tp = None
             memory = memory_per_record(ctx, client)
+            from .compression import compression  # not at the top: see report.py
+
+            compressed = compression(client, prefix)
+            if args.redis_url is None:  # CONFIG RESETSTAT: only on the suite's own server
+                # Imported here: `python -m benchmarks.record_cost` must not find it imported.
+                from .record_cost import server_time
+
+                cost = server_time(admin, prefix)
 
         doc_cases = build_cases(cases, samples, round_trips)
         doc: dict[str, Any] = {
@@ -200,6 +211,8 @@ async def _run(
             "skipped": skipped,
             "throughput": tp,
             "memory": memory,
+            "compression": compressed,
+            "server_time": cost,
         }
         return doc, samples, cases
     finally:

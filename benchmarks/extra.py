@@ -6,7 +6,8 @@
   so all see the same noise; requests per second is the median over the slices.
   (In-process, the app alone never awaits anything and would measure only the client loop.)
 * Memory: ``MEMORY USAGE`` of one completed record against the size of what it stores, for a
-  guard result and for an HTTP response (status, one header, body) as the adapters store it.
+  guard result and for an HTTP response (status, one header, body) as the adapters store it,
+  beside the floor: a plain Redis string holding the same bytes.
 """
 
 from __future__ import annotations
@@ -113,7 +114,8 @@ async def throughput(
 
 
 def memory_per_record(ctx: Context, client: Any) -> list[dict[str, Any]]:
-    """Bytes Redis holds per completed record, for each size in :data:`SIZES`."""
+    """Bytes Redis holds per completed record, for each size in :data:`SIZES`, beside the floor:
+    a plain Redis string holding the same stored bytes under a name of the same length."""
     store = RedisStore(client, ctx.policy)
     ctx.stores.append(store)
     rows = []
@@ -124,7 +126,7 @@ def memory_per_record(ctx: Context, client: Any) -> list[dict[str, Any]]:
             if not call.replayed:
                 call.save(value)
         guard_record = record_for(ctx.prefix, "", "GUARD", "", key)
-        guard_bytes = client.execute_command("MEMORY", "USAGE", guard_record.key, "SAMPLES", "0")
+        guard_bytes = _usage(client, guard_record.key)
 
         response = StoredResponse(201, (("content-type", "application/json"),), os.urandom(size))
         http_record = record_for(ctx.prefix, "bench", "POST", "/charges", f"memory:{size}")
@@ -133,14 +135,32 @@ def memory_per_record(ctx: Context, client: Any) -> list[dict[str, Any]]:
         if owner is None:
             raise RuntimeError(f"could not claim the memory record: {decision!r}")
         store.complete(http_record, owner, encode_response(response))
-        http_bytes = client.execute_command("MEMORY", "USAGE", http_record.key, "SAMPLES", "0")
+        http_bytes = _usage(client, http_record.key)
         lock_left = client.exists(guard_record.lock, http_record.lock)
         rows.append({
             "size": size,
-            "guard_record_bytes": int(guard_bytes),
-            "http_record_bytes": int(http_bytes),
-            "guard_overhead": int(guard_bytes) - size,
-            "http_overhead": int(http_bytes) - size,
+            "guard_record_bytes": guard_bytes,
+            "guard_floor_bytes": _floor(ctx, client, guard_record.key, f"guard:{size}"),
+            "http_record_bytes": http_bytes,
+            "http_floor_bytes": _floor(ctx, client, http_record.key, f"http:{size}"),
+            "guard_overhead": guard_bytes - size,
+            "http_overhead": http_bytes - size,
             "locks_left": int(lock_left),
         })  # fmt: skip
     return rows
+
+
+def _usage(client: Any, key: str) -> int:
+    return int(client.execute_command("MEMORY", "USAGE", key, "SAMPLES", "0"))
+
+
+def _floor(ctx: Context, client: Any, record_key: str, label: str) -> int:
+    """MEMORY USAGE of a plain string holding the record's stored bytes, under a key name as
+    long as the record's (another digest in the same prefix)."""
+    name = record_for(ctx.prefix, "floor", "POST", "/", label).key
+    assert len(name) == len(record_key)
+    client.set(name, client.hget(record_key, "resp"))
+    try:
+        return _usage(client, name)
+    finally:
+        client.delete(name)

@@ -9,7 +9,15 @@ from typing import Any
 from .cases import Case
 from .runner import summarize
 
-__all__ = ["TARGETS", "build_cases", "check_targets", "format_report", "plot"]
+__all__ = [
+    "SCALE_TARGETS",
+    "TARGETS",
+    "build_cases",
+    "check_scale_targets",
+    "check_targets",
+    "format_report",
+    "plot",
+]
 
 
 def build_cases(
@@ -118,6 +126,58 @@ def check_targets(
     return results
 
 
+# The scale goals (docs/design.md#performance-targets): idemkey's own time over the floor in
+# the interleaved run (us, p50 minus the floor's p50), memory per completed 100 B / 1 KiB /
+# 10 KiB record (bytes), Redis server time per call (x the floor scripts'), and throughput
+# under 64 clients (x the app plus the floor's two scripts).
+SCALE_TARGETS: Mapping[str, float] = {
+    "guard.first": 25.0,
+    "guard.replay": 10.0,
+    "aguard.first": 25.0,
+    "aguard.replay": 10.0,
+    "memory.100": 400,
+    "memory.1024": 1560,
+    "memory.10240": 12600,
+    "server.first": 1.15,
+    "server.replay": 1.1,
+    "throughput": 0.95,
+}
+
+
+def check_scale_targets(doc: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The scale goals against this run; a goal whose measurement did not run is left out."""
+    results: list[dict[str, Any]] = []
+    cases = doc.get("cases") or {}
+    for name in ("guard.first", "guard.replay", "aguard.first", "aguard.replay"):
+        case, limit = cases.get(name), SCALE_TARGETS[name]
+        floor = cases.get(case["floor"] or "") if case else None
+        if case and floor:
+            over = (case["p50"] - floor["p50"]) / 1000
+            results.append({"target": f"{name} <= {limit:g} us over the floor", "ok": over <= limit,
+                            "measured": f"+{over:.1f} us"})  # fmt: skip
+    for row in doc.get("memory") or []:
+        limit = SCALE_TARGETS.get(f"memory.{row['size']}")
+        if limit is not None:
+            # A result of that size (the guard's record); the HTTP record, which also holds a
+            # status and headers, is reported beside it.
+            guard, http = row["guard_record_bytes"], row["http_record_bytes"]
+            results.append({"target": f"a completed {row['size']} B result <= {limit:g} B",
+                            "ok": guard <= limit,
+                            "measured": f"{guard} B (HTTP record: {http} B)"})  # fmt: skip
+    server = doc.get("server_time")
+    if server:
+        for kind in ("first", "replay"):
+            limit, value = SCALE_TARGETS[f"server.{kind}"], server[f"{kind}_x_floor"]
+            results.append({"target": f"Redis server time per {kind} <= {limit:g}x floor scripts",
+                            "ok": value <= limit, "measured": f"{value:.2f}x"})  # fmt: skip
+    tp = doc.get("throughput")
+    if tp and tp.get("ratio_to_floor") is not None:
+        limit, value = SCALE_TARGETS["throughput"], tp["ratio_to_floor"]
+        results.append({"target": f"throughput (64 clients, uvicorn) >= {limit:g}x app + floor",
+                        "ok": value >= limit, "measured": f"{value:.2f}x"})  # fmt: skip
+    return results
+
+
 def _us(ns: float) -> str:
     return f"{ns / 1000:.1f}" if ns < 100_000 else f"{ns / 1000:.0f}"
 
@@ -184,14 +244,14 @@ def format_report(doc: Mapping[str, Any]) -> str:
         )
     memory = doc.get("memory")
     if memory:
-        lines += ["", "Memory per completed record (MEMORY USAGE, bytes)", ""]
-        lines.append("| stored size | guard record | overhead | HTTP record | overhead |")
-        lines.append("|---:|---:|---:|---:|---:|")
-        for row in memory:
-            lines.append(
-                f"| {row['size']} | {row['guard_record_bytes']} | {row['guard_overhead']} | "
-                f"{row['http_record_bytes']} | {row['http_overhead']} |"
-            )
+        lines += memory_table(memory)
+    if doc.get("compression"):
+        # Imported here: `python -m benchmarks.compression` must not find itself imported.
+        from .compression import format_compression
+
+        lines += ["", *format_compression(doc["compression"])]
+    if doc.get("server_time"):
+        lines += ["", *format_server_time(doc["server_time"])]
     if doc.get("skipped"):
         lines += ["", "Skipped:"]
         lines += [f"- {name}: {why}" for name, why in doc["skipped"].items()]
@@ -205,6 +265,35 @@ def format_report(doc: Mapping[str, Any]) -> str:
         for b in doc["budgets"]:
             lines.append(f"- {'ok  ' if b['ok'] else 'FAIL'} {b['budget']}: {b['detail']}")
     return "\n".join(lines)
+
+
+def format_server_time(row: dict[str, Any]) -> list[str]:
+    """The report's table for :func:`server_time`'s result."""
+    return [
+        f"Redis server time per call (INFO commandstats evalsha usec, median of {row['slices']}"
+        f" slices of {row['calls_per_slice']}, {row['response_bytes']} B response)",
+        "",
+        "| call | idemkey us | floor us | x floor |",
+        "|---|---:|---:|---:|",
+        f"| first call (claim + complete) | {row['first_usec']:.1f} | "
+        f"{row['floor_first_usec']:.1f} | {row['first_x_floor']:.2f}x |",
+        f"| replay (claim) | {row['replay_usec']:.1f} | {row['floor_replay_usec']:.1f} | "
+        f"{row['replay_x_floor']:.2f}x |",
+    ]
+
+
+def memory_table(memory: Sequence[Mapping[str, Any]]) -> list[str]:
+    """The report's memory table: each record beside the plain-string floor of its bytes."""
+    lines = ["", "Memory per completed record (MEMORY USAGE SAMPLES 0, bytes; floor: a plain",
+             "string holding the same stored bytes under a name as long)", ""]  # fmt: skip
+    lines.append("| result size | guard record | string floor | HTTP record | string floor |")
+    lines.append("|---:|---:|---:|---:|---:|")
+    for row in memory:
+        lines.append(
+            f"| {row['size']} | {row['guard_record_bytes']} | {row.get('guard_floor_bytes', '')} | "
+            f"{row['http_record_bytes']} | {row.get('http_floor_bytes', '')} |"
+        )
+    return lines
 
 
 def plot(path: str, samples: Mapping[str, Sequence[int]], cases: Sequence[Case]) -> str | None:

@@ -13,7 +13,8 @@ Invariants:
   ``""`` or ``"}x"`` would change the slot.
 * The fingerprint only compares two requests that already share a record, so it may be fast:
   xxh3-128 over the length-prefixed method, target, sorted query, content type and body (and
-  the content encoding when there is one).
+  the content encoding when there is one), as 16 raw bytes: a completed record keeps it, and
+  hex would double it.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from __future__ import annotations
 import hashlib
 import os
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Final, NamedTuple, cast
 
@@ -40,9 +42,11 @@ __all__ = [
     "fingerprint",
     "new_owner",
     "next_poll_delay",
+    "owner_tag",
     "parse_key",
     "payload_fingerprint",
     "record_for",
+    "record_state",
     "retry_after_seconds",
 ]
 
@@ -135,7 +139,7 @@ def fingerprint(
     content_type: str,
     body: bytes,
     content_encoding: str = "",
-) -> str:
+) -> bytes:
     """Fingerprint an HTTP request; two requests with one key must match it to be one request.
 
     ``target`` is the concrete path (not the route template), so one key cannot be replayed
@@ -154,23 +158,52 @@ def fingerprint(
         content_encoding
     ):  # a sixth part, only when present: unencoded fingerprints stay as they were
         e = content_encoding.lower().encode("latin-1", "replace")
-        return xxhash.xxh3_128_hexdigest(
+        return xxhash.xxh3_128_digest(
             b"%d:%b%d:%b%d:%b%d:%b%d:%b%d:%b"
             % (len(m), m, len(t), t, len(q), q, len(c), c, len(body), body, len(e), e)
         )
     # Length-prefixed parts as in record_for; the body is copied once, not twice.
-    return xxhash.xxh3_128_hexdigest(
+    return xxhash.xxh3_128_digest(
         b"%d:%b%d:%b%d:%b%d:%b%d:%b" % (len(m), m, len(t), t, len(q), q, len(c), c, len(body), body)
     )
 
 
 #: :func:`payload_fingerprint` without its Python call, for the guards (every call).
-PAYLOAD_DIGEST: Final = xxhash.xxh3_128_hexdigest
+PAYLOAD_DIGEST: Final = xxhash.xxh3_128_digest
 
 
-def payload_fingerprint(payload: bytes) -> str:
-    """Fingerprint a guard payload."""
+def payload_fingerprint(payload: bytes) -> bytes:
+    """Fingerprint a guard payload (16 bytes)."""
     return PAYLOAD_DIGEST(payload)
+
+
+#: Characters of the owner token a completed record keeps, after its fingerprint (complete.lua).
+OWNER_TAG_LENGTH: Final = 12
+
+
+def owner_tag(owner: str) -> str:
+    """What a completed record keeps of its owner (complete.lua computes the same): the first 12
+    digits of one of :func:`new_owner`'s tokens, else a 44-bit hash of the whole token in hex."""
+    if len(owner) == 32:
+        return owner[:OWNER_TAG_LENGTH]
+    h = 0
+    for byte in owner.encode("utf-8", "surrogatepass"):
+        h = (h * 131 + byte) % (1 << 44)
+    return f"{h:012x}"
+
+
+def record_state(fields: Mapping[bytes, bytes]) -> str:
+    """A record's state from its hash fields (``HGETALL``): ``"complete"``, ``"in_progress"``,
+    ``"released"`` (only the fence, and the fingerprint with the steps, left) or ``""`` (none).
+
+    A completed record has no state field (only ``resp`` and ``fp``); one written before 0.2
+    says ``state = "complete"``, and has ``resp`` too.
+    """
+    if b"resp" in fields:
+        return "complete"
+    if fields.get(b"state") == b"in_progress":
+        return "in_progress"
+    return "released" if fields else ""
 
 
 # Owner tokens waiting to be handed out: 16 bytes of os.urandom each, as secrets.token_hex(16)
@@ -286,7 +319,8 @@ _MAX_POLL: Final = 0.25
 
 
 def next_poll_delay(previous: float, remaining: float) -> float:
-    """Backoff for a duplicate waiting on the first request: 5 ms doubling to 250 ms.
+    """Backoff for a duplicate polling the first request (where the store cannot block on
+    its end, or was woken while it is still in flight): 5 ms doubling to 250 ms.
 
     Never sleeps past the caller's remaining wait budget.
     """

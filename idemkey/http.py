@@ -157,7 +157,7 @@ class Exchange:
         detail = f"keyed requests may carry at most {limit} bytes"
         return render(self.policy, 413, "request_too_large", detail)
 
-    def fingerprint(self, body: bytes) -> str:
+    def fingerprint(self, body: bytes) -> bytes:
         """The request's fingerprint, its body compared as ``Policy.fingerprint`` says."""
         request = self.request
         lookup = request.headers.get_all  # hot path: what .get would call, one call less
@@ -288,10 +288,10 @@ class Exchange:
             ]
         )
         if body is None:
-            return Complete(
-                encode_response(StoredResponse(status, kept, b"", body_kept=False, reason=reason))
-            )
-        return Complete(encode_response(StoredResponse(status, kept, body, reason=reason)))
+            stored = StoredResponse(status, kept, b"", body_kept=False, reason=reason)
+        else:
+            stored = StoredResponse(status, kept, body, reason=reason)
+        return Complete(encode_response(stored, policy.compress_at))
 
     def completed(self, stored: bool, seconds: float | None = None) -> None:
         """Report what the complete script said (``False``: the lease was lost meanwhile)."""

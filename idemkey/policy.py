@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from .http import Problem, Request
 
 __all__ = [
+    "DEFAULT_COMPRESS_AT",
     "DEFAULT_HEADER_DENYLIST",
     "NEVER_BEGAN_STATUSES",
     "Policy",
@@ -41,6 +42,10 @@ DEFAULT_HEADER_DENYLIST: frozenset[str] = frozenset(
     {"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "proxy-connection",
      "te", "trailer", "transfer-encoding", "upgrade", "date", "set-cookie"}
 )  # fmt: skip
+
+#: What ``Policy(compress=True)`` means: records of 1 KiB or more. Below it zlib saves few
+#: bytes, and Redis's allocator rounds a small string up anyway.
+DEFAULT_COMPRESS_AT = 1024
 
 _CREDENTIAL_HEADERS = ("authorization", "x-api-key", "cookie")
 
@@ -148,6 +153,11 @@ class Policy:
     #: Wait for replicas to confirm each claim and completion (see :class:`Replicas`); read
     #: from the store's policy. None (default): acknowledge once the master has the write.
     durability: Replicas | None = None
+    #: Compress stored records (HTTP responses and guard results) of at least this many bytes
+    #: with zlib, when it saves bytes; ``True``: :data:`DEFAULT_COMPRESS_AT` (1 KiB). ``None``
+    #: or ``False`` (default): never. Records are read whatever this says, so it can be
+    #: changed at any time; a release older than the one that added it cannot read them.
+    compress: bool | int | None = None
     #: Called with every :class:`idemkey.events.Event`; exceptions in it are logged, not raised.
     on_event: Callable[[Event], None] | None = field(default=None, compare=False)
     #: Renders idemkey's own answers (400, 409, 413, 422, 503) in your API's error format:
@@ -160,6 +170,8 @@ class Policy:
     #: once here rather than on every call).
     lease_ms: int = field(init=False, repr=False, compare=False)
     ttl_ms: int = field(init=False, repr=False, compare=False)
+    #: ``compress`` as the codec takes it: the smallest record size compressed, None for never.
+    compress_at: int | None = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if not 0 < self.lease < self.ttl:
@@ -180,6 +192,7 @@ class Policy:
             raise ConfigurationError("fingerprint must be 'bytes', 'json' or a callable")
         if not self.header or not self.header.isascii():
             raise ConfigurationError("header must be a non-empty ASCII header name")
+        object.__setattr__(self, "compress_at", _compress_at(self.compress))
         # Normalise case once here so every comparison on the hot path is a plain lookup.
         object.__setattr__(self, "methods", frozenset(m.upper() for m in self.methods))
         object.__setattr__(
@@ -194,3 +207,15 @@ class Policy:
     def replace(self, **changes: Any) -> Policy:
         """A copy with ``changes`` applied (and validated)."""
         return dataclasses.replace(self, **changes)
+
+
+def _compress_at(compress: object) -> int | None:
+    if compress is None or compress is False:
+        return None
+    if compress is True:
+        return DEFAULT_COMPRESS_AT
+    if not isinstance(compress, int) or compress < 0:
+        raise ConfigurationError(
+            f"compress must be True, False, None or a size in bytes (an int >= 0), got {compress!r}"
+        )
+    return compress

@@ -37,9 +37,11 @@ Names:
   ``(prefix, scope, method, route, key)``; ``method="GUARD"`` (:data:`GUARD_METHOD`) with
   ``route=""`` is what ``guard(store, key, scope=scope)`` uses.
 * :func:`request_fingerprint` (an HTTP request) and :func:`payload_fingerprint` (bytes): what
-  must match for a retry to be the same request.
+  must match for a retry to be the same request, as 16 bytes (``claim`` takes any str or bytes).
 * :func:`parse_key`, :data:`MAX_KEY_LENGTH`: the ``Idempotency-Key`` header's rules.
-* :func:`new_owner`: a fresh owner token for a claim.
+* :func:`new_owner`: a fresh owner token for a claim. A completed record keeps 12 characters of
+  its owner to answer a re-sent ``complete``: the first 12 of a ``new_owner()`` token (any
+  32-character owner must be random there), a hash of any other.
 """
 
 from __future__ import annotations

@@ -107,7 +107,7 @@ class Lifecycle:
         self.plan: Complete | Release | None = None
         #: The claimed call while the app runs (``idemkey.current_call()``), else None.
         self.call: Call[Any] | None = None
-        self._fingerprint = ""
+        self._fingerprint = b""
         self._head: tuple[int, list[tuple[str, str]], str] | None = None
 
     # Each step looks up its (state, step) pair once: ``_NEXT.get(...) or self._refuse(step)``
@@ -163,7 +163,7 @@ class Lifecycle:
 
     # READY, CLAIMING: the claim and what it means.
 
-    def claiming(self) -> str:
+    def claiming(self) -> bytes:
         """The claim goes out now: returns the request's fingerprint; sets :attr:`owner`."""
         self.state = _NEXT.get((self.state, "claim")) or self._refuse("claim")
         self.owner = new_owner()

@@ -8,7 +8,7 @@ from datetime import datetime, timezone
 from typing import IO, Any
 
 from .._codec import StoredResponse, decode_response, decode_value
-from .._core import Record, parse_key, record_for
+from .._core import OWNER_TAG_LENGTH, Record, parse_key, record_for, record_state
 from ..diagnostics import _text as text
 from ..errors import InvalidKeyError, RecordFormatError
 from ..guard import GUARD_METHOD
@@ -89,12 +89,16 @@ def read_record(client: Any, record: Record, *, guard: bool | None = None) -> Re
     if not fields:
         return view
     get = {text(k): v for k, v in fields.items()}.get
-    state = text(get("state"))
-    view.state = state or "released"
+    view.state = record_state({k.encode() if isinstance(k, str) else k: v
+                               for k, v in fields.items()})  # fmt: skip
     view.owner = text(get("owner"))
+    fp = get("fp")
+    if view.state == "complete" and not view.owner and isinstance(fp, bytes):
+        # A completed record keeps a 12-character tag of its owner after the fingerprint.
+        view.owner = text(fp[-OWNER_TAG_LENGTH:])
     fence = text(get("fence"))
     view.fence = int(fence) if fence.isdigit() else None
-    at = text(get("at"))
+    at = text(get("at"))  # the last claim or completion: written by idemkey before 0.2 only
     if at.isdigit():
         stamp = datetime.fromtimestamp(int(at) / 1000, tz=timezone.utc)
         view.at = stamp.isoformat(timespec="milliseconds").replace("+00:00", "Z")

@@ -19,7 +19,10 @@ HELP: Final = "delete one record (record and lock)"
 # KEYS[1] record hash, KEYS[2] lock; ARGV[1] "1" deletes an in-progress record too.
 # Reply: {deleted keys, state} ({-1, state} when refused); state "" when the hash has none.
 _FORGET_LUA: Final = """
-local state = redis.call("HGET", KEYS[1], "state") or ""
+local state = redis.call("HGET", KEYS[1], "state")
+if not state then  -- a completed record has no state field, only fp and resp
+  state = redis.call("HEXISTS", KEYS[1], "resp") == 1 and "complete" or ""
+end
 if state == "in_progress" and ARGV[1] ~= "1" then
   return {-1, state}
 end

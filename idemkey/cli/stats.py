@@ -165,7 +165,7 @@ def collect_stats(
 def _classify(client: Any, keys: Sequence[bytes], stats: Stats) -> None:
     pipe = client.pipeline(transaction=False)
     for key in keys:
-        pipe.hmget(key, "state", "fence")
+        pipe.hmget(key, "state", "fence", "fp")
         pipe.pttl(key)
     replies = pipe.execute(raise_on_error=False)
     in_progress: list[bytes] = []
@@ -179,12 +179,14 @@ def _classify(client: Any, keys: Sequence[bytes], stats: Stats) -> None:
             continue  # expired between SCAN and now
         stats.scanned += 1
         state = text(fields[0])
-        if state in ("complete", "in_progress"):
+        if state in ("complete", "in_progress"):  # "complete": written by idemkey before 0.2
             stats.states[state] += 1
             if state == "in_progress":
                 in_progress.append(key)
         elif fields[1] is not None:
-            stats.states["released"] += 1
+            stats.states["released"] += 1  # a released record keeps its fence counter
+        elif fields[2] is not None:
+            stats.states["complete"] += 1  # only fp and resp: no state, no fence
         else:
             stats.states["other"] += 1
         stats.ttl[_bucket(int(ttl))] += 1
@@ -200,7 +202,7 @@ def _measure(client: Any, keys: Sequence[bytes], stats: Stats) -> None:
         return
     pipe = client.pipeline(transaction=False)
     for key in keys:
-        pipe.memory_usage(key, samples=0)  # all six fields, not an estimate from five
+        pipe.memory_usage(key, samples=0)  # every field, not an estimate from five
     for used in pipe.execute(raise_on_error=False):
         if isinstance(used, int):
             stats.sampled += 1

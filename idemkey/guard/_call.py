@@ -99,6 +99,7 @@ class Call(Generic[T]):
     """What a guard yields: either a replay of the stored result, or a claim to do the work."""
 
     __slots__ = (
+        "_compress_at",
         "_key",
         "_result",
         "_saved",
@@ -120,8 +121,10 @@ class Call(Generic[T]):
         key: str = "",
         record: Record | None = None,
         ttl_ms: int | None = None,
+        compress_at: int | None = None,
     ) -> None:
         self._key = key
+        self._compress_at = compress_at
         self.replayed = replayed
         #: The claimed record's names; its ``digest`` names it in SQL (``contrib.sqlalchemy``).
         self.record = record
@@ -197,7 +200,7 @@ class Call(Generic[T]):
         if self.replayed:
             raise UsageError("cannot save() on a replayed call")
         try:
-            self._saved = encode_value(value)
+            self._saved = encode_value(value, self._compress_at)
         except ConfigurationError as exc:
             self._saved, self._result = RESULT_NOT_KEPT, _UNSET
             raise ResultNotStorableError(self._key, str(exc.__cause__ or exc)) from exc
@@ -329,6 +332,7 @@ class GuardState(Generic[T]):
                 key=self.key,
                 record=self.record,
                 ttl_ms=self.policy.ttl_ms,
+                compress_at=self.policy.compress_at,
             )
             self._current = _CURRENT.set(call)
             return call

@@ -1,17 +1,24 @@
 -- claim: decide what a request with an idempotency key does, in one round trip.
 --
--- KEYS[1]  record hash   {prefix}:{<digest>}       fields fp, state, owner, fence, tk, resp, at
+-- KEYS[1]  record hash   {prefix}:{<digest>}
 -- KEYS[2]  lock string   {prefix}:{<digest>}:lock  holds the owner token while a claim is live
--- ARGV[1]  fp            request fingerprint (hex)
--- ARGV[2]  owner         fresh random token of the caller
+-- ARGV[1]  fp            request fingerprint (16 raw bytes from idemkey; any string works)
+-- ARGV[2]  owner         fresh random token of the caller (32 hex digits from idemkey)
 -- ARGV[3]  lease_ms      lease length, milliseconds
 -- ARGV[4]  retention_ms  how long the record lives, milliseconds
+-- ARGV[5]  waits         optional; "1": the caller waits for an in-flight claim to end
+--                        (wake-up: record field "w", stream {prefix}:{<digest>}:done)
 --
--- Record fields "ns" and "s:<name>": the count and the results of finished steps (checkpoint.lua).
--- A record released with finished steps keeps its fp, so the key stays bound to its payload.
+-- Wake-up: a fresh claim of a record that existed deletes {prefix}:{<digest>}:done
+--          (KEYS[1] .. ":done", the same slot), see complete.lua.
 --
--- Record field "tk" is 1 when the current claim took over a lapsed one (a re-sent claim must
--- answer the same). Record field "at" is the server time of the last claim or completion, in milliseconds.
+-- Record fields, in progress: fp, state = "in_progress", owner, fence (claims so far), tk = 1
+-- when the claim took over a lapsed one (a re-sent claim must answer the same), and "ns" /
+-- "s:<name>", the count and results of finished steps (checkpoint.lua). Released: fence, plus fp
+-- and the steps when there are steps (the key stays bound to its payload). Complete (written by
+-- complete.lua): only resp, and fp followed by the 12-character tag of the completing owner.
+-- Records written before 0.2 may hold a 32-hex fp, and state = "complete" with the full owner,
+-- fence, tk and "at": both are read here as before.
 --
 -- Reply, first element a tag:
 --   {1, fence, takeover, name1, result1, ...}
@@ -23,57 +30,88 @@
 --
 -- Invariants: reads and checks first, writes last. Running it twice with the same owner
 -- (redis-py re-sends a command after a timeout) answers claimed both times and writes once.
--- A completed record is never written here.
+-- A completed record is never written here. The lock is only ever set together with the
+-- owner field (here) or for the owner the field names (renew), so it holds that owner or nothing.
 
-local record = redis.call("HMGET", KEYS[1], "state", "fp", "resp", "fence", "owner", "tk", "ns")
-local state, fp, resp = record[1], record[2], record[3]
+-- Two reads: a replay (the common repeat) reads only the three fields it needs; the rest are
+-- read when the call goes on to claim (measured: benchmarks/record_cost.py).
+local head = redis.call("HMGET", KEYS[1], "resp", "fp", "state")
+local resp, fp, state = head[1], head[2], head[3]
 
--- fp without a state: released with finished steps, still bound to its payload.
-if fp and fp ~= ARGV[1] then
+-- Is the stored fingerprint this request's? Compared as sent; a record written before 0.2
+-- holds 32 hex digits where idemkey now sends 16 bytes, compared in hex when the bytes differ.
+-- (Inline, not a local function: a closure would be built on every call.)
+if resp then
+  -- Complete. A current record's fp ends with the 12-character owner tag; an old one says
+  -- state = "complete" and holds the bare fingerprint.
+  fp = fp or ""
+  if state ~= "complete" then
+    fp = string.sub(fp, 1, -13)
+  end
+  if fp == ARGV[1] or (#fp == 32 and #ARGV[1] == 16
+      and fp == string.format(string.rep("%02x", 16), string.byte(ARGV[1], 1, 16))) then
+    return {2, resp}
+  end
   return {4}
 end
-if state == "complete" then
-  return {2, resp}
+-- fp without a state: released with finished steps, still bound to its payload.
+if fp and fp ~= ARGV[1] and not (#fp == 32 and #ARGV[1] == 16
+    and fp == string.format(string.rep("%02x", 16), string.byte(ARGV[1], 1, 16))) then
+  return {4}
 end
 
--- The claimed reply, with the finished steps appended (only read when "ns" says there are).
-local function claimed(fence, takeover)
-  local reply = {1, fence, takeover}
-  if record[7] then
-    local fields = redis.call("HGETALL", KEYS[1])
-    for i = 1, #fields, 2 do
-      if string.sub(fields[i], 1, 2) == "s:" then
-        reply[#reply + 1] = string.sub(fields[i], 3)
-        reply[#reply + 1] = fields[i + 1]
-      end
-    end
-  end
-  return reply
-end
-
--- Our own claim, sent again: the same answer (fence and takeover flag, kept in "tk"); a lock
--- that lapsed meanwhile is taken back, as nobody else claimed (that would have changed owner).
-local holder = redis.call("GET", KEYS[2])
-if state == "in_progress" and record[5] == ARGV[2] then
-  if not holder then
+local record = redis.call("HMGET", KEYS[1], "owner", "fence", "tk", "ns")
+local in_progress = state == "in_progress"
+local fence, takeover
+if in_progress and record[1] == ARGV[2] then
+  -- Our own claim, sent again: the same answer (fence and takeover flag, kept in "tk"); a lock
+  -- that lapsed meanwhile is taken back, as nobody else claimed (that would change the owner).
+  if not redis.call("GET", KEYS[2]) then
     redis.call("SET", KEYS[2], ARGV[2], "PX", tonumber(ARGV[3]))
   end
-  return claimed(tonumber(record[4]) or 0, tonumber(record[6]) or 0)
-end
-if holder then
-  return {3, redis.call("PTTL", KEYS[2])}
+  fence, takeover = tonumber(record[2]) or 0, tonumber(record[3]) or 0
+else
+  if not redis.call("SET", KEYS[2], ARGV[2], "NX", "PX", tonumber(ARGV[3])) then
+    -- In flight: another owner holds the lease.
+    -- Wake-up: a caller that will wait marks the record ("w"), so the complete or release that
+    -- ends this claim posts to the done stream its XREAD blocks on (complete.lua, release.lua).
+    -- Only a live record is marked: a lone "w" would make a hash without a TTL.
+    if ARGV[5] == "1" and state then
+      redis.call("HSET", KEYS[1], "w", 1)
+    end
+    return {3, redis.call("PTTL", KEYS[2])}
+  end
+  -- Wake-up: a record claimed again (after a release or a lapse) drops the done stream of the
+  -- claim before, so waiters block until this claim ends; the mark "w" stays for them. A new
+  -- key (no fence yet) has no stream: nothing to do. pcall: the stream is a hint, and a node
+  -- that refuses it (its slot half migrated) must not stop the claim.
+  if record[2] then
+    redis.pcall("DEL", KEYS[1] .. ":done")
+  end
+  -- The lock was free and is ours now: a new key, a key released after a failure, or a
+  -- crashed owner's lapsed lease (state still in_progress: a takeover, which bumps the fence).
+  fence = (tonumber(record[2]) or 0) + 1
+  if in_progress then
+    takeover = 1
+    redis.call("HSET", KEYS[1], "state", "in_progress", "fp", ARGV[1], "owner", ARGV[2],
+      "fence", fence, "tk", 1)
+  else
+    takeover = 0
+    redis.call("HSET", KEYS[1], "state", "in_progress", "fp", ARGV[1], "owner", ARGV[2],
+      "fence", fence)
+  end
+  redis.call("PEXPIRE", KEYS[1], tonumber(ARGV[4]))
 end
 
--- The lock is free: a new key, a key released after a failure, or a crashed owner's lapsed
--- lease (state still in_progress: a takeover, which bumps the fence).
-local takeover = 0
-if state == "in_progress" then
-  takeover = 1
+-- Claimed. The finished steps follow, read only when "ns" says there are any.
+local reply = {1, fence, takeover}
+if record[4] then
+  local fields = redis.call("HGETALL", KEYS[1])
+  for i = 1, #fields, 2 do
+    if string.sub(fields[i], 1, 2) == "s:" then
+      reply[#reply + 1] = string.sub(fields[i], 3)
+      reply[#reply + 1] = fields[i + 1]
+    end
+  end
 end
-redis.call("SET", KEYS[2], ARGV[2], "PX", tonumber(ARGV[3]))
-local fence = redis.call("HINCRBY", KEYS[1], "fence", 1)
-local now = redis.call("TIME")
-redis.call("HSET", KEYS[1], "state", "in_progress", "fp", ARGV[1], "owner", ARGV[2],
-  "tk", takeover, "at", now[1] .. string.format("%03d", math.floor(now[2] / 1000)))
-redis.call("PEXPIRE", KEYS[1], tonumber(ARGV[4]))
-return claimed(fence, takeover)
+return reply

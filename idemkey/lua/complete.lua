@@ -2,39 +2,83 @@
 --
 -- KEYS[1]  record hash   {prefix}:{<digest>}
 -- KEYS[2]  lock string   {prefix}:{<digest>}:lock
--- ARGV[1]  owner         the token the claim returned
+-- ARGV[1]  owner         the token the claim returned (32 hex digits from idemkey)
 -- ARGV[2]  resp          encoded response (version byte + msgpack)
 -- ARGV[3]  retention_ms  how long the completed record is replayed, milliseconds
+--
+-- Wake-up: when record field "w" is set, also writes the stream {prefix}:{<digest>}:done
+--          (KEYS[1] .. ":done", the same slot), see the end of this script.
 --
 -- Reply: 1 stored (or already stored by this owner), 0 lost: another owner took the record over
 -- after our lease lapsed, and nothing was written.
 --
--- Finished steps ("ns", "s:<name>", see checkpoint.lua) are dropped: the stored response is
--- all a replay needs.
+-- The completed record keeps only what a replay and a re-sent complete need: "resp", and "fp"
+-- with a 12-character tag of the owner appended (what a re-sent complete is recognised by: 48
+-- random bits, see below). The claim's fields, the finished steps and the lock go: a replay
+-- needs only the response. Without "state", a record is complete when it has "resp".
+--
+-- The record is never deleted and created again (it keeps "fp" throughout): in a cluster slot
+-- being migrated, a script may only touch keys that exist, so re-creating it would fail
+-- mid-script, after the delete had run.
 --
 -- The owner field, not the lock, decides: a lease that lapsed without anyone taking over still
--- lets its owner complete, since no one else ran the work.
+-- lets its owner complete, since no one else ran the work. The lock holds that owner or nothing
+-- (see claim.lua), so it is deleted without being read.
 
-if redis.call("HGET", KEYS[1], "owner") ~= ARGV[1] then
-  return 0
+local record = redis.call("HMGET", KEYS[1], "owner", "state", "fp", "ns", "w")
+-- idemkey's owners are 32 random hex digits: their first 12 are the tag. Any other owner (the
+-- extension API takes one from the caller) is tagged by a 44-bit polynomial hash of all of it,
+-- so owners that share a prefix stay apart (no redis.sha1hex: fakeredis lacks it).
+local tag
+if #ARGV[1] == 32 then
+  tag = string.sub(ARGV[1], 1, 12)
+else
+  local h = 0
+  for i = 1, #ARGV[1] do
+    h = (h * 131 + string.byte(ARGV[1], i)) % 17592186044416
+  end
+  tag = string.format("%012x", h)
 end
-if redis.call("HGET", KEYS[1], "state") == "complete" then
+if record[1] == ARGV[1] and record[2] == "in_progress" then
+  -- The claim's fields go first ("at": written by idemkey before 0.2), while the hash is still a
+  -- small listpack: deleted after the response turned it into a hash table, they would leave
+  -- that table at twice the slots (32 bytes more per record; Redis does not shrink it).
+  -- "w": the waiters' mark (below) goes with them.
+  redis.call("HDEL", KEYS[1], "state", "owner", "fence", "tk", "at", "w")
+  if record[4] then  -- finished steps: their fields go too
+    local fields = redis.call("HKEYS", KEYS[1])
+    for i = 1, #fields do
+      if string.sub(fields[i], 1, 2) == "s:" then
+        redis.call("HDEL", KEYS[1], fields[i])
+      end
+    end
+    redis.call("HDEL", KEYS[1], "ns")
+  end
+  redis.call("HSET", KEYS[1], "fp", (record[3] or "") .. tag, "resp", ARGV[2])
+  redis.call("DEL", KEYS[2])
+  redis.call("PEXPIRE", KEYS[1], tonumber(ARGV[3]))
+  -- Wake-up: when a waiter marked the record (claim.lua), post one entry to the done stream
+  -- {prefix}:{<digest>}:done, where waiters block with XREAD from id 0 (so one that reads after
+  -- this still sees it). It lives 10 s: it only has to outlast the gap between a waiter's
+  -- in-flight reply and its XREAD. pcall: the stream is a hint (waiters also wake when their
+  -- read times out), and the response is stored already.
+  if record[5] then
+    local done = KEYS[1] .. ":done"
+    redis.pcall("XADD", done, "MAXLEN", 1, "*", "end", "complete")
+    redis.pcall("PEXPIRE", done, 10000)
+  end
   return 1
 end
-if redis.call("GET", KEYS[2]) == ARGV[1] then
-  redis.call("DEL", KEYS[2])
-end
-if redis.call("HEXISTS", KEYS[1], "ns") == 1 then
-  local fields = redis.call("HKEYS", KEYS[1])
-  for i = 1, #fields do
-    if string.sub(fields[i], 1, 2) == "s:" then
-      redis.call("HDEL", KEYS[1], fields[i])
-    end
+
+-- Not ours in progress. Ours already (a re-send after a lost reply) answers 1 again.
+if record[2] == "complete" then  -- completed before 0.2: the full owner is kept
+  if record[1] == ARGV[1] then
+    return 1
   end
-  redis.call("HDEL", KEYS[1], "ns")
+  return 0
 end
-local now = redis.call("TIME")
-redis.call("HSET", KEYS[1], "state", "complete", "resp", ARGV[2],
-  "at", now[1] .. string.format("%03d", math.floor(now[2] / 1000)))
-redis.call("PEXPIRE", KEYS[1], tonumber(ARGV[3]))
-return 1
+if not record[2] and record[3] and string.sub(record[3], -12) == tag
+    and redis.call("HEXISTS", KEYS[1], "resp") == 1 then
+  return 1
+end
+return 0

@@ -30,8 +30,8 @@ end
 if holder then
   return 0
 end
-if redis.call("HGET", KEYS[1], "owner") == ARGV[1]
-    and redis.call("HGET", KEYS[1], "state") == "in_progress" then
+local record = redis.call("HMGET", KEYS[1], "owner", "state")
+if record[1] == ARGV[1] and record[2] == "in_progress" then
   redis.call("SET", KEYS[2], ARGV[1], "PX", tonumber(ARGV[2]))
   keep_record()
   return 1

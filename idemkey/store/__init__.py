@@ -8,6 +8,8 @@ lives there. One source serves both stores:
 * ``_async_runtime.py`` / ``_sync_runtime.py``: what a task and a thread do differently
   (sleeping, cancellation shielding, EVALSHA + WAIT on one connection); hand-written.
 * ``_async_heartbeat.py`` / ``_sync_heartbeat.py``: the lease-renewing task / thread.
+* ``_async_wakeup.py`` / ``_sync_wakeup.py``: one blocking read per waited-on record, shared
+  by the tasks / threads that wait on it; hand-written.
 * ``_base.py``: what both share (client check, scripts, error classes, delays).
 * ``_durable.py``, ``_server_check.py``: I/O-free decisions for ``Policy.durability`` and
   for ``check()``.

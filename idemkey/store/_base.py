@@ -9,6 +9,7 @@ the script and retries) when the server answers NOSCRIPT, e.g. after a restart o
 
 from __future__ import annotations
 
+import math
 import time
 from importlib.resources import files
 from typing import TYPE_CHECKING, Any, Final, Protocol
@@ -30,6 +31,10 @@ __all__ = [
     "StoreBase",
     "_IDLE_SECONDS",
     "_backend_errors",
+    "_block_cap",
+    "_block_ms",
+    "_done_stream",
+    "_read_limit",
     "_next_delay",
     "_retry_delay",
     "_slot_moving",
@@ -117,6 +122,64 @@ def _slot_moving(exc: BaseException, moving: _Errors) -> bool:
 def _retry_delay(previous: float, deadline: float) -> float:
     """Backoff while a cluster slot moves or a redirect settles: 10 ms doubling to 100 ms."""
     return min(max(previous * 2, 0.01), 0.1, max(0.0, deadline - time.monotonic()))
+
+
+# Waiting for an in-flight claim to end (see complete.lua): one XREAD BLOCK on the record's done
+# stream at a time per store and record, for at most this long (a waiter that reads the stream
+# after its entry expired, 10 s after it was written, re-claims by then), and never so long
+# that the client's socket timeout cuts the read as a failure: a server at the default hz 10
+# answers a block that timed out up to 100 ms late, and a busy host delays the reply further,
+# so at least 200 ms and half the timeout are kept in hand.
+_MAX_BLOCK: Final = 5.0
+_SERVER_LATENESS: Final = 0.2
+# Past this, the lease has lapsed; a little margin so the re-claim finds the lock expired.
+_LAPSE_MARGIN: Final = 0.002
+
+
+def _done_stream(record: Record) -> str:
+    """The stream complete.lua and release.lua post to when waiters marked the record."""
+    return record.key + ":done"
+
+
+def _socket_timeout(client: Any) -> float | None:
+    """The client's socket (read) timeout in seconds, None when it has none or it is unknown."""
+    for owner in (getattr(client, "connection_pool", None), getattr(client, "nodes_manager", None)):
+        kwargs = getattr(owner, "connection_kwargs", None)
+        if isinstance(kwargs, dict):
+            timeout = kwargs.get("socket_timeout")
+            return float(timeout) if timeout else None
+    timeout = getattr(client, "connection_kwargs", {}).get("socket_timeout")  # asyncio cluster
+    return float(timeout) if timeout else None
+
+
+def _block_cap(client: Any) -> float:
+    """The longest XREAD BLOCK this client can wait through, in seconds (0: none, so poll)."""
+    timeout = _socket_timeout(client)
+    if timeout is None:
+        return _MAX_BLOCK
+    cap = min(_MAX_BLOCK, timeout - _SERVER_LATENESS, timeout / 2)
+    return cap if cap >= 0.05 else 0.0  # a socket timeout under 250 ms: poll
+
+
+def _read_limit(client: Any) -> int:
+    """How many records' done streams one store blocks on at once: a quarter of the client's
+    connection pool (the requests being waited on need connections too), at most 32."""
+    pool_size = getattr(getattr(client, "connection_pool", None), "max_connections", None)
+    if not isinstance(pool_size, int):
+        return 32
+    return max(1, min(32, pool_size // 4))
+
+
+def _block_ms(lease_left: float, deadline: float, cap: float) -> int:
+    """How long to block for an in-flight claim to end, in whole ms; 0: stop waiting.
+
+    Never past the caller's wait, nor much past the lease (if it lapses without a completion,
+    the re-claim takes over), nor ``cap``. At least 1 ms: XREAD BLOCK 0 would block forever.
+    """
+    remaining = deadline - time.monotonic()
+    if remaining <= 0:
+        return 0
+    return max(1, math.ceil(min(remaining, lease_left + _LAPSE_MARGIN, cap) * 1000))
 
 
 def _next_delay(previous: float, deadline: float) -> float:

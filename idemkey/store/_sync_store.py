@@ -30,7 +30,17 @@ from ..errors import StoreError
 from ..policy import Policy
 from ._sync_heartbeat import Heartbeat
 from ._sync_runtime import discover, send_with_wait, sleep
-from ._base import Effects, _next_delay, _retry_delay, _slot_moving
+from ._sync_wakeup import Wakeups
+from ._base import (
+    Effects,
+    _block_cap,
+    _block_ms,
+    _done_stream,
+    _next_delay,
+    _read_limit,
+    _retry_delay,
+    _slot_moving,
+)
 from ._durable import _DONE, _DURABLE, _LOAD_SCRIPT, _REDIRECTED, _UNCONFIRMED, _durable_outcome
 from ._server_check import _CONFIG_NAMES, _config_pairs, _info_settings, _report, server_warnings
 
@@ -51,6 +61,8 @@ class RedisStore(Heartbeat):
         super().__init__(client, policy)
         #: Where committed results are found again (``idemkey.contrib.sqlalchemy``), or None.
         self.effects = effects
+        self._wakeups = Wakeups(self._read_done, _read_limit(client))
+        self._block_cap = _block_cap(client)
         if self.policy.durability is not None:
             # Only with durability on: the plain _eval (the hot path) stays exactly as it is.
             self._eval = self._eval_durable  # type: ignore[method-assign]
@@ -120,7 +132,7 @@ class RedisStore(Heartbeat):
     def claim(
         self,
         record: Record,
-        fingerprint: str,
+        fingerprint: str | bytes,
         *,
         owner: str | None = None,
         lease_ms: int | None = None,
@@ -130,26 +142,79 @@ class RedisStore(Heartbeat):
     ) -> Decision:
         """Claim ``record`` for a request with ``fingerprint``; see claim.lua for the answers.
 
-        While another executor holds the record, poll with backoff for up to ``wait`` seconds
-        for it to finish (then the answer is its replay). A ``Claimed`` record is renewed by the
-        store's heartbeat until it is completed or released (unless ``heartbeat=False``).
+        While another executor holds the record, wait up to ``wait`` seconds for it to finish
+        (then the answer is its replay), woken by its completion or release. A ``Claimed``
+        record is renewed by the store's heartbeat until it is completed or released (unless
+        ``heartbeat=False``).
         """
         owner = owner or new_owner()
         lease_ms = lease_ms or self.policy.lease_ms
         ttl_ms = ttl_ms or self.policy.ttl_ms
-        args = (record.key, record.lock, fingerprint, owner, lease_ms, ttl_ms)
+        args: tuple[str | bytes | int, ...] = (
+            record.key,
+            record.lock,
+            fingerprint,
+            owner,
+            lease_ms,
+            ttl_ms,
+        )
+        if wait > 0:
+            args = (*args, 1)  # "I will wait": the claim's end then wakes us (claim.lua)
         decision = decode_claim_reply(self._eval("claim", *args), owner)
         if wait > 0 and type(decision) is InFlight:
-            deadline, delay = time.monotonic() + wait, 0.0
-            while type(decision) is InFlight and (delay := _next_delay(delay, deadline)) > 0:
-                sleep(delay)
-                decision = decode_claim_reply(self._eval("claim", *args), owner)
+            decision = self._wait_for_end(record, args, decision, wait)
         if heartbeat and type(decision) is Claimed:
             self._watch(record, owner, lease_ms)
         if self.effects is not None and isinstance(decision, Claimed) and decision.fence > 1:
             # Not the key's first claim: a fenced transaction may have committed already.
             return self._recover(record, decision, ttl_ms)
         return decision
+
+    def _wait_for_end(
+        self, record: Record, args: tuple[str | bytes | int, ...], decision: InFlight, wait: float
+    ) -> Decision:
+        """Claim again each time the claim in flight ends, for up to ``wait`` seconds.
+
+        The end (complete or release) posts to the record's done stream, which a blocking
+        XREAD shared by this store's waiters is watching; a lease that lapses with no end is
+        noticed when the read times out with it, and taken over. Where no read can be made
+        (too many records waited on, a read that failed), poll with backoff.
+        """
+        owner, stream = str(args[3]), _done_stream(record)
+        deadline, delay = time.monotonic() + wait, 0.0
+        answer: Decision = decision
+        while type(answer) is InFlight:
+            block_ms = _block_ms(answer.retry_after, deadline, self._block_cap)
+            if block_ms == 0:
+                break
+            woken = self._wakeups.wait(stream, block_ms)
+            if woken is None:  # no read could be made
+                if (delay := _next_delay(delay, deadline)) <= 0:
+                    break
+                sleep(delay)
+            answer = decode_claim_reply(self._eval("claim", *args), owner)
+            if woken and type(answer) is InFlight:
+                # Woken, yet in flight: another waiter claimed the record after a release
+                # (its claim dropped the stream), or an entry the claim could not drop. Back
+                # off as a poll would, so that an entry that stays cannot make a loop.
+                if (delay := _next_delay(delay, deadline)) <= 0:
+                    break
+                sleep(delay)
+        return answer
+
+    def _read_done(self, stream: str, block_ms: int) -> bool | None:
+        """XREAD BLOCK on a done stream from its start: True when it has an entry, False when
+        the block ended without one, None when the read failed."""
+        command = ("XREAD", "BLOCK", block_ms, "STREAMS", stream, "0-0")
+        try:
+            if hasattr(self.client, "get_node_from_key"):  # a cluster: no COMMAND GETKEYS
+                node = self.client.get_node_from_key(stream)
+                entries = self.client.execute_command(*command, target_nodes=node)
+            else:
+                entries = self.client.execute_command(*command)
+        except self._errors:
+            return None
+        return bool(entries)
 
     def _recover(self, record: Record, claim: Claimed, ttl_ms: int) -> Decision:
         """A committed fenced result is the answer: complete the record with it and replay."""

@@ -142,3 +142,23 @@ def test_the_cli_rejects_a_bad_budget_before_touching_redis(
 def test_the_cli_reports_usage_errors_as_status_2(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["--rounds", "many"]) == 2
     assert "invalid int value" in capsys.readouterr().err
+
+
+def test_scale_targets_read_time_over_the_floor_memory_server_time_and_throughput() -> None:
+    from benchmarks.report import check_scale_targets
+
+    doc = {
+        "cases": CASES,
+        "memory": [{"size": 100, "guard_record_bytes": 384, "http_record_bytes": 432}],
+        "server_time": {"first_x_floor": 1.10, "replay_x_floor": 1.2},
+        "throughput": {"ratio_to_floor": 0.97},
+    }
+    verdicts = {t["target"]: (t["ok"], t["measured"]) for t in check_scale_targets(doc)}
+    assert verdicts == {
+        "guard.first <= 25 us over the floor": (True, "+12.0 us"),
+        "guard.replay <= 10 us over the floor": (False, "+12.0 us"),
+        "a completed 100 B result <= 400 B": (True, "384 B (HTTP record: 432 B)"),
+        "Redis server time per first <= 1.15x floor scripts": (True, "1.10x"),
+        "Redis server time per replay <= 1.1x floor scripts": (False, "1.20x"),
+        "throughput (64 clients, uvicorn) >= 0.95x app + floor": (True, "0.97x"),
+    }

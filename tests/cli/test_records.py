@@ -10,6 +10,7 @@ import pytest
 import redis
 
 from idemkey import Policy, RedisStore, guard
+from idemkey._codec import encode_value
 from idemkey._core import record_for
 from idemkey.cli import stats as stats_command
 from idemkey.guard import GUARD_METHOD
@@ -35,7 +36,8 @@ def test_inspect_shows_a_completed_http_record(
     lines = dict(line.split(None, 1) for line in run.out.splitlines() if not line.startswith(" "))
     assert lines["record"] == record.key
     assert lines["state"] == "complete"
-    assert lines["fence"] == "1"
+    assert lines["fence"] == "-"  # a completed record keeps no fence counter
+    assert lines["owner"].endswith("...")  # the owner's 12-digit tag, kept to answer its re-send
     assert lines["lease"].startswith("none")
     assert lines["ttl"].startswith("23h 59m")  # the default 24 h retention, just started
     assert lines["status"] == "201"
@@ -290,3 +292,34 @@ def test_stats_reports_progress_on_large_keyspaces(
 
 def test_stats_escapes_glob_characters_in_the_prefix() -> None:
     assert stats_command.glob_escape("a*b?[c]\\") == "a\\*b\\?\\[c\\]\\\\"
+
+
+def test_inspect_stats_and_forget_read_records_written_by_0_1(
+    idemkey: CliRunner, store: RedisStore, redis_url: str, prefix: str, real_client: redis.Redis
+) -> None:
+    # The 0.1 layout, field by field: a completed record kept every claim field and the time.
+    old = record_for(prefix, "", GUARD_METHOD, "", "old-job")
+    real_client.hset(old.key, mapping={
+        "state": "complete", "fp": "ab" * 16, "owner": "3fd5074d" * 4, "fence": 2, "tk": 1,
+        "at": 1764494336796, "resp": encode_value({"done": 1}),
+    })  # fmt: skip
+    real_client.pexpire(old.key, 60_000)
+    with guard(store, "new-job") as call:
+        call.save({"done": 2})
+
+    at = ("--guard", "--json", *_at(redis_url, prefix))
+    view = json.loads(idemkey("inspect", "old-job", *at).out)
+    assert (view["state"], view["fence"], view["owner"]) == ("complete", 2, "3fd5074d" * 4)
+    assert view["at"] == "2025-11-30T09:18:56.796Z"
+    assert view["preview"] == "{'done': 1}"
+    new = json.loads(idemkey("inspect", "new-job", *at).out)
+    assert (new["state"], new["fence"], new["at"], new["preview"]) == (
+        "complete", None, "", "{'done': 2}"
+    )  # fmt: skip
+    assert len(new["owner"]) == 12  # the owner tag a completed record keeps
+
+    stats = json.loads(idemkey("stats", "--json", *_at(redis_url, prefix)).out)
+    assert stats["states"] == {"complete": 2, "in_progress": 0, "released": 0, "other": 0}
+    for key in ("old-job", "new-job"):
+        forgot = idemkey("forget", key, "--yes", *at)
+        assert json.loads(forgot.out)["state"] == "complete"

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from typing import TYPE_CHECKING, Any
 
 import pytest
@@ -302,7 +303,7 @@ async def test_durable_writes_on_the_asyncio_cluster_client(
             node = redis_cluster.node_client(replica)
             try:
                 node.execute_command("READONLY")
-                assert node.hget(record.key, "state") == b"complete"
+                assert node.hexists(record.key, "resp")  # complete
             finally:
                 node.close()
     finally:
@@ -494,3 +495,61 @@ class _AsyncCountingStore(AsyncRedisStore):
     ) -> Any:
         self.slot_moving_retries += 1
         return await super()._eval_while_slot_moves(name, keys_and_args)
+
+
+# ---------------------------------------------------------------------------------------------
+# Waiters (the done stream, see complete.lua)
+# ---------------------------------------------------------------------------------------------
+
+
+def blocked_on_master(client: redis.cluster.RedisCluster, record: Record) -> int:
+    """Clients blocked on the master of the record's slot (where its done stream lives)."""
+    node = client.get_node_from_key(record.key)
+    return int(client.info("clients", target_nodes=node)["blocked_clients"])
+
+
+def test_waiters_block_on_the_records_master_and_wake_at_the_completion(
+    cluster_client: redis.cluster.RedisCluster, prefix: str
+) -> None:
+    store = RedisStore(cluster_client, Policy(prefix=prefix))
+    record = record_for(prefix, "s", "POST", "/w", "sync")
+    first = store.claim(record, "fp")
+    assert isinstance(first, Claimed)
+    answers: list[tuple[object, float]] = []
+
+    def waiter() -> None:
+        answers.append((store.claim(record, "fp", wait=10), time.monotonic()))
+
+    threads = [threading.Thread(target=waiter) for _ in range(5)]
+    for thread in threads:
+        thread.start()
+    wait_until(lambda: blocked_on_master(cluster_client, record), 10, "a blocked read")
+    assert store.complete(record, first.owner, b"resp")
+    completed = time.monotonic()
+    for thread in threads:
+        thread.join(10)
+    assert [answer for answer, _ in answers] == [Replay(b"resp")] * 5
+    assert max(woke for _, woke in answers) - completed < 0.125
+    store.close()
+
+
+async def test_async_waiters_block_on_the_records_master_and_wake_at_the_completion(
+    async_cluster_client: redis.asyncio.cluster.RedisCluster,
+    cluster_client: redis.cluster.RedisCluster,
+    prefix: str,
+) -> None:
+    store = AsyncRedisStore(async_cluster_client, Policy(prefix=prefix))
+    record = record_for(prefix, "s", "POST", "/w", "async")
+    try:
+        first = await store.claim(record, "fp")
+        assert isinstance(first, Claimed)
+        waiters = [asyncio.create_task(store.claim(record, "fp", wait=10)) for _ in range(5)]
+        await async_wait_until(
+            lambda: blocked_on_master(cluster_client, record), 10, "a blocked read"
+        )
+        assert await store.complete(record, first.owner, b"resp")
+        completed = time.monotonic()
+        assert await asyncio.gather(*waiters) == [Replay(b"resp")] * 5
+        assert time.monotonic() - completed < 0.125
+    finally:
+        await store.aclose()

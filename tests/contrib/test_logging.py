@@ -103,10 +103,10 @@ def test_one_warning_per_lost_lease(
     assert warnings[0].idemkey_record == record.digest  # type: ignore[attr-defined]
 
 
-def _fingerprint(client: redis.Redis, record: object) -> str:
+def _fingerprint(client: redis.Redis, record: object) -> bytes:
     fp = client.hget(record.key, "fp")  # type: ignore[attr-defined]
     assert isinstance(fp, bytes)
-    return fp.decode()
+    return fp
 
 
 def test_debug_turned_on_later_is_heard(caplog: pytest.LogCaptureFixture) -> None:

@@ -15,7 +15,7 @@ import pytest
 import redis.asyncio
 
 from idemkey import AsyncRedisStore, Policy, aguard
-from idemkey._core import record_for
+from idemkey._core import record_for, record_state
 from idemkey.guard import GUARD_METHOD
 from tests._servers import async_wait_until
 
@@ -79,7 +79,7 @@ async def test_a_write_cut_off_by_a_cancellation_is_finished(
 
 
 async def _state_is(client: redis.asyncio.Redis, key: str, state: bytes) -> bool:
-    return await client.hget(key, "state") == state
+    return record_state(await client.hgetall(key)) == state.decode()
 
 
 async def _released(client: redis.asyncio.Redis, lock: str) -> bool:

@@ -23,6 +23,7 @@ import redis
 from werkzeug.test import Client
 
 from idemkey import Event, Policy, RedisStore
+from idemkey._core import record_state
 from idemkey.adapters.wsgi import IdempotencyMiddleware
 from tests._servers import wait_until
 
@@ -136,7 +137,7 @@ def test_a_stale_worker_that_wakes_up_cannot_complete_or_overwrite(
     assert [e.kind for e in events][-2:] == ["takeover", "completed"]
     record_key = record_key_of(real_client, prefix)
     before = real_client.hgetall(record_key)
-    assert before[b"state"] == b"complete"
+    assert record_state(before) == "complete"
 
     real_client.rpush(f"{prefix}:go", "go")
     os.kill(worker.pid, signal.SIGCONT)

@@ -8,6 +8,7 @@ StoreError. Reads (a replay) are never refused for want of replicas.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
@@ -24,11 +25,11 @@ from idemkey import (
     aguard,
     guard,
 )
-from idemkey._core import Claimed, record_for
+from idemkey._core import Claimed, Replay, record_for
 from idemkey.adapters.wsgi import IdempotencyMiddleware
 from idemkey.guard import GUARD_METHOD
 from idemkey.policy import Replicas
-from tests._servers import RedisServer, no_retry, wait_until
+from tests._servers import RedisServer, async_wait_until, no_retry, wait_until
 
 if TYPE_CHECKING:
     from _typeshed.wsgi import StartResponse, WSGIEnvironment
@@ -102,7 +103,7 @@ def test_an_acknowledged_write_is_already_on_the_replica(
                 assert replica_client.hget(record.key, "state") == b"in_progress"
                 call.save(i)
             # ...and the completion before the guard returned. No waiting: WAIT did it.
-            assert replica_client.hget(record.key, "state") == b"complete"
+            assert replica_client.hexists(record.key, "resp")  # complete
         with guard(store, "job-7", payload=7) as call:
             assert call.replayed
             assert call.result == 7
@@ -164,7 +165,7 @@ def test_a_completion_no_replica_confirms_raises_store_error(
             work_while_the_replica_stalls()
         # The primary has it (WAIT cannot take a write back); only its durability is unknown.
         record = record_for(prefix, "", GUARD_METHOD, "", "job")
-        assert client.hget(record.key, "state") == b"complete"
+        assert client.hexists(record.key, "resp")  # complete
     finally:
         store.close()
         client.close()
@@ -213,7 +214,7 @@ async def test_async_durable_writes(pair: tuple[RedisServer, RedisServer], prefi
         async with aguard(store, "a", payload=b"") as call:
             call.save("one")
         record = record_for(prefix, "", GUARD_METHOD, "", "a")
-        assert replica_client.hget(record.key, "state") == b"complete"
+        assert replica_client.hexists(record.key, "resp")  # complete
         replica.pause()
         with pytest.raises(StoreError, match="replicas"):
             async with aguard(store, "b", payload=b""):
@@ -248,3 +249,30 @@ def test_durability_asks_for_more_replicas_than_there_are(
     finally:
         store.close()
         client.close()
+
+
+async def test_a_durable_waiter_is_woken_by_the_completion(
+    pair: tuple[RedisServer, RedisServer], prefix: str
+) -> None:
+    # The in-flight claim marks the record through EVALSHA + WAIT like any claim; the waiter
+    # then blocks on the primary and is woken by the (confirmed) completion.
+    primary, _ = pair
+    client = primary.async_client(socket_timeout=5, retry=no_retry())
+    admin = client_of(primary)
+    store = AsyncRedisStore(client, Policy(prefix=prefix, durability=Replicas(1, TIMEOUT)))
+    record = record_for(prefix, "", "POST", "/w", "k")
+    try:
+        first = await store.claim(record, "fp")
+        assert isinstance(first, Claimed)
+        waiter = asyncio.ensure_future(store.claim(record, "fp", wait=10))
+        await async_wait_until(
+            lambda: int(admin.info("clients")["blocked_clients"]), 10, "the waiter's read"
+        )
+        assert await store.complete(record, first.owner, b"resp")
+        completed = time.monotonic()
+        assert await waiter == Replay(b"resp")
+        assert time.monotonic() - completed < 0.125
+    finally:
+        await store.aclose()
+        await client.aclose()
+        admin.close()

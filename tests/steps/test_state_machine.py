@@ -24,7 +24,16 @@ from hypothesis.stateful import (
 )
 
 from idemkey import Policy, RedisStore
-from idemkey._core import Claimed, Decision, InFlight, Mismatch, Record, Replay, record_for
+from idemkey._core import (
+    Claimed,
+    Decision,
+    InFlight,
+    Mismatch,
+    Record,
+    Replay,
+    owner_tag,
+    record_for,
+)
 from idemkey._steps import step_field
 from tests._servers import wait_until
 
@@ -194,21 +203,27 @@ class StepMachine(RuleBasedStateMachine):
         model = self.model
         fields = self.client.hgetall(self.record.key)
         expected: dict[bytes, bytes] = {}
-        if model.fence:
-            expected[b"fence"] = str(model.fence).encode()
-        for name in ("state", "fp", "owner"):
-            value = getattr(model, name)
-            if value is not None:
-                expected[name.encode()] = value.encode()
-        if model.state is not None:
-            expected[b"tk"] = b"1" if model.takeover else b"0"
-        if model.state == "complete" and model.resp is not None:
-            expected[b"resp"] = model.resp
-        if model.steps:
-            expected[b"ns"] = str(len(model.steps)).encode()
-        for name, result in model.steps.items():
-            expected[step_field(name).encode()] = result
-        fields.pop(b"at", None)
+        if model.state == "complete":
+            # Only the response, and the fingerprint followed by the owner's 12-character tag;
+            # the fence and the steps are gone.
+            assert model.fp is not None
+            assert model.owner is not None
+            assert model.resp is not None
+            tag = owner_tag(model.owner)
+            expected = {b"fp": (model.fp + tag).encode(), b"resp": model.resp}
+        else:
+            if model.fence:
+                expected[b"fence"] = str(model.fence).encode()
+            for name in ("state", "fp", "owner"):
+                value = getattr(model, name)
+                if value is not None:
+                    expected[name.encode()] = value.encode()
+            if model.state is not None and model.takeover:
+                expected[b"tk"] = b"1"
+            if model.steps:
+                expected[b"ns"] = str(len(model.steps)).encode()
+            for name, result in model.steps.items():
+                expected[step_field(name).encode()] = result
         assert fields == expected
         lock = self.client.get(self.record.lock)
         assert lock == (model.lock.encode() if model.lock else None)

@@ -27,7 +27,7 @@ from idemkey import (
     aguard,
     guard,
 )
-from idemkey._core import Record, record_for
+from idemkey._core import Record, record_for, record_state
 from idemkey.guard import GUARD_METHOD
 
 
@@ -219,7 +219,7 @@ def test_completion_drops_the_steps(
         call.step("b", str, "y")
         call.save("done")
     fields = sync_client.hgetall(guard_record(prefix, "k").key)
-    assert b"state" in fields
+    assert record_state(fields) == "complete"
     assert not [name for name in fields if name.startswith(b"s:") or name == b"ns"]
 
 

@@ -52,7 +52,7 @@ class Both:
 
     # ---- the store API, awaited ----------------------------------------------------------
 
-    async def claim(self, record: Record, fp: str = "fp1", **kwargs: Any) -> Decision:
+    async def claim(self, record: Record, fp: str | bytes = "fp1", **kwargs: Any) -> Decision:
         decision: Decision = await _resolve(self.store.claim(record, fp, **kwargs))
         return decision
 
@@ -64,6 +64,9 @@ class Both:
 
     async def renew(self, record: Record, owner: str, **kwargs: Any) -> bool:
         return bool(await _resolve(self.store.renew(record, owner, **kwargs)))
+
+    async def checkpoint(self, record: Record, owner: str, field: str, result: bytes) -> object:
+        return await _resolve(self.store.checkpoint(record, owner, field, result))
 
     @contextlib.asynccontextmanager
     async def guard(self, key: str, **kwargs: Any) -> AsyncIterator[Call[Any]]:

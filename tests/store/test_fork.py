@@ -17,7 +17,8 @@ import pytest
 import redis
 
 from idemkey import Policy, RedisStore, guard
-from tests._servers import wait_until
+from idemkey.records import Claimed, Replay, record_for
+from tests._servers import RedisServer, wait_until
 
 pytestmark = pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
 
@@ -92,3 +93,42 @@ def test_a_child_forked_while_the_heartbeat_holds_its_lock_can_claim(
         store.close()
     with guard(store, "child") as again:
         assert again.result == "from the child"
+
+
+def test_a_child_forked_while_a_thread_waits_reads_for_itself(
+    private_redis_server: RedisServer, prefix: str
+) -> None:
+    # The parent's waiting thread is the reader of the record's done stream at fork time; in
+    # the child that thread does not exist, so the child must not wait on its read.
+    client = private_redis_server.client()
+    admin = private_redis_server.client()
+    store = RedisStore(client, Policy(prefix=prefix))
+    record = record_for(prefix, "s", "POST", "/r", "k")
+
+    def blocked() -> int:
+        return int(admin.info("clients")["blocked_clients"])
+
+    try:
+        first = store.claim(record, "fp")
+        assert isinstance(first, Claimed)
+        parent_waiter = threading.Thread(
+            target=store.claim, args=(record, "fp"), kwargs={"wait": 10}
+        )
+        parent_waiter.start()
+        wait_until(blocked, 10, "the parent's read")
+        sys.stdout.flush()
+        pid = _fork()
+        if pid == 0:  # pragma: no cover - the child
+
+            def wait_in_child() -> None:
+                assert store.claim(record, "fp", wait=10) == Replay(b"done")
+
+            _in_child(wait_in_child)
+        wait_until(lambda: blocked() == 2, 10, "the child's own read")
+        assert store.complete(record, first.owner, b"done")
+        assert _exit_code(pid) == 0
+        parent_waiter.join(10)
+    finally:
+        store.close()
+        client.close()
+        admin.close()

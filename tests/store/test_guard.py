@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import threading
 from typing import Any
 
 import fakeredis
@@ -12,8 +11,6 @@ import pytest
 import redis
 from redis.crc import key_slot
 
-import idemkey.store._async_store
-import idemkey.store._sync_store
 from idemkey import (
     AsyncRedisStore,
     ConfigurationError,
@@ -119,26 +116,18 @@ class GuardBehaviour:
         async with store.guard("charge:1") as after:  # released by the first: runs again
             assert not after.replayed
 
-    async def test_a_waiting_duplicate_gets_the_replay(
-        self, store: Both, monkeypatch: pytest.MonkeyPatch
-    ) -> None:
-        polling = threading.Event()
-        real_next_delay = idemkey.store._async_store._next_delay
-
-        def next_delay(previous: float, deadline: float) -> float:
-            polling.set()  # the duplicate saw the first call in flight and is waiting
-            return real_next_delay(previous, deadline)
-
-        monkeypatch.setattr(idemkey.store._async_store, "_next_delay", next_delay)
-        monkeypatch.setattr(idemkey.store._sync_store, "_next_delay", next_delay)
-
+    async def test_a_waiting_duplicate_gets_the_replay(self, store: Both) -> None:
         async def duplicate() -> tuple[bool, object]:
             async with store.guard("charge:1", policy=policy(store, wait=10)) as call:
                 return call.replayed, call.result
 
+        async def duplicate_waits() -> bool:
+            # A waiter marks the record (claim.lua) when it finds the first call in flight.
+            return b"w" in await store.hash(store.guard_record("charge:1"))
+
         async with store.guard("charge:1") as first:
             waiting = store.background(duplicate)
-            await async_wait_until(polling.is_set, timeout=10, message="the duplicate to wait")
+            await async_wait_until(duplicate_waits, timeout=10, message="the duplicate to wait")
             first.save("charged")
         assert await waiting == (True, "charged")
 

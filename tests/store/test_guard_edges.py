@@ -30,6 +30,7 @@ from idemkey import (
     guard,
     idempotent,
 )
+from idemkey._core import record_state
 from idemkey.records import (
     Claimed,
     InFlight,
@@ -144,7 +145,7 @@ class EdgeBehaviour:
                 call.save(object())
         record = store.guard_record("job:1")
         assert await store.lock_holder(record) is None  # completed, not held, not released
-        assert (await store.hash(record))[b"state"] == b"complete"
+        assert record_state(await store.hash(record)) == "complete"
         with pytest.raises(ResultNotStorableError, match="job:1"):
             async with store.guard("job:1"):
                 pytest.fail("the block ran again")

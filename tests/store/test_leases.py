@@ -30,6 +30,7 @@ from idemkey import (
     aguard,
     guard,
 )
+from idemkey._core import OWNER_TAG_LENGTH
 from idemkey.records import GUARD_METHOD, record_for
 from tests._servers import async_wait_until, wait_until
 
@@ -78,7 +79,8 @@ def test_the_heartbeat_keeps_a_slow_claim(real_client: redis.Redis, prefix: str)
     with guard(RedisStore(real_client, Policy(prefix=prefix)), "slow") as call:
         assert call.replayed
         assert call.result == "done"
-    assert real_client.hget(record.key, "fence") == b"1"
+    (owner,) = owners  # ...and it completed the record: the record keeps its 12-digit tag
+    assert real_client.hget(record.key, "fp")[-OWNER_TAG_LENGTH:] == owner[:OWNER_TAG_LENGTH]
 
 
 async def test_the_async_heartbeat_keeps_a_slow_claim(
@@ -94,8 +96,10 @@ async def test_the_async_heartbeat_keeps_a_slow_claim(
             call.save("done")
 
     body = asyncio.create_task(slow_body())
+    record = record_for(prefix, "", GUARD_METHOD, "", "slow")
     try:
         await asyncio.wait_for(claimed.wait(), 10)
+        owner = await real_async_client.get(record.lock)
         checks = 0
         while not body.done():
             try:
@@ -113,8 +117,9 @@ async def test_the_async_heartbeat_keeps_a_slow_claim(
             assert call.result == "done"
     finally:
         await store.aclose()
-    record = record_for(prefix, "", GUARD_METHOD, "", "slow")
-    assert await real_async_client.hget(record.key, "fence") == b"1"
+    # The first owner completed it (never taken over): the record keeps its 12-digit tag.
+    tag = (await real_async_client.hget(record.key, "fp"))[-OWNER_TAG_LENGTH:]
+    assert tag == owner[:OWNER_TAG_LENGTH]
 
 
 @pytest.fixture

@@ -6,7 +6,8 @@ AsyncRedisStore. Records are compared byte for byte where a call must change not
 
 from __future__ import annotations
 
-from idemkey.records import Claimed, InFlight, Mismatch, Replay
+from idemkey._core import owner_tag
+from idemkey.records import Claimed, InFlight, Mismatch, Replay, new_owner, payload_fingerprint
 from tests.store._both import AsyncStore, Both, SyncStore
 
 LEASE_MS = 10_000
@@ -23,8 +24,7 @@ class ScriptBehaviour:
         assert fields[b"fp"] == b"fp1"
         assert fields[b"owner"] == b"o1"
         assert fields[b"fence"] == b"1"
-        assert fields[b"at"].isdigit()
-        assert b"resp" not in fields
+        assert fields.keys() == {b"state", b"fp", b"owner", b"fence"}  # no time, no takeover
         assert await store.lock_holder(record) == b"o1"
 
     async def test_a_claim_names_a_fresh_owner_when_none_is_given(self, store: Both) -> None:
@@ -73,15 +73,28 @@ class ScriptBehaviour:
         await store.claim(record, "fp1", owner="o1", heartbeat=False)
         response = b"\x01\x00\xffbinary \r\n response"
         assert await store.complete(record, "o1", response) is True
-        fields = await store.hash(record)
-        assert fields[b"state"] == b"complete"
-        assert fields[b"resp"] == response
-        assert fields[b"owner"] == b"o1"
-        assert fields[b"fence"] == b"1"
+        # Only what a replay and a re-sent complete need: the response, and the fingerprint
+        # followed by a 12-character tag of the owner (a hash of an owner like "o1").
+        tag = owner_tag("o1").encode()
+        assert await store.hash(record) == {b"fp": b"fp1" + tag, b"resp": response}
         assert await store.lock_holder(record) is None
         # Every retry with the same fingerprint gets the stored bytes in one round trip.
         for owner in ("o1", "o2", "o3"):
             assert await store.claim(record, "fp1", owner=owner) == Replay(response)
+
+    async def test_a_completed_record_keeps_16_fingerprint_bytes_and_an_owner_tag(
+        self, store: Both
+    ) -> None:
+        record, owner, fp = store.record(), new_owner(), payload_fingerprint(b'{"amount": 5}')
+        assert len(fp) == 16  # raw bytes, not hex
+        await store.claim(record, fp, owner=owner, heartbeat=False)
+        await store.checkpoint(record, owner, "s:charge", b"step result")
+        assert await store.complete(record, owner, b"resp") is True
+        # idemkey's owners are 32 random hex digits: their first 12 are the tag. The claim's
+        # fields and the finished steps are gone.
+        assert await store.hash(record) == {b"fp": fp + owner[:12].encode(), b"resp": b"resp"}
+        assert await store.claim(record, fp, owner=new_owner()) == Replay(b"resp")
+        assert await store.claim(record, fp[::-1], owner=new_owner()) == Mismatch()
 
     async def test_a_completed_record_with_another_payload_is_untouched(self, store: Both) -> None:
         record = store.record()
@@ -100,6 +113,23 @@ class ScriptBehaviour:
         before = await store.snapshot(record)
         assert await store.complete(record, "o1", b"first") is True
         assert await store.snapshot(record) == before
+
+    async def test_a_late_complete_of_a_taken_over_owner_is_refused_after_completion(
+        self, store: Both
+    ) -> None:
+        # Owners drawn by new_owner() (tagged by their first 12 digits) and custom ones
+        # (tagged by a digest): the loser is told 0, the winner's re-send 1.
+        for loser, winner in ((new_owner(), new_owner()), ("worker-1:aaaa", "worker-1:aaab")):
+            record = store.record(loser)
+            await store.claim(record, owner=loser, heartbeat=False)
+            await store.expire_lock(record)
+            await store.claim(record, owner=winner, heartbeat=False)
+            assert await store.complete(record, winner, b"winner") is True
+            before = await store.snapshot(record)
+            assert await store.complete(record, loser, b"loser") is False
+            assert await store.complete(record, winner, b"winner") is True
+            assert await store.release(record, loser) is False
+            assert await store.snapshot(record) == before
 
     async def test_release_frees_the_key_and_keeps_the_fence(self, store: Both) -> None:
         record = store.record()

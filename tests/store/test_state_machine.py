@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule, run_state_machine_as_test
 
 from idemkey import Policy, RedisStore
+from idemkey._core import owner_tag
 from idemkey.records import Claimed, Decision, InFlight, Mismatch, Record, Replay, record_for
 from tests._servers import wait_until
 
@@ -127,17 +128,23 @@ class ScriptMachine(RuleBasedStateMachine):
     def redis_matches_the_model(self) -> None:
         fields = self.client.hgetall(self.record.key)
         expected: dict[bytes, bytes] = {}
-        if self.model.fence:
-            expected[b"fence"] = str(self.model.fence).encode()
-        for name in ("state", "fp", "owner"):
-            value = getattr(self.model, name)
-            if value is not None:
-                expected[name.encode()] = value.encode()
-        if self.model.state is not None:
-            expected[b"tk"] = b"1" if self.model.takeover else b"0"
-        if self.model.state == "complete" and self.model.resp is not None:
-            expected[b"resp"] = self.model.resp
-        fields.pop(b"at", None)  # server time, not modelled
+        model = self.model
+        if model.state == "complete":
+            # Only the response, and the fingerprint followed by the owner's 12-character tag.
+            assert model.fp is not None
+            assert model.owner is not None
+            assert model.resp is not None
+            tag = owner_tag(model.owner)
+            expected = {b"fp": (model.fp + tag).encode(), b"resp": model.resp}
+        else:
+            if model.fence:
+                expected[b"fence"] = str(model.fence).encode()
+            for name in ("state", "fp", "owner"):
+                value = getattr(model, name)
+                if value is not None:
+                    expected[name.encode()] = value.encode()
+            if model.state is not None and model.takeover:
+                expected[b"tk"] = b"1"
         assert fields == expected
         lock = self.client.get(self.record.lock)
         assert lock == (self.model.lock.encode() if self.model.lock else None)

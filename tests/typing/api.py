@@ -191,7 +191,7 @@ def custom_integration(body: bytes) -> bytes | None:
     return None
 
 
-http_fingerprint: str = request_fingerprint("POST", "/charges", "", "application/json", b"{}")
+http_fingerprint: bytes = request_fingerprint("POST", "/charges", "", "application/json", b"{}")
 response = StoredResponse(201, (("content-type", "application/json"),), b"{}")
 status: int = response.status
 kept: bool = response.body_kept

@@ -104,7 +104,7 @@ def test_the_not_kept_marker_is_no_encoded_value() -> None:
 
 
 @pytest.mark.parametrize(
-    "data", [b"", b"\x00\x90", bytes([FORMAT_VERSION + 1]) + b"\x90", b"\x80\x04pickle"]
+    "data", [b"", b"\x00\x90", bytes([FORMAT_VERSION + 2]) + b"\x90", b"\x80\x04pickle"]
 )
 def test_unknown_formats_are_refused_clearly(data: bytes) -> None:
     with pytest.raises(RecordFormatError, match="format") as exc:

@@ -6,11 +6,18 @@ import os
 import warnings
 
 import pytest
+import xxhash
 from hypothesis import given
 from hypothesis import strategies as st
 
 from idemkey import ConfigurationError, Policy, StoreError
-from idemkey._core import decode_claim_reply, fingerprint, next_poll_delay, retry_after_seconds
+from idemkey._core import (
+    decode_claim_reply,
+    fingerprint,
+    next_poll_delay,
+    owner_tag,
+    retry_after_seconds,
+)
 from idemkey._leases import LeaseTable
 from idemkey.records import (
     Claimed,
@@ -78,12 +85,25 @@ def test_fingerprints_never_fail_on_client_input(
     target: str, query: str, content_type: str, body: bytes
 ) -> None:
     fp = fingerprint("POST", target, query, content_type, body)
-    assert len(fp) == 32
+    assert len(fp) == 16  # raw bytes: what the record stores
 
 
 def test_payload_fingerprints_tell_payloads_apart() -> None:
     assert payload_fingerprint(b"a") == payload_fingerprint(b"a")
     assert payload_fingerprint(b"a") != payload_fingerprint(b"b")
+
+
+def test_fingerprints_are_xxh3_128_as_16_raw_bytes() -> None:
+    # The hex form is what idemkey stored before 0.2; claim.lua compares the two forms.
+    assert payload_fingerprint(b"a").hex() == xxhash.xxh3_128_hexdigest(b"a")
+
+
+def test_an_owner_tag_is_the_first_12_digits_or_a_hash_of_a_custom_owner() -> None:
+    owner = new_owner()
+    assert owner_tag(owner) == owner[:12]
+    tags = {owner_tag(f"worker-1:{i}") for i in range(1000)}  # a shared prefix
+    assert len(tags) == 1000
+    assert all(len(tag) == 12 for tag in tags)
 
 
 def test_owners_are_fresh_and_unguessable() -> None:

@@ -1,0 +1,33 @@
+"""50 identical concurrent requests under a real uvicorn or gunicorn with ``Policy.wait > 0``.
+
+One runs the handler (500 ms); the other 49 wait and get its replay, woken by its completion
+rather than polling: each costs an in-flight claim and the replay's claim, and the worker's
+waiters (asyncio tasks under uvicorn, gthread threads under gunicorn) share one blocking read.
+Counted with ``INFO commandstats`` on a private redis-server (benchmarks/waiters.py, which also
+measures the code before this change).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from benchmarks.waiters import run
+
+pytestmark = pytest.mark.redis
+
+ROOT = Path(__file__).resolve().parents[2]
+REQUESTS, HOLD = 50, 0.5
+
+
+@pytest.mark.parametrize("server", ["uvicorn", "gunicorn"])
+def test_waiters_cost_two_claims_and_wake_at_the_completion(server: str) -> None:
+    (result,) = run(str(ROOT), REQUESTS, HOLD, runs=1, server_kind=server)
+    waiters = REQUESTS - 1
+    # Polling made ~7 claims per waiter here (5 ms doubling to 250 ms over the 500 ms).
+    assert result["evalsha"] + result["xread"] <= 3 * waiters + 2, result
+    assert result["evalsha"] == 2 * waiters + 2, result  # the owner: claim and complete
+    # Generous: the replays leave one worker one after another on a shared box;
+    # polling's last sleep alone could be 250 ms.
+    assert result["wake_max_ms"] < HOLD * 1000, result
