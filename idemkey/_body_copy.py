@@ -29,7 +29,12 @@ class BodyCopy:
 
     def start(self, headers: Iterable[tuple[str, str]]) -> None:
         """The response's headers: whether it declared its length."""
-        self._sized = any(name.lower() == "content-length" for name, _ in headers)
+        # A loop, not any(generator): no generator resumed per header.
+        for name, _ in headers:
+            if len(name) == 14 and name.lower() == "content-length":
+                self._sized = True
+                return
+        self._sized = False
 
     def add(self, chunk: bytes) -> None:
         self._size += len(chunk)  # counted even once dropped: a drain stops on too_large

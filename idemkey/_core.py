@@ -24,7 +24,7 @@ import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Final, cast
+from typing import Final, NamedTuple, cast
 
 import xxhash
 
@@ -101,8 +101,13 @@ def _invalid(reason: str) -> str:
     raise InvalidKeyError(reason)
 
 
-@dataclass(frozen=True, slots=True)
-class Record:
+# Record, Claimed and Replay are built on every request: named tuples, so the hot path builds
+# them with tuple.__new__ (C) rather than a Python __init__ (a frozen dataclass's sets each
+# field through object.__setattr__). Immutable, compared and hashed by value, as before.
+_new_tuple = tuple.__new__
+
+
+class Record(NamedTuple):
     """The Redis names of one idempotency record; ``digest`` is what sits in the braces."""
 
     digest: str
@@ -124,7 +129,7 @@ def record_for(prefix: str, scope: str, method: str, route: str, key: str) -> Re
     material = b"%d:%b%d:%b%d:%b%d:%b" % (len(s), s, len(m), m, len(r), r, len(k), k)
     digest = hashlib.blake2b(material, digest_size=16).hexdigest()
     name = f"{prefix}:{{{digest}}}"
-    return Record(digest, name, name + ":lock")
+    return _new_tuple(Record, (digest, name, name + ":lock"))  # Record(digest, name, lock)
 
 
 def fingerprint(
@@ -163,9 +168,13 @@ def fingerprint(
     )
 
 
+#: :func:`payload_fingerprint` without its Python call, for the guards (every call).
+PAYLOAD_DIGEST: Final = xxhash.xxh3_128_digest
+
+
 def payload_fingerprint(payload: bytes) -> bytes:
     """Fingerprint a guard payload (16 bytes)."""
-    return xxhash.xxh3_128_digest(payload)
+    return PAYLOAD_DIGEST(payload)
 
 
 #: Characters of the owner token a completed record keeps, after its fingerprint (complete.lua).
@@ -197,14 +206,28 @@ def record_state(fields: Mapping[bytes, bytes]) -> str:
     return "released" if fields else ""
 
 
+# Owner tokens waiting to be handed out: 16 bytes of os.urandom each, as secrets.token_hex(16)
+# gives, read 64 at a time (a getrandom system call per claim cost more than the rest of
+# new_owner). list.pop is atomic, so two threads never get one token. A forked child must never
+# hand out its parent's tokens (two executors with one owner would both own a record): the
+# list is emptied in the child at fork, as the random module reseeds itself.
+_OWNERS_PER_READ: Final = 64
+_owners: list[str] = []
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_owners.clear)
+
+
 def new_owner() -> str:
-    """A fresh, unguessable owner token for one claim."""
-    # What secrets.token_hex(16) returns, without its two extra Python calls (every claim).
-    return os.urandom(16).hex()
+    """A fresh, unguessable owner token for one claim (32 hex digits)."""
+    try:
+        return _owners.pop()
+    except IndexError:
+        block = os.urandom(16 * _OWNERS_PER_READ).hex()
+        _owners.extend([block[i : i + 32] for i in range(32, len(block), 32)])
+        return block[:32]
 
 
-@dataclass(frozen=True, slots=True)
-class Claimed:
+class Claimed(NamedTuple):
     """We own the record: run the work. ``fence`` grows with every takeover.
 
     ``steps``: the finished steps of an earlier executor (name, encoded result), which a
@@ -217,8 +240,7 @@ class Claimed:
     steps: tuple[tuple[str, bytes], ...] = ()
 
 
-@dataclass(frozen=True, slots=True)
-class Replay:
+class Replay(NamedTuple):
     """The record is complete and the request matches: ``response`` is the stored value."""
 
     response: bytes
@@ -251,9 +273,9 @@ def decode_claim_reply(reply: object, owner: str) -> Decision:
     if isinstance(reply, list) and reply:
         tag = reply[0]
         if tag == _REPLAY and len(reply) == 2 and isinstance(reply[1], bytes):
-            return Replay(reply[1])
+            return _new_tuple(Replay, (reply[1],))  # Replay(reply[1])
         if tag == _CLAIMED and len(reply) == 3:
-            return Claimed(owner, int(reply[1]), reply[2] == 1)
+            return _new_tuple(Claimed, (owner, int(reply[1]), reply[2] == 1, ()))
         if tag == _CLAIMED and len(reply) > 3 and len(reply) % 2:
             return Claimed(owner, int(reply[1]), reply[2] == 1, _steps_of(reply))
         if tag == _IN_FLIGHT and len(reply) == 2:

@@ -112,7 +112,8 @@ class Release:
 
 def content_length(headers: Headers) -> int | None:
     """The declared Content-Length, or None when absent or malformed."""
-    return parse_content_length(headers.get("content-length"))
+    values = headers.get_all("content-length")  # what .get would call
+    return parse_content_length(values[0] if values else None)
 
 
 def parse_content_length(value: str | None) -> int | None:

@@ -15,9 +15,24 @@ from typing import TYPE_CHECKING, Literal
 if TYPE_CHECKING:
     from ._core import Record
 
-__all__ = ["Event", "EventKind", "emit", "logger", "report"]
+__all__ = [
+    "ALWAYS_LOGGED",
+    "DEBUG",
+    "Event",
+    "EventKind",
+    "emit",
+    "enabled_memo",
+    "logger",
+    "quiet",
+    "report",
+]
 
 logger = logging.getLogger("idemkey")
+# logging's memo of this logger's answers per level (level -> enabled), which logging clears in
+# place whenever a level changes: reading it costs a dict lookup where Logger.isEnabledFor is a
+# Python call on every event of every request. A logging without the memo: always ask.
+enabled_memo: dict[int, bool] = getattr(logger, "_cache", {})
+DEBUG = logging.DEBUG
 
 EventKind = Literal[
     "claimed",
@@ -33,7 +48,21 @@ EventKind = Literal[
     "too_large",
 ]
 
-_WARNINGS: frozenset[str] = frozenset({"lease_lost", "store_error", "unprotected"})
+#: Kinds logged as warnings whether or not anyone listens.
+ALWAYS_LOGGED: frozenset[str] = frozenset({"lease_lost", "store_error", "unprotected"})
+_WARNINGS = ALWAYS_LOGGED
+
+
+def quiet(hook: Callable[[Event], None] | None) -> bool:
+    """Whether an event that is not a warning would go nowhere: no hook, no debug logging.
+
+    The hot paths inline it, ``hook is None and enabled_memo.get(DEBUG) is False``, to skip
+    even the call; a memo that has no answer yet (None) falls back to asking the logger.
+    """
+    if hook is not None:
+        return False
+    enabled = enabled_memo.get(DEBUG)
+    return not (logger.isEnabledFor(logging.DEBUG) if enabled is None else enabled)
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,7 +127,7 @@ def report(
 
     ``seconds`` is the time the Redis call behind the event took, when there was one.
     """
-    if hook is None and kind not in _WARNINGS and not logger.isEnabledFor(logging.DEBUG):
+    if kind not in _WARNINGS and quiet(hook):
         return
     scope_digest = hashlib.blake2b(
         scope.encode("utf-8", "surrogatepass"), digest_size=6

@@ -57,7 +57,7 @@ from ._problems import PROBLEM_TYPE as PROBLEM_TYPE
 from ._problems import Problem, problem, render
 from ._switch import switch
 from .errors import ConfigurationError, InvalidKeyError, RecordFormatError, StoreError
-from .events import EventKind, report
+from .events import ALWAYS_LOGGED, DEBUG, EventKind, enabled_memo, report
 from .routes import ROUTE_UNKNOWN
 
 if TYPE_CHECKING:
@@ -279,10 +279,13 @@ class Exchange:
         if status in policy.release_statuses:
             return _RELEASE_NEVER_BEGAN
         deny, allow = policy.header_denylist, policy.header_allowlist
+        # A list comprehension, not a generator: one call, not one resume per header.
         kept = tuple(
-            (name, value)
-            for name, value in headers
-            if (low := name.lower()) not in deny and (allow is None or low in allow)
+            [
+                (name, value)
+                for name, value in headers
+                if (low := name.lower()) not in deny and (allow is None or low in allow)
+            ]
         )
         if body is None:
             stored = StoredResponse(status, kept, b"", body_kept=False, reason=reason)
@@ -313,8 +316,10 @@ class Exchange:
         detail: str = "",
         seconds: float | None = None,
     ) -> None:
+        hook = self.policy.on_event
+        if hook is None and kind not in ALWAYS_LOGGED and enabled_memo.get(DEBUG) is False:
+            return  # nobody listens: this one check is all an event costs
         request = self.request
         # The template, never the concrete path: a metric label must stay bounded.
         route = request.route or ROUTE_UNKNOWN
-        hook = self.policy.on_event
         report(hook, kind, self.record, self._scope, request.method, route, fence, detail, seconds)

@@ -58,9 +58,11 @@ def credential_scope(request: Request) -> str:
     Set ``Policy(scope=...)`` to your tenant or account id.
     """
     digest = hashlib.blake2b(digest_size=16)
+    lookup = request.headers.get_all  # what .get would call: one call less per header
     for name in _CREDENTIAL_HEADERS:
-        value = request.headers.get(name)
-        if value is not None:
+        values = lookup(name)
+        if values:
+            value = values[0]
             digest.update(b"%d:%s" % (len(value), value.encode("latin-1", "replace")))
         digest.update(b";")
     return digest.hexdigest()

@@ -11,9 +11,9 @@ from __future__ import annotations
 from collections.abc import Callable, Coroutine
 from typing import Any
 
-from ..store import detach, uncancellable
+from ..store import detach
 
-__all__ = ["settle_later", "uncancellable"]
+__all__ = ["settle_later"]
 
 
 def settle_later(write: Callable[[], Coroutine[Any, Any, Any]]) -> None:

@@ -61,7 +61,7 @@ class EnvironHeaders(Headers):
         self._environ = environ
 
     def get_all(self, name: str) -> list[str]:
-        key = environ_key(name)
+        key = _ENVIRON_KEYS.get(name) or environ_key(name)  # a known name: no call
         value = self._environ.get(key)
         # Servers set CONTENT_TYPE/CONTENT_LENGTH to "" when the request had none; an empty
         # HTTP_* value is a header sent empty (an empty Idempotency-Key is invalid, not missing).

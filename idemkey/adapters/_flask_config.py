@@ -36,7 +36,10 @@ class AppState:
     def capture_limit(self, overrides: list[dict[str, Any]], environ: Any) -> int | None:
         """The byte limit to capture a request's body with before Flask sees it; None: no
         guarded view could take it as keyed (another method, no key header)."""
-        methods, keys, limit = self.capture_rule(overrides)
+        rule = self.rule
+        if rule is None or self.rule_from != len(overrides):  # capture_rule's test, inline
+            rule = self.capture_rule(overrides)
+        methods, keys, limit = rule
         if environ.get("REQUEST_METHOD") in methods and not keys.isdisjoint(environ):
             return limit
         return None

@@ -34,9 +34,10 @@ def render_view(view: Callable[..., Any], args: Any, kwargs: Any) -> FlaskRespon
 
 def respond(answer: Response) -> ResponseReturnValue:
     headers = answer.headers
-    response = current_app.response_class(answer.body, answer.status, headers)
-    if answer.reason:
-        response.status = f"{answer.status} {answer.reason}"  # "201 Charged OK", as first sent
+    # "201 Charged OK", the phrase as first sent, given to the constructor: setting it after
+    # would parse the status twice.
+    status = f"{answer.status} {answer.reason}" if answer.reason else answer.status
+    response = current_app.response_class(answer.body, status, headers)
     names = {name.lower() for name, _ in headers}
     if "content-type" not in names:
         del response.headers["Content-Type"]  # exactly the stored headers: no default added

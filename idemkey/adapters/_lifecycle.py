@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any, Final, NoReturn
 from .._core import Claimed, Decision, new_owner
 from ..errors import ProtocolError
 from ..guard._call import Call, leave_current, run_as_current
-from ..http import Complete, Release, content_length, render
+from ..http import Complete, Release, parse_content_length, render
 
 if TYPE_CHECKING:
     from ..errors import StoreError
@@ -80,12 +80,29 @@ class Lifecycle:
     owner token (set by :meth:`claiming`), ``declared`` the request's Content-Length.
     """
 
-    __slots__ = ("_fingerprint", "_head", "call", "declared", "exchange", "owner", "plan", "state")
+    __slots__ = (
+        "_fingerprint",
+        "_head",
+        "_limit",
+        "call",
+        "declared",
+        "exchange",
+        "owner",
+        "plan",
+        "state",
+        "unprotected",
+    )
 
     def __init__(self, exchange: Exchange) -> None:
         self.exchange = exchange
         self.state = State.READING
-        self.declared = content_length(exchange.request.headers)
+        # content_length(headers), without its call
+        values = exchange.request.headers.get_all("content-length")
+        self.declared = parse_content_length(values[0]) if values else None
+        #: The store failed and the policy said run anyway: the app runs without a record.
+        self.unprotected = False
+        # Exchange.too_large's limit, read once: the body is checked against it twice.
+        self._limit = exchange.policy.max_request_bytes
         self.owner = ""
         self.plan: Complete | Release | None = None
         #: The claimed call while the app runs (``idemkey.current_call()``), else None.
@@ -102,18 +119,13 @@ class Lifecycle:
     def _step(self, step: str) -> None:
         self.state = _NEXT.get((self.state, step)) or self._refuse(step)
 
-    @property
-    def unprotected(self) -> bool:
-        """The store failed and the policy said run anyway: the app runs without a record."""
-        return self.state is State.UNPROTECTED
-
     # READING: the request body.
 
     def announced(self) -> Response | None:
         """Before reading: the 413 to send when the declared length is over the limit."""
         if self.state is not State.READING:
             self._refuse("reject")
-        if self.declared is not None and self.exchange.too_large(self.declared):
+        if self.declared is not None and self.declared > self._limit:
             return self.reject_too_large()
         return None
 
@@ -123,7 +135,7 @@ class Lifecycle:
         Never run on half a body: its fingerprint would match no honest retry."""
         ready = _NEXT.get((self.state, "receive")) or self._refuse("receive")
         exchange = self.exchange
-        if exchange.too_large(len(body)):
+        if len(body) > self._limit:
             return self.reject_too_large()
         declared = self.declared
         if declared is not None and len(body) < declared:
@@ -153,7 +165,7 @@ class Lifecycle:
 
     def claiming(self) -> bytes:
         """The claim goes out now: returns the request's fingerprint; sets :attr:`owner`."""
-        self._step("claim")
+        self.state = _NEXT.get((self.state, "claim")) or self._refuse("claim")
         self.owner = new_owner()
         return self._fingerprint
 
@@ -184,6 +196,7 @@ class Lifecycle:
             self._refuse("answer")
         answer = self.exchange.store_failed(exc)
         self._step("answer" if answer is not None else "run_unprotected")
+        self.unprotected = answer is None
         return answer
 
     def interrupted(self) -> Release:
@@ -199,14 +212,20 @@ class Lifecycle:
         """The response's status and headers went out; ``headers`` None: they were not valid
         (not latin-1 text), so the record is never completed with them. ``reason``: the status
         line's reason phrase (WSGI, Flask), stored to be replayed as it was sent."""
-        self._step("start")
+        self.state = _NEXT.get((self.state, "start")) or self._refuse("start")
         self._head = (status, headers, reason) if headers is not None else None
 
     def finish(self, body: bytes | None) -> Complete | Release:
         """The response is complete: store it (``body`` None: without its body) or release."""
         settling = _NEXT.get((self.state, "finish")) or self._refuse("finish")
-        self._leave()
-        plan = self.plan = self._outcome(body)
+        if self.call is not None:
+            leave_current(self.call)
+        head = self._head
+        plan = self.plan = (
+            self.exchange.finish(head[0], head[1], body, head[2])
+            if head is not None
+            else _UNREADABLE_HEAD
+        )
         self.state = settling
         return plan
 
@@ -218,15 +237,12 @@ class Lifecycle:
         is one the policy never stores).
         """
         settling = _NEXT.get((self.state, "fail")) or self._refuse("fail")
-        self._leave()
+        if self.call is not None:
+            leave_current(self.call)
         plan = self._outcome(None) if self.state is State.SENDING else Release(reason)
         self.plan = plan
         self.state = settling
         return plan
-
-    def _leave(self) -> None:
-        if self.call is not None:
-            leave_current(self.call)
 
     def _outcome(self, body: bytes | None) -> Complete | Release:
         head = self._head
@@ -239,7 +255,7 @@ class Lifecycle:
     def settled(self, ok: bool, seconds: float | None = None) -> None:
         """The complete or release script answered (``ok`` False: the record was not ours)."""
         plan = self.plan
-        self._step("settle")
+        self.state = _NEXT.get((self.state, "settle")) or self._refuse("settle")
         if isinstance(plan, Complete):
             self.exchange.completed(ok, seconds)
         else:

@@ -11,7 +11,8 @@ regenerate, never the generated twin. An adapter moves bytes and calls, in order
     lifecycle.started(status, headers)               # once the head went out
     driver.finish(lifecycle, body)             # or: driver.fail(lifecycle, reason)
 
-Completion and release outlive a cancellation (see the shield module), and a store failure
+Completion and release outlive a cancellation (sent again in a task of their own, as the guards
+do; the shield module does it for an interrupted claim), and a store failure
 after the app ran is reported as an event, never raised: the client already has its answer.
 """
 
@@ -22,7 +23,8 @@ from typing import TYPE_CHECKING
 
 from ..errors import StoreError
 from ..http import Complete
-from ._sync_shield import settle_later, uncancellable
+from ..store._sync_runtime import Cancelled, detach
+from ._sync_shield import settle_later
 
 if TYPE_CHECKING:
     from ..http import Release, Response
@@ -68,15 +70,26 @@ class Driver:
     def finish(self, lifecycle: Lifecycle, body: bytes | None) -> None:
         """The response is complete (``body`` None: not kept): store it or release the key."""
         plan = lifecycle.finish(body)
-        uncancellable(lambda: self._settle(lifecycle, plan))
+        try:
+            self._settle(lifecycle, plan)
+        except Cancelled:
+            # The caller went away (a cancelled task) while the write was on its way: send
+            # it again in a task of its own (both scripts answer the same when sent twice).
+            detach(self._settle(lifecycle, plan))
+            raise
 
     def fail(self, lifecycle: Lifecycle, reason: str) -> None:
         """The app failed or stopped early: release, or complete without the body once the
         response had started (see :meth:`Lifecycle.fail`)."""
         plan = lifecycle.fail(reason)
-        uncancellable(lambda: self._settle(lifecycle, plan))
+        try:
+            self._settle(lifecycle, plan)
+        except Cancelled:
+            detach(self._settle(lifecycle, plan))  # as in finish
+            raise
 
-    def _settle(self, lifecycle: Lifecycle, plan: Complete | Release) -> None:
+    def _settle(self, lifecycle: Lifecycle, plan: Complete | Release) -> bool:
+        """Send the plan's script; whether the store took it (False: failed, or not ours)."""
         exchange = lifecycle.exchange
         started = perf_counter()
         try:
@@ -88,5 +101,6 @@ class Driver:
                 ok = self.store.release(exchange.record, lifecycle.owner)
         except StoreError as exc:
             lifecycle.settle_failed(exc)
-            return
+            return False
         lifecycle.settled(ok, perf_counter() - started)
+        return ok

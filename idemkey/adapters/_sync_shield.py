@@ -4,18 +4,10 @@ outlive, so a settling write simply runs now, in the caller's thread."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TypeVar
 
 from ..events import logger
 
-__all__ = ["settle_later", "uncancellable"]
-
-T = TypeVar("T")
-
-
-def uncancellable(write: Callable[[], T]) -> T:
-    """Call ``write()``: a thread is not cancelled between two statements."""
-    return write()
+__all__ = ["settle_later"]
 
 
 def settle_later(write: Callable[[], object]) -> None:

@@ -9,7 +9,7 @@ left), after draining the rest for at most :data:`DRAIN_SECONDS`.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from http import HTTPStatus
 from time import monotonic
 from typing import TYPE_CHECKING, Any, Final
@@ -17,13 +17,16 @@ from typing import TYPE_CHECKING, Any, Final
 from ..http import BodyCopy
 
 if TYPE_CHECKING:
-    from _typeshed.wsgi import StartResponse
+    from _typeshed.wsgi import StartResponse, WSGIEnvironment
 
     from ..http import Response
     from ._lifecycle import Lifecycle
     from ._sync_driver import Driver
 
 __all__ = ["DRAIN_SECONDS", "TeeIterable", "send"]
+
+#: Where the app finds the Exchange of its claimed request (``.claim.fence``) while it runs.
+EXCHANGE_KEY: Final = "idemkey.exchange"
 
 #: How long the middleware keeps pulling an app's body after the server closed it early (the
 #: client left), measured between blocks: a sync worker serves nobody else meanwhile.
@@ -44,8 +47,28 @@ def send(start_response: StartResponse, response: Response) -> list[bytes]:
 class TeeIterable:
     """The app's body iterable, forwarded chunk by chunk while a bounded copy is kept."""
 
-    def __init__(self, driver: Driver, lifecycle: Lifecycle, start: StartResponse) -> None:
+    __slots__ = (
+        "body_started",
+        "copy",
+        "driver",
+        "environ",
+        "headers",
+        "iterable",
+        "iterator",
+        "lifecycle",
+        "reason",
+        "server_start_response",
+        "server_write",
+        "settled",
+        "status",
+    )
+
+    def __init__(
+        self, driver: Driver, lifecycle: Lifecycle, start: StartResponse, environ: WSGIEnvironment
+    ) -> None:
         self.driver, self.lifecycle, self.server_start_response = driver, lifecycle, start
+        self.environ = environ
+        self.server_write: Callable[[bytes], object] | None = None
         self.iterable: Iterable[bytes] = ()
         self.iterator: Iterator[bytes] | None = None
         self.status: int | None = None
@@ -56,15 +79,16 @@ class TeeIterable:
         self.body_started = False  # a non-empty chunk went out: the head is the client's
 
     def start_response(self, status: str, headers: list[tuple[str, str]], *exc_info: Any) -> Any:
-        write = self.server_start_response(status, headers, *exc_info)
+        self.server_write = self.server_start_response(status, headers, *exc_info)
         self.status, self.headers, self.reason = int(status[:3]), headers, status[4:]
         self.copy.start(headers)
+        return self.write  # a bound method: no closure built per request
 
-        def tee_write(data: bytes) -> None:  # the legacy write() callable: keep a copy too
-            self.copy.add(data)
-            write(data)
-
-        return tee_write
+    def write(self, data: bytes) -> None:
+        """The legacy write() callable start_response returns: keeps a copy too."""
+        self.copy.add(data)
+        assert self.server_write is not None  # start_response came first
+        self.server_write(data)
 
     def __iter__(self) -> Iterator[bytes]:
         return self
@@ -114,6 +138,10 @@ class TeeIterable:
                 except Exception:
                     pass  # __next__ released the key; the server is gone, nobody to tell
         finally:
+            # environ -> exchange -> request headers -> environ is a reference cycle: break it
+            # when the request ends, so the environ and its body go with their last reference
+            # instead of waiting for the cyclic garbage collector.
+            self.environ.pop(EXCHANGE_KEY, None)
             close = getattr(self.iterable, "close", None)
             if close is not None:
                 close()

@@ -79,7 +79,8 @@ class IdempotencyMiddleware:
                 await self.app(scope, receive, send)
                 return
             policy, route = selected.policy, selected.route
-        headers = Headers((n.decode("latin-1"), v.decode("latin-1")) for n, v in scope["headers"])
+        # A list, not a generator: one call, not one resume per header.
+        headers = Headers([(n.decode("latin-1"), v.decode("latin-1")) for n, v in scope["headers"]])
         query = scope.get("query_string", b"").decode("latin-1")
         step = begin(policy, Request(scope["method"], scope["path"], query, headers, route))
         if step is None:

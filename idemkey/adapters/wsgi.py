@@ -25,7 +25,7 @@ from ..routes import KnownRoute, Routes
 from ._environ import EnvironHeaders, read_body, request_of
 from ._lifecycle import Lifecycle
 from ._sync_driver import Driver
-from ._wsgi_response import DRAIN_SECONDS, TeeIterable, send
+from ._wsgi_response import DRAIN_SECONDS, EXCHANGE_KEY, TeeIterable, send
 
 if TYPE_CHECKING:
     from collections.abc import Iterable
@@ -86,8 +86,8 @@ class IdempotencyMiddleware:
             return send(start_response, answer)
         if lifecycle.unprotected:  # Redis is down and the policy says run unprotected
             return self.app(environ, start_response)
-        environ["idemkey.exchange"] = step  # the app may read its fence: .claim.fence
-        tee = TeeIterable(self.driver, lifecycle, start_response)
+        environ[EXCHANGE_KEY] = step  # the app may read its fence: .claim.fence
+        tee = TeeIterable(self.driver, lifecycle, start_response, environ)
         try:
             tee.iterable = self.app(environ, tee.start_response)
         except BaseException:

@@ -6,12 +6,13 @@ one from it. Cancellation shielding comes from the hand-written runtime module i
 
 from __future__ import annotations
 
+from functools import partial
 from time import perf_counter
 from types import TracebackType
-from typing import Any, TypeVar, overload
+from typing import Any, ClassVar, TypeVar, overload
 
 from .._core import new_owner
-from ..errors import ConfigurationError, StoreError
+from ..errors import StoreError
 from ..policy import Policy
 from ..store import AsyncRedisStore
 from ..store._async_runtime import Cancelled, detach
@@ -26,22 +27,10 @@ T = TypeVar("T")
 class AsyncGuard(GuardState[T]):
     """The context manager :func:`aguard` returns."""
 
-    def __init__(
-        self,
-        store: AsyncRedisStore,
-        key: str,
-        payload: object,
-        scope: str,
-        policy: Policy | None,
-        result_type: Any,
-        name: str = "",
-    ) -> None:
-        if not isinstance(store, AsyncRedisStore):
-            raise ConfigurationError(
-                f"aguard() takes a store of type AsyncRedisStore, got {type(store).__name__}"
-            )
-        super().__init__(key, payload, scope, policy, result_type, store.policy, name)
-        self.store = store
+    __slots__ = ()
+    store_type: ClassVar[type[AsyncRedisStore]] = AsyncRedisStore
+    function: ClassVar[str] = "aguard"
+    store: AsyncRedisStore
 
     async def __aenter__(self) -> Call[T]:
         policy, started, owner = self.policy, perf_counter(), new_owner()
@@ -64,9 +53,10 @@ class AsyncGuard(GuardState[T]):
             raise
         else:
             call = self.enter(decision, perf_counter() - started)
-        if not call.replayed:
-            store, record, claim, key = self.store, self.record, self.claim, self.key
-            call._steps = lambda: AsyncSteps(store, record, claim, key)
+            if call.replayed:
+                return call
+        # A partial (C), not a lambda: no closure cells built per call.
+        call._steps = partial(AsyncSteps, self.store, self.record, self.claim, self.key)
         return call
 
     async def __aexit__(
@@ -75,6 +65,8 @@ class AsyncGuard(GuardState[T]):
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
+        if self.call is None:
+            return  # a replay: nothing was claimed, nothing is current, nothing to settle
         self.close_steps()
         claim, saved, started = self.claim, self.saved(), perf_counter()
         if claim is None:
@@ -97,7 +89,7 @@ class AsyncGuard(GuardState[T]):
         """Complete the record with the saved result, or release it when nothing was saved."""
         if saved is None:
             return await self.store.release(self.record, owner)
-        return await self.store.complete(self.record, owner, saved, ttl_ms=self.ttl_ms)
+        return await self.store.complete(self.record, owner, saved, ttl_ms=self.policy.ttl_ms)
 
 
 # Overloads so that ``result_type=Receipt`` gives a ``Call[Receipt]`` and no result_type a

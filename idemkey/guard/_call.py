@@ -8,17 +8,18 @@ from __future__ import annotations
 
 import contextvars
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Final, Generic, TypeVar, cast
+from functools import partial
+from typing import TYPE_CHECKING, Any, ClassVar, Final, Generic, TypeVar
 
 from .._codec import RESULT_NOT_KEPT, decode_value, encode_payload, encode_value
 from .._core import (
+    PAYLOAD_DIGEST,
     Claimed,
     Decision,
     InFlight,
     Mismatch,
     Record,
     Replay,
-    payload_fingerprint,
     record_for,
 )
 from ..errors import (
@@ -32,7 +33,7 @@ from ..errors import (
     StoreError,
     UsageError,
 )
-from ..events import EventKind, report
+from ..events import ALWAYS_LOGGED, DEBUG, EventKind, enabled_memo, report
 from ..policy import Policy
 
 if TYPE_CHECKING:
@@ -133,7 +134,7 @@ class Call(Generic[T]):
         self.fence = fence
         #: True when this claim took over from an executor whose lease lapsed.
         self.takeover = takeover
-        self._result: Any = result
+        self._result: T = result
         self._saved: bytes | None = None
         # Set by guard / aguard on a call that runs: runs its steps against the store.
         # Built on first use (most calls run no step): a factory until then.
@@ -142,9 +143,10 @@ class Call(Generic[T]):
     @property
     def result(self) -> T:
         """The stored result of the first run (only when ``replayed``), or what was saved."""
-        if self._result is _UNSET:
+        result = self._result
+        if result is _UNSET:
             raise NoResultError("no result: this call was not replayed and nothing was saved")
-        return cast(T, self._result)
+        return result
 
     def step(self, name: str, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
         """Run ``fn(*args, **kwargs)`` once for this record as the step ``name`` (a recovery
@@ -210,11 +212,10 @@ _CURRENT: contextvars.ContextVar[Call[Any] | None] = contextvars.ContextVar(
 )
 
 
-def run_as_current(call: Call[Any] | None) -> None:
-    """Make ``call`` the current call of this context (None: no call), for the HTTP
-    integrations, whose app runs between two steps of theirs rather than in a ``with`` block.
-    """
-    _CURRENT.set(call)
+#: ``run_as_current(call)``: make ``call`` the current call of this context (None: no call),
+#: for the HTTP integrations, whose app runs between two steps of theirs rather than in a
+#: ``with`` block. The context variable's own (C) method: no Python call per request.
+run_as_current: Final = _CURRENT.set
 
 
 def leave_current(call: Call[Any]) -> None:
@@ -237,24 +238,53 @@ def current_call() -> Call[Any]:
     return call
 
 
-def _closed(steps: Steps | AsyncSteps) -> Steps | AsyncSteps:
+def _closed(make: Callable[[], Steps | AsyncSteps]) -> Steps | AsyncSteps:
+    """Build the steps of a block that has exited, closed: no step may start."""
+    steps = make()
     steps.book.close()
     return steps
 
 
 class GuardState(Generic[T]):
-    """The I/O-free part of a guard: which record, which fingerprint, what a decision means."""
+    """The I/O-free part of a guard: which record, which fingerprint, what a decision means.
+
+    A guard class names its store type and function (``store_type``, ``function``) and adds
+    the store calls; it needs no ``__init__`` of its own (one Python call less per guard).
+    """
+
+    __slots__ = (
+        "_current",
+        "call",
+        "claim",
+        "fingerprint",
+        "key",
+        "name",
+        "policy",
+        "record",
+        "result_type",
+        "scope",
+        "store",
+    )
+    store_type: ClassVar[type[Any]]
+    function: ClassVar[str]
 
     def __init__(
         self,
+        store: Any,
         key: str,
         payload: object,
         scope: str,
         policy: Policy | None,
         result_type: Any,
-        store_policy: Policy,
         name: str = "",
     ) -> None:
+        if not isinstance(store, self.store_type):
+            raise ConfigurationError(
+                f"{self.function}() takes a store of type {self.store_type.__name__}, "
+                f"got {type(store).__name__}"
+            )
+        self.store = store
+        store_policy: Policy = store.policy
         if not isinstance(key, str) or not key:
             raise InvalidKeyError("a guard key must be a non-empty string")
         if not isinstance(scope, str):
@@ -272,7 +302,10 @@ class GuardState(Generic[T]):
         # ``name`` (a decorated function's qualified name) takes the route's place: two
         # functions never share a record, whatever their keys.
         self.record: Record = record_for(self.policy.prefix, scope, GUARD_METHOD, name, key)
-        self.fingerprint = payload_fingerprint(encode_payload(payload))
+        # payload_fingerprint(encode_payload(payload)), without their calls for bytes
+        self.fingerprint = PAYLOAD_DIGEST(
+            payload if type(payload) is bytes else encode_payload(payload)
+        )
         self.result_type = result_type
         self.claim: Claimed | None = None
         self.call: Call[T] | None = None
@@ -280,34 +313,35 @@ class GuardState(Generic[T]):
 
     def enter(self, decision: Decision, seconds: float) -> Call[T]:
         """The Call for a claim or a replay; raises for a mismatch or a request in flight."""
-        kind = type(decision)
-        if kind is Claimed:
-            claim = cast(Claimed, decision)
-            self.claim = claim
-            self.notify("takeover" if claim.takeover else "claimed", claim.fence, seconds=seconds)
-            self.call = Call(
-                replayed=False,
-                fence=claim.fence,
-                takeover=claim.takeover,
-                key=self.key,
-                record=self.record,
-                ttl_ms=self.policy.ttl_ms,
-                compress_at=self.policy.compress_at,
-            )
-            self._current = _CURRENT.set(self.call)
-            return self.call
-        if kind is Replay:
-            response = cast(Replay, decision).response
+        if type(decision) is Replay:
+            response = decision.response
             if response == RESULT_NOT_KEPT:
                 self.notify("replayed", detail="result not kept", seconds=seconds)
                 raise ResultNotStorableError(self.key, "it could not be encoded on the first run")
             self.notify("replayed", seconds=seconds)
             return Call(replayed=True, result=decode_value(response, self.result_type))
-        if kind is Mismatch:
+        if type(decision) is Claimed:
+            self.claim = decision
+            self.notify(
+                "takeover" if decision.takeover else "claimed", decision.fence, seconds=seconds
+            )
+            call = self.call = Call(
+                replayed=False,
+                fence=decision.fence,
+                takeover=decision.takeover,
+                key=self.key,
+                record=self.record,
+                ttl_ms=self.policy.ttl_ms,
+                compress_at=self.policy.compress_at,
+            )
+            self._current = _CURRENT.set(call)
+            return call
+        if type(decision) is Mismatch:
             self.notify("mismatch", seconds=seconds)
             raise KeyReuseError()
+        assert isinstance(decision, InFlight)
         self.notify("in_flight", seconds=seconds)
-        raise RequestInFlightError(cast(InFlight, decision).retry_after)
+        raise RequestInFlightError(decision.retry_after)
 
     def claim_failed(self, error: StoreError) -> Call[T]:
         """Redis failed before the work ran: raise it (``on_store_error="closed"``), or run
@@ -330,7 +364,7 @@ class GuardState(Generic[T]):
             return
         steps = call._steps
         if callable(steps):  # never used: stays unbuilt, and is closed once built
-            call._steps = lambda: _closed(steps())
+            call._steps = partial(_closed, steps)
         else:
             steps.book.close()
 
@@ -373,5 +407,7 @@ class GuardState(Generic[T]):
         seconds: float | None = None,
     ) -> None:
         hook = self.policy.on_event
+        if hook is None and kind not in ALWAYS_LOGGED and enabled_memo.get(DEBUG) is False:
+            return  # nobody listens: this one check is all an event costs
         # Events name a decorated function where an HTTP event names its route.
         report(hook, kind, self.record, self.scope, GUARD_METHOD, self.name, fence, detail, seconds)

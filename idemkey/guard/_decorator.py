@@ -100,7 +100,7 @@ def idempotent(
             @functools.wraps(func)
             async def arun(*args: Any, **kwargs: Any) -> Any:
                 call_key, data = identify(args, kwargs)
-                guarded = AsyncGuard[Any](
+                guarded: AsyncGuard[Any] = AsyncGuard(
                     astore, call_key, data, scope, policy, decode_as, record_name
                 )
                 async with guarded as call:
@@ -118,7 +118,10 @@ def idempotent(
         @functools.wraps(func)
         def run(*args: Any, **kwargs: Any) -> Any:
             call_key, data = identify(args, kwargs)
-            with Guard[Any](sstore, call_key, data, scope, policy, decode_as, record_name) as call:
+            guarded: Guard[Any] = Guard(
+                sstore, call_key, data, scope, policy, decode_as, record_name
+            )
+            with guarded as call:
                 if call.replayed:
                     return call.result
                 result = func(*args, **kwargs)

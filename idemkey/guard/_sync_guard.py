@@ -7,12 +7,13 @@ one from it. Cancellation shielding comes from the hand-written runtime module i
 
 from __future__ import annotations
 
+from functools import partial
 from time import perf_counter
 from types import TracebackType
-from typing import Any, TypeVar, overload
+from typing import Any, ClassVar, TypeVar, overload
 
 from .._core import new_owner
-from ..errors import ConfigurationError, StoreError
+from ..errors import StoreError
 from ..policy import Policy
 from ..store import RedisStore
 from ..store._sync_runtime import Cancelled, detach
@@ -27,22 +28,10 @@ T = TypeVar("T")
 class Guard(GuardState[T]):
     """The context manager :func:`guard` returns."""
 
-    def __init__(
-        self,
-        store: RedisStore,
-        key: str,
-        payload: object,
-        scope: str,
-        policy: Policy | None,
-        result_type: Any,
-        name: str = "",
-    ) -> None:
-        if not isinstance(store, RedisStore):
-            raise ConfigurationError(
-                f"guard() takes a store of type RedisStore, got {type(store).__name__}"
-            )
-        super().__init__(key, payload, scope, policy, result_type, store.policy, name)
-        self.store = store
+    __slots__ = ()
+    store_type: ClassVar[type[RedisStore]] = RedisStore
+    function: ClassVar[str] = "guard"
+    store: RedisStore
 
     def __enter__(self) -> Call[T]:
         policy, started, owner = self.policy, perf_counter(), new_owner()
@@ -65,9 +54,10 @@ class Guard(GuardState[T]):
             raise
         else:
             call = self.enter(decision, perf_counter() - started)
-        if not call.replayed:
-            store, record, claim, key = self.store, self.record, self.claim, self.key
-            call._steps = lambda: Steps(store, record, claim, key)
+            if call.replayed:
+                return call
+        # A partial (C), not a lambda: no closure cells built per call.
+        call._steps = partial(Steps, self.store, self.record, self.claim, self.key)
         return call
 
     def __exit__(
@@ -76,6 +66,8 @@ class Guard(GuardState[T]):
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
+        if self.call is None:
+            return  # a replay: nothing was claimed, nothing is current, nothing to settle
         self.close_steps()
         claim, saved, started = self.claim, self.saved(), perf_counter()
         if claim is None:
@@ -98,7 +90,7 @@ class Guard(GuardState[T]):
         """Complete the record with the saved result, or release it when nothing was saved."""
         if saved is None:
             return self.store.release(self.record, owner)
-        return self.store.complete(self.record, owner, saved, ttl_ms=self.ttl_ms)
+        return self.store.complete(self.record, owner, saved, ttl_ms=self.policy.ttl_ms)
 
 
 # Overloads so that ``result_type=Receipt`` gives a ``Call[Receipt]`` and no result_type a

@@ -237,11 +237,14 @@ class AsyncRedisStore(AsyncHeartbeat):
         """
         lease = self._unwatch(record, owner)
         args = (record.key, record.lock, owner, response, ttl_ms or self.policy.ttl_ms)
-        deadline, delay = self._completion_deadline(lease), 0.0
+        # The deadline counts from the first attempt, but only a failed one computes it.
+        started, deadline, delay = time.monotonic(), 0.0, 0.0
         while True:
             try:
                 return bool(await self._eval("complete", *args) == 1)
             except StoreError:
+                if not deadline:
+                    deadline = self._completion_deadline(lease, started)
                 if (delay := _next_delay(delay, deadline)) <= 0:
                     raise
             await sleep(delay)
@@ -263,7 +266,7 @@ class AsyncRedisStore(AsyncHeartbeat):
         step's stored result (``result``, or the one stored first), None when the record is no
         longer ours (nothing written). A failed write is retried like a completion."""
         args = (record.key, record.lock, owner, field, result)
-        deadline, delay = self._completion_deadline(None), 0.0
+        deadline, delay = self._completion_deadline(None, time.monotonic()), 0.0
         while True:
             try:
                 return decode_checkpoint_reply(await self._eval("checkpoint", *args), result)

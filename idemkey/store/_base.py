@@ -218,9 +218,10 @@ class StoreBase:
         self._scripts = {name: client.register_script(text) for name, text in SCRIPTS.items()}
         self._leases = LeaseTable()
 
-    def _completion_deadline(self, lease: Lease | None) -> float:
+    def _completion_deadline(self, lease: Lease | None, started: float) -> float:
+        """When a completion that started at ``started`` (monotonic) stops retrying."""
         lease_ms = lease.lease_ms if lease is not None else self.policy.lease_ms
-        return time.monotonic() + min(self.completion_retry, lease_ms / 3000)
+        return started + min(self.completion_retry, lease_ms / 3000)
 
     def _check_targets(self) -> list[tuple[str, dict[str, Any]]]:
         """(label, execute_command kwargs) per server to check: each primary of a cluster."""

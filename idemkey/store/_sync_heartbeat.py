@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import threading
 import time
+import weakref
 
 from .._core import Record
 from .._leases import Lease
@@ -19,6 +20,19 @@ from ..policy import Policy
 from ._base import _IDLE_SECONDS, StoreBase
 
 __all__ = ["Heartbeat"]
+
+# Every live store, to start afresh in a forked child (see Heartbeat._condition): done once at
+# fork rather than with a getpid system call on every claim and completion.
+_live: weakref.WeakSet[Heartbeat] = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    for store in list(_live):
+        store._forked()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 class Heartbeat(StoreBase):
@@ -30,13 +44,17 @@ class Heartbeat(StoreBase):
 
     def __init__(self, client: object, policy: Policy | None) -> None:
         super().__init__(client, policy)
-        self._wakeup = threading.Condition()
+        # Claims take the lock itself (a C context manager); the heartbeat waits on the
+        # condition built on it. Condition's own __enter__/__exit__ are Python calls.
+        self._lock = threading.RLock()
+        self._wakeup = threading.Condition(self._lock)
         self._heartbeat: threading.Thread | None = None
         # While the heartbeat thread waits: the monotonic time it wakes at by itself (inf when
         # it has no lease); 0.0 while it is not waiting, as it then rereads the table anyway.
         self._sleeping_until = 0.0
         self._pid = os.getpid()
         self._closed = False
+        _live.add(self)
 
     def renew(self, record: Record, owner: str, *, lease_ms: int | None = None) -> bool:
         raise NotImplementedError  # the store's
@@ -53,17 +71,23 @@ class Heartbeat(StoreBase):
 
         In a forked child the parent's claims and thread are not ours, and the parent's lock may
         be held forever by its heartbeat thread (caught mid-loop by the fork, and gone): start
-        afresh with a new condition, or the child's first claim would hang.
+        afresh with a new condition, or the child's first claim would hang. Claims and
+        completions rely on the reset done at fork (``_after_fork_in_child``) instead.
         """
         if self._pid != os.getpid():
-            self._pid, self._heartbeat = os.getpid(), None
-            self._wakeup = threading.Condition()
-            self._leases.clear()
-            self._sleeping_until = 0.0
+            self._forked()
         return self._wakeup
 
+    def _forked(self) -> None:
+        self._pid, self._heartbeat = os.getpid(), None
+        self._lock = threading.RLock()
+        self._wakeup = threading.Condition(self._lock)
+        self._leases.clear()
+        self._sleeping_until = 0.0
+
     def _watch(self, record: Record, owner: str, lease_ms: int) -> None:
-        with self._condition():
+        # No fork check: a forked child's stores were reset at fork (_after_fork_in_child).
+        with self._lock:
             due = self._leases.add(record, owner, lease_ms, time.monotonic())
             if self._heartbeat is None and not self._closed:
                 self._heartbeat = threading.Thread(
@@ -77,7 +101,7 @@ class Heartbeat(StoreBase):
                 self._wakeup.notify()
 
     def _unwatch(self, record: Record, owner: str) -> Lease | None:
-        with self._condition():
+        with self._lock:
             return self._leases.remove(record, owner)
 
     def _beat(self) -> None:

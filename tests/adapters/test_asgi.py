@@ -19,6 +19,7 @@ import redis.asyncio
 
 from idemkey import AsyncRedisStore, Event, Policy, StoreError
 from idemkey._core import record_state as state_of
+from idemkey.adapters._asgi_messages import head_of
 from idemkey.adapters.asgi import IdempotencyMiddleware, Receive, Scope, Send
 from idemkey.http import Exchange, Headers, Request, begin
 from tests._servers import RedisServer, async_wait_until
@@ -658,3 +659,29 @@ async def test_100_concurrent_requests_on_one_key_run_once(
     assert statuses == {201} if wait else 201 in statuses and statuses <= {201, 409}
     assert {a.body for a in answers if a.status == 201} == {b'{"id": "ch_1"}'}
     assert all(a.headers.get("retry-after") for a in answers if a.status == 409)
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        [(b"content-type", b"text/plain"), (b"x-id", b"\xe9")],
+        [(bytearray(b"content-type"), b"text/plain"), (b"x-id", memoryview(b"\xe9"))],
+        [("content-type", "text/plain"), (b"x-id", b"\xe9")],
+        ((b"content-type", b"text/plain"), (b"x-id", b"\xe9")),
+    ],
+)
+def test_response_headers_read_alike_in_every_form_the_spec_allows(raw: Any) -> None:
+    # head_of decodes all-bytes headers in place and everything else through _text: the two
+    # must give the same text, or a replay would depend on how the app spelled its headers.
+    _, status, headers = head_of({"type": "http.response.start", "status": 201, "headers": raw})
+    assert status == 201
+    assert headers == [("content-type", "text/plain"), ("x-id", "\xe9")]
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [[(b"x-id", 7)], [(b"x-id", "caf\xe9")], [(b"x-id", b"v", b"extra")], [b"x-id"]],
+)
+def test_response_headers_no_server_would_send_are_never_stored(raw: Any) -> None:
+    _, _, headers = head_of({"type": "http.response.start", "status": 201, "headers": raw})
+    assert headers is None

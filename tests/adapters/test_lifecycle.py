@@ -204,10 +204,14 @@ def test_a_failure_after_the_response_started_keeps_a_stored_status(
     assert stored.headers == (("Content-Type", "text/plain"), ("X-Id", "7"))
 
 
-def test_an_unreadable_head_is_never_stored() -> None:
+@pytest.mark.parametrize("end", ["finish", "fail"])
+def test_an_unreadable_head_is_never_stored(end: str) -> None:
+    # finish() inlines what fail() asks _outcome: both must release an unreadable head.
     lc = reach(State.RUNNING)
     lc.started(201, None)
-    assert isinstance(lc.finish(b"{}"), Release)
+    plan = lc.finish(b"{}") if end == "finish" else lc.fail("the client left mid-body")
+    assert isinstance(plan, Release)
+    assert plan.reason == "the app's status or headers are not valid: nothing to replay"
 
 
 def test_an_interrupted_claim_is_released_and_reported() -> None:

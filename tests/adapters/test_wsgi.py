@@ -336,3 +336,21 @@ def test_environ_headers_read_the_environ_like_headers() -> None:
     assert headers.get("authorization", "none") == "none"
     assert sorted(headers) == ["content-type", "idempotency-key", "x-empty"]
     assert len(headers) == 3
+
+
+def test_the_exchange_leaves_the_environ_when_the_request_ends(store: RedisStore) -> None:
+    # environ -> exchange -> request headers -> environ is a cycle: left in place, every
+    # guarded request's environ (and its body) would wait for the cyclic garbage collector.
+    seen: list[object] = []
+
+    def app(environ: WSGIEnvironment, start_response: StartResponse) -> Iterable[bytes]:
+        seen.append(environ["idemkey.exchange"].claim.fence)
+        start_response("201 Created", [("Content-Length", "2")])
+        return [b"ok"]
+
+    environ = environ_for("POST", "/things", (KEY,), b"")
+    result = IdempotencyMiddleware(app, store)(environ, Server().start_response)
+    assert list(result) == [b"ok"]
+    result.close()  # type: ignore[attr-defined]
+    assert seen == [1]
+    assert "idemkey.exchange" not in environ

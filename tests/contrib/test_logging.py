@@ -107,3 +107,29 @@ def _fingerprint(client: redis.Redis, record: object) -> bytes:
     fp = client.hget(record.key, "fp")  # type: ignore[attr-defined]
     assert isinstance(fp, bytes)
     return fp
+
+
+def test_debug_turned_on_later_is_heard(caplog: pytest.LogCaptureFixture) -> None:
+    """Events skip themselves through logging's memo of enabled levels: a level set after
+    many silent calls must still be heard on the next one (logging clears the memo)."""
+    from benchmarks.fakes import FakeClient, first_call_replies
+
+    store = RedisStore(FakeClient(first_call_replies()), Policy(prefix="memo"))  # type: ignore[arg-type]
+    try:
+        caplog.set_level(logging.INFO, logger="idemkey")
+        for i in range(3):
+            with guard(store, f"quiet-{i}") as call:
+                call.save(i)
+        assert _ours(caplog) == []
+        caplog.set_level(logging.DEBUG, logger="idemkey")
+        with guard(store, "heard") as call:
+            call.save(1)
+        kinds = [r.idemkey_event for r in _ours(caplog)]  # type: ignore[attr-defined]
+        assert kinds == ["claimed", "completed"]
+        caplog.set_level(logging.INFO, logger="idemkey")
+        caplog.clear()
+        with guard(store, "quiet-again") as call:
+            call.save(1)
+        assert _ours(caplog) == []
+    finally:
+        store.close()

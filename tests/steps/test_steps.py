@@ -349,3 +349,19 @@ def test_steps_run_unprotected_when_redis_fails_and_on_store_error_is_open() -> 
         store.close()
         dead.close()
     assert runs == []  # a name still runs once per call
+
+
+def test_a_step_after_the_block_exited_is_refused_even_if_none_ran_inside() -> None:
+    # The step runner is built on first use: a block that ran no step leaves it unbuilt, and
+    # the exit must still close it, or a late step would run outside the claim.
+    from benchmarks.fakes import FakeClient, first_call_replies
+    from idemkey.errors import UsageError
+
+    store = RedisStore(FakeClient(first_call_replies()), Policy(prefix="late"))  # type: ignore[arg-type]
+    try:
+        with guard(store, "k") as call:
+            call.save(1)
+        with pytest.raises(UsageError, match="after the guard's block has exited"):
+            call.step("late", lambda: 1)
+    finally:
+        store.close()

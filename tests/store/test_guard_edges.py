@@ -373,3 +373,20 @@ async def test_open_on_store_error_runs_the_async_block_unprotected() -> None:
         await store.aclose()
         await dead.aclose()
     assert [event.kind for event in events] == ["unprotected"]
+
+
+@pytest.mark.parametrize("payload", [b"\x00raw", bytearray(b"raw"), "caf\xe9", {"a": [1, 2]}, 7])
+def test_a_guard_fingerprints_its_payload_as_records_says(payload: object) -> None:
+    # The guard hashes bytes without encode_payload/payload_fingerprint's calls: the
+    # fingerprint it sends must stay the public function's, or inspect/claim tools disagree.
+    from benchmarks.fakes import FakeClient, first_call_replies
+    from idemkey._codec import encode_payload
+    from idemkey.records import payload_fingerprint
+
+    store = RedisStore(FakeClient(first_call_replies()), Policy(prefix="fp"))  # type: ignore[arg-type]
+    try:
+        assert guard(store, "k", payload=payload).fingerprint == payload_fingerprint(
+            encode_payload(payload)
+        )
+    finally:
+        store.close()

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import warnings
+
 import pytest
 import xxhash
 from hypothesis import given
@@ -20,6 +23,7 @@ from idemkey.records import (
     Claimed,
     InFlight,
     Mismatch,
+    Record,
     Replay,
     new_owner,
     payload_fingerprint,
@@ -39,7 +43,18 @@ from idemkey.records import (
     ],
 )
 def test_claim_replies_decode_into_decisions(reply: object, decision: object) -> None:
-    assert decode_claim_reply(reply, "o") == decision
+    decoded = decode_claim_reply(reply, "o")
+    # Built with tuple.__new__ on the hot path: the same type and fields as the constructor's.
+    assert type(decoded) is type(decision)
+    assert decoded == decision
+    assert repr(decoded) == repr(decision)
+
+
+def test_record_for_builds_a_record_as_its_constructor_does() -> None:
+    record = record_for("p", "s", "POST", "/r", "k")
+    assert type(record) is Record
+    assert record == Record(record.digest, f"p:{{{record.digest}}}", f"p:{{{record.digest}}}:lock")
+    assert (record.key, record.lock) == (f"p:{{{record.digest}}}", f"p:{{{record.digest}}}:lock")
 
 
 @pytest.mark.parametrize(
@@ -94,7 +109,31 @@ def test_an_owner_tag_is_the_first_12_digits_or_a_hash_of_a_custom_owner() -> No
 def test_owners_are_fresh_and_unguessable() -> None:
     owners = {new_owner() for _ in range(1000)}
     assert len(owners) == 1000
-    assert all(len(owner) == 32 for owner in owners)
+    assert all(len(owner) == 32 and int(owner, 16) >= 0 for owner in owners)
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_a_forked_child_never_hands_out_its_parents_owner_tokens() -> None:
+    # Owner tokens are read from os.urandom in blocks: a child that inherited the unused
+    # rest of a block would share tokens with its parent, and both would own one record.
+    new_owner()  # a block is read and partly used
+    read, write = os.pipe()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)  # forking with threads running
+        pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child
+        try:
+            os.write(write, "".join(new_owner() for _ in range(8)).encode())
+        finally:
+            os._exit(0)
+    os.close(write)
+    with os.fdopen(read, "rb") as pipe:
+        child = pipe.read().decode()
+    os.waitpid(pid, 0)
+    theirs = {child[i : i + 32] for i in range(0, len(child), 32)}
+    ours = {new_owner() for _ in range(8)}
+    assert len(theirs) == 8
+    assert not theirs & ours
 
 
 @pytest.mark.parametrize(
