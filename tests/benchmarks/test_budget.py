@@ -144,12 +144,25 @@ def test_the_cli_reports_usage_errors_as_status_2(capsys: pytest.CaptureFixture[
     assert "invalid int value" in capsys.readouterr().err
 
 
+MEMORY_GOAL = (
+    "a completed 100 B result <= 184 B over a plain string (the goal 400 B at a 216 B string)"
+)
+
+
 def test_scale_targets_read_time_over_the_floor_memory_server_time_and_throughput() -> None:
     from benchmarks.report import check_scale_targets
 
     doc = {
         "cases": CASES,
-        "memory": [{"size": 100, "guard_record_bytes": 384, "http_record_bytes": 432}],
+        "memory": [
+            {
+                "size": 100,
+                "guard_record_bytes": 400,
+                "guard_floor_bytes": 216,
+                "http_record_bytes": 448,
+                "http_floor_bytes": 264,
+            }
+        ],
         "server_time": {"first_x_floor": 1.10, "replay_x_floor": 1.2},
         "throughput": {"ratio_to_floor": 0.97},
     }
@@ -157,7 +170,7 @@ def test_scale_targets_read_time_over_the_floor_memory_server_time_and_throughpu
     assert verdicts == {
         "guard.first <= 25 us over the floor": (True, "+12.0 us"),
         "guard.replay <= 10 us over the floor": (False, "+12.0 us"),
-        "a completed 100 B result <= 400 B": (True, "384 B (HTTP record: 432 B)"),
+        MEMORY_GOAL: (True, "+184 B (400 B; HTTP record +184 B)"),
         "Redis server time per first <= 1.15x floor scripts": (True, "1.10x"),
         "Redis server time per replay <= 1.1x floor scripts": (False, "1.20x"),
         "throughput (64 clients, uvicorn) >= 0.95x app + floor": (True, "0.97x"),
