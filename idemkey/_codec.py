@@ -39,7 +39,7 @@ _VERSION_BYTE: Final = bytes([FORMAT_VERSION])
 COMPRESSED_FORMAT: Final = 2
 _COMPRESSED_BYTE: Final = bytes([COMPRESSED_FORMAT])
 #: Level 1: a 10 KiB JSON response stores 2501 bytes where level 6 stores 2181, at half the CPU
-#: (25 against 52 us), and both land in the same allocation: MEMORY USAGE 3152 for each
+#: (25 against 49 us), and both land in the same allocation: MEMORY USAGE 2848 for each
 #: (benchmarks/RESULTS.md, "Compression").
 _ZLIB_LEVEL: Final = 1
 #: The most a compressed record may inflate to. Writers compress no larger record (it is stored
