@@ -98,6 +98,7 @@ LOWEST_FRAMEWORKS_EXTRAS = (
     "litestar",  # tests/adapters/conftest.py loads every harness
     "uvicorn",  # tests/frameworks/test_django.py and tests/client serve over real sockets
     "gunicorn",
+    "hypercorn",  # tests/adapters/test_asgi_streams.py (the Starlette floor's run)
     "prometheus-client",  # tests/frameworks/test_bounded_labels.py
     "stripe",  # tests/frameworks/test_stripe.py
     "psycopg",  # tests/sql on PostgreSQL (skips when no server answers)
@@ -243,7 +244,8 @@ def lowest_frameworks(session: nox.Session) -> None:
     allows; the test tools resolve as usual. FastAPI's floor brings its own Starlette (below
     Starlette's floor, as a user of the fastapi extra alone gets it); Starlette's floor is then
     installed over it (without dependencies: pip would refuse it beside FastAPI 0.110.0) for
-    STARLETTE_FLOOR_TESTS. Positional arguments replace LOWEST_FRAMEWORKS_TESTS.
+    STARLETTE_FLOOR_TESTS. Positional arguments replace LOWEST_FRAMEWORKS_TESTS (and skip
+    that second run).
     """
     extras = _requirements(LOWEST_FRAMEWORKS_EXTRAS + FRAMEWORK_FLOORED, "test")
     session.install("-e", ".", *extras, *lowest_pins(FRAMEWORK_FLOORED))
