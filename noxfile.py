@@ -7,6 +7,7 @@
     nox -s build            # sdist + wheel, then check the wheel ships the Lua scripts
     nox -s lowest           # the oldest redis/msgspec/xxhash/flask/werkzeug pyproject allows
     nox -s lowest_core      # the same floors, a short list of tests, a small install (CI)
+    nox -s lowest_frameworks  # the oldest Django/FastAPI/Starlette/httpx/Celery/SQLAlchemy
     nox -s minimal          # no optional dependency: the tests that need no framework
 
 Interpreters: a version is offered only if ``pythonX.Y -c pass`` succeeds, because pyenv
@@ -82,6 +83,46 @@ LOWEST_CORE_TESTS = [
     "tests/adapters/test_asgi.py",
     "tests/test_version.py",
 ]
+# The framework extras whose floors `lowest_frameworks` installs exactly. Starlette is not among
+# them: FastAPI 0.110.0 requires starlette<0.37, so the run takes the Starlette that FastAPI's
+# floor brings (0.36.3), then swaps in Starlette's own floor for STARLETTE_FLOOR_TESTS.
+FRAMEWORK_FLOORED = ("django", "fastapi", "httpx", "celery", "sqlalchemy")
+# What those tests import besides the frameworks, from the test extra (newest that fits).
+LOWEST_FRAMEWORKS_EXTRAS = (
+    "pytest",
+    "pytest-asyncio",
+    "hypothesis",
+    "fakeredis",
+    "flask",  # tests/client's WSGI app, tests/sql/test_http_fenced.py
+    "werkzeug",
+    "litestar",  # tests/adapters/conftest.py loads every harness
+    "uvicorn",  # tests/frameworks/test_django.py and tests/client serve over real sockets
+    "gunicorn",
+    "hypercorn",  # tests/adapters/test_asgi_streams.py (the Starlette floor's run)
+    "prometheus-client",  # tests/frameworks/test_bounded_labels.py
+    "stripe",  # tests/frameworks/test_stripe.py
+    "psycopg",  # tests/sql on PostgreSQL (skips when no server answers)
+    "aiosqlite",
+)
+# The integrations' tests: the framework tests, the shared adapter suite (every harness,
+# Django, FastAPI and Starlette among them), the client, Celery and the fenced SQL effects.
+LOWEST_FRAMEWORKS_TESTS = [
+    "tests/frameworks",
+    "tests/adapters/test_suite.py",
+    "tests/adapters/test_policy_fields.py",
+    "tests/adapters/test_response_matrix.py",
+    "tests/adapters/test_compress.py",
+    "tests/client",
+    "tests/contrib/test_celery.py",
+    "tests/sql",
+]
+# Run again on Starlette's floor: the tests that build Starlette or FastAPI apps.
+STARLETTE_FLOOR_TESTS = [
+    "tests/adapters/test_suite.py",
+    "tests/adapters/test_asgi.py",
+    "tests/adapters/test_asgi_streams.py",
+    "tests/frameworks/test_fastapi.py",
+]
 # The test extra's packages `minimal` installs: a test runner and fakeredis, no framework.
 MINIMAL_EXTRAS = ("pytest", "pytest-asyncio", "hypothesis", "fakeredis")
 # What `minimal` runs: every test that needs no framework, web server, metrics library or
@@ -122,15 +163,15 @@ def _requirements(names: tuple[str, ...], group: str) -> list[str]:
     return found
 
 
-def lowest_pins() -> list[str]:
-    """``name==floor`` for each of FLOORED: the lowest version pyproject.toml allows.
+def lowest_pins(names: tuple[str, ...] = FLOORED) -> list[str]:
+    """``name==floor`` for each of ``names``: the lowest version pyproject.toml allows.
 
     Every declaration of a package (dependencies and each extra) must name the same floor, so
     there is one floor to test.
     """
     text = (ROOT / "pyproject.toml").read_text("utf-8")
     pins = []
-    for name in FLOORED:
+    for name in names:
         floors = set(re.findall(rf'"{name}(?:\[[^\]]*\])?>=([0-9][0-9.]*)"', text))
         if len(floors) != 1:
             raise ValueError(f"pyproject.toml declares {name} with floors {sorted(floors)}")
@@ -193,6 +234,28 @@ def lowest_core(session: nox.Session) -> None:
     session.install("-e", ".[flask]", *extras, *lowest_pins())
     session.run("python", "-m", "pip", "freeze", "--exclude-editable", silent=False)
     session.run("pytest", "-m", NOT_HEAVY, *(session.posargs or LOWEST_CORE_TESTS))
+
+
+@nox.session(python=CURRENT, venv_backend="venv")
+def lowest_frameworks(session: nox.Session) -> None:
+    """The integrations' tests on the floors of the framework extras (FRAMEWORK_FLOORED).
+
+    Django, FastAPI, httpx, Celery and SQLAlchemy at the exact lowest version pyproject.toml
+    allows; the test tools resolve as usual. FastAPI's floor brings its own Starlette (below
+    Starlette's floor, as a user of the fastapi extra alone gets it); Starlette's floor is then
+    installed over it (without dependencies: pip would refuse it beside FastAPI 0.110.0) for
+    STARLETTE_FLOOR_TESTS. Positional arguments replace LOWEST_FRAMEWORKS_TESTS (and skip
+    that second run).
+    """
+    extras = _requirements(LOWEST_FRAMEWORKS_EXTRAS + FRAMEWORK_FLOORED, "test")
+    session.install("-e", ".", *extras, *lowest_pins(FRAMEWORK_FLOORED))
+    session.run("python", "-m", "pip", "freeze", "--exclude-editable", silent=False)
+    session.run("pytest", "-m", NOT_HEAVY, *(session.posargs or LOWEST_FRAMEWORKS_TESTS))
+    if session.posargs:
+        return
+    (starlette_floor,) = lowest_pins(("starlette",))
+    session.install("--no-deps", starlette_floor)
+    session.run("pytest", "-m", NOT_HEAVY, *STARLETTE_FLOOR_TESTS)
 
 
 @nox.session(python=CURRENT, venv_backend="venv")

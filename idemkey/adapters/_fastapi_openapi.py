@@ -52,7 +52,13 @@ def document(
         ),
         "schema": {"type": "string", "minLength": 1, "maxLength": 255},
     }
-    merged.setdefault("parameters", []).append(header)
+    # Older FastAPI copies a route into each include_router(), passing the openapi_extra this
+    # function already filled: the copy documents the header once, with its own policy.
+    parameters = merged.setdefault("parameters", [])
+    parameters[:] = [
+        p for p in parameters if (p.get("name"), p.get("in")) != (policy.header, "header")
+    ]
+    parameters.append(header)
     responses = merged.setdefault("responses", {})
     success = responses.setdefault(str(status_code or 200), {})
     success.setdefault("headers", {})[REPLAYED_HEADER] = {

@@ -148,6 +148,9 @@ def test_idemkey_off(idemkey_disabled):
 
 def test_a_users_flask_fastapi_and_django_tests_run_on_the_kit(tmp_path: Path) -> None:
     for name, text in {
+        # A project sets the loop scope pytest-asyncio asks for: unset, pytest-asyncio 1.5 warns
+        # at start-up under pytest 9.2, and -W error stops the run.
+        "pytest.ini": "[pytest]\nasyncio_default_fixture_loop_scope = function\n",
         "conftest.py": CONFTEST,
         "test_flask_app.py": FLASK,
         "test_fastapi_app.py": FASTAPI,
