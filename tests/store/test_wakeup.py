@@ -355,7 +355,9 @@ async def test_reads_stay_within_the_socket_timeout(
         await client.aclose()
     assert len(outcomes) >= 3
     assert None not in outcomes  # no read failed
-    assert outcomes[-1] is True  # the last one saw the completion
+    # Whether the last read saw the completion or timed out just before it (the re-claim then
+    # finds the replay) depends on when the completion lands in a block: the wake-up itself is
+    # held by the tests above, this one only by "no read was cut off".
 
 
 async def test_an_entry_left_in_the_stream_does_not_make_a_claim_loop(
