@@ -41,16 +41,9 @@ from idemkey.http import (
 __all__ = ["Exchange", "Input", "policy_for", "run_exchange"]
 
 PROBLEM_CODES = {
-    # incomplete_body / invalid_body: a body shorter than its Content-Length, or unreadable;
-    # body_unavailable: Flask's body read before idemkey could fingerprint it.
-    400: {
-        "missing_key",
-        "invalid_key",
-        "key_reused",
-        "incomplete_body",
-        "invalid_body",
-        "body_unavailable",
-    },
+    # incomplete_body: a body shorter than its declared Content-Length (an ASGI request that
+    # declares 3 bytes and sends none).
+    400: {"missing_key", "invalid_key", "key_reused", "incomplete_body"},
     409: {"in_flight", "key_reused"},
     413: {"request_too_large"},
     422: {"key_reused"},
