@@ -328,16 +328,23 @@ async def test_reads_stay_within_the_socket_timeout(
     private_redis_server: RedisServer, admin: redis.Redis
 ) -> None:
     # socket_timeout 1 s, no retries: each read blocks 0.5 s at most, so none is cut off as
-    # a failure (which would drop the waiter to polling) while the claim stays in flight for
-    # 1.6 s, even though the server answers a timed-out block up to 100 ms late (hz 10) and a
-    # loaded host adds its own delay.
+    # a failure (which would drop the waiter to polling) while the claim stays in flight over
+    # two whole blocks, even though the server answers a timed-out block up to 100 ms late
+    # (hz 10) and a loaded host adds its own delay. The completion comes as the third read
+    # starts, so that read (not a timeout just before it) is the one that sees it.
     no_retry = redis.asyncio.retry.Retry(redis.backoff.NoBackoff(), 0)
     client = private_redis_server.async_client(socket_timeout=1.0, retry=no_retry)
     store = AsyncRedisStore(client, Policy(prefix="w"))
     outcomes: list[bool | None] = []
+    third_read = asyncio.Event()
+    started = 0
     read = store._wakeups._read
 
     async def counted(stream: str, block_ms: int) -> bool | None:
+        nonlocal started
+        started += 1
+        if started == 3:
+            third_read.set()
         outcomes.append(await read(stream, block_ms))
         return outcomes[-1]
 
@@ -347,17 +354,15 @@ async def test_reads_stay_within_the_socket_timeout(
         first = await store.claim(rec, "fp")
         assert isinstance(first, Claimed)
         waiter = asyncio.create_task(store.claim(rec, "fp", wait=10))
-        await asyncio.sleep(1.6)  # the request in flight takes a while
+        await asyncio.wait_for(third_read.wait(), 10)  # two whole blocks went by
         assert await store.complete(rec, first.owner, b"ok")
         assert await asyncio.wait_for(waiter, 5) == Replay(b"ok")
     finally:
         await store.aclose()
         await client.aclose()
-    assert len(outcomes) >= 3
+    assert len(outcomes) == 3
     assert None not in outcomes  # no read failed
-    # Whether the last read saw the completion or timed out just before it (the re-claim then
-    # finds the replay) depends on when the completion lands in a block: the wake-up itself is
-    # held by the tests above, this one only by "no read was cut off".
+    assert outcomes[-1] is True  # the third read saw the completion
 
 
 async def test_an_entry_left_in_the_stream_does_not_make_a_claim_loop(
