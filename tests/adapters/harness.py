@@ -43,6 +43,7 @@ header line in order, as sent by the adapter.
 from __future__ import annotations
 
 import collections
+import contextlib
 import json
 import threading
 from collections.abc import Callable, Iterator, Sequence
@@ -54,6 +55,7 @@ import fakeredis
 import redis
 import redis.asyncio
 
+from idemkey import RedisStore
 from tests._servers import no_retry
 
 if TYPE_CHECKING:
@@ -158,6 +160,22 @@ def sync_redis(url: str | None) -> redis.Redis:
     if url is None:
         return fakeredis.FakeRedis(server=fakeredis.FakeServer(version=(7, 0)))
     return redis.Redis.from_url(url, socket_connect_timeout=2, socket_timeout=5, retry=no_retry())
+
+
+@contextlib.contextmanager
+def store_on(url: str | None, policy: Policy) -> Iterator[RedisStore]:
+    """A sync store on :func:`sync_redis` for a test: closed after it, and on a real server
+    (``url``) the keys under ``policy.prefix`` deleted."""
+    store = RedisStore(sync_redis(url), policy)
+    try:
+        yield store
+    finally:
+        store.close()
+        store.client.close()
+        if url:
+            from tests.conftest import _purge_prefix
+
+            _purge_prefix(url, policy.prefix)
 
 
 def async_redis(url: str | None) -> redis.asyncio.Redis:

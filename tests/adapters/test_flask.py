@@ -14,7 +14,7 @@ from idemkey._core import record_for
 from idemkey.adapters.flask import Idemkey
 from idemkey.policy import credential_scope
 from tests._servers import free_port
-from tests.adapters.harness import sync_redis
+from tests.adapters.harness import store_on
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -32,16 +32,8 @@ def backend(request: pytest.FixtureRequest) -> str:
 @pytest.fixture
 def store(backend: str, request: pytest.FixtureRequest, prefix: str) -> Iterator[RedisStore]:
     url = request.getfixturevalue("redis_url") if backend == "redis" else None
-    store = RedisStore(sync_redis(url), Policy(prefix=prefix))
-    try:
+    with store_on(url, Policy(prefix=prefix)) as store:
         yield store
-    finally:
-        store.close()
-        store.client.close()
-        if url:
-            from tests.conftest import _purge_prefix
-
-            _purge_prefix(url, prefix)
 
 
 def build(idem: Idemkey, name: str = "app", **config: Any) -> Flask:

@@ -15,7 +15,7 @@ from flask import Flask, request
 
 from idemkey import Policy, RedisStore
 from idemkey.adapters.flask import Idemkey
-from tests.adapters.harness import sync_redis
+from tests.adapters.harness import store_on
 from tests.adapters.harness_wsgi import environ_for
 
 if TYPE_CHECKING:
@@ -25,16 +25,8 @@ if TYPE_CHECKING:
 @pytest.fixture(params=[pytest.param("redis", marks=pytest.mark.redis), "fakeredis"])
 def store(request: pytest.FixtureRequest, prefix: str) -> Iterator[RedisStore]:
     url = request.getfixturevalue("redis_url") if request.param == "redis" else None
-    store = RedisStore(sync_redis(url), Policy(prefix=prefix, max_request_bytes=64))
-    try:
+    with store_on(url, Policy(prefix=prefix, max_request_bytes=64)) as store:
         yield store
-    finally:
-        store.close()
-        store.client.close()
-        if url:
-            from tests.conftest import _purge_prefix
-
-            _purge_prefix(url, prefix)
 
 
 def app_for(store: RedisStore) -> tuple[Flask, list[bytes]]:

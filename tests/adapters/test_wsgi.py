@@ -17,7 +17,7 @@ import pytest
 
 from idemkey import Policy, RedisStore
 from idemkey.adapters.wsgi import IdempotencyMiddleware
-from tests.adapters.harness import sync_redis
+from tests.adapters.harness import store_on
 from tests.adapters.harness_wsgi import environ_for
 
 if TYPE_CHECKING:
@@ -42,16 +42,8 @@ KEY = ("Idempotency-Key", "k")
 def store(backend: str, request: pytest.FixtureRequest, prefix: str) -> Iterator[RedisStore]:
     url = request.getfixturevalue("redis_url") if backend == "redis" else None
     policy = Policy(prefix=prefix, max_request_bytes=64, max_response_bytes=64, lease=2, ttl=60)
-    store = RedisStore(sync_redis(url), policy)
-    try:
+    with store_on(url, policy) as store:
         yield store
-    finally:
-        store.close()
-        store.client.close()
-        if url:
-            from tests.conftest import _purge_prefix
-
-            _purge_prefix(url, prefix)
 
 
 class Server:
