@@ -160,11 +160,21 @@ def test_a_master_killed_under_load_fails_over_and_requests_resume(
 
         # Requests resume, on the promoted master's slots too: at the load's pace (hundreds a
         # second here) 20 of them take well under a second once writes can be confirmed.
-        wait_until(
-            lambda: on_promoted() >= 20 or not any(t.is_alive() for t in threads),
-            RESUME_TIMEOUT,
-            "requests on the promoted master",
-        )
+        try:
+            wait_until(
+                lambda: on_promoted() >= 20 or not any(t.is_alive() for t in threads),
+                RESUME_TIMEOUT,
+                "requests on the promoted master",
+            )
+        except AssertionError as exc:
+            # Say what the load saw, so a timeout here can be told from a slow box: acks since
+            # the failover, on the promoted master, requests failed closed since, live threads.
+            since = [at for at in errors if at > promoted_at]
+            raise AssertionError(
+                f"{exc}: {len(acked) - acked_at_failover} acknowledged since the failover, "
+                f"{on_promoted()} on the promoted master, {len(since)} failed closed since, "
+                f"{sum(t.is_alive() for t in threads)} load threads alive"
+            ) from exc
     finally:
         stop.set()
         for thread in threads:
