@@ -109,10 +109,15 @@ class AsyncRedisStore(AsyncHeartbeat):
             except self._errors as exc:
                 await self._refresh_topology()
                 raise self._store_error(name, exc) from exc
+            except StoreError:  # a failure in the replies (a dead node's pooled connection)
+                await self._refresh_topology()
+                raise
             if outcome == _DONE:
                 return value
             if outcome == _REDIRECTED:
                 await self._refresh_topology()
+                if not may_retry:
+                    raise value
                 await sleep(delay := _retry_delay(delay, deadline))
             elif outcome == _UNCONFIRMED:
                 if name == "claim":  # free the key so a retry can run, if Redis lets us

@@ -73,16 +73,25 @@ def _durable_outcome(
 ) -> tuple[int, Any]:
     """Decide on an EVALSHA + WAIT answer, without I/O.
 
-    ``(_DONE, reply)``; ``(_LOAD_SCRIPT, None)``: load the script and send again;
-    ``(_REDIRECTED, None)``: the slot is elsewhere now, learn the topology and send again (both
-    only while ``may_retry``); ``(_UNCONFIRMED, error)``: the script wrote but too few replicas
-    have it, so raise ``error`` (after releasing a claim). Any other failure raises StoreError.
+    ``(_DONE, reply)``; ``(_LOAD_SCRIPT, None)``: load the script and send again (only while
+    ``may_retry``); ``(_REDIRECTED, error)``: the slot is served elsewhere now, so learn the
+    topology and send again, or raise ``error`` when out of time; ``(_UNCONFIRMED, error)``: the
+    script wrote but too few replicas have it, so raise ``error`` (after releasing a claim). Any
+    other failure raises StoreError.
     """
-    reply, acked = _durable_reply(name, replies)
+    reply = replies[0]
+    # A redirect is read before WAIT's reply: a node map that went stale in a failover sends to
+    # the old master, which comes back as the new one's replica and answers MOVED to the script
+    # and an error to WAIT ("cannot be used with replica instances"). Only the topology refresh
+    # that a redirect asks for gets the store off that node.
+    if type(reply).__name__ in _REDIRECTS:
+        return _REDIRECTED, StoreError(
+            f"Redis failed during {name}: {type(reply).__name__}: {reply} (the slot's master "
+            "moved and the cluster did not settle in time)"
+        )
     if may_retry and isinstance(reply, noscript):
         return _LOAD_SCRIPT, None
-    if may_retry and type(reply).__name__ in _REDIRECTS:
-        return _REDIRECTED, None
+    reply, acked = _durable_reply(name, replies)
     if isinstance(reply, BaseException):
         raise StoreError(f"Redis failed during {name}: {type(reply).__name__}: {reply}") from reply
     if _wrote(name, reply) and acked < durability.count:

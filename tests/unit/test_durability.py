@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from redis.exceptions import NoScriptError, TryAgainError
+from redis.exceptions import MovedError, NoScriptError, ResponseError, TryAgainError
 
 from idemkey import ConfigurationError, Policy, RedisStore, StoreError
 from idemkey.policy import Replicas
@@ -166,6 +166,21 @@ def test_durable_outcomes() -> None:
     assert _durable_outcome("complete", [noscript, 0], NoScriptError, one, True)[0] == _LOAD_SCRIPT
     moved = TryAgainError("TRYAGAIN")
     assert _durable_outcome("complete", [moved, 0], NoScriptError, one, True)[0] == _REDIRECTED
-    for reply in (noscript, moved):  # out of time: a failure, not another try
-        with pytest.raises(StoreError):
-            _durable_outcome("complete", [reply, 0], NoScriptError, one, False)
+    with pytest.raises(StoreError):  # out of time: a failure, not another try
+        _durable_outcome("complete", [noscript, 0], NoScriptError, one, False)
+    outcome, error = _durable_outcome("complete", [moved, 0], NoScriptError, one, False)
+    assert outcome == _REDIRECTED  # the shell learns the topology, then raises
+    assert isinstance(error, StoreError)
+
+
+def test_a_redirect_from_a_replica_is_read_before_the_wait_error() -> None:
+    """A node map gone stale in a failover sends to the old master, back as a replica: MOVED to
+    the script, an error to WAIT. That is a redirect (learn the topology, send again), not a
+    failure that would repeat on every call to the slot."""
+    one = Replicas(1, 0.1)
+    moved = MovedError("3999 127.0.0.1:7001")
+    on_replica = ResponseError("WAIT cannot be used with replica instances.")
+    outcome, _ = _durable_outcome("claim", [moved, on_replica], NoScriptError, one, True)
+    assert outcome == _REDIRECTED
+    with pytest.raises(StoreError, match="WAIT"):  # a WAIT error after a reply is a failure
+        _durable_outcome("claim", [[1, 1, 0], on_replica], NoScriptError, one, True)
