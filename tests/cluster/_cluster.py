@@ -27,6 +27,7 @@ import redis
 import redis.asyncio.cluster
 import redis.cluster
 from redis.cluster import ClusterNode
+from redis.crc import key_slot
 
 from tests._servers import (
     HOST,
@@ -354,12 +355,13 @@ class ClusterProcesses:
     ) -> None:
         """Wait until ``replica`` is ``master``'s replica and has caught up with it.
 
-        Three conditions, each with its own deadline so a timeout names the one that stalled:
-        the replica reports ``master_link_status:up`` towards ``master`` with no sync in
-        progress (after a full resync of the dataset), the master lists it ``online``, and its
-        acknowledged offset reaches the master's offset read once the link was up (writes keep
-        flowing under load, so "equal" could be a moving target; "reached" is monotone). From
-        then on a ``WAIT 1`` on ``master`` is answered by this replica.
+        Three waits, each with its own deadline so a timeout names the one that stalled: the
+        replica reports ``master_link_status:up`` towards ``master`` with no sync in progress
+        (after a full resync of the dataset); the master lists it ``online`` with an
+        acknowledged offset that reaches the master's offset read once the link was up (writes
+        keep flowing under load, so "equal" could be a moving target; "reached" is monotone);
+        and a new write on ``master`` is confirmed by ``WAIT 1``. From then on a durable write
+        on ``master`` is answered by this replica.
         """
         wait_until(
             lambda: self._replica_link_up(replica, master),
@@ -376,6 +378,38 @@ class ClusterProcesses:
             interval=0.05,
             ignore=(redis.RedisError,),
         )
+        # "Online" at the reached offset is not yet streaming: after a diskless full sync the
+        # master sends new writes only once the replica's first ACK comes (up to a second, seen
+        # here holding a durable claim's WAIT at 0 for 500 ms). So wait for a new write to be
+        # acknowledged, the way a durable write is: a write then WAIT on one connection.
+        probe = self._key_on(master)
+        client = self.node_client(master)
+        try:
+            wait_until(
+                lambda: self._write_acknowledged(client, probe),
+                timeout,
+                f"node {replica.port} to acknowledge a new write on {master.port}",
+                interval=0.05,
+                ignore=(redis.RedisError,),
+            )
+        finally:
+            client.close()
+
+    def _key_on(self, master: RedisServer) -> str:
+        """A key in a slot ``master`` serves."""
+        ranges = self.slots_of(master)
+        for i in range(100_000):
+            key = f"idemkey-probe-{i}"
+            if any(first <= key_slot(key.encode()) <= last for first, last in ranges):
+                return key
+        raise RedisServerError(f"no probe key found for node {master.port}")
+
+    @staticmethod
+    def _write_acknowledged(client: redis.Redis, key: str) -> bool:
+        pipe = client.pipeline(transaction=False)
+        pipe.set(key, b"1", px=10_000)
+        pipe.execute_command("WAIT", 1, 100)
+        return bool(pipe.execute()[1] >= 1)
 
     def kill_master_for_slot(self, slot: int) -> RedisServer:
         """SIGKILL the master serving ``slot``; returns it (restart it with ``restart_node``)."""
