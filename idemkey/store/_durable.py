@@ -35,6 +35,14 @@ _REDIRECTS: Final = frozenset(
 )
 
 
+# Replies that mean "the connection dropped before an answer came". Sent again, like a redirect:
+# every durable script answers the same to a re-send by its owner, and WAIT on the new
+# connection still covers the first send (a connection that wrote nothing waits for the
+# primary's current offset: seen on Redis 7.0). redis-py's sync pipeline re-sends by itself;
+# an asyncio cluster node hands the error back, e.g. on a connection to a restarted node.
+_DROPPED: Final = frozenset({"ConnectionError", "TimeoutError"})
+
+
 def _wrote(name: str, reply: Any) -> bool:
     """Whether a script reply means the call wrote (or found written, for a checkpoint): a
     claim (``{1, ...}``), a completion (1), a checkpoint (1 or the stored result)."""
@@ -74,8 +82,9 @@ def _durable_outcome(
     """Decide on an EVALSHA + WAIT answer, without I/O.
 
     ``(_DONE, reply)``; ``(_LOAD_SCRIPT, None)``: load the script and send again (only while
-    ``may_retry``); ``(_REDIRECTED, error)``: the slot is served elsewhere now, so learn the
-    topology and send again, or raise ``error`` when out of time; ``(_UNCONFIRMED, error)``: the
+    ``may_retry``); ``(_REDIRECTED, error)``: the slot is served elsewhere now or the
+    connection dropped, so learn the topology and send again, or raise ``error`` when out of
+    time; ``(_UNCONFIRMED, error)``: the
     script wrote but too few replicas have it, so raise ``error`` (after releasing a claim). Any
     other failure raises StoreError.
     """
@@ -84,10 +93,10 @@ def _durable_outcome(
     # the old master, which comes back as the new one's replica and answers MOVED to the script
     # and an error to WAIT ("cannot be used with replica instances"). Only the topology refresh
     # that a redirect asks for gets the store off that node.
-    if type(reply).__name__ in _REDIRECTS:
+    if type(reply).__name__ in _REDIRECTS or type(reply).__name__ in _DROPPED:
         return _REDIRECTED, StoreError(
-            f"Redis failed during {name}: {type(reply).__name__}: {reply} (the slot's master "
-            "moved and the cluster did not settle in time)"
+            f"Redis failed during {name}: {type(reply).__name__}: {reply} (sent again until "
+            "the store's slot_moving_wait ran out)"
         )
     if may_retry and isinstance(reply, noscript):
         return _LOAD_SCRIPT, None

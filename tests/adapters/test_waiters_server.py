@@ -27,7 +27,10 @@ def test_waiters_cost_two_claims_and_wake_at_the_completion(server: str) -> None
     waiters = REQUESTS - 1
     # Polling made ~7 claims per waiter here (5 ms doubling to 250 ms over the 500 ms).
     assert result["evalsha"] + result["xread"] <= 3 * waiters + 2, result
-    assert result["evalsha"] == 2 * waiters + 2, result  # the owner: claim and complete
+    # The owner's claim and complete, then at most two claims per waiter: in flight, then its
+    # replay (one, a replay at once, for a request that a loaded box delivers only after the
+    # completion: seen with two suites running, 79 and 86 here).
+    assert waiters + 2 <= result["evalsha"] <= 2 * waiters + 2, result
     # Generous: the replays leave one worker one after another on a shared box;
     # polling's last sleep alone could be 250 ms.
     assert result["wake_max_ms"] < HOLD * 1000, result

@@ -10,7 +10,13 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from redis.exceptions import MovedError, NoScriptError, ResponseError, TryAgainError
+from redis.exceptions import (
+    ConnectionError,
+    MovedError,
+    NoScriptError,
+    ResponseError,
+    TryAgainError,
+)
 
 from idemkey import ConfigurationError, Policy, RedisStore, StoreError
 from idemkey.policy import Replicas
@@ -182,5 +188,8 @@ def test_a_redirect_from_a_replica_is_read_before_the_wait_error() -> None:
     on_replica = ResponseError("WAIT cannot be used with replica instances.")
     outcome, _ = _durable_outcome("claim", [moved, on_replica], NoScriptError, one, True)
     assert outcome == _REDIRECTED
+    dropped = ConnectionError("Connection closed by server.")
+    outcome, _ = _durable_outcome("claim", [dropped, dropped], NoScriptError, one, True)
+    assert outcome == _REDIRECTED  # sent again: the scripts answer a re-send alike
     with pytest.raises(StoreError, match="WAIT"):  # a WAIT error after a reply is a failure
         _durable_outcome("claim", [[1, 1, 0], on_replica], NoScriptError, one, True)
