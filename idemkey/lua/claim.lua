@@ -38,25 +38,24 @@
 local head = redis.call("HMGET", KEYS[1], "resp", "fp", "state")
 local resp, fp, state = head[1], head[2], head[3]
 
+-- A complete record's fp ends with the 12-character owner tag, which is not part of the
+-- comparison (a record completed before 0.2 says state = "complete" and holds the bare fp).
+if resp and fp and state ~= "complete" then
+  fp = string.sub(fp, 1, -13)
+end
 -- Is the stored fingerprint this request's? Compared as sent; a record written before 0.2
 -- holds 32 hex digits where idemkey now sends 16 bytes, compared in hex when the bytes differ.
--- (Inline, not a local function: a closure would be built on every call.)
+-- One comparison for every state (HMGET gives false for a missing field).
+local same = fp == ARGV[1] or (fp and #fp == 32 and #ARGV[1] == 16
+  and fp == string.format(string.rep("%02x", 16), string.byte(ARGV[1], 1, 16)))
 if resp then
-  -- Complete. A current record's fp ends with the 12-character owner tag; an old one says
-  -- state = "complete" and holds the bare fingerprint.
-  fp = fp or ""
-  if state ~= "complete" then
-    fp = string.sub(fp, 1, -13)
-  end
-  if fp == ARGV[1] or (#fp == 32 and #ARGV[1] == 16
-      and fp == string.format(string.rep("%02x", 16), string.byte(ARGV[1], 1, 16))) then
+  if same then
     return {2, resp}
   end
   return {4}
 end
 -- fp without a state: released with finished steps, still bound to its payload.
-if fp and fp ~= ARGV[1] and not (#fp == 32 and #ARGV[1] == 16
-    and fp == string.format(string.rep("%02x", 16), string.byte(ARGV[1], 1, 16))) then
+if fp and not same then
   return {4}
 end
 
