@@ -157,7 +157,7 @@ class Policy:
     #: with zlib, when it saves bytes; ``True``: :data:`DEFAULT_COMPRESS_AT` (1 KiB). ``None``
     #: or ``False`` (default): never. Records are read whatever this says, so it can be
     #: changed at any time; a release older than the one that added it cannot read them.
-    compress: bool | int | None = None
+    compress: bool | int | None = field(default=None, compare=False)  # compared as compress_at
     #: Called with every :class:`idemkey.events.Event`; exceptions in it are logged, not raised.
     on_event: Callable[[Event], None] | None = field(default=None, compare=False)
     #: Renders idemkey's own answers (400, 409, 413, 422, 503) in your API's error format:
@@ -171,7 +171,8 @@ class Policy:
     lease_ms: int = field(init=False, repr=False, compare=False)
     ttl_ms: int = field(init=False, repr=False, compare=False)
     #: ``compress`` as the codec takes it: the smallest record size compressed, None for never.
-    compress_at: int | None = field(init=False, repr=False, compare=False)
+    #: Policies compare by it, so ``compress=True`` equals ``compress=1024``.
+    compress_at: int | None = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         if not 0 < self.lease < self.ttl:

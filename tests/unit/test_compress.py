@@ -151,6 +151,13 @@ def test_policy_compress_takes_a_switch_or_a_size(compress: object, compress_at:
     assert policy.replace(compress=None).compress_at is None
 
 
+def test_policies_that_compress_alike_are_equal() -> None:
+    assert Policy(compress=True) == Policy(compress=DEFAULT_COMPRESS_AT)
+    assert hash(Policy(compress=True)) == hash(Policy(compress=DEFAULT_COMPRESS_AT))
+    assert Policy(compress=False) == Policy(compress=None) == Policy()
+    assert Policy(compress=True) != Policy(compress=0) != Policy()
+
+
 @pytest.mark.parametrize("compress", [-1, 1.5, "yes", "1024", b"1"])
 def test_policy_compress_refuses_anything_else(compress: object) -> None:
     with pytest.raises(ConfigurationError, match="compress must be"):
