@@ -64,6 +64,11 @@ __all__ = [
 T = TypeVar("T")
 
 HOST = "127.0.0.1"
+# How soon after a completion a waiter must have its replay: what a loaded 2-core box meets (two
+# full suites at once: 50 threads re-claimed up to 265 ms after a completion, one durable waiter
+# 125 ms and more), far under the seconds a waiter with no wake-up blocks for (its read's cap:
+# half the socket timeout, at most 5 s). That no waiter polls is held by the call counts.
+WAKE_BOUND = 1.0
 
 
 class RedisServerError(RuntimeError):

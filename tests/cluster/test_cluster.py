@@ -28,7 +28,7 @@ from idemkey import (
     guard,
 )
 from idemkey._core import Claimed, InFlight, Mismatch, Record, Replay, record_for
-from tests._servers import async_wait_until, wait_until
+from tests._servers import WAKE_BOUND, async_wait_until, wait_until
 
 if TYPE_CHECKING:
     import redis.asyncio.cluster
@@ -529,7 +529,7 @@ def test_waiters_block_on_the_records_master_and_wake_at_the_completion(
     for thread in threads:
         thread.join(10)
     assert [answer for answer, _ in answers] == [Replay(b"resp")] * 5
-    assert max(woke for _, woke in answers) - completed < 0.125
+    assert max(woke for _, woke in answers) - completed < WAKE_BOUND
     store.close()
 
 
@@ -550,6 +550,6 @@ async def test_async_waiters_block_on_the_records_master_and_wake_at_the_complet
         assert await store.complete(record, first.owner, b"resp")
         completed = time.monotonic()
         assert await asyncio.gather(*waiters) == [Replay(b"resp")] * 5
-        assert time.monotonic() - completed < 0.125
+        assert time.monotonic() - completed < WAKE_BOUND
     finally:
         await store.aclose()

@@ -24,17 +24,12 @@ import redis.backoff
 from idemkey import AsyncRedisStore, Policy, RedisStore
 from idemkey.records import Claimed, InFlight, Record, Replay, record_for
 from idemkey.store._base import SCRIPTS, _block_ms
-from tests._servers import RedisServer, async_wait_until, wait_until
+from tests._servers import WAKE_BOUND, RedisServer, async_wait_until, wait_until
 
 WAITERS = 50
 # The waiters are left blocked this long before the completion: polling (5 ms doubling to
 # 250 ms) would have made ~7 claims each by then and slept up to 250 ms past the completion.
 HELD = 0.5
-# Wake-up bound: what a loaded 2-core box (two full suites at once: 50 threads re-claimed up to
-# 265 ms after a completion) still meets, far under the 5 s a waiter with no wake-up blocks for.
-# That no waiter polls is held exactly, load or not, by the EVALSHA counts (a poll would make
-# about 7 claims per waiter while the claim is held).
-WAKE_BOUND = 1.0
 
 
 def calls(client: redis.Redis) -> Counter[str]:
