@@ -40,7 +40,7 @@ from ._base import (
     _retry_delay,
     _slot_moving,
 )
-from ._durable import _DONE, _DURABLE, _LOAD_SCRIPT, _REDIRECTED, _UNCONFIRMED, _durable_outcome
+from ._durable import _DONE, _DURABLE, _LOAD_SCRIPT, _SEND_AGAIN, _UNCONFIRMED, _durable_outcome
 from ._server_check import _CONFIG_NAMES, _config_pairs, _info_settings, _report, server_warnings
 
 __all__ = ["AsyncRedisStore"]
@@ -114,7 +114,7 @@ class AsyncRedisStore(AsyncHeartbeat):
                 raise
             if outcome == _DONE:
                 return value
-            if outcome == _REDIRECTED:
+            if outcome == _SEND_AGAIN:
                 await self._refresh_topology()
                 if not may_retry:
                     raise value

@@ -16,7 +16,7 @@ __all__ = [
     "_DONE",
     "_DURABLE",
     "_LOAD_SCRIPT",
-    "_REDIRECTED",
+    "_SEND_AGAIN",
     "_REDIRECTS",
     "_UNCONFIRMED",
     "_durable_outcome",
@@ -41,6 +41,7 @@ _REDIRECTS: Final = frozenset(
 # primary's current offset: seen on Redis 7.0). redis-py's sync pipeline re-sends by itself;
 # an asyncio cluster node hands the error back, e.g. on a connection to a restarted node.
 _DROPPED: Final = frozenset({"ConnectionError", "TimeoutError"})
+_SENT_AGAIN_ON: Final = _REDIRECTS | _DROPPED
 
 
 def _wrote(name: str, reply: Any) -> bool:
@@ -69,7 +70,7 @@ def _durable_reply(name: str, replies: list[Any]) -> tuple[Any, int]:
 
 
 # What an EVALSHA + WAIT answer asks of the store's shell (sync or async) next.
-_DONE, _LOAD_SCRIPT, _REDIRECTED, _UNCONFIRMED = range(4)
+_DONE, _LOAD_SCRIPT, _SEND_AGAIN, _UNCONFIRMED = range(4)
 
 
 def _durable_outcome(
@@ -82,19 +83,18 @@ def _durable_outcome(
     """Decide on an EVALSHA + WAIT answer, without I/O.
 
     ``(_DONE, reply)``; ``(_LOAD_SCRIPT, None)``: load the script and send again (only while
-    ``may_retry``); ``(_REDIRECTED, error)``: the slot is served elsewhere now or the
+    ``may_retry``); ``(_SEND_AGAIN, error)``: the slot is served elsewhere now or the
     connection dropped, so learn the topology and send again, or raise ``error`` when out of
-    time; ``(_UNCONFIRMED, error)``: the
-    script wrote but too few replicas have it, so raise ``error`` (after releasing a claim). Any
-    other failure raises StoreError.
+    time; ``(_UNCONFIRMED, error)``: the script wrote but too few replicas have it, so raise
+    ``error`` (after releasing a claim). Any other failure raises StoreError.
     """
     reply = replies[0]
     # A redirect is read before WAIT's reply: a node map that went stale in a failover sends to
     # the old master, which comes back as the new one's replica and answers MOVED to the script
     # and an error to WAIT ("cannot be used with replica instances"). Only the topology refresh
     # that a redirect asks for gets the store off that node.
-    if type(reply).__name__ in _REDIRECTS or type(reply).__name__ in _DROPPED:
-        return _REDIRECTED, StoreError(
+    if type(reply).__name__ in _SENT_AGAIN_ON:
+        return _SEND_AGAIN, StoreError(
             f"Redis failed during {name}: {type(reply).__name__}: {reply} (sent again until "
             "the store's slot_moving_wait ran out)"
         )

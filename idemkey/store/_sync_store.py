@@ -41,7 +41,7 @@ from ._base import (
     _retry_delay,
     _slot_moving,
 )
-from ._durable import _DONE, _DURABLE, _LOAD_SCRIPT, _REDIRECTED, _UNCONFIRMED, _durable_outcome
+from ._durable import _DONE, _DURABLE, _LOAD_SCRIPT, _SEND_AGAIN, _UNCONFIRMED, _durable_outcome
 from ._server_check import _CONFIG_NAMES, _config_pairs, _info_settings, _report, server_warnings
 
 __all__ = ["RedisStore"]
@@ -115,7 +115,7 @@ class RedisStore(Heartbeat):
                 raise
             if outcome == _DONE:
                 return value
-            if outcome == _REDIRECTED:
+            if outcome == _SEND_AGAIN:
                 self._refresh_topology()
                 if not may_retry:
                     raise value

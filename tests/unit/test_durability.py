@@ -11,7 +11,9 @@ from typing import Any
 
 import pytest
 from redis.exceptions import (
-    ConnectionError,
+    ConnectionError as RedisConnectionError,
+)
+from redis.exceptions import (
     MovedError,
     NoScriptError,
     ResponseError,
@@ -24,7 +26,7 @@ from idemkey.records import Claimed, record_for
 from idemkey.store import (
     _DONE,
     _LOAD_SCRIPT,
-    _REDIRECTED,
+    _SEND_AGAIN,
     _UNCONFIRMED,
     _durable_outcome,
     _durable_reply,
@@ -171,11 +173,11 @@ def test_durable_outcomes() -> None:
     noscript = NoScriptError("NOSCRIPT")
     assert _durable_outcome("complete", [noscript, 0], NoScriptError, one, True)[0] == _LOAD_SCRIPT
     moved = TryAgainError("TRYAGAIN")
-    assert _durable_outcome("complete", [moved, 0], NoScriptError, one, True)[0] == _REDIRECTED
+    assert _durable_outcome("complete", [moved, 0], NoScriptError, one, True)[0] == _SEND_AGAIN
     with pytest.raises(StoreError):  # out of time: a failure, not another try
         _durable_outcome("complete", [noscript, 0], NoScriptError, one, False)
     outcome, error = _durable_outcome("complete", [moved, 0], NoScriptError, one, False)
-    assert outcome == _REDIRECTED  # the shell learns the topology, then raises
+    assert outcome == _SEND_AGAIN  # the shell learns the topology, then raises
     assert isinstance(error, StoreError)
 
 
@@ -187,9 +189,9 @@ def test_a_redirect_from_a_replica_is_read_before_the_wait_error() -> None:
     moved = MovedError("3999 127.0.0.1:7001")
     on_replica = ResponseError("WAIT cannot be used with replica instances.")
     outcome, _ = _durable_outcome("claim", [moved, on_replica], NoScriptError, one, True)
-    assert outcome == _REDIRECTED
-    dropped = ConnectionError("Connection closed by server.")
+    assert outcome == _SEND_AGAIN
+    dropped = RedisConnectionError("Connection closed by server.")
     outcome, _ = _durable_outcome("claim", [dropped, dropped], NoScriptError, one, True)
-    assert outcome == _REDIRECTED  # sent again: the scripts answer a re-send alike
+    assert outcome == _SEND_AGAIN  # sent again: the scripts answer a re-send alike
     with pytest.raises(StoreError, match="WAIT"):  # a WAIT error after a reply is a failure
         _durable_outcome("claim", [[1, 1, 0], on_replica], NoScriptError, one, True)
