@@ -59,6 +59,7 @@ __all__ = [
     "no_retry",
     "redis_server_executable",
     "wait_until",
+    "write_confirmed",
 ]
 
 T = TypeVar("T")
@@ -113,6 +114,16 @@ def wait_until(
             ) from last_exc
         time.sleep(min(interval, deadline - now))
         interval = min(interval * 1.5, 0.1)
+
+
+def write_confirmed(client: redis.Redis, key: str = "idemkey-test-probe") -> bool:
+    """Whether a new write on ``client``'s server is confirmed by a replica, the way a durable
+    write is: a SET, then ``WAIT 1`` on the same connection. After a full sync (or a pause) a
+    replica takes its first ACK, up to a second, before the primary streams to it again."""
+    pipe = client.pipeline(transaction=False)
+    pipe.set(key, b"1", px=10_000)
+    pipe.execute_command("WAIT", 1, 200)
+    return bool(pipe.execute()[1] >= 1)
 
 
 @overload

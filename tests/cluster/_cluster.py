@@ -20,7 +20,7 @@ import re
 import shutil
 import socket
 import subprocess
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import redis
@@ -37,6 +37,7 @@ from tests._servers import (
     no_retry,
     redis_server_executable,
     wait_until,
+    write_confirmed,
 )
 
 __all__ = ["ClusterProcesses", "redis_cli_executable"]
@@ -312,13 +313,7 @@ class ClusterProcesses:
         return True
 
     def wait_replicas_synced(self, timeout: float = 20.0) -> None:
-        wait_until(
-            self.replicas_synced,
-            timeout,
-            "every replica to catch up",
-            interval=0.05,
-            ignore=(redis.RedisError,),
-        )
+        self._wait(self.replicas_synced, timeout, "every replica to catch up")
 
     def slots_of(self, master: RedisServer) -> list[tuple[int, int]]:
         """The slot ranges ``master`` serves, as a live node sees them now."""
@@ -363,37 +358,34 @@ class ClusterProcesses:
         and a new write on ``master`` is confirmed by ``WAIT 1``. From then on a durable write
         on ``master`` is answered by this replica.
         """
-        wait_until(
+        self._wait(
             lambda: self._replica_link_up(replica, master),
             timeout,
             f"node {replica.port} to replicate {master.port} with master_link_status:up",
-            interval=0.05,
-            ignore=(redis.RedisError,),
         )
         target = int(self._ask(master, "INFO", "replication").get("master_repl_offset", 0))
-        wait_until(
+        self._wait(
             lambda: (self._replica_offset(replica, master) or -1) >= target,
             timeout,
             f"node {replica.port} to acknowledge {master.port}'s offset {target}",
-            interval=0.05,
-            ignore=(redis.RedisError,),
         )
         # "Online" at the reached offset is not yet streaming: after a diskless full sync the
         # master sends new writes only once the replica's first ACK comes (up to a second, seen
-        # here holding a durable claim's WAIT at 0 for 500 ms). So wait for a new write to be
-        # acknowledged, the way a durable write is: a write then WAIT on one connection.
+        # here holding a durable claim's WAIT at 0 for 500 ms).
         probe = self._key_on(master)
         client = self.node_client(master)
         try:
-            wait_until(
-                lambda: self._write_acknowledged(client, probe),
+            self._wait(
+                lambda: write_confirmed(client, probe),
                 timeout,
                 f"node {replica.port} to acknowledge a new write on {master.port}",
-                interval=0.05,
-                ignore=(redis.RedisError,),
             )
         finally:
             client.close()
+
+    def _wait(self, predicate: Callable[[], object], timeout: float, message: str) -> None:
+        """Poll a node's state every 50 ms, through the errors of a node still starting."""
+        wait_until(predicate, timeout, message, interval=0.05, ignore=(redis.RedisError,))
 
     def _key_on(self, master: RedisServer) -> str:
         """A key in a slot ``master`` serves."""
@@ -403,13 +395,6 @@ class ClusterProcesses:
             if any(first <= key_slot(key.encode()) <= last for first, last in ranges):
                 return key
         raise RedisServerError(f"no probe key found for node {master.port}")
-
-    @staticmethod
-    def _write_acknowledged(client: redis.Redis, key: str) -> bool:
-        pipe = client.pipeline(transaction=False)
-        pipe.set(key, b"1", px=10_000)
-        pipe.execute_command("WAIT", 1, 100)
-        return bool(pipe.execute()[1] >= 1)
 
     def kill_master_for_slot(self, slot: int) -> RedisServer:
         """SIGKILL the master serving ``slot``; returns it (restart it with ``restart_node``)."""
@@ -432,12 +417,10 @@ class ClusterProcesses:
     def restart_node(self, node: RedisServer, timeout: float = 20.0) -> None:
         """Start a killed node again; it rejoins (as a replica of its promoted replica)."""
         node.restart(kill=True)
-        wait_until(
+        self._wait(
             lambda: _info(self._ask(node, "CLUSTER", "INFO")).get("cluster_state") == "ok",
             timeout,
             "the restarted node to rejoin",
-            interval=0.05,
-            ignore=(redis.RedisError,),
         )
         self.wait_healthy(timeout)
 

@@ -70,10 +70,7 @@ def client_of(cluster: ClusterProcesses) -> redis.cluster.RedisCluster:
 
 def records_on(cluster: ClusterProcesses, master: RedisServer, prefix: str, n: int) -> list[Record]:
     """``n`` records whose slot ``master`` serves."""
-    ranges = cluster._ask(master, "CLUSTER", "SLOTS")
-    mine = [
-        (int(first), int(last)) for first, last, owner, *_ in ranges if int(owner[1]) == master.port
-    ]
+    mine = cluster.slots_of(master)
     found: list[Record] = []
     i = 0
     while len(found) < n:

@@ -29,7 +29,14 @@ from idemkey._core import Claimed, Replay, record_for
 from idemkey.adapters.wsgi import IdempotencyMiddleware
 from idemkey.guard import GUARD_METHOD
 from idemkey.policy import Replicas
-from tests._servers import WAKE_BOUND, RedisServer, async_wait_until, no_retry, wait_until
+from tests._servers import (
+    WAKE_BOUND,
+    RedisServer,
+    async_wait_until,
+    no_retry,
+    wait_until,
+    write_confirmed,
+)
 
 if TYPE_CHECKING:
     from _typeshed.wsgi import StartResponse, WSGIEnvironment
@@ -72,15 +79,8 @@ def wait_streaming(primary: RedisServer) -> None:
     """Wait until the replica acknowledges writes: after a full sync (or a pause) it takes its
     first REPLCONF ACK, up to a second later, before WAIT can count it."""
     client = primary.client(socket_timeout=5, retry=no_retry())
-
-    def acknowledged() -> bool:
-        pipe = client.pipeline(transaction=False)
-        pipe.set("idemkey-test-probe", "1")
-        pipe.execute_command("WAIT", 1, 200)
-        return bool(pipe.execute()[1] >= 1)
-
     try:
-        wait_until(acknowledged, 15, "the replica to acknowledge writes")
+        wait_until(lambda: write_confirmed(client), 15, "the replica to acknowledge writes")
     finally:
         client.close()
 
