@@ -257,12 +257,13 @@ def test_an_idempotent_function_saving_through_current_call_is_not_replayed_afte
     client.close()
 
 
-@pytest.mark.parametrize("form", ["aguard", "idempotent"])
+@pytest.mark.parametrize("form", ["aguard", "idempotent", "connection"])
 async def test_asyncio_refused_after_redis_lost_its_records_recovers_the_committed_row(
     form: str, private_redis_server: RedisServer, prefix: str, db_url: str
 ) -> None:
-    """The asyncio twin: aguard (or an async @idempotent with current_call()), AsyncSession,
-    save() then afenced(), FLUSHALL, the refused rerun; its retry replays the committed row."""
+    """The asyncio twin: aguard (or an async @idempotent with current_call()), AsyncSession
+    (or AsyncConnection), save() then afenced(), FLUSHALL, the refused rerun; its retry
+    replays the committed row."""
     engine = create_async_engine(async_url(db_url))
     client = redis.asyncio.Redis.from_url(private_redis_server.url)
     store = AsyncRedisStore(
@@ -272,6 +273,13 @@ async def test_asyncio_refused_after_redis_lost_its_records_recovers_the_committ
 
     async def transaction(call: Any, invoice: str) -> dict[str, Any]:
         run = runs.start(call.fence)
+        if form == "connection":
+            async with engine.begin() as conn:
+                charge = sa.insert(Charge.__table__)
+                await conn.execute(charge.values(key=invoice, fence=call.fence, worker=run))
+                call.save({"invoice": invoice, "run": run})
+                await afenced(conn, call)
+            return {"invoice": invoice, "run": run}
         async with AsyncSession(engine) as session, session.begin():
             session.add(Charge(key=invoice, fence=call.fence, worker=run))
             call.save({"invoice": invoice, "run": run})
@@ -289,7 +297,7 @@ async def test_asyncio_refused_after_redis_lost_its_records_recovers_the_committ
     async def by_idempotent(invoice: str) -> dict[str, Any]:
         return await transaction(current_call(), invoice)
 
-    charge = by_aguard if form == "aguard" else by_idempotent
+    charge = by_idempotent if form == "idempotent" else by_aguard
     try:
         assert await charge("inv-5") == {"invoice": "inv-5", "run": 1}
         await client.flushall()
@@ -305,6 +313,43 @@ async def test_asyncio_refused_after_redis_lost_its_records_recovers_the_committ
     sync = sa.create_engine(db_url)
     assert committed(sync, "inv-5") == [(1, 1)]
     sync.dispose()
+
+
+def test_a_result_saved_in_a_fenced_step_that_rolled_back_is_not_stored(
+    store: RedisStore, engine: sa.Engine
+) -> None:
+    """A recovery point fenced on its own row (fenced(session, call, step=...)) saves the
+    call's result inside its transaction, which then rolls back: the step did not finish, the
+    result is dropped, and the retry runs the step again."""
+    runs = Runs()
+
+    class Declined(Exception):
+        pass
+
+    def charge_step(call: Any, decline: bool) -> int:
+        run = runs.start(call.fence)
+        with Session(engine) as session, session.begin():
+            session.add(Charge(key="inv-7", fence=call.fence, worker=run))
+            fenced(session, call, step="charge")
+            call.save({"run": run})
+            if decline:
+                raise Declined
+        return run
+
+    def order(decline: bool) -> Any:
+        with guard(store, "order:inv-7", payload="inv-7") as call:
+            if call.replayed:
+                return call.result
+            call.step("charge", charge_step, call, decline)
+            return call.result
+
+    with pytest.raises(Declined):
+        order(decline=True)
+    assert committed(engine, "inv-7") == []
+    assert order(decline=False) == {"run": 2}  # released, not completed with run 1
+    assert order(decline=False) == {"run": 2}
+    assert runs.fences == [1, 2]
+    assert committed(engine, "inv-7") == [(2, 2)]
 
 
 def test_a_transaction_still_open_when_the_block_ends_releases_then_recovers(
