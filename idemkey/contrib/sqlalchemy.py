@@ -22,8 +22,8 @@ that land in a SQL database (PostgreSQL or SQLite, through SQLAlchemy 2):
             return call.result
         with Session(engine) as session, session.begin():
             session.add(Charge(invoice_id=invoice.id, amount=invoice.amount))
-            call.save({"invoice": invoice.id})
-            fenced(session, call)  # last, just before the commit: it locks the row until then
+            fenced(session, call)  # just before the commit: it locks the row until then
+            call.save({"invoice": invoice.id})  # completes the record only if this commits
 
 The migration, as plain SQL (PostgreSQL; SQLite takes the same with ``BLOB`` for ``BYTEA``)::
 

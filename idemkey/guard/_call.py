@@ -162,7 +162,8 @@ class Call(Generic[T]):
         return steps
 
     def save(self, value: T) -> None:
-        """Record the result; the record completes with it when the block exits.
+        """Record the result; the record completes with it when the block exits (unless a
+        fenced SQL transaction it was saved in did not commit: see ``contrib.sqlalchemy``).
 
         A value msgspec cannot encode raises :class:`ResultNotStorableError`, and the record
         then completes as "result not kept": the work has run, so it must not run again.

@@ -1,7 +1,8 @@
 """A result saved in a transaction that rolled back is never stored (issue 20, item 1).
 
-docs/effects.md's sample as printed (``session.add(...)``, ``call.save(...)``, then
-``fenced(session, call)``), on real SQLite and PostgreSQL and a real Redis: when ``fenced()``
+docs/effects.md's sample as printed before issue 20 (``session.add(...)``, ``call.save(...)``,
+then ``fenced(session, call)``) and as printed now (``fenced()`` then ``save()``), on real SQLite
+and PostgreSQL and a real Redis: when ``fenced()``
 refuses, or the transaction rolls back for any other reason, the guard releases the key (the
 next claim recovers the committed row or runs again); it never completes the record with the
 rolled-back value. Each saved value names its execution (``run``), and the business row keeps
@@ -82,9 +83,11 @@ def documented_charge(
     invoice: str,
     runs: Runs,
     meanwhile: Callable[[], Any] = lambda: None,
+    order: str = "save-then-fenced",
 ) -> Any:
-    """docs/effects.md's ``charge(invoice)``, as printed (``meanwhile``: what others do while
-    this one runs, before its transaction)."""
+    """docs/effects.md's ``charge(invoice)``: as printed now (``fenced-then-save``), or as
+    printed before issue 20 (``save-then-fenced``, still safe). ``meanwhile``: what others do
+    while this one runs, before its transaction."""
     with guard(store, f"charge:{invoice}", payload=invoice) as call:
         if call.replayed:
             return call.result
@@ -92,9 +95,16 @@ def documented_charge(
         meanwhile()
         with Session(engine) as session, session.begin():
             session.add(Charge(key=invoice, fence=call.fence, worker=run))
-            call.save({"invoice": invoice, "run": run})  # written into the row by this commit
-            fenced(session, call)  # last before the commit: it locks the record's row
+            if order == "save-then-fenced":
+                call.save({"invoice": invoice, "run": run})
+                fenced(session, call)
+            else:
+                fenced(session, call)  # just before the commit: it locks the record's row
+                call.save({"invoice": invoice, "run": run})  # written into the row by the commit
         return call.result
+
+
+ORDERS = pytest.mark.parametrize("order", ["save-then-fenced", "fenced-then-save"])
 
 
 @pytest.fixture
@@ -111,8 +121,9 @@ def store(real_client: redis.Redis, prefix: str, engine: sa.Engine) -> Iterator[
     store.close()
 
 
+@ORDERS
 def test_refused_after_a_stale_owner_committed_first_recovers_its_row(
-    store: RedisStore, engine: sa.Engine, real_client: redis.Redis
+    order: str, store: RedisStore, engine: sa.Engine, real_client: redis.Redis
 ) -> None:
     """A frozen owner (fence 1) resumes and commits while its successor (fence 2) runs; the
     successor's fenced() refuses. Its retry replays the committed charge, not the successor's
@@ -131,18 +142,20 @@ def test_refused_after_a_stale_owner_committed_first_recovers_its_row(
             fenced(session, stale_call)
 
     with pytest.raises(LeaseLostError):
-        documented_charge(store, engine, "inv-1", runs, meanwhile=stale_owner_commits)
+        documented_charge(store, engine, "inv-1", runs, stale_owner_commits, order)
     assert committed(engine, "inv-1") == [(1, 0)]
     with pytest.raises(LeaseLostError):  # its completion: the record is the successor's
         stale.__exit__(None, None, None)
     # The successor released: the next claim (fence 3) reads the committed row and replays it.
-    assert documented_charge(store, engine, "inv-1", runs) == {"invoice": "inv-1", "run": 0}
+    recovered = documented_charge(store, engine, "inv-1", runs, order=order)
+    assert recovered == {"invoice": "inv-1", "run": 0}
     assert runs.fences == [2]  # not run again
     assert committed(engine, "inv-1") == [(1, 0)]
 
 
+@ORDERS
 def test_refused_after_redis_lost_its_records_recovers_the_committed_row(
-    private_redis_server: RedisServer, prefix: str, engine: sa.Engine
+    order: str, private_redis_server: RedisServer, prefix: str, engine: sa.Engine
 ) -> None:
     """Redis forgets the record (FLUSHALL: a restart without persistence): the retry is fence
     1 again, runs, and its fenced() refuses. It must not complete with its own rolled-back
@@ -150,21 +163,25 @@ def test_refused_after_redis_lost_its_records_recovers_the_committed_row(
     client = private_redis_server.client()
     store = RedisStore(client, Policy(prefix=prefix, lease=LEASE), effects=Effects(engine))
     runs = Runs()
-    first = documented_charge(store, engine, "inv-2", runs)
+
+    def charge() -> Any:
+        return documented_charge(store, engine, "inv-2", runs, order=order)
+
+    first = charge()
     assert first == {"invoice": "inv-2", "run": 1}
     client.flushall()
     with pytest.raises(LeaseLostError):
-        documented_charge(store, engine, "inv-2", runs)
+        charge()
     assert runs.fences == [1, 1]
-    assert documented_charge(store, engine, "inv-2", runs) == first
-    assert documented_charge(store, engine, "inv-2", runs) == first  # now from Redis
+    assert charge() == first
+    assert charge() == first  # now from Redis
     assert runs.fences == [1, 1]
     assert committed(engine, "inv-2") == [(1, 1)]
     store.close()
     client.close()
 
 
-@pytest.mark.parametrize("order", ["save-then-fenced", "fenced-then-save"])
+@ORDERS
 @pytest.mark.parametrize("through", ["session", "connection"])
 def test_a_constraint_violated_at_commit_releases_the_key(
     order: str, through: str, store: RedisStore, engine: sa.Engine, db_url: str
