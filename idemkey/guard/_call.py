@@ -426,7 +426,11 @@ class GuardState(Generic[T]):
         if self._current is not None:
             _CURRENT.reset(self._current)
             self._current = None
-        return self.call._final() if self.call is not None else None
+        call = self.call
+        if call is None:
+            return None
+        # Untied (no fenced transaction): the saved value, without a call on the hot path.
+        return call._saved if call._ties is None else call._final()
 
     def exited(
         self, done: bool, completing: bool, exc: BaseException | None, seconds: float
