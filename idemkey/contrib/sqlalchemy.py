@@ -22,8 +22,8 @@ that land in a SQL database (PostgreSQL or SQLite, through SQLAlchemy 2):
             return call.result
         with Session(engine) as session, session.begin():
             session.add(Charge(invoice_id=invoice.id, amount=invoice.amount))
-            call.save({"invoice": invoice.id})
-            fenced(session, call)  # last, just before the commit: it locks the row until then
+            fenced(session, call)  # just before the commit: it locks the row until then
+            call.save({"invoice": invoice.id})  # completes the record only if this commits
 
 The migration, as plain SQL (PostgreSQL; SQLite takes the same with ``BLOB`` for ``BYTEA``)::
 
@@ -40,6 +40,7 @@ or ``effects_table(metadata)`` for Alembic / ``metadata.create_all``.
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable
 from datetime import datetime, timedelta, timezone
 from typing import TYPE_CHECKING, Any, Final
@@ -53,6 +54,7 @@ if TYPE_CHECKING:
 
     from .._core import Record
     from ..guard import Call
+    from ..guard._call import Tie
 
 __all__ = [
     "AsyncEffects",
@@ -182,15 +184,21 @@ def fenced(
     committed its result: roll the transaction back (a ``with session.begin()`` block does). The
     result passed to ``call.save()`` before the commit is written into the row by the commit.
     ``step`` fences one recovery point instead of the whole call.
+
+    From here on ``call``'s saved result belongs to this transaction: if it rolls back (this
+    refusal, a failed flush or COMMIT, any exception), a value saved before the rollback is
+    dropped and the guard releases the key instead of completing it with a result that never
+    happened; the guard completes with it only once the transaction committed.
     """
     record, fence = _call_parts(call)
+    fence_ = _tie(db, call)  # first: a failing flush inside the upsert rolls back tied
     table = table if table is not None else _default_table()
     row = _row_key(record, step)
-    stmt = _upsert(db.get_bind().dialect.name, table, row, fence, _ttl_ms(call, ttl_ms))
+    stmt = _upsert(_dialect(db), table, row, fence, _ttl_ms(call, ttl_ms))
     if db.execute(stmt).first() is None:
+        fence_.refused()
         raise _lost(fence)
-    saved = (lambda: _saved(call)) if step is None else _nothing
-    _write_result_on_commit(db, saved, table, row, fence)
+    fence_.write = _writer(call, step, table, row, fence)
 
 
 async def afenced(
@@ -203,30 +211,25 @@ async def afenced(
 ) -> None:
     """:func:`fenced` for an ``AsyncSession`` or ``AsyncConnection``."""
     record, fence = _call_parts(call)
+    sync = db.sync_session if hasattr(db, "sync_session") else db.sync_connection
+    fence_ = _tie(sync, call)
     table = table if table is not None else _default_table()
     row = _row_key(record, step)
-    bind = db.get_bind() if hasattr(db, "get_bind") else db.engine
-    stmt = _upsert(bind.dialect.name, table, row, fence, _ttl_ms(call, ttl_ms))
+    stmt = _upsert(_dialect(db), table, row, fence, _ttl_ms(call, ttl_ms))
     if (await db.execute(stmt)).first() is None:
+        fence_.refused()
         raise _lost(fence)
-    sync = db.sync_session if hasattr(db, "sync_session") else db.sync_connection
-    saved = (lambda: _saved(call)) if step is None else _nothing
-    _write_result_on_commit(sync, saved, table, row, fence)
+    fence_.write = _writer(call, step, table, row, fence)
 
 
-def _nothing() -> bytes | None:
-    return None
+def _dialect(db: Any) -> str:
+    """The dialect's name, for a (sync or async) Session or Connection."""
+    bind = db.get_bind() if hasattr(db, "get_bind") else db.engine
+    return str(bind.dialect.name)
 
 
-def _saved(call: Call[Any]) -> bytes | None:
-    saved = getattr(call, "_saved", None)
-    return saved if isinstance(saved, bytes) else None
-
-
-def _write_result_on_commit(
-    db: Any, saved: Callable[[], bytes | None], table: Table, row: str, fence: int
-) -> None:
-    """Write the saved result into the row as part of the commit of the current transaction.
+def _writer(call: Call[Any], step: str | None, table: Table, row: str, fence: int) -> Any:
+    """The statement the commit runs to write the saved result (read then) into the row.
 
     With nothing saved (a step, an HTTP handler, a block that saves after its commit) the row
     is marked committed all the same: no other claim may commit an effect after it, and a
@@ -236,25 +239,133 @@ def _write_result_on_commit(
     asyncio session can only run SQL from inside its own commit (SQLAlchemy runs the event
     there, in its greenlet).
     """
+
+    def write() -> Any:
+        saved = _saved(call) if step is None else None
+        return _save_statement(table, row, fence, saved or COMMITTED)
+
+    return write
+
+
+def _saved(call: Call[Any]) -> bytes | None:
+    saved = getattr(call, "_saved", None)
+    return saved if isinstance(saved, bytes) else None
+
+
+class _Fence:
+    """One fenced() call on one transaction: its tie to the call, and the row write of its
+    commit (None until the upsert made the row the call's; a refused one writes nothing)."""
+
+    __slots__ = ("tie", "write")
+
+    def __init__(self, tie: Tie) -> None:
+        self.tie = tie
+        self.write: Callable[[], Any] | None = None
+
+    def refused(self) -> None:
+        self.tie.call._refused()
+
+
+class _Fences:
+    """The fences of one Session's or Connection's current transaction."""
+
+    __slots__ = ("committing", "open")
+
+    def __init__(self) -> None:
+        self.open: list[_Fence] = []
+        self.committing: list[_Fence] = []
+
+    def commit_rows(self, db: Any) -> None:
+        for fence in self.open:
+            if fence.write is not None:
+                db.execute(fence.write())
+
+    def end(self, committed: bool) -> None:
+        fences, self.open = self.open, []
+        for fence in fences:
+            (fence.tie.committed if committed else fence.tie.rolled_back)()
+
+
+_INFO_KEY: Final = "idemkey.fences"
+_CONNECTIONS: weakref.WeakKeyDictionary[Any, _Fences] = weakref.WeakKeyDictionary()
+_ENGINES: weakref.WeakSet[Any] = weakref.WeakSet()
+
+
+def _tie(db: Any, call: Call[Any]) -> _Fence:
+    """Tie ``call``'s saved result to ``db``'s transaction (listeners set once per object).
+
+    A Session reports its outcome exactly: ``after_commit`` of the root transaction, then
+    ``after_transaction_end`` (a rollback, a failed flush or COMMIT, a close). A Connection has
+    no after-commit event: its ``commit`` event comes before the COMMIT is sent, and the
+    engine's ``handle_error`` reports a COMMIT that failed.
+    """
     from sqlalchemy import event
     from sqlalchemy.orm import Session
 
     if isinstance(db, Session):
-
-        def before_commit(session: Session) -> None:
-            result = saved()
-            session.execute(_save_statement(table, row, fence, result or COMMITTED))
-
-        event.listen(db, "before_commit", before_commit, once=True)
-        return
-    if db is None or not hasattr(db, "in_transaction"):
+        fence = _Fence(call._tie())
+        fences = db.info.get(_INFO_KEY)
+        if fences is None:
+            fences = db.info[_INFO_KEY] = _Fences()
+            event.listen(db, "before_commit", _session_before_commit)
+            event.listen(db, "after_commit", _session_after_commit)
+            event.listen(db, "after_transaction_end", _session_after_end)
+        fences.open.append(fence)
+        return fence
+    if db is None or not hasattr(db, "in_transaction") or not hasattr(db, "engine"):
         raise ConfigurationError("fenced() needs a SQLAlchemy Session or Connection")
+    fence = _Fence(call._tie())
+    fences = _CONNECTIONS.get(db)
+    if fences is None:
+        fences = _CONNECTIONS[db] = _Fences()
+        event.listen(db, "begin", _connection_begin)
+        event.listen(db, "commit", _connection_commit)
+        event.listen(db, "rollback", _connection_rollback)
+        engine = db.engine
+        if engine not in _ENGINES:
+            _ENGINES.add(engine)
+            event.listen(engine, "handle_error", _connection_error)
+    fences.open.append(fence)
+    return fence
 
-    def commit(conn: Any) -> None:
-        result = saved()
-        conn.execute(_save_statement(table, row, fence, result or COMMITTED))
 
-    event.listen(db, "commit", commit, once=True)
+def _session_before_commit(session: Session) -> None:
+    if not session.in_nested_transaction():  # a savepoint's commit is not the commit
+        session.info[_INFO_KEY].commit_rows(session)
+
+
+def _session_after_commit(session: Session) -> None:
+    if not session.in_nested_transaction():
+        session.info[_INFO_KEY].end(committed=True)
+
+
+def _session_after_end(session: Session, transaction: Any) -> None:
+    if transaction.parent is None:  # the root: whatever is still open did not commit
+        session.info[_INFO_KEY].end(committed=False)
+
+
+def _connection_begin(conn: Any) -> None:
+    _CONNECTIONS[conn].committing = []  # a new transaction: the last COMMIT has returned
+
+
+def _connection_commit(conn: Any) -> None:
+    fences = _CONNECTIONS[conn]
+    fences.commit_rows(conn)
+    fences.committing, fences.open = fences.open, []
+    for fence in fences.committing:
+        fence.tie.committing()
+
+
+def _connection_rollback(conn: Any) -> None:
+    _CONNECTIONS[conn].end(committed=False)
+
+
+def _connection_error(context: Any) -> None:
+    fences = _CONNECTIONS.get(context.connection) if context.connection is not None else None
+    if fences is not None and context.statement is None:  # the COMMIT failed, not a statement
+        committing, fences.committing = fences.committing, []
+        for fence in committing:
+            fence.tie.rolled_back()
 
 
 class Effects:

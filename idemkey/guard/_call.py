@@ -45,6 +45,7 @@ __all__ = [
     "GUARD_METHOD",
     "Call",
     "GuardState",
+    "Tie",
     "current_call",
     "leave_current",
     "run_as_current",
@@ -61,10 +62,12 @@ class Call(Generic[T]):
 
     __slots__ = (
         "_compress_at",
+        "_kept",
         "_key",
         "_result",
         "_saved",
         "_steps",
+        "_ties",
         "fence",
         "record",
         "replayed",
@@ -97,6 +100,12 @@ class Call(Generic[T]):
         self.takeover = takeover
         self._result: T = result
         self._saved: bytes | None = None
+        # The transactions the saved result depends on (``contrib.sqlalchemy.fenced`` ties
+        # them), still open or committing; None for a call never tied (the usual one).
+        self._ties: list[Tie] | None = None
+        # The saved value went through a tied transaction's commit: a later rollback of
+        # another tied transaction does not take it back.
+        self._kept = False
         # Set by guard / aguard on a call that runs: runs its steps against the store.
         # Built on first use (most calls run no step): a factory until then.
         self._steps: Steps | AsyncSteps | Callable[[], Steps | AsyncSteps] | None = None
@@ -153,19 +162,102 @@ class Call(Generic[T]):
         return steps
 
     def save(self, value: T) -> None:
-        """Record the result; the record completes with it when the block exits.
+        """Record the result; the record completes with it when the block exits (unless a
+        fenced SQL transaction it was saved in did not commit: see ``contrib.sqlalchemy``).
 
         A value msgspec cannot encode raises :class:`ResultNotStorableError`, and the record
         then completes as "result not kept": the work has run, so it must not run again.
         """
         if self.replayed:
             raise UsageError("cannot save() on a replayed call")
+        if self._ties:
+            self._resolve()
+        self._kept = False
         try:
             self._saved = encode_value(value, self._compress_at)
         except ConfigurationError as exc:
             self._saved, self._result = RESULT_NOT_KEPT, _UNSET
             raise ResultNotStorableError(self._key, str(exc.__cause__ or exc)) from exc
         self._result = value
+
+    # The transaction a result is saved in: a value saved in a transaction that rolls back did
+    # not happen, so it must never complete the record. ``contrib.sqlalchemy`` reports each
+    # fenced transaction's end here; the guard completes only with a value no open or
+    # rolled-back transaction holds (:meth:`_final`). Calls never tied keep the plain rule: a
+    # saved value completes, even when the block raises afterwards.
+
+    def _tie(self) -> Tie:
+        """A transaction this call's saved result now depends on, open until reported."""
+        if self._ties:
+            self._resolve()
+        tie = Tie(self)
+        if self._ties is None:
+            self._ties = [tie]
+        else:
+            self._ties.append(tie)
+        return tie
+
+    def _refused(self) -> None:
+        """The record's fence refused this call's transaction: what it saved for it is void."""
+        if self._ties:
+            self._resolve()
+        if not self._kept:
+            self._saved, self._result = None, _UNSET
+
+    def _ended(self, tie: Tie, committed: bool) -> None:
+        if tie.state is _ENDED:
+            return  # reported twice (a failed COMMIT, then its connection's rollback)
+        tie.state = _ENDED
+        if self._ties is not None and tie in self._ties:
+            self._ties.remove(tie)
+        if committed:
+            self._kept = self._saved is not None
+        elif not self._kept:
+            self._saved, self._result = None, _UNSET
+
+    def _resolve(self) -> None:
+        """COMMITs that were sent and did not fail have returned by now: they committed."""
+        assert self._ties is not None
+        for tie in [tie for tie in self._ties if tie.state is _COMMITTING]:
+            self._ended(tie, True)
+
+    def _final(self) -> bytes | None:
+        """The result to complete the record with, or None to release it: nothing saved, or
+        a tied transaction rolled back (the value went with it) or is still open (its commit
+        writes the value into the row, where the next claim recovers it)."""
+        if self._ties is None:
+            return self._saved
+        self._resolve()
+        return None if self._ties else self._saved
+
+
+_OPEN: Final = "open"
+_COMMITTING: Final = "committing"
+_ENDED: Final = "ended"
+
+
+class Tie:
+    """One database transaction a call's saved result depends on, until it ends.
+
+    ``committing`` is for a connection whose COMMIT was sent: a failure reports it rolled
+    back at once; otherwise it counts as committed from the call's next step on.
+    """
+
+    __slots__ = ("call", "state")
+
+    def __init__(self, call: Call[Any]) -> None:
+        self.call = call
+        self.state: str = _OPEN
+
+    def committing(self) -> None:
+        if self.state is _OPEN:
+            self.state = _COMMITTING
+
+    def committed(self) -> None:
+        self.call._ended(self, True)
+
+    def rolled_back(self) -> None:
+        self.call._ended(self, False)
 
 
 _CURRENT: contextvars.ContextVar[Call[Any] | None] = contextvars.ContextVar(
@@ -334,7 +426,11 @@ class GuardState(Generic[T]):
         if self._current is not None:
             _CURRENT.reset(self._current)
             self._current = None
-        return self.call._saved if self.call is not None else None
+        call = self.call
+        if call is None:
+            return None
+        # Untied (no fenced transaction): the saved value, without a call on the hot path.
+        return call._saved if call._ties is None else call._final()
 
     def exited(
         self, done: bool, completing: bool, exc: BaseException | None, seconds: float

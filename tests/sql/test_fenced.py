@@ -129,11 +129,13 @@ def test_a_rolled_back_transaction_leaves_no_result(
     with pytest.raises(Declined):
         declined_charge()
     assert rows(db_url, "k2") == []
-    runs: list[int] = []
-    # The guard completed (save() came first), so Redis replays; SQL holds nothing for it.
-    assert charge(store, engine, "k2", runs) == {"fence": 1}
     with engine.connect() as conn:
         assert conn.execute(sa.text("SELECT count(*) FROM idemkey_effects")).scalar() == 0
+    runs: list[int] = []
+    # The value saved in the rolled-back transaction went with it: released, so it runs again.
+    assert charge(store, engine, "k2", runs) == {"fence": 2}
+    assert runs == [2]
+    assert rows(db_url, "k2") == [("k2", 2)]
 
 
 def test_a_newer_fence_refuses_an_older_one(
