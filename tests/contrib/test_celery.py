@@ -30,6 +30,7 @@ pytest.importorskip("celery")
 
 from celery import Celery
 
+from idemkey import StoreError
 from idemkey.contrib.celery import IdempotentTask
 from tests._servers import RedisServer, free_port, wait_until
 from tests.contrib._celery_app import STEPS, make_app
@@ -206,6 +207,23 @@ def test_a_task_delivered_while_the_idemkey_redis_is_down_is_retried_and_then_ru
     assert task.delay("o-3").get(timeout=30) == value
     assert client.get(f"{prefix}:runs") == b"1"
     assert records.client().keys(f"{prefix}:*")
+
+
+def test_a_claim_that_never_reaches_redis_fails_after_the_bounded_retries(
+    app: Celery,
+    prefix: str,
+    client: redis.Redis,
+    start_worker: StartWorker,
+    redis_server_factory: Callable[..., RedisServer],
+) -> None:
+    records = redis_server_factory(port=free_port())
+    records.stop()
+    start_worker(store_url=records.url)
+    result = app.tasks["tests.note_bounded"].delay("o-4")  # 2 retries, from 0.1 s
+    with pytest.raises(StoreError, match="during claim"):
+        result.get(timeout=30)
+    assert result.retries == 2
+    assert client.get(f"{prefix}:runs") is None
 
 
 # Celery's log line of a retry: "Task <name>[<id>] retry: Retry in <countdown>s: <exc>".
