@@ -4,7 +4,7 @@ Each test starts a private redis-server (broker, result backend and idempotency 
 ``celery worker`` processes, and stops them after. What users rely on: duplicates of one
 task call run it once and all get its result (a duplicate in flight is a Celery retry, not a
 failure, whose countdown is the ``retry_after`` it logs); a task whose process is SIGKILLed
-mid-task (a prefork pool child, as the OOM killer does, or the whole solo worker) has its
+mid-task (a prefork pool child, as the OOM killer does, or the whole solo or threads worker) has its
 message redelivered, and the next run takes the record over after the lease and resumes
 after the finished steps; a task delivered while the idemkey Redis is down is retried until
 it is back, and then runs once.
@@ -148,12 +148,13 @@ def test_the_same_task_sent_three_times_at_once_runs_once_and_all_get_its_result
     assert client.get(f"{prefix}:runs") == b"1"
 
 
-@pytest.mark.parametrize("pool", ["prefork", "solo"])
+@pytest.mark.parametrize("pool", ["prefork", "solo", "threads"])
 def test_a_task_killed_mid_task_is_redelivered_and_the_next_run_resumes_after_finished_steps(
     app: Celery, prefix: str, client: redis.Redis, start_worker: StartWorker, pool: str
 ) -> None:
     # prefork (Celery's default): the OOM killer's SIGKILL hits the pool child and the worker
-    # lives on; solo: the task runs in the worker, and the whole worker dies.
+    # lives on; solo and threads (gevent alike): the task runs in the worker process, and the
+    # whole worker dies.
     task = app.tasks["tests.place_order"]  # acks_late, reject_on_worker_lost: the defaults
     client.set(f"{prefix}:block", "charge")  # the first run stops after step 2 of 3
     worker = start_worker(pool)
@@ -163,7 +164,7 @@ def test_a_task_killed_mid_task_is_redelivered_and_the_next_run_resumes_after_fi
     victim = int(client.get(f"{prefix}:pid") or 0)
     assert (victim != worker.pid) is (pool == "prefork")  # a pool child, or the worker itself
     os.kill(victim, signal.SIGKILL)  # mid-task: the message was never acknowledged
-    if pool == "solo":
+    if pool != "prefork":
         worker.wait(timeout=10)
         start_worker(pool)  # gets the message back once its visibility timeout passes
     steps = result.get(timeout=40)
