@@ -39,7 +39,9 @@ __all__ = [
     "Record",
     "Replay",
     "decode_claim_reply",
+    "IN_FLIGHT_RETRY_AFTER",
     "fingerprint",
+    "in_flight_retry_after",
     "new_owner",
     "next_poll_delay",
     "owner_tag",
@@ -246,11 +248,38 @@ class Replay(NamedTuple):
     response: bytes
 
 
+#: The longest a duplicate that found its call in flight is told to wait before it tries
+#: again, in seconds. The lease bounds how long the first call can hold the key, but the call
+#: usually ends far sooner: a caller told to wait out a 30 s lease would wait for nothing.
+IN_FLIGHT_RETRY_AFTER: Final = 1.0
+#: The shortest such wait: a lease that lapses now is retried soon, never in a busy loop.
+_IN_FLIGHT_RETRY_MIN: Final = 0.05
+
+
+def in_flight_retry_after(lease_remaining: float) -> float:
+    """How long a duplicate that found its call in flight should wait before trying again.
+
+    The one definition of ``retry_after`` that every integration uses (HTTP's ``Retry-After``,
+    :class:`~idemkey.RequestInFlightError`, the Celery countdown, the job-queue recipes): the
+    time left on the running call's lease, at most :data:`IN_FLIGHT_RETRY_AFTER` and at
+    least 50 ms.
+    """
+    return max(_IN_FLIGHT_RETRY_MIN, min(lease_remaining, IN_FLIGHT_RETRY_AFTER))
+
+
 @dataclass(frozen=True, slots=True)
 class InFlight:
-    """Another executor holds the lease; it lapses in ``retry_after`` seconds at the latest."""
+    """Another executor holds the lease; it lapses in ``lease_remaining`` seconds at the latest.
 
-    retry_after: float
+    ``retry_after`` is how long the caller should wait before it tries again
+    (:func:`in_flight_retry_after`); ``lease_remaining`` only bounds the wait.
+    """
+
+    lease_remaining: float
+
+    @property
+    def retry_after(self) -> float:
+        return in_flight_retry_after(self.lease_remaining)
 
 
 @dataclass(frozen=True, slots=True)

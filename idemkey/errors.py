@@ -16,9 +16,10 @@
     └── StoreError               Redis failed or answered something we cannot read
         └── RecordFormatError    a stored record is not in a format this version reads
 
-Every error carries the context a caller needs to act (``reason``, ``retry_after``, ``fence``),
-never the raw key of an HTTP request: raw keys are client input and may be secrets. The guard
-key on :class:`ResultNotStorableError` is the application's own (``f"charge:{id}"``).
+Every error carries the context a caller needs to act (``reason``, ``retry_after`` with
+``lease_remaining``, ``fence``), never the raw key of an HTTP request: raw keys are client
+input and may be secrets. The guard key on :class:`ResultNotStorableError` is the
+application's own (``f"charge:{id}"``).
 """
 
 from __future__ import annotations
@@ -60,13 +61,21 @@ class KeyReuseError(IdemkeyError):
 
 
 class RequestInFlightError(IdemkeyError):
-    """The first call with this key still runs; retry after ``retry_after`` seconds."""
+    """The first call with this key still runs; try again in ``retry_after`` seconds.
 
-    def __init__(self, retry_after: float) -> None:
+    ``retry_after`` is how long to wait before the next attempt: the time left on the running
+    call's lease, at most 1 s (``idemkey._core.in_flight_retry_after``), the same number an
+    HTTP duplicate gets as ``Retry-After`` (rounded up to whole seconds there).
+    ``lease_remaining`` is the upper bound: when the running call's lease lapses, if it is
+    not renewed, and a new attempt may take the record over.
+    """
+
+    def __init__(self, retry_after: float, lease_remaining: float | None = None) -> None:
         super().__init__(
             f"a call with this idempotency key is in flight; retry in {retry_after:g} s"
         )
         self.retry_after = retry_after
+        self.lease_remaining = retry_after if lease_remaining is None else lease_remaining
 
 
 class LeaseLostError(IdemkeyError):

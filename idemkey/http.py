@@ -226,9 +226,8 @@ class Exchange:
             )
         assert isinstance(decision, InFlight)
         self.notify("in_flight", seconds=seconds)
-        # The lease bounds how long the first request can hold the key, but it usually ends
-        # much sooner: tell clients to come back in a second, not in a lease.
-        retry = str(retry_after_seconds(min(decision.retry_after, 1.0)))
+        # decision.retry_after, as a guard's RequestInFlightError says it (whole seconds here).
+        retry = str(retry_after_seconds(decision.retry_after))
         return render(
             self.policy,
             409,

@@ -4,7 +4,7 @@
 
     store = RedisStore(redis.Redis.from_url(REDIS_URL))
 
-    @app.task(base=IdempotentTask, bind=True, acks_late=True, idempotency_store=store)
+    @app.task(base=IdempotentTask, bind=True, idempotency_store=store)
     def place_order(self, order_id, amount):
         call = self.idempotent_call
         call.step("reserve", reserve_stock, order_id)
@@ -22,12 +22,29 @@ What the base class does around the task body (a ``guard`` on the key):
 * The task's return value is stored (it must be msgspec-encodable, as Celery's JSON needs
   anyway). A duplicate (redelivered, re-sent) returns the stored value without running.
 * A duplicate that arrives while the first still runs becomes a Celery retry with a
-  countdown (state RETRY, then the stored result): never a failure, never a second run. It
-  does not count against the task's ``max_retries``. So does a run whose lease was lost to
-  a takeover: the taker's result is the one stored, and the retry returns it.
-* With ``acks_late=True``, a worker killed mid-task has its message redelivered; the new run
-  takes the record over once the dead worker's lease lapses and resumes after the last
-  finished ``call.step``.
+  countdown of the error's ``retry_after`` (at most 1 s, and at most
+  ``idempotency_retry_max``; the logged ``RequestInFlightError`` names that same countdown):
+  state RETRY, then the stored result; never a failure, never a second run. It does not count
+  against the task's ``max_retries``. So does a run whose lease was lost to a takeover: the
+  taker's result is the one stored, and the retry returns it.
+* A claim that could not reach Redis (:class:`~idemkey.StoreError`; nothing ran) becomes a
+  Celery retry too, counted in ``request.retries``, with a countdown of
+  ``idempotency_store_retry_delay`` doubling per retry up to ``idempotency_store_retry_max``
+  (1, 2, 4, ... 30 s by default), at most ``idempotency_store_retries`` times (10, about
+  3 minutes in all); then the task fails with the ``StoreError``. A ``StoreError`` after
+  the body began is not retried.
+* A worker killed mid-task has its message delivered again. The base class sets
+  ``acks_late = True`` (acknowledge after the task ran, not before) and
+  ``reject_on_worker_lost = True``: without it Celery's default prefork pool acknowledges
+  the message of a pool child that died (SIGKILL, the OOM killer) and records
+  ``WorkerLostError``, so the task would never run again. With it the message is requeued;
+  on the solo, threads and gevent pools the whole worker dies, and the broker redelivers the
+  unacknowledged message (with Redis, after ``visibility_timeout``). The new run finds the
+  dead run's record in flight (a retry, as above), takes it over once its lease lapses, and
+  resumes after the last finished ``call.step``. ``acks_late=False`` or
+  ``reject_on_worker_lost=False`` on a task turns either off. A task that kills its process
+  on every run is redelivered every time (Celery's "message loop"); each takeover raises
+  ``call.fence``, which such a task can check.
 
 ``idempotency_store`` is a :class:`~idemkey.RedisStore`, or a function returning one (called
 once per worker process, after the fork).
@@ -45,7 +62,14 @@ from celery import Task  # type: ignore[import-untyped]
 from celery.exceptions import Retry  # type: ignore[import-untyped]
 
 from .._codec import encode_payload
-from ..errors import ConfigurationError, LeaseLostError, RequestInFlightError, UsageError
+from ..errors import (
+    ConfigurationError,
+    LeaseLostError,
+    RecordFormatError,
+    RequestInFlightError,
+    StoreError,
+    UsageError,
+)
 from ..guard import Call, guard
 from ..policy import Policy
 from ..store import RedisStore
@@ -63,6 +87,13 @@ def celery_key(payload: bytes) -> str:
 class IdempotentTask(Task):  # type: ignore[misc]
     """A Celery task base class that runs the task once per key; see the module docstring."""
 
+    #: Acknowledge a message once the task ran, not before: a worker that dies mid-task
+    #: leaves it to be delivered again (the record makes the second delivery safe).
+    acks_late = True
+    #: Requeue, not acknowledge, the message of a prefork pool child that died (SIGKILL, the
+    #: OOM killer); Celery's default marks it failed with WorkerLostError and drops it.
+    reject_on_worker_lost = True
+
     #: A RedisStore, or a function returning one (called once per worker process).
     idempotency_store: RedisStore | Callable[[], RedisStore] | None = None
     #: ``key(*args, **kwargs) -> str``; default: a digest of the task's bound arguments.
@@ -70,8 +101,15 @@ class IdempotentTask(Task):  # type: ignore[misc]
     #: A Policy for this task (lease, retention, wait); default: the store's.
     idempotency_policy: Policy | None = None
     #: Longest countdown, in seconds, of the retry of a duplicate that found the call in
-    #: flight (shorter when the running call's lease lapses sooner).
+    #: flight; the countdown is the error's ``retry_after`` (at most 1 s) when shorter.
     idempotency_retry_max: float = 2.0
+    #: How many times a task whose claim could not reach Redis is sent again (counted in
+    #: ``request.retries``) before it fails with the StoreError.
+    idempotency_store_retries: int = 10
+    #: Countdown, in seconds, of the first of those retries; it doubles with each one ...
+    idempotency_store_retry_delay: float = 1.0
+    #: ... up to this many seconds.
+    idempotency_store_retry_max: float = 30.0
 
     _idemkey_store: tuple[int, RedisStore] | None = None
 
@@ -88,8 +126,10 @@ class IdempotentTask(Task):  # type: ignore[misc]
         store = self._resolve_store()
         key, payload = self._identify(args, kwargs)
         scope, policy = f"celery:{self.name}", self.idempotency_policy
+        began = False
         try:
             with guard(store, key, payload=payload, scope=scope, policy=policy) as call:
+                began = True
                 if call.replayed:
                     return call.result
                 setattr(self.request, _REQUEST_ATTRIBUTE, call)
@@ -100,11 +140,19 @@ class IdempotentTask(Task):  # type: ignore[misc]
                 call.save(result)
                 return result
         except RequestInFlightError as exc:
-            raise self._retry_later(exc.retry_after, exc) from exc
+            countdown = min(exc.retry_after, self.idempotency_retry_max)
+            # The error Celery logs and stores with the retry names the countdown it has.
+            shown = RequestInFlightError(countdown, exc.lease_remaining)
+            raise self._retry_later(countdown, shown) from exc
         except LeaseLostError as exc:
             # Another run took the record over (ours outlived its lease): its result is the
             # one stored; a retry returns it.
             raise self._retry_later(0.1, exc) from exc
+        except StoreError as exc:
+            if began or isinstance(exc, RecordFormatError):
+                raise  # the body ran (or a record this version cannot read): not ours to redo
+            # The claim never reached Redis: nothing ran, so sending the task again is safe.
+            raise self._retry_claim(exc) from exc
 
     def _identify(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[str, bytes]:
         try:
@@ -135,13 +183,27 @@ class IdempotentTask(Task):  # type: ignore[misc]
         self._idemkey_store = (os.getpid(), store)
         return store
 
-    def _retry_later(self, after: float, exc: BaseException) -> BaseException:
-        """Send this same call again in ``after`` seconds (at most idempotency_retry_max),
-        with its retry count unchanged, and return Celery's Retry to raise."""
+    def _retry_later(self, countdown: float, exc: BaseException) -> BaseException:
+        """Send this same call again in ``countdown`` seconds, with its retry count unchanged,
+        and return Celery's Retry to raise."""
         request = self.request
         if request.called_directly or request.is_eager:
             return exc  # no worker to send it to: the caller sees the error itself
-        countdown = max(0.05, min(after, self.idempotency_retry_max))
         signature = self.signature_from_request(request, countdown=countdown)
         signature.apply_async()
         return Retry(exc=exc, when=countdown, sig=signature)  # type: ignore[no-any-return]
+
+    def _retry_claim(self, exc: StoreError) -> BaseException:
+        """A Celery retry of a task whose claim could not reach Redis, with a doubling
+        countdown; past ``idempotency_store_retries`` (or outside a worker), the error."""
+        request = self.request
+        if request.called_directly or request.is_eager:
+            return exc
+        attempt = min(int(request.retries or 0), 32)
+        countdown = min(
+            self.idempotency_store_retry_delay * 2**attempt, self.idempotency_store_retry_max
+        )
+        # Task.retry raises the StoreError itself once the retries are spent.
+        return self.retry(  # type: ignore[no-any-return]
+            exc=exc, countdown=countdown, max_retries=self.idempotency_store_retries, throw=False
+        )

@@ -394,7 +394,7 @@ class GuardState(Generic[T]):
             raise KeyReuseError()
         assert isinstance(decision, InFlight)
         self.notify("in_flight", seconds=seconds)
-        raise RequestInFlightError(decision.retry_after)
+        raise RequestInFlightError(decision.retry_after, decision.lease_remaining)
 
     def claim_failed(self, error: StoreError) -> Call[T]:
         """Redis failed before the work ran: raise it (``on_store_error="closed"``), or run

@@ -188,7 +188,7 @@ class AsyncRedisStore(AsyncHeartbeat):
         deadline, delay = time.monotonic() + wait, 0.0
         answer: Decision = decision
         while type(answer) is InFlight:
-            block_ms = _block_ms(answer.retry_after, deadline, self._block_cap)
+            block_ms = _block_ms(answer.lease_remaining, deadline, self._block_cap)
             if block_ms == 0:
                 break
             woken = await self._wakeups.wait(stream, block_ms)

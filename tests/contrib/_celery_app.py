@@ -1,8 +1,9 @@
 """The Celery app of tests/contrib/test_celery.py, for the test process and the real worker.
 
 The worker imports :mod:`tests.contrib._celery_worker`, which calls :func:`make_app` with the
-broker URL and key prefix the test put in its environment. Every side effect of a task is
-counted in Redis, so the test sees how often each piece of work really ran.
+broker URL, key prefix and idemkey store URL the test put in its environment. Every side
+effect of a task is counted in the broker's Redis, so the test sees how often each piece of
+work really ran (even while the idemkey Redis, when it is another server, is down).
 """
 
 from __future__ import annotations
@@ -21,7 +22,9 @@ STEPS = ("reserve", "charge", "ship")
 WAIT = 30  # seconds a blocked task waits for the test's go signal
 
 
-def make_app(url: str, prefix: str) -> Celery:
+def make_app(url: str, prefix: str, store_url: str | None = None) -> Celery:
+    """The app on broker ``url``; the idempotency records live at ``store_url`` (default
+    ``url``)."""
     app = Celery("idemkey_tests", broker=url, backend=url, set_as_current=False)
     app.conf.update(
         task_default_queue=prefix,
@@ -39,7 +42,8 @@ def make_app(url: str, prefix: str) -> Celery:
     )
 
     def make_store() -> RedisStore:
-        return RedisStore(redis.Redis.from_url(url), Policy(prefix=prefix, lease=LEASE))
+        records = redis.Redis.from_url(store_url or url)
+        return RedisStore(records, Policy(prefix=prefix, lease=LEASE))
 
     def client() -> redis.Redis:
         return redis.Redis.from_url(url)
@@ -63,23 +67,67 @@ def make_app(url: str, prefix: str) -> Celery:
         base=IdempotentTask,
         shared=False,
         bind=True,
-        acks_late=True,
+        name="tests.slow_default",
+        idempotency_store=make_store,
+        idempotency_policy=Policy(prefix=prefix),  # the default lease, 30 s
+    )
+    def slow_default(self: IdempotentTask, order_id: str, amount: int) -> dict[str, Any]:
+        """slow_total with the default lease and idempotency_retry_max."""
+        redis_client = client()
+        redis_client.incr(f"{prefix}:runs")
+        redis_client.blpop([f"{prefix}:go"], timeout=WAIT)
+        return {"order": order_id, "total": amount * 2}
+
+    # acks_late and reject_on_worker_lost are IdempotentTask's defaults: not set here.
+    @app.task(
+        base=IdempotentTask,
+        shared=False,
+        bind=True,
         name="tests.place_order",
         idempotency_store=make_store,
         idempotency_key=lambda order_id: f"order:{order_id}",
     )
     def place_order(self: IdempotentTask, order_id: str) -> list[Any]:
         """Three recovery points; while ``{prefix}:block`` exists it stops after the step
-        named there (``{prefix}:after`` tells the test) and waits, to be killed."""
+        named there (once: it deletes it), tells the test (``{prefix}:after`` names the step,
+        ``{prefix}:pid`` the process) and waits, to be killed."""
         redis_client = client()
         call = self.idempotent_call
         results = []
         for name in STEPS:
             results.append(call.step(name, side_effect, redis_client, prefix, name, call.fence))
             if redis_client.get(f"{prefix}:block") == name.encode():
+                redis_client.delete(f"{prefix}:block")
+                redis_client.set(f"{prefix}:pid", os.getpid())
                 redis_client.set(f"{prefix}:after", name)
                 redis_client.blpop([f"{prefix}:go"], timeout=WAIT)
         return results
+
+    @app.task(
+        base=IdempotentTask,
+        shared=False,
+        bind=True,
+        name="tests.note_once",
+        idempotency_store=make_store,
+    )
+    def note_once(self: IdempotentTask, order_id: str) -> dict[str, Any]:
+        """Counts its runs (in the broker's Redis): no steps, no waiting."""
+        runs = client().incr(f"{prefix}:runs")
+        return {"order": order_id, "runs": runs}
+
+    @app.task(
+        base=IdempotentTask,
+        shared=False,
+        bind=True,
+        name="tests.note_bounded",
+        idempotency_store=make_store,
+        idempotency_store_retries=2,
+        idempotency_store_retry_delay=0.1,
+    )
+    def note_bounded(self: IdempotentTask, order_id: str) -> dict[str, Any]:
+        """note_once that gives up on an unreachable idemkey Redis after 2 retries."""
+        runs = client().incr(f"{prefix}:runs")
+        return {"order": order_id, "runs": runs}
 
     return app
 

@@ -7,4 +7,8 @@ import os
 
 from tests.contrib._celery_app import make_app
 
-app = make_app(os.environ["IDEMKEY_CELERY_URL"], os.environ["IDEMKEY_CELERY_PREFIX"])
+app = make_app(
+    os.environ["IDEMKEY_CELERY_URL"],
+    os.environ["IDEMKEY_CELERY_PREFIX"],
+    os.environ.get("IDEMKEY_CELERY_STORE_URL"),
+)

@@ -3,14 +3,18 @@
 Each test starts a private redis-server (broker, result backend and idempotency records) and
 ``celery worker`` processes, and stops them after. What users rely on: duplicates of one
 task call run it once and all get its result (a duplicate in flight is a Celery retry, not a
-failure); a worker SIGKILLed mid-task with ``acks_late`` has its message redelivered, the
-next worker takes the record over after the lease and resumes after the finished steps.
+failure, whose countdown is the ``retry_after`` it logs); a task whose process is SIGKILLed
+mid-task (a prefork pool child, as the OOM killer does, or the whole solo or threads worker) has its
+message redelivered, and the next run takes the record over after the lease and resumes
+after the finished steps; a task delivered while the idemkey Redis is down is retried until
+it is back, and then runs once.
 """
 
 from __future__ import annotations
 
 import gc
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -26,8 +30,9 @@ pytest.importorskip("celery")
 
 from celery import Celery
 
+from idemkey import StoreError
 from idemkey.contrib.celery import IdempotentTask
-from tests._servers import wait_until
+from tests._servers import RedisServer, free_port, wait_until
 from tests.contrib._celery_app import STEPS, make_app
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -67,9 +72,13 @@ def app(url: str, prefix: str) -> Iterator[Celery]:
 def start_worker(url: str, prefix: str, tmp_path: Path) -> Iterator[StartWorker]:
     workers: list[subprocess.Popen[bytes]] = []
 
-    def start(pool: str, concurrency: int = 1) -> subprocess.Popen[bytes]:
+    def start(
+        pool: str = "prefork", concurrency: int = 1, store_url: str | None = None
+    ) -> subprocess.Popen[bytes]:
         log = tmp_path / f"worker-{len(workers)}.log"
         env = {**os.environ, "IDEMKEY_CELERY_URL": url, "IDEMKEY_CELERY_PREFIX": prefix}
+        if store_url is not None:
+            env["IDEMKEY_CELERY_STORE_URL"] = store_url
         argv = [sys.executable, "-m", "celery", "-A", "tests.contrib._celery_worker", "worker"]
         options = ["--without-mingle", "--without-gossip", "--without-heartbeat"]
         worker = subprocess.Popen(
@@ -139,28 +148,110 @@ def test_the_same_task_sent_three_times_at_once_runs_once_and_all_get_its_result
     assert client.get(f"{prefix}:runs") == b"1"
 
 
-def test_a_worker_killed_mid_task_is_redelivered_and_the_next_resumes_after_finished_steps(
-    app: Celery, prefix: str, client: redis.Redis, start_worker: StartWorker
+@pytest.mark.parametrize("pool", ["prefork", "solo", "threads"])
+def test_a_task_killed_mid_task_is_redelivered_and_the_next_run_resumes_after_finished_steps(
+    app: Celery, prefix: str, client: redis.Redis, start_worker: StartWorker, pool: str
 ) -> None:
-    task = app.tasks["tests.place_order"]
-    client.set(f"{prefix}:block", "charge")  # the first worker stops after step 2 of 3
-    first = start_worker("solo")
+    # prefork (Celery's default): the OOM killer's SIGKILL hits the pool child and the worker
+    # lives on; solo and threads (gevent alike): the task runs in the worker process, and the
+    # whole worker dies.
+    task = app.tasks["tests.place_order"]  # acks_late, reject_on_worker_lost: the defaults
+    client.set(f"{prefix}:block", "charge")  # the first run stops after step 2 of 3
+    worker = start_worker(pool)
 
     result = task.delay("o-9")
     wait_until(lambda: client.get(f"{prefix}:after") == b"charge", timeout=30, message="2 steps")
-    os.kill(first.pid, signal.SIGKILL)  # mid-task: the message was never acknowledged
-    first.wait(timeout=10)
-    client.delete(f"{prefix}:block")
-
-    start_worker("solo")  # gets the message back once its visibility timeout passes
+    victim = int(client.get(f"{prefix}:pid") or 0)
+    assert (victim != worker.pid) is (pool == "prefork")  # a pool child, or the worker itself
+    os.kill(victim, signal.SIGKILL)  # mid-task: the message was never acknowledged
+    if pool != "prefork":
+        worker.wait(timeout=10)
+        start_worker(pool)  # gets the message back once its visibility timeout passes
     steps = result.get(timeout=40)
 
     sides = {name: int(client.get(f"{prefix}:side:{name}") or 0) for name in STEPS}
     assert sides == dict.fromkeys(STEPS, 1)
-    # reserve and charge are the killed worker's (fence 1), ship the takeover's (fence 2).
+    # reserve and charge are the killed run's (fence 1), ship the takeover's (fence 2).
     assert [step["fence"] for step in steps] == [1, 1, 2]
-    assert {step["pid"] for step in steps[:2]} == {first.pid}
-    assert steps[2]["pid"] != first.pid
+    assert {step["pid"] for step in steps[:2]} == {victim}
+    assert steps[2]["pid"] != victim
+    assert result.state == "SUCCESS"
+
+
+def test_a_task_delivered_while_the_idemkey_redis_is_down_is_retried_and_then_runs_once(
+    app: Celery,
+    prefix: str,
+    client: redis.Redis,
+    start_worker: StartWorker,
+    redis_server_factory: Callable[..., RedisServer],
+) -> None:
+    # The records on a Redis of their own (the broker stays up), stopped before delivery.
+    records = redis_server_factory(port=free_port())
+    records.stop()
+    task = app.tasks["tests.note_once"]
+    start_worker(store_url=records.url)
+
+    result = task.delay("o-3")
+    wait_until(
+        lambda: result.state in ("RETRY", "FAILURE", "SUCCESS"),
+        timeout=30,
+        message="the task to be delivered",
+    )
+    assert result.state == "RETRY", result.info  # the claim failed: nothing ran
+    assert client.get(f"{prefix}:runs") is None
+
+    records.start()  # on the same port: the worker's client reconnects
+    value = result.get(timeout=30)
+    assert value == {"order": "o-3", "runs": 1}
+    assert result.retries >= 1
+    # Its record is in the records' Redis: a duplicate gets the stored result.
+    assert task.delay("o-3").get(timeout=30) == value
+    assert client.get(f"{prefix}:runs") == b"1"
+    assert records.client().keys(f"{prefix}:*")
+
+
+def test_a_claim_that_never_reaches_redis_fails_after_the_bounded_retries(
+    app: Celery,
+    prefix: str,
+    client: redis.Redis,
+    start_worker: StartWorker,
+    redis_server_factory: Callable[..., RedisServer],
+) -> None:
+    records = redis_server_factory(port=free_port())
+    records.stop()
+    start_worker(store_url=records.url)
+    result = app.tasks["tests.note_bounded"].delay("o-4")  # 2 retries, from 0.1 s
+    with pytest.raises(StoreError, match="during claim"):
+        result.get(timeout=30)
+    assert result.retries == 2
+    assert client.get(f"{prefix}:runs") is None
+
+
+# Celery's log line of a retry: "Task <name>[<id>] retry: Retry in <countdown>s: <exc>".
+_RETRY_LINE = re.compile(r"retry: Retry in ([0-9.]+)s: RequestInFlightError\('.*retry in (\S+) s'")
+
+
+def test_a_duplicate_in_flight_is_retried_in_the_retry_after_it_logs(
+    app: Celery, prefix: str, client: redis.Redis, start_worker: StartWorker, tmp_path: Path
+) -> None:
+    # The defaults: a 30 s lease and the default idempotency_retry_max, on the prefork pool.
+    task = app.tasks["tests.slow_default"]
+    start_worker(concurrency=2)
+    first = task.delay("o-5", 4)
+    wait_until(lambda: client.get(f"{prefix}:runs") == b"1", timeout=30, message="first run")
+    duplicate = task.delay("o-5", 4)
+
+    def retries_logged() -> list[tuple[str, str]]:
+        return _RETRY_LINE.findall((tmp_path / "worker-0.log").read_text())
+
+    wait_until(lambda: len(retries_logged()) >= 2, timeout=30, message="two retries logged")
+    client.rpush(f"{prefix}:go", 1)
+    assert first.get(timeout=30) == duplicate.get(timeout=30)
+    assert client.get(f"{prefix}:runs") == b"1"
+    # Each countdown is the retry_after that its RequestInFlightError says: 1 s, however
+    # much of the 30 s lease is left (the Retry-After an HTTP duplicate gets).
+    logged = {(float(countdown), float(said)) for countdown, said in retries_logged()}
+    assert logged == {(1.0, 1.0)}
 
 
 def test_the_default_key_is_the_task_name_and_bound_arguments_not_the_delivery() -> None:

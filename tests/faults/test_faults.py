@@ -158,7 +158,7 @@ def test_without_retries_a_late_claim_is_a_store_error_and_holds_the_key(
         # Redis applied it: the next attempt (a new owner) finds the key taken.
         retry = store.claim(record, "fp", heartbeat=False)
         assert isinstance(retry, InFlight)
-        assert retry.retry_after > 50
+        assert retry.lease_remaining > 50  # the bound; retry_after is at most 1 s
     finally:
         store.close()
         client.close()

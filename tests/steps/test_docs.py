@@ -193,7 +193,7 @@ def test_the_rq_function_answers_a_duplicate_in_flight_after_waiting(
 async def test_the_arq_coroutine_resumes_and_turns_in_flight_into_a_retry(
     real_async_client: redis.asyncio.Redis, prefix: str
 ) -> None:
-    from idemkey import aguard
+    from idemkey import RequestInFlightError, aguard
 
     store = AsyncRedisStore(real_async_client, Policy(prefix=prefix, lease=10))
     services = Services()
@@ -210,7 +210,11 @@ async def test_the_arq_coroutine_resumes_and_turns_in_flight_into_a_retry(
         async with aguard(store, "order:o-2", payload=other):  # the first run, in flight
             with pytest.raises(ArqRetry) as retry:
                 await job(ctx, other)
-        assert 0 < retry.value.defer <= 10
+        # Deferred by retry_after as docs/steps.md defines it: 1 s, not the 10 s lease left.
+        assert retry.value.defer == 1.0
+        cause = retry.value.__cause__
+        assert isinstance(cause, RequestInFlightError)
+        assert cause.retry_after == 1.0 < 5 < cause.lease_remaining <= 10
     finally:
         await store.aclose()
 
@@ -219,6 +223,7 @@ def test_the_celery_block_defines_an_idempotent_task(store: RedisStore) -> None:
     names = run_blocks("docs/steps.md", namespace(Services(), store), _CELERY_BLOCK)
     task = names["place_order_task"]
     assert isinstance(task, IdempotentTask)
-    assert task.acks_late
+    assert task.acks_late  # IdempotentTask's defaults, not set in the sample
+    assert task.reject_on_worker_lost
     key, _ = task._identify(({"id": "o-1"},), {})
     assert key.startswith("args:")

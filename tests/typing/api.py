@@ -143,7 +143,8 @@ def handle_errors(invoice: Invoice) -> str:
         pay(invoice)
     except RequestInFlightError as exc:
         retry_after: float = exc.retry_after
-        return f"retry in {retry_after}"
+        lease_remaining: float = exc.lease_remaining
+        return f"retry in {retry_after} (the lease lapses in {lease_remaining})"
     except (KeyReuseError, InvalidKeyError) as exc:
         return str(exc)
     except LeaseLostError as exc:
@@ -186,7 +187,7 @@ def custom_integration(body: bytes) -> bytes | None:
         return decision.response
     if isinstance(decision, InFlight):
         wait: float = decision.retry_after
-        print(wait)
+        print(wait, decision.lease_remaining)
     assert_type(decision, InFlight | Mismatch)
     return None
 
