@@ -15,9 +15,16 @@
 
 Configuration, when no ``store`` is passed: ``IDEMKEY_REDIS_URL`` (required then) and one
 ``IDEMKEY_<FIELD>`` key per :class:`~idemkey.Policy` field (``IDEMKEY_TTL``, ``IDEMKEY_PREFIX``,
-...); a ``policy`` passed in is used as it is. Per app: ``app.extensions["idemkey"]``; per
-request: ``g.idemkey`` (the :class:`~idemkey.http.Exchange`; ``.claim.fence`` is the fencing
-token), so one ``Idemkey`` serves any number of apps.
+...); a ``policy`` passed in is used as it is. Every option, config key or view keyword, is
+typed and checked once (``IDEMKEY_METHODS = "POST"`` is a ``ConfigurationError``, not the set
+``{'P', 'O', 'S', 'T'}``), and an ``IDEMKEY_`` key that is no field is refused
+(``IDEMKEY_REDIS_*`` keys are the client's). Per app: ``app.extensions["idemkey"]``; per
+request: ``g.idemkey``, on every request a guarded view gets: the
+:class:`~idemkey.http.Exchange` while the view runs under a claim (``.claim.fence`` is the
+fencing token), else None (no key with ``required=False``, a method the policy does not guard,
+or Redis down with ``on_store_error="open"``). ``idemkey.current_call()`` is the claim in
+every adapter (it raises ``LookupError`` where ``g.idemkey`` is None). One ``Idemkey`` serves
+any number of apps.
 
 ``init_app`` wraps ``app.wsgi_app`` in a WSGI layer that reads a keyed request's body before
 Flask runs any hook and hands Flask the same bytes, so the fingerprint covers what the client
@@ -109,6 +116,8 @@ class Idemkey:
 def _guard(
     driver: Driver, policy: Policy, view: Callable[..., Any], args: Any, kwargs: Any
 ) -> ResponseReturnValue:
+    # Defined on every guarded request: None unless the view runs under a claim.
+    g.idemkey = None
     req = request._get_current_object()  # type: ignore[attr-defined]  # one proxy lookup
     if req.method not in policy.methods:
         return view(*args, **kwargs)  # type: ignore[no-any-return]
