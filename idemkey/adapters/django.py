@@ -27,7 +27,8 @@ Settings (``IDEMKEY``): the store is ``STORE`` (a :class:`~idemkey.RedisStore`),
 (or its dotted path) that receives the Django request and returns the tenant; by default the
 authenticated user (``user:<pk>``), else the policy's scope (by default a digest of the
 request's credentials). Every other key is a :class:`~idemkey.Policy` field in upper case
-(``ON_EVENT`` and ``RENDER_PROBLEM`` take callables).
+(``ON_EVENT`` and ``RENDER_PROBLEM`` take callables), typed and checked as ``Policy`` checks it
+(``"METHODS": "POST"`` or an unknown key is a ``ConfigurationError`` naming the key).
 
 The record's route and the events' label are the resolver's route pattern
 (``/charges/<int:charge_id>``). The middleware decides in ``process_view`` (after URL

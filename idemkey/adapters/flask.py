@@ -83,6 +83,7 @@ class Idemkey:
         app.extensions["idemkey"] = state = app_state(app.config, self.store, self.policy)
         # Capture a keyed body before Flask runs a hook that may consume it (request.form).
         limit_for = functools.partial(state.capture_limit, self._overrides)
+        state.capture_rule(self._overrides)  # every view's policy derived now: a bad one fails here
         app.wsgi_app = BodyCapture(app.wsgi_app, limit_for)  # type: ignore[method-assign]
 
     @overload
@@ -116,15 +117,13 @@ class Idemkey:
 def _guard(
     driver: Driver, policy: Policy, view: Callable[..., Any], args: Any, kwargs: Any
 ) -> ResponseReturnValue:
-    # Defined on every guarded request: None unless the view runs under a claim.
-    g.idemkey = None
     req = request._get_current_object()  # type: ignore[attr-defined]  # one proxy lookup
     if req.method not in policy.methods:
-        return view(*args, **kwargs)  # type: ignore[no-any-return]
+        return _unclaimed(view, args, kwargs)
     rule = req.url_rule
     step = begin(policy, request_of(req.environ, rule.rule if rule is not None else ""))
     if step is None:
-        return view(*args, **kwargs)  # type: ignore[no-any-return]
+        return _unclaimed(view, args, kwargs)
     if isinstance(step, Response):
         return respond(step)
     lifecycle = Lifecycle(step)
@@ -135,7 +134,7 @@ def _guard(
     if answer is not None:
         return respond(answer)
     if lifecycle.unprotected:
-        return view(*args, **kwargs)  # type: ignore[no-any-return]
+        return _unclaimed(view, args, kwargs)
     g.idemkey = step
     try:
         response = render_view(view, args, kwargs)
@@ -150,3 +149,9 @@ def _guard(
     lifecycle.started(response.status_code, headers, response.status[4:])
     driver.finish(lifecycle, kept)
     return response
+
+
+def _unclaimed(view: Callable[..., Any], args: Any, kwargs: Any) -> ResponseReturnValue:
+    """Run a guarded view without a claim: ``g.idemkey`` is None, never missing."""
+    g.idemkey = None
+    return view(*args, **kwargs)  # type: ignore[no-any-return]

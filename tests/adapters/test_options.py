@@ -152,6 +152,15 @@ def test_a_lease_longer_than_the_ttl_names_the_source() -> None:
         _flask_config({"ttl": 10, "lease": 60})
     with pytest.raises(ConfigurationError, match=re.escape("settings.IDEMKEY: Policy: need")):
         _django_settings({"ttl": 10, "lease": 60})
+    # A view's lease over the app's ttl: known at init_app, not in the view's first request.
+    from idemkey.adapters.flask import Idemkey
+
+    idem = Idemkey()
+    idem.idempotent(lease=60)(lambda: "ok")
+    app = Flask("lease")
+    app.config.update(IDEMKEY_REDIS_URL=DEAD, IDEMKEY_TTL=10, IDEMKEY_LEASE=5)
+    with pytest.raises(ConfigurationError, match=re.escape("@idem.idempotent(...) with the app")):
+        idem.init_app(app)
 
 
 def test_fastapi_router_refuses_a_policy_option_and_points_to_the_guard() -> None:
