@@ -343,6 +343,8 @@ def test_flask_g_idemkey_is_none_when_the_view_runs_without_a_claim(
         assert client.get("/charges").json == {"fence": None, "current": None}  # not guarded
         keyed = client.post("/charges", json={}, headers={"Idempotency-Key": "k1"})
         assert keyed.json == {"fence": 1, "current": 1}
+        # The claim does not outlive its request (same thread, next request without a key).
+        assert client.post("/charges", json={}).json == {"fence": None, "current": None}
     finally:
         app.extensions["idemkey"].store.client.close()
 
@@ -360,3 +362,86 @@ def test_flask_g_idemkey_is_none_when_redis_is_down_and_the_policy_runs_open() -
 
     reply = app.test_client().post("/charges", json={}, headers={"Idempotency-Key": "k1"})
     assert (reply.status_code, reply.json) == (201, {"claimed": False})
+
+
+def _current_fence() -> int | None:
+    try:
+        return current_call().fence
+    except LookupError:
+        return None
+
+
+def _fence_view(request: Any) -> Any:
+    from django.http import JsonResponse
+
+    return JsonResponse({"current": _current_fence()}, status=201)
+
+
+def __getattr__(name: str) -> Any:
+    if name == "urlpatterns":  # this module is ROOT_URLCONF below; built lazily (Django)
+        from django.urls import path
+
+        from idemkey.adapters.django import idempotent
+
+        return [path("optional", idempotent(required=False)(_fence_view))]
+    raise AttributeError(name)
+
+
+@pytest.mark.redis
+async def test_the_other_adapters_agree_current_call_is_the_claim_or_lookup_error(
+    redis_url: str, prefix: str
+) -> None:
+    """What Flask's ``g.idemkey`` says, every adapter says through ``current_call()``: the
+    claim while the handler runs under one, else LookupError (no key with required=False)."""
+    from fastapi import FastAPI
+
+    from idemkey.adapters import fastapi as fastapi_adapter
+
+    client = redis.asyncio.Redis.from_url(redis_url)
+    store = AsyncRedisStore(client, Policy(prefix=prefix))
+    api = FastAPI()
+    api.router.route_class = fastapi_adapter.IdempotentRoute
+    guard_optional = fastapi_adapter.Idempotency(store).guard(required=False)
+
+    @api.post("/optional", status_code=201, dependencies=[guard_optional])
+    async def optional() -> dict[str, int | None]:
+        return {"current": _current_fence()}
+
+    try:
+        transport = httpx.ASGITransport(app=api)
+        async with httpx.AsyncClient(transport=transport, base_url="http://test") as http:
+            answers = [
+                (await http.post("/optional", json={}, headers=headers)).json()
+                for headers in ({}, {"Idempotency-Key": "k1"}, {})
+            ]
+        assert answers == [{"current": None}, {"current": 1}, {"current": None}]
+    finally:
+        await store.aclose()
+        await client.aclose()
+
+
+@pytest.mark.redis
+def test_django_agrees_current_call_is_the_claim_or_lookup_error(
+    redis_url: str, prefix: str
+) -> None:
+    from django.test import Client
+    from django.test.utils import override_settings
+
+    from tests.adapters.harness_wsgi import _django
+
+    _django()
+    with override_settings(
+        ROOT_URLCONF=__name__,
+        MIDDLEWARE=["idemkey.adapters.django.IdempotencyMiddleware"],
+        IDEMKEY={"REDIS_URL": redis_url, "PREFIX": prefix},
+    ):
+        client = Client()
+        answers = [
+            json.loads(
+                client.post(
+                    "/optional", data=b"{}", content_type="application/json", **headers
+                ).content
+            )
+            for headers in ({}, {"HTTP_IDEMPOTENCY_KEY": "k1"}, {})
+        ]
+    assert answers == [{"current": None}, {"current": 1}, {"current": None}]
