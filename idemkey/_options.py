@@ -19,6 +19,7 @@ import dataclasses
 import difflib
 import functools
 import math
+import numbers
 import reprlib
 from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any, Final
@@ -76,7 +77,7 @@ def _fail(label: str, expected: str, value: object) -> ConfigurationError:
 def seconds(value: object, label: str, *, positive: bool = True) -> float:
     """A duration: a finite number of seconds, > 0 (``positive``) or >= 0, as a float."""
     minimum = "> 0" if positive else ">= 0"
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise _fail(label, f"a number of seconds {minimum}", value)
     duration = float(value)
     if not math.isfinite(duration) or duration < 0 or (positive and duration == 0):
@@ -89,6 +90,8 @@ def _at_least_zero(value: object, label: str) -> float:
 
 
 def _size(value: object, label: str) -> int:
+    if isinstance(value, float) and value.is_integer():  # 1e6 is a whole number of bytes
+        value = int(value)
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise _fail(label, "a size in bytes (an int >= 0)", value)
     return value

@@ -86,6 +86,7 @@ def test_valid_options_are_still_accepted_and_frozen() -> None:
     assert policy.release_statuses == frozenset({400, 409})
     assert policy.header_denylist == frozenset({"x-secret"})
     assert policy.header_allowlist == frozenset({"etag"})
+    assert Policy(max_response_bytes=1e6).max_response_bytes == 1_000_000  # a whole number
     # Converting a converted policy changes nothing.
     assert policy.replace() == policy
     assert Policy() == Policy().replace(methods=["post", "PATCH"])
