@@ -103,11 +103,19 @@ def _flag(value: object, label: str) -> bool:
     return value
 
 
+def _collection(value: object, label: str, what: str) -> frozenset[Any]:
+    """``value`` as a frozenset, refusing a bare string (``"POST"`` is not ``{"P", "O", ...}``)."""
+    if isinstance(value, (str, bytes)) or not isinstance(value, Iterable):
+        raise _fail(label, f"a collection of {what}", value)
+    try:
+        return frozenset(value)
+    except TypeError:  # an unhashable item
+        raise _fail(label, f"a collection of {what}", value) from None
+
+
 def _names(what: str, case: Callable[[str], str]) -> Callable[[object, str], frozenset[str]]:
     def convert(value: object, label: str) -> frozenset[str]:
-        if isinstance(value, (str, bytes)) or not isinstance(value, Iterable):
-            raise _fail(label, f"a collection of {what}", value)
-        names = frozenset(value)
+        names = _collection(value, label, what)
         for name in names:
             if not isinstance(name, str) or not name or not name.isascii():
                 raise ConfigurationError(
@@ -119,9 +127,7 @@ def _names(what: str, case: Callable[[str], str]) -> Callable[[object, str], fro
 
 
 def _statuses(value: object, label: str) -> frozenset[int]:
-    if isinstance(value, (str, bytes)) or not isinstance(value, Iterable):
-        raise _fail(label, "a collection of HTTP status codes", value)
-    statuses = frozenset(value)
+    statuses = _collection(value, label, "HTTP status codes")
     for status in statuses:
         if isinstance(status, bool) or not isinstance(status, int) or not 100 <= status <= 599:
             raise ConfigurationError(

@@ -95,7 +95,7 @@ def _configured(base: Policy, config: Any) -> Policy:
     options = {
         key[len(_PREFIX) :].lower(): value
         for key, value in config.items()
-        if key.startswith(_PREFIX) and not key.startswith(_CLIENT_PREFIX)
+        if isinstance(key, str) and key.startswith(_PREFIX) and not key.startswith(_CLIENT_PREFIX)
     }
     changes = policy_options(options, lambda name: f"{_PREFIX}{name.upper()} (Flask config)")
     return derive(base, changes, "Flask config (IDEMKEY_*)")
