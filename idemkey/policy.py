@@ -13,6 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
+from . import _options
 from .errors import ConfigurationError
 
 if TYPE_CHECKING:
@@ -90,11 +91,11 @@ class Replicas:
     timeout: float = 0.1
 
     def __post_init__(self) -> None:
-        if self.count < 1:
-            raise ConfigurationError(f"Replicas.count must be >= 1, got {self.count}")
+        if isinstance(self.count, bool) or not isinstance(self.count, int) or self.count < 1:
+            raise ConfigurationError(f"Replicas.count must be an int >= 1, got {self.count!r}")
         # WAIT with a timeout of 0 blocks forever: never let a missing replica hang a request.
-        if not self.timeout > 0:
-            raise ConfigurationError(f"Replicas.timeout must be > 0 seconds, got {self.timeout}")
+        timeout = _options.seconds(self.timeout, "Replicas(timeout=...)")  # finite, > 0
+        object.__setattr__(self, "timeout", timeout)
 
     @property
     def timeout_ms(self) -> int:
@@ -174,34 +175,21 @@ class Policy:
     #: Policies compare by it, so ``compress=True`` equals ``compress=1024``.
     compress_at: int | None = field(init=False, repr=False)
 
+    def __new__(cls, *args: Any, **fields: Any) -> Policy:
+        # An unknown field is a ConfigurationError naming it, as on every other path, not
+        # the TypeError of the generated __init__ (``replace`` comes through here too).
+        _options.policy_fields(fields, _options.keyword("Policy"), aliases=False)
+        return object.__new__(cls)
+
     def __post_init__(self) -> None:
-        if not 0 < self.lease < self.ttl:
-            raise ConfigurationError(f"need 0 < lease < ttl, got lease={self.lease} ttl={self.ttl}")
-        if self.wait < 0 or self.store_error_retry_after < 0:
-            raise ConfigurationError("wait and store_error_retry_after must be >= 0")
-        if not self.prefix or any(c in self.prefix for c in "{}"):
-            raise ConfigurationError("prefix must be non-empty and contain no '{' or '}'")
-        if self.on_store_error not in ("closed", "open"):
-            raise ConfigurationError("on_store_error must be 'closed' or 'open'")
-        if self.mismatch_status not in (400, 409, 422):
-            raise ConfigurationError("mismatch_status must be 400, 409 or 422")
-        if self.max_request_bytes < 0 or self.max_response_bytes < 0:
-            raise ConfigurationError("size limits must be >= 0")
-        if self.durability is not None and not isinstance(self.durability, Replicas):
-            raise ConfigurationError("durability must be a Replicas(count, timeout) or None")
-        if not callable(self.fingerprint) and self.fingerprint not in ("bytes", "json"):
-            raise ConfigurationError("fingerprint must be 'bytes', 'json' or a callable")
-        if not self.header or not self.header.isascii():
-            raise ConfigurationError("header must be a non-empty ASCII header name")
+        # Every field typed, checked and frozen by the converter every other path uses too
+        # (idemkey._options): methods upper case, header names lower case, durations floats.
+        _options.freeze(self)
+        if not self.lease < self.ttl:
+            raise ConfigurationError(
+                f"Policy: need lease < ttl, got lease={self.lease:g} ttl={self.ttl:g}"
+            )
         object.__setattr__(self, "compress_at", _compress_at(self.compress))
-        # Normalise case once here so every comparison on the hot path is a plain lookup.
-        object.__setattr__(self, "methods", frozenset(m.upper() for m in self.methods))
-        object.__setattr__(
-            self, "header_denylist", frozenset(h.lower() for h in self.header_denylist)
-        )
-        if self.header_allowlist is not None:
-            allow = frozenset(h.lower() for h in self.header_allowlist)
-            object.__setattr__(self, "header_allowlist", allow)
         object.__setattr__(self, "lease_ms", max(1, int(self.lease * 1000)))
         object.__setattr__(self, "ttl_ms", max(1, int(self.ttl * 1000)))
 

@@ -28,12 +28,12 @@ its policy (``methods=`` per route, else the policy's, POST and PATCH by default
 
 from __future__ import annotations
 
-import dataclasses
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final
 
+from ._options import Label, derive, policy_options
 from .errors import ConfigurationError
 
 if TYPE_CHECKING:
@@ -56,29 +56,6 @@ ROUTE_UNKNOWN: Final = "<unknown>"
 
 _PARAMETER = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)(?::([a-z]+))?\}")
 _CONVERTERS: Final = {None: "[^/]+", "path": ".+"}
-#: Per-route options that are not Policy fields but spell one ("required" as in Flask's view
-#: decorator).
-_ALIASES: Final = {"required": "require_key"}
-
-
-def policy_options(options: Mapping[str, Any]) -> dict[str, Any]:
-    """``options`` as Policy field changes: aliases resolved, unknown names refused now.
-
-    ``methods`` is upper-cased into a frozenset, so ``methods=["post"]`` works.
-    """
-    from .policy import Policy
-
-    fields = {f.name for f in dataclasses.fields(Policy) if f.init}
-    changes = {_ALIASES.get(name, name): value for name, value in options.items()}
-    unknown = set(changes) - fields
-    if unknown:
-        raise ConfigurationError(f"unknown Policy fields: {', '.join(sorted(unknown))}")
-    if "methods" in changes:
-        methods = changes["methods"]
-        if isinstance(methods, str):
-            raise ConfigurationError("methods must be a collection of method names, not a str")
-        changes["methods"] = frozenset(str(m).upper() for m in methods)
-    return changes
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,7 +68,12 @@ class Route:
 
     def __post_init__(self) -> None:
         _compile(self.pattern)  # refuse a malformed pattern when it is declared, not per request
-        policy_options(dict(self.options))
+        self.changes()
+
+    def changes(self) -> dict[str, Any]:
+        """The options as Policy field changes, typed and checked (errors name the route)."""
+        pattern = self.pattern
+        return policy_options(dict(self.options), lambda name: f"route({pattern!r}, {name}=...)")
 
 
 def route(pattern: str, /, **options: Any) -> Route:
@@ -154,8 +136,8 @@ class RouteTable:
                 else:
                     self._exempt_patterns.append(compiled)
                 continue
-            changes = policy_options(dict(declared.options))
-            selected = Selected(declared.pattern, policy.replace(**changes) if changes else policy)
+            derived = derive(policy, declared.changes(), f"route({declared.pattern!r})")
+            selected = Selected(declared.pattern, derived)
             if compiled is None:
                 self._exact.setdefault(declared.pattern, selected)  # the first declared wins
             else:
@@ -186,12 +168,21 @@ class KnownRoute:
 
     __slots__ = ("options", "template")
 
-    def __init__(self, template: str, options: Mapping[str, Any] | None = None) -> None:
+    def __init__(
+        self,
+        template: str,
+        options: Mapping[str, Any] | None = None,
+        *,
+        label: Label | None = None,
+    ) -> None:
+        """``label`` names an option in errors as the integration's caller spelled it."""
         self.template = template
-        self.options = policy_options(options or {})
+        spelled = label or (lambda name: f"the options of route {template!r}: {name}")
+        self.options = policy_options(options or {}, spelled)
 
     def bind(self, policy: Policy) -> _KnownTable:
-        return _KnownTable(Selected(self.template, policy.replace(**self.options)))
+        derived = derive(policy, self.options, f"route {self.template!r}")
+        return _KnownTable(Selected(self.template, derived))
 
 
 class _KnownTable:

@@ -12,9 +12,9 @@ import redis
 from django.utils.module_loading import import_string
 
 from .. import RedisStore
+from .._options import derive, policy_options
 from ..errors import ConfigurationError
 from ..policy import Policy
-from ..routes import policy_options
 
 __all__ = ["configure"]
 
@@ -29,7 +29,11 @@ def configure(config: dict[str, Any]) -> tuple[RedisStore, Callable[..., Any] | 
     guard = config.pop("GUARD", "decorated")
     if guard not in ("decorated", "all"):
         raise ConfigurationError('IDEMKEY["GUARD"] must be "decorated" or "all"')
-    changes = policy_options({name.lower(): value for name, value in config.items()})
+    spelled = {name.lower(): name for name in config}
+    changes = policy_options(
+        {name.lower(): value for name, value in config.items()},
+        lambda name: f'IDEMKEY["{spelled.get(name, name.upper())}"] (Django settings)',
+    )
     if store is None:
         if client is not None:
             factory = _callable(client)
@@ -38,11 +42,11 @@ def configure(config: dict[str, Any]) -> tuple[RedisStore, Callable[..., Any] | 
             client = redis.Redis.from_url(url)
         else:
             raise ConfigurationError('set IDEMKEY["REDIS_URL"], ["CLIENT"] or ["STORE"]')
-        store = RedisStore(client, Policy(**changes))
+        store = RedisStore(client, derive(Policy(), changes, "settings.IDEMKEY"))
     elif not isinstance(store, RedisStore):
         raise ConfigurationError('IDEMKEY["STORE"] must be an idemkey.RedisStore')
     elif changes:
-        store = RedisStore(store.client, store.policy.replace(**changes))
+        store = RedisStore(store.client, derive(store.policy, changes, "settings.IDEMKEY"))
     return store, scope, guard == "all"
 
 

@@ -11,6 +11,7 @@ from typing import Any
 
 import redis
 
+from .._options import derive, keyword, policy_options
 from ..errors import ConfigurationError
 from ..policy import Policy
 from ..store import RedisStore
@@ -19,7 +20,10 @@ from ._sync_driver import Driver
 
 __all__ = ["AppState", "app_state", "view_overrides"]
 
-_FIELDS = frozenset(f.name for f in dataclasses.fields(Policy) if f.init)
+_PREFIX = "IDEMKEY_"
+#: Config keys of the Redis client idemkey builds (``IDEMKEY_REDIS_URL``), not Policy fields.
+_CLIENT_PREFIX = "IDEMKEY_REDIS_"
+_VIEW = "@idem.idempotent(...) with the app's policy"
 
 
 @dataclasses.dataclass
@@ -49,7 +53,7 @@ class AppState:
     ) -> tuple[frozenset[str], frozenset[str], int]:
         """Methods, environ keys of the key header, and byte limit of any guarded view."""
         if self.rule is None or self.rule_from != len(overrides):  # views decorated since
-            policies = [self.policy, *(self.policy.replace(**o) for o in overrides)]
+            policies = [self.policy, *(derive(self.policy, o, _VIEW) for o in overrides)]
             self.rule = (
                 frozenset().union(*(p.methods for p in policies)),
                 frozenset(environ_key(p.header) for p in policies),
@@ -61,7 +65,7 @@ class AppState:
     def policy_for(self, view: int, overrides: dict[str, Any]) -> Policy:
         policy = self.views.get(view)
         if policy is None:  # first request to this view in this app: derive once, then reuse
-            policy = self.views[view] = self.policy.replace(**overrides)
+            policy = self.views[view] = derive(self.policy, overrides, _VIEW)
         return policy
 
 
@@ -80,20 +84,18 @@ def app_state(config: Any, store: RedisStore | None, policy: Policy | None) -> A
 
 
 def view_overrides(overrides: dict[str, Any]) -> dict[str, Any]:
-    """A view's Policy fields (``required`` is ``require_key``); unknown ones are refused."""
-    if "required" in overrides:
-        overrides["require_key"] = overrides.pop("required")
-    unknown = set(overrides) - _FIELDS
-    if unknown:
-        raise ConfigurationError(f"unknown Policy fields: {', '.join(sorted(unknown))}")
-    return overrides
+    """A view's Policy fields (``required`` is ``require_key``), typed and checked; unknown
+    ones are refused."""
+    return policy_options(overrides, keyword("@idem.idempotent"))
 
 
 def _configured(base: Policy, config: Any) -> Policy:
-    """``base`` with every ``IDEMKEY_<FIELD>`` config key applied."""
-    changes = {
-        name: config[key] for name in _FIELDS if (key := f"IDEMKEY_{name.upper()}") in config
+    """``base`` with every ``IDEMKEY_<FIELD>`` config key applied, each typed and checked;
+    an ``IDEMKEY_`` key that is no field is refused (``IDEMKEY_REDIS_*`` are the client's)."""
+    options = {
+        key[len(_PREFIX) :].lower(): value
+        for key, value in config.items()
+        if isinstance(key, str) and key.startswith(_PREFIX) and not key.startswith(_CLIENT_PREFIX)
     }
-    if "methods" in changes:
-        changes["methods"] = frozenset(changes["methods"])
-    return base.replace(**changes) if changes else base
+    changes = policy_options(options, lambda name: f"{_PREFIX}{name.upper()} (Flask config)")
+    return derive(base, changes, "Flask config (IDEMKEY_*)")

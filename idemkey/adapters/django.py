@@ -27,7 +27,8 @@ Settings (``IDEMKEY``): the store is ``STORE`` (a :class:`~idemkey.RedisStore`),
 (or its dotted path) that receives the Django request and returns the tenant; by default the
 authenticated user (``user:<pk>``), else the policy's scope (by default a digest of the
 request's credentials). Every other key is a :class:`~idemkey.Policy` field in upper case
-(``ON_EVENT`` and ``RENDER_PROBLEM`` take callables).
+(``ON_EVENT`` and ``RENDER_PROBLEM`` take callables), typed and checked as ``Policy`` checks it
+(``"METHODS": "POST"`` or an unknown key is a ``ConfigurationError`` naming the key).
 
 The record's route and the events' label are the resolver's route pattern
 (``/charges/<int:charge_id>``). The middleware decides in ``process_view`` (after URL
@@ -52,9 +53,10 @@ from django.conf import settings
 from django.core.exceptions import RequestDataTooBig
 from django.http import HttpResponse
 
+from .._options import derive, keyword, policy_options
 from ..http import Response, begin
 from ..policy import Policy
-from ..routes import ROUTE_UNKNOWN, policy_options
+from ..routes import ROUTE_UNKNOWN
 from ._django_config import configure
 from ._environ import EnvironHeaders
 from ._lifecycle import Lifecycle
@@ -84,7 +86,7 @@ def idempotent(view: F | None = None, /, **options: Any) -> F | Callable[[F], F]
 
     ``options`` are Policy fields for this view (``required`` is ``require_key``).
     """
-    changes = policy_options(options)
+    changes = policy_options(options, keyword("@idempotent"))
 
     def decorate(view: F) -> F:
         return _marked(view, OPTIONS_ATTRIBUTE, changes)
@@ -223,7 +225,15 @@ class IdempotencyMiddleware:
         options = getattr(view, OPTIONS_ATTRIBUTE, None)
         if getattr(view, EXEMPT_ATTRIBUTE, False) or (options is None and not self.guard_all):
             return None
-        return self.policy.replace(**options) if options else self.policy
+        return (
+            derive(self.policy, options, f"@idempotent on {_name(view)}")
+            if options
+            else self.policy
+        )
+
+
+def _name(view: Callable[..., Any]) -> str:
+    return f"{getattr(view, '__module__', '?')}.{getattr(view, '__qualname__', view)}"
 
 
 def _request_of(request: HttpRequest, route: str) -> Request:

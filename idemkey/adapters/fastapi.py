@@ -42,6 +42,7 @@ route, on its ``APIRouter`` or by ``include_router(dependencies=...)``.
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final
@@ -50,8 +51,9 @@ import fastapi.routing
 from fastapi import APIRouter, Depends, Request
 from fastapi.routing import APIRoute
 
+from .._options import derive, keyword, policy_options
 from ..errors import ConfigurationError
-from ..routes import KnownRoute, policy_options
+from ..routes import KnownRoute
 from ._fastapi_openapi import document
 from .asgi import IdempotencyMiddleware
 
@@ -67,6 +69,14 @@ __all__ = ["Idempotency", "IdempotentRoute"]
 
 #: The scope key a guarded route sets before its dependencies run (the guard checks it).
 SCOPE_KEY: Final = "idemkey.route"
+#: What ``APIRouter`` takes (``idem.router`` refuses anything else, a Policy option above all);
+#: None if it takes any keyword.
+_ROUTER_PARAMETERS = inspect.signature(APIRouter).parameters.values()
+_ROUTER_ARGUMENTS: Final = (
+    None
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in _ROUTER_PARAMETERS)
+    else frozenset(p.name for p in _ROUTER_PARAMETERS)
+)
 
 
 @dataclass(frozen=True)
@@ -98,7 +108,7 @@ class Idempotency:
 
     def guard(self, **options: Any) -> params.Depends:
         """The dependency that opts a route (or a router's routes) in, with Policy overrides."""
-        spec = _Guard(self, policy_options(options))
+        spec = _Guard(self, policy_options(options, keyword("idem.guard")))
 
         def idempotency_key(request: Request) -> None:
             if SCOPE_KEY not in request.scope:
@@ -113,7 +123,17 @@ class Idempotency:
         return depends
 
     def router(self, **kwargs: Any) -> APIRouter:
-        """An ``APIRouter`` whose every route is guarded with this integration's policy."""
+        """An ``APIRouter`` whose every route is guarded with this integration's policy.
+
+        ``kwargs`` are ``APIRouter``'s; Policy options go in a guard
+        (``dependencies=[idem.guard(wait=2.0)]``), and one given here is refused.
+        """
+        for name in kwargs:
+            if _ROUTER_ARGUMENTS is not None and name not in _ROUTER_ARGUMENTS:
+                raise ConfigurationError(
+                    f"idem.router({name}=...): not an APIRouter argument; Policy options go "
+                    f"in a guard: idem.router(dependencies=[idem.guard({name}=...)])"
+                )
         dependencies = [self.guard(), *kwargs.pop("dependencies", ())]
         return APIRouter(route_class=IdempotentRoute, dependencies=dependencies, **kwargs)
 
@@ -130,7 +150,7 @@ class IdempotentRoute(APIRoute):
         guards = _guards(self.dependencies)
         if guards:
             idem, options = _merged(guards)
-            policy = idem.policy.replace(**options) if options else idem.policy
+            policy = derive(idem.policy, options, f"idem.guard(...) on route {path!r}")
             self.openapi_extra = document(self.openapi_extra, idem, policy, self.status_code)
 
     def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
@@ -148,7 +168,8 @@ class IdempotentRoute(APIRoute):
             guards = _guards(context.dependencies)
             if guards:
                 idem, options = _merged(guards)
-                policy = idem.policy.replace(**options) if options else idem.policy
+                where = f"idem.guard(...) on route {context.path_format!r}"
+                policy = derive(idem.policy, options, where)
                 extra = document(context.openapi_extra, idem, policy, context.status_code)
                 context.openapi_extra = extra
         return handler

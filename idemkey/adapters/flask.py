@@ -15,9 +15,16 @@
 
 Configuration, when no ``store`` is passed: ``IDEMKEY_REDIS_URL`` (required then) and one
 ``IDEMKEY_<FIELD>`` key per :class:`~idemkey.Policy` field (``IDEMKEY_TTL``, ``IDEMKEY_PREFIX``,
-...); a ``policy`` passed in is used as it is. Per app: ``app.extensions["idemkey"]``; per
-request: ``g.idemkey`` (the :class:`~idemkey.http.Exchange`; ``.claim.fence`` is the fencing
-token), so one ``Idemkey`` serves any number of apps.
+...); a ``policy`` passed in is used as it is. Every option, config key or view keyword, is
+typed and checked once (``IDEMKEY_METHODS = "POST"`` is a ``ConfigurationError``, not the set
+``{'P', 'O', 'S', 'T'}``), and an ``IDEMKEY_`` key that is no field is refused
+(``IDEMKEY_REDIS_*`` keys are the client's). Per app: ``app.extensions["idemkey"]``; per
+request: ``g.idemkey``, on every request a guarded view gets: the
+:class:`~idemkey.http.Exchange` while the view runs under a claim (``.claim.fence`` is the
+fencing token), else None (no key with ``required=False``, a method the policy does not guard,
+or Redis down with ``on_store_error="open"``). ``idemkey.current_call()`` is the claim in
+every adapter (it raises ``LookupError`` where ``g.idemkey`` is None). One ``Idemkey`` serves
+any number of apps.
 
 ``init_app`` wraps ``app.wsgi_app`` in a WSGI layer that reads a keyed request's body before
 Flask runs any hook and hands Flask the same bytes, so the fingerprint covers what the client
@@ -76,6 +83,7 @@ class Idemkey:
         app.extensions["idemkey"] = state = app_state(app.config, self.store, self.policy)
         # Capture a keyed body before Flask runs a hook that may consume it (request.form).
         limit_for = functools.partial(state.capture_limit, self._overrides)
+        state.capture_rule(self._overrides)  # every view's policy derived now: a bad one fails here
         app.wsgi_app = BodyCapture(app.wsgi_app, limit_for)  # type: ignore[method-assign]
 
     @overload
@@ -111,11 +119,11 @@ def _guard(
 ) -> ResponseReturnValue:
     req = request._get_current_object()  # type: ignore[attr-defined]  # one proxy lookup
     if req.method not in policy.methods:
-        return view(*args, **kwargs)  # type: ignore[no-any-return]
+        return _unclaimed(view, args, kwargs)
     rule = req.url_rule
     step = begin(policy, request_of(req.environ, rule.rule if rule is not None else ""))
     if step is None:
-        return view(*args, **kwargs)  # type: ignore[no-any-return]
+        return _unclaimed(view, args, kwargs)
     if isinstance(step, Response):
         return respond(step)
     lifecycle = Lifecycle(step)
@@ -126,7 +134,7 @@ def _guard(
     if answer is not None:
         return respond(answer)
     if lifecycle.unprotected:
-        return view(*args, **kwargs)  # type: ignore[no-any-return]
+        return _unclaimed(view, args, kwargs)
     g.idemkey = step
     try:
         response = render_view(view, args, kwargs)
@@ -141,3 +149,9 @@ def _guard(
     lifecycle.started(response.status_code, headers, response.status[4:])
     driver.finish(lifecycle, kept)
     return response
+
+
+def _unclaimed(view: Callable[..., Any], args: Any, kwargs: Any) -> ResponseReturnValue:
+    """Run a guarded view without a claim: ``g.idemkey`` is None, never missing."""
+    g.idemkey = None
+    return view(*args, **kwargs)  # type: ignore[no-any-return]

@@ -66,5 +66,7 @@ class Idempotency:
 
     def wrap(self, app: ASGIApp, template: str, options: dict[str, Any]) -> IdempotencyMiddleware:
         """``app`` (one route's ASGI app) behind the middleware, labelled ``template``."""
-        known = KnownRoute(template, options)
+        known = KnownRoute(
+            template, options, label=lambda name: f"idem.guard(<Route {template!r}>, {name}=...)"
+        )
         return IdempotencyMiddleware(app, self.store, self.policy, routes=known)

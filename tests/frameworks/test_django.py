@@ -315,7 +315,10 @@ def test_the_client_from_a_factory(project: dict[str, Any], client: Any) -> None
     [
         ({"PREFIX": "x"}, "REDIS_URL"),
         ({"REDIS_URL": "redis://127.0.0.1:1/0", "GUARD": "some"}, "GUARD"),
-        ({"REDIS_URL": "redis://127.0.0.1:1/0", "TLL": 5}, "unknown Policy fields: tll"),
+        (
+            {"REDIS_URL": "redis://127.0.0.1:1/0", "TLL": 5},
+            r'IDEMKEY\["TLL"\] \(Django settings\): not a Policy field; did you mean IDEMKEY\["TTL',
+        ),
         ({"STORE": "not a store"}, "STORE"),
     ],
 )

@@ -1,0 +1,134 @@
+"""Policy options are typed, checked and frozen once (``idemkey._options``), with no I/O.
+
+Issue 20 item 10: ``Policy(methods="POST")`` became ``{'P', 'O', 'S', 'T'}`` and guarded
+nothing. Every bad option is now a ConfigurationError naming it; the adapter paths (Flask config
+and views, Django, FastAPI, Starlette) are in ``tests/adapters/test_options.py``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+from typing import Any
+
+import pytest
+
+from idemkey import ConfigurationError, Policy
+from idemkey.policy import Replicas
+from idemkey.routes import Routes, route
+
+#: (options, what the error says after the option's label). One per kind of mistake.
+BAD: list[tuple[dict[str, Any], str]] = [
+    ({"methods": "POST"}, "expected a collection of method names, got the string 'POST'"),
+    ({"release_statuses": "409"}, "expected a collection of HTTP status codes, got the string"),
+    ({"header_denylist": "set-cookie"}, "expected a collection of header names, got the string"),
+    ({"header_allowlist": "etag"}, "expected a collection of header names, got the string"),
+    ({"methods": ["POST", 1]}, "expected a collection of method names, one of them is 1 (int)"),
+    ({"lease": "30"}, "expected a number of seconds > 0, got the string '30'"),
+    ({"wait": True}, "expected a number of seconds >= 0, got True (bool)"),
+    ({"ttl": -1}, "expected a finite number of seconds > 0, got -1 (int)"),
+    ({"wait": -0.5}, "expected a finite number of seconds >= 0, got -0.5"),
+    ({"wait": math.nan}, "expected a finite number of seconds >= 0, got nan"),
+    ({"ttl": math.inf}, "expected a finite number of seconds > 0, got inf"),
+    ({"store_error_retry_after": -1}, "expected a finite number of seconds >= 0"),
+    ({"require_key": "false"}, "expected True or False, got the string 'false'"),
+    ({"max_request_bytes": 1.5}, "expected a size in bytes (an int >= 0), got 1.5"),
+    ({"mismatch_status": "422"}, "expected 400 or 409 or 422, got the string '422'"),
+    ({"tll": 60}, "not a Policy field; did you mean Policy(ttl=...)?"),
+]
+
+
+def _ids(case: tuple[dict[str, Any], str]) -> str:
+    ((name, value),) = case[0].items()
+    return f"{name}={value!r}"
+
+
+@pytest.mark.parametrize("case", BAD, ids=[_ids(c) for c in BAD])
+def test_policy_refuses_a_bad_option_naming_it(case: tuple[dict[str, Any], str]) -> None:
+    options, says = case
+    ((name, _),) = options.items()
+    expected = re.escape(f"Policy({name}=...): {says}")
+    with pytest.raises(ConfigurationError, match=expected):
+        Policy(**options)
+    with pytest.raises(ConfigurationError, match=expected):  # replace is the same boundary
+        Policy().replace(**options)
+
+
+def test_policy_methods_as_a_bare_string_is_refused_not_split_into_letters() -> None:
+    # On main this was Policy(methods=frozenset({'P', 'O', 'S', 'T'})): nothing was guarded.
+    with pytest.raises(ConfigurationError) as raised:
+        Policy(methods="POST")  # type: ignore[arg-type]
+    assert str(raised.value) == (
+        "Policy(methods=...): expected a collection of method names, got the string 'POST'"
+    )
+
+
+def test_valid_options_are_still_accepted_and_frozen() -> None:
+    for methods in (["post"], ("POST", "patch"), {"put"}, frozenset({"Delete"})):
+        policy = Policy(methods=methods)  # type: ignore[arg-type]
+        assert policy.methods == frozenset(m.upper() for m in methods)
+        assert type(policy.methods) is frozenset
+    policy = Policy(
+        ttl=60,
+        lease=5,
+        wait=0,
+        store_error_retry_after=2,
+        release_statuses=[409, 400],  # type: ignore[arg-type]
+        header_denylist=["X-Secret"],  # type: ignore[arg-type]
+        header_allowlist=("ETag",),  # type: ignore[arg-type]
+        max_request_bytes=10,
+        require_key=False,
+    )
+    assert (policy.ttl, policy.lease, policy.wait, policy.store_error_retry_after) == (60, 5, 0, 2)
+    assert all(type(v) is float for v in (policy.ttl, policy.lease, policy.wait))
+    assert (policy.ttl_ms, policy.lease_ms) == (60_000, 5_000)
+    assert policy.release_statuses == frozenset({400, 409})
+    assert policy.header_denylist == frozenset({"x-secret"})
+    assert policy.header_allowlist == frozenset({"etag"})
+    assert Policy(max_response_bytes=1e6).max_response_bytes == 1_000_000  # a whole number
+    # Converting a converted policy changes nothing.
+    assert policy.replace() == policy
+    assert Policy() == Policy().replace(methods=["post", "PATCH"])
+
+
+def test_every_policy_field_has_a_converter() -> None:
+    """A field added to Policy gets its converter too, or no path checks it."""
+    from idemkey._options import _CONVERTERS
+
+    fields = {f.name for f in dataclasses.fields(Policy) if f.init}
+    assert fields == set(_CONVERTERS)
+
+
+def test_lease_longer_than_ttl_is_refused() -> None:
+    with pytest.raises(ConfigurationError, match="need lease < ttl, got lease=60 ttl=10"):
+        Policy(ttl=10, lease=60)
+
+
+def test_route_options_name_the_route() -> None:
+    with pytest.raises(ConfigurationError) as raised:
+        route("/charges/{charge_id}", methods="POST")
+    assert str(raised.value) == (
+        "route('/charges/{charge_id}', methods=...): expected a collection of method names, "
+        "got the string 'POST'"
+    )
+    with pytest.raises(ConfigurationError, match=re.escape("route('/c', wait=...): expected")):
+        route("/c", wait=-1)
+    with pytest.raises(ConfigurationError, match=re.escape("route('/c', requird=...): not a")):
+        route("/c", requird=False)
+    # A lease over the base policy's ttl is known at bind time, and names the route.
+    with pytest.raises(ConfigurationError, match=re.escape("route('/c'): Policy: need lease")):
+        Routes(route("/c", lease=100)).bind(Policy(ttl=50, lease=5))
+    table = Routes(route("/c", methods=["post"], required=False)).bind(Policy())
+    selected = table.select("POST", "/c")
+    assert selected is not None
+    assert selected.policy.require_key is False
+
+
+def test_replicas_timeout_is_a_finite_positive_duration() -> None:
+    assert Replicas(1, 1).timeout == 1.0
+    for timeout in (0, -1, math.inf, math.nan, "1"):
+        with pytest.raises(ConfigurationError, match=r"Replicas\(timeout=\.\.\.\)"):
+            Replicas(1, timeout)  # type: ignore[arg-type]
+    with pytest.raises(ConfigurationError, match=r"Replicas\.count"):
+        Replicas(True)
