@@ -16,6 +16,7 @@ import httpx
 
 from ..errors import ConfigurationError
 from ..store._async_runtime import sleep
+from ._async_attempt import exchange
 from ._operation import DEFAULT_HEADER, IdempotentResponse, Operation, RetryHook
 from ._retry import RetryPolicy, Schedule
 from ._shell import DEFAULT_RETRY, Preparing, failure_kind, settle
@@ -24,21 +25,23 @@ __all__ = ["AsyncClient", "AsyncIdempotentTransport", "arun"]
 
 
 async def arun(
-    send: Callable[[httpx.Request], Awaitable[httpx.Response]],
+    start: Callable[[httpx.Request], Awaitable[httpx.Response]],
     operation: Operation,
     policy: RetryPolicy,
     on_retry: RetryHook | None = None,
     *,
     transport: bool = False,
 ) -> IdempotentResponse:
-    """Send ``operation`` through ``send`` (which returns a read response) until it settles."""
+    """Send ``operation`` through ``start`` (which returns a response not read yet) until it
+    settles; each attempt, its whole answer read, fits in what is left of the deadline."""
     schedule = Schedule(policy, time.monotonic())
     while True:
-        request = operation.attempt(schedule.send(time.monotonic()))
+        budget = schedule.send(time.monotonic())
+        request = operation.attempt(budget)
         response: httpx.Response | None = None
         error: httpx.TransportError | None = None
         try:
-            response = await send(request)
+            response = await exchange(start, request, budget)
         except httpx.TransportError as exc:
             kind = failure_kind(exc)
             if kind is None:
@@ -86,7 +89,10 @@ class AsyncClient(Preparing):
     async def send(self, operation: Operation) -> IdempotentResponse:
         """Send ``operation`` until it has an answer; raises ``RefusedError`` on a refusal
         (``422 key_reused``...) and ``RetriesExhaustedError`` past the deadline."""
-        return await arun(self.http.send, operation, self.retry, self.on_retry)
+        return await arun(self._start, operation, self.retry, self.on_retry)
+
+    async def _start(self, request: httpx.Request) -> httpx.Response:
+        return await self.http.send(request, stream=True)
 
     async def post(self, url: httpx.URL | str, **kwargs: Any) -> IdempotentResponse:
         """``send(prepare("POST", url, **kwargs))``: takes ``json=``, ``idempotency_key=``..."""
@@ -140,16 +146,11 @@ class AsyncIdempotentTransport(httpx.AsyncBaseTransport):
         if request.method not in self.methods:
             return await self.transport.handle_async_request(request)
         operation = Operation.from_request(request, self.header)
-        reply = await arun(self._send, operation, self.retry, self.on_retry, transport=True)
+        reply = await arun(
+            self.transport.handle_async_request, operation, self.retry, self.on_retry,
+            transport=True,
+        )  # fmt: skip
         return reply.response
-
-    async def _send(self, request: httpx.Request) -> httpx.Response:
-        response = await self.transport.handle_async_request(request)
-        try:
-            await response.aread()
-        finally:
-            await response.aclose()
-        return response
 
     async def aclose(self) -> None:
         await self.transport.aclose()

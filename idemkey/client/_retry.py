@@ -245,6 +245,8 @@ class Schedule:
         return self._retry(kind, now, None)
 
     def _retry(self, reason: str, now: float, retry_after: float | None) -> Step:
+        if now >= self.deadline_at:  # an attempt the deadline cut off, whatever the count
+            return self._finish(GiveUp("deadline", reason, self.attempts))
         if self.attempts >= self.policy.max_attempts:
             return self._finish(GiveUp("attempts", reason, self.attempts))
         delay = self.policy.backoff_for(self.attempts, self.draw())

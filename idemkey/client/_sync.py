@@ -17,6 +17,7 @@ import httpx
 
 from ..errors import ConfigurationError
 from ..store._sync_runtime import sleep
+from ._sync_attempt import exchange
 from ._operation import DEFAULT_HEADER, IdempotentResponse, Operation, RetryHook
 from ._retry import RetryPolicy, Schedule
 from ._shell import DEFAULT_RETRY, Preparing, failure_kind, settle
@@ -25,21 +26,23 @@ __all__ = ["Client", "IdempotentTransport", "run"]
 
 
 def run(
-    send: Callable[[httpx.Request], httpx.Response],
+    start: Callable[[httpx.Request], httpx.Response],
     operation: Operation,
     policy: RetryPolicy,
     on_retry: RetryHook | None = None,
     *,
     transport: bool = False,
 ) -> IdempotentResponse:
-    """Send ``operation`` through ``send`` (which returns a read response) until it settles."""
+    """Send ``operation`` through ``start`` (which returns a response not read yet) until it
+    settles; each attempt, its whole answer read, fits in what is left of the deadline."""
     schedule = Schedule(policy, time.monotonic())
     while True:
-        request = operation.attempt(schedule.send(time.monotonic()))
+        budget = schedule.send(time.monotonic())
+        request = operation.attempt(budget)
         response: httpx.Response | None = None
         error: httpx.TransportError | None = None
         try:
-            response = send(request)
+            response = exchange(start, request, budget)
         except httpx.TransportError as exc:
             kind = failure_kind(exc)
             if kind is None:
@@ -87,7 +90,10 @@ class Client(Preparing):
     def send(self, operation: Operation) -> IdempotentResponse:
         """Send ``operation`` until it has an answer; raises ``RefusedError`` on a refusal
         (``422 key_reused``...) and ``RetriesExhaustedError`` past the deadline."""
-        return run(self.http.send, operation, self.retry, self.on_retry)
+        return run(self._start, operation, self.retry, self.on_retry)
+
+    def _start(self, request: httpx.Request) -> httpx.Response:
+        return self.http.send(request, stream=True)
 
     def post(self, url: httpx.URL | str, **kwargs: Any) -> IdempotentResponse:
         """``send(prepare("POST", url, **kwargs))``: takes ``json=``, ``idempotency_key=``..."""
@@ -141,16 +147,11 @@ class IdempotentTransport(httpx.BaseTransport):
         if request.method not in self.methods:
             return self.transport.handle_request(request)
         operation = Operation.from_request(request, self.header)
-        reply = run(self._send, operation, self.retry, self.on_retry, transport=True)
+        reply = run(
+            self.transport.handle_request, operation, self.retry, self.on_retry,
+            transport=True,
+        )  # fmt: skip
         return reply.response
-
-    def _send(self, request: httpx.Request) -> httpx.Response:
-        response = self.transport.handle_request(request)
-        try:
-            response.read()
-        finally:
-            response.close()
-        return response
 
     def close(self) -> None:
         self.transport.close()
