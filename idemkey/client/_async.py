@@ -124,7 +124,8 @@ class AsyncIdempotentTransport(httpx.AsyncBaseTransport):
 
     ``httpx.AsyncClient(transport=AsyncIdempotentTransport())``. It raises only httpx errors:
     a refusal comes back as its response, and giving up returns the last response or raises
-    the last httpx error. Set the header yourself to know (and persist) the key.
+    the last httpx error. The key is on ``response.request.headers``; set the header yourself
+    to know (and persist) it before the first attempt.
     """
 
     def __init__(
@@ -146,6 +147,9 @@ class AsyncIdempotentTransport(httpx.AsyncBaseTransport):
         if request.method not in self.methods:
             return await self.transport.handle_async_request(request)
         operation = Operation.from_request(request, self.header)
+        # httpx reports this request on the response (response.request): let it carry the key
+        # every attempt sent, for the caller's logs, as an auth flow leaves its header there.
+        request.headers[self.header] = operation.key
         reply = await arun(
             self.transport.handle_async_request, operation, self.retry, self.on_retry,
             transport=True,

@@ -125,7 +125,8 @@ class IdempotentTransport(httpx.BaseTransport):
 
     ``httpx.Client(transport=IdempotentTransport())``. It raises only httpx errors:
     a refusal comes back as its response, and giving up returns the last response or raises
-    the last httpx error. Set the header yourself to know (and persist) the key.
+    the last httpx error. The key is on ``response.request.headers``; set the header yourself
+    to know (and persist) it before the first attempt.
     """
 
     def __init__(
@@ -147,6 +148,9 @@ class IdempotentTransport(httpx.BaseTransport):
         if request.method not in self.methods:
             return self.transport.handle_request(request)
         operation = Operation.from_request(request, self.header)
+        # httpx reports this request on the response (response.request): let it carry the key
+        # every attempt sent, for the caller's logs, as an auth flow leaves its header there.
+        request.headers[self.header] = operation.key
         reply = run(
             self.transport.handle_request, operation, self.retry, self.on_retry,
             transport=True,
