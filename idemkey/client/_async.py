@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 from collections.abc import Awaitable, Callable, Collection
 from types import TracebackType
-from typing import Any
+from typing import Any, NoReturn
 
 import httpx
 
@@ -18,6 +18,14 @@ from ..errors import ConfigurationError
 from ..store._async_runtime import sleep
 from ._async_attempt import exchange
 from ._operation import DEFAULT_HEADER, IdempotentResponse, Operation, RetryHook
+from ._options import (
+    check_hook,
+    check_http_options,
+    check_instance,
+    header_name,
+    method_names,
+    refuse_unknown,
+)
 from ._retry import RetryPolicy, Schedule
 from ._shell import DEFAULT_RETRY, Preparing, failure_kind, settle
 
@@ -78,13 +86,22 @@ class AsyncClient(Preparing):
         header: str = DEFAULT_HEADER,
         **options: Any,
     ) -> None:
-        if http is not None and options:
-            raise ConfigurationError("pass an httpx.AsyncClient or httpx options, not both")
+        where = "AsyncClient"
+        if http is None:
+            check_http_options(where, httpx.AsyncClient, options)
+        else:
+            check_instance(where, "http", http, httpx.AsyncClient, "an httpx.AsyncClient or None")
+            if options:
+                names = ", ".join(f"{name}=..." for name in sorted(options))
+                raise ConfigurationError(
+                    f"{where}(http=..., {names}): pass an httpx.AsyncClient or httpx options, "
+                    "not both"
+                )
+        self.retry = check_instance(where, "retry", retry, RetryPolicy, "a RetryPolicy")
+        self.on_retry = check_hook(where, "on_retry", on_retry)
+        self.header = header_name(where, "header", header)
         self.http = http if http is not None else httpx.AsyncClient(**options)
         self._owns_http = http is None
-        self.retry = retry
-        self.on_retry = on_retry
-        self.header = header
 
     async def send(self, operation: Operation) -> IdempotentResponse:
         """Send ``operation`` until it has an answer; raises ``RefusedError`` on a refusal
@@ -136,12 +153,18 @@ class AsyncIdempotentTransport(httpx.AsyncBaseTransport):
         on_retry: RetryHook | None = None,
         header: str = DEFAULT_HEADER,
         methods: Collection[str] = ("POST", "PATCH"),
+        **unknown: NoReturn,
     ) -> None:
+        where = "AsyncIdempotentTransport"
+        refuse_unknown(where, unknown, ("transport", "retry", "on_retry", "header", "methods"))
+        if transport is not None:
+            expected = "an httpx.AsyncBaseTransport (httpx.AsyncHTTPTransport(...)) or None"
+            check_instance(where, "transport", transport, httpx.AsyncBaseTransport, expected)
+        self.retry = check_instance(where, "retry", retry, RetryPolicy, "a RetryPolicy")
+        self.on_retry = check_hook(where, "on_retry", on_retry)
+        self.header = header_name(where, "header", header)
+        self.methods = method_names(where, "methods", methods)
         self.transport = transport if transport is not None else httpx.AsyncHTTPTransport()
-        self.retry = retry
-        self.on_retry = on_retry
-        self.header = header
-        self.methods = frozenset(method.upper() for method in methods)
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         if request.method not in self.methods:

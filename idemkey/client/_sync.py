@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Collection
 from types import TracebackType
-from typing import Any
+from typing import Any, NoReturn
 
 import httpx
 
@@ -19,6 +19,14 @@ from ..errors import ConfigurationError
 from ..store._sync_runtime import sleep
 from ._sync_attempt import exchange
 from ._operation import DEFAULT_HEADER, IdempotentResponse, Operation, RetryHook
+from ._options import (
+    check_hook,
+    check_http_options,
+    check_instance,
+    header_name,
+    method_names,
+    refuse_unknown,
+)
 from ._retry import RetryPolicy, Schedule
 from ._shell import DEFAULT_RETRY, Preparing, failure_kind, settle
 
@@ -79,13 +87,22 @@ class Client(Preparing):
         header: str = DEFAULT_HEADER,
         **options: Any,
     ) -> None:
-        if http is not None and options:
-            raise ConfigurationError("pass an httpx.Client or httpx options, not both")
+        where = "Client"
+        if http is None:
+            check_http_options(where, httpx.Client, options)
+        else:
+            check_instance(where, "http", http, httpx.Client, "an httpx.Client or None")
+            if options:
+                names = ", ".join(f"{name}=..." for name in sorted(options))
+                raise ConfigurationError(
+                    f"{where}(http=..., {names}): pass an httpx.Client or httpx options, "
+                    "not both"
+                )
+        self.retry = check_instance(where, "retry", retry, RetryPolicy, "a RetryPolicy")
+        self.on_retry = check_hook(where, "on_retry", on_retry)
+        self.header = header_name(where, "header", header)
         self.http = http if http is not None else httpx.Client(**options)
         self._owns_http = http is None
-        self.retry = retry
-        self.on_retry = on_retry
-        self.header = header
 
     def send(self, operation: Operation) -> IdempotentResponse:
         """Send ``operation`` until it has an answer; raises ``RefusedError`` on a refusal
@@ -137,12 +154,18 @@ class IdempotentTransport(httpx.BaseTransport):
         on_retry: RetryHook | None = None,
         header: str = DEFAULT_HEADER,
         methods: Collection[str] = ("POST", "PATCH"),
+        **unknown: NoReturn,
     ) -> None:
+        where = "IdempotentTransport"
+        refuse_unknown(where, unknown, ("transport", "retry", "on_retry", "header", "methods"))
+        if transport is not None:
+            expected = "an httpx.BaseTransport (httpx.HTTPTransport(...)) or None"
+            check_instance(where, "transport", transport, httpx.BaseTransport, expected)
+        self.retry = check_instance(where, "retry", retry, RetryPolicy, "a RetryPolicy")
+        self.on_retry = check_hook(where, "on_retry", on_retry)
+        self.header = header_name(where, "header", header)
+        self.methods = method_names(where, "methods", methods)
         self.transport = transport if transport is not None else httpx.HTTPTransport()
-        self.retry = retry
-        self.on_retry = on_retry
-        self.header = header
-        self.methods = frozenset(method.upper() for method in methods)
 
     def handle_request(self, request: httpx.Request) -> httpx.Response:
         if request.method not in self.methods:
