@@ -1,19 +1,22 @@
 """One attempt held to what is left of the deadline, in a thread; twin of ``_async_attempt``.
 
 A blocking read cannot be cancelled, and httpx's timeouts bound each read, not a response (a
-server that sends a byte now and then never lets one time out). So the attempt runs in a
-thread of its own while the caller waits at most ``seconds`` for it: past that, the caller
-raises at once, and the attempt's socket is shut down so that the abandoned thread ends with
-its read instead of with the server's answer. The socket is known once the connection is made
-(httpcore's ``trace`` extension) or once the head arrived (a reused connection); an abandoned
-attempt still waiting for the head on a reused connection ends at its own timeouts. The
-thread runs in a copy of the caller's context (``contextvars``), for the ``httpx`` event hooks.
+server that sends a byte now and then never lets one time out). So the attempt runs in another
+thread (an idle one, reused) while the caller waits at most ``seconds`` for it: past that, the
+caller raises at once, and the attempt's socket is shut down so that the abandoned thread ends
+with its read instead of with the server's answer. The socket is known once the connection is
+made (httpcore's ``trace`` extension) or once the head arrived (a reused connection); an
+abandoned attempt still waiting for the head on a reused connection ends at its own timeouts.
+The thread runs in a copy of the caller's context (``contextvars``), for the httpx event hooks.
 """
 
 from __future__ import annotations
 
 import contextlib
 import contextvars
+import functools
+import os
+import queue
 import socket
 import threading
 from collections.abc import Callable
@@ -32,13 +35,7 @@ def exchange(
     """``start(request)`` (a response not read yet), read and closed, within ``seconds``."""
     attempt = _Attempt(start, request)
     request.extensions["trace"] = attempt.trace
-    thread = threading.Thread(
-        target=contextvars.copy_context().run,
-        args=(attempt.run,),
-        name="idemkey-client-attempt",
-        daemon=True,
-    )
-    thread.start()
+    _submit(functools.partial(contextvars.copy_context().run, attempt.run))
     try:
         finished = attempt.done.wait(min(seconds, threading.TIMEOUT_MAX))
     except BaseException:  # KeyboardInterrupt while waiting: the attempt is abandoned too
@@ -111,3 +108,54 @@ def _shut(stream: Any) -> None:
         sock = stream.get_extra_info("socket")
         if isinstance(sock, socket.socket):
             socket.socket.shutdown(sock, socket.SHUT_RDWR)
+
+
+# ---- the threads attempts run in ----------------------------------------------------------
+#
+# Starting a thread per attempt doubled the cost of a call over loopback on a loaded 2-core
+# box; an idle thread takes the next attempt instead, and ends after IDLE seconds without one.
+# An abandoned attempt keeps its thread until its read ends; a new attempt never waits for it.
+
+IDLE = 10.0
+
+_lock = threading.Lock()
+_jobs: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
+_idle = 0  # threads waiting on _jobs that no submitted job has claimed yet
+
+
+def _submit(job: Callable[[], None]) -> None:
+    global _idle
+    with _lock:
+        claimed = _idle > 0
+        if claimed:
+            _idle -= 1
+    if claimed:
+        _jobs.put(job)
+    else:
+        threading.Thread(target=_work, args=(job,), name="idemkey-client", daemon=True).start()
+
+
+def _work(job: Callable[[], None]) -> None:
+    global _idle
+    jobs = _jobs
+    while True:
+        job()
+        with _lock:
+            _idle += 1
+        try:
+            job = jobs.get(timeout=IDLE)
+        except queue.Empty:
+            with _lock:
+                if _idle > 0:  # no job counts on this thread: it may end
+                    _idle -= 1
+                    return
+            job = jobs.get()  # a job was submitted against this thread: it is on its way
+
+
+def _forget_threads() -> None:
+    # A forked child (a Celery prefork worker...) has none of its parent's threads.
+    global _idle, _jobs, _lock
+    _idle, _jobs, _lock = 0, queue.SimpleQueue(), threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forget_threads)

@@ -10,6 +10,9 @@ server is done.
 from __future__ import annotations
 
 import asyncio
+import os
+import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator
 
@@ -99,3 +102,28 @@ def test_the_deadline_bounds_a_trickled_answer(trickling: SlowServer, caller: st
     # of its writes, long before its 10 s answer is through.
     wait_until(lambda: trickling.left, 2.0, "the server to see the client leave")
     assert trickling.left[0] - ended < 1.0
+
+
+FORKED = """
+import os, sys
+from idemkey.client import Client, RetryPolicy
+
+with Client(base_url=sys.argv[1], retry=RetryPolicy(deadline=5.0)) as client:
+    client.post("/charges", json={})  # the parent now has an idle attempt thread
+    child = os.fork()
+    if child == 0:  # none of the parent's threads came along: the call must not wait for one
+        os._exit(0 if client.post("/charges", json={}).status_code == 200 else 1)
+    _, status = os.waitpid(child, 0)
+    sys.exit(os.waitstatus_to_exitcode(status))
+"""
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="fork() is POSIX")
+def test_a_forked_child_gets_its_own_attempt_threads() -> None:
+    """A Celery prefork child calls with the client its parent imported and used."""
+    with SlowServer("fast") as server:
+        done = subprocess.run(
+            [sys.executable, "-c", FORKED, server.url], timeout=30, capture_output=True
+        )
+    assert done.returncode == 0, done.stderr.decode()
+    assert len(server.seen) == 2
