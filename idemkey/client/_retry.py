@@ -38,8 +38,8 @@ from dataclasses import dataclass, field
 from email.utils import parsedate_to_datetime
 from typing import Final, Literal
 
-from ..errors import ConfigurationError
 from ._errors import ClientStateError
+from ._options import count, fraction, invalid, seconds, status_codes
 
 __all__ = [
     "PROBLEM_TYPE_PREFIX",
@@ -80,19 +80,24 @@ class RetryPolicy:
     retry_statuses: frozenset[int] = frozenset({429, 502, 503, 504})
 
     def __post_init__(self) -> None:
-        if self.max_attempts < 1:
-            raise ConfigurationError("RetryPolicy.max_attempts must be at least 1")
-        if not self.deadline > 0:
-            raise ConfigurationError("RetryPolicy.deadline must be positive seconds")
-        if self.backoff < 0 or self.backoff_cap < self.backoff:
-            raise ConfigurationError("RetryPolicy needs 0 <= backoff <= backoff_cap")
-        if not 0 <= self.jitter <= 1:
-            raise ConfigurationError("RetryPolicy.jitter is a fraction between 0 and 1")
-        if any(
-            400 <= status < 500 and status not in (408, 425, 429) for status in self.retry_statuses
+        where = "RetryPolicy"
+        backoff = seconds(where, "backoff", self.backoff)
+        cap = seconds(where, "backoff_cap", self.backoff_cap)
+        if cap < backoff:
+            raise invalid(where, "backoff_cap", f"seconds >= backoff ({backoff:g})", cap)
+        statuses = status_codes(where, "retry_statuses", self.retry_statuses)
+        # A 4xx outcome (422 key_reused, 400, 402...) fails the same way every time.
+        if never := sorted(s for s in statuses if 400 <= s < 500 and s not in (408, 425, 429)):
+            raise invalid(where, "retry_statuses", "no 4xx but 408, 425 and 429", never)
+        for name, value in (
+            ("max_attempts", count(where, "max_attempts", self.max_attempts, least=1)),
+            ("deadline", seconds(where, "deadline", self.deadline, positive=True)),
+            ("backoff", backoff),
+            ("backoff_cap", cap),
+            ("jitter", fraction(where, "jitter", self.jitter)),
+            ("retry_statuses", statuses),
         ):
-            # A 4xx outcome (422 key_reused, 400, 402...) fails the same way every time.
-            raise ConfigurationError("RetryPolicy.retry_statuses may not hold a 4xx outcome")
+            object.__setattr__(self, name, value)  # frozen: set once, here, converted
 
     def backoff_for(self, retry: int, draw: float) -> float:
         """The wait before retry number ``retry`` (1-based), ``draw`` in [0, 1) for the jitter."""
@@ -245,6 +250,8 @@ class Schedule:
         return self._retry(kind, now, None)
 
     def _retry(self, reason: str, now: float, retry_after: float | None) -> Step:
+        if now >= self.deadline_at:  # an attempt the deadline cut off, whatever the count
+            return self._finish(GiveUp("deadline", reason, self.attempts))
         if self.attempts >= self.policy.max_attempts:
             return self._finish(GiveUp("attempts", reason, self.attempts))
         delay = self.policy.backoff_for(self.attempts, self.draw())

@@ -11,13 +11,22 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Collection
 from types import TracebackType
-from typing import Any
+from typing import Any, NoReturn
 
 import httpx
 
 from ..errors import ConfigurationError
 from ..store._sync_runtime import sleep
+from ._sync_attempt import exchange
 from ._operation import DEFAULT_HEADER, IdempotentResponse, Operation, RetryHook
+from ._options import (
+    check_hook,
+    check_http_options,
+    check_instance,
+    header_name,
+    method_names,
+    refuse_unknown,
+)
 from ._retry import RetryPolicy, Schedule
 from ._shell import DEFAULT_RETRY, Preparing, failure_kind, settle
 
@@ -25,21 +34,23 @@ __all__ = ["Client", "IdempotentTransport", "run"]
 
 
 def run(
-    send: Callable[[httpx.Request], httpx.Response],
+    start: Callable[[httpx.Request], httpx.Response],
     operation: Operation,
     policy: RetryPolicy,
     on_retry: RetryHook | None = None,
     *,
     transport: bool = False,
 ) -> IdempotentResponse:
-    """Send ``operation`` through ``send`` (which returns a read response) until it settles."""
+    """Send ``operation`` through ``start`` (which returns a response not read yet) until it
+    settles; each attempt, its whole answer read, fits in what is left of the deadline."""
     schedule = Schedule(policy, time.monotonic())
     while True:
-        request = operation.attempt(schedule.send(time.monotonic()))
+        budget = schedule.send(time.monotonic())
+        request = operation.attempt(budget)
         response: httpx.Response | None = None
         error: httpx.TransportError | None = None
         try:
-            response = send(request)
+            response = exchange(start, request, budget)
         except httpx.TransportError as exc:
             kind = failure_kind(exc)
             if kind is None:
@@ -76,18 +87,30 @@ class Client(Preparing):
         header: str = DEFAULT_HEADER,
         **options: Any,
     ) -> None:
-        if http is not None and options:
-            raise ConfigurationError("pass an httpx.Client or httpx options, not both")
+        where = "Client"
+        if http is None:
+            check_http_options(where, httpx.Client, options)
+        else:
+            check_instance(where, "http", http, httpx.Client, "an httpx.Client or None")
+            if options:
+                names = ", ".join(f"{name}=..." for name in sorted(options))
+                raise ConfigurationError(
+                    f"{where}(http=..., {names}): pass an httpx.Client or httpx options, "
+                    "not both"
+                )
+        self.retry = check_instance(where, "retry", retry, RetryPolicy, "a RetryPolicy")
+        self.on_retry = check_hook(where, "on_retry", on_retry)
+        self.header = header_name(where, "header", header)
         self.http = http if http is not None else httpx.Client(**options)
         self._owns_http = http is None
-        self.retry = retry
-        self.on_retry = on_retry
-        self.header = header
 
     def send(self, operation: Operation) -> IdempotentResponse:
         """Send ``operation`` until it has an answer; raises ``RefusedError`` on a refusal
         (``422 key_reused``...) and ``RetriesExhaustedError`` past the deadline."""
-        return run(self.http.send, operation, self.retry, self.on_retry)
+        return run(self._start, operation, self.retry, self.on_retry)
+
+    def _start(self, request: httpx.Request) -> httpx.Response:
+        return self.http.send(request, stream=True)
 
     def post(self, url: httpx.URL | str, **kwargs: Any) -> IdempotentResponse:
         """``send(prepare("POST", url, **kwargs))``: takes ``json=``, ``idempotency_key=``..."""
@@ -119,7 +142,8 @@ class IdempotentTransport(httpx.BaseTransport):
 
     ``httpx.Client(transport=IdempotentTransport())``. It raises only httpx errors:
     a refusal comes back as its response, and giving up returns the last response or raises
-    the last httpx error. Set the header yourself to know (and persist) the key.
+    the last httpx error. The key is on ``response.request.headers``; set the header yourself
+    to know (and persist) it before the first attempt.
     """
 
     def __init__(
@@ -130,27 +154,31 @@ class IdempotentTransport(httpx.BaseTransport):
         on_retry: RetryHook | None = None,
         header: str = DEFAULT_HEADER,
         methods: Collection[str] = ("POST", "PATCH"),
+        **unknown: NoReturn,
     ) -> None:
+        where = "IdempotentTransport"
+        refuse_unknown(where, unknown, ("transport", "retry", "on_retry", "header", "methods"))
+        if transport is not None:
+            expected = "an httpx.BaseTransport (httpx.HTTPTransport(...)) or None"
+            check_instance(where, "transport", transport, httpx.BaseTransport, expected)
+        self.retry = check_instance(where, "retry", retry, RetryPolicy, "a RetryPolicy")
+        self.on_retry = check_hook(where, "on_retry", on_retry)
+        self.header = header_name(where, "header", header)
+        self.methods = method_names(where, "methods", methods)
         self.transport = transport if transport is not None else httpx.HTTPTransport()
-        self.retry = retry
-        self.on_retry = on_retry
-        self.header = header
-        self.methods = frozenset(method.upper() for method in methods)
 
     def handle_request(self, request: httpx.Request) -> httpx.Response:
         if request.method not in self.methods:
             return self.transport.handle_request(request)
         operation = Operation.from_request(request, self.header)
-        reply = run(self._send, operation, self.retry, self.on_retry, transport=True)
+        # httpx reports this request on the response (response.request): let it carry the key
+        # every attempt sent, for the caller's logs, as an auth flow leaves its header there.
+        request.headers[self.header] = operation.key
+        reply = run(
+            self.transport.handle_request, operation, self.retry, self.on_retry,
+            transport=True,
+        )  # fmt: skip
         return reply.response
-
-    def _send(self, request: httpx.Request) -> httpx.Response:
-        response = self.transport.handle_request(request)
-        try:
-            response.read()
-        finally:
-            response.close()
-        return response
 
     def close(self) -> None:
         self.transport.close()

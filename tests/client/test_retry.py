@@ -168,6 +168,13 @@ def test_attempt_budget() -> None:
     assert schedule.failed("network", 0.0) == GiveUp("attempts", "network", 2)
 
 
+def test_an_attempt_the_deadline_cut_off_gives_up_for_the_deadline() -> None:
+    """Even on the last attempt allowed: the deadline is what stopped it."""
+    schedule = Schedule(RetryPolicy(max_attempts=1, deadline=5.0), 0.0)
+    schedule.send(0.0)
+    assert schedule.failed("timeout", 5.0) == GiveUp("deadline", "timeout", 1)
+
+
 def test_no_retry_that_would_start_after_the_deadline() -> None:
     schedule = Schedule(RetryPolicy(deadline=5.0), 100.0)
     assert schedule.send(101.0) == 4.0  # the attempt may take what is left

@@ -1,0 +1,134 @@
+"""Every option of the client's constructors is checked where it arrives, by the field's name.
+
+A bare string where a collection belongs, an unknown or ill-typed option and a negative
+duration are a ``ConfigurationError`` that says which constructor and which field, at
+construction; never a string split into letters (``methods="POST"`` was ``{'P','O','S','T'}``,
+and the transport then sent no key at all), nor a TypeError or a socket error at the first call.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Callable, Iterator
+
+import httpx
+import pytest
+
+from idemkey.client import (
+    AsyncClient,
+    AsyncIdempotentTransport,
+    Client,
+    IdempotentTransport,
+    RetryPolicy,
+)
+from idemkey.errors import ConfigurationError
+
+from ._slow_server import SlowServer
+
+BAD: list[tuple[str, Callable[[], object], str]] = [
+    # (id, the constructor call as a user types it, the start of the message)
+    ("transport-methods-str", lambda: IdempotentTransport(methods="POST"),
+     "IdempotentTransport(methods=...): expected a collection of method names, got the string "
+     "'POST'"),
+    ("async-transport-methods-str", lambda: AsyncIdempotentTransport(methods="POST"),
+     "AsyncIdempotentTransport(methods=...): expected a collection of method names, got the "
+     "string 'POST'"),
+    ("transport-methods-empty", lambda: IdempotentTransport(methods=()),
+     "IdempotentTransport(methods=...): expected a collection of method names (at least one)"),
+    ("transport-methods-not-names", lambda: IdempotentTransport(methods=["POST", 1]),
+     "IdempotentTransport(methods=...): expected a collection of method names, each a token"),
+    ("transport-methods-space", lambda: IdempotentTransport(methods=["PO ST"]),
+     "IdempotentTransport(methods=...): expected a collection of method names, each a token"),
+    ("transport-header", lambda: IdempotentTransport(header="Idempotency Key"),
+     "IdempotentTransport(header=...): expected a header name"),
+    ("transport-retry", lambda: IdempotentTransport(retry={"deadline": 3}),
+     "IdempotentTransport(retry=...): expected a RetryPolicy, got dict"),
+    ("transport-hook", lambda: IdempotentTransport(on_retry="print"),
+     "IdempotentTransport(on_retry=...): expected a callable or None, got the string 'print'"),
+    ("transport-inner", lambda: IdempotentTransport(httpx.HTTPTransport),
+     "IdempotentTransport(transport=...): expected an httpx.BaseTransport"),
+    ("transport-unknown", lambda: IdempotentTransport(retries=3),
+     "IdempotentTransport(retries=...): not an option; the options are transport, retry"),
+    ("async-transport-unknown", lambda: AsyncIdempotentTransport(method=["POST"]),
+     "AsyncIdempotentTransport(method=...): not an option"),
+    ("client-unknown", lambda: Client(base_url="http://api.test", timout=2.0),
+     "Client(timout=...): not an option of Client nor of httpx.Client"),
+    ("async-client-unknown", lambda: AsyncClient(base_url="http://api.test", retries=3),
+     "AsyncClient(retries=...): not an option of AsyncClient nor of httpx.AsyncClient"),
+    ("client-timeout-negative", lambda: Client(base_url="http://api.test", timeout=-1),
+     "Client(timeout=...): expected seconds >= 0, None or an httpx.Timeout, got -1"),
+    ("async-client-timeout-negative",
+     lambda: AsyncClient(timeout=httpx.Timeout(5.0, connect=-2.0)),
+     "AsyncClient(timeout=...): expected seconds >= 0"),
+    ("client-timeout-str", lambda: Client(timeout="2"),
+     "Client(timeout=...): expected seconds >= 0, None or an httpx.Timeout, got the string '2'"),
+    ("client-header", lambda: Client(header=""), "Client(header=...): expected a header name"),
+    ("client-retry-class", lambda: Client(retry=RetryPolicy),
+     "Client(retry=...): expected a RetryPolicy, got the class RetryPolicy"),
+    ("client-wrong-http", lambda: Client(httpx.AsyncClient()),
+     "Client(http=...): expected an httpx.Client or None, got AsyncClient"),
+    ("client-http-and-options", lambda: Client(httpx.Client(), base_url="http://api.test"),
+     "Client(http=..., base_url=...): pass an httpx.Client or httpx options, not both"),
+    ("deadline-negative", lambda: RetryPolicy(deadline=-1),
+     "RetryPolicy(deadline=...): expected finite seconds > 0, got -1"),
+    ("deadline-zero", lambda: RetryPolicy(deadline=0),
+     "RetryPolicy(deadline=...): expected finite seconds > 0, got 0"),
+    ("deadline-str", lambda: RetryPolicy(deadline="3"),
+     "RetryPolicy(deadline=...): expected finite seconds > 0, got the string '3'"),
+    ("deadline-nan", lambda: RetryPolicy(deadline=math.nan),
+     "RetryPolicy(deadline=...): expected finite seconds > 0, got nan"),
+    ("deadline-inf", lambda: RetryPolicy(deadline=math.inf),
+     "RetryPolicy(deadline=...): expected finite seconds > 0, got inf"),
+    ("backoff-negative", lambda: RetryPolicy(backoff=-0.25),
+     "RetryPolicy(backoff=...): expected finite seconds >= 0, got -0.25"),
+    ("backoff-cap-negative", lambda: RetryPolicy(backoff=0, backoff_cap=-1),
+     "RetryPolicy(backoff_cap=...): expected finite seconds >= 0, got -1"),
+    ("backoff-cap-below", lambda: RetryPolicy(backoff=2, backoff_cap=1),
+     "RetryPolicy(backoff_cap=...): expected seconds >= backoff (2), got 1.0"),
+    ("attempts-zero", lambda: RetryPolicy(max_attempts=0),
+     "RetryPolicy(max_attempts=...): expected a whole number >= 1, got 0"),
+    ("attempts-float", lambda: RetryPolicy(max_attempts=2.5),
+     "RetryPolicy(max_attempts=...): expected a whole number >= 1, got 2.5"),
+    ("jitter", lambda: RetryPolicy(jitter=1.5),
+     "RetryPolicy(jitter=...): expected a fraction between 0 and 1, got 1.5"),
+    ("statuses-int", lambda: RetryPolicy(retry_statuses=503),
+     "RetryPolicy(retry_statuses=...): expected a collection of HTTP status codes, got 503"),
+    ("statuses-str", lambda: RetryPolicy(retry_statuses="503"),
+     "RetryPolicy(retry_statuses=...): expected a collection of HTTP status codes, got the "
+     "string '503'"),
+    ("statuses-range", lambda: RetryPolicy(retry_statuses=[503, 5030]),
+     "RetryPolicy(retry_statuses=...): expected a collection of HTTP status codes, each an int"),
+    ("statuses-4xx", lambda: RetryPolicy(retry_statuses=[503, 422]),
+     "RetryPolicy(retry_statuses=...): expected no 4xx but 408, 425 and 429, got list [422]"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("make", "message"), [b[1:] for b in BAD], ids=[b[0] for b in BAD])
+def test_a_bad_option_is_refused_by_name(make: Callable[[], object], message: str) -> None:
+    with pytest.raises(ConfigurationError, match="^" + re.escape(message)):
+        make()
+
+
+def test_collections_are_converted_once() -> None:
+    policy = RetryPolicy(retry_statuses=[503, 429])
+    assert policy.retry_statuses == frozenset({503, 429})
+    assert hash(policy)  # a value: shareable across clients
+    assert IdempotentTransport(methods=["post", "put"]).methods == frozenset({"POST", "PUT"})
+
+
+@pytest.fixture
+def server() -> Iterator[SlowServer]:
+    with SlowServer("fast") as running:
+        yield running
+
+
+def test_the_methods_given_are_the_ones_keyed(server: SlowServer) -> None:
+    """Through a real server: ``methods=["put"]`` keys a PUT, and leaves a POST alone."""
+    transport = IdempotentTransport(methods=["put"])
+    with httpx.Client(base_url=server.url, transport=transport) as http:
+        http.put("/charges/1", json={"amount": 1})
+        http.post("/charges", json={"amount": 1})
+    put, post = server.seen
+    assert "idempotency-key" in put
+    assert "idempotency-key" not in post
