@@ -33,7 +33,15 @@ from ..errors import (
     StoreError,
     UsageError,
 )
-from ..events import ALWAYS_LOGGED, DEBUG, EventKind, enabled_memo, report
+from ..events import (
+    ALWAYS_LOGGED,
+    DEBUG,
+    RECORD_LOST_DETAIL,
+    TAKEN_OVER_DETAIL,
+    EventKind,
+    enabled_memo,
+    report,
+)
 from ..policy import Policy
 from ._policy_check import check_guard_policy
 
@@ -337,19 +345,26 @@ class GuardState(Generic[T]):
         return self.call._saved if self.call is not None else None
 
     def exited(
-        self, done: bool, completing: bool, exc: BaseException | None, seconds: float
+        self,
+        done: bool,
+        completing: bool,
+        exc: BaseException | None,
+        seconds: float,
+        record_lost: bool = False,
     ) -> None:
-        """Report how leaving the block went; a lost lease raises unless the block raised."""
+        """Report how leaving the block went; a lost lease raises unless the block raised.
+        ``record_lost``: the record vanished under the claim (evicted), not taken over."""
         fence = self.claim.fence if self.claim else None
+        why = RECORD_LOST_DETAIL if record_lost else TAKEN_OVER_DETAIL
         if not completing:
             if done:
                 self.notify("released", fence, seconds=seconds)
             else:
-                self.notify("lease_lost", fence, "another executor took the record over")
+                self.notify("lease_lost", fence, why)
         elif done:
             self.notify("completed", fence, seconds=seconds)
         else:
-            self.notify("lease_lost", fence, "another executor took the record over")
+            self.notify("lease_lost", fence, why)
             if exc is None:
                 raise LeaseLostError(fence)
 

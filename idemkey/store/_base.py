@@ -20,7 +20,7 @@ if TYPE_CHECKING:
 from .._core import next_poll_delay
 from .._leases import Lease, LeaseTable
 from ..errors import ConfigurationError, StoreError
-from ..events import logger
+from ..events import RECORD_LOST_DETAIL, logger, report
 from ..policy import Policy
 
 __all__ = [
@@ -233,9 +233,27 @@ class StoreBase:
     def _store_error(self, name: str, exc: BaseException) -> StoreError:
         return StoreError(f"Redis failed during {name}: {type(exc).__name__}: {exc}")
 
-    def _lease_lost(self, lease: Lease) -> None:
-        # INFO, not an event: the guard or adapter holding this claim reports the loss once,
-        # with its route and scope, when its complete or release is refused.
+    def _lease_lost(self, lease: Lease, record_lost: bool = False) -> None:
+        """A renewal was refused: the heartbeat stops renewing ``lease``.
+
+        Taken over: INFO, not an event; the guard or adapter holding this claim reports the
+        loss once, with its route and scope, when its complete or release is refused. The
+        record lost (evicted, deleted): a ``record_lost`` event to the store's hook and a
+        WARNING now, as a server that evicts records is a setting to fix and the request may
+        run for long before its completion is refused (that refusal is its ``lease_lost``).
+        """
+        if record_lost:
+            report(
+                self.policy.on_event,
+                "record_lost",
+                lease.record,
+                "",
+                "",
+                "",
+                lease.fence,
+                RECORD_LOST_DETAIL,
+            )
+            return
         logger.info(
             "idemkey heartbeat: a lease was taken over; renewal stopped",
             extra={"idemkey_event": "lease_lost", "idemkey_record": lease.record.digest},
