@@ -313,13 +313,20 @@ class Exchange:
             why = RECORD_LOST_DETAIL if record_lost else TAKEN_OVER_DETAIL
             self.notify("lease_lost", fence, why)
 
-    def released(self, reason: str, ours: bool = True, seconds: float | None = None) -> None:
+    def released(
+        self,
+        reason: str,
+        ours: bool = True,
+        seconds: float | None = None,
+        record_lost: bool = False,
+    ) -> None:
         """Report what the release script said (``False``: the record was no longer ours)."""
         fence = self.claim.fence if self.claim else None
         if ours:
             self.notify("released", fence, reason, seconds)
         else:
-            self.notify("lease_lost", fence, TAKEN_OVER_DETAIL)
+            why = RECORD_LOST_DETAIL if record_lost else TAKEN_OVER_DETAIL
+            self.notify("lease_lost", fence, why)
 
     def notify(
         self,

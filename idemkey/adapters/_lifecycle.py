@@ -261,7 +261,7 @@ class Lifecycle:
             self.exchange.completed(ok, seconds, record_lost)
         else:
             assert plan is not None
-            self.exchange.released(plan.reason, ok, seconds)
+            self.exchange.released(plan.reason, ok, seconds, record_lost)
 
     def settle_failed(self, exc: StoreError) -> None:
         """Redis failed while settling: reported, never raised (the client has its answer)."""

@@ -21,7 +21,6 @@ from __future__ import annotations
 from time import perf_counter
 from typing import TYPE_CHECKING
 
-from .._core import RECORD_LOST
 from ..errors import StoreError
 from ..http import Complete
 from ..store._sync_runtime import Cancelled, detach
@@ -95,18 +94,15 @@ class Driver:
         started = perf_counter()
         try:
             if isinstance(plan, Complete):
-                claim = exchange.claim
-                reply = self.store._complete(
-                    exchange.record,
-                    lifecycle.owner,
-                    plan.stored,
-                    exchange.policy.ttl_ms,
-                    claim.fence if claim is not None else None,
+                ok = self.store.complete(
+                    exchange.record, lifecycle.owner, plan.stored, ttl_ms=exchange.policy.ttl_ms
                 )
             else:
-                reply = self.store.release(exchange.record, lifecycle.owner)
+                ok = self.store.release(exchange.record, lifecycle.owner)
         except StoreError as exc:
             lifecycle.settle_failed(exc)
             return False
-        lifecycle.settled(reply == 1, perf_counter() - started, reply == RECORD_LOST)
-        return reply == 1
+        # Refused: the record lost under the claim (evicted), or taken over?
+        lost = not ok and self.store._record_lost(exchange.record, lifecycle.owner)
+        lifecycle.settled(ok, perf_counter() - started, lost)
+        return ok

@@ -11,7 +11,7 @@ from time import perf_counter
 from types import TracebackType
 from typing import Any, ClassVar, TypeVar, overload
 
-from .._core import RECORD_LOST, new_owner
+from .._core import new_owner
 from ..errors import StoreError
 from ..policy import Policy
 from ..store import AsyncRedisStore
@@ -83,16 +83,13 @@ class AsyncGuard(GuardState[T]):
             # both scripts answer the same when sent twice with one owner.
             detach(self._settle(owner, saved))
             raise
-        elapsed = perf_counter() - started
-        self.exited(done == 1, saved is not None, exc, elapsed, done == RECORD_LOST)
+        self.exited(done, saved is not None, exc, perf_counter() - started)
 
-    async def _settle(self, owner: str, saved: bytes | None) -> int:
-        """Complete the record with the saved result, or release it when nothing was saved:
-        1 done, 0 the record is another owner's, RECORD_LOST it was lost under the claim."""
+    async def _settle(self, owner: str, saved: bytes | None) -> bool:
+        """Complete the record with the saved result, or release it when nothing was saved."""
         if saved is None:
             return await self.store.release(self.record, owner)
-        fence = self.claim.fence if self.claim else None
-        return await self.store._complete(self.record, owner, saved, self.policy.ttl_ms, fence)
+        return await self.store.complete(self.record, owner, saved, ttl_ms=self.policy.ttl_ms)
 
 
 # Overloads so that ``result_type=Receipt`` gives a ``Call[Receipt]`` and no result_type a

@@ -345,17 +345,17 @@ class GuardState(Generic[T]):
         return self.call._saved if self.call is not None else None
 
     def exited(
-        self,
-        done: bool,
-        completing: bool,
-        exc: BaseException | None,
-        seconds: float,
-        record_lost: bool = False,
+        self, done: bool, completing: bool, exc: BaseException | None, seconds: float
     ) -> None:
-        """Report how leaving the block went; a lost lease raises unless the block raised.
-        ``record_lost``: the record vanished under the claim (evicted), not taken over."""
+        """Report how leaving the block went; a lost lease raises unless the block raised."""
         fence = self.claim.fence if self.claim else None
-        why = RECORD_LOST_DETAIL if record_lost else TAKEN_OVER_DETAIL
+        why = TAKEN_OVER_DETAIL
+        if (
+            not done
+            and self.claim is not None
+            and self.store._record_lost(self.record, self.claim.owner)
+        ):
+            why = RECORD_LOST_DETAIL  # evicted or deleted under the claim, not taken over
         if not completing:
             if done:
                 self.notify("released", fence, seconds=seconds)

@@ -12,7 +12,7 @@ from time import perf_counter
 from types import TracebackType
 from typing import Any, ClassVar, TypeVar, overload
 
-from .._core import RECORD_LOST, new_owner
+from .._core import new_owner
 from ..errors import StoreError
 from ..policy import Policy
 from ..store import RedisStore
@@ -84,16 +84,13 @@ class Guard(GuardState[T]):
             # both scripts answer the same when sent twice with one owner.
             detach(self._settle(owner, saved))
             raise
-        elapsed = perf_counter() - started
-        self.exited(done == 1, saved is not None, exc, elapsed, done == RECORD_LOST)
+        self.exited(done, saved is not None, exc, perf_counter() - started)
 
-    def _settle(self, owner: str, saved: bytes | None) -> int:
-        """Complete the record with the saved result, or release it when nothing was saved:
-        1 done, 0 the record is another owner's, RECORD_LOST it was lost under the claim."""
+    def _settle(self, owner: str, saved: bytes | None) -> bool:
+        """Complete the record with the saved result, or release it when nothing was saved."""
         if saved is None:
             return self.store.release(self.record, owner)
-        fence = self.claim.fence if self.claim else None
-        return self.store._complete(self.record, owner, saved, self.policy.ttl_ms, fence)
+        return self.store.complete(self.record, owner, saved, ttl_ms=self.policy.ttl_ms)
 
 
 # Overloads so that ``result_type=Receipt`` gives a ``Call[Receipt]`` and no result_type a

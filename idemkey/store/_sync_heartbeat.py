@@ -83,6 +83,7 @@ class Heartbeat(StoreBase):
         self._lock = threading.RLock()
         self._wakeup = threading.Condition(self._lock)
         self._leases.clear()
+        self._records_lost.clear()
         self._sleeping_until = 0.0
 
     def _watch(self, record: Record, owner: str, lease_ms: int, fence: int) -> None:

@@ -238,34 +238,26 @@ class RedisStore(Heartbeat):
         self, record: Record, owner: str, response: bytes, *, ttl_ms: int | None = None
     ) -> bool:
         """Store ``response``; False when the record is no longer ours: another owner took it
-        over, or it was lost from Redis (evicted, deleted). Nothing is written then.
+        over, or it was lost from Redis under the claim (evicted, deleted; see
+        ``_record_lost``). Nothing is written then.
 
         A failed write is retried for up to ``completion_retry`` seconds (a third of the lease
         at most) before StoreError.
         """
-        return self._complete(record, owner, response, ttl_ms, None) == 1
-
-    def _complete(
-        self, record: Record, owner: str, response: bytes, ttl_ms: int | None, fence: int | None
-    ) -> int:
-        """complete.lua's reply: 1 stored, 0 another owner's, RECORD_LOST the record was lost
-        under the claim; told apart from 0 only with a fence (the claim's: ``fence``, else the
-        one the heartbeat keeps)."""
         lease = self._unwatch(record, owner)
-        if fence is None and lease is not None:
-            fence = lease.fence
         ttl_ms = ttl_ms or self.policy.ttl_ms
+        # With the claim's fence (kept with its lease), complete.lua tells a lost record apart.
         args: tuple[str | bytes | int, ...] = (
             (record.key, record.lock, owner, response, ttl_ms)
-            if fence is None
-            else (record.key, record.lock, owner, response, ttl_ms, fence)
+            if lease is None or lease.fence is None
+            else (record.key, record.lock, owner, response, ttl_ms, lease.fence)
         )
         # The deadline counts from the first attempt, but only a failed one computes it.
         started, deadline, delay = time.monotonic(), 0.0, 0.0
         while True:
             try:
                 reply = self._eval("complete", *args)
-                return 1 if reply == 1 else RECORD_LOST if reply == RECORD_LOST else 0
+                return reply == 1 or self._refused(record, owner, reply)
             except StoreError:
                 if not deadline:
                     deadline = self._completion_deadline(lease, started)
@@ -276,7 +268,8 @@ class RedisStore(Heartbeat):
     def release(self, record: Record, owner: str) -> bool:
         """Free an unfinished claim so a retry runs afresh; False when it was not ours."""
         self._unwatch(record, owner)
-        return bool(self._eval("release", record.key, record.lock, owner) == 1)
+        reply = self._eval("release", record.key, record.lock, owner)
+        return reply == 1 or self._refused(record, owner, reply)
 
     def renew(self, record: Record, owner: str, *, lease_ms: int | None = None) -> bool:
         """Extend the lease by ``lease_ms``; False when it is no longer ours."""

@@ -36,9 +36,9 @@ class StallingStore(AsyncRedisStore):
             self.stalled.set()
             await asyncio.sleep(30)  # the caller is cancelled here: nothing reached Redis
 
-    async def _complete(self, *args: Any, **kwargs: Any) -> int:  # what aguard calls
+    async def complete(self, *args: Any, **kwargs: Any) -> bool:
         await self._stall()
-        return await super()._complete(*args, **kwargs)
+        return await super().complete(*args, **kwargs)
 
     async def release(self, *args: Any, **kwargs: Any) -> bool:
         await self._stall()

@@ -70,8 +70,9 @@ class Both:
         return int(await _resolve(self.store._renew(record, owner, lease_ms, fence)))
 
     async def complete_reply(self, record: Record, owner: str, resp: bytes, fence: int) -> int:
-        """complete.lua's reply as the guards and adapters get it: 1, 0 or RECORD_LOST."""
-        return int(await _resolve(self.store._complete(record, owner, resp, None, fence)))
+        """complete.lua's own reply, sent with the claim's fence: 1, 0 or RECORD_LOST."""
+        args = (record.key, record.lock, owner, resp, 100_000, fence)
+        return int(await _resolve(self.store._eval("complete", *args)))
 
     async def delete(self, *keys: str) -> None:
         await _resolve(self.client.delete(*keys))
