@@ -17,11 +17,11 @@ if TYPE_CHECKING:
 
 __all__ = [
     "ALWAYS_LOGGED",
-    "RECORD_LOST_DETAIL",
-    "TAKEN_OVER_DETAIL",
     "DEBUG",
     "Event",
     "EventKind",
+    "RECORD_LOST_DETAIL",
+    "TAKEN_OVER_DETAIL",
     "emit",
     "enabled_memo",
     "logger",
