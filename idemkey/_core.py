@@ -36,6 +36,7 @@ __all__ = [
     "Decision",
     "InFlight",
     "Mismatch",
+    "RECORD_LOST",
     "Record",
     "Replay",
     "decode_claim_reply",
@@ -288,6 +289,11 @@ class Mismatch:
 
 
 Decision = Claimed | Replay | InFlight | Mismatch
+
+#: What renew.lua and complete.lua answer, besides 1 (ours) and 0 (another owner's), when the
+#: caller's fence shows its record was lost under the claim (evicted or deleted): the hash is
+#: gone, or a claim made it afresh (a fence not above the caller's; a takeover raises it).
+RECORD_LOST: Final = -1
 
 # Reply tags of claim.lua; integers decode faster than strings.
 _CLAIMED: Final = 1

@@ -23,6 +23,9 @@ class Lease:
     owner: str
     lease_ms: int
     due: float = field(default=0.0)
+    #: The claim's fence, sent with each renewal so that renew.lua can tell a record lost
+    #: under the claim (evicted, deleted) from one taken over.
+    fence: int | None = None
 
 
 class LeaseTable:
@@ -32,10 +35,11 @@ class LeaseTable:
     def __len__(self) -> int:
         return len(self._leases)
 
-    def add(self, record: Record, owner: str, lease_ms: int, now: float) -> float:
+    def add(
+        self, record: Record, owner: str, lease_ms: int, now: float, fence: int | None = None
+    ) -> float:
         """Track a new claim; returns when it is first due for renewal."""
-        lease = Lease(record, owner, lease_ms)
-        lease.due = now + lease_ms / 3000
+        lease = Lease(record, owner, lease_ms, now + lease_ms / 3000, fence)
         self._leases[(record.key, owner)] = lease
         return lease.due
 

@@ -6,7 +6,8 @@
     ├── InvalidKeyError          the Idempotency-Key (or a guard key) is malformed
     ├── KeyReuseError            the key was already used with another payload
     ├── RequestInFlightError     the first request with this key is still running
-    ├── LeaseLostError           another executor took the record over; our result was not stored
+    ├── LeaseLostError           another executor took the record over, or the record was
+    │                            lost from Redis (evicted); our result was not stored
     ├── ResultNotStorableError   a guard's result cannot be encoded: stored as "result not kept"
     │   └── StepNotStorableError a step's result cannot be encoded: the step is not finished
     ├── UsageError               the API used out of order (save() on a replayed call)
@@ -79,7 +80,8 @@ class RequestInFlightError(IdemkeyError):
 
 
 class LeaseLostError(IdemkeyError):
-    """Our lease lapsed and another executor took the record over; nothing of ours was stored."""
+    """Our lease lapsed and another executor took the record over, or the record was lost from
+    Redis under our claim (evicted, deleted); nothing of ours was stored."""
 
     def __init__(self, fence: int | None = None) -> None:
         super().__init__("the lease on this idempotency record was lost to another executor")

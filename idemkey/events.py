@@ -20,6 +20,8 @@ __all__ = [
     "DEBUG",
     "Event",
     "EventKind",
+    "RECORD_LOST_DETAIL",
+    "TAKEN_OVER_DETAIL",
     "emit",
     "enabled_memo",
     "logger",
@@ -43,13 +45,24 @@ EventKind = Literal[
     "released",
     "takeover",
     "lease_lost",
+    "record_lost",
     "store_error",
     "unprotected",
     "too_large",
 ]
 
 #: Kinds logged as warnings whether or not anyone listens.
-ALWAYS_LOGGED: frozenset[str] = frozenset({"lease_lost", "store_error", "unprotected"})
+ALWAYS_LOGGED: frozenset[str] = frozenset(
+    {"lease_lost", "record_lost", "store_error", "unprotected"}
+)
+
+#: Why a claim was lost, as ``lease_lost`` and ``record_lost`` events say it.
+TAKEN_OVER_DETAIL = "another executor took the record over"
+RECORD_LOST_DETAIL = (
+    "the record vanished from Redis under a live claim (evicted: maxmemory-policy is not "
+    "noeviction; or deleted), so nothing of this run is stored and a retry runs the work "
+    "again; set maxmemory-policy noeviction"
+)
 _WARNINGS = ALWAYS_LOGGED
 
 
@@ -88,11 +101,12 @@ class Event:
 def emit(hook: Callable[[Event], None] | None, event: Event) -> None:
     """Send ``event`` to ``hook`` and log it; a failing hook is logged, never raised."""
     if event.kind in _WARNINGS:
+        # The heartbeat's events have no request: they name the record instead.
         logger.warning(
             "idemkey %s on %s %s: %s",
             event.kind,
-            event.method,
-            event.route,
+            event.method or "record",
+            event.route or event.record,
             event.detail,
             extra={"idemkey_event": event.kind, "idemkey_record": event.record},
         )

@@ -57,7 +57,15 @@ from ._problems import PROBLEM_TYPE as PROBLEM_TYPE
 from ._problems import Problem, problem, render
 from ._switch import switch
 from .errors import ConfigurationError, InvalidKeyError, RecordFormatError, StoreError
-from .events import ALWAYS_LOGGED, DEBUG, EventKind, enabled_memo, report
+from .events import (
+    ALWAYS_LOGGED,
+    DEBUG,
+    RECORD_LOST_DETAIL,
+    TAKEN_OVER_DETAIL,
+    EventKind,
+    enabled_memo,
+    report,
+)
 from .routes import ROUTE_UNKNOWN
 
 if TYPE_CHECKING:
@@ -292,21 +300,32 @@ class Exchange:
             stored = StoredResponse(status, kept, body, reason=reason)
         return Complete(encode_response(stored, policy.compress_at))
 
-    def completed(self, stored: bool, seconds: float | None = None) -> None:
-        """Report what the complete script said (``False``: the lease was lost meanwhile)."""
+    def completed(
+        self, stored: bool, seconds: float | None = None, record_lost: bool = False
+    ) -> None:
+        """Report what the complete script said (``False``: the lease was lost meanwhile;
+        ``record_lost``: the record vanished under the claim, evicted, rather than taken)."""
         fence = self.claim.fence if self.claim else None
         if stored:
             self.notify("completed", fence, seconds=seconds)
         else:
-            self.notify("lease_lost", fence, "another executor took the record over")
+            why = RECORD_LOST_DETAIL if record_lost else TAKEN_OVER_DETAIL
+            self.notify("lease_lost", fence, why)
 
-    def released(self, reason: str, ours: bool = True, seconds: float | None = None) -> None:
+    def released(
+        self,
+        reason: str,
+        ours: bool = True,
+        seconds: float | None = None,
+        record_lost: bool = False,
+    ) -> None:
         """Report what the release script said (``False``: the record was no longer ours)."""
         fence = self.claim.fence if self.claim else None
         if ours:
             self.notify("released", fence, reason, seconds)
         else:
-            self.notify("lease_lost", fence, "another executor took the record over")
+            why = RECORD_LOST_DETAIL if record_lost else TAKEN_OVER_DETAIL
+            self.notify("lease_lost", fence, why)
 
     def notify(
         self,

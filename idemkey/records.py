@@ -14,7 +14,7 @@ framework, a queue consumer, a CLI) can use them the same way::
         except BaseException:
             store.release(record, decision.owner)  # nothing happened: a retry runs afresh
             raise
-        store.complete(record, decision.owner, answer)  # False: another owner took over
+        store.complete(record, decision.owner, answer)  # False: taken over, or evicted
     elif type(decision) is Replay:       # done before: decision.response is the stored bytes
         ...
     elif type(decision) is InFlight:     # running elsewhere: retry in decision.retry_after s
@@ -25,7 +25,9 @@ framework, a queue consumer, a CLI) can use them the same way::
 ``store.claim(record, fingerprint, *, owner, lease_ms, ttl_ms, wait, heartbeat)`` returns a
 :data:`Decision`; ``store.complete(record, owner, response: bytes)``,
 ``store.release(record, owner)`` and ``store.renew(record, owner)`` return whether the record
-was still ours. A claim is renewed by the store's heartbeat until it is completed or released.
+was still ours. A claim is renewed by the store's heartbeat until it is completed or released;
+a renewal that finds the record lost from Redis (evicted) is reported as a ``record_lost``
+event and WARNING, and the claim's ``complete`` then answers False, writing nothing.
 
 What is stored is bytes of your choosing; :class:`StoredResponse` with
 :func:`encode_response` / :func:`decode_response` is the HTTP adapters' format, and

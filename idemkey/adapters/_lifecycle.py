@@ -252,15 +252,16 @@ class Lifecycle:
 
     # SETTLING: what the store said.
 
-    def settled(self, ok: bool, seconds: float | None = None) -> None:
-        """The complete or release script answered (``ok`` False: the record was not ours)."""
+    def settled(self, ok: bool, seconds: float | None = None, record_lost: bool = False) -> None:
+        """The complete or release script answered (``ok`` False: the record was not ours;
+        ``record_lost``: it vanished under the claim, evicted, rather than taken over)."""
         plan = self.plan
         self.state = _NEXT.get((self.state, "settle")) or self._refuse("settle")
         if isinstance(plan, Complete):
-            self.exchange.completed(ok, seconds)
+            self.exchange.completed(ok, seconds, record_lost)
         else:
             assert plan is not None
-            self.exchange.released(plan.reason, ok, seconds)
+            self.exchange.released(plan.reason, ok, seconds, record_lost)
 
     def settle_failed(self, exc: StoreError) -> None:
         """Redis failed while settling: reported, never raised (the client has its answer)."""

@@ -102,5 +102,7 @@ class Driver:
         except StoreError as exc:
             lifecycle.settle_failed(exc)
             return False
-        lifecycle.settled(ok, perf_counter() - started)
+        # Refused: the record lost under the claim (evicted), or taken over?
+        lost = not ok and self.store._record_lost(exchange.record, lifecycle.owner)
+        lifecycle.settled(ok, perf_counter() - started, lost)
         return ok

@@ -33,7 +33,15 @@ from ..errors import (
     StoreError,
     UsageError,
 )
-from ..events import ALWAYS_LOGGED, DEBUG, EventKind, enabled_memo, report
+from ..events import (
+    ALWAYS_LOGGED,
+    DEBUG,
+    RECORD_LOST_DETAIL,
+    TAKEN_OVER_DETAIL,
+    EventKind,
+    enabled_memo,
+    report,
+)
 from ..policy import Policy
 from ._policy_check import check_guard_policy
 
@@ -437,15 +445,22 @@ class GuardState(Generic[T]):
     ) -> None:
         """Report how leaving the block went; a lost lease raises unless the block raised."""
         fence = self.claim.fence if self.claim else None
+        why = TAKEN_OVER_DETAIL
+        if (
+            not done
+            and self.claim is not None
+            and self.store._record_lost(self.record, self.claim.owner)
+        ):
+            why = RECORD_LOST_DETAIL  # evicted or deleted under the claim, not taken over
         if not completing:
             if done:
                 self.notify("released", fence, seconds=seconds)
             else:
-                self.notify("lease_lost", fence, "another executor took the record over")
+                self.notify("lease_lost", fence, why)
         elif done:
             self.notify("completed", fence, seconds=seconds)
         else:
-            self.notify("lease_lost", fence, "another executor took the record over")
+            self.notify("lease_lost", fence, why)
             if exc is None:
                 raise LeaseLostError(fence)
 

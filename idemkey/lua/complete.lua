@@ -5,12 +5,16 @@
 -- ARGV[1]  owner         the token the claim returned (32 hex digits from idemkey)
 -- ARGV[2]  resp          encoded response (version byte + msgpack)
 -- ARGV[3]  retention_ms  how long the completed record is replayed, milliseconds
+-- ARGV[4]  fence         optional; the fence the claim returned, to tell a lost record (below)
 --
 -- Wake-up: when record field "w" is set, also writes the stream {prefix}:{<digest>}:done
 --          (KEYS[1] .. ":done", the same slot), see the end of this script.
 --
 -- Reply: 1 stored (or already stored by this owner), 0 lost: another owner took the record over
--- after our lease lapsed, and nothing was written.
+-- after our lease lapsed, and nothing was written; -1 (only with ARGV[4]) the record was lost
+-- under the claim, as renew.lua tells it (gone, or claimed afresh with a fence not above ours),
+-- and nothing was written: a record is never re-created here from what a completion knows
+-- (its fingerprint and fence went with it, so a retry would be refused or fenced wrongly).
 --
 -- The completed record keeps only what a replay and a re-sent complete need: "resp", and "fp"
 -- with a 12-character tag of the owner appended (what a re-sent complete is recognised by: 48
@@ -80,5 +84,16 @@ end
 if not record[2] and record[3] and string.sub(record[3], -12) == tag
     and redis.call("HEXISTS", KEYS[1], "resp") == 1 then
   return 1
+end
+-- Lost, or another owner's? (as in renew.lua)
+local fence = tonumber(ARGV[4])
+if fence then
+  if record[2] == "in_progress" then  -- another owner's claim
+    if (tonumber(redis.call("HGET", KEYS[1], "fence")) or 0) <= fence then
+      return -1
+    end
+  elseif redis.call("EXISTS", KEYS[1]) == 0 then
+    return -1
+  end
 end
 return 0

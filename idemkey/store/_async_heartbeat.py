@@ -11,7 +11,7 @@ import asyncio
 import contextlib
 import time
 
-from .._core import Record
+from .._core import RECORD_LOST, Record
 from .._leases import Lease
 from ..errors import StoreError
 from ..events import logger
@@ -31,7 +31,7 @@ class AsyncHeartbeat(StoreBase):
         # While the heartbeat task waits: the monotonic time it wakes at by itself; else 0.0.
         self._sleeping_until = 0.0
 
-    async def renew(self, record: Record, owner: str, *, lease_ms: int | None = None) -> bool:
+    async def _renew(self, record: Record, owner: str, lease_ms: int, fence: int | None) -> int:
         raise NotImplementedError  # the store's
 
     async def aclose(self) -> None:
@@ -43,8 +43,8 @@ class AsyncHeartbeat(StoreBase):
             with contextlib.suppress(asyncio.CancelledError):
                 await task
 
-    def _watch(self, record: Record, owner: str, lease_ms: int) -> None:
-        due = self._leases.add(record, owner, lease_ms, time.monotonic())
+    def _watch(self, record: Record, owner: str, lease_ms: int, fence: int) -> None:
+        due = self._leases.add(record, owner, lease_ms, time.monotonic(), fence)
         task = self._heartbeat
         if task is None or task.done() or task.get_loop() is not asyncio.get_running_loop():
             self._sleeping_until = 0.0
@@ -79,13 +79,15 @@ class AsyncHeartbeat(StoreBase):
             answers = await asyncio.gather(
                 *(self._renew_quietly(lease) for lease in due), return_exceptions=False
             )
-            for lease, ours in zip(due, answers, strict=True):
+            for lease, reply in zip(due, answers, strict=True):
+                ours = None if reply is None else reply == 1
                 if self._leases.answered(lease, ours, time.monotonic()):
-                    self._lease_lost(lease)
+                    self._lease_lost(lease, reply == RECORD_LOST)
 
-    async def _renew_quietly(self, lease: Lease) -> bool | None:
+    async def _renew_quietly(self, lease: Lease) -> int | None:
+        """renew.lua's reply for ``lease`` (1, 0 or RECORD_LOST), None when Redis failed."""
         try:
-            return await self.renew(lease.record, lease.owner, lease_ms=lease.lease_ms)
+            return await self._renew(lease.record, lease.owner, lease.lease_ms, lease.fence)
         except StoreError as exc:
             logger.warning("idemkey heartbeat could not renew a lease: %s", exc)
             return None

@@ -17,10 +17,10 @@ from typing import TYPE_CHECKING, Any, Final, Protocol
 if TYPE_CHECKING:
     from .._core import Record
 
-from .._core import next_poll_delay
+from .._core import RECORD_LOST, next_poll_delay
 from .._leases import Lease, LeaseTable
 from ..errors import ConfigurationError, StoreError
-from ..events import logger
+from ..events import RECORD_LOST_DETAIL, logger, report
 from ..policy import Policy
 
 __all__ = [
@@ -44,6 +44,9 @@ SCRIPT_NAMES: Final = ("claim", "complete", "release", "renew", "checkpoint")
 SCRIPTS: Final[dict[str, str]] = {
     name: (files("idemkey") / "lua" / f"{name}.lua").read_text("utf-8") for name in SCRIPT_NAMES
 }
+
+# At most this many lost-record notes wait for a guard or adapter to ask (see _record_lost).
+_MAX_LOST_NOTES: Final = 1024
 
 # How long an idle async heartbeat waits for new claims before its task ends, and how often an
 # idle heartbeat thread looks at its (empty) table.
@@ -217,6 +220,10 @@ class StoreBase:
         self._errors, self._noscript, self._moving = _backend_errors(client)
         self._scripts = {name: client.register_script(text) for name, text in SCRIPTS.items()}
         self._leases = LeaseTable()
+        # (record key, owner) of the claims whose record was found lost (by the heartbeat, or
+        # by complete.lua), until the guard or adapter asks (_record_lost): its lease_lost then
+        # names the cause, even where the script cannot tell (a duplicate completed meanwhile).
+        self._records_lost: set[tuple[str, str]] = set()
 
     def _completion_deadline(self, lease: Lease | None, started: float) -> float:
         """When a completion that started at ``started`` (monotonic) stops retrying."""
@@ -233,9 +240,52 @@ class StoreBase:
     def _store_error(self, name: str, exc: BaseException) -> StoreError:
         return StoreError(f"Redis failed during {name}: {type(exc).__name__}: {exc}")
 
-    def _lease_lost(self, lease: Lease) -> None:
-        # INFO, not an event: the guard or adapter holding this claim reports the loss once,
-        # with its route and scope, when its complete or release is refused.
+    def _refused(self, record: Record, owner: str, reply: object) -> bool:
+        """A complete or release was not stored: keep whether complete.lua said the record was
+        lost, for ``_record_lost``. Returns False (the answer to the caller)."""
+        if reply == RECORD_LOST:
+            self._note_lost(record, owner)
+        return False
+
+    def _note_lost(self, record: Record, owner: str) -> None:
+        lost = self._records_lost
+        if len(lost) >= _MAX_LOST_NOTES:  # nobody asks (the extension API): stay bounded
+            lost.clear()
+        lost.add((record.key, owner))
+
+    def _record_lost(self, record: Record, owner: str) -> bool:
+        """Whether the claim whose complete or release was just refused lost its record
+        (evicted, deleted) rather than being taken over: complete.lua said so, or the
+        heartbeat found it lost. Asked once per refusal, by the guards and adapters, to name
+        the cause in their ``lease_lost``; the answer is then forgotten."""
+        lost = self._records_lost
+        if (record.key, owner) not in lost:
+            return False
+        lost.discard((record.key, owner))
+        return True
+
+    def _lease_lost(self, lease: Lease, record_lost: bool = False) -> None:
+        """A renewal was refused: the heartbeat stops renewing ``lease``.
+
+        Taken over: INFO, not an event; the guard or adapter holding this claim reports the
+        loss once, with its route and scope, when its complete or release is refused. The
+        record lost (evicted, deleted): a ``record_lost`` event to the store's hook and a
+        WARNING now, as a server that evicts records is a setting to fix and the request may
+        run for long before its completion is refused (that refusal is its ``lease_lost``).
+        """
+        if record_lost:
+            self._note_lost(lease.record, lease.owner)
+            report(
+                self.policy.on_event,
+                "record_lost",
+                lease.record,
+                "",
+                "",
+                "",
+                lease.fence,
+                RECORD_LOST_DETAIL,
+            )
+            return
         logger.info(
             "idemkey heartbeat: a lease was taken over; renewal stopped",
             extra={"idemkey_event": "lease_lost", "idemkey_record": lease.record.digest},

@@ -12,7 +12,7 @@ import threading
 import time
 import weakref
 
-from .._core import Record
+from .._core import RECORD_LOST, Record
 from .._leases import Lease
 from ..errors import StoreError
 from ..events import logger
@@ -56,7 +56,7 @@ class Heartbeat(StoreBase):
         self._closed = False
         _live.add(self)
 
-    def renew(self, record: Record, owner: str, *, lease_ms: int | None = None) -> bool:
+    def _renew(self, record: Record, owner: str, lease_ms: int, fence: int | None) -> int:
         raise NotImplementedError  # the store's
 
     def close(self) -> None:
@@ -83,12 +83,13 @@ class Heartbeat(StoreBase):
         self._lock = threading.RLock()
         self._wakeup = threading.Condition(self._lock)
         self._leases.clear()
+        self._records_lost.clear()
         self._sleeping_until = 0.0
 
-    def _watch(self, record: Record, owner: str, lease_ms: int) -> None:
+    def _watch(self, record: Record, owner: str, lease_ms: int, fence: int) -> None:
         # No fork check: a forked child's stores were reset at fork (_after_fork_in_child).
         with self._lock:
-            due = self._leases.add(record, owner, lease_ms, time.monotonic())
+            due = self._leases.add(record, owner, lease_ms, time.monotonic(), fence)
             if self._heartbeat is None and not self._closed:
                 self._heartbeat = threading.Thread(
                     target=self._beat, name="idemkey-heartbeat", daemon=True
@@ -133,12 +134,14 @@ class Heartbeat(StoreBase):
                 if self._closed:
                     return
             for lease in due:
+                reply: int | None
                 try:
-                    ours = self.renew(lease.record, lease.owner, lease_ms=lease.lease_ms)
+                    reply = self._renew(lease.record, lease.owner, lease.lease_ms, lease.fence)
                 except StoreError as exc:
                     logger.warning("idemkey heartbeat could not renew a lease: %s", exc)
-                    ours = None
+                    reply = None
+                ours = None if reply is None else reply == 1
                 with self._wakeup:
                     lost = self._leases.answered(lease, ours, time.monotonic())
                 if lost:
-                    self._lease_lost(lease)
+                    self._lease_lost(lease, reply == RECORD_LOST)

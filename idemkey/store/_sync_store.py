@@ -17,6 +17,7 @@ import time
 from typing import Any
 
 from .._core import (
+    RECORD_LOST,
     Claimed,
     Decision,
     InFlight,
@@ -169,7 +170,7 @@ class RedisStore(Heartbeat):
         if wait > 0 and type(decision) is InFlight:
             decision = self._wait_for_end(record, args, decision, wait)
         if heartbeat and type(decision) is Claimed:
-            self._watch(record, owner, lease_ms)
+            self._watch(record, owner, lease_ms, decision.fence)
         if self.effects is not None and isinstance(decision, Claimed) and decision.fence > 1:
             # Not the key's first claim: a fenced transaction may have committed already.
             return self._recover(record, decision, ttl_ms)
@@ -236,18 +237,27 @@ class RedisStore(Heartbeat):
     def complete(
         self, record: Record, owner: str, response: bytes, *, ttl_ms: int | None = None
     ) -> bool:
-        """Store ``response``; False when another owner took over (nothing written).
+        """Store ``response``; False when the record is no longer ours: another owner took it
+        over, or it was lost from Redis under the claim (evicted, deleted; see
+        ``_record_lost``). Nothing is written then.
 
         A failed write is retried for up to ``completion_retry`` seconds (a third of the lease
         at most) before StoreError.
         """
         lease = self._unwatch(record, owner)
-        args = (record.key, record.lock, owner, response, ttl_ms or self.policy.ttl_ms)
+        ttl_ms = ttl_ms or self.policy.ttl_ms
+        # With the claim's fence (kept with its lease), complete.lua tells a lost record apart.
+        args: tuple[str | bytes | int, ...] = (
+            (record.key, record.lock, owner, response, ttl_ms)
+            if lease is None or lease.fence is None
+            else (record.key, record.lock, owner, response, ttl_ms, lease.fence)
+        )
         # The deadline counts from the first attempt, but only a failed one computes it.
         started, deadline, delay = time.monotonic(), 0.0, 0.0
         while True:
             try:
-                return bool(self._eval("complete", *args) == 1)
+                reply = self._eval("complete", *args)
+                return reply == 1 or self._refused(record, owner, reply)
             except StoreError:
                 if not deadline:
                     deadline = self._completion_deadline(lease, started)
@@ -258,12 +268,19 @@ class RedisStore(Heartbeat):
     def release(self, record: Record, owner: str) -> bool:
         """Free an unfinished claim so a retry runs afresh; False when it was not ours."""
         self._unwatch(record, owner)
-        return bool(self._eval("release", record.key, record.lock, owner) == 1)
+        reply = self._eval("release", record.key, record.lock, owner)
+        return reply == 1 or self._refused(record, owner, reply)
 
     def renew(self, record: Record, owner: str, *, lease_ms: int | None = None) -> bool:
         """Extend the lease by ``lease_ms``; False when it is no longer ours."""
-        lease_ms = lease_ms or self.policy.lease_ms
-        return bool(self._eval("renew", record.key, record.lock, owner, lease_ms) == 1)
+        return self._renew(record, owner, lease_ms or self.policy.lease_ms, None) == 1
+
+    def _renew(self, record: Record, owner: str, lease_ms: int, fence: int | None) -> int:
+        """renew.lua's reply: 1 renewed, 0 another owner's, RECORD_LOST (only with the claim's
+        ``fence``) the record was lost under the claim, and the lock was left to lapse."""
+        args: tuple[str | int, ...] = (record.key, record.lock, owner, lease_ms)
+        reply = self._eval("renew", *(args if fence is None else (*args, fence)))
+        return 1 if reply == 1 else RECORD_LOST if reply == RECORD_LOST else 0
 
     def checkpoint(
         self, record: Record, owner: str, field: str, result: bytes

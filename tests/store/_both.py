@@ -65,6 +65,18 @@ class Both:
     async def renew(self, record: Record, owner: str, **kwargs: Any) -> bool:
         return bool(await _resolve(self.store.renew(record, owner, **kwargs)))
 
+    async def renew_reply(self, record: Record, owner: str, lease_ms: int, fence: int) -> int:
+        """renew.lua's reply as the heartbeat gets it: 1, 0 or RECORD_LOST."""
+        return int(await _resolve(self.store._renew(record, owner, lease_ms, fence)))
+
+    async def complete_reply(self, record: Record, owner: str, resp: bytes, fence: int) -> int:
+        """complete.lua's own reply, sent with the claim's fence: 1, 0 or RECORD_LOST."""
+        args = (record.key, record.lock, owner, resp, 100_000, fence)
+        return int(await _resolve(self.store._eval("complete", *args)))
+
+    async def delete(self, *keys: str) -> None:
+        await _resolve(self.client.delete(*keys))
+
     async def checkpoint(self, record: Record, owner: str, field: str, result: bytes) -> object:
         return await _resolve(self.store.checkpoint(record, owner, field, result))
 

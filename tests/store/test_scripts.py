@@ -6,7 +6,7 @@ AsyncRedisStore. Records are compared byte for byte where a call must change not
 
 from __future__ import annotations
 
-from idemkey._core import owner_tag
+from idemkey._core import RECORD_LOST, owner_tag
 from idemkey.records import Claimed, InFlight, Mismatch, Replay, new_owner, payload_fingerprint
 from tests.store._both import AsyncStore, Both, SyncStore
 
@@ -235,6 +235,65 @@ class ScriptBehaviour:
         assert await store.renew(completed, "o1") is False
         assert await store.lock_holder(released) is None
         assert await store.lock_holder(completed) is None
+
+    async def test_a_renewal_whose_record_vanished_keeps_no_lock_alive(self, store: Both) -> None:
+        # The record evicted (or deleted) while its lock lives on: the lock is not extended, so
+        # it lapses by itself, and the owner is told its record is lost, not renewed.
+        record = store.record()
+        await store.claim(record, owner="o1", lease_ms=LEASE_MS, heartbeat=False)
+        await store.delete(record.key)
+        assert await store.renew(record, "o1", lease_ms=60_000) is False
+        assert await store.renew_reply(record, "o1", 60_000, fence=1) == RECORD_LOST
+        assert 0 < await store.pttl(record.lock) <= LEASE_MS  # not extended
+        await store.delete(record.lock)  # both gone: nothing is set again
+        assert await store.renew_reply(record, "o1", 60_000, fence=1) == RECORD_LOST
+        assert await store.keys() == []
+
+    async def test_a_record_claimed_afresh_after_it_vanished_is_lost_not_taken_over(
+        self, store: Both
+    ) -> None:
+        record = store.record()
+        await store.claim(record, "fp1", owner="o1", heartbeat=False)
+        await store.delete(record.key, record.lock)  # evicted under the running claim
+        # The duplicate cannot tell: to its claim this is a new key.
+        assert await store.claim(record, "fp1", owner="o2", heartbeat=False) == Claimed(
+            "o2", 1, False
+        )
+        before = await store.snapshot(record)
+        # The first owner's fence (1) is not below the record's: lost, not a takeover.
+        assert await store.renew_reply(record, "o1", LEASE_MS, fence=1) == RECORD_LOST
+        assert await store.complete_reply(record, "o1", b"late", fence=1) == RECORD_LOST
+        assert await store.snapshot(record) == before  # nothing written
+
+    async def test_a_takeover_is_not_reported_as_a_lost_record(self, store: Both) -> None:
+        record = store.record()
+        await store.claim(record, "fp1", owner="o1", heartbeat=False)
+        await store.expire_lock(record)
+        assert await store.claim(record, "fp1", owner="o2", heartbeat=False) == Claimed(
+            "o2", 2, True
+        )
+        assert await store.renew_reply(record, "o1", LEASE_MS, fence=1) == 0
+        assert await store.complete_reply(record, "o1", b"late", fence=1) == 0
+        released = store.record("released")  # nor a release, nor a completion
+        await store.claim(released, owner="o1", heartbeat=False)
+        await store.release(released, "o1")
+        assert await store.renew_reply(released, "o1", LEASE_MS, fence=1) == 0
+        assert await store.complete_reply(released, "o1", b"late", fence=1) == 0
+        completed = store.record("completed")
+        await store.claim(completed, owner="o1", heartbeat=False)
+        await store.complete(completed, "o1", b"resp")
+        assert await store.renew_reply(completed, "o1", LEASE_MS, fence=1) == 0
+        assert await store.complete_reply(completed, "o1", b"resp", fence=1) == 1  # re-sent
+
+    async def test_a_completion_whose_record_vanished_writes_nothing(self, store: Both) -> None:
+        # No half record: the fingerprint and fence went with the record, so a record made
+        # from what the completion knows would refuse the client's retry or fence it wrongly.
+        record = store.record()
+        await store.claim(record, "fp1", owner="o1", heartbeat=False)
+        await store.delete(record.key)
+        assert await store.complete(record, "o1", b"resp") is False
+        assert await store.complete_reply(record, "o1", b"resp", fence=1) == RECORD_LOST
+        assert await store.hash(record) == {}
 
     async def test_ttls_follow_the_lease_and_the_retention(self, store: Both) -> None:
         record = store.record()

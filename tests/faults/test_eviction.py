@@ -1,0 +1,115 @@
+"""An evicting server takes a running request's record: idemkey notices, and says why.
+
+The promise cannot be kept (eviction destroys the record), so the failure must be loud. The
+running request's record and lock are evicted for real (tests/faults/_eviction.py: a
+``volatile-lru`` server filled with keys that have no TTL), the filler is freed, as the cache's
+owner would, and a duplicate arrives while the first owner still runs.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+import redis
+
+from idemkey import Event, LeaseLostError, Policy, RedisStore, guard
+from idemkey.records import GUARD_METHOD, record_for
+from tests._servers import RedisServer, wait_until
+from tests.faults._eviction import evict_every_key_with_a_ttl, evicting_server
+
+pytestmark = pytest.mark.redis
+
+LEASE = 0.6  # seconds: the heartbeat renews every 0.2 s
+KEY, PAYLOAD = "charge-7", {"order": 7, "amount": 500}
+
+
+@pytest.fixture
+def evicting(redis_server_factory: Callable[..., RedisServer]) -> Iterator[redis.Redis]:
+    client = evicting_server(redis_server_factory).client(socket_timeout=5)
+    try:
+        yield client
+    finally:
+        client.close()
+
+
+def test_an_evicted_running_record_is_reported_and_its_owner_stores_nothing(
+    evicting: redis.Redis, prefix: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING, logger="idemkey")
+    record = record_for(prefix, "", GUARD_METHOD, "", KEY)
+    events: list[Event] = []
+    store = RedisStore(evicting, Policy(prefix=prefix, lease=LEASE, on_event=events.append))
+    rival = RedisStore(evicting, Policy(prefix=prefix))
+    started, finish = threading.Event(), threading.Event()
+    outcome: list[BaseException | Any] = []
+
+    def first_owner() -> None:
+        try:
+            with guard(store, KEY, payload=PAYLOAD) as call:
+                started.set()
+                assert finish.wait(30), "the test never let the first owner finish"
+                call.save({"charge": "ch_first"})
+            outcome.append("completed")
+        except BaseException as exc:
+            outcome.append(exc)
+
+    worker = threading.Thread(target=first_owner)
+    worker.start()
+    try:
+        assert started.wait(10), "the first owner never claimed"
+        assert evict_every_key_with_a_ttl(evicting, record) >= 2
+
+        # The duplicate cannot tell an evicted record from a new key: fence 1, no takeover.
+        duplicate = guard(rival, KEY, payload=PAYLOAD)
+        with duplicate as call:
+            assert (call.replayed, call.fence, call.takeover) == (False, 1, False)
+            assert duplicate.claim is not None
+            rival_owner = duplicate.claim.owner.encode()
+
+            # The first owner's heartbeat notices: an event and a WARNING that name the cause.
+            lost = wait_until(
+                lambda: [e for e in events if e.kind == "record_lost"],
+                timeout=10,
+                message="the heartbeat to report the lost record",
+            )
+            assert [(e.record, e.fence) for e in lost] == [(record.digest, 1)]
+            assert "evicted" in lost[0].detail
+            assert "maxmemory-policy noeviction" in lost[0].detail
+            # ...and stops renewing: the lock is the duplicate's, never taken back or extended.
+            assert evicting.get(record.lock) == rival_owner
+            before = evicting.hgetall(record.key)
+
+            # The first owner finishes: told its lease is lost, and nothing of it is stored.
+            finish.set()
+            worker.join(10)
+            assert not worker.is_alive()
+            [error] = outcome
+            assert isinstance(error, LeaseLostError)
+            assert error.fence == 1
+            assert evicting.hgetall(record.key) == before  # no half record, no overwrite
+            assert evicting.get(record.lock) == rival_owner
+            call.save({"charge": "ch_second"})
+    finally:
+        finish.set()
+        worker.join(10)
+        store.close()
+        rival.close()
+
+    [lease_lost] = [e for e in events if e.kind == "lease_lost"]
+    assert "evicted" in lease_lost.detail  # the cause, not "another executor took it over"
+    assert "maxmemory-policy noeviction" in lease_lost.detail
+    warnings = {
+        getattr(r, "idemkey_event", None): r.getMessage()
+        for r in caplog.records
+        if r.levelno == logging.WARNING
+    }
+    assert "evicted" in warnings["record_lost"]
+    assert record.digest in warnings["record_lost"]  # no request: the record is named
+    assert "maxmemory-policy noeviction" in warnings["lease_lost"]
+    with guard(RedisStore(evicting, Policy(prefix=prefix)), KEY, payload=PAYLOAD) as again:
+        assert again.replayed
+        assert again.result == {"charge": "ch_second"}
