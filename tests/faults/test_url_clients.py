@@ -163,9 +163,7 @@ def test_flask_view_that_ran_gets_its_response_out(
     ]
 
 
-def test_django_redis_url_answers_503_from_a_black_hole(
-    black_hole: BlackHole, prefix: str
-) -> None:
+def test_django_redis_url_answers_503_from_a_black_hole(black_hole: BlackHole, prefix: str) -> None:
     from django.test import Client
     from django.test.utils import override_settings
 
