@@ -8,13 +8,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-import redis
 from django.utils.module_loading import import_string
 
 from .. import RedisStore
 from .._options import derive, policy_options
 from ..errors import ConfigurationError
 from ..policy import Policy
+from ..store._url import client_from_url
 
 __all__ = ["configure"]
 
@@ -39,7 +39,7 @@ def configure(config: dict[str, Any]) -> tuple[RedisStore, Callable[..., Any] | 
             factory = _callable(client)
             client = factory() if factory is not None else client
         elif url:
-            client = redis.Redis.from_url(url)
+            client = client_from_url(url, source='IDEMKEY["REDIS_URL"]')
         else:
             raise ConfigurationError('set IDEMKEY["REDIS_URL"], ["CLIENT"] or ["STORE"]')
         store = RedisStore(client, derive(Policy(), changes, "settings.IDEMKEY"))

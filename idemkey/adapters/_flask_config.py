@@ -9,12 +9,11 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-import redis
-
 from .._options import derive, keyword, policy_options
 from ..errors import ConfigurationError
 from ..policy import Policy
 from ..store import RedisStore
+from ..store._url import client_from_url
 from ._environ import environ_key
 from ._sync_driver import Driver
 
@@ -79,7 +78,7 @@ def app_state(config: Any, store: RedisStore | None, policy: Policy | None) -> A
         url = config.get("IDEMKEY_REDIS_URL")
         if not url:
             raise ConfigurationError("set IDEMKEY_REDIS_URL or pass Idemkey(store=...)")
-        store = RedisStore(redis.Redis.from_url(url), policy)
+        store = RedisStore(client_from_url(url, source="IDEMKEY_REDIS_URL"), policy)
     return AppState(store, policy, Driver(store))
 
 

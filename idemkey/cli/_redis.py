@@ -41,31 +41,19 @@ class Server:
         self.client.close()
 
 
-def _client_options() -> dict[str, Any]:
-    from redis.backoff import NoBackoff
-    from redis.retry import Retry
-
-    # Fail fast: redis-py's default retries would make an unreachable server hang for seconds.
-    return {
-        "socket_connect_timeout": 3.0,
-        "socket_timeout": 15.0,
-        "retry": Retry(NoBackoff(), 0),
-        "decode_responses": False,
-    }
-
-
 @contextmanager
 def connect(url: str | None) -> Iterator[Server]:
     """Connect to ``url`` (or ``$IDEMKEY_REDIS_URL``); a cluster gets a ``RedisCluster``."""
     import redis
-    from redis.cluster import RedisCluster
+
+    from ..store._url import client_from_url
 
     if not url:
         raise CliError(f"no Redis to talk to: pass --redis-url or set {URL_ENV}", 2)
     try:
-        probe = redis.Redis.from_url(url, **_client_options())
+        probe = client_from_url(url, source="--redis-url")
     except ValueError as exc:
-        raise CliError(f"bad --redis-url {redact(url)}: {exc}", 2) from exc
+        raise CliError(f"bad --redis-url {redact(url)}: {exc.__cause__ or exc}", 2) from exc
     try:
         cluster = text(info(probe, "cluster").get("cluster_enabled")) == "1"
     except redis.ResponseError:
@@ -77,10 +65,8 @@ def connect(url: str | None) -> Iterator[Server]:
         server = Server(url, probe, [(_address(probe), probe)], False)
     else:
         probe.close()
-        options = _client_options()
-        options.pop("retry")  # RedisCluster handles its own retries across nodes
-        client = RedisCluster.from_url(url, **options)
-        primaries = client.get_primaries()  # type: ignore[no-untyped-call]
+        client = client_from_url(url, cluster=True, source="--redis-url")
+        primaries = client.get_primaries()
         nodes = [(f"{n.host}:{n.port}", n.redis_connection) for n in primaries]
         server = Server(url, client, nodes, True)
     try:

@@ -2,14 +2,16 @@
 
 Generated sync files import ``_sync_runtime`` where their async source imports this module
 (scripts/unasync.py maps ``_async_<name>`` to ``_sync_<name>``), so both must export the same
-names: ``Cancelled``, ``sleep``, ``detach``, ``uncancellable``, ``discover`` and
-``send_with_wait``.
+names: ``Cancelled``, ``sleep``, ``detach``, ``uncancellable``, ``discover``,
+``send_with_wait``, ``LoopWatch`` and ``drop_other_loops``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import importlib
+import socket
 from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
@@ -18,8 +20,10 @@ from ..policy import Replicas
 
 __all__ = [
     "Cancelled",
+    "LoopWatch",
     "detach",
     "discover",
+    "drop_other_loops",
     "send_with_wait",
     "sleep",
     "uncancellable",
@@ -93,3 +97,74 @@ async def send_with_wait(
     for command in commands:
         pipe.execute_command(*command)
     return list(await pipe.execute(raise_on_error=False))
+
+
+class LoopWatch:
+    """The event loop a store last sent a command from.
+
+    A worker that runs each job with ``asyncio.run()`` uses one store, and one client, from a
+    new event loop each time; the client's pooled connections still belong to the loop that
+    made them, which is closed by then. redis-py sends on such a connection (the write goes
+    out: Redis applies it), then fails to read the reply with a bare ``RuntimeError`` ("Event
+    loop is closed"). So the first command from another loop drops those connections first.
+    """
+
+    __slots__ = ("_loop",)
+
+    def __init__(self) -> None:
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def moved(self) -> bool:
+        """Whether this call runs on another event loop than the last one (the first: True)."""
+        loop = asyncio.get_running_loop()
+        if loop is self._loop:
+            return False
+        self._loop = loop
+        return True
+
+
+async def drop_other_loops(client: Any) -> None:
+    """Disconnect ``client``'s connections made on an event loop that no longer runs (closed, or
+    stopped), so its pool makes new ones on this one. Connections of this loop, or of a loop
+    still running in another thread, are left alone."""
+    here = asyncio.get_running_loop()
+    for connection in _connections(client):
+        writer = getattr(connection, "_writer", None)
+        loop = getattr(writer, "_loop", None)  # asyncio.StreamWriter's loop
+        if writer is None or loop is None or loop is here or loop.is_running():
+            continue
+        transport = writer.transport
+        # redis-py's own disconnect clears the connection's state; the transport's close
+        # raises on a closed loop (it schedules its socket's closing there), so close that here.
+        with contextlib.suppress(RuntimeError, OSError):
+            await connection.disconnect(nowait=True)
+        _close_socket(transport)
+
+
+def _connections(client: Any) -> list[Any]:
+    """Every connection object of a redis-py (or valkey) asyncio client, idle or in use."""
+    found: list[Any] = []
+    pool = getattr(client, "connection_pool", None)
+    for name in ("_available_connections", "_in_use_connections"):
+        found.extend(getattr(pool, name, ()))
+    single = getattr(client, "connection", None)  # single_connection_client=True
+    if single is not None and single not in found:
+        found.append(single)
+    nodes = getattr(getattr(client, "nodes_manager", None), "nodes_cache", None)
+    if isinstance(nodes, dict):  # RedisCluster: each node keeps its own connections
+        for node in nodes.values():
+            found.extend(getattr(node, "_connections", ()))
+    return found
+
+
+def _close_socket(transport: Any) -> None:
+    """Close the socket of a transport whose loop will never run its close callback.
+
+    CPython's selector transports close their socket in a callback on their loop; left open,
+    the socket lingers until garbage collection, which warns "unclosed transport".
+    """
+    sock = getattr(transport, "_sock", None)
+    if isinstance(sock, socket.socket):
+        with contextlib.suppress(OSError):
+            sock.close()
+        transport._sock = None

@@ -34,6 +34,7 @@ __all__ = [
     "_block_cap",
     "_block_ms",
     "_done_stream",
+    "_dropped_errors",
     "_read_limit",
     "_next_delay",
     "_retry_delay",
@@ -107,6 +108,19 @@ def _backend_errors(client: Any) -> tuple[_Errors, type[BaseException], _Errors]
         NoScriptError,
         (ClusterError, TryAgainError),
     )
+
+
+def _dropped_errors(client: Any) -> _Errors:
+    """The errors of a connection that closed under a command (a server restart, a reset): the
+    client's ``ConnectionError`` (its subclasses included) and the builtin one. Not timeouts:
+    sending again after one would double the wait on a server that does not answer."""
+    if type(client).__module__.startswith("valkey"):
+        from valkey.exceptions import ConnectionError as ValkeyConnectionError
+
+        return (ValkeyConnectionError, ConnectionError)
+    from redis.exceptions import ConnectionError as RedisConnectionError
+
+    return (RedisConnectionError, ConnectionError)
 
 
 def _slot_moving(exc: BaseException, moving: _Errors) -> bool:

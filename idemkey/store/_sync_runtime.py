@@ -15,8 +15,10 @@ from ..policy import Replicas
 
 __all__ = [
     "Cancelled",
+    "LoopWatch",
     "detach",
     "discover",
+    "drop_other_loops",
     "send_with_wait",
     "sleep",
     "uncancellable",
@@ -59,3 +61,16 @@ def send_with_wait(
     pipe.execute_command("EVALSHA", sha, 2, *keys_and_args)
     pipe.execute_command("WAIT", durability.count, durability.timeout_ms)
     return list(pipe.execute(raise_on_error=False))
+
+
+class LoopWatch:
+    """Threads have no event loop: a store's connections never belong to a finished one."""
+
+    __slots__ = ()
+
+    def moved(self) -> bool:
+        return False
+
+
+def drop_other_loops(client: Any) -> None:
+    """Nothing to drop (see :class:`LoopWatch`)."""

@@ -30,13 +30,14 @@ from .._core import (
 from ..errors import StoreError
 from ..policy import Policy
 from ._sync_heartbeat import Heartbeat
-from ._sync_runtime import discover, send_with_wait, sleep
+from ._sync_runtime import LoopWatch, discover, drop_other_loops, send_with_wait, sleep
 from ._sync_wakeup import Wakeups
 from ._base import (
     Effects,
     _block_cap,
     _block_ms,
     _done_stream,
+    _dropped_errors,
     _next_delay,
     _read_limit,
     _retry_delay,
@@ -64,12 +65,16 @@ class RedisStore(Heartbeat):
         self.effects = effects
         self._wakeups = Wakeups(self._read_done, _read_limit(client))
         self._block_cap = _block_cap(client)
+        self._dropped = _dropped_errors(client)
+        self._loops = LoopWatch()
         if self.policy.durability is not None:
             # Only with durability on: the plain _eval (the hot path) stays exactly as it is.
             self._eval = self._eval_durable  # type: ignore[method-assign]
 
     def _eval(self, name: str, *keys_and_args: str | bytes | int) -> Any:
         script = self._scripts[name]
+        if self._loops.moved():  # another event loop: its connections are of no use here
+            drop_other_loops(self.client)
         try:
             try:
                 return self.client.execute_command("EVALSHA", script.sha, 2, *keys_and_args)
@@ -78,6 +83,18 @@ class RedisStore(Heartbeat):
         except self._errors as exc:
             if _slot_moving(exc, self._moving):
                 return self._eval_while_slot_moves(name, keys_and_args)
+            if isinstance(exc, self._dropped):
+                return self._eval_again(name, keys_and_args)
+            raise self._store_error(name, exc) from exc
+
+    def _eval_again(self, name: str, keys_and_args: tuple[str | bytes | int, ...]) -> Any:
+        """Send a script once more after its connection was dropped (a pooled connection the
+        server closed when it restarted: redis-py's asyncio pool hands it out unchecked, and
+        redis-py 5 retries no command, whatever ``retry=`` says). Safe: every script answers a
+        re-send by its owner as it answered the first."""
+        try:
+            return self._scripts[name](keys_and_args[:2], keys_and_args[2:])
+        except self._errors as exc:
             raise self._store_error(name, exc) from exc
 
     def _eval_while_slot_moves(
@@ -95,6 +112,8 @@ class RedisStore(Heartbeat):
 
     def _eval_durable(self, name: str, *keys_and_args: str | bytes | int) -> Any:
         durability = self.policy.durability
+        if self._loops.moved():
+            drop_other_loops(self.client)
         if durability is None or name not in _DURABLE:
             return RedisStore._eval(self, name, *keys_and_args)
         script = self._scripts[name]
@@ -212,6 +231,8 @@ class RedisStore(Heartbeat):
         """XREAD BLOCK on a done stream from its start: True when it has an entry, False when
         the block ended without one, None when the read failed."""
         command = ("XREAD", "BLOCK", block_ms, "STREAMS", stream, "0-0")
+        if self._loops.moved():
+            drop_other_loops(self.client)
         try:
             if hasattr(self.client, "get_node_from_key"):  # a cluster: no COMMAND GETKEYS
                 node = self.client.get_node_from_key(stream)
@@ -310,6 +331,8 @@ class RedisStore(Heartbeat):
         cluster every primary is checked and each warning names its node.
         """
         labelled = []
+        if self._loops.moved():
+            drop_other_loops(self.client)
         try:
             discover(self.client)
             for label, target in self._check_targets():

@@ -121,10 +121,10 @@ def create_asgi_app(store: AsyncRedisStore, policy: Policy | None = None) -> ASG
 def from_environment() -> Any:
     """An app factory for ASGI servers: the store on ``$IDEMKEY_REDIS_URL`` (required), records
     under ``$IDEMKEY_PREFIX`` (default ``idemkey``)."""
-    import redis.asyncio
-
     from ...store import AsyncRedisStore
+    from ...store._url import client_from_url
 
-    client = redis.asyncio.Redis.from_url(os.environ["IDEMKEY_REDIS_URL"])
+    url = os.environ["IDEMKEY_REDIS_URL"]
+    client = client_from_url(url, asyncio=True, source="IDEMKEY_REDIS_URL")
     policy = demo_policy(os.environ.get("IDEMKEY_PREFIX", "idemkey"))
     return create_asgi_app(AsyncRedisStore(client, policy))

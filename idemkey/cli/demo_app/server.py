@@ -12,6 +12,7 @@ from contextlib import contextmanager
 from typing import IO, TYPE_CHECKING
 
 from ...store import RedisStore
+from ...store._url import client_from_url
 from . import payments
 from .errors import ListenError, MissingPackageError
 from .flask_app import create_app
@@ -34,9 +35,7 @@ def open_store(
     """
     policy = payments.demo_policy(prefix)
     if redis_url:
-        import redis
-
-        client = redis.Redis.from_url(redis_url, socket_connect_timeout=3, socket_timeout=10)
+        client = client_from_url(redis_url, source="--redis-url")
         client.ping()  # fail now, with one line, rather than inside the first request
         where = shown_url or "the Redis server given"
     else:
