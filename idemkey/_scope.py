@@ -7,7 +7,7 @@ policy's own key header (``Idempotency-Key`` contains "key"), any ``*idempotency
 ``Sec-WebSocket-Key``, and HTTP/2 pseudo-headers (``:authority``).
 
 The scope runs on every keyed request, so the names are classified once per shape of request
-(:data:`_SHAPES`): a request costs a copy of its header names into a tuple and one dictionary
+(:data:`_FIELD_SHAPES`): a request costs a copy of its header names into a tuple and one dictionary
 lookup, and one with no credential at all is not hashed (:data:`NO_CREDENTIALS`).
 """
 
@@ -16,7 +16,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import threading
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING, Final, NamedTuple
 
 if TYPE_CHECKING:
     from ._http_messages import Request
@@ -42,21 +42,28 @@ _FIRST: Final = ("authorization", "x-api-key", "cookie")
 _ORDINARY: Final = frozenset({"sec-websocket-key"})
 
 # What the default scope digests of one shape of request (its raw header names, in the order
-# they came): the credential names among them, as the (slots, rest) pair credential_scope
-# walks. ``slots`` holds each of _FIRST, or "" where absent; ``rest`` the other credentials,
-# sorted; (): no credential at all. One table per key header and spelling (field names, or
-# PEP 3333 environ keys). Clients send a few shapes each, but shapes come from clients: each
-# table stays bounded, and a shape past the bound is classified on every request.
-_Found = tuple[tuple[str, str, str], tuple[str, ...]] | tuple[()]
-_SHAPES: dict[tuple[bool, str], dict[tuple[str, ...], _Found]] = {}
+# they came): the credentials among them, as a _Plan; None for no credential at all. One table
+# per spelling (field names, PEP 3333 environ keys) and key header. Clients send a few shapes
+# each, but shapes come from clients: each table stays bounded, and a shape past the bound is
+# classified on every request.
+_FIELD_SHAPES: dict[str, dict[tuple[str, ...], _Plan | None]] = {}
+_ENVIRON_SHAPES: dict[str, dict[tuple[str, ...], _Plan | None]] = {}
 _MAX_SHAPES: Final = 1024
+_MAX_KEY_HEADERS: Final = 64
+# One of _FIRST alone, with one value: its slot filled, the other two empty (the common case).
+_ALONE: Final = (b"%d:%b;;;", b";%d:%b;;", b";;%d:%b;")
 
 
-def _digest(*parts: bytes) -> str:
-    digest = hashlib.blake2b(digest_size=16)
-    for part in parts:
-        digest.update(part)
-    return digest.hexdigest()
+class _Plan(NamedTuple):
+    """The credentials of one shape: ``first``, (slot, name) of each of _FIRST present;
+    ``rest``, (name, the name length-prefixed) of every other, sorted by name."""
+
+    first: tuple[tuple[int, str], ...]
+    rest: tuple[tuple[str, bytes], ...]
+
+
+def _digest(material: bytes) -> str:
+    return hashlib.blake2b(material, digest_size=16).hexdigest()
 
 
 #: The default scope of a request that carries no credential: one scope that every such
@@ -74,8 +81,8 @@ def _credential_name(name: str) -> str:
     return low if any(word in low for word in CREDENTIAL_WORDS) else ""
 
 
-def _found(shape: tuple[str, ...], environ: bool, key_header: str) -> _Found:
-    """Which of ``shape``'s names the default scope digests (see :data:`_SHAPES`)."""
+def _plan(shape: tuple[str, ...], environ: bool, key_header: str) -> _Plan | None:
+    """What the default scope digests of ``shape`` (see :data:`_FIELD_SHAPES`)."""
     key = key_header.lower()
     names: set[str] = set()
     for raw in shape:
@@ -87,9 +94,10 @@ def _found(shape: tuple[str, ...], environ: bool, key_header: str) -> _Found:
         if name and name != key:  # a key header named like a credential is the key itself
             names.add(name)
     if not names:
-        return ()
-    first, second, third = (name if name in names else "" for name in _FIRST)
-    return (first, second, third), tuple(sorted(names.difference(_FIRST)))
+        return None
+    first = tuple((slot, name) for slot, name in enumerate(_FIRST) if name in names)
+    rest = sorted(names.difference(_FIRST))
+    return _Plan(first, tuple((name, b"%d:%b" % (len(name), name.encode())) for name in rest))
 
 
 def credential_scope(request: Request, key_header: str = "Idempotency-Key") -> str:
@@ -107,48 +115,62 @@ def credential_scope(request: Request, key_header: str = "Idempotency-Key") -> s
     """
     headers = request.headers
     environ = headers.environ_keys
-    shapes = _SHAPES.get((environ, key_header))
+    tables = _ENVIRON_SHAPES if environ else _FIELD_SHAPES
+    shapes = tables.get(key_header)
     if shapes is None:
-        shapes = _SHAPES.setdefault((environ, key_header), {}) if len(_SHAPES) < 64 else {}
+        shapes = tables.setdefault(key_header, {}) if len(tables) < _MAX_KEY_HEADERS else {}
     # The names in one tuple (a copy in C), looked up at once: a known shape costs no Python
     # step per header.
     shape = tuple(headers.raw_names())
-    found = shapes.get(shape)
-    if found is None:
-        found = _found(shape, environ, key_header)
+    try:
+        plan = shapes[shape]
+    except KeyError:
+        plan = _plan(shape, environ, key_header)
         if len(shapes) < _MAX_SHAPES:
-            shapes[shape] = found
-    if not found:
+            shapes[shape] = plan
+    if plan is None:
         return NO_CREDENTIALS
-    slots, rest = found
     lookup = headers.get_all
-    parts: list[bytes] = []
+    first, rest = plan
+    # The common cases first: one credential, on one line.
+    if len(first) == 1 and not rest:
+        slot, name = first[0]
+        values = lookup(name)
+        if len(values) == 1:
+            value = values[0]
+            return _digest(_ALONE[slot] % (len(value), value.encode("latin-1", "replace")))
+    elif len(rest) == 1 and not first:
+        name, prefix = rest[0]
+        values = lookup(name)
+        if len(values) == 1:
+            value = values[0]
+            return _digest(
+                b";;;%b1:%d:%b" % (prefix, len(value), value.encode("latin-1", "replace"))
+            )
+    # The first three each in its slot, as every release did (see _FIRST); then the rest.
+    slots = [b";", b";", b";"]
     later: list[bytes] = []
-    for name in slots:  # the first three, each in its slot, as before: see _FIRST
-        values = lookup(name) if name else None
+    for slot, name in first:
+        values = lookup(name)
         if values:
             value = values[0]
-            parts.append(b"%d:%s;" % (len(value), value.encode("latin-1", "replace")))
+            slots[slot] = b"%d:%b;" % (len(value), value.encode("latin-1", "replace"))
             if len(values) > 1:  # a second Cookie line (ASGI) is a credential too
-                later.append(_field(name, values[1:]))
-        else:
-            parts.append(b";")
-    for name in rest:
-        parts.append(_field(name, lookup(name)))
+                later.append(_field(b"%d:%b" % (len(name), name.encode()), values[1:]))
+    slots += [_field(prefix, lookup(name)) for name, prefix in rest]
     if later:
-        parts.append(b"+")
-        parts += later
-    return hashlib.blake2b(b"".join(parts), digest_size=16).hexdigest()
+        slots.append(b"+")
+        slots += later
+    return _digest(b"".join(slots))
 
 
-def _field(name: str, values: list[str]) -> bytes:
-    """One header field for the digest: its name and values, each length-prefixed."""
-    return b"%d:%s%d:%s" % (
-        len(name),
-        name.encode("latin-1"),
-        len(values),
-        b"".join([b"%d:%s" % (len(v), v.encode("latin-1", "replace")) for v in values]),
-    )
+def _field(name: bytes, values: list[str]) -> bytes:
+    """One header field for the digest: its length-prefixed name, then each value."""
+    if len(values) == 1:
+        value = values[0]
+        return b"%b1:%d:%b" % (name, len(value), value.encode("latin-1", "replace"))
+    encoded = [b"%d:%b" % (len(v), v.encode("latin-1", "replace")) for v in values]
+    return b"%b%d:%b" % (name, len(values), b"".join(encoded))
 
 
 _logger = logging.getLogger("idemkey")
