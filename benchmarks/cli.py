@@ -8,20 +8,26 @@
     python -m benchmarks --quick --budget 'miss<=1.15xfloor,replay<=1.15xfloor,replay:p99<=2ms'
 
 Exit status: 0 all budgets held, 1 a budget was exceeded (or its case not measured), 2 bad
-arguments or no Redis. All cases run in one interleaved run (see ``runner.py``).
+arguments or no Redis, 130 interrupted (SIGINT, Ctrl-C), 143 terminated (SIGTERM): either
+stops the run at once and leaves no redis-server and no temporary directory behind. All cases
+run in one interleaved run (see ``runner.py``).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import platform
 import secrets
+import signal
 import sys
-from collections.abc import Sequence
+import threading
+from collections.abc import Iterator, Sequence
 from datetime import datetime, timezone
+from types import FrameType
 from typing import Any
 
 import redis
@@ -39,7 +45,7 @@ from .roundtrips import count_round_trips, counting_clients
 from .runner import prepare_all, run_interleaved
 from .servers import RedisServer, ServerError
 
-__all__ = ["main"]
+__all__ = ["Interrupted", "interruptible", "main"]
 
 QUICK_ROUNDS = 300
 FULL_ROUNDS = 3000
@@ -75,8 +81,48 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+class Interrupted(KeyboardInterrupt):
+    """SIGINT or SIGTERM arrived: the run stops where it is, and its finally blocks clean up."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+@contextlib.contextmanager
+def interruptible() -> Iterator[None]:
+    """Turn SIGINT and SIGTERM into :class:`Interrupted`, raised at once, for this block.
+
+    Without it the first Ctrl-C only cancels asyncio.run's main task, which any library that
+    swallows one cancellation (a timeout racing the reply) ignores; and SIGTERM kills Python
+    before a finally block runs, leaving the private redis-server and its directory behind.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield  # signal handlers belong to the main thread; a caller elsewhere keeps its own
+        return
+
+    def stop(signum: int, frame: FrameType | None) -> None:
+        raise Interrupted(signum)
+
+    previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the suite; returns the exit status (see the module docstring)."""
+    try:
+        with interruptible():
+            return _main(argv)
+    except Interrupted as exc:  # every finally has run: servers stopped, keys purged
+        print(f"interrupted by {exc}: stopped", file=sys.stderr)
+        return 128 + exc.signum
+
+
+def _main(argv: Sequence[str] | None) -> int:
     parser = _parser()
     argv = list(argv) if argv is not None else sys.argv[1:]
     try:

@@ -1,7 +1,9 @@
 """Processes the suite starts for itself: a private redis-server, and HTTP servers.
 
 Each binds 127.0.0.1 on a free port, is polled until it answers (with a deadline), and is
-stopped by its owner (``with`` block) and, as a last resort, at interpreter exit.
+stopped by its owner (``with`` block) and, as a last resort, at interpreter exit: killed with
+its process group and its temporary directory removed (``python -m benchmarks`` turns SIGINT
+and SIGTERM into an exception, so both paths run; see ``cli.interruptible``).
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ import redis
 __all__ = ["HttpServer", "RedisServer", "ServerError", "free_port"]
 
 HOST = "127.0.0.1"
-_alive: set[subprocess.Popen[bytes]] = set()
+_alive: set[_Process] = set()
 
 
 class ServerError(RuntimeError):
@@ -43,9 +45,13 @@ def free_port() -> int:
 
 @atexit.register
 def _kill_leftovers() -> None:
-    for proc in list(_alive):
+    for process in list(_alive):
         with contextlib.suppress(OSError):
-            os.killpg(proc.pid, signal.SIGKILL)
+            os.killpg(process.proc.pid, signal.SIGKILL)
+        with contextlib.suppress(OSError, subprocess.TimeoutExpired):
+            process.proc.wait(5)
+        shutil.rmtree(process.dir, ignore_errors=True)
+        _alive.discard(process)
 
 
 def _poll(ready: Callable[[], bool], proc: subprocess.Popen[bytes], what: str, log: Path) -> None:
@@ -77,17 +83,21 @@ class _Process:
         self.dir = Path(tempfile.mkdtemp(prefix="idemkey-bench-"))
         self.log = self.dir / "server.log"
         self.what = what
-        with self.log.open("ab") as log:
-            self.proc = subprocess.Popen(
-                list(command),
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                cwd=self.dir,
-                env=env,
-                start_new_session=True,
-            )
-        _alive.add(self.proc)
+        try:
+            with self.log.open("ab") as log:
+                self.proc = subprocess.Popen(
+                    list(command),
+                    stdin=subprocess.DEVNULL,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    cwd=self.dir,
+                    env=env,
+                    start_new_session=True,
+                )
+        except BaseException:
+            shutil.rmtree(self.dir, ignore_errors=True)
+            raise
+        _alive.add(self)
 
     def stop(self) -> None:
         proc = self.proc
@@ -100,8 +110,8 @@ class _Process:
                 with contextlib.suppress(OSError):
                     os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
-        _alive.discard(proc)
         shutil.rmtree(self.dir, ignore_errors=True)
+        _alive.discard(self)  # last: interrupted before here, the exit hook finishes the job
 
 
 class RedisServer:

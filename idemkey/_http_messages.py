@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import TypeVar, overload
+from typing import ClassVar, TypeVar, overload
 
 __all__ = [
     "Complete",
@@ -35,9 +35,18 @@ class Headers(Mapping[str, str]):
             values.setdefault(name.lower(), []).append(value)
         self._values = values
 
+    #: Whether :meth:`raw_names` are PEP 3333 environ keys (``HTTP_X_AUTH_TOKEN``) rather
+    #: than lower-case field names.
+    environ_keys: ClassVar[bool] = False
+
     def get_all(self, name: str) -> list[str]:
         """Every field line's value for ``name``, in order; every lookup goes through here."""
         return self._values.get(name.lower(), [])
+
+    def raw_names(self) -> Iterable[str]:
+        """The names as this view stores them, iterable at C speed (the default scope scans
+        them on every request): lower-case field names, or environ keys (:attr:`environ_keys`)."""
+        return self._values
 
     def __getitem__(self, name: str) -> str:
         values = self.get_all(name)

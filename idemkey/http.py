@@ -55,6 +55,7 @@ from ._http_messages import content_length as content_length
 from ._http_messages import parse_content_length as parse_content_length
 from ._problems import PROBLEM_TYPE as PROBLEM_TYPE
 from ._problems import Problem, problem, render
+from ._scope import credential_scope, default_scope
 from ._switch import switch
 from .errors import ConfigurationError, InvalidKeyError, RecordFormatError, StoreError
 from .events import (
@@ -133,9 +134,13 @@ def begin(policy: Policy, request: Request) -> Exchange | Response | None:
         key = parse_key(values[0], strict=policy.strict_header)
     except InvalidKeyError as exc:
         return render(policy, 400, "invalid_key", exc.reason)
-    scope = policy.scope(request)
-    if not isinstance(scope, str):
-        raise ConfigurationError(f"Policy.scope must return a str, got {type(scope).__name__}")
+    scope_of = policy.scope
+    if scope_of is credential_scope:  # the default: it must leave the key header out
+        scope = default_scope(request, policy.header)
+    else:
+        scope = scope_of(request)
+        if not isinstance(scope, str):
+            raise ConfigurationError(f"Policy.scope must return a str, got {type(scope).__name__}")
     return Exchange(policy, request, key, scope)
 
 

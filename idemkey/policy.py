@@ -8,12 +8,12 @@ derive a variant with ``policy.replace(wait=2.0)``.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
 from . import _options
+from ._scope import credential_scope
 from .errors import ConfigurationError
 
 if TYPE_CHECKING:
@@ -47,26 +47,6 @@ DEFAULT_HEADER_DENYLIST: frozenset[str] = frozenset(
 #: What ``Policy(compress=True)`` means: records of 1 KiB or more. Below it zlib saves few
 #: bytes, and Redis's allocator rounds a small string up anyway.
 DEFAULT_COMPRESS_AT = 1024
-
-_CREDENTIAL_HEADERS = ("authorization", "x-api-key", "cookie")
-
-
-def credential_scope(request: Request) -> str:
-    """Default scope: a digest of the request's credentials (Authorization, X-Api-Key, Cookie).
-
-    Two different credentials never share a record. It is a safe default, not a good one: a
-    rotated token or a changed cookie starts a new scope, so a retry sent with it runs again.
-    Set ``Policy(scope=...)`` to your tenant or account id.
-    """
-    digest = hashlib.blake2b(digest_size=16)
-    lookup = request.headers.get_all  # what .get would call: one call less per header
-    for name in _CREDENTIAL_HEADERS:
-        values = lookup(name)
-        if values:
-            value = values[0]
-            digest.update(b"%d:%s" % (len(value), value.encode("latin-1", "replace")))
-        digest.update(b";")
-    return digest.hexdigest()
 
 
 @dataclass(frozen=True, slots=True)

@@ -20,7 +20,7 @@ from __future__ import annotations
 import io
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING, ClassVar, Final
 
 from ..http import Headers, Request, parse_content_length
 
@@ -57,8 +57,13 @@ class EnvironHeaders(Headers):
 
     __slots__ = ("_environ",)
 
+    environ_keys: ClassVar[bool] = True
+
     def __init__(self, environ: WSGIEnvironment) -> None:  # no super(): nothing to copy
         self._environ = environ
+
+    def raw_names(self) -> Iterable[str]:
+        return self._environ
 
     def get_all(self, name: str) -> list[str]:
         key = _ENVIRON_KEYS.get(name) or environ_key(name)  # a known name: no call

@@ -54,8 +54,9 @@ from django.core.exceptions import RequestDataTooBig
 from django.http import HttpResponse
 
 from .._options import derive, keyword, policy_options
+from .._scope import default_scope
 from ..http import Response, begin
-from ..policy import Policy
+from ..policy import Policy, credential_scope
 from ..routes import ROUTE_UNKNOWN
 from ._django_config import configure
 from ._environ import EnvironHeaders
@@ -139,13 +140,19 @@ class IdempotencyMiddleware:
         self.store = store
         self.driver = Driver(store)
         fallback = store.policy.scope
+        header = store.policy.header
 
         def scope(request: Request) -> str:
             # The scope sees the Django request (its user), not only idemkey's view of it.
             django_request = _current.get()
             if custom is not None:
                 return custom(django_request)  # type: ignore[no-any-return]
-            return user_scope(django_request) or fallback(request)
+            user = user_scope(django_request)
+            if user:
+                return user
+            if fallback is credential_scope:  # an anonymous request, by its credentials
+                return default_scope(request, header)
+            return fallback(request)
 
         self.policy = store.policy.replace(scope=scope)
         # Keyed by the view itself, weakly: a view created at run time and collected never

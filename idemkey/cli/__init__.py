@@ -16,8 +16,10 @@ One module per command (``idemkey/cli/<command>.py``: ``HELP``, ``configure(pars
 
 Exit codes: 0 success; 1 a check failed (doctor FAIL, a probe check failed, a demo step
 misbehaved, no such record, forget refused); 2 bad arguments; 3 Redis (or, for probe, the
-endpoint) unreachable or erroring; 70 a bug in idemkey (``IDEMKEY_DEBUG=1`` shows its
-traceback); 130 interrupted. Every error is one line on stderr, never a traceback.
+endpoint) unreachable or erroring; 4 a probe was inconclusive (no check failed, but one could
+not tell a replay from a second execution); 70 a bug in idemkey (``IDEMKEY_DEBUG=1`` shows
+its traceback); 130 interrupted (143 for bench: SIGTERM). Every error is one line on stderr,
+never a traceback.
 """
 
 from __future__ import annotations

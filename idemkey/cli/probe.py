@@ -27,7 +27,9 @@ Send a fixed sequence of requests with fresh random keys and print one line per 
 
   1  first request     the request with a key must succeed (reference for the rest)
   2  same key again    must answer the same status and byte-equal body (a different
-                       body means it ran twice); the replay header is reported
+                       body means it ran twice); the replay header is reported. Equal
+                       bytes without a replay header are INCONCLUSIVE (never PASS)
+                       unless checks 4-5 show the body differs per execution
   3  edited retry      the same key with an edited body must be refused: 422 (IETF
                        draft) or 400 (Stripe); 409 passes with a warning; 2xx fails
   4  no key            reports whether a key is required (400) or the endpoint runs
@@ -48,8 +50,11 @@ endpoint (a charge, an order). Use staging, not production.
 """
 EPILOG: Final = (
     "exit status: 0 every check holds (warnings allowed), 1 a check failed, 2 bad arguments, "
-    "3 the endpoint cannot be reached"
+    "3 the endpoint cannot be reached, 4 inconclusive: no check failed, but one could not tell "
+    "a replay from a second execution (no replay header, the same body every time)"
 )
+#: The probe's verdict -> its exit status.
+EXIT_CODES: Final = {"PASS": 0, "FAIL": 1, "INCONCLUSIVE": 4}
 FORMATTER: Final = argparse.RawDescriptionHelpFormatter
 
 _TOKEN = re.compile(r"^[!#$%&'*+\-.^_`|~0-9A-Za-z]+$")
@@ -206,8 +211,9 @@ def run(args: argparse.Namespace, out: IO[str]) -> int:
                 out.flush()
     except Unreachable as exc:
         raise CliError(f"{url}: {exc}", 3) from None
-    verdict = "FAIL" if any(r.verdict == "FAIL" for r in session.results) else "PASS"
-    code = 1 if verdict == "FAIL" else 0
+    verdicts = {r.verdict for r in session.results}
+    verdict = next((v for v in ("FAIL", "INCONCLUSIVE") if v in verdicts), "PASS")
+    code = EXIT_CODES[verdict]
     if args.json:
         print_json(
             {
@@ -237,7 +243,15 @@ def run(args: argparse.Namespace, out: IO[str]) -> int:
     else:
         failed = [r.number for r in session.results if r.verdict == "FAIL"]
         warned = [r.number for r in session.results if r.verdict == "WARN"]
-        tail = f"checks {failed} FAILED" if failed else "every check holds"
+        unsure = [r.number for r in session.results if r.verdict == "INCONCLUSIVE"]
+        if failed:
+            tail = f"checks {failed} FAILED"
+        elif unsure:
+            tail = f"checks {unsure} could not tell a replay from a second execution"
+        else:
+            tail = "every check holds"
+        if failed and unsure:
+            tail += f" (inconclusive: {unsure})"
         if warned:
             tail += f" (warnings: {warned})"
         out.write(f"verdict: {verdict}: {tail}; {session.sent} requests sent\n")

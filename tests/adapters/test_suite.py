@@ -9,6 +9,8 @@ of idempotency keys relies on.
 from __future__ import annotations
 
 import json
+import logging
+import sys
 import threading
 from concurrent import futures
 from concurrent.futures import ThreadPoolExecutor
@@ -324,6 +326,60 @@ def test_tenants_with_other_credentials_get_independent_records(harness: Harness
     assert json.loads(charge(harness, "k", headers=alice).body)["id"] == "ch_1"
     assert json.loads(charge(harness, "k").body)["id"] == "ch_3"  # no credentials: a third
     assert harness.executions["charges"] == 3
+
+
+def forget_the_scope_warning(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The warning is logged once per process: make this test's request the first."""
+    module = sys.modules.get("idemkey._scope")  # absent from a release without the warning
+    if module is not None:
+        monkeypatch.setattr(module, "_warned", False)
+
+
+@pytest.mark.parametrize("credential", ["X-Auth-Token", "Api-Key"])
+def test_the_default_scope_tells_tenants_apart_by_any_credential_header(
+    harness: Harness, credential: str
+) -> None:
+    # No scope configured: tenant B sends tenant A's key and body with its own token.
+    alice, bob = [(credential, "tok_alice")], [(credential, "tok_bob")]
+    assert json.loads(charge(harness, "k", headers=alice).body)["id"] == "ch_1"
+    theirs = charge(harness, "k", headers=bob)
+    assert not replayed(theirs)
+    assert json.loads(theirs.body)["id"] == "ch_2"
+    # The header order and the key do not change a tenant's scope: its retry is a replay.
+    again = charge(harness, "k", headers=[("Accept", "*/*"), *alice])
+    assert replayed(again)
+    assert json.loads(again.body)["id"] == "ch_1"
+    assert harness.executions["charges"] == 2
+
+
+def test_the_default_scope_warns_once_of_a_request_without_credentials(
+    harness: Harness, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    forget_the_scope_warning(monkeypatch)
+
+    def warnings() -> list[logging.LogRecord]:
+        return [r for r in caplog.records if "default scope" in r.getMessage()]
+
+    with caplog.at_level(logging.WARNING, logger="idemkey"):
+        assert charge(harness, "a", headers=[("X-Auth-Token", "tok")]).status == 201
+        assert warnings() == []
+        assert charge(harness, "b").status == 201
+        assert charge(harness, "c").status == 201
+    [warning] = warnings()
+    assert (warning.name, warning.levelno) == ("idemkey", logging.WARNING)
+    assert "Policy(scope=...)" in warning.getMessage()
+
+
+def test_a_configured_scope_never_warns_of_missing_credentials(
+    make_harness: Callable[..., Harness],
+    caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    forget_the_scope_warning(monkeypatch)
+    harness = make_harness(scope=lambda request: request.headers.get("x-tenant", ""))
+    with caplog.at_level(logging.WARNING, logger="idemkey"):
+        assert charge(harness, "a").status == 201
+    assert not [r for r in caplog.records if "default scope" in r.getMessage()]
 
 
 def test_custom_scope_callable(make_harness: Callable[..., Harness]) -> None:

@@ -37,6 +37,7 @@ TENANT = ("--other-tenant-header", "Account: acct_other")
 # The demo's payment takes 0.2 s, so the requests of check 5 surely overlap on a loaded machine
 # (without overlap the check says "inconclusive", a warning, and these tests want every PASS).
 SLOW = ("-H", "Demo-Delay: 0.2")
+VERDICTS = ("PASS", "WARN", "INCONCLUSIVE", "FAIL", "SKIP")
 
 
 def _verdicts(run: Run) -> dict[int, str]:
@@ -44,7 +45,7 @@ def _verdicts(run: Run) -> dict[int, str]:
     found = {}
     for line in run.out.splitlines():
         parts = line.split()
-        if len(parts) > 2 and parts[0] in ("PASS", "WARN", "FAIL", "SKIP") and parts[1].isdigit():
+        if len(parts) > 2 and parts[0] in VERDICTS and parts[1].isdigit():
             found[int(parts[1])] = parts[0]
     return found
 
@@ -271,6 +272,103 @@ def test_concurrent_duplicates_run_twice(idemkey: CliRunner, broken: dict[str, s
     verdicts = _verdicts(run)
     assert verdicts == {1: "PASS", 2: "PASS", 3: "PASS", 4: "PASS", 5: "FAIL", 6: "PASS"}, run.out
     assert "concurrent duplicates ran" in _line(run, 5)
+
+
+class SameAnswer:
+    """An endpoint that always answers ``{"ok": true}``, as a plain WSGI app (no idemkey).
+
+    ``idempotent=False``: runs every request. ``True``: one answer per key and body, 422 for
+    another body, 400 without a key; it marks no replay. ``runs`` counts executions.
+    """
+
+    def __init__(self, idempotent: bool) -> None:
+        self.idempotent = idempotent
+        self.lock = threading.Lock()
+        self.seen: dict[str, bytes] = {}
+        self.runs = 0
+
+    def __call__(self, environ: WSGIEnvironment, start_response: StartResponse) -> Iterable[bytes]:
+        body = environ["wsgi.input"].read(int(environ.get("CONTENT_LENGTH") or 0))
+        key = environ.get("HTTP_IDEMPOTENCY_KEY")
+        with self.lock:
+            status = "201 Created"
+            if not self.idempotent:
+                self.runs += 1
+            elif key is None:
+                status = "400 Bad Request"
+            elif self.seen.setdefault(key, body) != body:
+                status = "422 Unprocessable Content"
+            elif len(self.seen) > self.runs:
+                self.runs += 1
+        answer = b'{"ok": true}'
+        start_response(status, [("Content-Type", "application/json")])
+        return [answer]
+
+
+@pytest.fixture(params=[False, True], ids=["runs-every-time", "idempotent-unmarked"])
+def same_answer(request: pytest.FixtureRequest) -> Iterator[tuple[str, SameAnswer]]:
+    app = SameAnswer(request.param)
+    server = make_server("127.0.0.1", 0, app, threaded=True)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.socket.getsockname()[1]}/charges", app
+    server.shutdown()
+    server.server_close()
+
+
+def test_the_same_answer_every_time_is_never_passed_as_a_replay(
+    same_answer: tuple[str, SameAnswer],
+) -> None:
+    # As a user runs it: `idemkey probe URL -d BODY`, in a shell, against a real server.
+    url, app = same_answer
+    result = subprocess.run(
+        [sys.executable, "-m", "idemkey", "probe", url, "-d", CHARGE],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=ROOT,
+        env={k: v for k, v in os.environ.items() if k != "IDEMKEY_REDIS_URL"},
+        check=False,
+    )
+    run = Run(result.returncode, result.stdout, result.stderr)
+    verdicts = _verdicts(run)
+    # Check 2 and check 5 saw byte-equal answers and no Idempotent-Replayed header: a replay
+    # and a second execution look the same, so neither may pass.
+    assert (verdicts[2], verdicts[5]) == ("INCONCLUSIVE", "INCONCLUSIVE"), run.out
+    assert "cannot tell a replay from a second execution" in _line(run, 2)
+    assert "cannot tell one execution from 5" in _line(run, 5)
+    assert "what would tell: a replay header" in run.out
+    assert "a body that differs per execution" in run.out
+    last = run.out.splitlines()[-1]
+    if not app.idempotent:  # it ran every time, and took the edited retry (check 3)
+        assert app.runs == 9
+        assert verdicts[3] == "FAIL"
+        assert run.code == 1, run.out + run.err
+        assert last.startswith("verdict: FAIL: checks [3] FAILED (inconclusive: [2, 5])"), last
+    else:  # nothing failed, and nothing can be vouched for: exit status 4
+        assert app.runs == 2
+        assert (verdicts[3], verdicts[4]) == ("PASS", "PASS"), run.out
+        assert run.code == 4, run.out + run.err
+        assert last.startswith("verdict: INCONCLUSIVE: checks [2, 5] could not tell"), last
+
+
+def test_an_inconclusive_probe_in_json(idemkey: CliRunner) -> None:
+    app = SameAnswer(idempotent=True)
+    server = make_server("127.0.0.1", 0, app, threaded=True)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.socket.getsockname()[1]}/charges"
+        run = idemkey("probe", url, "-d", CHARGE, "--json")
+    finally:
+        server.shutdown()
+        server.server_close()
+    report = json.loads(run.out)
+    assert (run.code, report["verdict"], report["exit_code"]) == (4, "INCONCLUSIVE", 4)
+    assert report["worst"] == "INCONCLUSIVE"
+    checks = {c["check"]: c for c in report["checks"]}
+    assert [checks[n]["verdict"] for n in range(1, 7)] == [
+        "PASS", "INCONCLUSIVE", "PASS", "PASS", "INCONCLUSIVE", "SKIP"
+    ]  # fmt: skip
+    assert "a replay header" in checks[2]["details"][0]
 
 
 # ---- arguments and reachability -----------------------------------------------------------

@@ -56,9 +56,34 @@ def test_replay_must_be_byte_equal() -> None:
     replay = judge_replay(FIRST, ok(FIRST.body, (RH, "true")), RH)
     assert (replay.verdict, replay.number) == ("PASS", 2)
     assert "Idempotent-Replayed: true" in replay.summary
-    assert "no Idempotent-Replayed header" in judge_replay(FIRST, ok(), RH).summary
-    waited = judge_replay(FIRST, ok(), RH, waits=1)
+    # Unmarked, byte-equal: a replay only when another execution answered other bytes.
+    unmarked = judge_replay(FIRST, ok(), RH, distinct=True)
+    assert unmarked.verdict == "PASS"
+    assert "no Idempotent-Replayed header" in unmarked.summary
+    waited = judge_replay(FIRST, ok(), RH, waits=1, distinct=True)
     assert "after 1 x 409" in waited.summary
+
+
+@pytest.mark.parametrize("distinct", [False, None])
+def test_an_unmarked_byte_equal_replay_is_inconclusive_unless_runs_differ(
+    distinct: bool | None,
+) -> None:
+    result = judge_replay(FIRST, ok(), RH, distinct=distinct)
+    assert result.verdict == "INCONCLUSIVE"
+    assert "cannot tell a replay from a second execution" in result.summary
+    assert "a replay header" in result.details[0]
+    assert "a body that differs per execution" in result.details[0]
+    conc = judge_concurrent([_at(FIRST.body), _at(FIRST.body)], RH, distinct)
+    assert conc.verdict == "INCONCLUSIVE"
+    assert "cannot tell one execution from 2" in conc.summary
+    tenant = judge_other_tenant(FIRST, ok(), RH, distinct)
+    assert tenant.verdict == "INCONCLUSIVE"
+    # A replay header settles it either way.
+    assert (
+        judge_replay(FIRST, ok(FIRST.body, (RH, "true")), RH, distinct=distinct).verdict == "PASS"
+    )
+    leaked = judge_other_tenant(FIRST, ok(FIRST.body, (RH, "true")), RH, distinct)
+    assert leaked.verdict == "FAIL"
 
 
 def test_a_different_body_on_replay_is_a_second_execution_shown_field_by_field() -> None:
@@ -149,7 +174,7 @@ def test_concurrent_409_without_retry_after_warns_and_no_overlap_is_inconclusive
         Response(201, (), FIRST.body, sent_at=1.0, answered_at=1.5),
         Response(201, (), FIRST.body, sent_at=2.0, answered_at=2.5),
     ]
-    inconclusive = judge_concurrent(serial, RH)
+    inconclusive = judge_concurrent(serial, RH, distinct=True)  # the bodies tell runs apart
     assert inconclusive.verdict == "WARN"
     assert "inconclusive" in inconclusive.summary
     assert judge_concurrent([_at(b"", 500), _at(FIRST.body)], RH).verdict == "FAIL"
@@ -324,3 +349,33 @@ def test_the_session_refuses_to_be_driven_out_of_order() -> None:
         session.receive([ok(), ok()])
     with pytest.raises(ValueError, match="key of its own"):
         ProbeSession(PLAN, "same", "same")
+
+
+def test_an_unmarked_replay_is_judged_after_checks_4_and_5_and_shown_in_order() -> None:
+    # The naive cache replays without a header, and each execution has its own id: check 2
+    # waits for checks 4 and 5 to show that, then passes; results still come out 1 to 6.
+    session = ProbeSession(PLAN, "k1", "k2")
+    endpoint = naive_cache()
+    shown: list[list[int]] = []
+    while (batch := session.next_batch()) is not None:
+        settled = session.receive([endpoint(request) for request in batch.requests])
+        shown.append([r.number for r in settled])
+    assert shown == [[1], [], [], [], [2, 3, 4, 5], [6]]
+    assert [r.number for r in session.results] == [1, 2, 3, 4, 5, 6]
+    assert session.results[1].verdict == "PASS"
+    assert "another execution answered other bytes" in session.results[1].summary
+
+
+def test_an_endpoint_with_one_answer_for_every_run_is_inconclusive() -> None:
+    runs = itertools.count(1)
+
+    def same_answer(request: Outgoing) -> Response:
+        next(runs)
+        return ok(b'{"ok": true}')
+
+    session = ProbeSession(PLAN, "k1", "k2")
+    drive(session, same_answer)
+    verdicts = _verdicts(session.results)
+    assert (verdicts[2], verdicts[5], verdicts[6]) == ("INCONCLUSIVE",) * 3
+    assert verdicts[3] == "FAIL"  # an edited retry answered 2xx: wrong either way
+    assert "replayed, or run again" in session.results[2].summary

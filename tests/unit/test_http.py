@@ -111,6 +111,62 @@ def test_the_default_scope_digests_credentials_and_never_shows_them() -> None:
     assert scope == credential_scope(request(headers=[("authorization", "Bearer secret")]))
 
 
+@pytest.mark.parametrize(
+    "name",
+    ["X-Auth-Token", "Api-Key", "X-Api-Key", "Proxy-Authorization", "X-Session-Id",
+     "X-Client-Secret", "Private-Token", "X-Amz-Security-Token", "Ocp-Apim-Subscription-Key"],
+)  # fmt: skip
+def test_the_default_scope_digests_every_header_named_as_a_credential(name: str) -> None:
+    alice = exchange(headers=[("Idempotency-Key", "k"), (name, "alice")])
+    bob = exchange(headers=[("Idempotency-Key", "k"), (name, "bob")])
+    anonymous = exchange(headers=[("Idempotency-Key", "k")])
+    assert len({alice.record, bob.record, anonymous.record}) == 3
+    assert "alice" not in credential_scope(request(headers=[(name, "alice")]))
+
+
+def test_the_default_scope_ignores_header_order_ordinary_headers_and_the_key() -> None:
+    tenant = [("Api-Key", "a"), ("X-Auth-Token", "t"), ("Cookie", "c")]
+    one = credential_scope(request(headers=[("Idempotency-Key", "k1"), *tenant]))
+    shuffled = [
+        ("Accept", "*/*"),
+        *reversed(tenant),
+        ("Keep-Alive", "5"),
+        ("Idempotency-Key", "k2"),
+    ]
+    assert credential_scope(request(headers=shuffled)) == one
+    # The idempotency key is no credential, whatever the policy names its header.
+    custom = Policy(header="X-Request-Key")
+    a = exchange(custom, headers=[("X-Request-Key", "k1"), ("X-Auth-Token", "t")])
+    b = exchange(custom, headers=[("X-Request-Key", "k2"), ("X-Auth-Token", "t")])
+    assert a._scope == b._scope
+    ordinary = [("Sec-WebSocket-Key", "w"), ("X-Idempotency-Key", "x"), ("Content-Type", "a/b")]
+    assert credential_scope(request(headers=ordinary)) == credential_scope(request(headers=[]))
+
+
+def test_the_default_scope_reads_a_wsgi_environ_as_it_reads_headers() -> None:
+    from idemkey.adapters._environ import request_of
+
+    environ = {"REQUEST_METHOD": "POST", "PATH_INFO": "/charges", "CONTENT_TYPE": "a/b",
+               "HTTP_X_AUTH_TOKEN": "t", "HTTP_IDEMPOTENCY_KEY": "k"}  # fmt: skip
+    headers = [("X-Auth-Token", "t"), ("Idempotency-Key", "other")]
+    assert credential_scope(request_of(environ)) == credential_scope(request(headers=headers))
+
+
+def test_the_default_scope_of_the_first_three_credentials_is_unchanged() -> None:
+    # Authorization, X-Api-Key and Cookie alone keep the digest every earlier release gave
+    # them, so records written before an upgrade are still found after it.
+    import hashlib
+
+    headers = [("Cookie", "c=1"), ("Authorization", "Bearer x"), ("Idempotency-Key", "k")]
+    before = hashlib.blake2b(b"8:Bearer x;;3:c=1;", digest_size=16).hexdigest()
+    assert credential_scope(request(headers=headers)) == before
+    none = hashlib.blake2b(b";;;", digest_size=16).hexdigest()
+    assert credential_scope(request(headers=[("Idempotency-Key", "k")])) == none
+    # A second Cookie line (ASGI keeps them apart) counts too.
+    two = credential_scope(request(headers=[*headers, ("Cookie", "d=2")]))
+    assert two not in (before, credential_scope(request(headers=[*headers, ("Cookie", "d=3")])))
+
+
 def test_a_scope_that_is_not_a_string_is_a_configuration_error() -> None:
 
     with pytest.raises(ConfigurationError):

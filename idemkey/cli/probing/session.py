@@ -9,9 +9,12 @@ back, and decides; a driver only moves bytes.
     session.results
 
 A batch is one request, or ``plan.concurrency`` requests to send at once (check 5); it may ask
-the driver to wait first (a ``Retry-After``). Asking for a batch while one is out, or answering
-when none is, raises :class:`ProbeStateError` (h11's habit: misuse is loud). The number of
-requests never exceeds :attr:`Plan.max_requests`.
+the driver to wait first (a ``Retry-After``). A replay answered with the first request's bytes
+and no replay header is judged once checks 4 and 5 show whether this endpoint's answers differ
+per execution (:func:`~.verdicts.executions_differ`): until then its verdict, and those after
+it, are held back, so results still come out in check order. Asking for a batch while one is
+out, or answering when none is, raises :class:`ProbeStateError` (h11's habit: misuse is loud).
+The number of requests never exceeds :attr:`Plan.max_requests`.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from .verdicts import (
     Answer,
     Response,
     Result,
+    executions_differ,
     judge_concurrent,
     judge_edited,
     judge_first,
@@ -128,6 +132,11 @@ class ProbeSession:
         self._first: Response | None = None
         self._waits = 0
         self._wait = 0.0
+        # Answers to the same request that surely ran apart from check 1 (checks 4 and 5).
+        self._others: list[Answer] = []
+        # Check 2's answer while its verdict waits for them (see the module docstring).
+        self._held: Answer | None = None
+        self._released = 0
 
     @property
     def done(self) -> bool:
@@ -154,9 +163,14 @@ class ProbeSession:
         if len(answers) != len(batch.requests):
             raise ProbeStateError(f"expected {len(batch.requests)} answers, got {len(answers)}")
         self._out = None
-        before = len(self.results)
         self._decide(answers)
-        return self.results[before:]
+        # Everything before a held verdict is settled; the held one and those after it wait.
+        ready = len(self.results)
+        if self._held is not None:
+            ready = sum(1 for r in self.results if r.number < 2)
+        settled = self.results[self._released : ready]
+        self._released = max(self._released, ready)
+        return settled
 
     # The sequence.
 
@@ -206,16 +220,30 @@ class ProbeSession:
                 self._wait = _retry_after(answer, self.plan.max_wait)
                 return  # the same check again, after the wait
             self._wait = 0.0
-            self.results.append(judge_replay(first, answer, replay_header, self._waits))
+            if (
+                isinstance(answer, Response)
+                and answer.same_as(first)
+                and answer.header(replay_header) is None
+            ):
+                self._held = answer  # a replay, or a second run with the same answer: see 4, 5
+            else:
+                self.results.append(judge_replay(first, answer, replay_header, self._waits))
             self._stage = _Stage.EDITED
         elif stage is _Stage.EDITED:
             self.results.append(judge_edited(first, answer, replay_header))
             self._stage = _Stage.KEYLESS
         elif stage is _Stage.KEYLESS:
             self.results.append(judge_keyless(answer, replay_header))
+            self._others.append(answer)
             self._stage = _Stage.CONCURRENT
         elif stage is _Stage.CONCURRENT:
-            self.results.append(judge_concurrent(answers, replay_header))
+            self._others.extend(answers)
+            distinct = self._distinct()
+            self.results.append(judge_concurrent(answers, replay_header, distinct))
+            if self._held is not None:
+                held = judge_replay(first, self._held, replay_header, self._waits, distinct)
+                self.results.insert(1, held)
+                self._held = None
             self._stage = _Stage.OTHER_TENANT
             if self.plan.other_tenant is None:
                 self.results.append(
@@ -228,8 +256,13 @@ class ProbeSession:
                 )
                 self._stage = _Stage.DONE
         else:
-            self.results.append(judge_other_tenant(first, answer, replay_header))
+            distinct = self._distinct()
+            self.results.append(judge_other_tenant(first, answer, replay_header, distinct))
             self._stage = _Stage.DONE
+
+    def _distinct(self) -> bool | None:
+        assert self._first is not None
+        return executions_differ(self._first, self._others)
 
     def _skip_rest(self, why: str) -> None:
         for number in range(len(self.results) + 1, 7):

@@ -5,7 +5,15 @@ and returns a :class:`Result`: the verdict, a one-line summary with the evidence
 headers that matter, a body excerpt), and detail lines (a per-field comparison of two bodies).
 
 Verdicts: ``PASS`` the check holds; ``WARN`` it holds with a caveat, or could not be settled;
-``FAIL`` the endpoint broke the contract; ``SKIP`` not run. Only ``FAIL`` fails the probe.
+``INCONCLUSIVE`` the answers cannot tell a replay from a second execution (byte-equal bodies,
+no replay header, and an endpoint whose answers do not differ per execution), so the check
+cannot vouch for it; ``FAIL`` the endpoint broke the contract; ``SKIP`` not run. ``FAIL``
+fails the probe; ``INCONCLUSIVE`` makes its verdict INCONCLUSIVE, never PASS.
+
+Whether an endpoint's answers tell its executions apart is learned from the run itself
+(:func:`executions_differ`): checks 4 and 5 send the same request with no key and with another
+key, so each of their successes surely ran apart from check 1; if every one of them answered
+other bytes than check 1 (an id, a timestamp), byte-equal answers to one key are a replay.
 """
 
 from __future__ import annotations
@@ -23,6 +31,7 @@ __all__ = [
     "Verdict",
     "body_differences",
     "excerpt",
+    "executions_differ",
     "judge_concurrent",
     "judge_edited",
     "judge_first",
@@ -32,8 +41,8 @@ __all__ = [
     "worst",
 ]
 
-Verdict = Literal["PASS", "WARN", "FAIL", "SKIP"]
-_RANK: Final[dict[Verdict, int]] = {"SKIP": 0, "PASS": 1, "WARN": 2, "FAIL": 3}
+Verdict = Literal["PASS", "WARN", "INCONCLUSIVE", "FAIL", "SKIP"]
+_RANK: Final[dict[Verdict, int]] = {"SKIP": 0, "PASS": 1, "WARN": 2, "INCONCLUSIVE": 3, "FAIL": 4}
 
 EXCERPT_CHARS: Final = 40
 MAX_FIELD_LINES: Final = 6
@@ -185,17 +194,71 @@ def judge_first(answer: Answer, replay_header: str) -> Result:
     )
 
 
-def judge_replay(first: Response, replay: Answer, replay_header: str, waits: int = 0) -> Result:
-    """Check 2: the same request with the same key must answer the same status and bytes."""
+def executions_differ(first: Response, others: Sequence[Answer]) -> bool | None:
+    """Whether the endpoint's answers tell its executions apart.
+
+    ``others``: answers to the same request that surely ran apart from ``first`` (no key, or
+    another key). True when every success among them answered other bytes, False when one
+    answered ``first``'s bytes (a second execution looks like a replay), None when none
+    succeeded (nothing to compare with).
+    """
+    bodies = [a.body for a in others if isinstance(a, Response) and a.ok]
+    if not bodies:
+        return None
+    return first.body not in bodies
+
+
+#: What the answers would need for the probe to tell a replay from a second execution.
+WHAT_WOULD_TELL: Final = (
+    "what would tell: a replay header (--replay-header NAME, if the server marks replays "
+    "otherwise), or a body that differs per execution (an id, a timestamp)"
+)
+
+
+def _cannot_tell(distinct: bool | None) -> str:
+    """Why byte-equal answers without a replay header prove nothing, for ``distinct``."""
+    if distinct is False:
+        return (
+            "this endpoint answers the same bytes for two executions (checks 4/5 ran the same "
+            "request with no key or another key, and got check 1's bytes)"
+        )
+    return "no other execution succeeded to show whether the body differs per execution"
+
+
+def judge_replay(
+    first: Response,
+    replay: Answer,
+    replay_header: str,
+    waits: int = 0,
+    distinct: bool | None = None,
+) -> Result:
+    """Check 2: the same request with the same key must answer the same status and bytes.
+
+    ``distinct``: :func:`executions_differ` for this endpoint. Byte-equal answers without a
+    replay header are a replay only when executions answer different bytes; else the check is
+    INCONCLUSIVE, never PASS.
+    """
     number, name = 2, "same key again"
     if isinstance(replay, NoResponse):
         return _no_answer(number, name, replay)
     waited = f" (after {waits} x 409, honouring Retry-After)" if waits else ""
     marker = replay.header(replay_header)
     if replay.same_as(first):
-        said = f"{replay_header}: {marker}" if marker is not None else f"no {replay_header} header"
-        summary = f"replayed: {replay.status}, byte-equal body ({len(replay.body)} bytes), {said}"
-        return Result(number, name, "PASS", summary + waited)
+        bytes_equal = f"{replay.status}, byte-equal body ({len(replay.body)} bytes)"
+        if marker is not None:
+            summary = f"replayed: {bytes_equal}, {replay_header}: {marker}"
+            return Result(number, name, "PASS", summary + waited)
+        if distinct:
+            summary = (
+                f"replayed: {bytes_equal}, no {replay_header} header (another execution "
+                "answered other bytes, so this one is a replay)"
+            )
+            return Result(number, name, "PASS", summary + waited)
+        summary = (
+            f"cannot tell a replay from a second execution: {bytes_equal}, no {replay_header} "
+            f"header, and {_cannot_tell(distinct)}{waited}"
+        )
+        return Result(number, name, "INCONCLUSIVE", summary, (WHAT_WOULD_TELL,))
     if replay.status == 409:
         return Result(
             number,
@@ -228,7 +291,12 @@ def judge_edited(first: Response, edited: Answer, replay_header: str) -> Result:
             f"with another request) and 409 tells clients to retry: {shown}",
         )
     if edited.ok:
-        if edited.same_as(first):
+        if edited.same_as(first) and edited.header(replay_header) is None:
+            what = (
+                "an edited retry was answered with the first request's bytes (replayed, or run "
+                "again with the same answer): the key did not stop a different request"
+            )
+        elif edited.same_as(first):
             what = "an edited retry was replayed: the first request's answer, for another request"
         else:
             what = "an edited retry was executed: the key did not stop a different request"
@@ -266,10 +334,14 @@ def _in_flight_together(answers: Sequence[Answer]) -> int:
     return sum(1 for a in answers if a.sent_at and a.sent_at <= first_answer)
 
 
-def judge_concurrent(answers: Sequence[Answer], replay_header: str) -> Result:
+def judge_concurrent(
+    answers: Sequence[Answer], replay_header: str, distinct: bool | None = None
+) -> Result:
     """Check 5: N identical first requests at once: at most one execution.
 
     Every success must be the same (status, bytes); the rest 409 with ``Retry-After``.
+    ``distinct`` as in :func:`judge_replay`: several byte-equal successes without a replay
+    header are one execution only when executions answer different bytes.
     """
     number, name, n = 5, "concurrent duplicates", len(answers)
     lost = [a for a in answers if isinstance(a, NoResponse)]
@@ -289,20 +361,30 @@ def judge_concurrent(answers: Sequence[Answer], replay_header: str) -> Result:
         )
     if not successes:
         return Result(number, name, "FAIL", f"{tally}: no request succeeded")
-    distinct = list({(r.status, r.body): r for r in successes}.values())
-    if len(distinct) > 1:
+    different = list({(r.status, r.body): r for r in successes}.values())
+    if len(different) > 1:
         return Result(
             number,
             name,
             "FAIL",
-            f"{tally}: concurrent duplicates ran {len(distinct)} times "
-            f"({len(distinct)} different answers for one key)",
-            body_differences(distinct[0].body, distinct[1].body),
+            f"{tally}: concurrent duplicates ran {len(different)} times "
+            f"({len(different)} different answers for one key)",
+            body_differences(different[0].body, different[1].body),
         )
     replays = sum(1 for r in successes if r.header(replay_header) is not None)
     bare = [r for r in conflicts if r.header("Retry-After") is None]
     if conflicts and not bare:
         tally += f" (Retry-After: {conflicts[0].header('Retry-After')})"
+    unmarked = len(successes) - replays
+    if unmarked > 1 and not distinct:
+        return Result(
+            number,
+            name,
+            "INCONCLUSIVE",
+            f"{tally}: cannot tell one execution from {unmarked}: {unmarked} byte-equal "
+            f"answers without {replay_header}, and {_cannot_tell(distinct)}",
+            (WHAT_WOULD_TELL,),
+        )
     shown = f"{tally}: one execution" + (f", {replays} replayed" if replays else "")
     together = _in_flight_together(answers)
     if bare:
@@ -318,12 +400,28 @@ def judge_concurrent(answers: Sequence[Answer], replay_header: str) -> Result:
     return Result(number, name, "PASS", f"{shown}; {together} of {n} in flight together")
 
 
-def judge_other_tenant(first: Response, other: Answer, replay_header: str) -> Result:
-    """Check 6: the same key from another tenant must not see the first tenant's response."""
+def judge_other_tenant(
+    first: Response, other: Answer, replay_header: str, distinct: bool | None = None
+) -> Result:
+    """Check 6: the same key from another tenant must not see the first tenant's response.
+
+    ``distinct`` as in :func:`judge_replay`: the first tenant's bytes without a replay header
+    are its record only when executions answer different bytes.
+    """
     number, name = 6, "other tenant"
     if isinstance(other, NoResponse):
         return _no_answer(number, name, other)
     shown = evidence(other, replay_header)
+    if other.same_as(first) and other.header(replay_header) is None and not distinct:
+        return Result(
+            number,
+            name,
+            "INCONCLUSIVE",
+            f"cannot tell the first tenant's record from the other tenant's own execution: "
+            f"byte-equal answers, no {replay_header} header, and {_cannot_tell(distinct)}: "
+            f"{shown}",
+            (WHAT_WOULD_TELL,),
+        )
     if other.same_as(first):
         return Result(
             number, name, "FAIL", f"another tenant was served the first tenant's response: {shown}"
