@@ -10,6 +10,7 @@
     idemkey stats                     records by state, memory, TTLs (SCAN, never KEYS)
     idemkey doctor                    is this Redis fit to hold idempotency records?
     idemkey bench -- ARGS             the benchmark suite (source checkouts)
+    idemkey --version                 the installed version
 
 One module per command (``idemkey/cli/<command>.py``: ``HELP``, ``configure(parser)``,
 ``run(args, out)``); the demo app lives in :mod:`idemkey.cli.demo_app`.
@@ -32,6 +33,7 @@ from collections.abc import Sequence
 from types import ModuleType
 from typing import IO, Final
 
+from .. import _DISTRIBUTION, __version__
 from ..errors import IdemkeyError
 from . import bench, demo, doctor, forget, inspect, probe, serve, stats
 from ._base import DEBUG_ENV, URL_ENV, CliError, Parser, UsageError
@@ -84,6 +86,12 @@ def build_parser() -> argparse.ArgumentParser:
         prog="idemkey",
         description="Idempotency keys backed by Redis: demo, probe and operator tools.",
         epilog="exit codes: 0 ok, 1 check failed, 2 bad arguments, 3 Redis (or endpoint) error",
+    )
+    parser.add_argument(
+        "--version",
+        action="version",
+        version=f"idemkey {__version__} (the {_DISTRIBUTION} distribution)",
+        help="print the installed version and exit",
     )
     _global_options(parser, defaults=True, redis=True)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)

@@ -27,7 +27,8 @@ def load_demo() -> ModuleType:
         import flask  # noqa: F401
         import werkzeug  # noqa: F401
     except ImportError as exc:
-        raise CliError(f"the demo app needs {exc.name}: pip install 'idemkey[demo]'", 2) from None
+        message = f"the demo app needs {exc.name}: pip install 'idemkey-redis[demo]'"
+        raise CliError(message, 2) from None
     from . import demo_app
 
     return demo_app
