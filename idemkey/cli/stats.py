@@ -278,7 +278,7 @@ def _show_stats(stats: Stats, url: str, out: IO[str]) -> None:
             continue
         out.write(f"  {bucket:<12} {count:>9}\n")
     if stats.other_prefixes is not None:
-        scanned = f"the first {stats.other_scanned} keys scanned"
+        scanned = f"the {stats.other_scanned} keys scanned"
         if stats.other_prefixes:
             seen = ", ".join(f'"{name}" ({n} keys)' for name, n in stats.other_prefixes.items())
             out.write(
@@ -286,7 +286,8 @@ def _show_stats(stats: Stats, url: str, out: IO[str]) -> None:
                 f"in {scanned}: {seen}; pass --prefix (Policy.prefix)\n"
             )
         else:
-            out.write(f"no idemkey records under any prefix in {scanned}\n")
+            where = f"in {scanned}" if stats.other_scanned else "(the database holds no key)"
+            out.write(f"no idemkey records under any prefix {where}\n")
 
 
 def run(args: argparse.Namespace, out: IO[str]) -> int:
