@@ -5,7 +5,8 @@
     idemkey demo                      play the retry story against the demo payments app
     idemkey serve [--port N]          run the demo app for curl
     idemkey probe URL [--data BODY]   check any endpoint's retry behaviour over HTTP
-    idemkey inspect KEY --scope S --route /charges     one record, decoded
+    idemkey inspect KEY --scope S --route /charges     one record, decoded (without --scope:
+                                      the default scope of no credentials, and the empty one)
     idemkey forget KEY ... [--yes] [--force]           delete one record
     idemkey stats                     records by state, memory, TTLs (SCAN, never KEYS)
     idemkey doctor                    is this Redis fit to hold idempotency records?
@@ -20,7 +21,7 @@ misbehaved, no such record, forget refused); 2 bad arguments; 3 Redis (or, for p
 endpoint) unreachable or erroring; 4 a probe was inconclusive (no check failed, but one could
 not tell a replay from a second execution); 70 a bug in idemkey (``IDEMKEY_DEBUG=1`` shows
 its traceback); 130 interrupted (143 for bench: SIGTERM). Every error is one line on stderr,
-never a traceback.
+never a traceback; with ``--json``, one JSON object (``command``, ``error``, ``exit_code``).
 """
 
 from __future__ import annotations
