@@ -1,8 +1,9 @@
 """Every ``pip install`` line we print installs this project: the distribution ``idemkey-redis``.
 
 ``idemkey`` on the package index is another project, so a line naming it (or any other
-distribution) installs the wrong thing. Read from README.md, docs/**/*.md, the package's
-sources (docstrings and error messages) and the CLI's ``--help`` of every command; each
+distribution) installs the wrong thing. Read from README.md, docs/**/*.md, the package's and
+the benchmarks' sources (docstrings, error messages, RESULTS.md) and the CLI's ``--help`` of
+every command; each
 requirement must be ``idemkey-redis[...]`` (optionally ``@ git+URL``) or the checkout ``.``,
 and every extra it names must exist in pyproject.toml.
 """
@@ -20,8 +21,9 @@ from idemkey.cli import COMMANDS, main
 ROOT = Path(__file__).resolve().parent.parent
 DISTRIBUTION = "idemkey-redis"
 
-# After "pip install": options, quoted requirements, or bare ones (name, path, [extras]).
-_TOKEN = re.compile(r"""\s+('[^'\n]*'|"[^"\n]*"|-[\w-]+|[\w.~/][\w.~/\-\[\],]*)""")
+# After "pip install", on its line: options, quoted requirements, or bare ones (name, path,
+# [extras]).
+_TOKEN = re.compile(r"""[ \t]+('[^'\n]*'|"[^"\n]*"|-[\w-]+|[\w.~/][\w.~/\-\[\],]*)""")
 _REQUIREMENT = re.compile(
     r"^(?P<name>[A-Za-z0-9][A-Za-z0-9._-]*)(?:\[(?P<extras>[^\]]*)\])?"
     r"(?:\s*@\s*(?P<url>\S+))?$"
@@ -40,13 +42,14 @@ def requirements(text: str) -> list[str]:
     """The requirements of every ``pip install`` in ``text`` (quotes removed)."""
     found = []
     for match in re.finditer(r"pip install", text):
-        pos = match.end()
+        pos, these = match.end(), []
         while token := _TOKEN.match(text, pos):
             pos = token.end()
             value = token.group(1)
             if value.startswith("-"):
                 continue  # -e, -U, --no-deps
-            found.append(value.strip("'\""))
+            these.append(value.strip("'\""))
+        found += these or [""]  # "" : nothing readable on the line (wrapped?), which fails
     return found
 
 
@@ -60,7 +63,8 @@ def _help_texts(capsys: pytest.CaptureFixture[str]) -> str:
 
 def _sources() -> dict[str, str]:
     paths = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
-    paths += sorted((ROOT / "idemkey").rglob("*.py"))
+    paths += [p for d in ("idemkey", "benchmarks") for p in sorted((ROOT / d).rglob("*.py"))]
+    paths += sorted((ROOT / "benchmarks").rglob("*.md"))
     return {str(p.relative_to(ROOT)): p.read_text("utf-8") for p in paths}
 
 
@@ -69,6 +73,8 @@ def _check(requirement: str) -> str | None:
     extras = _extras()
     local = _LOCAL.match(requirement)
     match = local or _REQUIREMENT.match(requirement)
+    if not requirement:
+        return "no requirement on the same line (keep the command on one line)"
     if match is None:
         return "not a requirement of this project"
     if not local:
@@ -88,6 +94,7 @@ def test_the_parser_reads_the_forms_we_print() -> None:
     assert requirements('pip install "idemkey-redis[flask] @ git+https://h/o/r"') == [
         "idemkey-redis[flask] @ git+https://h/o/r"
     ]
+    assert requirements("(`pip install\n  'idemkey-redis[otel]'`)") == [""]  # wrapped: fails
     assert _check("idemkey[testing]") is not None  # the other project on the index
     assert _check("idemkey-redis[nope]") is not None
     assert _check("fakeredis") is not None
