@@ -1,7 +1,7 @@
 """Every integration page of the docs site runs as copied, over real HTTP on the server it names.
 
-For each page (docs/flask.md, fastapi.md, starlette.md, django.md, wsgi-asgi.md, and the
-README's one HTTP example), the ```python blocks are written to the files their first line
+For each page (docs/flask.md, fastapi.md, starlette.md, django.md, wsgi-asgi.md, and
+README.md's one HTTP example), the ```python blocks are written to the files their first line
 names (``# app.py``; ``# mysite/settings.py (add at the end)`` is appended), exactly as
 printed: only the Redis URL is replaced, by a private real redis-server's. The page's serve
 command (checked to be printed on the page) starts the real server it names, on a free port,
@@ -46,12 +46,13 @@ def bash_lines(page: Path) -> list[str]:
     return [line for block in blocks for line in block.splitlines() if line.strip()]
 
 
-def write_files(page: Path, where: Path, url: str) -> None:
-    """Each file-named python block of ``page`` into ``where``, with the Redis URL replaced."""
+def write_files(page: Path, where: Path, url: str, only: str | None = None) -> None:
+    """Each file-named python block of ``page`` (or only the one for ``only``) into ``where``,
+    with the Redis URL replaced."""
     written = 0
     for block in python_blocks(page):
         named = FILE_LINE.match(block)
-        if named is None:
+        if named is None or only not in (None, named["path"]):
             continue
         target = where / named["path"]
         target.parent.mkdir(parents=True, exist_ok=True)
@@ -161,6 +162,17 @@ def test_flask_page_on_flask_run(url: str, tmp_path: Path) -> None:
     argv = [executable("flask"), *command[1:], "--port", str(port)]
     with serving(argv, tmp_path, port) as base:
         retries_behave(base, url, "/charges", scope="")
+
+
+def test_readme_example_on_flask_run(url: str, tmp_path: Path) -> None:
+    path = ROOT / "README.md"
+    installs(path, "flask")
+    write_files(path, tmp_path, url, only="app.py")
+    command = printed(path, "flask --app app run")
+    port = free_port()
+    argv = [executable("flask"), *command[1:], "--port", str(port)]
+    with serving(argv, tmp_path, port) as base:
+        retries_behave(base, url, "/charges", scope=NO_CREDENTIALS)
 
 
 def test_flask_page_app_factory_takes_a_test_store(url: str, tmp_path: Path) -> None:
