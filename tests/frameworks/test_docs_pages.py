@@ -211,7 +211,8 @@ def test_asgi_framework_page_on_uvicorn(name: str, url: str, tmp_path: Path) -> 
 def test_django_page_in_a_new_project_on_runserver(url: str, tmp_path: Path) -> None:
     path = page("django.md")
     installs(path, "django")
-    subprocess.run(printed(path, "django-admin startproject mysite"), cwd=tmp_path, check=True)
+    startproject = printed(path, "django-admin startproject mysite")
+    subprocess.run([executable("django-admin"), *startproject[1:]], cwd=tmp_path, check=True)
     assert "cd mysite" in bash_lines(path)
     project = tmp_path / "mysite"
     write_files(path, project, url)
