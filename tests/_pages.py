@@ -1,0 +1,85 @@
+"""Run the python blocks of a documentation page as printed.
+
+Every ```python block of a page in :data:`PAGES` follows a ``<!-- run -->`` line, and the page's
+test runs every one of them (``tests/test_pages.py`` checks both). A block runs in a namespace
+of its own holding nothing but ``__name__``: what it uses it imports or defines, as a reader
+who copies that block alone has it. The only change is the Redis URL, the page's
+``redis://localhost:6379`` pointed at the test's private redis-server. A page whose samples
+call your own services imports them from a module it names (``from shop import psp``); the
+test puts its fakes in ``sys.modules`` under that name.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+import types
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+# The pages whose every python block runs in the tests as printed.
+PAGES = (
+    "docs/guard.md",
+    "docs/steps.md",
+    "docs/queues.md",
+    "docs/client.md",
+    "docs/effects.md",
+    "docs/testing.md",
+)
+MARKED = re.compile(r"<!-- run -->\n```python\n(.*?)```", re.DOTALL)
+ANY_PYTHON = re.compile(r"^```python\n", re.MULTILINE)
+LOCAL_REDIS = re.compile(r"redis://localhost:6379(/\d+)?")
+
+
+def blocks(path: str) -> list[str]:
+    """The page's python blocks; every one must be marked ``<!-- run -->``."""
+    text = (ROOT / path).read_text("utf-8")
+    found = MARKED.findall(text)
+    assert found, f"{path}: no <!-- run --> block"
+    assert len(found) == len(ANY_PYTHON.findall(text)), f"{path}: a python block is not marked"
+    return found
+
+
+def point_at(code: str, redis_url: str | None) -> str:
+    """The block with its Redis URL on the test's server (the database number is kept)."""
+    if redis_url is None:
+        return code
+    base = re.sub(r"/\d+$", "", redis_url)
+    return LOCAL_REDIS.sub(lambda m: base + (m[1] or ""), code)
+
+
+def run_block(path: str, index: int, code: str, redis_url: str | None) -> dict[str, Any]:
+    name = f"docs_{Path(path).stem}_{index}"
+    module = types.ModuleType(name)
+    sys.modules[name] = module  # dataclasses, pickling and Celery look definitions up by module
+    try:
+        exec(compile(point_at(code, redis_url), f"{path}[{index}]", "exec"), module.__dict__)
+    finally:
+        sys.modules.pop(name, None)
+    return module.__dict__
+
+
+def run_page(path: str, redis_url: str | None = None) -> list[dict[str, Any]]:
+    """Run every python block of ``path`` in order, each on its own; their namespaces."""
+    return [run_block(path, i, code, redis_url) for i, code in enumerate(blocks(path))]
+
+
+@contextmanager
+def fake_modules(modules: Mapping[str, Mapping[str, Any]]) -> Iterator[None]:
+    """Install modules (name -> attributes) the page imports, for the duration."""
+    saved = {name: sys.modules.get(name) for name in modules}
+    try:
+        for name, attributes in modules.items():
+            module = types.ModuleType(name)
+            module.__dict__.update(attributes)
+            sys.modules[name] = module
+        yield
+    finally:
+        for name, previous in saved.items():
+            if previous is None:
+                sys.modules.pop(name, None)
+            else:
+                sys.modules[name] = previous
