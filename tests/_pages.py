@@ -51,20 +51,33 @@ def point_at(code: str, redis_url: str | None) -> str:
     return LOCAL_REDIS.sub(lambda m: base + (m[1] or ""), code)
 
 
-def run_block(path: str, index: int, code: str, redis_url: str | None) -> dict[str, Any]:
+def run_block(
+    path: str,
+    index: int,
+    code: str,
+    redis_url: str | None,
+    replace: Mapping[str, str] | None = None,
+) -> dict[str, Any]:
+    """Run one block; ``replace`` maps other addresses of the page (a server's URL) to the
+    test's."""
+    code = point_at(code, redis_url)
+    for old, new in (replace or {}).items():
+        code = code.replace(old, new)
     name = f"docs_{Path(path).stem}_{index}"
     module = types.ModuleType(name)
     sys.modules[name] = module  # dataclasses, pickling and Celery look definitions up by module
     try:
-        exec(compile(point_at(code, redis_url), f"{path}[{index}]", "exec"), module.__dict__)
+        exec(compile(code, f"{path}[{index}]", "exec"), module.__dict__)
     finally:
         sys.modules.pop(name, None)
     return module.__dict__
 
 
-def run_page(path: str, redis_url: str | None = None) -> list[dict[str, Any]]:
+def run_page(
+    path: str, redis_url: str | None = None, replace: Mapping[str, str] | None = None
+) -> list[dict[str, Any]]:
     """Run every python block of ``path`` in order, each on its own; their namespaces."""
-    return [run_block(path, i, code, redis_url) for i, code in enumerate(blocks(path))]
+    return [run_block(path, i, code, redis_url, replace) for i, code in enumerate(blocks(path))]
 
 
 @contextmanager

@@ -9,17 +9,17 @@ from __future__ import annotations
 
 import os
 import re
+import socket
 import subprocess
 import sys
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests._pages import PAGES, ROOT, blocks, point_at, run_page
-from tests._servers import RedisServer
+from tests._pages import PAGES, ROOT, blocks, run_page
+from tests._servers import RedisServer, free_port, wait_until
 
 pytestmark = pytest.mark.redis
 
@@ -58,3 +58,64 @@ def test_guard_page(url: str, capsys: pytest.CaptureFixture[str]) -> None:
     assert out[3] == "['welcome mail to user 7']"
     assert type(decorator["again"]).__name__ == "Receipt"
     assert decorator["charges"] == ["inv-2002"]
+
+
+def test_effects_page(
+    url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    pytest.importorskip("sqlalchemy")
+    monkeypatch.chdir(tmp_path)  # the sample writes shop.db in the working directory
+    (block,) = run_page("docs/effects.md", url)
+    try:
+        assert capsys.readouterr().out.splitlines() == ["{'invoice': 'inv-3003'}"] * 2 + ["1"]
+        assert (tmp_path / "shop.db").exists()
+        # The charge's result was committed into idemkey_effects with the business row.
+        with block["Session"](block["engine"]) as session:
+            rows = session.execute(block["effects"].table.select()).all()
+        assert len(rows) == 1 and rows[0].result is not None
+    finally:
+        block["engine"].dispose()
+
+
+@pytest.fixture
+def demo_server(url: str, tmp_path: Path) -> Iterator[str]:
+    """``idemkey serve`` on a free port, its records in the test's redis-server."""
+    port = free_port()
+    log = (tmp_path / "serve.log").open("wb")
+    server = subprocess.Popen(
+        [sys.executable, "-m", "idemkey", "serve", "--port", str(port), "--redis-url", url],
+        cwd=ROOT,
+        env=os.environ,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    base = f"http://127.0.0.1:{port}"
+
+    def answers() -> bool:
+        assert server.poll() is None, (tmp_path / "serve.log").read_text()
+        with socket.socket() as probe:
+            return probe.connect_ex(("127.0.0.1", port)) == 0
+
+    try:
+        wait_until(answers, timeout=20, message="idemkey serve to listen")
+        yield base
+    finally:
+        server.terminate()
+        server.wait(timeout=10)
+        log.close()
+
+
+def test_client_page(demo_server: str, capsys: pytest.CaptureFixture[str]) -> None:
+    pytest.importorskip("httpx")
+    sync, asynchronous, transport = run_page(
+        "docs/client.md", replace={"http://127.0.0.1:8000": demo_server}
+    )
+    out = capsys.readouterr().out.splitlines()
+    key, first, again, refused, async_line, plain = out
+    assert key == f"key: {sync['operation'].key}"
+    charge_id = sync["reply"].json()["id"]
+    assert first == f"201 {charge_id} False 1"
+    assert again == f"201 {charge_id} True"
+    assert refused == "key_reused"
+    assert async_line == "201 True"
+    assert plain.startswith("201 ") and len(plain.split()[1]) >= 16
