@@ -14,7 +14,7 @@ from __future__ import annotations
 import re
 import sys
 import types
-from collections.abc import Iterator, Mapping
+from collections.abc import Collection, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -74,10 +74,22 @@ def run_block(
 
 
 def run_page(
-    path: str, redis_url: str | None = None, replace: Mapping[str, str] | None = None
+    path: str,
+    redis_url: str | None = None,
+    replace: Mapping[str, str] | None = None,
+    served: Collection[int] = (),
 ) -> list[dict[str, Any]]:
-    """Run every python block of ``path`` in order, each on its own; their namespaces."""
-    return [run_block(path, i, code, redis_url, replace) for i, code in enumerate(blocks(path))]
+    """Run every python block of ``path`` in order, each on its own; their namespaces.
+
+    ``served``: the indexes of blocks the caller runs in a real server process instead (a
+    Celery worker imports its block as ``tasks.py``); their namespaces are empty here.
+    """
+    code = blocks(path)
+    assert all(0 <= i < len(code) for i in served), served
+    return [
+        {} if i in served else run_block(path, i, block, redis_url, replace)
+        for i, block in enumerate(code)
+    ]
 
 
 @contextmanager
@@ -96,3 +108,17 @@ def fake_modules(modules: Mapping[str, Mapping[str, Any]]) -> Iterator[None]:
                 sys.modules.pop(name, None)
             else:
                 sys.modules[name] = previous
+
+
+def write_page(path: str, directory: Path, redis_url: str | None = None) -> list[Path]:
+    """Save every python block of ``path`` as the file its first line names (``# app.py``),
+    for a page whose samples are files run together (by pytest, say)."""
+    written = []
+    for index, code in enumerate(blocks(path)):
+        first = code.splitlines()[0]
+        assert re.fullmatch(r"# [\w/]+\.py", first), f"{path}[{index}]: no '# file.py' line"
+        target = directory / first[2:]
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(point_at(code, redis_url))
+        written.append(target)
+    return written

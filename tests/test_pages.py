@@ -14,11 +14,10 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-from tests._pages import PAGES, ROOT, blocks, run_page
+from tests._pages import PAGES, ROOT, blocks, run_page, write_page
 from tests._servers import RedisServer, free_port, wait_until
 
 pytestmark = pytest.mark.redis
@@ -30,9 +29,9 @@ def test_every_python_block_of_the_page_is_marked_and_a_test_runs_the_page(page:
     runners = [
         path
         for path in (ROOT / "tests").rglob("*.py")
-        if re.search(rf"run_page\(\s*\"{re.escape(page)}\"", path.read_text("utf-8"))
+        if re.search(rf"(run|write)_page\(\s*\"{re.escape(page)}\"", path.read_text("utf-8"))
     ]
-    assert runners, f"no test calls run_page({page!r})"
+    assert runners, f"no test calls run_page({page!r}) or write_page({page!r})"
 
 
 def test_an_unmarked_python_block_fails_the_check(tmp_path: Path) -> None:
@@ -48,7 +47,7 @@ def url(private_redis_server: RedisServer) -> str:
 
 
 def test_guard_page(url: str, capsys: pytest.CaptureFixture[str]) -> None:
-    first, reuse, asynchronous, decorator = run_page("docs/guard.md", url)
+    first, _reuse, _asynchronous, decorator = run_page("docs/guard.md", url)
     assert first["psp"].charged == [1000]  # the block's own assertion held; once more here
     assert first["handle"](first["job"]) == {"charge_id": "ch_1"}
     assert first["psp"].charged == [1000]
@@ -72,7 +71,8 @@ def test_effects_page(
         # The charge's result was committed into idemkey_effects with the business row.
         with block["Session"](block["engine"]) as session:
             rows = session.execute(block["effects"].table.select()).all()
-        assert len(rows) == 1 and rows[0].result is not None
+        assert len(rows) == 1
+        assert rows[0].result is not None
     finally:
         block["engine"].dispose()
 
@@ -107,7 +107,7 @@ def demo_server(url: str, tmp_path: Path) -> Iterator[str]:
 
 def test_client_page(demo_server: str, capsys: pytest.CaptureFixture[str]) -> None:
     pytest.importorskip("httpx")
-    sync, asynchronous, transport = run_page(
+    sync, _asynchronous, _transport = run_page(
         "docs/client.md", replace={"http://127.0.0.1:8000": demo_server}
     )
     out = capsys.readouterr().out.splitlines()
@@ -118,4 +118,25 @@ def test_client_page(demo_server: str, capsys: pytest.CaptureFixture[str]) -> No
     assert again == f"201 {charge_id} True"
     assert refused == "key_reused"
     assert async_line == "201 True"
-    assert plain.startswith("201 ") and len(plain.split()[1]) >= 16
+    status, key_sent = plain.split()
+    assert status == "201"
+    assert key_sent  # the transport gave the plain httpx POST a key
+
+
+def test_testing_page(tmp_path: Path) -> None:
+    pytest.importorskip("fakeredis")
+    pytest.importorskip("flask")
+    files = write_page("docs/testing.md", tmp_path)
+    assert [f.name for f in files] == ["app.py", "conftest.py", "test_charges.py"]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(ROOT)])}
+    env.pop("IDEMKEY_REDIS_URL", None)  # the sample's tests need no Redis
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-W", "error"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "3 passed" in done.stdout

@@ -22,15 +22,19 @@ import pytest
 import redis
 
 from idemkey import RequestInFlightError, aguard, guard
-from tests._pages import blocks, fake_modules, point_at, run_block
+from tests._pages import blocks, fake_modules, point_at, run_page
 from tests._servers import RedisServer, wait_until
 from tests.steps.test_docs import ORDER, ArqRetry, Crash, Services, shop
 
 pytestmark = pytest.mark.redis
 PAGE = "docs/queues.md"
 CELERY, RQ, ARQ, DRAMATIQ = range(4)
+WORKER = (
+    *(sys.executable, "-m", "celery", "-A", "tasks", "worker", "--pool=solo"),
+    *("--without-mingle", "--without-gossip", "--without-heartbeat"),
+)
 
-SHOP = '''
+SHOP = """
 import os
 
 import redis
@@ -57,7 +61,7 @@ class shipping:
     @staticmethod
     def enqueue(order_id, hold_id):
         counts.incr("ship")
-'''
+"""
 
 
 @pytest.fixture
@@ -70,17 +74,18 @@ def namespaces(url: str, services: Services) -> list[dict[str, Any]]:
     fakes = shop(services)
     if importlib.util.find_spec("arq") is None:
         fakes["arq"] = {"Retry": ArqRetry}
-    code = blocks(PAGE)
     with fake_modules(fakes):
-        return [run_block(PAGE, i, code[i], url) for i in (RQ, ARQ, DRAMATIQ)]
+        pages = run_page("docs/queues.md", url, served={CELERY})  # the worker runs Celery's
+    return [pages[i] for i in (RQ, ARQ, DRAMATIQ)]
 
 
-def test_every_block_of_the_page_runs() -> None:
-    """The page's run_page: its blocks are these four, in this order (Celery, RQ, arq,
-    dramatiq); the tests below run each of them."""
-    assert len(blocks(PAGE)) == 4
-    assert "IdempotentTask" in blocks(PAGE)[CELERY]
-    # run_page("docs/queues.md") would run Celery's block in-process; the worker runs it.
+def test_the_page_holds_these_four_blocks_in_this_order() -> None:
+    code = blocks(PAGE)
+    assert len(code) == 4
+    assert "IdempotentTask" in code[CELERY]
+    assert "rq_place_order" in code[RQ]
+    assert "arq_place_order" in code[ARQ]
+    assert "dramatiq_place_order" in code[DRAMATIQ]
 
 
 @pytest.fixture
@@ -92,8 +97,7 @@ def celery_worker(url: str, tmp_path: Path) -> Iterator[Path]:
     env = {**os.environ, "SHOP_COUNTS_URL": url.replace("/0", "/3")}
     env["PYTHONPATH"] = os.pathsep.join([str(tmp_path), env.get("PYTHONPATH", "")])
     worker = subprocess.Popen(
-        [sys.executable, "-m", "celery", "-A", "tasks", "worker", "--pool=solo"]
-        + ["--without-mingle", "--without-gossip", "--without-heartbeat", "--loglevel=INFO", f"--logfile={log}"],
+        [*WORKER, "--loglevel=INFO", f"--logfile={log}"],
         cwd=tmp_path,
         env=env,
         stdout=subprocess.DEVNULL,
@@ -154,9 +158,11 @@ def test_the_rq_and_dramatiq_functions_run_each_step_once_across_retries(
 def test_the_rq_function_answers_a_duplicate_in_flight_after_waiting(url: str) -> None:
     block = namespaces(url, Services())[0]
     block["job_policy"] = block["store"].policy.replace(wait=0.05)  # the sample waits 2 s
-    with guard(block["store"], "order:o-1", payload=ORDER):
-        with pytest.raises(RequestInFlightError):  # RQ's Retry runs it again later
-            block["rq_place_order"](ORDER)
+    with (
+        guard(block["store"], "order:o-1", payload=ORDER),
+        pytest.raises(RequestInFlightError),  # RQ's Retry runs it again later
+    ):
+        block["rq_place_order"](ORDER)
 
 
 async def test_the_arq_coroutine_resumes_and_turns_in_flight_into_a_retry(url: str) -> None:

@@ -2,9 +2,9 @@
 
 The services the page imports from ``shop`` (inventory, PSP, shipping) are fakes that count
 their side effects and can crash on demand (docs/queues.md's samples, in
-tests/contrib/test_queues_page.py, import the same ones). A crash between two steps, then a retry, must leave every side effect done
-exactly once; a crash inside the charge, after the PSP charged, is deduplicated by the PSP
-through ``call.step_key``.
+tests/contrib/test_queues_page.py, import the same ones). A crash between two steps, then a
+retry, must leave every side effect done exactly once; a crash inside the charge, after the
+PSP charged, is deduplicated by the PSP through ``call.step_key``.
 """
 
 from __future__ import annotations
