@@ -126,7 +126,8 @@ def test_client_page(demo_server: str, capsys: pytest.CaptureFixture[str]) -> No
 def test_testing_page(tmp_path: Path) -> None:
     pytest.importorskip("fakeredis")
     pytest.importorskip("flask")
-    files = write_page("docs/testing.md", tmp_path)
+    # The app's own Redis URL points at a port nothing listens on: only the kit's stores answer.
+    files = write_page("docs/testing.md", tmp_path, redis_url=f"redis://127.0.0.1:{free_port()}")
     assert [f.name for f in files] == ["app.py", "conftest.py", "test_charges.py"]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(ROOT)])}
     env.pop("IDEMKEY_REDIS_URL", None)  # the sample's tests need no Redis
