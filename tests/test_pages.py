@@ -20,8 +20,6 @@ import pytest
 from tests._pages import PAGES, ROOT, blocks, run_page, write_page
 from tests._servers import RedisServer, free_port, wait_until
 
-pytestmark = pytest.mark.redis
-
 
 @pytest.mark.parametrize("page", PAGES)
 def test_every_python_block_of_the_page_is_marked_and_a_test_runs_the_page(page: str) -> None:
@@ -46,6 +44,7 @@ def url(private_redis_server: RedisServer) -> str:
     return private_redis_server.url
 
 
+@pytest.mark.redis
 def test_guard_page(url: str, capsys: pytest.CaptureFixture[str]) -> None:
     first, _reuse, _asynchronous, decorator = run_page("docs/guard.md", url)
     assert first["psp"].charged == [1000]  # the block's own assertion held; once more here
@@ -59,6 +58,7 @@ def test_guard_page(url: str, capsys: pytest.CaptureFixture[str]) -> None:
     assert decorator["charges"] == ["inv-2002"]
 
 
+@pytest.mark.redis
 def test_effects_page(
     url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -105,6 +105,7 @@ def demo_server(url: str, tmp_path: Path) -> Iterator[str]:
         log.close()
 
 
+@pytest.mark.redis
 def test_client_page(demo_server: str, capsys: pytest.CaptureFixture[str]) -> None:
     pytest.importorskip("httpx")
     sync, _asynchronous, _transport = run_page(
