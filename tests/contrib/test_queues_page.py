@@ -172,6 +172,7 @@ async def test_the_arq_coroutine_resumes_and_turns_in_flight_into_a_retry(url: s
     await block["on_startup"](ctx)
     store = ctx["idemkey"]
     assert ctx.keys() == {"job_try", "idemkey"}
+    assert block["WorkerSettings"].functions == [job]
     try:
         services.crash_before.add("charge")
         with pytest.raises(Crash):
