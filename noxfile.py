@@ -5,6 +5,7 @@
     nox -s tests-3.11       # one interpreter
     nox -s bench -- --quick # arguments after -- go to `python -m benchmarks`
     nox -s build            # sdist + wheel, then check the wheel ships the Lua scripts
+    nox -s docs             # the docs site, mkdocs build --strict (-- serve: mkdocs serve)
     nox -s lowest           # the oldest redis/msgspec/xxhash/flask/werkzeug pyproject allows
     nox -s lowest_core      # the same floors, a short list of tests, a small install (CI)
     nox -s lowest_frameworks  # the oldest Django/FastAPI/Starlette/httpx/Celery/SQLAlchemy
@@ -292,6 +293,18 @@ def bench_smoke(session: nox.Session) -> None:
     """The `benchmark`-marked tests: the quick suite under loose ratio budgets."""
     session.install("-e", ".[test]")
     session.run("pytest", "-m", "benchmark", *session.posargs)
+
+
+@nox.session(python=CURRENT)
+def docs(session: nox.Session) -> None:
+    """The docs site (mkdocs.yml) built with --strict into site/, as CI does; ``-- serve``
+    serves it on localhost:8000 instead."""
+    session.install("-e", ".[docs]")
+    session.env["NO_MKDOCS_2_WARNING"] = "1"
+    if session.posargs[:1] == ["serve"]:
+        session.run("mkdocs", "serve", *session.posargs[1:])
+    else:
+        session.run("mkdocs", "build", "--strict", *session.posargs)
 
 
 @nox.session(python=CURRENT)

@@ -4,8 +4,9 @@
 distribution) installs the wrong thing. Read from README.md, docs/**/*.md, the package's and
 the benchmarks' sources (docstrings, error messages, RESULTS.md) and the CLI's ``--help`` of
 every command; each
-requirement must be ``idemkey-redis[...]`` (optionally ``@ git+URL``) or the checkout ``.``,
-and every extra it names must exist in pyproject.toml.
+requirement must be ``idemkey-redis[...]`` (optionally ``@ git+URL`` or ``@ file:`` a checkout),
+the checkout ``.``, or a server or worker a page runs its sample on (:data:`BESIDE`), and every
+extra it names must exist in pyproject.toml.
 """
 
 from __future__ import annotations
@@ -20,6 +21,9 @@ from idemkey.cli import COMMANDS, main
 
 ROOT = Path(__file__).resolve().parent.parent
 DISTRIBUTION = "idemkey-redis"
+#: What a page installs beside idemkey-redis: the server or worker that runs its sample, and
+#: the test runner. Never a distribution named idemkey-anything but this one.
+BESIDE: frozenset[str] = frozenset({"gunicorn", "uvicorn", "pytest", "rq", "arq", "dramatiq"})
 
 # After "pip install", on its line: options, quoted requirements, or bare ones (name, path,
 # [extras]).
@@ -79,10 +83,12 @@ def _check(requirement: str) -> str | None:
         return "not a requirement of this project"
     if not local:
         name = re.sub(r"[-_.]+", "-", match["name"]).lower()
+        if name in BESIDE and not match["extras"] and not match["url"]:
+            return None
         if name != DISTRIBUTION:
             return f"names the distribution {match['name']!r}, not {DISTRIBUTION!r}"
-        if match["url"] and not match["url"].startswith("git+"):
-            return "a direct reference that is not a git URL"
+        if match["url"] and not match["url"].startswith(("git+", "file:")):
+            return "a direct reference that is neither a git URL nor a checkout"
     unknown = {e.strip() for e in (match["extras"] or "").split(",") if e.strip()} - extras
     return f"names extras {sorted(unknown)} that pyproject.toml lacks" if unknown else None
 
@@ -97,7 +103,9 @@ def test_the_parser_reads_the_forms_we_print() -> None:
     assert requirements("(`pip install\n  'idemkey-redis[otel]'`)") == [""]  # wrapped: fails
     assert _check("idemkey[testing]") is not None  # the other project on the index
     assert _check("idemkey-redis[nope]") is not None
-    assert _check("fakeredis") is not None
+    assert _check("fakeredis") is not None  # a dependency, never installed by hand
+    assert _check("uvicorn") is None  # the server a page's sample runs on
+    assert _check("idemkey-redis[flask] @ file:///path/to/checkout") is None
     assert _check("idemkey_redis[sql]") is None
     assert _check(".[test,bench]") is None
 

@@ -13,6 +13,8 @@
     @idem.idempotent                       # or @idem.idempotent(required=False, wait=2.0)
     def create_charge(): ...
 
+An app factory that takes a store (``create_app(store=None)``, as a test passes one) hands it
+on with ``idem.init_app(app, store=store)``: that app's store, ahead of the constructor's.
 Configuration, when no ``store`` is passed: ``IDEMKEY_REDIS_URL`` (required then) and one
 ``IDEMKEY_<FIELD>`` key per :class:`~idemkey.Policy` field (``IDEMKEY_TTL``, ``IDEMKEY_PREFIX``,
 ...); a ``policy`` passed in is used as it is. Every option, config key or view keyword, is
@@ -78,9 +80,14 @@ class Idemkey:
         if app is not None:
             self.init_app(app)
 
-    def init_app(self, app: Flask) -> None:
-        """Configure idemkey for ``app`` from the constructor's arguments and ``app.config``."""
-        app.extensions["idemkey"] = state = app_state(app.config, self.store, self.policy)
+    def init_app(self, app: Flask, store: RedisStore | None = None) -> None:
+        """Configure idemkey for ``app`` from the constructor's arguments and ``app.config``.
+
+        ``store`` is this app's store (an app factory's ``create_app(store=...)``, a test's
+        ``idemkey_store``); it wins over the constructor's and over ``IDEMKEY_REDIS_URL``.
+        """
+        chosen = store if store is not None else self.store
+        app.extensions["idemkey"] = state = app_state(app.config, chosen, self.policy)
         # Capture a keyed body before Flask runs a hook that may consume it (request.form).
         limit_for = functools.partial(state.capture_limit, self._overrides)
         state.capture_rule(self._overrides)  # every view's policy derived now: a bad one fails here

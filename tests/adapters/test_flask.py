@@ -96,6 +96,26 @@ def test_app_factory_and_two_apps_in_one_process(store: RedisStore) -> None:
     assert not hasattr(idem, "app")  # no stored app
 
 
+def test_an_app_factory_receives_its_store_through_init_app() -> None:
+    """`create_app(store=...)` as a test passes one: init_app(app, store=) wins over the
+    constructor's store and IDEMKEY_REDIS_URL (a URL nothing listens on: never dialled)."""
+    from idemkey.testing import fake_store
+
+    idem = Idemkey()
+    one, two = fake_store(), fake_store()
+    apps = []
+    for store in (one, two):
+        app = Flask("factory")
+        app.config["IDEMKEY_REDIS_URL"] = f"redis://127.0.0.1:{free_port()}/0"
+        app.post("/charges")(idem.idempotent(lambda: ({"id": "ch_1"}, 201)))
+        idem.init_app(app, store=store)
+        apps.append(app)
+    assert [app.extensions["idemkey"].store for app in apps] == [one, two]
+    client = apps[0].test_client()
+    assert post(client, "/charges").status_code == 201
+    assert post(client, "/charges").headers["Idempotent-Replayed"] == "true"
+
+
 def test_configured_from_idemkey_config_keys(redis_url: str, prefix: str) -> None:
     config = {
         "IDEMKEY_REDIS_URL": redis_url,

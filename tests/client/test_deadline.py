@@ -1,7 +1,7 @@
 """``RetryPolicy.deadline`` bounds the whole call, against a real server that trickles.
 
 A byte every 0.1 s never lets a read time out, so only a bound on the call itself stops it:
-each caller here (the two clients and the two transports, built as the README shows) gives up
+each caller here (the two clients and the two transports, built as docs/client.md shows) gives up
 within half a second of its deadline, with its documented error, whether the server trickles
 the body or the head; and the connection the attempt held is closed then, not when the
 server is done.

@@ -1,0 +1,145 @@
+"""MkDocs hook: the reference tables, generated from the code at build time.
+
+``<!-- readme-pitch -->`` becomes README.md's opening paragraph and list (the site's home).
+``<!-- policy-fields -->`` becomes a table of every :class:`idemkey.Policy` option
+(``dataclasses.fields``: name, type, default; derived fields left out) with its meaning, the
+``#:`` comment above the field in idemkey/policy.py. ``<!-- problem-codes -->`` becomes the
+table of idemkey's problem codes (idemkey/_problems.py's titles) with the status each is
+answered with, read from the calls that answer it (:func:`problem_statuses`). Nothing is
+copied by hand: a new field or code appears on the site with the change that adds it, and a
+field without a comment, or a code whose status is not found, fails the build.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import re
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGE = ROOT / "idemkey"
+
+
+def field_comments(source: str, class_name: str) -> dict[str, str]:
+    """Each annotated field of ``class_name`` in ``source`` -> its ``#:`` comment lines, joined."""
+    lines = source.splitlines()
+    tree = ast.parse(source)
+    (cls,) = [n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == class_name]
+    comments = {}
+    for node in cls.body:
+        if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+            above = []
+            index = node.lineno - 2
+            while index >= 0 and lines[index].strip().startswith("#:"):
+                above.insert(0, lines[index].strip()[2:].strip())
+                index -= 1
+            comments[node.target.id] = " ".join(above)
+    return comments
+
+
+def _rst_to_markdown(text: str) -> str:
+    text = re.sub(r":(?:class|data|func|mod|meth|attr):`~?([^`]+)`", r"`\1`", text)
+    return text.replace("``", "`").replace("|", "\\|")
+
+
+def _default(field: dataclasses.Field[Any]) -> str:
+    value = field.default
+    if value is dataclasses.MISSING:
+        return "(required)"
+    if callable(value):
+        return f"`{value.__module__}.{value.__qualname__}`"
+    if isinstance(value, frozenset):
+        return f"`{{{', '.join(repr(v) for v in sorted(value))}}}`"
+    return f"`{value!r}`"
+
+
+def policy_table() -> str:
+    from idemkey.policy import Policy
+
+    comments = field_comments((PACKAGE / "policy.py").read_text("utf-8"), "Policy")
+    rows = ["| field | type | default | meaning |", "|---|---|---|---|"]
+    for field in dataclasses.fields(Policy):
+        if not field.init:  # derived (lease_ms, ttl_ms, compress_at): not an option
+            continue
+        meaning = comments.get(field.name)
+        if not meaning:
+            raise ValueError(f"Policy.{field.name} has no #: comment in idemkey/policy.py")
+        kind = str(field.type).replace("|", "\\|")
+        rows.append(
+            f"| `{field.name}` | `{kind}` | {_default(field)} | {_rst_to_markdown(meaning)} |"
+        )
+    return "\n".join(rows)
+
+
+def problem_statuses() -> dict[str, set[str]]:
+    """Each problem code -> the statuses the package answers it with, read from the source.
+
+    ``render(policy, 400, "code", ...)`` and ``lifecycle.unreadable(500, "code", ...)`` name
+    both; ``status = self.policy.mismatch_status`` before a call names a Policy field; a code
+    made into a ``BodyError("code", ...)`` takes the status of the ``unreadable(<status>,
+    <x>.code, ...)`` call that answers it, unless a call of its own names its status.
+    """
+    from idemkey.policy import Policy
+
+    call = re.compile(r'(?:render\(\s*[\w.]+,|unreadable\()\s*([\w.]+),\s*"(\w+)"', re.S)
+    assigned = re.compile(r"\bstatus = [\w.]*\.(\w+)\n")
+    body_error = re.compile(r'BodyError\("(\w+)"')
+    passed_on = re.compile(r"unreadable\((\d{3}), \w+\.code\b")
+    statuses: dict[str, set[str]] = {}
+    passed: dict[str, set[str]] = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        text = path.read_text("utf-8")
+        for match in call.finditer(text):
+            status, code = match.groups()
+            if not status.isdigit():
+                fields = assigned.findall(text, 0, match.start())
+                if fields and hasattr(Policy(), fields[-1]):
+                    default = getattr(Policy(), fields[-1])
+                    status = f"`Policy.{fields[-1]}` ({default} by default)"
+            statuses.setdefault(code, set()).add(status)
+        for status in passed_on.findall(text):
+            for code in body_error.findall(text):
+                passed.setdefault(code, set()).add(status)
+    for code, found in passed.items():  # a code answered elsewhere first keeps that status
+        statuses.setdefault(code, found)
+    return statuses
+
+
+def problem_table() -> str:
+    from idemkey._problems import _TITLES, PROBLEM_TYPE
+
+    statuses = problem_statuses()
+    rows = ["| code | status | title | `type` |", "|---|---|---|---|"]
+    for code, title in _TITLES.items():
+        found = sorted(statuses.get(code, set()))
+        if not found:
+            raise ValueError(f"no status found for the problem code {code!r}")
+        rows.append(f"| `{code}` | {', '.join(found)} | {title} | `{PROBLEM_TYPE}{code}` |")
+    return "\n".join(rows)
+
+
+def readme_pitch() -> str:
+    """README.md's opening paragraph and its first list: the pitch, kept in one place."""
+    text = (ROOT / "README.md").read_text("utf-8")
+    paragraphs = text.split("\n\n")
+    opening = paragraphs[1]  # after the "# idemkey" title
+    bullets = next(p for p in paragraphs if p.startswith("- "))
+    return f"{opening}\n\n{bullets}"
+
+
+OUTSIDE_DOCS = re.compile(r"\[([^\]]+)\]\(\.\./([^)#\s]+)(?:#[^)\s]*)?\)")
+
+
+def on_page_markdown(markdown: str, **_: Any) -> str:
+    # A link out of docs/ (to the README, to benchmarks/) works on GitHub, not on the site:
+    # the site names the repository file instead.
+    markdown = OUTSIDE_DOCS.sub(r"\1 (`\2` in the repository)", markdown)
+    if "<!-- readme-pitch -->" in markdown:
+        markdown = markdown.replace("<!-- readme-pitch -->", readme_pitch())
+    if "<!-- policy-fields -->" in markdown:
+        markdown = markdown.replace("<!-- policy-fields -->", policy_table())
+    if "<!-- problem-codes -->" in markdown:
+        markdown = markdown.replace("<!-- problem-codes -->", problem_table())
+    return markdown

@@ -1,0 +1,144 @@
+"""The pages' samples run as printed: docs/guard.md, client.md, effects.md, testing.md here;
+docs/steps.md in tests/steps/test_docs.py and docs/queues.md in tests/contrib/test_queues_page.py.
+
+See :mod:`tests._pages` for what "as printed" means: each python block runs alone, in an empty
+namespace, with only its Redis URL pointed at the test's private redis-server.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests._pages import PAGES, ROOT, blocks, run_page, write_page
+from tests._servers import RedisServer, free_port, wait_until
+
+
+@pytest.mark.parametrize("page", PAGES)
+def test_every_python_block_of_the_page_is_marked_and_a_test_runs_the_page(page: str) -> None:
+    assert blocks(page)  # every python block follows <!-- run --> (else an AssertionError)
+    runners = [
+        path
+        for path in (ROOT / "tests").rglob("*.py")
+        if re.search(rf"(run|write)_page\(\s*\"{re.escape(page)}\"", path.read_text("utf-8"))
+    ]
+    assert runners, f"no test calls run_page({page!r}) or write_page({page!r})"
+
+
+def test_an_unmarked_python_block_fails_the_check(tmp_path: Path) -> None:
+    page = tmp_path / "page.md"
+    page.write_text("<!-- run -->\n```python\nx = 1\n```\n\n```python\ny = 2\n```\n")
+    with pytest.raises(AssertionError, match="not marked"):
+        blocks(str(page))  # an absolute path: ROOT / page is page
+
+
+@pytest.fixture
+def url(private_redis_server: RedisServer) -> str:
+    return private_redis_server.url
+
+
+@pytest.mark.redis
+def test_guard_page(url: str, capsys: pytest.CaptureFixture[str]) -> None:
+    first, _reuse, _asynchronous, decorator = run_page("docs/guard.md", url)
+    assert first["psp"].charged == [1000]  # the block's own assertion held; once more here
+    assert first["handle"](first["job"]) == {"charge_id": "ch_1"}
+    assert first["psp"].charged == [1000]
+    out = capsys.readouterr().out.splitlines()
+    assert out[:2] == ["{'charge_id': 'ch_1'}"] * 2
+    assert out[2].startswith("refused: ")
+    assert out[3] == "['welcome mail to user 7']"
+    assert type(decorator["again"]).__name__ == "Receipt"
+    assert decorator["charges"] == ["inv-2002"]
+
+
+@pytest.mark.redis
+def test_effects_page(
+    url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    pytest.importorskip("sqlalchemy")
+    monkeypatch.chdir(tmp_path)  # the sample writes shop.db in the working directory
+    (block,) = run_page("docs/effects.md", url)
+    try:
+        assert capsys.readouterr().out.splitlines() == ["{'invoice': 'inv-3003'}"] * 2 + ["1"]
+        assert (tmp_path / "shop.db").exists()
+        # The charge's result was committed into idemkey_effects with the business row.
+        with block["Session"](block["engine"]) as session:
+            rows = session.execute(block["effects"].table.select()).all()
+        assert len(rows) == 1
+        assert rows[0].result is not None
+    finally:
+        block["engine"].dispose()
+
+
+@pytest.fixture
+def demo_server(url: str, tmp_path: Path) -> Iterator[str]:
+    """``idemkey serve`` on a free port, its records in the test's redis-server."""
+    port = free_port()
+    log = (tmp_path / "serve.log").open("wb")
+    server = subprocess.Popen(
+        [sys.executable, "-m", "idemkey", "serve", "--port", str(port), "--redis-url", url],
+        cwd=ROOT,
+        env=os.environ,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    base = f"http://127.0.0.1:{port}"
+
+    def answers() -> bool:
+        assert server.poll() is None, (tmp_path / "serve.log").read_text()
+        with socket.socket() as probe:
+            return probe.connect_ex(("127.0.0.1", port)) == 0
+
+    try:
+        wait_until(answers, timeout=20, message="idemkey serve to listen")
+        yield base
+    finally:
+        server.terminate()
+        server.wait(timeout=10)
+        log.close()
+
+
+@pytest.mark.redis
+def test_client_page(demo_server: str, capsys: pytest.CaptureFixture[str]) -> None:
+    pytest.importorskip("httpx")
+    sync, _asynchronous, _transport = run_page(
+        "docs/client.md", replace={"http://127.0.0.1:8000": demo_server}
+    )
+    out = capsys.readouterr().out.splitlines()
+    key, first, again, refused, async_line, plain = out
+    assert key == f"key: {sync['operation'].key}"
+    charge_id = sync["reply"].json()["id"]
+    assert first == f"201 {charge_id} False 1"
+    assert again == f"201 {charge_id} True"
+    assert refused == "key_reused"
+    assert async_line == "201 True"
+    status, key_sent = plain.split()
+    assert status == "201"
+    assert key_sent  # the transport gave the plain httpx POST a key
+
+
+def test_testing_page(tmp_path: Path) -> None:
+    pytest.importorskip("fakeredis")
+    pytest.importorskip("flask")
+    # The app's own Redis URL points at a port nothing listens on: only the kit's stores answer.
+    files = write_page("docs/testing.md", tmp_path, redis_url=f"redis://127.0.0.1:{free_port()}")
+    assert [f.name for f in files] == ["app.py", "conftest.py", "test_charges.py"]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(ROOT)])}
+    env.pop("IDEMKEY_REDIS_URL", None)  # the sample's tests need no Redis
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-W", "error"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "3 passed" in done.stdout
