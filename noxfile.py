@@ -314,7 +314,7 @@ def build(session: nox.Session) -> None:
     dist = ROOT / "dist"
     shutil.rmtree(dist, ignore_errors=True)
     session.run("python", "-m", "build", "--outdir", str(dist))
-    wheels = sorted(dist.glob("idemkey-*.whl"))
+    wheels = sorted(dist.glob("idemkey_redis-*.whl"))
     if len(wheels) != 1:
         session.error(f"expected one wheel in {dist}, found {[w.name for w in wheels]}")
     with zipfile.ZipFile(wheels[0]) as zf:

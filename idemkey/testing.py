@@ -10,8 +10,8 @@
     with disabled():                        # every HTTP adapter passes requests straight through
         client.post("/charges", json=...)   # no key needed, nothing claimed or stored
 
-The embedded server is fakeredis with its Lua engine (``pip install 'idemkey[testing]'``), which
-runs idemkey's real scripts in your process: no redis-server to start, and each store gets its
+The embedded server is fakeredis with its Lua engine (``pip install 'idemkey-redis[testing]'``),
+which runs idemkey's real scripts in your process: no redis-server to start, and each store gets its
 own empty server. It is a fast layer for your app's tests; idemkey itself is tested against a
 real Redis. With pytest, ``pytest_plugins = ["idemkey.pytest_plugin"]`` in your ``conftest.py``
 gives the fixtures ``idemkey_store``, ``idemkey_async_store`` and ``idemkey_disabled``.
@@ -45,7 +45,7 @@ def fake_redis(*, asyncio: bool = False) -> Any:
     """
     if importlib.util.find_spec("fakeredis") is None or importlib.util.find_spec("lupa") is None:
         raise ConfigurationError(
-            "idemkey.testing needs fakeredis with Lua: pip install 'idemkey[testing]'"
+            "idemkey.testing needs fakeredis with Lua: pip install 'idemkey-redis[testing]'"
         )
     import fakeredis
 

@@ -14,6 +14,15 @@ HELP: Final = (
     "--redis-url is given)"
 )
 
+REDIS_URL_HELP: Final = (
+    "a Redis to benchmark against (default: a private redis-server the suite starts; "
+    "$IDEMKEY_REDIS_URL is not used)"
+)
+JSON_HELP: Final = (
+    "idemkey's errors as one JSON object on stderr; the suite's own messages are text (its "
+    "--json PATH, after --, writes the results)"
+)
+
 
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("rest", nargs=argparse.REMAINDER, help="arguments for the suite")

@@ -241,7 +241,7 @@ def test_demo_without_flask_is_one_line(
     monkeypatch.setitem(sys.modules, "flask", None)  # import raises ImportError
     run = idemkey("demo")
     assert run.code == 2
-    assert run.err == "idemkey demo: the demo app needs flask: pip install 'idemkey[demo]'\n"
+    assert run.err == "idemkey demo: the demo app needs flask: pip install 'idemkey-redis[demo]'\n"
 
 
 def test_python_m_idemkey_demo() -> None:
