@@ -25,7 +25,7 @@ import secrets
 import signal
 import sys
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from datetime import datetime, timezone
 from types import FrameType
 from typing import Any
@@ -110,6 +110,20 @@ def interruptible() -> Iterator[None]:
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+
+
+def _progress(total: int) -> Callable[[int], None]:
+    """A line on stderr each time another tenth of the ``total`` rounds is done."""
+    shown = 0
+
+    def show(done: int) -> None:
+        nonlocal shown
+        tenth = done * 10 // total
+        if tenth > shown:
+            shown = tenth
+            print(f"  round {done} of {total} ({tenth * 10}%)", file=sys.stderr, flush=True)
+
+    return show
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -224,7 +238,12 @@ async def _run(
         await prepare_all(cases)
         print(f"running {warmup} + {rounds} rounds of {len(cases)} cases...", file=sys.stderr)
         samples = await run_interleaved(
-            cases, rounds, warmup=warmup, first_index=ROUND_TRIP_CALLS + 1, seed=args.seed
+            cases,
+            rounds,
+            warmup=warmup,
+            first_index=ROUND_TRIP_CALLS + 1,
+            seed=args.seed,
+            progress=_progress(warmup + rounds),
         )
         if http is not None:
             http.close()

@@ -88,6 +88,8 @@ def _stop_once(signum: signal.Signals, log: Path) -> None:
             probe.close()
         # Mid-run: the interleaved rounds have begun (where the first Ctrl-C went unheard).
         wait_until(lambda: b"rounds of" in log.read_bytes(), 60, "the timed rounds to begin")
+        if signum == signal.SIGTERM:  # a user watching a long run sees how far it got
+            wait_until(lambda: b"round 2000 of 20000 (10%)" in log.read_bytes(), 60, "progress")
         bench.send_signal(signum)
         try:
             code = bench.wait(EXIT_BOUND)
