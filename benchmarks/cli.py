@@ -42,7 +42,7 @@ from .httpcases import HttpBench
 from .peers import idemkit_cases, powertools_cases
 from .report import build_cases, check_scale_targets, check_targets, format_report, plot
 from .roundtrips import count_round_trips, counting_clients
-from .runner import prepare_all, run_interleaved
+from .runner import STOP, Interrupted, prepare_all, run_interleaved
 from .servers import RedisServer, ServerError
 
 __all__ = ["Interrupted", "interruptible", "main"]
@@ -81,14 +81,6 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-class Interrupted(KeyboardInterrupt):
-    """SIGINT or SIGTERM arrived: the run stops where it is, and its finally blocks clean up."""
-
-    def __init__(self, signum: int) -> None:
-        super().__init__(signal.Signals(signum).name)
-        self.signum = signum
-
-
 @contextlib.contextmanager
 def interruptible() -> Iterator[None]:
     """Turn SIGINT and SIGTERM into :class:`Interrupted`, raised at once, for this block.
@@ -102,7 +94,11 @@ def interruptible() -> Iterator[None]:
         return
 
     def stop(signum: int, frame: FrameType | None) -> None:
-        raise Interrupted(signum)
+        STOP.signum = signum
+        if not STOP.deferred:  # the interleaved rounds raise it themselves, between rounds
+            raise Interrupted(signum)
+
+    STOP.signum = None
 
     previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
