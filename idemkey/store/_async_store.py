@@ -9,6 +9,7 @@ Each method sends one script call and hands the reply to ``idemkey._core``; ever
 lives there, in ``_durable`` and in ``_server_check``.
 """
 
+# unasync: generates _sync_store.py
 from __future__ import annotations
 
 import contextlib
@@ -28,9 +29,6 @@ from .._core import (
 )
 from ..errors import StoreError
 from ..policy import Policy
-from ._async_heartbeat import AsyncHeartbeat
-from ._async_runtime import LoopWatch, discover, drop_other_loops, send_with_wait, sleep
-from ._async_wakeup import AsyncWakeups
 from ._base import (
     AsyncEffects,
     _block_cap,
@@ -42,6 +40,15 @@ from ._base import (
     _retry_delay,
     _slot_moving,
 )
+from ._concurrency._async_heartbeat import AsyncHeartbeat
+from ._concurrency._async_runtime import (
+    LoopWatch,
+    discover,
+    drop_other_loops,
+    send_with_wait,
+    sleep,
+)
+from ._concurrency._async_wakeup import AsyncWakeups
 from ._durable import _DONE, _DURABLE, _LOAD_SCRIPT, _SEND_AGAIN, _UNCONFIRMED, _durable_outcome
 from ._server_check import _CONFIG_NAMES, _config_pairs, _info_settings, _report, server_warnings
 

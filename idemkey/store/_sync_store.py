@@ -29,9 +29,6 @@ from .._core import (
 )
 from ..errors import StoreError
 from ..policy import Policy
-from ._sync_heartbeat import Heartbeat
-from ._sync_runtime import LoopWatch, discover, drop_other_loops, send_with_wait, sleep
-from ._sync_wakeup import Wakeups
 from ._base import (
     Effects,
     _block_cap,
@@ -43,6 +40,15 @@ from ._base import (
     _retry_delay,
     _slot_moving,
 )
+from ._concurrency._sync_heartbeat import Heartbeat
+from ._concurrency._sync_runtime import (
+    LoopWatch,
+    discover,
+    drop_other_loops,
+    send_with_wait,
+    sleep,
+)
+from ._concurrency._sync_wakeup import Wakeups
 from ._durable import _DONE, _DURABLE, _LOAD_SCRIPT, _SEND_AGAIN, _UNCONFIRMED, _durable_outcome
 from ._server_check import _CONFIG_NAMES, _config_pairs, _info_settings, _report, server_warnings
 
