@@ -56,3 +56,39 @@ def test_wheel_ships_no_tests_or_benchmarks(wheel: Path) -> None:
     with zipfile.ZipFile(wheel) as zf:
         stray = [n for n in zf.namelist() if n.startswith(("tests/", "benchmarks/"))]
     assert not stray, f"{wheel.name} ships {stray[:5]}"
+
+
+def test_bench_from_an_installed_wheel_says_it_needs_a_checkout(
+    wheel: Path, tmp_path: Path
+) -> None:
+    """``idemkey bench`` from a wheel installed in a fresh venv, run in a directory holding a
+    ``benchmarks`` package of its own: that package is never imported, the command says where
+    the suite lives and exits 2."""
+    venv = tmp_path / "venv"
+    # The shared environment's packages serve the dependencies; nothing is downloaded.
+    subprocess.run(
+        [sys.executable, "-m", "venv", "--system-site-packages", str(venv)], check=True, timeout=120
+    )
+    python = venv / "bin" / "python"
+    pip = [str(python), "-m", "pip", "install", "-q", "--no-deps", "--no-index", str(wheel)]
+    subprocess.run(pip, check=True, timeout=300)
+    elsewhere = tmp_path / "project"
+    (elsewhere / "benchmarks").mkdir(parents=True)
+    (elsewhere / "benchmarks" / "__init__.py").write_text(
+        "def main(argv):\n    print('not idemkey suite')\n    return 0\n"
+    )
+    env = {"PATH": f"{venv / 'bin'}:/usr/bin:/bin", "HOME": str(tmp_path)}
+    proc = subprocess.run(
+        [str(venv / "bin" / "idemkey"), "bench", "--", "--quick"],
+        cwd=elsewhere,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert "not idemkey suite" not in proc.stdout
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "runs the benchmark suite of a source checkout" in proc.stderr
+    assert "site-packages" in proc.stderr  # where this idemkey is installed
+    assert "Traceback" not in proc.stderr
