@@ -40,11 +40,12 @@ def suite_of(root: Path) -> Callable[[list[str]], object]:
 
     benchmarks.__main__ is never imported: it runs the suite at import.
     """
-    loaded = sys.modules.get("benchmarks")
-    if loaded is None:
-        if str(root) not in sys.path:
-            sys.path.insert(0, str(root))
+    if str(root) not in sys.path:
+        sys.path.insert(0, str(root))
+    try:
         loaded = importlib.import_module("benchmarks")
+    except ImportError as exc:
+        raise CliError(f"the benchmark suite in {root} is not importable: {exc}", 2) from None
     where = Path(getattr(loaded, "__file__", "") or "").resolve().parent
     if where != root / "benchmarks":
         raise CliError(
