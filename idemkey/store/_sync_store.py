@@ -26,6 +26,7 @@ from .._core import (
     decode_checkpoint_reply,
     decode_claim_reply,
     new_owner,
+    owner_tag,
 )
 from ..errors import StoreError
 from ..policy import Policy
@@ -273,11 +274,12 @@ class RedisStore(Heartbeat):
         """
         lease = self._unwatch(record, owner)
         ttl_ms = ttl_ms or self.policy.ttl_ms
-        # With the claim's fence (kept with its lease), complete.lua tells a lost record apart.
+        # The owner's tag is computed here only, and sent. With the claim's fence (kept with
+        # its lease), complete.lua tells a lost record apart.
         args: tuple[str | bytes | int, ...] = (
-            (record.key, record.lock, owner, response, ttl_ms)
+            (record.key, record.lock, owner, response, ttl_ms, owner_tag(owner))
             if lease is None or lease.fence is None
-            else (record.key, record.lock, owner, response, ttl_ms, lease.fence)
+            else (record.key, record.lock, owner, response, ttl_ms, owner_tag(owner), lease.fence)
         )
         # The deadline counts from the first attempt, but only a failed one computes it.
         started, deadline, delay = time.monotonic(), 0.0, 0.0
