@@ -132,3 +132,18 @@ def test_replicas_timeout_is_a_finite_positive_duration() -> None:
             Replicas(1, timeout)  # type: ignore[arg-type]
     with pytest.raises(ConfigurationError, match=r"Replicas\.count"):
         Replicas(True)
+
+
+def test_the_fake_stores_name_themselves_in_option_errors() -> None:
+    from idemkey.testing import fake_async_store, fake_store
+
+    with pytest.raises(ConfigurationError) as raised:
+        fake_store(methods="POST")
+    assert str(raised.value) == (
+        "fake_store(methods=...): expected a collection of method names, got the string 'POST'"
+    )
+    with pytest.raises(ConfigurationError, match=re.escape("did you mean fake_store(wait=...)")):
+        fake_store(wiat=1.0)
+    with pytest.raises(ConfigurationError, match=re.escape("fake_async_store: Policy: need")):
+        fake_async_store(lease=100, ttl=10)
+    assert fake_store(wait=1, methods=["post"]).policy.methods == frozenset({"POST"})
