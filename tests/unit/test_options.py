@@ -56,7 +56,8 @@ def test_policy_refuses_a_bad_option_naming_it(case: tuple[dict[str, Any], str])
 
 
 def test_policy_methods_as_a_bare_string_is_refused_not_split_into_letters() -> None:
-    # On main this was Policy(methods=frozenset({'P', 'O', 'S', 'T'})): nothing was guarded.
+    # Before the converter of issue 20 this was a Policy whose methods were {'P', 'O', 'S', 'T'}:
+    # nothing was guarded.
     with pytest.raises(ConfigurationError) as raised:
         Policy(methods="POST")  # type: ignore[arg-type]
     assert str(raised.value) == (
