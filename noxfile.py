@@ -34,11 +34,9 @@ nox.options.error_on_missing_interpreters = False
 ROOT = Path(__file__).resolve().parent
 SUPPORTED = ["3.10", "3.11", "3.12", "3.13"]
 CURRENT = f"{sys.version_info.major}.{sys.version_info.minor}"
+#: What the package reads at run time besides its modules: every Lua script, and py.typed.
 WHEEL_MUST_CONTAIN = [
-    "idemkey/lua/claim.lua",
-    "idemkey/lua/complete.lua",
-    "idemkey/lua/release.lua",
-    "idemkey/lua/renew.lua",
+    *sorted(path.relative_to(ROOT).as_posix() for path in (ROOT / "idemkey" / "lua").glob("*.lua")),
     "idemkey/py.typed",
 ]
 

@@ -30,6 +30,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from . import AsyncRedisStore, RedisStore
+from ._options import derive, keyword, policy_options
 from ._switch import switch
 from .errors import ConfigurationError
 from .policy import Policy
@@ -60,7 +61,7 @@ def fake_store(policy: Policy | None = None, /, **changes: Any) -> RedisStore:
 
     ``policy`` (default ``Policy()``) with ``changes`` applied, e.g. ``fake_store(wait=1.0)``.
     """
-    return RedisStore(fake_redis(), _policy(policy, changes))
+    return RedisStore(fake_redis(), _policy(policy, changes, "fake_store"))
 
 
 def fake_async_store(policy: Policy | None = None, /, **changes: Any) -> AsyncRedisStore:
@@ -68,7 +69,7 @@ def fake_async_store(policy: Policy | None = None, /, **changes: Any) -> AsyncRe
 
     Use it on one event loop, as any asyncio Redis client.
     """
-    return AsyncRedisStore(fake_redis(asyncio=True), _policy(policy, changes))
+    return AsyncRedisStore(fake_redis(asyncio=True), _policy(policy, changes, "fake_async_store"))
 
 
 @contextlib.contextmanager
@@ -86,6 +87,7 @@ def disabled() -> Iterator[None]:
         switch.pop()
 
 
-def _policy(policy: Policy | None, changes: dict[str, Any]) -> Policy:
+def _policy(policy: Policy | None, changes: dict[str, Any], call: str) -> Policy:
+    """``policy`` with ``changes`` through the one converter, errors naming ``call``."""
     base = policy if policy is not None else Policy()
-    return base.replace(**changes) if changes else base
+    return derive(base, policy_options(changes, keyword(call)), call)

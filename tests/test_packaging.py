@@ -17,14 +17,23 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 
+#: Every Lua script and py.typed, read from the tree, as the noxfile's build session reads it.
 REQUIRED_FILES = [
-    "idemkey/lua/checkpoint.lua",
-    "idemkey/lua/claim.lua",
-    "idemkey/lua/complete.lua",
-    "idemkey/lua/release.lua",
-    "idemkey/lua/renew.lua",
+    *sorted(p.relative_to(ROOT).as_posix() for p in (ROOT / "idemkey" / "lua").glob("*.lua")),
     "idemkey/py.typed",
 ]
+
+
+def test_the_noxfile_build_checks_every_script() -> None:
+    if importlib.util.find_spec("nox") is None:
+        pytest.skip("nox is not installed")
+    spec = importlib.util.spec_from_file_location("_noxfile", ROOT / "noxfile.py")
+    assert spec is not None
+    assert spec.loader is not None
+    noxfile = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(noxfile)
+    assert noxfile.WHEEL_MUST_CONTAIN == REQUIRED_FILES
+    assert "idemkey/lua/checkpoint.lua" in REQUIRED_FILES
 
 
 @pytest.fixture(scope="module")
@@ -90,3 +99,41 @@ def test_the_installed_command_prints_the_wheels_version(wheel: Path, tmp_path: 
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout == f"idemkey {version} (the idemkey-redis distribution)\n"
+
+
+def test_bench_from_an_installed_wheel_says_it_needs_a_checkout(
+    wheel: Path, tmp_path: Path
+) -> None:
+    """``idemkey bench`` from a wheel installed in a fresh venv, run in a directory holding a
+    ``benchmarks`` package of its own: that package is never imported, the command says where
+    the suite lives and exits 2."""
+    venv = tmp_path / "venv"
+    # The shared environment's packages serve the dependencies; nothing is downloaded.
+    subprocess.run(
+        [sys.executable, "-m", "venv", "--system-site-packages", str(venv)], check=True, timeout=120
+    )
+    python = venv / "bin" / "python"
+    pip = [str(python), "-m", "pip", "install", "-q", "--no-deps", "--no-index", str(wheel)]
+    subprocess.run(pip, check=True, timeout=300)
+    elsewhere = tmp_path / "project"
+    (elsewhere / "benchmarks").mkdir(parents=True)
+    (elsewhere / "benchmarks" / "__init__.py").write_text(
+        "def main(argv):\n    print('not idemkey suite')\n    return 0\n"
+    )
+    env = {"PATH": f"{venv / 'bin'}:/usr/bin:/bin", "HOME": str(tmp_path)}
+    # The console script, and python -m, which puts the current directory on the path.
+    for command in ([str(venv / "bin" / "idemkey")], [str(python), "-m", "idemkey"]):
+        proc = subprocess.run(
+            [*command, "bench", "--", "--quick"],
+            cwd=elsewhere,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+        assert "not idemkey suite" not in proc.stdout
+        assert proc.returncode == 2, proc.stdout + proc.stderr
+        assert "runs the benchmark suite of a source checkout" in proc.stderr
+        assert "site-packages" in proc.stderr  # where this idemkey is installed
+        assert "Traceback" not in proc.stderr

@@ -191,7 +191,8 @@ def read_record(client: Any, record: Record, *, guard: bool | None = None) -> Re
         view.owner = text(fp[-OWNER_TAG_LENGTH:])
     fence = text(get("fence"))
     view.fence = int(fence) if fence.isdigit() else None
-    at = text(get("at"))  # the last claim or completion: written by idemkey before 0.2 only
+    # The last claim or completion: written by idemkey before 0.2 only; remove in 0.4.
+    at = text(get("at"))
     if at.isdigit():
         stamp = datetime.fromtimestamp(int(at) / 1000, tz=timezone.utc)
         view.at = stamp.isoformat(timespec="milliseconds").replace("+00:00", "Z")

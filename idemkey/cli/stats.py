@@ -225,7 +225,8 @@ def _classify(client: Any, keys: Sequence[bytes], stats: Stats) -> None:
             continue  # expired between SCAN and now
         stats.scanned += 1
         state = text(fields[0])
-        if state in ("complete", "in_progress"):  # "complete": written by idemkey before 0.2
+        # "complete": written by idemkey before 0.2; reading 0.1 records: remove in 0.4.
+        if state in ("complete", "in_progress"):
             stats.states[state] += 1
             if state == "in_progress":
                 in_progress.append(key)
