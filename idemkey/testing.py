@@ -30,8 +30,8 @@ from collections.abc import Iterator
 from typing import Any
 
 from . import AsyncRedisStore, RedisStore
-from ._switch import switch
 from .errors import ConfigurationError
+from .http._switch import switch
 from .policy import Policy
 
 __all__ = ["disabled", "fake_async_store", "fake_redis", "fake_store"]

@@ -3,15 +3,25 @@
 ``PUBLIC_NAMES_0_2`` was generated from main before idemkey/http/ existed (every name in the
 ``__all__`` of each public module, underscore names left out), so a move that drops or renames
 a public import fails here.
+``test_no_import_cycle`` reads every module of the package with ``ast`` and draws an edge for
+each import at module level, those under ``if TYPE_CHECKING:`` (and any other ``if`` or
+``try``) included: a cycle there is one a type checker, a doc tool or a future runtime import
+trips on. An import inside a function body runs after both modules loaded and is not counted.
+``from package import name`` is an edge to ``package.name`` when that is a module, else to
+``package``.
 """
 
 from __future__ import annotations
 
+import ast
 import importlib
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
+
+PACKAGE = Path(__file__).resolve().parent.parent / "idemkey"
 
 PUBLIC_NAMES_0_2: dict[str, tuple[str, ...]] = {
     "idemkey": (
@@ -233,3 +243,84 @@ def test_importing_idemkey_imports_no_framework() -> None:
         "assert not found, found\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+
+
+def _modules() -> dict[str, tuple[Path, bool]]:
+    found = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        parts = ["idemkey", *path.relative_to(PACKAGE).with_suffix("").parts]
+        is_package = parts[-1] == "__init__"
+        found[".".join(parts[:-1] if is_package else parts)] = (path, is_package)
+    return found
+
+
+def _module_level_imports(tree: ast.Module) -> list[ast.Import | ast.ImportFrom]:
+    found: list[ast.Import | ast.ImportFrom] = []
+    todo: list[ast.AST] = list(tree.body)
+    while todo:
+        node = todo.pop()
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            found.append(node)
+        elif not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+            todo.extend(ast.iter_child_nodes(node))
+    return found
+
+
+def import_graph() -> dict[str, set[str]]:
+    """Module -> the package's modules it imports at module level, TYPE_CHECKING included."""
+    modules = _modules()
+    graph: dict[str, set[str]] = {}
+    for name, (path, is_package) in modules.items():
+        package = name if is_package else name.rpartition(".")[0]
+        targets: set[str] = set()
+        for node in _module_level_imports(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Import):
+                targets.update(alias.name for alias in node.names)
+                continue
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - (node.level - 1)]
+                base = ".".join([*anchor, *([node.module] if node.module else [])])
+            for alias in node.names:
+                sub = f"{base}.{alias.name}"
+                targets.add(sub if sub in modules else base)
+        graph[name] = {t for t in targets if t in modules and t != name}
+    return graph
+
+
+def find_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    cycles: list[list[str]] = []
+    state: dict[str, str] = {}
+
+    def visit(name: str, path: list[str]) -> None:
+        state[name] = "open"
+        path.append(name)
+        for target in sorted(graph[name]):
+            if state.get(target) == "open":
+                cycles.append([*path[path.index(target) :], target])
+            elif target not in state:
+                visit(target, path)
+        path.pop()
+        state[name] = "done"
+
+    for name in sorted(graph):
+        if name not in state:
+            visit(name, [])
+    return cycles
+
+
+def test_the_graph_sees_type_checking_imports() -> None:
+    graph = import_graph()
+    assert "idemkey.policy" in graph["idemkey.http"]  # only under TYPE_CHECKING
+    assert "idemkey.http._messages" in graph["idemkey.http._scope"]  # likewise
+    assert find_cycles({"a": {"b"}, "b": {"a"}}) == [["a", "b", "a"]]
+
+
+def test_no_import_cycle() -> None:
+    assert find_cycles(import_graph()) == []
+
+
+def test_the_package_root_holds_at_most_ten_modules() -> None:
+    # __init__ is the package and __main__ only the ``python -m idemkey`` entry: not counted.
+    modules = sorted(p.name for p in PACKAGE.glob("*.py") if p.stem not in ("__init__", "__main__"))
+    assert len(modules) <= 10, modules

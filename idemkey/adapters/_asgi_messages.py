@@ -14,11 +14,11 @@ from collections.abc import Awaitable, Callable, MutableMapping
 from typing import TYPE_CHECKING, Any
 
 from ..http import BodyCopy, Response
-from ._lifecycle import State
+from ..http._lifecycle import State
 
 if TYPE_CHECKING:
+    from ..http._lifecycle import Lifecycle
     from ._async_driver import AsyncDriver
-    from ._lifecycle import Lifecycle
 
 __all__ = [
     "ASGIApp",

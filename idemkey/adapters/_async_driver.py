@@ -27,8 +27,8 @@ from ._async_shield import settle_later
 
 if TYPE_CHECKING:
     from ..http import Release, Response
+    from ..http._lifecycle import Lifecycle
     from ..store import AsyncRedisStore
-    from ._lifecycle import Lifecycle
 
 __all__ = ["AsyncDriver"]
 

@@ -32,7 +32,7 @@ if TYPE_CHECKING:
     from werkzeug import Request as WerkzeugRequest
 
     from ..http import Response
-    from ._lifecycle import Lifecycle
+    from ..http._lifecycle import Lifecycle
 
 __all__ = [
     "BODY_KEY",

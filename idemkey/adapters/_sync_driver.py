@@ -28,8 +28,8 @@ from ._sync_shield import settle_later
 
 if TYPE_CHECKING:
     from ..http import Release, Response
+    from ..http._lifecycle import Lifecycle
     from ..store import RedisStore
-    from ._lifecycle import Lifecycle
 
 __all__ = ["Driver"]
 

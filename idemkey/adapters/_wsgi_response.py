@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     from _typeshed.wsgi import StartResponse, WSGIEnvironment
 
     from ..http import Response
-    from ._lifecycle import Lifecycle
+    from ..http._lifecycle import Lifecycle
     from ._sync_driver import Driver
 
 __all__ = ["DRAIN_SECONDS", "TeeIterable", "send"]

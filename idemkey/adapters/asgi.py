@@ -21,8 +21,9 @@ cancellation (a server cancelling the request when its client leaves).
 from __future__ import annotations
 
 from ..http import Headers, Request, Response, begin
+from ..http._lifecycle import Lifecycle
+from ..http.routes import KnownRoute, Routes
 from ..policy import Policy
-from ..routes import KnownRoute, Routes
 from ..store import AsyncRedisStore
 from ._asgi_messages import (
     ASGIApp,
@@ -36,7 +37,6 @@ from ._asgi_messages import (
     respond,
 )
 from ._async_driver import AsyncDriver
-from ._lifecycle import Lifecycle
 
 __all__ = ["ASGIApp", "IdempotencyMiddleware", "Message", "Receive", "Scope", "Send"]
 

@@ -54,13 +54,13 @@ from django.core.exceptions import RequestDataTooBig
 from django.http import HttpResponse
 
 from .._options import derive, keyword, policy_options
-from .._scope import default_scope
 from ..http import Response, begin
+from ..http._lifecycle import Lifecycle
+from ..http._scope import default_scope
+from ..http.routes import ROUTE_UNKNOWN
 from ..policy import Policy, credential_scope
-from ..routes import ROUTE_UNKNOWN
 from ._django_config import configure
 from ._environ import EnvironHeaders
-from ._lifecycle import Lifecycle
 from ._sync_driver import Driver
 
 if TYPE_CHECKING:

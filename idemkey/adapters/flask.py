@@ -47,10 +47,10 @@ from flask import current_app, g, request
 
 from ..errors import ConfigurationError
 from ..http import Response, begin
+from ..http._lifecycle import Lifecycle
 from ._environ import BodyCapture, read_werkzeug_body, request_of
 from ._flask_config import AppState, app_state, view_overrides
 from ._flask_response import render_view, respond
-from ._lifecycle import Lifecycle
 
 if TYPE_CHECKING:
     from flask import Flask

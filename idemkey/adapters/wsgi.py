@@ -21,9 +21,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from ..http import Response, begin
-from ..routes import KnownRoute, Routes
+from ..http._lifecycle import Lifecycle
+from ..http.routes import KnownRoute, Routes
 from ._environ import EnvironHeaders, read_body, request_of
-from ._lifecycle import Lifecycle
 from ._sync_driver import Driver
 from ._wsgi_response import DRAIN_SECONDS, EXCHANGE_KEY, TeeIterable, send
 

@@ -9,9 +9,9 @@ from typing import IO, Any
 
 from .._codec import StoredResponse, decode_response, decode_value
 from .._core import OWNER_TAG_LENGTH, Record, parse_key, record_for, record_state
-from ..diagnostics import _text as text
 from ..errors import InvalidKeyError, RecordFormatError
 from ..guard import GUARD_METHOD
+from ..store.diagnostics import _text as text
 from ._base import CliError
 from ._format import PREVIEW_BYTES, duration, preview, shorten
 

@@ -6,7 +6,7 @@ import argparse
 import sys
 from typing import IO, Final
 
-from ..diagnostics import _text as text
+from ..store.diagnostics import _text as text
 from ._base import CliError, print_json
 from ._format import duration
 from ._records import add_record_options, read_record, record_named

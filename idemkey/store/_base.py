@@ -18,10 +18,10 @@ if TYPE_CHECKING:
     from .._core import Record
 
 from .._core import RECORD_LOST, next_poll_delay
-from .._leases import Lease, LeaseTable
 from ..errors import ConfigurationError, StoreError
 from ..events import RECORD_LOST_DETAIL, logger, report
 from ..policy import Policy
+from ._leases import Lease, LeaseTable
 
 __all__ = [
     "AsyncEffects",

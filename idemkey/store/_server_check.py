@@ -48,7 +48,7 @@ def _info_settings(memory: Any, persistence: Any) -> dict[str, str]:
 
 def server_warnings(settings: dict[str, str]) -> list[str]:
     """What can lose records on a server with these settings (``CONFIG GET`` names)."""
-    from ..diagnostics import check_persistence, eviction_warning
+    from .diagnostics import check_persistence, eviction_warning
 
     warnings = []
     if "maxmemory-policy" in settings:

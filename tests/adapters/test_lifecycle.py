@@ -1,4 +1,4 @@
-"""The exchange's state machine (idemkey/adapters/_lifecycle.py), without Redis or a server.
+"""The exchange's state machine (idemkey/http/_lifecycle.py), without Redis or a server.
 
 Every adapter runs its steps through one :class:`Lifecycle`; these tests walk every state and
 ask it every step: the allowed ones move it on, every other one raises ProtocolError and leaves
@@ -16,9 +16,9 @@ import pytest
 from idemkey import Event, IdemkeyError, Policy, StoreError
 from idemkey._codec import decode_response
 from idemkey._core import Claimed, InFlight, Replay
-from idemkey.adapters._lifecycle import Lifecycle, State
 from idemkey.errors import ProtocolError
 from idemkey.http import Complete, Exchange, Headers, Release, Request, Response, begin
+from idemkey.http._lifecycle import Lifecycle, State
 
 BODY = b'{"amount": 1}'
 

@@ -1,4 +1,4 @@
-"""The sans-IO HTTP exchange (idemkey/http.py), without Redis or a framework.
+"""The sans-IO HTTP exchange (idemkey/http/), without Redis or a framework.
 
 Each test is one row of docs/design.md#http-decisions decided by ``begin`` / ``Exchange`` alone; the
 adapter suite (tests/adapters/test_suite.py) then proves the same rows through every adapter.

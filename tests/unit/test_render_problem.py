@@ -123,7 +123,7 @@ def test_a_broken_renderer_falls_back_to_rfc_9457_and_is_logged(
 
 
 def test_a_body_shorter_than_its_content_length_is_400_in_the_api_shape() -> None:
-    from idemkey.adapters._lifecycle import Lifecycle
+    from idemkey.http._lifecycle import Lifecycle
 
     headers = [("Idempotency-Key", "k1"), ("Content-Length", "10")]
     step = begin(STRIPE, request(headers))

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ._core import Record
+from .._core import Record
 
 __all__ = ["Lease", "LeaseTable"]
 

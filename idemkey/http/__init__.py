@@ -29,10 +29,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Final
 
-from ._body_copy import BodyCopy
-from ._canonical import canonical_json, multipart_form
-from ._codec import StoredResponse, decode_response, encode_response
-from ._core import (
+from .._codec import StoredResponse, decode_response, encode_response
+from .._core import (
     Claimed,
     Decision,
     InFlight,
@@ -44,21 +42,8 @@ from ._core import (
     record_for,
     retry_after_seconds,
 )
-from ._http_messages import (
-    Complete,
-    Headers,
-    Release,
-    Request,
-    Response,
-)
-from ._http_messages import content_length as content_length
-from ._http_messages import parse_content_length as parse_content_length
-from ._problems import PROBLEM_TYPE as PROBLEM_TYPE
-from ._problems import Problem, problem, render
-from ._scope import credential_scope, default_scope
-from ._switch import switch
-from .errors import ConfigurationError, InvalidKeyError, RecordFormatError, StoreError
-from .events import (
+from ..errors import ConfigurationError, InvalidKeyError, RecordFormatError, StoreError
+from ..events import (
     ALWAYS_LOGGED,
     DEBUG,
     RECORD_LOST_DETAIL,
@@ -67,10 +52,25 @@ from .events import (
     enabled_memo,
     report,
 )
+from ._body_copy import BodyCopy
+from ._canonical import canonical_json, multipart_form
+from ._messages import (
+    Complete,
+    Headers,
+    Release,
+    Request,
+    Response,
+)
+from ._messages import content_length as content_length
+from ._messages import parse_content_length as parse_content_length
+from ._problems import PROBLEM_TYPE as PROBLEM_TYPE
+from ._problems import Problem, problem, render
+from ._scope import credential_scope, default_scope
+from ._switch import switch
 from .routes import ROUTE_UNKNOWN
 
 if TYPE_CHECKING:
-    from .policy import Policy
+    from ..policy import Policy
 
 __all__ = [
     "BODY_NOT_KEPT_HEADER",

@@ -23,7 +23,7 @@ import inspect
 from collections.abc import Iterable
 from typing import Any, Final
 
-from .errors import ConfigurationError, LeaseLostError, UsageError
+from ..errors import ConfigurationError, LeaseLostError, UsageError
 
 __all__ = [
     "MAX_STEP_NAME",

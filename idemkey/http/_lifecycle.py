@@ -28,11 +28,11 @@ from typing import TYPE_CHECKING, Any, Final, NoReturn
 from .._core import Claimed, Decision, new_owner
 from ..errors import ProtocolError
 from ..guard._call import Call, leave_current, run_as_current
-from ..http import Complete, Release, parse_content_length, render
+from . import Complete, Release, parse_content_length, render
 
 if TYPE_CHECKING:
     from ..errors import StoreError
-    from ..http import Exchange, Response
+    from . import Exchange, Response
 
 __all__ = ["Lifecycle", "State"]
 
