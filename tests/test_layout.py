@@ -324,3 +324,28 @@ def test_the_package_root_holds_at_most_ten_modules() -> None:
     # __init__ is the package and __main__ only the ``python -m idemkey`` entry: not counted.
     modules = sorted(p.name for p in PACKAGE.glob("*.py") if p.stem not in ("__init__", "__main__"))
     assert len(modules) <= 10, modules
+
+
+def test_no_underscore_name_in_any_all() -> None:
+    for path in sorted(PACKAGE.rglob("*.py")):
+        for node in ast.parse(path.read_text(encoding="utf-8")).body:
+            if isinstance(node, ast.Assign) and any(
+                isinstance(t, ast.Name) and t.id == "__all__" for t in node.targets
+            ):
+                names = [e.value for e in getattr(node.value, "elts", [])]
+                private = [n for n in names if isinstance(n, str) and n.startswith("_")]
+                assert not private, f"{path.relative_to(PACKAGE.parent)}: {private}"
+
+
+def test_the_names_say_what_they_name() -> None:
+    import idemkey
+    from idemkey.errors import ProtocolError
+    from idemkey.records import record_for
+
+    assert idemkey.ProtocolError is ProtocolError
+    error = ProtocolError("done", "finish")
+    assert (error.state, error.transition, error.step) == ("done", "finish", "finish")
+    record = record_for("idemkey", "scope", "POST", "/charges", "k1")
+    assert record._fields == ("digest", "record_key", "lock_key")
+    assert record.lock_key == record.record_key + ":lock"
+    assert (record.key, record.lock) == (record.record_key, record.lock_key)  # the 0.2 names

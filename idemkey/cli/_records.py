@@ -81,11 +81,13 @@ def read_record(client: Any, record: Record, *, guard: bool | None = None) -> Re
     try the response format first (when only the digest is known).
     """
     pipe = client.pipeline(transaction=False)
-    pipe.hgetall(record.key)
-    pipe.pttl(record.key)
-    pipe.pttl(record.lock)
+    pipe.hgetall(record.record_key)
+    pipe.pttl(record.record_key)
+    pipe.pttl(record.lock_key)
     fields, ttl_ms, lease_ms = pipe.execute()
-    view = RecordView(record.key, record.digest, bool(fields), lease_ms=lease_ms, ttl_ms=ttl_ms)
+    view = RecordView(
+        record.record_key, record.digest, bool(fields), lease_ms=lease_ms, ttl_ms=ttl_ms
+    )
     if not fields:
         return view
     get = {text(k): v for k, v in fields.items()}.get

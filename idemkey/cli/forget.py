@@ -49,7 +49,7 @@ def run(args: argparse.Namespace, out: IO[str]) -> int:
         client = server.client
         view = read_record(client, record, guard=True if args.guard else None)
         if not view.exists:
-            raise CliError(f"no record {record.key}")
+            raise CliError(f"no record {record.record_key}")
         if view.state == "in_progress" and not args.force:
             lease = "no live lease" if view.lease_ms < 0 else f"lease {duration(view.lease_ms)}"
             raise CliError(
@@ -57,16 +57,22 @@ def run(args: argparse.Namespace, out: IO[str]) -> int:
                 "it right now; pass --force to delete it anyway"
             )
         if not args.yes and sys.stdin.isatty():
-            question = f"forget {view.state} record {record.key}?"
+            question = f"forget {view.state} record {record.record_key}?"
             if not _confirm(question):
                 raise CliError("not confirmed; nothing deleted")
         script = client.register_script(_FORGET_LUA)
-        deleted, state = script(keys=[record.key, record.lock], args=["1" if args.force else "0"])
+        deleted, state = script(
+            keys=[record.record_key, record.lock_key], args=["1" if args.force else "0"]
+        )
     state = text(state)
     if deleted == -1:
         raise CliError("the record became in progress meanwhile; nothing deleted (--force)")
     if args.json:
-        print_json({"record": record.key, "deleted": deleted, "state": state or "released"}, out)
+        print_json(
+            {"record": record.record_key, "deleted": deleted, "state": state or "released"}, out
+        )
     else:
-        out.write(f"forgot {state or 'released'} record {record.key} ({deleted} keys deleted)\n")
+        out.write(
+            f"forgot {state or 'released'} record {record.record_key} ({deleted} keys deleted)\n"
+        )
     return 0

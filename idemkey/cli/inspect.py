@@ -28,6 +28,6 @@ def run(args: argparse.Namespace, out: IO[str]) -> int:
         show_record(view, out)
     if not view.exists:
         if not args.json:
-            out.write(f"no record {record.key}\n")
+            out.write(f"no record {record.record_key}\n")
         return 1
     return 0

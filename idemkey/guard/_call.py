@@ -287,11 +287,13 @@ def leave_current(call: Call[Any]) -> None:
 
 
 def current_call() -> Call[Any]:
-    """The claimed call whose block (or ``@idempotent`` function) runs in this context.
+    """The claimed call whose block, ``@idempotent`` function or HTTP handler runs in this context.
 
-    For code that is not handed the call, such as a function under ``@idempotent`` that fences
-    its transaction (``idemkey.contrib.sqlalchemy.fenced(session, current_call())``). Raises
-    ``LookupError`` outside a claimed block.
+    The one way to reach the record's fence (``current_call().fence``) from code that is not
+    handed the call: a function under ``@idempotent``, or a handler behind an idemkey
+    middleware, that fences its transaction (``idemkey.contrib.sqlalchemy.fenced(session,
+    current_call())``) or passes the fence downstream. Raises ``LookupError`` outside a
+    claimed block (a replay, a request idemkey does not guard).
     """
     call = _CURRENT.get()
     if call is None:

@@ -28,8 +28,6 @@ from ..errors import ConfigurationError, LeaseLostError, UsageError
 __all__ = [
     "MAX_STEP_NAME",
     "StepBook",
-    "_async_result",
-    "_sync_result",
     "check_step_name",
     "step_field",
     "step_key",

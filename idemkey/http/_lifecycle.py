@@ -3,8 +3,8 @@
 :class:`~idemkey.http.Exchange` makes every HTTP decision; :class:`Lifecycle` owns the order in
 which they are asked, so no adapter can run the app before the claim, settle twice, or release a
 response that already went out. The drivers (``_async_driver``, ``_sync_driver``) do the store
-I/O around it and adapters only move bytes. Like h11's connection states, each step is one
-entry of a transition table, and a step asked in the wrong state raises
+I/O around it and adapters only move bytes. Like h11's connection states, each transition is
+one entry of a table, and a transition asked in the wrong state raises
 :class:`~idemkey.errors.ProtocolError` without changing anything::
 
     READING --received(ok)--> READY --claiming--> CLAIMING --decide(Claimed)--> RUNNING
@@ -48,12 +48,12 @@ class State(enum.Enum):
     DONE = "done"
 
     # Members are singletons: hash them by identity, in C. Enum's own __hash__ is a Python call,
-    # and every step hashes its (state, step) key.
+    # and every transition hashes its (state, transition) key.
     __hash__ = object.__hash__
 
 
 _S = State
-# (state, step) -> next state. A step missing here is out of order.
+# (state, transition) -> next state. A transition missing here is out of order.
 _NEXT: Final[dict[tuple[State, str], State]] = {
     (_S.READING, "receive"): _S.READY,
     (_S.READING, "reject"): _S.DONE,
@@ -110,14 +110,15 @@ class Lifecycle:
         self._fingerprint = b""
         self._head: tuple[int, list[tuple[str, str]], str] | None = None
 
-    # Each step looks up its (state, step) pair once: ``_NEXT.get(...) or self._refuse(step)``
-    # gives the next state or raises, and the step moves there only once its work succeeded.
+    # Each method looks up its (state, transition) pair once: ``_NEXT.get(...) or
+    # self._refuse(transition)`` gives the next state or raises, and the state moves only once
+    # the method's work succeeded.
 
-    def _refuse(self, step: str) -> NoReturn:
-        raise ProtocolError(self.state.value, step)
+    def _refuse(self, transition: str) -> NoReturn:
+        raise ProtocolError(self.state.value, transition)
 
-    def _step(self, step: str) -> None:
-        self.state = _NEXT.get((self.state, step)) or self._refuse(step)
+    def _move(self, transition: str) -> None:
+        self.state = _NEXT.get((self.state, transition)) or self._refuse(transition)
 
     # READING: the request body.
 
@@ -139,7 +140,7 @@ class Lifecycle:
             return self.reject_too_large()
         declared = self.declared
         if declared is not None and len(body) < declared:
-            self._step("reject")
+            self._move("reject")
             detail = f"the body ended after {len(body)} of {declared} bytes"
             return render(exchange.policy, 400, "incomplete_body", detail)
         self._fingerprint = exchange.fingerprint(body)
@@ -148,18 +149,18 @@ class Lifecycle:
 
     def reject_too_large(self) -> Response:
         """The 413 for a body over ``max_request_bytes`` (however the adapter found out)."""
-        self._step("reject")
+        self._move("reject")
         return self.exchange.too_large_response()
 
     def unreadable(self, status: int, code: str, detail: str) -> Response:
         """The body cannot be fingerprinted (the server could not read it, or something read
         it before idemkey could): the problem to send; nothing is claimed."""
-        self._step("reject")
+        self._move("reject")
         return render(self.exchange.policy, status, code, detail)
 
     def client_left(self) -> None:
         """The client went away before its body was complete: nothing was claimed."""
-        self._step("client_left")
+        self._move("client_left")
 
     # READY, CLAIMING: the claim and what it means.
 
@@ -171,8 +172,8 @@ class Lifecycle:
 
     def decide(self, decision: Decision, seconds: float | None = None) -> Response | None:
         """The claim's answer: None to run the app (RUNNING), or the Response to send."""
-        step = "claimed" if type(decision) is Claimed else "answer"
-        target = _NEXT.get((self.state, step)) or self._refuse(step)
+        transition = "claimed" if type(decision) is Claimed else "answer"
+        target = _NEXT.get((self.state, transition)) or self._refuse(transition)
         answer = self.exchange.decide(decision, seconds)
         self.state = target
         if type(answer) is Claimed:
@@ -195,14 +196,14 @@ class Lifecycle:
         if self.state is not State.CLAIMING:
             self._refuse("answer")
         answer = self.exchange.store_failed(exc)
-        self._step("answer" if answer is not None else "run_unprotected")
+        self._move("answer" if answer is not None else "run_unprotected")
         self.unprotected = answer is None
         return answer
 
     def interrupted(self) -> Release:
         """The claim was cut off (a cancellation) after it may have reached Redis: release it,
         or retries get 409 until the lease lapses (a release that is not ours changes nothing)."""
-        self._step("interrupted")
+        self._move("interrupted")
         plan = self.plan = Release("cancelled while claiming")
         return plan
 
@@ -265,7 +266,7 @@ class Lifecycle:
 
     def settle_failed(self, exc: StoreError) -> None:
         """Redis failed while settling: reported, never raised (the client has its answer)."""
-        self._step("settle")
+        self._move("settle")
         exchange = self.exchange
         fence = exchange.claim.fence if exchange.claim else None
         if isinstance(self.plan, Complete):

@@ -10,7 +10,7 @@ from typing import Any, Final
 
 from ..events import logger
 
-__all__ = ["_CONFIG_NAMES", "_config_pairs", "_info_settings", "_report", "server_warnings"]
+__all__ = ["server_warnings"]
 
 # The server settings that decide whether records can be lost.
 _CONFIG_NAMES: Final = ("maxmemory-policy", "maxmemory", "save", "appendonly")
