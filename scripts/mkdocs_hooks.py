@@ -76,7 +76,7 @@ def policy_table() -> str:
 def problem_statuses() -> dict[str, set[str]]:
     """Each problem code -> the statuses the package answers it with, read from the source.
 
-    ``render(policy, 400, "code", ...)`` and ``lifecycle.unreadable(500, "code", ...)`` name
+    ``render(policy, 400, "code", ...)`` and ``exchange.unreadable(500, "code", ...)`` name
     both; ``status = self.policy.mismatch_status`` before a call names a Policy field; a code
     made into a ``BodyError("code", ...)`` takes the status of the ``unreadable(<status>,
     <x>.code, ...)`` call that answers it, unless a call of its own names its status.

@@ -42,10 +42,9 @@ from ..events import (
     enabled_memo,
     report,
 )
-from ..policy import Policy
-from ._policy_check import check_guard_policy
 
 if TYPE_CHECKING:
+    from ..policy import Policy
     from ._async_steps import AsyncSteps
     from ._sync_steps import Steps
 
@@ -355,6 +354,11 @@ class GuardState(Generic[T]):
         if policy is None or policy is store_policy:
             self.policy = store_policy
         else:
+            # Imported here: the HTTP exchange imports this module while policy loads (its
+            # default scope is idemkey.http's), so this module needs no policy at import.
+            from ..policy import Policy
+            from ._policy_check import check_guard_policy
+
             if not isinstance(policy, Policy):
                 raise ConfigurationError(f"policy must be a Policy, got {type(policy).__name__}")
             check_guard_policy(policy, store_policy)

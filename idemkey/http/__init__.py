@@ -1,25 +1,22 @@
-"""The sans-IO HTTP exchange that the Flask, WSGI and ASGI adapters share.
+"""The sans-IO HTTP exchange that every HTTP adapter shares: one object per request.
 
-Every HTTP decision of docs/design.md#http-decisions is made here, without I/O: an adapter builds a
-:class:`Request`, asks :func:`begin` what to do, reads the body, fingerprints it, sends the claim
-through its store, asks the :class:`Exchange` what the decision means, runs the app, and asks
-what to do with its answer. The order of these questions is not left to each adapter:
-``idemkey.adapters._lifecycle.Lifecycle`` owns it (a state machine that raises ProtocolError on
-a step out of order) and the drivers (``_async_driver``, ``_sync_driver``) call the store.
+Every HTTP decision of docs/design.md#http-decisions is made here, without I/O, and in one
+order: :func:`begin` looks at the :class:`Request` and gives an :class:`Exchange` (or a
+Response to send, or None to pass through); the exchange is then asked one transition at a
+time, as an h11 connection is, and one asked out of order raises ProtocolError (the table is
+in ``_transitions``). The drivers (``adapters/_async_driver``, ``_sync_driver``) do the store
+I/O around it and adapters only move bytes::
 
-::
+    exchange = begin(policy, request)             # None: pass through; Response: answer it
+    exchange.announced(), exchange.received(body) # a Response: send it, stop
+    fingerprint = exchange.claiming()             # then store.claim(exchange.record, ...)
+    answer = exchange.decide(decision)            # a Response (replay, 409, 422): send it
+    (on StoreError: exchange.store_failed(exc) gives a 503, or None to run unprotected)
+    run the app; exchange.started(status, headers) once its head went out
+    plan = exchange.finish(body)                  # Complete(bytes) or Release; or fail(reason)
+    exchange.settled(ok) once the store answered  # or settle_failed(exc)
 
-    step = begin(policy, request)                 # None: pass through; Response: answer it
-    if step is a Response: send it
-    body = read at most policy.max_request_bytes + 1 bytes
-    if step.too_large(len(body)): send step.too_large_response()
-    decision = store.claim(step.record, step.fingerprint(body), ...)
-    (on StoreError: step.store_failed(exc) gives a 503, or None to run unprotected)
-    answer = step.decide(decision)                # Response (replay, 409, 422) or Claimed
-    run the app; capture status, headers, body (None when streamed or too large)
-    plan = step.finish(status, headers, body)     # Complete(bytes) or Release
-
-The request view and the answers (``_http_messages``), the problem documents (``_problems``) and
+The request view and the answers (``_messages``), the problem documents (``_problems``) and
 the response body copy (``_body_copy``) have modules of their own; this one re-exports the names
 users import from it.
 """
@@ -27,7 +24,7 @@ users import from it.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING, Any, Final, NoReturn
 
 from .._codec import StoredResponse, decode_response, encode_response
 from .._core import (
@@ -38,11 +35,18 @@ from .._core import (
     Record,
     Replay,
     fingerprint,
+    new_owner,
     parse_key,
     record_for,
     retry_after_seconds,
 )
-from ..errors import ConfigurationError, InvalidKeyError, RecordFormatError, StoreError
+from ..errors import (
+    ConfigurationError,
+    InvalidKeyError,
+    ProtocolError,
+    RecordFormatError,
+    StoreError,
+)
 from ..events import (
     ALWAYS_LOGGED,
     DEBUG,
@@ -52,6 +56,7 @@ from ..events import (
     enabled_memo,
     report,
 )
+from ..guard._call import Call, leave_current, run_as_current
 from ._body_copy import BodyCopy
 from ._canonical import canonical_json, multipart_form
 from ._messages import (
@@ -67,6 +72,7 @@ from ._problems import PROBLEM_TYPE as PROBLEM_TYPE
 from ._problems import Problem, problem, render
 from ._scope import credential_scope, default_scope
 from ._switch import switch
+from ._transitions import TRANSITIONS, State
 from .routes import ROUTE_UNKNOWN
 
 if TYPE_CHECKING:
@@ -96,6 +102,7 @@ BODY_NOT_KEPT_HEADER: Final = "Idempotent-Body-Not-Kept"
 _RELEASE_SERVER_ERROR: Final = Release("server error")
 _RELEASE_NEVER_BEGAN: Final = Release("the request never began")
 _RELEASE_INVALID_STATUS: Final = Release("the app answered a status outside 100-599")
+_UNREADABLE_HEAD: Final = Release("the app's status or headers are not valid: nothing to replay")
 
 # A content type starting otherwise is not multipart: one cheap test on the default path.
 _MULTIPART_INITIALS: Final = frozenset("mM")
@@ -145,9 +152,33 @@ def begin(policy: Policy, request: Request) -> Exchange | Response | None:
 
 
 class Exchange:
-    """One keyed request from claim to completion. No I/O: the adapter does that."""
+    """One keyed request, from its body to its settled record. No I/O: the driver does that.
 
-    __slots__ = ("_scope", "claim", "policy", "record", "request")
+    One object in h11's shape: it makes every decision and owns their order. Each public
+    method is a transition of :data:`~._transitions.TRANSITIONS`; one asked in the wrong state
+    raises :class:`~idemkey.errors.ProtocolError` and changes nothing. ``state`` is where the
+    request is, ``owner`` the claim's owner token (set by :meth:`claiming`), ``declared`` the
+    request's Content-Length, ``call`` the claimed call while the app runs (what
+    ``idemkey.current_call()`` returns), ``unprotected`` whether the store failed and the
+    policy said run anyway, ``plan`` what the record is settled with.
+    """
+
+    __slots__ = (
+        "_fingerprint",
+        "_head",
+        "_limit",
+        "_scope",
+        "call",
+        "claim",
+        "declared",
+        "owner",
+        "plan",
+        "policy",
+        "record",
+        "request",
+        "state",
+        "unprotected",
+    )
 
     def __init__(self, policy: Policy, request: Request, key: str, scope: str) -> None:
         self.policy = policy
@@ -157,18 +188,78 @@ class Exchange:
             policy.prefix, scope, request.method, request.route or request.path, key
         )
         self.claim: Claimed | None = None
+        self.state = State.READING
+        # content_length(headers), without its call
+        values = request.headers.get_all("content-length")
+        self.declared = parse_content_length(values[0]) if values else None
+        self.unprotected = False
+        # The limit, read once: the body is checked against it twice.
+        self._limit = policy.max_request_bytes
+        self.owner = ""
+        self.plan: Complete | Release | None = None
+        self.call: Call[Any] | None = None
+        self._fingerprint = b""
+        self._head: tuple[int, list[tuple[str, str]], str] | None = None
 
-    # Before the claim.
+    # Each transition looks up its (state, transition) pair once: ``TRANSITIONS.get(...) or
+    # self._refuse(transition)`` gives the next state or raises, and the state moves only once
+    # the transition's work succeeded.
+
+    def _refuse(self, transition: str) -> NoReturn:
+        raise ProtocolError(self.state.value, transition)
+
+    def _move(self, transition: str) -> None:
+        self.state = TRANSITIONS.get((self.state, transition)) or self._refuse(transition)
+
+    # READING: the request body.
 
     def too_large(self, size: int) -> bool:
         """Whether a body of ``size`` bytes (or a declared Content-Length) is over the limit."""
-        return size > self.policy.max_request_bytes
+        return size > self._limit
 
-    def too_large_response(self) -> Response:
+    def announced(self) -> Response | None:
+        """Before reading: the 413 to send when the declared length is over the limit."""
+        if self.state is not State.READING:
+            self._refuse("reject")
+        if self.declared is not None and self.declared > self._limit:
+            return self.reject_too_large()
+        return None
+
+    def received(self, body: bytes) -> Response | None:
+        """The body as read (at most ``max_request_bytes + 1`` bytes): None to claim next, or
+        the 413 (over the limit) or 400 (shorter than its Content-Length) to send instead.
+        Never run on half a body: its fingerprint would match no honest retry."""
+        ready = TRANSITIONS.get((self.state, "receive")) or self._refuse("receive")
+        if len(body) > self._limit:
+            return self.reject_too_large()
+        declared = self.declared
+        if declared is not None and len(body) < declared:
+            self._move("reject")
+            detail = f"the body ended after {len(body)} of {declared} bytes"
+            return render(self.policy, 400, "incomplete_body", detail)
+        self._fingerprint = self.fingerprint(body)
+        self.state = ready
+        return None
+
+    def reject_too_large(self) -> Response:
+        """The 413 for a body over ``max_request_bytes`` (however the adapter found out)."""
+        self._move("reject")
+        return self._too_large()
+
+    def _too_large(self) -> Response:
         self.notify("too_large", detail="request body over max_request_bytes")
-        limit = self.policy.max_request_bytes
-        detail = f"keyed requests may carry at most {limit} bytes"
+        detail = f"keyed requests may carry at most {self._limit} bytes"
         return render(self.policy, 413, "request_too_large", detail)
+
+    def unreadable(self, status: int, code: str, detail: str) -> Response:
+        """The body cannot be fingerprinted (the server could not read it, or something read
+        it before idemkey could): the problem to send; nothing is claimed."""
+        self._move("reject")
+        return render(self.policy, status, code, detail)
+
+    def client_left(self) -> None:
+        """The client went away before its body was complete: nothing was claimed."""
+        self._move("client_left")
 
     def fingerprint(self, body: bytes) -> bytes:
         """The request's fingerprint, its body compared as ``Policy.fingerprint`` says."""
@@ -193,7 +284,55 @@ class Exchange:
             request.method, request.path, request.query, content_type, body, encoding
         )
 
+    # READY, CLAIMING: the claim and what it means.
+
+    def claiming(self) -> bytes:
+        """The claim goes out now: returns the request's fingerprint; sets :attr:`owner`."""
+        self.state = TRANSITIONS.get((self.state, "claim")) or self._refuse("claim")
+        self.owner = new_owner()
+        return self._fingerprint
+
+    def decide(self, decision: Decision, seconds: float | None = None) -> Response | None:
+        """The claim's answer: None to run the app (RUNNING), or the Response to send.
+
+        ``seconds``: how long the claim took in Redis, for the events.
+        """
+        transition = "claimed" if type(decision) is Claimed else "answer"
+        target = TRANSITIONS.get((self.state, transition)) or self._refuse(transition)
+        answer = self._answer(decision, seconds)
+        self.state = target
+        if type(answer) is Claimed:
+            # The handler reaches its fence through idemkey.current_call() (a fenced SQL
+            # transaction, a downstream write); no longer current once the response settles.
+            self.call = Call(
+                replayed=False,
+                fence=answer.fence,
+                takeover=answer.takeover,
+                record=self.record,
+                ttl_ms=self.policy.ttl_ms,
+            )
+            run_as_current(self.call)
+            return None
+        assert not isinstance(answer, Claimed)
+        return answer
+
     def store_failed(self, exc: StoreError) -> Response | None:
+        """The claim failed in Redis: the 503 to send, or None to run the app unprotected."""
+        if self.state is not State.CLAIMING:
+            self._refuse("answer")
+        answer = self._failed(exc)
+        self._move("answer" if answer is not None else "run_unprotected")
+        self.unprotected = answer is None
+        return answer
+
+    def interrupted(self) -> Release:
+        """The claim was cut off (a cancellation) after it may have reached Redis: release it,
+        or retries get 409 until the lease lapses (a release that is not ours changes nothing)."""
+        self._move("interrupted")
+        plan = self.plan = Release("cancelled while claiming")
+        return plan
+
+    def _failed(self, exc: StoreError) -> Response | None:
         """Redis failed before the handler ran: 503 (fail closed) or ``None`` to run it open."""
         if self.policy.on_store_error == "open":
             self.notify("unprotected", detail=str(exc))
@@ -208,13 +347,8 @@ class Exchange:
             [("Retry-After", retry)],
         )
 
-    # The claim's answer.
-
-    def decide(self, decision: Decision, seconds: float | None = None) -> Response | Claimed:
-        """What the claim means: run the handler (``Claimed``) or answer with a Response.
-
-        ``seconds``: how long the claim took in Redis, for the events.
-        """
+    def _answer(self, decision: Decision, seconds: float | None = None) -> Response | Claimed:
+        """What the claim means: run the handler (``Claimed``) or answer with a Response."""
         kind = type(decision)
         if kind is Claimed:
             assert isinstance(decision, Claimed)
@@ -268,9 +402,49 @@ class Exchange:
             headers.append((BODY_NOT_KEPT_HEADER, "true"))
         return Response(response.status, headers, response.body, response.reason)
 
-    # After the handler.
+    # RUNNING, SENDING: the app's answer.
 
-    def finish(
+    def started(self, status: int, headers: list[tuple[str, str]] | None, reason: str = "") -> None:
+        """The response's status and headers went out; ``headers`` None: they were not valid
+        (not latin-1 text), so the record is never completed with them. ``reason``: the status
+        line's reason phrase (WSGI, Flask), stored to be replayed as it was sent."""
+        self.state = TRANSITIONS.get((self.state, "start")) or self._refuse("start")
+        self._head = (status, headers, reason) if headers is not None else None
+
+    def finish(self, body: bytes | None) -> Complete | Release:
+        """The response is complete: store it (``body`` None: without its body) or release."""
+        settling = TRANSITIONS.get((self.state, "finish")) or self._refuse("finish")
+        if self.call is not None:
+            leave_current(self.call)
+        head = self._head
+        plan = self.plan = (
+            self._plan(head[0], head[1], body, head[2]) if head is not None else _UNREADABLE_HEAD
+        )
+        self.state = settling
+        return plan
+
+    def fail(self, reason: str) -> Complete | Release:
+        """The app raised, was cancelled, or stopped before its response was complete.
+
+        Before ``started``: release, so a retry runs again. After: the client may have the
+        answer, and the work is done; complete without the body (or release, when the status
+        is one the policy never stores).
+        """
+        settling = TRANSITIONS.get((self.state, "fail")) or self._refuse("fail")
+        if self.call is not None:
+            leave_current(self.call)
+        head = self._head
+        if self.state is not State.SENDING:
+            plan: Complete | Release = Release(reason)
+        elif head is None:
+            plan = _UNREADABLE_HEAD
+        else:
+            plan = self._plan(head[0], head[1], None, head[2])
+        self.plan = plan
+        self.state = settling
+        return plan
+
+    def _plan(
         self,
         status: int,
         headers: Iterable[tuple[str, str]],
@@ -305,32 +479,32 @@ class Exchange:
             stored = StoredResponse(status, kept, body, reason=reason)
         return Complete(encode_response(stored, policy.compress_at))
 
-    def completed(
-        self, stored: bool, seconds: float | None = None, record_lost: bool = False
-    ) -> None:
-        """Report what the complete script said (``False``: the lease was lost meanwhile;
-        ``record_lost``: the record vanished under the claim, evicted, rather than taken)."""
+    # SETTLING: what the store said.
+
+    def settled(self, ok: bool, seconds: float | None = None, record_lost: bool = False) -> None:
+        """The complete or release script answered (``ok`` False: the record was not ours;
+        ``record_lost``: it vanished under the claim, evicted, rather than taken over)."""
+        plan = self.plan
+        self.state = TRANSITIONS.get((self.state, "settle")) or self._refuse("settle")
         fence = self.claim.fence if self.claim else None
-        if stored:
+        if not ok:
+            why = RECORD_LOST_DETAIL if record_lost else TAKEN_OVER_DETAIL
+            self.notify("lease_lost", fence, why)
+        elif isinstance(plan, Complete):
             self.notify("completed", fence, seconds=seconds)
         else:
-            why = RECORD_LOST_DETAIL if record_lost else TAKEN_OVER_DETAIL
-            self.notify("lease_lost", fence, why)
+            assert plan is not None
+            self.notify("released", fence, plan.reason, seconds)
 
-    def released(
-        self,
-        reason: str,
-        ours: bool = True,
-        seconds: float | None = None,
-        record_lost: bool = False,
-    ) -> None:
-        """Report what the release script said (``False``: the record was no longer ours)."""
+    def settle_failed(self, exc: StoreError) -> None:
+        """Redis failed while settling: reported, never raised (the client has its answer)."""
+        self._move("settle")
         fence = self.claim.fence if self.claim else None
-        if ours:
-            self.notify("released", fence, reason, seconds)
+        if isinstance(self.plan, Complete):
+            detail = f"response not stored: {exc}"
         else:
-            why = RECORD_LOST_DETAIL if record_lost else TAKEN_OVER_DETAIL
-            self.notify("lease_lost", fence, why)
+            detail = f"key not released (its lease will lapse): {exc}"
+        self.notify("store_error", fence, detail)
 
     def notify(
         self,
