@@ -213,10 +213,6 @@ class Exchange:
 
     # READING: the request body.
 
-    def too_large(self, size: int) -> bool:
-        """Whether a body of ``size`` bytes (or a declared Content-Length) is over the limit."""
-        return size > self._limit
-
     def announced(self) -> Response | None:
         """Before reading: the 413 to send when the declared length is over the limit."""
         if self.state is not State.READING:

@@ -134,7 +134,8 @@ def run_exchange(data: Input) -> str:
 
     # The body: a declared Content-Length over the limit is refused before reading.
     declared = content_length(headers)
-    if (declared is not None and step.too_large(declared)) or step.too_large(len(data.body)):
+    limit = policy.max_request_bytes
+    if (declared is not None and declared > limit) or len(data.body) > limit:
         check_response(step._too_large(), {413})
         return "too_large"
 

@@ -194,10 +194,9 @@ def test_content_length_is_ascii_digits_or_nothing(value: str, expected: int | N
 
 
 def test_too_large_is_413_with_a_problem_body() -> None:
-    step = exchange(Policy(max_request_bytes=10))
-    assert not step.too_large(10)
-    assert step.too_large(11)
-    answer = step._too_large()
+    assert exchange(Policy(max_request_bytes=10)).received(b"x" * 10) is None
+    answer = exchange(Policy(max_request_bytes=10)).received(b"x" * 11)
+    assert answer is not None
     assert answer.status == 413
     assert problem_body(answer)["code"] == "request_too_large"
 
