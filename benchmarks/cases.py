@@ -27,8 +27,8 @@ from typing import Any
 from idemkey import AsyncRedisStore, Policy, RedisStore, aguard, guard
 from idemkey._codec import encode_value
 from idemkey._core import owner_tag, payload_fingerprint, record_for
-from idemkey._steps import step_field
 from idemkey.guard import GUARD_METHOD
+from idemkey.guard._steps import step_field
 
 from .fakes import AsyncFakeClient, FakeClient, first_call_replies, replay_replies
 

@@ -111,11 +111,24 @@ _new_tuple = tuple.__new__
 
 
 class Record(NamedTuple):
-    """The Redis names of one idempotency record; ``digest`` is what sits in the braces."""
+    """The Redis names of one idempotency record; ``digest`` is what sits in the braces.
+
+    ``record_key`` names the record's hash, ``lock_key`` the string holding its lease owner.
+    """
 
     digest: str
-    key: str
-    lock: str
+    record_key: str
+    lock_key: str
+
+    @property
+    def key(self) -> str:
+        """The 0.2 name of :attr:`record_key`."""
+        return self.record_key
+
+    @property
+    def lock(self) -> str:
+        """The 0.2 name of :attr:`lock_key`."""
+        return self.lock_key
 
 
 def record_for(prefix: str, scope: str, method: str, route: str, key: str) -> Record:
@@ -132,7 +145,9 @@ def record_for(prefix: str, scope: str, method: str, route: str, key: str) -> Re
     material = b"%d:%b%d:%b%d:%b%d:%b" % (len(s), s, len(m), m, len(r), r, len(k), k)
     digest = hashlib.blake2b(material, digest_size=16).hexdigest()
     name = f"{prefix}:{{{digest}}}"
-    return _new_tuple(Record, (digest, name, name + ":lock"))  # Record(digest, name, lock)
+    return _new_tuple(
+        Record, (digest, name, name + ":lock")
+    )  # Record(digest, record_key, lock_key)
 
 
 def fingerprint(

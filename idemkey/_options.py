@@ -23,12 +23,18 @@ import math
 import numbers
 import reprlib
 from collections.abc import Callable, Iterable, Mapping
-from typing import TYPE_CHECKING, Any, Final
+from typing import Any, Final, Protocol, TypeVar
 
 from .errors import ConfigurationError
 
-if TYPE_CHECKING:
-    from .policy import Policy
+_P = TypeVar("_P", bound="_Replaceable")
+
+
+class _Replaceable(Protocol):
+    """What :func:`derive` needs of a Policy: a protocol, so no import of policy at load."""
+
+    def replace(self: _P, **changes: Any) -> _P: ...
+
 
 __all__ = [
     "ALIASES",
@@ -267,7 +273,7 @@ def policy_options(options: Mapping[str, Any], label: Label) -> dict[str, Any]:
     return changes
 
 
-def derive(base: Policy, changes: Mapping[str, Any], source: str) -> Policy:
+def derive(base: _P, changes: Mapping[str, Any], source: str) -> _P:
     """``base`` with ``changes`` (from :func:`policy_options`); an error between fields (a
     lease longer than the ttl) names ``source``."""
     if not changes:
@@ -278,7 +284,7 @@ def derive(base: Policy, changes: Mapping[str, Any], source: str) -> Policy:
         raise ConfigurationError(f"{source}: {exc}") from None
 
 
-def freeze(policy: Policy) -> None:
+def freeze(policy: object) -> None:
     """Convert every field of a Policy being built in place (its ``__post_init__``)."""
     for name, converter in _CONVERTERS.items():
         value = getattr(policy, name)

@@ -13,7 +13,7 @@
     ├── UsageError               the API used out of order (save() on a replayed call)
     │   └── NoResultError        ``call.result`` with no result (also an AttributeError)
     ├── ConfigurationError       a Policy, client or argument that cannot work
-    ├── ProtocolError            an integration called the HTTP exchange's steps out of order
+    ├── ProtocolError            an integration asked the HTTP exchange's transitions out of order
     └── StoreError               Redis failed or answered something we cannot read
         └── RecordFormatError    a stored record is not in a format this version reads
 
@@ -141,13 +141,19 @@ class RecordFormatError(StoreError):
 
 
 class ProtocolError(IdemkeyError, RuntimeError):
-    """A step of one HTTP exchange was called out of order (an integration bug, never a client's).
+    """A transition of one HTTP exchange was asked out of order (an integration bug, never a
+    client's).
 
-    ``state`` is where the exchange was and ``step`` what was asked of it, as h11's
+    ``state`` is where the exchange was and ``transition`` what was asked of it, as h11's
     ``LocalProtocolError``: the exchange is unchanged, so nothing stored is lost.
     """
 
-    def __init__(self, state: str, step: str) -> None:
-        super().__init__(f"cannot {step} an exchange that is {state}")
+    def __init__(self, state: str, transition: str) -> None:
+        super().__init__(f"cannot {transition} an exchange that is {state}")
         self.state = state
-        self.step = step
+        self.transition = transition
+
+    @property
+    def step(self) -> str:
+        """The 0.2 name of :attr:`transition`."""
+        return self.transition

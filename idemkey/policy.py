@@ -13,12 +13,13 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
 from . import _options
-from ._scope import credential_scope
 from .errors import ConfigurationError
+from .http._scope import credential_scope
 
 if TYPE_CHECKING:
     from .events import Event
-    from .http import Problem, Request
+    from .http._messages import Request
+    from .http._problems import Problem
 
 __all__ = [
     "DEFAULT_COMPRESS_AT",

@@ -31,8 +31,8 @@ from typing import Any
 
 from . import AsyncRedisStore, RedisStore
 from ._options import derive, keyword, policy_options
-from ._switch import switch
 from .errors import ConfigurationError
+from .http._switch import switch
 from .policy import Policy
 
 __all__ = ["disabled", "fake_async_store", "fake_redis", "fake_store"]

@@ -4,7 +4,7 @@
 ``<!-- policy-fields -->`` becomes a table of every :class:`idemkey.Policy` option
 (``dataclasses.fields``: name, type, default; derived fields left out) with its meaning, the
 ``#:`` comment above the field in idemkey/policy.py. ``<!-- problem-codes -->`` becomes the
-table of idemkey's problem codes (idemkey/_problems.py's titles) with the status each is
+table of idemkey's problem codes (idemkey/http/_problems.py's titles) with the status each is
 answered with, read from the calls that answer it (:func:`problem_statuses`). Nothing is
 copied by hand: a new field or code appears on the site with the change that adds it, and a
 field without a comment, or a code whose status is not found, fails the build.
@@ -76,7 +76,7 @@ def policy_table() -> str:
 def problem_statuses() -> dict[str, set[str]]:
     """Each problem code -> the statuses the package answers it with, read from the source.
 
-    ``render(policy, 400, "code", ...)`` and ``lifecycle.unreadable(500, "code", ...)`` name
+    ``render(policy, 400, "code", ...)`` and ``exchange.unreadable(500, "code", ...)`` name
     both; ``status = self.policy.mismatch_status`` before a call names a Policy field; a code
     made into a ``BodyError("code", ...)`` takes the status of the ``unreadable(<status>,
     <x>.code, ...)`` call that answers it, unless a call of its own names its status.
@@ -108,7 +108,7 @@ def problem_statuses() -> dict[str, set[str]]:
 
 
 def problem_table() -> str:
-    from idemkey._problems import _TITLES, PROBLEM_TYPE
+    from idemkey.http._problems import _TITLES, PROBLEM_TYPE
 
     statuses = problem_statuses()
     rows = ["| code | status | title | `type` |", "|---|---|---|---|"]

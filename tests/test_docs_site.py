@@ -11,7 +11,7 @@ import dataclasses
 import importlib.util
 from pathlib import Path
 
-from idemkey._problems import _TITLES
+from idemkey.http._problems import _TITLES
 from idemkey.policy import Policy
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -14,11 +14,11 @@ from collections.abc import Awaitable, Callable, MutableMapping
 from typing import TYPE_CHECKING, Any
 
 from ..http import BodyCopy, Response
-from ._lifecycle import State
+from ..http._transitions import State
 
 if TYPE_CHECKING:
+    from ..http import Exchange
     from ._async_driver import AsyncDriver
-    from ._lifecycle import Lifecycle
 
 __all__ = [
     "ASGIApp",
@@ -125,24 +125,24 @@ class TeeSend:
     """``send`` for the app: forwards every message while a bounded copy is kept, and settles
     the record once the final body message has been sent."""
 
-    __slots__ = ("copy", "driver", "finished", "lifecycle", "real")
+    __slots__ = ("copy", "driver", "exchange", "finished", "real")
 
-    def __init__(self, driver: AsyncDriver, lifecycle: Lifecycle, real: Send) -> None:
-        self.driver, self.lifecycle, self.real = driver, lifecycle, real
-        self.copy = BodyCopy(lifecycle.exchange.policy.max_response_bytes)
+    def __init__(self, driver: AsyncDriver, exchange: Exchange, real: Send) -> None:
+        self.driver, self.exchange, self.real = driver, exchange, real
+        self.copy = BodyCopy(exchange.policy.max_response_bytes)
         self.finished = False
 
     async def send(self, message: Message) -> None:
         kind = message["type"]
-        lifecycle = self.lifecycle
-        if kind == "http.response.start" and lifecycle.state is State.RUNNING:
+        exchange = self.exchange
+        if kind == "http.response.start" and exchange.state is State.RUNNING:
             message, status, headers = head_of(message)
             await self.real(message)
             # Sent: from here on the client may hold the answer, so the key is never released.
-            lifecycle.started(status, headers)
+            exchange.started(status, headers)
             self.copy.start(headers or ())
             return
-        if self.finished or lifecycle.state is not State.SENDING:
+        if self.finished or exchange.state is not State.SENDING:
             await self.real(message)  # not ours to keep: the server judges it
             return
         if kind == "http.response.body":
@@ -160,4 +160,4 @@ class TeeSend:
         try:
             await self.real(message)
         finally:
-            await self.driver.finish(lifecycle, self.copy.body())
+            await self.driver.finish(exchange, self.copy.body())

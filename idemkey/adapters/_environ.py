@@ -31,8 +31,7 @@ if TYPE_CHECKING:
     from _typeshed.wsgi import StartResponse, WSGIApplication, WSGIEnvironment
     from werkzeug import Request as WerkzeugRequest
 
-    from ..http import Response
-    from ._lifecycle import Lifecycle
+    from ..http import Exchange, Response
 
 __all__ = [
     "BODY_KEY",
@@ -122,7 +121,7 @@ def capture(environ: WSGIEnvironment, limit: int) -> bytes | BodyError:
     """Read the body (at most ``limit`` bytes count) and put it back for the app to read.
 
     A body shorter than its ``CONTENT_LENGTH`` is returned as it is, with that length left in
-    place: :meth:`Lifecycle.received <._lifecycle.Lifecycle.received>` refuses it.
+    place: :meth:`Exchange.received <idemkey.http.Exchange.received>` refuses it.
     """
     stream = environ["wsgi.input"]
     length = parse_content_length(environ.get("CONTENT_LENGTH"))
@@ -154,25 +153,25 @@ def capture(environ: WSGIEnvironment, limit: int) -> bytes | BodyError:
     return body
 
 
-def read_body(environ: WSGIEnvironment, lifecycle: Lifecycle) -> bytes | Response:
+def read_body(environ: WSGIEnvironment, exchange: Exchange) -> bytes | Response:
     """The body the client sent (captured earlier by :class:`BodyCapture`, or now), or the
     problem to answer instead."""
-    rejected = lifecycle.announced()
+    rejected = exchange.announced()
     if rejected is not None:
         return rejected
     captured: bytes | BodyError | None = environ.pop(BODY_KEY, None)
     if captured is None:
-        captured = capture(environ, lifecycle.exchange.policy.max_request_bytes)
+        captured = capture(environ, exchange.policy.max_request_bytes)
     if isinstance(captured, BodyError):
         if captured.code == "request_too_large":
-            return lifecycle.reject_too_large()
-        return lifecycle.unreadable(400, captured.code, captured.detail)
+            return exchange.reject_too_large()
+        return exchange.unreadable(400, captured.code, captured.detail)
     # Over this view's limit (captured under a larger one), or short: refused there.
-    rejected = lifecycle.received(captured)
+    rejected = exchange.received(captured)
     return rejected if rejected is not None else captured
 
 
-def read_werkzeug_body(request: WerkzeugRequest, lifecycle: Lifecycle) -> bytes | Response:
+def read_werkzeug_body(request: WerkzeugRequest, exchange: Exchange) -> bytes | Response:
     """:func:`read_body` for a werkzeug (Flask) request.
 
     Without the :class:`BodyCapture` layer (``app.wsgi_app`` replaced after ``init_app``), a
@@ -181,13 +180,13 @@ def read_werkzeug_body(request: WerkzeugRequest, lifecycle: Lifecycle) -> bytes 
     """
     touched = "stream" in request.__dict__ or "form" in request.__dict__
     if BODY_KEY not in request.environ and (touched or hasattr(request, "_cached_data")):
-        return lifecycle.unreadable(
+        return exchange.unreadable(
             500,
             "body_unavailable",
             "the request body was read before idemkey saw it; keep the layer Idemkey.init_app "
             "puts around app.wsgi_app",
         )
-    return read_body(request.environ, lifecycle)
+    return read_body(request.environ, exchange)
 
 
 class BodyCapture:

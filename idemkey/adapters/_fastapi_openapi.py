@@ -15,7 +15,6 @@ from ..http import REPLAYED_HEADER
 
 if TYPE_CHECKING:
     from ..policy import Policy
-    from .fastapi import Idempotency
 
 __all__ = ["document"]
 
@@ -33,7 +32,7 @@ _PROBLEM_SCHEMA: Final = {
 
 
 def document(
-    extra: dict[str, Any] | None, idem: Idempotency, policy: Policy, status_code: int | None
+    extra: dict[str, Any] | None, media_type: str, policy: Policy, status_code: int | None
 ) -> dict[str, Any]:
     """``openapi_extra`` plus the header, the problem answers and the replay header.
 
@@ -79,5 +78,5 @@ def document(
         if policy.render_problem is None:
             content["application/problem+json"] = {"schema": copy.deepcopy(_PROBLEM_SCHEMA)}
         else:  # your renderer's shape: idemkey cannot know its schema
-            content.setdefault(idem.problem_media_type, {"schema": {}})
+            content.setdefault(media_type, {"schema": {}})
     return merged

@@ -1,7 +1,7 @@
 """The Flask extension's responses: a view's answer as Flask builds it, and idemkey's own
 answers (a problem, a replay) as Flask responses carrying exactly the stored headers.
 
-Kept apart from ``flask.py``, whose ``_guard`` only takes a request through the lifecycle.
+Kept apart from ``flask.py``, whose ``_guard`` only takes a request through the exchange.
 """
 
 from __future__ import annotations

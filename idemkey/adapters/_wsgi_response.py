@@ -19,8 +19,7 @@ from ..http import BodyCopy
 if TYPE_CHECKING:
     from _typeshed.wsgi import StartResponse, WSGIEnvironment
 
-    from ..http import Response
-    from ._lifecycle import Lifecycle
+    from ..http import Exchange, Response
     from ._sync_driver import Driver
 
 __all__ = ["DRAIN_SECONDS", "TeeIterable", "send"]
@@ -52,10 +51,10 @@ class TeeIterable:
         "copy",
         "driver",
         "environ",
+        "exchange",
         "headers",
         "iterable",
         "iterator",
-        "lifecycle",
         "reason",
         "server_start_response",
         "server_write",
@@ -64,9 +63,9 @@ class TeeIterable:
     )
 
     def __init__(
-        self, driver: Driver, lifecycle: Lifecycle, start: StartResponse, environ: WSGIEnvironment
+        self, driver: Driver, exchange: Exchange, start: StartResponse, environ: WSGIEnvironment
     ) -> None:
-        self.driver, self.lifecycle, self.server_start_response = driver, lifecycle, start
+        self.driver, self.exchange, self.server_start_response = driver, exchange, start
         self.environ = environ
         self.server_write: Callable[[bytes], object] | None = None
         self.iterable: Iterable[bytes] = ()
@@ -74,7 +73,7 @@ class TeeIterable:
         self.status: int | None = None
         self.reason = ""
         self.headers: list[tuple[str, str]] = []
-        self.copy = BodyCopy(lifecycle.exchange.policy.max_response_bytes)
+        self.copy = BodyCopy(exchange.policy.max_response_bytes)
         self.settled = False
         self.body_started = False  # a non-empty chunk went out: the head is the client's
 
@@ -114,13 +113,13 @@ class TeeIterable:
         self.settled = True
         # WSGI lets an app replace its status until the first body byte (exc_info): the head
         # counts as sent from then on, and a failure after it completes without the body
-        # (the lifecycle's rule, as under ASGI); a failure before it releases the key.
+        # (the exchange's rule, as under ASGI); a failure before it releases the key.
         if self.status is not None and (self.body_started or not failed):
-            self.lifecycle.started(self.status, self.headers, self.reason)
+            self.exchange.started(self.status, self.headers, self.reason)
         if failed or self.status is None:
-            self.driver.fail(self.lifecycle, "the handler raised")
+            self.driver.fail(self.exchange, "the handler raised")
             return
-        self.driver.finish(self.lifecycle, self.copy.body())
+        self.driver.finish(self.exchange, self.copy.body())
 
     def close(self) -> None:
         """The server is done with us: if it stopped early, drain the app (bounded in bytes

@@ -21,8 +21,8 @@ cancellation (a server cancelling the request when its client leaves).
 from __future__ import annotations
 
 from ..http import Headers, Request, Response, begin
+from ..http.routes import KnownRoute, Routes
 from ..policy import Policy
-from ..routes import KnownRoute, Routes
 from ..store import AsyncRedisStore
 from ._asgi_messages import (
     ASGIApp,
@@ -36,7 +36,6 @@ from ._asgi_messages import (
     respond,
 )
 from ._async_driver import AsyncDriver
-from ._lifecycle import Lifecycle
 
 __all__ = ["ASGIApp", "IdempotencyMiddleware", "Message", "Receive", "Scope", "Send"]
 
@@ -82,32 +81,31 @@ class IdempotencyMiddleware:
         # A list, not a generator: one call, not one resume per header.
         headers = Headers([(n.decode("latin-1"), v.decode("latin-1")) for n, v in scope["headers"]])
         query = scope.get("query_string", b"").decode("latin-1")
-        step = begin(policy, Request(scope["method"], scope["path"], query, headers, route))
-        if step is None:
+        exchange = begin(policy, Request(scope["method"], scope["path"], query, headers, route))
+        if exchange is None:
             await self.app(scope, receive, send)
             return
-        if isinstance(step, Response):
-            await respond(send, step)
+        if isinstance(exchange, Response):
+            await respond(send, exchange)
             return
-        lifecycle = Lifecycle(step)
-        answer = lifecycle.announced()
+        answer = exchange.announced()
         if answer is not None:
             await respond(send, answer)
             return
         body = await read_body(receive, policy.max_request_bytes)
         if body is None:  # the client left before sending its request: nothing was claimed
-            lifecycle.client_left()
+            exchange.client_left()
             return
-        answer = lifecycle.received(body) or await self.driver.claim(lifecycle)
+        answer = exchange.received(body) or await self.driver.claim(exchange)
         if answer is not None:
             await respond(send, answer)
             return
-        if lifecycle.unprotected:  # Redis is down and the policy says run unprotected
+        if exchange.unprotected:  # Redis is down and the policy says run unprotected
             await self.app(scope, ReplayReceive(body, receive), send)
             return
-        tee = TeeSend(self.driver, lifecycle, send)
+        tee = TeeSend(self.driver, exchange, send)
         try:
             await self.app(scope, ReplayReceive(body, receive), tee.send)
         finally:
             if not tee.finished:  # the app raised, was cancelled, or returned mid-response
-                await self.driver.fail(lifecycle, "the app did not finish its response")
+                await self.driver.fail(exchange, "the app did not finish its response")

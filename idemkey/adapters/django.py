@@ -54,19 +54,18 @@ from django.core.exceptions import RequestDataTooBig
 from django.http import HttpResponse
 
 from .._options import derive, keyword, policy_options
-from .._scope import default_scope
 from ..http import Response, begin
+from ..http._scope import default_scope
+from ..http.routes import ROUTE_UNKNOWN
 from ..policy import Policy, credential_scope
-from ..routes import ROUTE_UNKNOWN
 from ._django_config import configure
 from ._environ import EnvironHeaders
-from ._lifecycle import Lifecycle
 from ._sync_driver import Driver
 
 if TYPE_CHECKING:
     from django.http import HttpRequest, HttpResponseBase
 
-    from ..http import Request
+    from ..http import Exchange, Request
 
 __all__ = ["IdempotencyMiddleware", "idempotency_exempt", "idempotent"]
 
@@ -165,23 +164,19 @@ class IdempotencyMiddleware:
         try:
             response = self.get_response(request)
         except BaseException:
-            lifecycle = request.__dict__.pop("_idemkey", None)
-            if lifecycle is not None:
-                self.driver.fail(lifecycle, "the view raised")
+            exchange = request.__dict__.pop("_idemkey", None)
+            if exchange is not None:
+                self.driver.fail(exchange, "the view raised")
             raise
-        lifecycle = request.__dict__.pop("_idemkey", None)
-        if lifecycle is not None:
+        exchange = request.__dict__.pop("_idemkey", None)
+        if exchange is not None:
             kept: bytes | None = None
             if not response.streaming:  # a stream completes without its body
                 content: bytes = response.content
-                kept = (
-                    content
-                    if len(content) <= lifecycle.exchange.policy.max_response_bytes
-                    else None
-                )
+                kept = content if len(content) <= exchange.policy.max_response_bytes else None
             reason = response.reason_phrase  # "201 Charged OK" is replayed as sent, as in WSGI
-            lifecycle.started(response.status_code, list(response.items()), reason)
-            self.driver.finish(lifecycle, kept)
+            exchange.started(response.status_code, list(response.items()), reason)
+            self.driver.finish(exchange, kept)
         return response
 
     def process_view(
@@ -198,23 +193,22 @@ class IdempotencyMiddleware:
         route = "/" + match.route if match is not None and match.route else ROUTE_UNKNOWN
         token = _current.set(request)
         try:
-            step = begin(policy, _request_of(request, route))
+            exchange = begin(policy, _request_of(request, route))
         finally:
             _current.reset(token)
-        if step is None:
+        if exchange is None:
             return None
-        if isinstance(step, Response):
-            return _respond(step)
-        lifecycle = Lifecycle(step)
-        body = _read_body(request, lifecycle)
+        if isinstance(exchange, Response):
+            return _respond(exchange)
+        body = _read_body(request, exchange)
         if isinstance(body, Response):
             return _respond(body)
-        answer = self.driver.claim(lifecycle)
+        answer = self.driver.claim(exchange)
         if answer is not None:
             return _respond(answer)
-        if lifecycle.unprotected:  # Redis is down and the policy says run unprotected
+        if exchange.unprotected:  # Redis is down and the policy says run unprotected
             return None
-        request._idemkey = lifecycle  # settled in __call__, with the view's response
+        request._idemkey = exchange  # settled in __call__, with the view's response
         return None
 
     def _policy_for(self, view: Callable[..., Any]) -> Policy | None:
@@ -252,18 +246,18 @@ def _request_of(request: HttpRequest, route: str) -> Request:
     )
 
 
-def _read_body(request: HttpRequest, lifecycle: Lifecycle) -> bytes | Response:
+def _read_body(request: HttpRequest, exchange: Exchange) -> bytes | Response:
     """The body (Django keeps it for the view), or the 413 / 400 to answer instead."""
-    rejected = lifecycle.announced()
+    rejected = exchange.announced()
     if rejected is not None:
         return rejected
-    if lifecycle.declared is None and request.META.get("wsgi.input_terminated"):
+    if exchange.declared is None and request.META.get("wsgi.input_terminated"):
         # A chunked body under WSGI: Django reads no body without a Content-Length, so read it
         # here (bounded) and hand it to Django as the request's stream, as the WSGI middleware
         # hands it to the app.
-        limit = lifecycle.exchange.policy.max_request_bytes
+        limit = exchange.policy.max_request_bytes
         chunked: bytes = request.META["wsgi.input"].read(limit + 1)
-        rejected = lifecycle.received(chunked)
+        rejected = exchange.received(chunked)
         if rejected is not None:
             return rejected
         request.META["CONTENT_LENGTH"] = str(len(chunked))
@@ -273,8 +267,8 @@ def _read_body(request: HttpRequest, lifecycle: Lifecycle) -> bytes | Response:
     try:
         body: bytes = request.body
     except RequestDataTooBig:  # over Django's own DATA_UPLOAD_MAX_MEMORY_SIZE
-        return lifecycle.reject_too_large()
-    rejected = lifecycle.received(body)
+        return exchange.reject_too_large()
+    rejected = exchange.received(body)
     return rejected if rejected is not None else body
 
 

@@ -53,7 +53,7 @@ from fastapi.routing import APIRoute
 
 from .._options import derive, keyword, policy_options
 from ..errors import ConfigurationError
-from ..routes import KnownRoute
+from ..http.routes import KnownRoute
 from ._fastapi_openapi import document
 from .asgi import IdempotencyMiddleware
 
@@ -151,7 +151,9 @@ class IdempotentRoute(APIRoute):
         if guards:
             idem, options = _merged(guards)
             policy = derive(idem.policy, options, f"idem.guard(...) on route {path!r}")
-            self.openapi_extra = document(self.openapi_extra, idem, policy, self.status_code)
+            self.openapi_extra = document(
+                self.openapi_extra, idem.problem_media_type, policy, self.status_code
+            )
 
     def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
         handler = super().get_route_handler()
@@ -170,7 +172,9 @@ class IdempotentRoute(APIRoute):
                 idem, options = _merged(guards)
                 where = f"idem.guard(...) on route {context.path_format!r}"
                 policy = derive(idem.policy, options, where)
-                extra = document(context.openapi_extra, idem, policy, context.status_code)
+                extra = document(
+                    context.openapi_extra, idem.problem_media_type, policy, context.status_code
+                )
                 context.openapi_extra = extra
         return handler
 

@@ -50,7 +50,6 @@ from ..http import Response, begin
 from ._environ import BodyCapture, read_werkzeug_body, request_of
 from ._flask_config import AppState, app_state, view_overrides
 from ._flask_response import render_view, respond
-from ._lifecycle import Lifecycle
 
 if TYPE_CHECKING:
     from flask import Flask
@@ -128,33 +127,32 @@ def _guard(
     if req.method not in policy.methods:
         return _unclaimed(view, args, kwargs)
     rule = req.url_rule
-    step = begin(policy, request_of(req.environ, rule.rule if rule is not None else ""))
-    if step is None:
+    exchange = begin(policy, request_of(req.environ, rule.rule if rule is not None else ""))
+    if exchange is None:
         return _unclaimed(view, args, kwargs)
-    if isinstance(step, Response):
-        return respond(step)
-    lifecycle = Lifecycle(step)
-    body = read_werkzeug_body(req, lifecycle)  # what the client sent, whatever a hook read
+    if isinstance(exchange, Response):
+        return respond(exchange)
+    body = read_werkzeug_body(req, exchange)  # what the client sent, whatever a hook read
     if isinstance(body, Response):
         return respond(body)
-    answer = driver.claim(lifecycle)
+    answer = driver.claim(exchange)
     if answer is not None:
         return respond(answer)
-    if lifecycle.unprotected:
+    if exchange.unprotected:
         return _unclaimed(view, args, kwargs)
-    g.idemkey = step
+    g.idemkey = exchange
     try:
         response = render_view(view, args, kwargs)
     except BaseException:
-        driver.fail(lifecycle, "the handler raised")
+        driver.fail(exchange, "the handler raised")
         raise
     kept: bytes | None = None
     if not response.is_streamed:
         data = response.get_data()
         kept = data if len(data) <= policy.max_response_bytes else None
     headers = response.headers.to_wsgi_list()
-    lifecycle.started(response.status_code, headers, response.status[4:])
-    driver.finish(lifecycle, kept)
+    exchange.started(response.status_code, headers, response.status[4:])
+    driver.finish(exchange, kept)
     return response
 
 

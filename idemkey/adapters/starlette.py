@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from ..routes import KnownRoute
+from ..http.routes import KnownRoute
 from .asgi import IdempotencyMiddleware
 
 if TYPE_CHECKING:

@@ -21,9 +21,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from ..http import Response, begin
-from ..routes import KnownRoute, Routes
+from ..http.routes import KnownRoute, Routes
 from ._environ import EnvironHeaders, read_body, request_of
-from ._lifecycle import Lifecycle
 from ._sync_driver import Driver
 from ._wsgi_response import DRAIN_SECONDS, EXCHANGE_KEY, TeeIterable, send
 
@@ -72,25 +71,24 @@ class IdempotencyMiddleware:
             if selected is None:
                 return self.app(environ, start_response)
             policy, route = selected.policy, selected.route
-        step = begin(policy, request_of(environ, route))
-        if step is None:
+        exchange = begin(policy, request_of(environ, route))
+        if exchange is None:
             return self.app(environ, start_response)
-        if isinstance(step, Response):
-            return send(start_response, step)
-        lifecycle = Lifecycle(step)
-        body = read_body(environ, lifecycle)
+        if isinstance(exchange, Response):
+            return send(start_response, exchange)
+        body = read_body(environ, exchange)
         if isinstance(body, Response):
             return send(start_response, body)
-        answer = self.driver.claim(lifecycle)
+        answer = self.driver.claim(exchange)
         if answer is not None:
             return send(start_response, answer)
-        if lifecycle.unprotected:  # Redis is down and the policy says run unprotected
+        if exchange.unprotected:  # Redis is down and the policy says run unprotected
             return self.app(environ, start_response)
-        environ[EXCHANGE_KEY] = step  # the app may read its fence: .claim.fence
-        tee = TeeIterable(self.driver, lifecycle, start_response, environ)
+        environ[EXCHANGE_KEY] = exchange  # the app may read its fence: .claim.fence
+        tee = TeeIterable(self.driver, exchange, start_response, environ)
         try:
             tee.iterable = self.app(environ, tee.start_response)
         except BaseException:
-            self.driver.fail(lifecycle, "the handler raised")
+            self.driver.fail(exchange, "the handler raised")
             raise
         return tee

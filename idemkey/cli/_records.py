@@ -9,11 +9,11 @@ from typing import IO, Any, Final
 
 from .._codec import StoredResponse, decode_response, decode_value
 from .._core import OWNER_TAG_LENGTH, Record, parse_key, record_for, record_state
-from .._http_messages import Headers, Request
-from .._scope import NO_CREDENTIALS, credential_scope
-from ..diagnostics import _text as text
 from ..errors import InvalidKeyError, RecordFormatError
 from ..guard import GUARD_METHOD
+from ..http._messages import Headers, Request
+from ..http._scope import NO_CREDENTIALS, credential_scope
+from ..store.diagnostics import _text as text
 from ._base import CliError
 from ._format import PREVIEW_BYTES, duration, preview, shorten
 
@@ -174,11 +174,13 @@ def read_record(client: Any, record: Record, *, guard: bool | None = None) -> Re
     try the response format first (when only the digest is known).
     """
     pipe = client.pipeline(transaction=False)
-    pipe.hgetall(record.key)
-    pipe.pttl(record.key)
-    pipe.pttl(record.lock)
+    pipe.hgetall(record.record_key)
+    pipe.pttl(record.record_key)
+    pipe.pttl(record.lock_key)
     fields, ttl_ms, lease_ms = pipe.execute()
-    view = RecordView(record.key, record.digest, bool(fields), lease_ms=lease_ms, ttl_ms=ttl_ms)
+    view = RecordView(
+        record.record_key, record.digest, bool(fields), lease_ms=lease_ms, ttl_ms=ttl_ms
+    )
     if not fields:
         return view
     get = {text(k): v for k, v in fields.items()}.get

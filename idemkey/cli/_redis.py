@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
-from ..diagnostics import _text as text
+from ..store.diagnostics import _text as text
 from ._base import URL_ENV, CliError
 
 __all__ = ["Server", "connect", "explain_redis_error", "info", "redact"]

@@ -11,8 +11,8 @@ import time
 from dataclasses import asdict
 from typing import IO, Any, Final
 
-from .. import diagnostics
-from ..diagnostics import _text as text
+from ..store import diagnostics
+from ..store.diagnostics import _text as text
 from ._base import CliError, print_json
 from ._redis import connect, info, redact
 

@@ -6,7 +6,7 @@ import argparse
 import sys
 from typing import IO, Final
 
-from ..diagnostics import _text as text
+from ..store.diagnostics import _text as text
 from ._base import CliError, print_json
 from ._format import duration
 from ._records import add_record_options, names_one_record, record_candidates
@@ -51,7 +51,7 @@ def run(args: argparse.Namespace, out: IO[str]) -> int:
         held = [(c, view) for c, view in find(client, candidates) if view.exists]
         if not held:
             if len(candidates) == 1 and names_one_record(args):
-                raise CliError(f"no record {candidates[0].record.key}")
+                raise CliError(f"no record {candidates[0].record.record_key}")
             tried = "; ".join(f"{c.describe()}" for c in candidates)
             raise CliError(f"no record for key {args.key!r} under the names tried ({tried})")
         if len(held) > 1:
@@ -68,16 +68,22 @@ def run(args: argparse.Namespace, out: IO[str]) -> int:
                 "it right now; pass --force to delete it anyway"
             )
         if not args.yes and sys.stdin.isatty():
-            question = f"forget {view.state} record {record.key}?"
+            question = f"forget {view.state} record {record.record_key}?"
             if not _confirm(question):
                 raise CliError("not confirmed; nothing deleted")
         script = client.register_script(_FORGET_LUA)
-        deleted, state = script(keys=[record.key, record.lock], args=["1" if args.force else "0"])
+        deleted, state = script(
+            keys=[record.record_key, record.lock_key], args=["1" if args.force else "0"]
+        )
     state = text(state)
     if deleted == -1:
         raise CliError("the record became in progress meanwhile; nothing deleted (--force)")
     if args.json:
-        print_json({"record": record.key, "deleted": deleted, "state": state or "released"}, out)
+        print_json(
+            {"record": record.record_key, "deleted": deleted, "state": state or "released"}, out
+        )
     else:
-        out.write(f"forgot {state or 'released'} record {record.key} ({deleted} keys deleted)\n")
+        out.write(
+            f"forgot {state or 'released'} record {record.record_key} ({deleted} keys deleted)\n"
+        )
     return 0

@@ -39,7 +39,7 @@ def find(client: Any, candidates: list[Candidate]) -> list[tuple[Candidate, Reco
     """Read every candidate (one EXISTS round trip for all, then the ones that exist)."""
     pipe = client.pipeline(transaction=False)
     for candidate in candidates:
-        pipe.exists(candidate.record.key)
+        pipe.exists(candidate.record.record_key)
     present = [c for c, n in zip(candidates, pipe.execute(), strict=True) if n]
     if len(candidates) == 1 and not present:
         present = candidates  # one name: show it even when empty, as before
@@ -65,7 +65,7 @@ def run(args: argparse.Namespace, out: IO[str]) -> int:
         return 0 if view.exists else 1
     tried = [
         {"scope": c.scope, "scope_note": c.scope_note, "method": c.method, "route": c.route,
-         "record": c.record.key, "exists": any(h is c for h, _ in held)}
+         "record": c.record.record_key, "exists": any(h is c for h, _ in held)}
         for c in candidates
     ]  # fmt: skip
     if args.json:
@@ -82,7 +82,7 @@ def run(args: argparse.Namespace, out: IO[str]) -> int:
             f"no record for key {args.key!r} under any of the {len(candidates)} names tried:\n"
         )
         for c in candidates:
-            out.write(f"  {c.describe():<60} {c.record.key}\n")
+            out.write(f"  {c.describe():<60} {c.record.record_key}\n")
         out.write(f"{NOT_SEARCHABLE}\n")
         return 1
     for i, (c, view) in enumerate(held):

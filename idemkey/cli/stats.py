@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import IO, Any, Final
 
-from ..diagnostics import _text as text
+from ..store.diagnostics import _text as text
 from ._base import CliError, print_json
 from ._format import size
 from ._redis import connect, redact

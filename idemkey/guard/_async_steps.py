@@ -13,10 +13,10 @@ from typing import Any
 
 from .._codec import decode_value, encode_value
 from .._core import Claimed, Record
-from .._steps import StepBook, _async_result, step_field, step_key
 from ..errors import ConfigurationError, StepNotStorableError
 from ..store import AsyncRedisStore
 from ..store._concurrency._async_runtime import uncancellable
+from ._steps import StepBook, _async_result, step_field, step_key
 
 __all__ = ["AsyncSteps"]
 

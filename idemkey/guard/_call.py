@@ -42,10 +42,9 @@ from ..events import (
     enabled_memo,
     report,
 )
-from ..policy import Policy
-from ._policy_check import check_guard_policy
 
 if TYPE_CHECKING:
+    from ..policy import Policy
     from ._async_steps import AsyncSteps
     from ._sync_steps import Steps
 
@@ -287,11 +286,13 @@ def leave_current(call: Call[Any]) -> None:
 
 
 def current_call() -> Call[Any]:
-    """The claimed call whose block (or ``@idempotent`` function) runs in this context.
+    """The claimed call whose block, ``@idempotent`` function or HTTP handler runs in this context.
 
-    For code that is not handed the call, such as a function under ``@idempotent`` that fences
-    its transaction (``idemkey.contrib.sqlalchemy.fenced(session, current_call())``). Raises
-    ``LookupError`` outside a claimed block.
+    The one way to reach the record's fence (``current_call().fence``) from code that is not
+    handed the call: a function under ``@idempotent``, or a handler behind an idemkey
+    middleware, that fences its transaction (``idemkey.contrib.sqlalchemy.fenced(session,
+    current_call())``) or passes the fence downstream. Raises ``LookupError`` outside a
+    claimed block (a replay, a request idemkey does not guard).
     """
     call = _CURRENT.get()
     if call is None:
@@ -353,6 +354,11 @@ class GuardState(Generic[T]):
         if policy is None or policy is store_policy:
             self.policy = store_policy
         else:
+            # Imported here: the HTTP exchange imports this module while policy loads (its
+            # default scope is idemkey.http's), so this module needs no policy at import.
+            from ..policy import Policy
+            from ._policy_check import check_guard_policy
+
             if not isinstance(policy, Policy):
                 raise ConfigurationError(f"policy must be a Policy, got {type(policy).__name__}")
             check_guard_policy(policy, store_policy)

@@ -13,10 +13,10 @@ from typing import Any
 
 from .._codec import decode_value, encode_value
 from .._core import Claimed, Record
-from .._steps import StepBook, _sync_result, step_field, step_key
 from ..errors import ConfigurationError, StepNotStorableError
 from ..store import RedisStore
 from ..store._concurrency._sync_runtime import uncancellable
+from ._steps import StepBook, _sync_result, step_field, step_key
 
 __all__ = ["Steps"]
 

@@ -10,24 +10,14 @@ lives there. One source serves both stores:
 * ``_base.py``: what both share (client check, scripts, error classes, delays).
 * ``_durable.py``, ``_server_check.py``: I/O-free decisions for ``Policy.durability`` and
   for ``check()``.
+* ``_leases.py``: the leases a store holds and renews; ``diagnostics.py``: the server checks
+  behind ``check()`` and ``idemkey doctor``.
 """
 
 from __future__ import annotations
 
 from ._async_store import AsyncRedisStore
-from ._base import SCRIPT_NAMES, SCRIPTS, _next_delay
-from ._concurrency._async_runtime import detach, uncancellable
-from ._durable import (
-    _DONE,
-    _DURABLE,
-    _LOAD_SCRIPT,
-    _SEND_AGAIN,
-    _UNCONFIRMED,
-    _durable_outcome,
-    _durable_reply,
-    _unconfirmed,
-    _wrote,
-)
+from ._base import SCRIPT_NAMES, SCRIPTS
 from ._server_check import server_warnings
 from ._sync_store import RedisStore
 
@@ -36,16 +26,6 @@ __all__ = [
     "SCRIPT_NAMES",
     "AsyncRedisStore",
     "RedisStore",
-    "_DONE",
-    "_DURABLE",
-    "_LOAD_SCRIPT",
-    "_SEND_AGAIN",
-    "_UNCONFIRMED",
-    "_durable_outcome",
-    "_durable_reply",
-    "_next_delay",
-    "_unconfirmed",
-    "_wrote",
     "detach",
     "server_warnings",
     "uncancellable",

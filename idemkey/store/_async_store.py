@@ -183,8 +183,8 @@ class AsyncRedisStore(AsyncHeartbeat):
         lease_ms = lease_ms or self.policy.lease_ms
         ttl_ms = ttl_ms or self.policy.ttl_ms
         args: tuple[str | bytes | int, ...] = (
-            record.key,
-            record.lock,
+            record.record_key,
+            record.lock_key,
             fingerprint,
             owner,
             lease_ms,
@@ -277,10 +277,15 @@ class AsyncRedisStore(AsyncHeartbeat):
         # The owner's tag is computed here only, and sent. With the claim's fence (kept with
         # its lease), complete.lua tells a lost record apart.
         args: tuple[str | bytes | int, ...] = (
-            (record.key, record.lock, owner, response, ttl_ms, owner_tag(owner))
-            if lease is None or lease.fence is None
-            else (record.key, record.lock, owner, response, ttl_ms, owner_tag(owner), lease.fence)
+            record.record_key,
+            record.lock_key,
+            owner,
+            response,
+            ttl_ms,
+            owner_tag(owner),
         )
+        if lease is not None and lease.fence is not None:
+            args += (lease.fence,)
         # The deadline counts from the first attempt, but only a failed one computes it.
         started, deadline, delay = time.monotonic(), 0.0, 0.0
         while True:
@@ -297,7 +302,7 @@ class AsyncRedisStore(AsyncHeartbeat):
     async def release(self, record: Record, owner: str) -> bool:
         """Free an unfinished claim so a retry runs afresh; False when it was not ours."""
         self._unwatch(record, owner)
-        reply = await self._eval("release", record.key, record.lock, owner)
+        reply = await self._eval("release", record.record_key, record.lock_key, owner)
         return reply == 1 or self._refused(record, owner, reply)
 
     async def renew(self, record: Record, owner: str, *, lease_ms: int | None = None) -> bool:
@@ -307,7 +312,7 @@ class AsyncRedisStore(AsyncHeartbeat):
     async def _renew(self, record: Record, owner: str, lease_ms: int, fence: int | None) -> int:
         """renew.lua's reply: 1 renewed, 0 another owner's, RECORD_LOST (only with the claim's
         ``fence``) the record was lost under the claim, and the lock was left to lapse."""
-        args: tuple[str | int, ...] = (record.key, record.lock, owner, lease_ms)
+        args: tuple[str | int, ...] = (record.record_key, record.lock_key, owner, lease_ms)
         reply = await self._eval("renew", *(args if fence is None else (*args, fence)))
         return 1 if reply == 1 else RECORD_LOST if reply == RECORD_LOST else 0
 
@@ -317,7 +322,7 @@ class AsyncRedisStore(AsyncHeartbeat):
         """Store a finished step's ``result`` under ``field`` (see checkpoint.lua). Returns the
         step's stored result (``result``, or the one stored first), None when the record is no
         longer ours (nothing written). A failed write is retried like a completion."""
-        args = (record.key, record.lock, owner, field, result)
+        args = (record.record_key, record.lock_key, owner, field, result)
         deadline, delay = self._completion_deadline(None, time.monotonic()), 0.0
         while True:
             try:

@@ -18,10 +18,10 @@ if TYPE_CHECKING:
     from .._core import Record
 
 from .._core import RECORD_LOST, next_poll_delay
-from .._leases import Lease, LeaseTable
 from ..errors import ConfigurationError, StoreError
 from ..events import RECORD_LOST_DETAIL, logger, report
 from ..policy import Policy
+from ._leases import Lease, LeaseTable
 
 __all__ = [
     "AsyncEffects",
@@ -29,16 +29,6 @@ __all__ = [
     "SCRIPTS",
     "SCRIPT_NAMES",
     "StoreBase",
-    "_IDLE_SECONDS",
-    "_backend_errors",
-    "_block_cap",
-    "_block_ms",
-    "_done_stream",
-    "_dropped_errors",
-    "_read_limit",
-    "_next_delay",
-    "_retry_delay",
-    "_slot_moving",
 ]
 
 SCRIPT_NAMES: Final = ("claim", "complete", "release", "renew", "checkpoint")
@@ -155,7 +145,7 @@ _LAPSE_MARGIN: Final = 0.002
 
 def _done_stream(record: Record) -> str:
     """The stream complete.lua and release.lua post to when waiters marked the record."""
-    return record.key + ":done"
+    return record.record_key + ":done"
 
 
 def _socket_timeout(client: Any) -> float | None:
@@ -265,7 +255,7 @@ class StoreBase:
         lost = self._records_lost
         if len(lost) >= _MAX_LOST_NOTES:  # nobody asks (the extension API): stay bounded
             lost.clear()
-        lost.add((record.key, owner))
+        lost.add((record.record_key, owner))
 
     def _record_lost(self, record: Record, owner: str) -> bool:
         """Whether the claim whose complete or release was just refused lost its record
@@ -273,9 +263,9 @@ class StoreBase:
         heartbeat found it lost. Asked once per refusal, by the guards and adapters, to name
         the cause in their ``lease_lost``; the answer is then forgotten."""
         lost = self._records_lost
-        if (record.key, owner) not in lost:
+        if (record.record_key, owner) not in lost:
             return False
-        lost.discard((record.key, owner))
+        lost.discard((record.record_key, owner))
         return True
 
     def _lease_lost(self, lease: Lease, record_lost: bool = False) -> None:

@@ -12,18 +12,7 @@ from typing import Any, Final
 from ..errors import StoreError
 from ..policy import Replicas
 
-__all__ = [
-    "_DONE",
-    "_DURABLE",
-    "_LOAD_SCRIPT",
-    "_SEND_AGAIN",
-    "_REDIRECTS",
-    "_UNCONFIRMED",
-    "_durable_outcome",
-    "_durable_reply",
-    "_unconfirmed",
-    "_wrote",
-]
+__all__ = []
 
 # The scripts whose writes wait for replicas.
 _DURABLE: Final = frozenset({"claim", "complete", "checkpoint"})

@@ -10,7 +10,7 @@ from typing import Any, Final
 
 from ..events import logger
 
-__all__ = ["_CONFIG_NAMES", "_config_pairs", "_info_settings", "_report", "server_warnings"]
+__all__ = ["server_warnings"]
 
 # The server settings that decide whether records can be lost.
 _CONFIG_NAMES: Final = ("maxmemory-policy", "maxmemory", "save", "appendonly")
@@ -48,7 +48,7 @@ def _info_settings(memory: Any, persistence: Any) -> dict[str, str]:
 
 def server_warnings(settings: dict[str, str]) -> list[str]:
     """What can lose records on a server with these settings (``CONFIG GET`` names)."""
-    from ..diagnostics import check_persistence, eviction_warning
+    from .diagnostics import check_persistence, eviction_warning
 
     warnings = []
     if "maxmemory-policy" in settings:

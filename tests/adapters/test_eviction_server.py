@@ -144,7 +144,7 @@ def test_an_evicted_http_request_is_reported_under_uvicorn(
         wait_until(lambda: evicting.get(f"{prefix}:runs") == b"1", 10, "the first run")
         [key] = [k.decode() for k in evicting.keys(f"{prefix}:{{*}}")]  # the request's record
         digest = key[len(prefix) + 2 : -1]
-        record = Record(digest=digest, key=key, lock=key + ":lock")
+        record = Record(digest=digest, record_key=key, lock_key=key + ":lock")
         assert evict_every_key_with_a_ttl(evicting, record) >= 2
 
         [lost] = wait_until(

@@ -1,6 +1,6 @@
-"""The exchange's state machine (idemkey/adapters/_lifecycle.py), without Redis or a server.
+"""The exchange's state machine (idemkey/http/_transitions.py), without Redis or a server.
 
-Every adapter runs its steps through one :class:`Lifecycle`; these tests walk every state and
+Every adapter runs its transitions through one :class:`Exchange`; these tests walk every state and
 ask it every step: the allowed ones move it on, every other one raises ProtocolError and leaves
 the exchange as it was (h11's rule), so an integration that calls a step out of order fails
 loudly in its own tests instead of running an app twice or settling a record twice.
@@ -16,24 +16,24 @@ import pytest
 from idemkey import Event, IdemkeyError, Policy, StoreError
 from idemkey._codec import decode_response
 from idemkey._core import Claimed, InFlight, Replay
-from idemkey.adapters._lifecycle import Lifecycle, State
 from idemkey.errors import ProtocolError
 from idemkey.http import Complete, Exchange, Headers, Release, Request, Response, begin
+from idemkey.http._transitions import State
 
 BODY = b'{"amount": 1}'
 
 
-def lifecycle(policy: Policy | None = None, length: int | None = len(BODY)) -> Lifecycle:
+def lifecycle(policy: Policy | None = None, length: int | None = len(BODY)) -> Exchange:
     headers = [("Idempotency-Key", "k1"), ("Content-Type", "application/json")]
     if length is not None:
         headers.append(("Content-Length", str(length)))
     step = begin(policy or Policy(), Request("POST", "/charges", "", Headers(headers)))
     assert isinstance(step, Exchange)
-    return Lifecycle(step)
+    return step
 
 
 # Every step an adapter or driver can ask, with arguments that are valid in its own state.
-STEPS: dict[str, Callable[[Lifecycle], Any]] = {
+STEPS: dict[str, Callable[[Exchange], Any]] = {
     "announced": lambda lc: lc.announced(),
     "received": lambda lc: lc.received(BODY),
     "reject_too_large": lambda lc: lc.reject_too_large(),
@@ -74,7 +74,7 @@ ALLOWED: dict[State, set[str]] = {
 }
 
 
-def reach(state: State, policy: Policy | None = None) -> Lifecycle:
+def reach(state: State, policy: Policy | None = None) -> Exchange:
     lc = lifecycle(policy or Policy(on_store_error="open"))
     for step in PATHS[state]:
         STEPS[step](lc)
@@ -107,7 +107,7 @@ def test_the_whole_order_of_a_first_request_and_its_events() -> None:
     assert lc.announced() is None
     assert lc.received(BODY) is None
     fingerprint = lc.claiming()
-    assert fingerprint == lc.exchange.fingerprint(BODY)
+    assert fingerprint == lc.fingerprint(BODY)
     assert len(lc.owner) == 32
     assert lc.decide(Claimed(lc.owner, 7, False), 0.001) is None
     assert lc.state is State.RUNNING

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from idemkey import diagnostics as dx
+from idemkey.store import diagnostics as dx
 
 
 @pytest.mark.parametrize(

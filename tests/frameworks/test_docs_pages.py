@@ -29,7 +29,7 @@ import redis
 
 from idemkey import Policy, RedisStore
 from idemkey._core import record_for
-from idemkey._scope import NO_CREDENTIALS
+from idemkey.http._scope import NO_CREDENTIALS
 from tests._servers import HOST, RedisServer, free_port, wait_until
 
 ROOT = Path(__file__).resolve().parents[2]

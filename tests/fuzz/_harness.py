@@ -134,8 +134,9 @@ def run_exchange(data: Input) -> str:
 
     # The body: a declared Content-Length over the limit is refused before reading.
     declared = content_length(headers)
-    if (declared is not None and step.too_large(declared)) or step.too_large(len(data.body)):
-        check_response(step.too_large_response(), {413})
+    limit = policy.max_request_bytes
+    if (declared is not None and declared > limit) or len(data.body) > limit:
+        check_response(step._too_large(), {413})
         return "too_large"
 
     fingerprint = step.fingerprint(data.body)
@@ -158,7 +159,7 @@ def run_exchange(data: Input) -> str:
         decision = InFlight(retry if math.isfinite(retry) and retry >= 0 else 0.0)
     else:
         decision = Mismatch()
-    answer = step.decide(decision)
+    answer = step._answer(decision)
     if isinstance(answer, Response):
         if kind == 1:
             # Whatever bytes the record held: an answer, never an exception. (A record is
@@ -174,14 +175,14 @@ def run_exchange(data: Input) -> str:
 
     # The app answered: store it or release the key, and replay it byte for byte.
     status = data.status
-    plan = step.finish(status, app_headers, data.response_body)
+    plan = step._plan(status, app_headers, data.response_body)
     if isinstance(plan, Release):
         assert status >= 500 or status in policy.release_statuses
         return "released"
     assert isinstance(plan, Complete)
     stored = decode_response(plan.stored)
     assert stored.status == status
-    replay = step.decide(Replay(plan.stored))
+    replay = step._answer(Replay(plan.stored))
     assert isinstance(replay, Response)
     check_response(replay, {status})
     assert replay.body == (data.response_body if data.response_body is not None else b"")

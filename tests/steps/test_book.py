@@ -1,4 +1,4 @@
-"""The sans-IO rules of recovery points (``idemkey._steps``), without Redis."""
+"""The sans-IO rules of recovery points (``idemkey.guard._steps``), without Redis."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pytest
 
 from idemkey import ConfigurationError, LeaseLostError, StoreError
 from idemkey._core import Claimed, decode_checkpoint_reply, decode_claim_reply
-from idemkey._steps import MAX_STEP_NAME, StepBook, check_step_name, step_field, step_key
+from idemkey.guard._steps import MAX_STEP_NAME, StepBook, check_step_name, step_field, step_key
 
 
 def test_a_finished_step_is_returned_and_not_run_again() -> None:

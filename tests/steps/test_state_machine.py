@@ -34,7 +34,7 @@ from idemkey._core import (
     owner_tag,
     record_for,
 )
-from idemkey._steps import step_field
+from idemkey.guard._steps import step_field
 from tests._servers import wait_until
 
 OWNERS = st.sampled_from(["o1", "o2"])  # two: a rule often hits the owner

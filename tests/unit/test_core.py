@@ -18,7 +18,6 @@ from idemkey._core import (
     owner_tag,
     retry_after_seconds,
 )
-from idemkey._leases import LeaseTable
 from idemkey.records import (
     Claimed,
     InFlight,
@@ -29,6 +28,7 @@ from idemkey.records import (
     payload_fingerprint,
     record_for,
 )
+from idemkey.store._leases import LeaseTable
 
 
 @pytest.mark.parametrize(

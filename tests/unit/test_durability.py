@@ -23,7 +23,7 @@ from redis.exceptions import (
 from idemkey import ConfigurationError, Policy, RedisStore, StoreError
 from idemkey.policy import Replicas
 from idemkey.records import Claimed, record_for
-from idemkey.store import (
+from idemkey.store._durable import (
     _DONE,
     _LOAD_SCRIPT,
     _SEND_AGAIN,

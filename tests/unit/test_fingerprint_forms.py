@@ -7,10 +7,10 @@ import httpx
 import pytest
 
 from idemkey import Policy
-from idemkey._canonical import canonical_json, multipart_form
 from idemkey._core import fingerprint, parse_key
 from idemkey.errors import ConfigurationError, InvalidKeyError
 from idemkey.http import Exchange, Headers, Request, begin
+from idemkey.http._canonical import canonical_json, multipart_form
 
 
 def exchange(policy: Policy, headers: list[tuple[str, str]]) -> Exchange:

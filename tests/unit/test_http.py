@@ -1,4 +1,4 @@
-"""The sans-IO HTTP exchange (idemkey/http.py), without Redis or a framework.
+"""The sans-IO HTTP exchange (idemkey/http/), without Redis or a framework.
 
 Each test is one row of docs/design.md#http-decisions decided by ``begin`` / ``Exchange`` alone; the
 adapter suite (tests/adapters/test_suite.py) then proves the same rows through every adapter.
@@ -194,10 +194,9 @@ def test_content_length_is_ascii_digits_or_nothing(value: str, expected: int | N
 
 
 def test_too_large_is_413_with_a_problem_body() -> None:
-    step = exchange(Policy(max_request_bytes=10))
-    assert not step.too_large(10)
-    assert step.too_large(11)
-    answer = step.too_large_response()
+    assert exchange(Policy(max_request_bytes=10)).received(b"x" * 10) is None
+    answer = exchange(Policy(max_request_bytes=10)).received(b"x" * 11)
+    assert answer is not None
     assert answer.status == 413
     assert problem_body(answer)["code"] == "request_too_large"
 
@@ -221,7 +220,7 @@ def test_the_fingerprint_covers_body_path_query_and_content_type() -> None:
 def test_claimed_runs_the_handler() -> None:
     step = exchange()
     claimed = Claimed("owner", 3, False)
-    assert step.decide(claimed) is claimed
+    assert step._answer(claimed) is claimed
     assert step.claim is claimed
 
 
@@ -231,7 +230,7 @@ def test_a_replay_is_byte_identical_with_recomputed_length_and_a_marker() -> Non
         (("Content-Type", "application/json"), ("Content-Length", "99"), ("X-Charge-Id", "ch_1")),
         b'{"id":"ch_1"}',
     )
-    answer = exchange().decide(Replay(encode_response(stored)))
+    answer = exchange()._answer(Replay(encode_response(stored)))
     assert isinstance(answer, Response)
     assert answer.status == 201
     assert answer.body == b'{"id":"ch_1"}'
@@ -245,7 +244,7 @@ def test_a_replay_is_byte_identical_with_recomputed_length_and_a_marker() -> Non
 
 def test_a_replay_adds_no_content_length_the_first_answer_lacked() -> None:
     stored = StoredResponse(204, (("X-Run", "1"),), b"", reason="Done")
-    answer = exchange().decide(Replay(encode_response(stored)))
+    answer = exchange()._answer(Replay(encode_response(stored)))
     assert isinstance(answer, Response)
     assert answer.headers == [("X-Run", "1"), (REPLAYED_HEADER, "true")]
     assert answer.reason == "Done"
@@ -253,7 +252,7 @@ def test_a_replay_adds_no_content_length_the_first_answer_lacked() -> None:
 
 def test_a_replay_without_its_body_says_so() -> None:
     stored = StoredResponse(201, (("Content-Length", "5000000"),), b"", body_kept=False)
-    answer = exchange().decide(Replay(encode_response(stored)))
+    answer = exchange()._answer(Replay(encode_response(stored)))
     assert isinstance(answer, Response)
     assert answer.body == b""
     assert (BODY_NOT_KEPT_HEADER, "true") in answer.headers
@@ -261,7 +260,7 @@ def test_a_replay_without_its_body_says_so() -> None:
 
 
 def test_an_unreadable_stored_record_is_a_503_not_a_crash() -> None:
-    answer = exchange().decide(Replay(b"\x7fgarbage"))
+    answer = exchange()._answer(Replay(b"\x7fgarbage"))
     assert isinstance(answer, Response)
     assert answer.status == 503
     assert problem_body(answer)["code"] == "record_unreadable"
@@ -269,7 +268,7 @@ def test_an_unreadable_stored_record_is_a_503_not_a_crash() -> None:
 
 @pytest.mark.parametrize("status", [422, 400])
 def test_a_mismatch_is_the_policy_status(status: int) -> None:
-    answer = exchange(Policy(mismatch_status=status)).decide(Mismatch())
+    answer = exchange(Policy(mismatch_status=status))._answer(Mismatch())
     assert isinstance(answer, Response)
     assert answer.status == status
     assert problem_body(answer)["code"] == "key_reused"
@@ -277,7 +276,7 @@ def test_a_mismatch_is_the_policy_status(status: int) -> None:
 
 @pytest.mark.parametrize(("left", "header"), [(29.9, "1"), (0.2, "1"), (0.0, "1")])
 def test_in_flight_is_409_with_retry_after(left: float, header: str) -> None:
-    answer = exchange().decide(InFlight(left))
+    answer = exchange()._answer(InFlight(left))
     assert isinstance(answer, Response)
     assert answer.status == 409
     assert dict(answer.headers)["Retry-After"] == header
@@ -286,14 +285,14 @@ def test_in_flight_is_409_with_retry_after(left: float, header: str) -> None:
 
 def test_a_store_error_fails_closed_or_open() -> None:
 
-    closed = exchange().store_failed(StoreError("down"))
+    closed = exchange()._failed(StoreError("down"))
     assert isinstance(closed, Response)
     assert closed.status == 503
     assert dict(closed.headers)["Retry-After"] == "1"
     assert problem_body(closed)["code"] == "store_unavailable"
     events: list[Event] = []
     opened = exchange(Policy(on_store_error="open", on_event=events.append))
-    assert opened.store_failed(StoreError("down")) is None
+    assert opened._failed(StoreError("down")) is None
     assert [event.kind for event in events] == ["unprotected"]
 
 
@@ -321,12 +320,12 @@ def test_a_store_error_fails_closed_or_open() -> None:
     ],
 )
 def test_finish_stores_outcomes_and_releases_the_rest(status: int, stored: bool) -> None:
-    plan = exchange().finish(status, [("Content-Type", "text/plain")], b"body")
+    plan = exchange()._plan(status, [("Content-Type", "text/plain")], b"body")
     assert isinstance(plan, Complete if stored else Release)
 
 
 def test_store_server_errors_keeps_5xx() -> None:
-    plan = exchange(Policy(store_server_errors=True)).finish(503, [], b"down")
+    plan = exchange(Policy(store_server_errors=True))._plan(503, [], b"down")
     assert isinstance(plan, Complete)
     assert decode_response(plan.stored).status == 503
 
@@ -340,17 +339,17 @@ def test_finish_drops_hop_by_hop_date_and_set_cookie_headers() -> None:
         ("Transfer-Encoding", "chunked"),
         ("X-Id", "1"),
     ]
-    plan = exchange().finish(201, headers, b"{}")
+    plan = exchange()._plan(201, headers, b"{}")
     assert isinstance(plan, Complete)
     kept = decode_response(plan.stored)
     assert kept.headers == (("Content-Type", "application/json"), ("X-Id", "1"))
-    allow = exchange(Policy(header_allowlist=frozenset({"X-ID"}))).finish(201, headers, b"{}")
+    allow = exchange(Policy(header_allowlist=frozenset({"X-ID"})))._plan(201, headers, b"{}")
     assert isinstance(allow, Complete)
     assert decode_response(allow.stored).headers == (("X-Id", "1"),)
 
 
 def test_finish_without_a_body_stores_status_and_headers_only() -> None:
-    plan = exchange().finish(201, [("Content-Type", "text/csv")], None)
+    plan = exchange()._plan(201, [("Content-Type", "text/csv")], None)
     assert isinstance(plan, Complete)
     assert decode_response(plan.stored) == StoredResponse(
         201, (("Content-Type", "text/csv"),), b"", body_kept=False

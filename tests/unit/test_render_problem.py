@@ -64,7 +64,7 @@ def test_missing_and_invalid_keys_are_400_in_the_api_shape() -> None:
 
 def test_in_flight_is_409_and_keeps_retry_after() -> None:
     SEEN.clear()
-    answer = exchange().decide(InFlight(5.0))
+    answer = exchange()._answer(InFlight(5.0))
     assert isinstance(answer, Response)
     stripe_body(answer, 409, "in_flight")
     assert dict(answer.headers)["Retry-After"] == "1"
@@ -74,21 +74,21 @@ def test_in_flight_is_409_and_keeps_retry_after() -> None:
 
 @pytest.mark.parametrize("status", [400, 422])
 def test_key_reuse_keeps_the_configured_status(status: int) -> None:
-    answer = exchange(STRIPE.replace(mismatch_status=status)).decide(Mismatch())
+    answer = exchange(STRIPE.replace(mismatch_status=status))._answer(Mismatch())
     assert isinstance(answer, Response)
     stripe_body(answer, status, "key_reused")
 
 
 def test_too_large_is_413() -> None:
-    stripe_body(exchange().too_large_response(), 413, "request_too_large")
+    stripe_body(exchange()._too_large(), 413, "request_too_large")
 
 
 def test_store_errors_are_503_with_the_policy_retry_after() -> None:
-    answer = exchange(STRIPE.replace(store_error_retry_after=7)).store_failed(StoreError("down"))
+    answer = exchange(STRIPE.replace(store_error_retry_after=7))._failed(StoreError("down"))
     assert isinstance(answer, Response)
     stripe_body(answer, 503, "store_unavailable")
     assert dict(answer.headers)["Retry-After"] == "7"
-    unreadable = exchange().decide(Replay(b"not a record"))
+    unreadable = exchange()._answer(Replay(b"not a record"))
     assert isinstance(unreadable, Response)
     stripe_body(unreadable, 503, "record_unreadable")
     assert dict(unreadable.headers)["Retry-After"] == "1"
@@ -114,7 +114,7 @@ def test_a_broken_renderer_falls_back_to_rfc_9457_and_is_logged(
     renderer: Any, caplog: pytest.LogCaptureFixture
 ) -> None:
     with caplog.at_level(logging.ERROR, logger="idemkey"):
-        answer = exchange(Policy(render_problem=renderer)).decide(InFlight(1.0))
+        answer = exchange(Policy(render_problem=renderer))._answer(InFlight(1.0))
     assert isinstance(answer, Response)
     assert answer.status == 409
     assert dict(answer.headers)["Retry-After"] == "1"
@@ -123,11 +123,9 @@ def test_a_broken_renderer_falls_back_to_rfc_9457_and_is_logged(
 
 
 def test_a_body_shorter_than_its_content_length_is_400_in_the_api_shape() -> None:
-    from idemkey.adapters._lifecycle import Lifecycle
-
     headers = [("Idempotency-Key", "k1"), ("Content-Length", "10")]
     step = begin(STRIPE, request(headers))
     assert isinstance(step, Exchange)
-    answer = Lifecycle(step).received(b"short")
+    answer = step.received(b"short")
     assert isinstance(answer, Response)
     stripe_body(answer, 400, "incomplete_body")

@@ -13,11 +13,11 @@ import time
 import weakref
 
 from ..._core import RECORD_LOST, Record
-from ..._leases import Lease
 from ...errors import StoreError
 from ...events import logger
 from ...policy import Policy
 from .._base import _IDLE_SECONDS, StoreBase
+from .._leases import Lease
 
 __all__ = ["Heartbeat"]
 

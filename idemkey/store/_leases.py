@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ._core import Record
+from .._core import Record
 
 __all__ = ["Lease", "LeaseTable"]
 
@@ -40,16 +40,16 @@ class LeaseTable:
     ) -> float:
         """Track a new claim; returns when it is first due for renewal."""
         lease = Lease(record, owner, lease_ms, now + lease_ms / 3000, fence)
-        self._leases[(record.key, owner)] = lease
+        self._leases[(record.record_key, owner)] = lease
         return lease.due
 
     def remove(self, record: Record, owner: str) -> Lease | None:
         """Stop renewing a claim; returns its lease, if it was being renewed."""
-        return self._leases.pop((record.key, owner), None)
+        return self._leases.pop((record.record_key, owner), None)
 
     def holds(self, lease: Lease) -> bool:
         """Whether ``lease`` is still live (not completed or released while it was renewed)."""
-        return self._leases.get((lease.record.key, lease.owner)) is lease
+        return self._leases.get((lease.record.record_key, lease.owner)) is lease
 
     def next_due(self) -> float | None:
         return min((lease.due for lease in self._leases.values()), default=None)

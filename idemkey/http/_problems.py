@@ -8,15 +8,12 @@ re-exports them.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Final
+from typing import Final, Protocol
 
-from ._http_messages import Response
-from .events import logger
-
-if TYPE_CHECKING:
-    from .policy import Policy
+from ..events import logger
+from ._messages import Response
 
 __all__ = ["PROBLEM_TYPE", "Problem", "problem", "render"]
 
@@ -80,8 +77,15 @@ class Problem:
     retry_after: int | None = None
 
 
+class Renders(Protocol):
+    """What :func:`render` reads of a :class:`~idemkey.Policy`; a protocol, so no import cycle."""
+
+    @property
+    def render_problem(self) -> Callable[[Problem], tuple[str, bytes]] | None: ...
+
+
 def render(
-    policy: Policy, status: int, code: str, detail: str, headers: Iterable[tuple[str, str]] = ()
+    policy: Renders, status: int, code: str, detail: str, headers: Iterable[tuple[str, str]] = ()
 ) -> Response:
     """The problem response in ``policy``'s format: RFC 9457 unless ``render_problem`` is set.
 

@@ -19,7 +19,7 @@ import threading
 from typing import TYPE_CHECKING, Final, NamedTuple
 
 if TYPE_CHECKING:
-    from ._http_messages import Request
+    from ._messages import Request
 
 __all__ = ["CREDENTIAL_WORDS", "NO_CREDENTIALS", "credential_scope", "default_scope"]
 

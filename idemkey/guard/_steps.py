@@ -24,13 +24,11 @@ import inspect
 from collections.abc import Iterable
 from typing import Any, Final
 
-from .errors import ConfigurationError, LeaseLostError, UsageError
+from ..errors import ConfigurationError, LeaseLostError, UsageError
 
 __all__ = [
     "MAX_STEP_NAME",
     "StepBook",
-    "_async_result",
-    "_sync_result",
     "check_step_name",
     "step_field",
     "step_key",
