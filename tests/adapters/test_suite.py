@@ -4,6 +4,13 @@ Each test runs once per harness in ``tests/adapters/conftest.py`` (flask, wsgi, 
 starlette, fastapi, ... on real Redis, and ``wsgi-fakeredis``). A harness is a real app behind
 a real adapter; ``executions`` counts how often a handler actually ran, which is what a user
 of idempotency keys relies on.
+
+A row marked ``@decision_only`` checks only a decision of the sans-IO exchange (which key is
+valid, what is stored or released, which scope, what the options change, which events) and
+runs on two harnesses, the bare WSGI and ASGI middleware (``DECISION_HARNESSES`` in
+tests/adapters/harness.py). Every row that depends on what an adapter hands over or sends
+back (key, method, path, query, header lines, body, chunked and streamed bytes, the problem
+responses, concurrency, a store lost mid-request) stays on every harness.
 """
 
 from __future__ import annotations
