@@ -35,11 +35,9 @@ nox.options.error_on_missing_interpreters = False
 ROOT = Path(__file__).resolve().parent
 SUPPORTED = ["3.10", "3.11", "3.12", "3.13"]
 CURRENT = f"{sys.version_info.major}.{sys.version_info.minor}"
+#: What the package reads at run time besides its modules: every Lua script, and py.typed.
 WHEEL_MUST_CONTAIN = [
-    "idemkey/lua/claim.lua",
-    "idemkey/lua/complete.lua",
-    "idemkey/lua/release.lua",
-    "idemkey/lua/renew.lua",
+    *sorted(path.relative_to(ROOT).as_posix() for path in (ROOT / "idemkey" / "lua").glob("*.lua")),
     "idemkey/py.typed",
 ]
 
@@ -340,7 +338,7 @@ def build(session: nox.Session) -> None:
     dist = ROOT / "dist"
     shutil.rmtree(dist, ignore_errors=True)
     session.run("python", "-m", "build", "--outdir", str(dist))
-    wheels = sorted(dist.glob("idemkey-*.whl"))
+    wheels = sorted(dist.glob("idemkey_redis-*.whl"))
     if len(wheels) != 1:
         session.error(f"expected one wheel in {dist}, found {[w.name for w in wheels]}")
     with zipfile.ZipFile(wheels[0]) as zf:

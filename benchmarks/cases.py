@@ -26,7 +26,7 @@ from typing import Any
 
 from idemkey import AsyncRedisStore, Policy, RedisStore, aguard, guard
 from idemkey._codec import encode_value
-from idemkey._core import payload_fingerprint, record_for
+from idemkey._core import owner_tag, payload_fingerprint, record_for
 from idemkey._steps import step_field
 from idemkey.guard import GUARD_METHOD
 
@@ -99,6 +99,7 @@ def core_cases(ctx: Context) -> list[Case]:
     complete_sha = store._scripts["complete"].sha
     fp = payload_fingerprint(PAYLOAD)
     owner = secrets.token_hex(16)
+    tag = owner_tag(owner)
     lease_ms, ttl_ms = policy.lease_ms, policy.ttl_ms
     stored = encode_value(RESULT)
 
@@ -129,7 +130,7 @@ def core_cases(ctx: Context) -> list[Case]:
     def floor_first_run(i: int) -> None:
         key, lock = floor_first[i]
         client.execute_command("EVALSHA", claim_sha, 2, key, lock, fp, owner, lease_ms, ttl_ms)
-        client.execute_command("EVALSHA", complete_sha, 2, key, lock, owner, stored, ttl_ms)
+        client.execute_command("EVALSHA", complete_sha, 2, key, lock, owner, stored, ttl_ms, tag)
 
     def floor_replay_run(i: int) -> None:
         client.execute_command("EVALSHA", claim_sha, 2, *replay_args)
@@ -139,7 +140,9 @@ def core_cases(ctx: Context) -> list[Case]:
         await aclient.execute_command(
             "EVALSHA", claim_sha, 2, key, lock, fp, owner, lease_ms, ttl_ms
         )
-        await aclient.execute_command("EVALSHA", complete_sha, 2, key, lock, owner, stored, ttl_ms)
+        await aclient.execute_command(
+            "EVALSHA", complete_sha, 2, key, lock, owner, stored, ttl_ms, tag
+        )
 
     async def afloor_replay_run(i: int) -> None:
         await aclient.execute_command("EVALSHA", claim_sha, 2, *replay_args)
@@ -157,7 +160,7 @@ def core_cases(ctx: Context) -> list[Case]:
         client.execute_command("EVALSHA", claim_sha, 2, key, lock, fp, owner, lease_ms, ttl_ms)
         for name in step_fields:
             client.execute_command("EVALSHA", checkpoint_sha, 2, key, lock, owner, name, result)
-        client.execute_command("EVALSHA", complete_sha, 2, key, lock, owner, stored, ttl_ms)
+        client.execute_command("EVALSHA", complete_sha, 2, key, lock, owner, stored, ttl_ms, tag)
 
     def step() -> dict[str, Any]:
         return STEP_RESULT

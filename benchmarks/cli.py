@@ -25,7 +25,7 @@ import secrets
 import signal
 import sys
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from datetime import datetime, timezone
 from types import FrameType
 from typing import Any
@@ -42,7 +42,7 @@ from .httpcases import HttpBench
 from .peers import idemkit_cases, powertools_cases
 from .report import build_cases, check_scale_targets, check_targets, format_report, plot
 from .roundtrips import count_round_trips, counting_clients
-from .runner import prepare_all, run_interleaved
+from .runner import STOP, Interrupted, prepare_all, run_interleaved
 from .servers import RedisServer, ServerError
 
 __all__ = ["Interrupted", "interruptible", "main"]
@@ -81,14 +81,6 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-class Interrupted(KeyboardInterrupt):
-    """SIGINT or SIGTERM arrived: the run stops where it is, and its finally blocks clean up."""
-
-    def __init__(self, signum: int) -> None:
-        super().__init__(signal.Signals(signum).name)
-        self.signum = signum
-
-
 @contextlib.contextmanager
 def interruptible() -> Iterator[None]:
     """Turn SIGINT and SIGTERM into :class:`Interrupted`, raised at once, for this block.
@@ -102,7 +94,11 @@ def interruptible() -> Iterator[None]:
         return
 
     def stop(signum: int, frame: FrameType | None) -> None:
-        raise Interrupted(signum)
+        STOP.signum = signum
+        if not STOP.deferred:  # the interleaved rounds raise it themselves, between rounds
+            raise Interrupted(signum)
+
+    STOP.signum = None
 
     previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
@@ -110,6 +106,20 @@ def interruptible() -> Iterator[None]:
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+
+
+def _progress(total: int) -> Callable[[int], None]:
+    """A line on stderr each time another tenth of the ``total`` rounds is done."""
+    shown = 0
+
+    def show(done: int) -> None:
+        nonlocal shown
+        tenth = done * 10 // total
+        if tenth > shown:
+            shown = tenth
+            print(f"  round {done} of {total} ({tenth * 10}%)", file=sys.stderr, flush=True)
+
+    return show
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -224,7 +234,12 @@ async def _run(
         await prepare_all(cases)
         print(f"running {warmup} + {rounds} rounds of {len(cases)} cases...", file=sys.stderr)
         samples = await run_interleaved(
-            cases, rounds, warmup=warmup, first_index=ROUND_TRIP_CALLS + 1, seed=args.seed
+            cases,
+            rounds,
+            warmup=warmup,
+            first_index=ROUND_TRIP_CALLS + 1,
+            seed=args.seed,
+            progress=_progress(warmup + rounds),
         )
         if http is not None:
             http.close()

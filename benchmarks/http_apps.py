@@ -27,6 +27,7 @@ from redis.exceptions import NoScriptError
 
 from idemkey import AsyncRedisStore, Policy, RedisStore
 from idemkey._codec import StoredResponse, encode_response
+from idemkey._core import owner_tag
 
 __all__ = [
     "BODY",
@@ -148,6 +149,7 @@ def floor_asgi(client: Any, store: AsyncRedisStore) -> Any:
     policy = store.policy
     lease_ms, ttl_ms = policy.lease_ms, policy.ttl_ms
     fp, owner = "f" * 32, "o" * 32
+    tag = owner_tag(owner)
     stored = encode_response(StoredResponse(201, (("content-type", "application/json"),), BODY))
     prefix = policy.prefix.encode()
 
@@ -163,7 +165,7 @@ def floor_asgi(client: Any, store: AsyncRedisStore) -> Any:
         lock = record + b":lock"
         await evalsha("claim", claim_sha, record, lock, fp, owner, lease_ms, ttl_ms)
         await plain_asgi(scope, receive, send)
-        await evalsha("complete", complete_sha, record, lock, owner, stored, ttl_ms)
+        await evalsha("complete", complete_sha, record, lock, owner, stored, ttl_ms, tag)
 
     return app
 

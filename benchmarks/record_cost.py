@@ -39,7 +39,7 @@ from typing import Any
 import redis
 import xxhash
 
-from idemkey._core import new_owner, record_for
+from idemkey._core import new_owner, owner_tag, record_for
 
 from .cases import Context
 from .extra import memory_per_record
@@ -98,7 +98,9 @@ def measure(
     for record, owner in zip(records, owners, strict=True):
         k, lock = record.key, record.lock
         client.execute_command("EVALSHA", shas["claim"], 2, k, lock, fp, owner, LEASE_MS, TTL_MS)
-        client.execute_command("EVALSHA", shas["complete"], 2, k, lock, owner, response, TTL_MS)
+        client.execute_command(
+            "EVALSHA", shas["complete"], 2, k, lock, owner, response, TTL_MS, owner_tag(owner)
+        )
     calls, first_usec = _evalsha_usec(client)
     if calls != 2 * n:
         raise RuntimeError(f"expected {2 * n} evalsha calls, INFO counted {calls}")

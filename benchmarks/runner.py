@@ -11,13 +11,40 @@ import gc
 import inspect
 import math
 import random
+import signal
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from .cases import Case
 
-__all__ = ["Summary", "run_interleaved", "summarize"]
+__all__ = ["STOP", "Interrupted", "Summary", "run_interleaved", "summarize"]
+
+
+class Interrupted(KeyboardInterrupt):
+    """SIGINT or SIGTERM arrived: the run stops where it is, and its finally blocks clean up."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+class _Stop:
+    """A stop a signal asked for. Inside the interleaved rounds the signal handler only records
+    it and the loop raises at the next round: an exception raised at whatever bytecode the
+    rounds were at could land in asyncio's own machinery, which turned it into a cancellation
+    that ``asyncio.wait_for`` (Python 3.11) can swallow, and the run went on to its last round."""
+
+    def __init__(self) -> None:
+        self.signum: int | None = None
+        self.deferred = False
+
+    def check(self) -> None:
+        if self.signum is not None:
+            raise Interrupted(self.signum)
+
+
+STOP = _Stop()
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,8 +113,10 @@ async def run_interleaved(
     clock = time.perf_counter_ns
     gc.collect()
     gc.freeze()  # setup garbage is not the cases' to collect
+    STOP.deferred = True
     try:
         for r in range(warmup + rounds):
+            STOP.check()
             rng.shuffle(order)
             keep = r >= warmup
             index = first_index + r
@@ -105,5 +134,7 @@ async def run_interleaved(
             if progress is not None and r % 100 == 0:
                 progress(r)
     finally:
+        STOP.deferred = False
         gc.unfreeze()
+    STOP.check()  # a signal during the last round
     return samples

@@ -54,8 +54,11 @@ __all__ = [
     "idempotent",
 ]
 
+#: The distribution's name on the package index (the import package is ``idemkey``).
+_DISTRIBUTION = "idemkey-redis"
+
 try:
     # One source: the version in pyproject.toml, as the installed distribution records it.
-    __version__: str = _metadata.version("idemkey")
+    __version__: str = _metadata.version(_DISTRIBUTION)
 except _metadata.PackageNotFoundError:  # a source tree on sys.path that was never installed
     __version__ = "0+unknown"

@@ -185,8 +185,9 @@ OWNER_TAG_LENGTH: Final = 12
 
 
 def owner_tag(owner: str) -> str:
-    """What a completed record keeps of its owner (complete.lua computes the same): the first 12
-    digits of one of :func:`new_owner`'s tokens, else a 44-bit hash of the whole token in hex."""
+    """What a completed record keeps of its owner, sent to complete.lua with each completion:
+    the first 12 digits of one of :func:`new_owner`'s tokens, else a 44-bit hash of the whole
+    token in hex, so owners that share a prefix stay apart. Computed here only."""
     if len(owner) == 32:
         return owner[:OWNER_TAG_LENGTH]
     h = 0
@@ -200,7 +201,7 @@ def record_state(fields: Mapping[bytes, bytes]) -> str:
     ``"released"`` (only the fence, and the fingerprint with the steps, left) or ``""`` (none).
 
     A completed record has no state field (only ``resp`` and ``fp``); one written before 0.2
-    says ``state = "complete"``, and has ``resp`` too.
+    says ``state = "complete"``, and has ``resp`` too; reading 0.1 records: remove in 0.4.
     """
     if b"resp" in fields:
         return "complete"

@@ -1,13 +1,14 @@
 """Policy options, typed, checked and frozen at one boundary, whichever way they arrive.
 
-Every path an option takes (``Policy(...)`` and ``replace``, Flask's ``IDEMKEY_*`` config and
-``@idem.idempotent(...)``, Django's ``IDEMKEY`` setting and ``@idempotent(...)``, ``route()``,
-FastAPI's and Starlette's ``idem.guard(...)``) goes through :func:`convert`, one converter per
-field, so a bare string for a set (``methods="POST"``, which would become ``{'P', 'O', 'S',
-'T'}`` and guard nothing), a wrong type (``lease="30"``), an unknown name or a negative or
-non-finite duration fails loudly everywhere, with a :class:`ConfigurationError` that names the
-option as its source spells it: ``IDEMKEY_METHODS (Flask config): expected a collection of
-method names, got the string 'POST'``.
+Every path an option takes goes through :func:`convert`, one converter per field:
+``Policy(...)`` and ``replace``, Flask's ``IDEMKEY_*`` config and ``@idem.idempotent(...)``,
+Django's ``IDEMKEY`` setting and ``@idempotent(...)``, ``route()``, FastAPI's and Starlette's
+``idem.guard(...)``, and ``fake_store(...)``. So a bare string for a set, ``methods="POST"``
+that would become ``{'P', 'O', 'S', 'T'}`` and guard nothing, a wrong type such as
+``lease="30"``, an unknown name or a negative or non-finite duration fails loudly everywhere,
+with a :class:`ConfigurationError` that names the option as its source spells it:
+``IDEMKEY_METHODS (Flask config): expected a collection of method names, got the string
+'POST'``.
 
 Converted values are what ``Policy`` stores: durations as float, collections as frozensets
 (methods upper case, header names lower case). Converting a converted value changes nothing.

@@ -5,8 +5,9 @@ is stored in the record by checkpoint.lua, written only by the record's current 
 executor of the same key (a retry after a release, a takeover after a crash) receives the
 finished steps with its claim and gets their results back instead of running them again.
 
-:class:`StepBook` owns the rules for one claimed call; the shells in ``_steprun.py`` only move
-bytes between it, the step function and the store:
+:class:`StepBook` owns the rules for one claimed call; the shells, ``AsyncSteps`` in
+``guard/_async_steps.py`` and ``Steps`` generated from it, only move bytes between it, the step
+function and the store:
 
 * a name is validated before anything runs (:func:`check_step_name`);
 * a finished step (ours or an earlier executor's) is never run again: its stored result is

@@ -13,8 +13,8 @@ Why these checks:
   (a full server then answers writes with an error, which idemkey turns into a 503).
 * **Persistence.** Without RDB save points or AOF, a restart forgets every record, and every
   retry after it runs again.
-* **Version.** The scripts read ``TIME`` and then write, which needs effects replication, the
-  default from Redis 5.0 on.
+* **Version.** Waiters block on a stream that complete.lua and release.lua post to, ``XREAD``
+  and ``XADD``, which Redis has from 5.0 on.
 * **Role.** A replica is read-only: every claim would fail.
 """
 
@@ -44,7 +44,7 @@ __all__ = [
 Verdict = Literal["OK", "WARN", "FAIL"]
 _RANK: Final[dict[Verdict, int]] = {"OK": 0, "WARN": 1, "FAIL": 2}
 
-#: The oldest Redis the scripts run on: TIME followed by writes needs effects replication.
+#: The oldest Redis idemkey runs on: the waiters' stream, XADD and XREAD BLOCK, came in 5.0.
 MIN_VERSION: Final = (5, 0)
 #: Redis 6.2 and older reach end of life; 7.0 is what idemkey is tested on.
 TESTED_VERSION: Final = (7, 0)

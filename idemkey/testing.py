@@ -10,8 +10,8 @@
     with disabled():                        # every HTTP adapter passes requests straight through
         client.post("/charges", json=...)   # no key needed, nothing claimed or stored
 
-The embedded server is fakeredis with its Lua engine (``pip install 'idemkey[testing]'``), which
-runs idemkey's real scripts in your process: no redis-server to start, and each store gets its
+The embedded server is fakeredis with its Lua engine (``pip install 'idemkey-redis[testing]'``),
+which runs idemkey's real scripts in your process: no redis-server to start, and each store gets its
 own empty server. It is a fast layer for your app's tests; idemkey itself is tested against a
 real Redis. With pytest, ``pytest_plugins = ["idemkey.pytest_plugin"]`` in your ``conftest.py``
 gives the fixtures ``idemkey_store``, ``idemkey_async_store`` and ``idemkey_disabled``.
@@ -30,6 +30,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from . import AsyncRedisStore, RedisStore
+from ._options import derive, keyword, policy_options
 from ._switch import switch
 from .errors import ConfigurationError
 from .policy import Policy
@@ -45,7 +46,7 @@ def fake_redis(*, asyncio: bool = False) -> Any:
     """
     if importlib.util.find_spec("fakeredis") is None or importlib.util.find_spec("lupa") is None:
         raise ConfigurationError(
-            "idemkey.testing needs fakeredis with Lua: pip install 'idemkey[testing]'"
+            "idemkey.testing needs fakeredis with Lua: pip install 'idemkey-redis[testing]'"
         )
     import fakeredis
 
@@ -60,7 +61,7 @@ def fake_store(policy: Policy | None = None, /, **changes: Any) -> RedisStore:
 
     ``policy`` (default ``Policy()``) with ``changes`` applied, e.g. ``fake_store(wait=1.0)``.
     """
-    return RedisStore(fake_redis(), _policy(policy, changes))
+    return RedisStore(fake_redis(), _policy(policy, changes, "fake_store"))
 
 
 def fake_async_store(policy: Policy | None = None, /, **changes: Any) -> AsyncRedisStore:
@@ -68,7 +69,7 @@ def fake_async_store(policy: Policy | None = None, /, **changes: Any) -> AsyncRe
 
     Use it on one event loop, as any asyncio Redis client.
     """
-    return AsyncRedisStore(fake_redis(asyncio=True), _policy(policy, changes))
+    return AsyncRedisStore(fake_redis(asyncio=True), _policy(policy, changes, "fake_async_store"))
 
 
 @contextlib.contextmanager
@@ -86,6 +87,7 @@ def disabled() -> Iterator[None]:
         switch.pop()
 
 
-def _policy(policy: Policy | None, changes: dict[str, Any]) -> Policy:
+def _policy(policy: Policy | None, changes: dict[str, Any], call: str) -> Policy:
+    """``policy`` with ``changes`` through the one converter, errors naming ``call``."""
     base = policy if policy is not None else Policy()
-    return base.replace(**changes) if changes else base
+    return derive(base, policy_options(changes, keyword(call)), call)

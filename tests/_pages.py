@@ -22,6 +22,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 # The pages whose every python block runs in the tests as printed.
 PAGES = (
+    "docs/behaviour.md",
     "docs/guard.md",
     "docs/steps.md",
     "docs/queues.md",

@@ -1,5 +1,6 @@
 """The pages' samples run as printed: docs/guard.md, client.md, effects.md, testing.md here;
-docs/steps.md in tests/steps/test_docs.py and docs/queues.md in tests/contrib/test_queues_page.py.
+docs/steps.md in tests/steps/test_docs.py, docs/queues.md in tests/contrib/test_queues_page.py
+and docs/behaviour.md in tests/test_behaviour_page.py.
 
 See :mod:`tests._pages` for what "as printed" means: each python block runs alone, in an empty
 namespace, with only its Redis URL pointed at the test's private redis-server.

@@ -19,8 +19,9 @@ def _declared_version() -> str:
 
 
 def test_the_package_reports_the_version_pyproject_declares() -> None:
-    # The test environment installs this checkout (editable), so its metadata is pyproject's.
-    assert metadata.version("idemkey") == _declared_version()
+    # The test environment installs this checkout (editable), so its metadata is pyproject's;
+    # the distribution is idemkey-redis ("idemkey" on the package index is another project).
+    assert metadata.version("idemkey-redis") == _declared_version()
     assert idemkey.__version__ == _declared_version()
 
 

@@ -15,6 +15,7 @@ do; the shield module does it for an interrupted claim), and a store failure
 after the app ran is reported as an event, never raised: the client already has its answer.
 """
 
+# unasync: generates _sync_driver.py
 from __future__ import annotations
 
 from time import perf_counter
@@ -22,8 +23,8 @@ from typing import TYPE_CHECKING
 
 from ..errors import StoreError
 from ..http import Complete
-from ..store._async_runtime import Cancelled, detach
-from ._async_shield import settle_later
+from ..store._concurrency._async_runtime import Cancelled, detach
+from ..store._concurrency._async_shield import settle_later
 
 if TYPE_CHECKING:
     from ..http import Release, Response

@@ -23,8 +23,8 @@ from typing import TYPE_CHECKING
 
 from ..errors import StoreError
 from ..http import Complete
-from ..store._sync_runtime import Cancelled, detach
-from ._sync_shield import settle_later
+from ..store._concurrency._sync_runtime import Cancelled, detach
+from ..store._concurrency._sync_shield import settle_later
 
 if TYPE_CHECKING:
     from ..http import Release, Response

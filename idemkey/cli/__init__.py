@@ -5,11 +5,13 @@
     idemkey demo                      play the retry story against the demo payments app
     idemkey serve [--port N]          run the demo app for curl
     idemkey probe URL [--data BODY]   check any endpoint's retry behaviour over HTTP
-    idemkey inspect KEY --scope S --route /charges     one record, decoded
+    idemkey inspect KEY --scope S --route /charges     one record, decoded (without --scope:
+                                      the default scope of no credentials, and the empty one)
     idemkey forget KEY ... [--yes] [--force]           delete one record
     idemkey stats                     records by state, memory, TTLs (SCAN, never KEYS)
     idemkey doctor                    is this Redis fit to hold idempotency records?
     idemkey bench -- ARGS             the benchmark suite (source checkouts)
+    idemkey --version                 the installed version
 
 One module per command (``idemkey/cli/<command>.py``: ``HELP``, ``configure(parser)``,
 ``run(args, out)``); the demo app lives in :mod:`idemkey.cli.demo_app`.
@@ -19,23 +21,25 @@ misbehaved, no such record, forget refused); 2 bad arguments; 3 Redis (or, for p
 endpoint) unreachable or erroring; 4 a probe was inconclusive (no check failed, but one could
 not tell a replay from a second execution); 70 a bug in idemkey (``IDEMKEY_DEBUG=1`` shows
 its traceback); 130 interrupted (143 for bench: SIGTERM). Every error is one line on stderr,
-never a traceback.
+never a traceback; with ``--json``, one JSON object (``command``, ``error``, ``exit_code``).
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import os
 import sys
 from collections.abc import Sequence
 from types import ModuleType
 from typing import IO, Final
 
+from .. import _DISTRIBUTION, __version__
 from ..errors import IdemkeyError
 from . import bench, demo, doctor, forget, inspect, probe, serve, stats
 from ._base import DEBUG_ENV, URL_ENV, CliError, Parser, UsageError
-from ._redis import redact
+from ._redis import explain_redis_error, redact
 
 __all__ = ["CliError", "build_parser", "main"]
 
@@ -56,9 +60,13 @@ COMMANDS: Final[dict[str, ModuleType]] = {
 NO_REDIS_FROM_ENV: Final = frozenset({"demo", "serve", "bench", "probe"})
 
 
-def _global_options(parser: argparse.ArgumentParser, *, defaults: bool, redis: bool) -> None:
+def _global_options(
+    parser: argparse.ArgumentParser, *, defaults: bool, redis: bool, module: ModuleType | None
+) -> None:
     # Added to the main parser and to every subcommand, so `idemkey inspect K --json` works as
     # well as `idemkey --json inspect K`; subcommands SUPPRESS defaults so they do not override.
+    # A command may say what its --redis-url and --json mean (REDIS_URL_HELP, JSON_HELP): the
+    # demo, serve and bench never read $IDEMKEY_REDIS_URL.
     def default(value: object) -> object:
         return value if defaults else argparse.SUPPRESS
 
@@ -67,7 +75,9 @@ def _global_options(parser: argparse.ArgumentParser, *, defaults: bool, redis: b
             "--redis-url",
             default=default(None),
             metavar="URL",
-            help=f"redis://, rediss:// or unix:// URL (default: ${URL_ENV})",
+            help=getattr(module, "REDIS_URL_HELP", None)
+            or f"redis://, rediss:// or unix:// URL (default: ${URL_ENV}"
+            + (", which demo, serve and bench never read)" if module is None else ")"),
         )
         parser.add_argument(
             "--prefix",
@@ -75,7 +85,12 @@ def _global_options(parser: argparse.ArgumentParser, *, defaults: bool, redis: b
             help="key prefix of the records (Policy.prefix; default: idemkey)",
         )
     parser.add_argument(
-        "--json", action="store_true", default=default(False), help="machine-readable output"
+        "--json",
+        action="store_true",
+        default=default(False),
+        help=getattr(
+            module, "JSON_HELP", "machine-readable output; errors as one JSON object on stderr"
+        ),
     )
 
 
@@ -85,7 +100,13 @@ def build_parser() -> argparse.ArgumentParser:
         description="Idempotency keys backed by Redis: demo, probe and operator tools.",
         epilog="exit codes: 0 ok, 1 check failed, 2 bad arguments, 3 Redis (or endpoint) error",
     )
-    _global_options(parser, defaults=True, redis=True)
+    parser.add_argument(
+        "--version",
+        action="version",
+        version=f"idemkey {__version__} (the {_DISTRIBUTION} distribution)",
+        help="print the installed version and exit",
+    )
+    _global_options(parser, defaults=True, redis=True, module=None)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
     sub.required = True
     for name, module in COMMANDS.items():
@@ -96,7 +117,7 @@ def build_parser() -> argparse.ArgumentParser:
             epilog=getattr(module, "EPILOG", None),
             formatter_class=getattr(module, "FORMATTER", argparse.HelpFormatter),
         )
-        _global_options(command, defaults=False, redis=name != "probe")
+        _global_options(command, defaults=False, redis=name != "probe", module=module)
         module.configure(command)
         command.set_defaults(run=module.run)
     return parser
@@ -106,11 +127,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; returns the exit code (the console script exits with it)."""
     parser = build_parser()
     out = sys.stdout
+    argv = list(sys.argv[1:] if argv is None else argv)
     try:
         args = parser.parse_args(argv)
     except UsageError as exc:
-        sys.stderr.write(f"{exc}\n")
-        return 2
+        # No parsed --json to read: a usage error is JSON when --json is on the line at all.
+        command = next((a for a in argv if a in COMMANDS), None)
+        return _error(command, str(exc), 2, as_json="--json" in argv, prefixed=True)
     except SystemExit as exc:  # --help
         return exc.code if isinstance(exc.code, int) else 0
     if args.redis_url is None and args.command not in NO_REDIS_FROM_ENV:
@@ -118,15 +141,30 @@ def main(argv: Sequence[str] | None = None) -> int:
     return _run(args, out)
 
 
+def _error(
+    command: str | None, message: str, code: int, *, as_json: bool, prefixed: bool = False
+) -> int:
+    """Report one error on stderr: one line of text, or one JSON object under ``--json``."""
+    if as_json:
+        text = message.split(": ", 1)[1] if prefixed and ": " in message else message
+        line = json.dumps({"command": command, "error": text, "exit_code": code})
+    else:
+        line = message if prefixed else f"idemkey {command}: {message}"
+    sys.stderr.write(line + "\n")
+    return code
+
+
 def _run(args: argparse.Namespace, out: IO[str]) -> int:
     import redis
+
+    def fail(message: str, code: int) -> int:
+        return _error(args.command, message, code, as_json=args.json)
 
     try:
         code: int = args.run(args, out)
         return code
     except CliError as exc:
-        sys.stderr.write(f"idemkey {args.command}: {exc}\n")
-        return exc.code
+        return fail(str(exc), exc.code)
     except BrokenPipeError:
         # `idemkey stats | head`: the reader left; say nothing more, as shell tools do.
         with contextlib.suppress(OSError):
@@ -134,22 +172,18 @@ def _run(args: argparse.Namespace, out: IO[str]) -> int:
         return 141
     except (redis.RedisError, OSError) as exc:
         where = redact(args.redis_url) if args.redis_url else "Redis"
-        message = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        sys.stderr.write(f"idemkey {args.command}: {where}: {type(exc).__name__}: {message}\n")
-        return 3
+        return fail(f"{where}: {explain_redis_error(exc)}", 3)
     except IdemkeyError as exc:
-        sys.stderr.write(f"idemkey {args.command}: {type(exc).__name__}: {exc}\n")
-        return 3
+        return fail(f"{type(exc).__name__}: {exc}", 3)
     except KeyboardInterrupt:
-        sys.stderr.write(f"idemkey {args.command}: interrupted\n")
-        return 130
+        return fail("interrupted", 130)
     except Exception as exc:
         # A bug of ours: still one line, unless asked for the traceback.
         if os.environ.get(DEBUG_ENV):
             raise
         message = str(exc).splitlines()[0] if str(exc) else ""
-        sys.stderr.write(
-            f"idemkey {args.command}: internal error: {type(exc).__name__}: {message} "
-            f"(set {DEBUG_ENV}=1 for the traceback)\n"
+        return fail(
+            f"internal error: {type(exc).__name__}: {message} "
+            f"(set {DEBUG_ENV}=1 for the traceback)",
+            70,
         )
-        return 70

@@ -5,30 +5,114 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from typing import IO, Any
+from typing import IO, Any, Final
 
 from .._codec import StoredResponse, decode_response, decode_value
 from .._core import OWNER_TAG_LENGTH, Record, parse_key, record_for, record_state
+from .._http_messages import Headers, Request
+from .._scope import NO_CREDENTIALS, credential_scope
 from ..diagnostics import _text as text
 from ..errors import InvalidKeyError, RecordFormatError
 from ..guard import GUARD_METHOD
 from ._base import CliError
 from ._format import PREVIEW_BYTES, duration, preview, shorten
 
-__all__ = ["RecordView", "add_record_options", "read_record", "record_named", "show_record"]
+__all__ = [
+    "NOT_SEARCHABLE",
+    "Candidate",
+    "RecordView",
+    "add_record_options",
+    "names_one_record",
+    "read_record",
+    "record_candidates",
+    "show_record",
+]
 
 
 def add_record_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("key", nargs="?", metavar="KEY", help="the Idempotency-Key value")
-    parser.add_argument("--scope", default="", help="the tenant scope (Policy.scope's answer)")
+    parser.add_argument(
+        "--scope",
+        action="append",
+        help="the tenant scope (Policy.scope's answer; repeat to try several; default: try the "
+        "default scope of a request without credentials, and the empty scope)",
+    )
+    parser.add_argument(
+        "-H",
+        "--header",
+        action="append",
+        default=[],
+        metavar="'NAME: VALUE'",
+        help="a credential header the request carried (Authorization, Cookie, X-Api-Key...): "
+        "try the default scope it gives",
+    )
     parser.add_argument("--method", default="POST", help="HTTP method (default: POST)")
-    parser.add_argument("--route", default="", help="route template, e.g. /charges")
+    parser.add_argument(
+        "--route",
+        action="append",
+        help="route template, e.g. /charges (the path when the middleware knows no routes); "
+        "repeat to try several; with --guard, an @idempotent function's name",
+    )
     parser.add_argument("--guard", action="store_true", help="a guard()/@idempotent record")
     parser.add_argument("--digest", help="name the record by its digest (from logs, events)")
 
 
-def record_named(args: argparse.Namespace) -> Record:
-    """The record named on the command line: by digest, or by key, scope, method and route."""
+@dataclass(frozen=True)
+class Candidate:
+    """One name ``inspect`` and ``forget`` try: the record of (scope, method, route, key)."""
+
+    record: Record
+    scope: str = ""
+    scope_note: str = ""  # how the scope is shown: where it came from
+    method: str = ""
+    route: str = ""
+
+    def describe(self) -> str:
+        route = f" {self.route}" if self.route else ""
+        return f"scope {self.scope_note}, {self.method}{route}"
+
+
+#: Said when no name tried holds a record: a record's name is a one-way digest.
+NOT_SEARCHABLE: Final = (
+    "a record's name is a digest of scope, method, route and key, so it cannot be looked up "
+    "by key alone: give --scope (what Policy.scope returned), -H with the request's "
+    "credential header (the default scope), --route (the route template, or the path), "
+    "--method, --guard, or --digest from a log line or event"
+)
+
+
+def _scope_header(line: str) -> tuple[str, str]:
+    name, sep, value = line.partition(":")
+    if not sep or not name.strip():
+        raise CliError(f"-H wants 'Name: value', got {line!r}", 2)
+    return name.strip(), value.strip()
+
+
+def _scopes(args: argparse.Namespace, *, guard: bool) -> list[tuple[str, str]]:
+    """(scope, how it is shown) for each scope to try."""
+    scopes = [(s, repr(s)) for s in args.scope or ()]
+    if args.header:
+        headers = [_scope_header(line) for line in args.header]
+        request = Request("POST", "/", "", Headers(headers))
+        names = ", ".join(name for name, _ in headers)
+        scopes.append((credential_scope(request), f"<default scope of {names}>"))
+    if not scopes:
+        scopes.append(("", "'' (empty)"))
+        if not guard:  # guard() records have the empty scope unless told otherwise
+            note = "<default scope, no credentials>"
+            scopes.insert(0, (NO_CREDENTIALS, note))
+    return scopes
+
+
+def names_one_record(args: argparse.Namespace) -> bool:
+    """Whether the command line names one record outright (nothing left to try): a digest,
+    ``--guard`` (its scope is empty unless told), or a scope with a route."""
+    return bool(args.digest or args.guard or (args.route and (args.scope or args.header)))
+
+
+def record_candidates(args: argparse.Namespace) -> list[Candidate]:
+    """The records the command line may mean: one when it names every part, else each
+    combination of the scopes and routes to try (see :data:`NOT_SEARCHABLE`)."""
     prefix = args.prefix
     if args.digest:
         digest = args.digest.strip().lower()
@@ -37,19 +121,28 @@ def record_named(args: argparse.Namespace) -> Record:
         if args.key is not None:
             raise CliError("give either KEY or --digest, not both", 2)
         name = f"{prefix}:{{{digest}}}"
-        return Record(digest, name, name + ":lock")
+        return [Candidate(Record(digest, name, name + ":lock"), scope_note="?", method="?")]
     if args.key is None:
         raise CliError("give the idempotency KEY (or --digest D)", 2)
-    if args.guard:
-        return record_for(prefix, args.scope, GUARD_METHOD, "", args.key)
-    if not args.route:
-        raise CliError("give --route (the route template, e.g. /charges) or --guard", 2)
+    if args.guard or not args.route:
+        # guard() records: method GUARD, route "" (@idempotent: the function's name).
+        return [
+            Candidate(record_for(prefix, scope, GUARD_METHOD, route, args.key), scope, note,
+                      GUARD_METHOD, route)
+            for scope, note in _scopes(args, guard=True)
+            for route in (args.route if args.guard and args.route else [""])
+        ]  # fmt: skip
     try:
         # The header value as the client sent it: "abc" (sf-string) and abc name one record.
         key = parse_key(args.key)
     except InvalidKeyError as exc:
         raise CliError(f"not a valid Idempotency-Key: {exc.reason}", 2) from None
-    return record_for(prefix, args.scope, args.method.upper(), args.route, key)
+    method = args.method.upper()
+    return [
+        Candidate(record_for(prefix, scope, method, route, key), scope, note, method, route)
+        for scope, note in _scopes(args, guard=False)
+        for route in args.route
+    ]
 
 
 @dataclass
@@ -98,7 +191,8 @@ def read_record(client: Any, record: Record, *, guard: bool | None = None) -> Re
         view.owner = text(fp[-OWNER_TAG_LENGTH:])
     fence = text(get("fence"))
     view.fence = int(fence) if fence.isdigit() else None
-    at = text(get("at"))  # the last claim or completion: written by idemkey before 0.2 only
+    # The last claim or completion: written by idemkey before 0.2 only; remove in 0.4.
+    at = text(get("at"))
     if at.isdigit():
         stamp = datetime.fromtimestamp(int(at) / 1000, tz=timezone.utc)
         view.at = stamp.isoformat(timespec="milliseconds").replace("+00:00", "Z")

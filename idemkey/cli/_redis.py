@@ -11,7 +11,7 @@ from urllib.parse import urlsplit, urlunsplit
 from ..diagnostics import _text as text
 from ._base import URL_ENV, CliError
 
-__all__ = ["Server", "connect", "info", "redact"]
+__all__ = ["Server", "connect", "explain_redis_error", "info", "redact"]
 
 
 def redact(url: str) -> str:
@@ -85,3 +85,20 @@ def _address(client: Any) -> str:
 def info(client: Any, section: str | None = None) -> dict[str, Any]:
     reply: dict[str, Any] = client.info(section) if section else client.info()
     return reply
+
+
+def explain_redis_error(exc: BaseException) -> str:
+    """``exc`` in words: its type and first line, and what a reply that is not RESP means."""
+    import redis
+
+    message = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    if isinstance(exc, redis.exceptions.InvalidResponse):
+        # redis-py: 'Protocol error, got "<" as reply type byte': something answered, not Redis.
+        first = message.rsplit('got "', 1)[-1][:1] if 'got "' in message else ""
+        guess = {"H": "an HTTP response", "<": "an HTML page", "\x15": "a TLS alert"}.get(first)
+        seen = f" (it sent {guess})" if guess else ""
+        return (
+            f"this is not a Redis server: its answer is not the Redis protocol{seen}; check "
+            f"the host and port, which may belong to another service ({message})"
+        )
+    return f"{type(exc).__name__}: {message}"

@@ -15,6 +15,11 @@ HELP: Final = (
     "play the retry story against the demo payments app (embedded store unless "
     "--redis-url is given; $IDEMKEY_REDIS_URL is not used)"
 )
+#: The demo writes records only into a Redis named on its command line, never $IDEMKEY_REDIS_URL.
+REDIS_URL_HELP: Final = (
+    "a redis://, rediss:// or unix:// URL to keep the demo's records in (default: an embedded "
+    "fakeredis; $IDEMKEY_REDIS_URL is not used: it may name production)"
+)
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -27,7 +32,8 @@ def load_demo() -> ModuleType:
         import flask  # noqa: F401
         import werkzeug  # noqa: F401
     except ImportError as exc:
-        raise CliError(f"the demo app needs {exc.name}: pip install 'idemkey[demo]'", 2) from None
+        message = f"the demo app needs {exc.name}: pip install 'idemkey-redis[demo]'"
+        raise CliError(message, 2) from None
     from . import demo_app
 
     return demo_app

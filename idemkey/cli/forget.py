@@ -9,8 +9,9 @@ from typing import IO, Final
 from ..diagnostics import _text as text
 from ._base import CliError, print_json
 from ._format import duration
-from ._records import add_record_options, read_record, record_named
+from ._records import add_record_options, names_one_record, record_candidates
 from ._redis import connect
+from .inspect import find
 
 HELP: Final = "delete one record (record and lock)"
 
@@ -44,12 +45,22 @@ def _confirm(question: str) -> bool:
 
 
 def run(args: argparse.Namespace, out: IO[str]) -> int:
-    record = record_named(args)
+    candidates = record_candidates(args)
     with connect(args.redis_url) as server:
         client = server.client
-        view = read_record(client, record, guard=True if args.guard else None)
-        if not view.exists:
-            raise CliError(f"no record {record.key}")
+        held = [(c, view) for c, view in find(client, candidates) if view.exists]
+        if not held:
+            if len(candidates) == 1 and names_one_record(args):
+                raise CliError(f"no record {candidates[0].record.key}")
+            tried = "; ".join(f"{c.describe()}" for c in candidates)
+            raise CliError(f"no record for key {args.key!r} under the names tried ({tried})")
+        if len(held) > 1:
+            where = "; ".join(c.describe() for c, _ in held)
+            raise CliError(
+                f"the key is held by {len(held)} records ({where}): give --scope and --route "
+                "to name one; nothing deleted"
+            )
+        record, view = held[0][0].record, held[0][1]
         if view.state == "in_progress" and not args.force:
             lease = "no live lease" if view.lease_ms < 0 else f"lease {duration(view.lease_ms)}"
             raise CliError(

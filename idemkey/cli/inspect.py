@@ -1,33 +1,95 @@
-"""``idemkey inspect KEY --scope S --route /charges``: one record, decoded."""
+"""``idemkey inspect KEY [--scope S] [--route /charges]``: one record, decoded.
+
+A record's name is a one-way digest of scope, method, route and key. When the command line
+names all of them (or ``--digest``), inspect reads that one record. When it leaves the scope
+or the route out, inspect tries each name it can build, and says which held the key or, when
+none did, every name it tried: the default scope of a request without credentials and the
+empty scope (unless ``--scope`` or ``-H`` says), each ``--route`` given, and without
+``--route`` the ``guard()`` records.
+"""
 
 from __future__ import annotations
 
 import argparse
 from dataclasses import asdict
-from typing import IO, Final
+from typing import IO, Any, Final
 
+from ..guard import GUARD_METHOD
 from ._base import print_json
-from ._records import add_record_options, read_record, record_named, show_record
+from ._records import (
+    NOT_SEARCHABLE,
+    Candidate,
+    RecordView,
+    add_record_options,
+    names_one_record,
+    read_record,
+    record_candidates,
+    show_record,
+)
 from ._redis import connect
 
-HELP: Final = "show one record, decoded"
+HELP: Final = "show one record, decoded (or say which names were tried)"
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
     add_record_options(parser)
 
 
+def find(client: Any, candidates: list[Candidate]) -> list[tuple[Candidate, RecordView]]:
+    """Read every candidate (one EXISTS round trip for all, then the ones that exist)."""
+    pipe = client.pipeline(transaction=False)
+    for candidate in candidates:
+        pipe.exists(candidate.record.key)
+    present = [c for c, n in zip(candidates, pipe.execute(), strict=True) if n]
+    if len(candidates) == 1 and not present:
+        present = candidates  # one name: show it even when empty, as before
+    # The stored value is a guard() result or an HTTP response; by digest, try both.
+    decode = {GUARD_METHOD: True, "?": None}
+    return [(c, read_record(client, c.record, guard=decode.get(c.method, False))) for c in present]
+
+
 def run(args: argparse.Namespace, out: IO[str]) -> int:
-    record = record_named(args)
-    guard = True if args.guard else (None if args.digest else False)
+    candidates = record_candidates(args)
     with connect(args.redis_url) as server:
-        view = read_record(server.client, record, guard=guard)
+        found = find(server.client, candidates)
+    held = [(c, view) for c, view in found if view.exists]
+    if len(candidates) == 1 and names_one_record(args):
+        # The command line named one record: its view (exists false when it is not there).
+        view = found[0][1]
+        if args.json:
+            print_json(asdict(view), out)
+        elif view.exists:
+            show_record(view, out)
+        else:
+            out.write(f"no record {view.record}\n")
+        return 0 if view.exists else 1
+    tried = [
+        {"scope": c.scope, "scope_note": c.scope_note, "method": c.method, "route": c.route,
+         "record": c.record.key, "exists": any(h is c for h, _ in held)}
+        for c in candidates
+    ]  # fmt: skip
     if args.json:
-        print_json(asdict(view), out)
-    elif view.exists:
-        show_record(view, out)
-    if not view.exists:
-        if not args.json:
-            out.write(f"no record {record.key}\n")
+        records = [
+            {"scope": c.scope, "scope_note": c.scope_note, "method": c.method, "route": c.route,
+             **asdict(view)}
+            for c, view in held
+        ]  # fmt: skip
+        hint = None if held else NOT_SEARCHABLE
+        print_json({"key": args.key, "records": records, "tried": tried, "hint": hint}, out)
+        return 0 if held else 1
+    if not held:
+        out.write(
+            f"no record for key {args.key!r} under any of the {len(candidates)} names tried:\n"
+        )
+        for c in candidates:
+            out.write(f"  {c.describe():<60} {c.record.key}\n")
+        out.write(f"{NOT_SEARCHABLE}\n")
         return 1
+    for i, (c, view) in enumerate(held):
+        if i:
+            out.write("\n")
+        out.write(f"found under {c.describe()}\n")
+        show_record(view, out)
+    if len(held) > 1:
+        out.write(f"\nthe key is held by {len(held)} records: one per scope and route\n")
     return 0

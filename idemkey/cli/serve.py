@@ -5,23 +5,31 @@ from __future__ import annotations
 import argparse
 from typing import IO, Final
 
+from . import demo
 from ._base import CliError
 from .demo import demo_errors, load_demo, shown
 
-HELP: Final = "run the demo payments app for curl (store: as for demo)"
+HELP: Final = (
+    "run the demo payments app for curl until Ctrl-C (embedded store unless --redis-url is "
+    "given; $IDEMKEY_REDIS_URL is not used)"
+)
+REDIS_URL_HELP: Final = demo.REDIS_URL_HELP
+JSON_HELP: Final = "errors as one JSON object on stderr (the app's own output is text)"
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument(
+        "--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1)"
+    )
+    parser.add_argument("--port", type=int, default=8000, help="port (default: 8000; 0: any free)")
 
 
 def run(args: argparse.Namespace, out: IO[str]) -> int:
     if not 0 <= args.port <= 65535:
         raise CliError("--port must be between 0 and 65535", 2)
-    demo = load_demo()
+    app = load_demo()
     with demo_errors():
-        demo.serve(
+        app.serve(
             host=args.host,
             port=args.port,
             redis_url=args.redis_url,

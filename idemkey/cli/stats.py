@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import random
+import re
 import sys
 import time
 from collections.abc import Sequence
@@ -22,6 +23,11 @@ PROGRESS_THRESHOLD = 10_000
 PROGRESS_EVERY = 10_000
 PROGRESS_LOG_SECONDS = 2.0
 SCAN_COUNT: Final = 1000
+#: When a prefix holds no record, stats looks for other prefixes in at most this many keys
+#: per primary (SCAN pages of SCAN_COUNT), so the hint costs a bounded scan, never a full one.
+OTHER_PREFIXES_SCAN: Final = 10_000
+# A record's key, its lock or its wake-up stream: "<prefix>:{<32 hex digits>}[:lock|:done]".
+_RECORD_NAME: Final = re.compile(rb"^(.*):\{[0-9a-f]{32}\}(?::lock|:done)?$", re.DOTALL)
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -59,6 +65,10 @@ class Stats:
     sampled: int = 0
     sampled_bytes: int = 0
     seconds: float = 0.0
+    #: Only when no record is under ``prefix``: the prefixes of the records seen in a bounded
+    #: scan, with their key counts, and how many keys that scan looked at.
+    other_prefixes: dict[str, int] | None = None
+    other_scanned: int = 0
 
     @property
     def mean_bytes(self) -> float:
@@ -78,6 +88,14 @@ class Stats:
                 "total_bytes_estimate": round(self.mean_bytes * self.scanned),
             },
             "seconds": round(self.seconds, 3),
+            **(
+                {
+                    "other_prefixes": self.other_prefixes,
+                    "other_prefixes_keys_scanned": self.other_scanned,
+                }
+                if self.other_prefixes is not None
+                else {}
+            ),
         }
 
 
@@ -158,8 +176,36 @@ def collect_stats(
                 break
         _measure(client, reservoir, stats)
     meter.done()
+    if not stats.scanned:
+        stats.other_prefixes, stats.other_scanned = other_prefixes(nodes)
     stats.seconds = time.perf_counter() - started
     return stats
+
+
+def other_prefixes(
+    nodes: Sequence[tuple[str, Any]], limit: int = OTHER_PREFIXES_SCAN
+) -> tuple[dict[str, int], int]:
+    """The prefixes of idemkey records among at most ``limit`` keys per primary (SCAN).
+
+    Names are all it reads: ``<prefix>:{<32 hex>}`` with an optional ``:lock`` or ``:done``.
+    Returns the prefixes (most keys first) and the number of keys looked at.
+    """
+    found: dict[str, int] = {}
+    looked = 0
+    for _, client in nodes:
+        cursor, here = 0, 0
+        while here < limit:
+            cursor, keys = client.scan(cursor, match="*:{*}*", count=SCAN_COUNT)
+            here += SCAN_COUNT
+            for key in keys:
+                match = _RECORD_NAME.match(key)
+                if match:
+                    name = match.group(1).decode("utf-8", "backslashreplace")
+                    found[name] = found.get(name, 0) + 1
+            if cursor == 0:
+                break
+        looked += min(here, int(client.dbsize()))
+    return dict(sorted(found.items(), key=lambda item: (-item[1], item[0]))), looked
 
 
 def _classify(client: Any, keys: Sequence[bytes], stats: Stats) -> None:
@@ -179,7 +225,8 @@ def _classify(client: Any, keys: Sequence[bytes], stats: Stats) -> None:
             continue  # expired between SCAN and now
         stats.scanned += 1
         state = text(fields[0])
-        if state in ("complete", "in_progress"):  # "complete": written by idemkey before 0.2
+        # "complete": written by idemkey before 0.2; reading 0.1 records: remove in 0.4.
+        if state in ("complete", "in_progress"):
             stats.states[state] += 1
             if state == "in_progress":
                 in_progress.append(key)
@@ -231,6 +278,17 @@ def _show_stats(stats: Stats, url: str, out: IO[str]) -> None:
         if bucket == "no TTL" and not count:
             continue
         out.write(f"  {bucket:<12} {count:>9}\n")
+    if stats.other_prefixes is not None:
+        scanned = f"the {stats.other_scanned} keys scanned"
+        if stats.other_prefixes:
+            seen = ", ".join(f'"{name}" ({n} keys)' for name, n in stats.other_prefixes.items())
+            out.write(
+                f'no records under prefix "{stats.prefix}"; idemkey records under other prefixes '
+                f"in {scanned}: {seen}; pass --prefix (Policy.prefix)\n"
+            )
+        else:
+            where = f"in {scanned}" if stats.other_scanned else "(the database holds no key)"
+            out.write(f"no idemkey records under any prefix {where}\n")
 
 
 def run(args: argparse.Namespace, out: IO[str]) -> int:

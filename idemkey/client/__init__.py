@@ -1,6 +1,6 @@
 """The client half: call an idempotent HTTP API with one key per operation, retried safely.
 
-``pip install 'idemkey[client]'`` (httpx). ::
+``pip install 'idemkey-redis[client]'`` (httpx). ::
 
     from idemkey.client import Client, RefusedError, RetryPolicy
 
@@ -32,7 +32,7 @@ from __future__ import annotations
 try:
     import httpx  # noqa: F401
 except ImportError as exc:  # pragma: no cover - depends on the environment
-    raise ImportError("idemkey.client needs httpx: pip install 'idemkey[client]'") from exc
+    raise ImportError("idemkey.client needs httpx: pip install 'idemkey-redis[client]'") from exc
 
 from ._async import AsyncClient, AsyncIdempotentTransport
 from ._errors import ClientError, ClientStateError, RefusedError, RetriesExhaustedError

@@ -5,6 +5,7 @@ store's and the guard's (``tests/test_generated.py`` checks for drift). Every de
 ``_retry.py`` and every action on one in ``_shell.py``: a shell only sends, reads and sleeps.
 """
 
+# unasync: generates _sync.py
 from __future__ import annotations
 
 import time
@@ -15,7 +16,7 @@ from typing import Any, NoReturn
 import httpx
 
 from ..errors import ConfigurationError
-from ..store._async_runtime import sleep
+from ..store._concurrency._async_runtime import sleep
 from ._async_attempt import exchange
 from ._operation import DEFAULT_HEADER, IdempotentResponse, Operation, RetryHook
 from ._options import (

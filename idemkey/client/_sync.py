@@ -16,7 +16,7 @@ from typing import Any, NoReturn
 import httpx
 
 from ..errors import ConfigurationError
-from ..store._sync_runtime import sleep
+from ..store._concurrency._sync_runtime import sleep
 from ._sync_attempt import exchange
 from ._operation import DEFAULT_HEADER, IdempotentResponse, Operation, RetryHook
 from ._options import (

@@ -3,8 +3,10 @@
 Each module imports its library only when its factory is called, so ``import idemkey`` never
 needs them:
 
-* :func:`idemkey.contrib.prometheus.prometheus_hook` (``prometheus-client``)
-* :func:`idemkey.contrib.otel.otel_hook` (``opentelemetry-api``)
+* :func:`idemkey.contrib.prometheus.prometheus_hook` (``prometheus-client``: the ``prometheus``
+  extra, ``pip install 'idemkey-redis[prometheus]'``)
+* :func:`idemkey.contrib.otel.otel_hook` (``opentelemetry-api``: the ``otel`` extra,
+  ``pip install 'idemkey-redis[otel]'``)
 
 Several hooks combine with :func:`chain`.
 """

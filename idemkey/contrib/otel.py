@@ -1,4 +1,4 @@
-"""OpenTelemetry from idemkey events::
+"""OpenTelemetry from idemkey events (``pip install 'idemkey-redis[otel]'``)::
 
     from idemkey.contrib.otel import otel_hook
 
@@ -44,10 +44,16 @@ def otel_hook(
     """An ``on_event`` hook adding span events to the current span and counting events.
 
     ``meter_provider`` defaults to the global one (a no-op until the SDK is configured).
-    Needs ``opentelemetry-api``.
+    Needs ``opentelemetry-api`` (the ``otel`` extra); the application installs and configures
+    the SDK (``opentelemetry-sdk``) that records what the API receives.
     """
-    from opentelemetry import metrics, trace
-    from opentelemetry.trace import Status, StatusCode
+    try:
+        from opentelemetry import metrics, trace
+        from opentelemetry.trace import Status, StatusCode
+    except ImportError as exc:
+        raise ImportError(
+            "otel_hook needs opentelemetry-api: pip install 'idemkey-redis[otel]'"
+        ) from exc
 
     from .. import __version__
 

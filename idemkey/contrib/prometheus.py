@@ -1,4 +1,4 @@
-"""Prometheus metrics from idemkey events::
+"""Prometheus metrics from idemkey events (``pip install 'idemkey-redis[prometheus]'``)::
 
     from prometheus_client import REGISTRY
     from idemkey.contrib.prometheus import prometheus_hook
@@ -49,9 +49,14 @@ def prometheus_hook(
 
     Registers its metrics in ``registry`` (default: prometheus_client's global ``REGISTRY``),
     so call it once per registry: a second call raises prometheus_client's "Duplicated
-    timeseries" ``ValueError``. Needs ``prometheus-client``.
+    timeseries" ``ValueError``. Needs ``prometheus-client`` (the ``prometheus`` extra).
     """
-    from prometheus_client import REGISTRY, Counter, Histogram
+    try:
+        from prometheus_client import REGISTRY, Counter, Histogram
+    except ImportError as exc:
+        raise ImportError(
+            "prometheus_hook needs prometheus-client: pip install 'idemkey-redis[prometheus]'"
+        ) from exc
 
     target: Any = registry if registry is not None else REGISTRY
     events = Counter(

@@ -4,6 +4,7 @@ One text for both guards: the async file is the source, and scripts/unasync.py w
 one from it. Cancellation shielding comes from the hand-written runtime module imported below.
 """
 
+# unasync: generates _sync_guard.py
 from __future__ import annotations
 
 from functools import partial
@@ -15,7 +16,7 @@ from .._core import new_owner
 from ..errors import StoreError
 from ..policy import Policy
 from ..store import AsyncRedisStore
-from ..store._async_runtime import Cancelled, detach
+from ..store._concurrency._async_runtime import Cancelled, detach
 from ._async_steps import AsyncSteps
 from ._call import Call, GuardState
 

@@ -5,6 +5,7 @@ one (``Steps``, for guard) from it. Every rule is in :class:`idemkey._steps.Step
 moves bytes between it, the step function and the store.
 """
 
+# unasync: generates _sync_steps.py
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -15,7 +16,7 @@ from .._core import Claimed, Record
 from .._steps import StepBook, _async_result, step_field, step_key
 from ..errors import ConfigurationError, StepNotStorableError
 from ..store import AsyncRedisStore
-from ..store._async_runtime import uncancellable
+from ..store._concurrency._async_runtime import uncancellable
 
 __all__ = ["AsyncSteps"]
 

@@ -16,7 +16,7 @@ from .._core import new_owner
 from ..errors import StoreError
 from ..policy import Policy
 from ..store import RedisStore
-from ..store._sync_runtime import Cancelled, detach
+from ..store._concurrency._sync_runtime import Cancelled, detach
 from ._sync_steps import Steps
 from ._call import Call, GuardState
 

@@ -16,7 +16,7 @@ from .._core import Claimed, Record
 from .._steps import StepBook, _sync_result, step_field, step_key
 from ..errors import ConfigurationError, StepNotStorableError
 from ..store import RedisStore
-from ..store._sync_runtime import uncancellable
+from ..store._concurrency._sync_runtime import uncancellable
 
 __all__ = ["Steps"]
 

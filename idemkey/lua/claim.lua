@@ -18,7 +18,7 @@
 -- and the steps when there are steps (the key stays bound to its payload). Complete (written by
 -- complete.lua): only resp, and fp followed by the 12-character tag of the completing owner.
 -- Records written before 0.2 may hold a 32-hex fp, and state = "complete" with the full owner,
--- fence, tk and "at": both are read here as before.
+-- fence, tk and "at": both are read here as before. Reading 0.1 records: remove in 0.4.
 --
 -- Reply, first element a tag:
 --   {1, fence, takeover, name1, result1, ...}
@@ -39,12 +39,14 @@ local head = redis.call("HMGET", KEYS[1], "resp", "fp", "state")
 local resp, fp, state = head[1], head[2], head[3]
 
 -- A complete record's fp ends with the 12-character owner tag, which is not part of the
--- comparison (a record completed before 0.2 says state = "complete" and holds the bare fp).
+-- comparison. A record completed before 0.2 says state = "complete" and holds the bare fp:
+-- that branch reads 0.1 records, remove in 0.4.
 if resp and fp and state ~= "complete" then
   fp = string.sub(fp, 1, -13)
 end
 -- Is the stored fingerprint this request's? Compared as sent; a record written before 0.2
--- holds 32 hex digits where idemkey now sends 16 bytes, compared in hex when the bytes differ.
+-- holds 32 hex digits where idemkey now sends 16 bytes, compared in hex when the bytes differ;
+-- that hex comparison reads 0.1 records, remove in 0.4.
 -- One comparison for every state (HMGET gives false for a missing field).
 local same = fp == ARGV[1] or (fp and #fp == 32 and #ARGV[1] == 16
   and fp == string.format(string.rep("%02x", 16), string.byte(ARGV[1], 1, 16)))

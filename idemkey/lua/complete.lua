@@ -5,21 +5,23 @@
 -- ARGV[1]  owner         the token the claim returned (32 hex digits from idemkey)
 -- ARGV[2]  resp          encoded response (version byte + msgpack)
 -- ARGV[3]  retention_ms  how long the completed record is replayed, milliseconds
--- ARGV[4]  fence         optional; the fence the claim returned, to tell a lost record (below)
+-- ARGV[4]  tag           12 characters the completed record keeps of the owner, computed by
+--                        idemkey._core.owner_tag (the only place it is computed)
+-- ARGV[5]  fence         optional; the fence the claim returned, to tell a lost record (below)
 --
 -- Wake-up: when record field "w" is set, also writes the stream {prefix}:{<digest>}:done
 --          (KEYS[1] .. ":done", the same slot), see the end of this script.
 --
 -- Reply: 1 stored (or already stored by this owner), 0 lost: another owner took the record over
--- after our lease lapsed, and nothing was written; -1 (only with ARGV[4]) the record was lost
+-- after our lease lapsed, and nothing was written; -1 (only with ARGV[5]) the record was lost
 -- under the claim, as renew.lua tells it (gone, or claimed afresh with a fence not above ours),
 -- and nothing was written: a record is never re-created here from what a completion knows
 -- (its fingerprint and fence went with it, so a retry would be refused or fenced wrongly).
 --
 -- The completed record keeps only what a replay and a re-sent complete need: "resp", and "fp"
--- with a 12-character tag of the owner appended (what a re-sent complete is recognised by: 48
--- random bits, see below). The claim's fields, the finished steps and the lock go: a replay
--- needs only the response. Without "state", a record is complete when it has "resp".
+-- with a 12-character tag of the owner appended, what a re-sent complete is recognised by: 48
+-- random bits of one of idemkey's owners. The claim's fields, the finished steps and the lock
+-- go: a replay needs only the response. Without "state", a record is complete when it has "resp".
 --
 -- The record is never deleted and created again (it keeps "fp" throughout): in a cluster slot
 -- being migrated, a script may only touch keys that exist, so re-creating it would fail
@@ -30,23 +32,14 @@
 -- (see claim.lua), so it is deleted without being read.
 
 local record = redis.call("HMGET", KEYS[1], "owner", "state", "fp", "ns", "w")
--- idemkey's owners are 32 random hex digits: their first 12 are the tag. Any other owner (the
--- extension API takes one from the caller) is tagged by a 44-bit polynomial hash of all of it,
--- so owners that share a prefix stay apart (no redis.sha1hex: fakeredis lacks it).
-local tag
-if #ARGV[1] == 32 then
-  tag = string.sub(ARGV[1], 1, 12)
-else
-  local h = 0
-  for i = 1, #ARGV[1] do
-    h = (h * 131 + string.byte(ARGV[1], i)) % 17592186044416
-  end
-  tag = string.format("%012x", h)
-end
+-- The tag comes with the call: the same owner always sends the same tag, so a re-sent complete
+-- is recognised by it.
+local tag = ARGV[4]
 if record[1] == ARGV[1] and record[2] == "in_progress" then
-  -- The claim's fields go first ("at": written by idemkey before 0.2), while the hash is still a
-  -- small listpack: deleted after the response turned it into a hash table, they would leave
-  -- that table at twice the slots (32 bytes more per record; Redis does not shrink it).
+  -- The claim's fields go first, "at" among them: written by idemkey before 0.2, remove in 0.4.
+  -- They go while the hash is still a small listpack: deleted after the response turned it into
+  -- a hash table, they would leave that table at twice the slots, 32 bytes more per record, as
+  -- Redis does not shrink it.
   -- "w": the waiters' mark (below) goes with them.
   redis.call("HDEL", KEYS[1], "state", "owner", "fence", "tk", "at", "w")
   if record[4] then  -- finished steps: their fields go too
@@ -75,7 +68,7 @@ if record[1] == ARGV[1] and record[2] == "in_progress" then
 end
 
 -- Not ours in progress. Ours already (a re-send after a lost reply) answers 1 again.
-if record[2] == "complete" then  -- completed before 0.2: the full owner is kept
+if record[2] == "complete" then  -- completed before 0.2, the full owner kept: remove in 0.4
   if record[1] == ARGV[1] then
     return 1
   end
@@ -86,7 +79,7 @@ if not record[2] and record[3] and string.sub(record[3], -12) == tag
   return 1
 end
 -- Lost, or another owner's? (as in renew.lua)
-local fence = tonumber(ARGV[4])
+local fence = tonumber(ARGV[5])
 if fence then
   if record[2] == "in_progress" then  -- another owner's claim
     if (tonumber(redis.call("HGET", KEYS[1], "fence")) or 0) <= fence then

@@ -21,7 +21,8 @@ if record[1] ~= ARGV[1] or record[2] ~= "in_progress" then
   return 0
 end
 redis.call("DEL", KEYS[2])
--- "at": written by idemkey before 0.2, dropped with the claim it described.
+-- "at": written by idemkey before 0.2, dropped with the claim it described. Reading 0.1
+-- records: remove in 0.4.
 if record[3] then
   redis.call("HDEL", KEYS[1], "state", "owner", "tk", "at")
 else

@@ -251,7 +251,7 @@ def test_demo_without_flask_is_one_line(
     monkeypatch.setitem(sys.modules, "flask", None)  # import raises ImportError
     run = idemkey("demo")
     assert run.code == 2
-    assert run.err == "idemkey demo: the demo app needs flask: pip install 'idemkey[demo]'\n"
+    assert run.err == "idemkey demo: the demo app needs flask: pip install 'idemkey-redis[demo]'\n"
 
 
 def test_python_m_idemkey_demo() -> None:
@@ -351,6 +351,7 @@ def test_bench_delegates_to_the_benchmarks_package(
 ) -> None:
     seen: list[list[str]] = []
     fake = types.ModuleType("benchmarks")
+    fake.__file__ = str(ROOT / "benchmarks" / "__init__.py")  # this checkout's suite
     fake.main = lambda argv: seen.append(argv) or 0  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, "benchmarks", fake)
     monkeypatch.setenv("IDEMKEY_REDIS_URL", "redis://production:6379/0")  # never benchmarked
@@ -362,11 +363,34 @@ def test_bench_delegates_to_the_benchmarks_package(
     ]
 
 
+def test_bench_never_runs_another_benchmarks_package(
+    idemkey: CliRunner, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    seen: list[list[str]] = []
+    other = types.ModuleType("benchmarks")
+    other.__file__ = str(tmp_path / "benchmarks" / "__init__.py")  # some other project's
+    other.main = lambda argv: seen.append(argv) or 0  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "benchmarks", other)
+    run = idemkey("bench")
+    assert (run.code, seen) == (2, [])
+    assert len(run.err.splitlines()) == 1
+    assert f"run `python -m benchmarks` from {ROOT}" in run.err
+
+
 def test_bench_without_the_suite_is_one_line(
     idemkey: CliRunner, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    from idemkey.cli import bench
+
+    monkeypatch.setattr(bench, "checkout", lambda: None)  # an installed idemkey: no checkout
+    run = idemkey("bench")
+    assert run.code == 2
+    assert len(run.err.splitlines()) == 1
+    assert "runs the benchmark suite of a source checkout" in run.err
+    monkeypatch.undo()
     monkeypatch.setitem(sys.modules, "benchmarks", None)  # import raises ImportError
     run = idemkey("bench")
     assert run.code == 2
     assert len(run.err.splitlines()) == 1
-    assert "benchmark suite is not importable" in run.err
+    assert "benchmark suite in" in run.err
+    assert "is not importable" in run.err

@@ -21,6 +21,7 @@ import redis
 import redis.asyncio
 
 from idemkey import AsyncRedisStore, Call, Policy, RedisStore, aguard, guard, idempotent
+from idemkey._core import owner_tag
 from idemkey.records import GUARD_METHOD, Decision, Record, record_for
 from tests._servers import async_wait_until
 
@@ -71,7 +72,7 @@ class Both:
 
     async def complete_reply(self, record: Record, owner: str, resp: bytes, fence: int) -> int:
         """complete.lua's own reply, sent with the claim's fence: 1, 0 or RECORD_LOST."""
-        args = (record.key, record.lock, owner, resp, 100_000, fence)
+        args = (record.key, record.lock, owner, resp, 100_000, owner_tag(owner), fence)
         return int(await _resolve(self.store._eval("complete", *args)))
 
     async def delete(self, *keys: str) -> None:

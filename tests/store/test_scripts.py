@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from idemkey._core import RECORD_LOST, owner_tag
 from idemkey.records import Claimed, InFlight, Mismatch, Replay, new_owner, payload_fingerprint
-from tests.store._both import AsyncStore, Both, SyncStore
+from tests.store._both import AsyncStore, Both, SyncStore, _resolve
 
 LEASE_MS = 10_000
 TTL_MS = 100_000
@@ -95,6 +95,21 @@ class ScriptBehaviour:
         assert await store.hash(record) == {b"fp": fp + owner[:12].encode(), b"resp": b"resp"}
         assert await store.claim(record, fp, owner=new_owner()) == Replay(b"resp")
         assert await store.claim(record, fp[::-1], owner=new_owner()) == Mismatch()
+
+    async def test_complete_keeps_the_tag_it_is_sent_and_knows_a_resend_by_it(
+        self, store: Both
+    ) -> None:
+        # The tag is computed in Python only (owner_tag) and sent as ARGV[4]; the script never
+        # derives its own from the owner.
+        record = store.record()
+        await store.claim(record, "fp1", owner="o1", heartbeat=False)
+        args = (record.key, record.lock, "o1", b"resp", TTL_MS)
+        assert await _resolve(store.store._eval("complete", *args, "t" * 12)) == 1
+        assert await store.hash(record) == {b"fp": b"fp1" + b"t" * 12, b"resp": b"resp"}
+        before = await store.snapshot(record)
+        assert await _resolve(store.store._eval("complete", *args, "t" * 12)) == 1  # a re-send
+        assert await _resolve(store.store._eval("complete", *args, "u" * 12)) == 0
+        assert await store.snapshot(record) == before
 
     async def test_a_completed_record_with_another_payload_is_untouched(self, store: Both) -> None:
         record = store.record()

@@ -56,7 +56,8 @@ def test_policy_refuses_a_bad_option_naming_it(case: tuple[dict[str, Any], str])
 
 
 def test_policy_methods_as_a_bare_string_is_refused_not_split_into_letters() -> None:
-    # On main this was Policy(methods=frozenset({'P', 'O', 'S', 'T'})): nothing was guarded.
+    # Before the converter of issue 20 this was a Policy whose methods were {'P', 'O', 'S', 'T'}:
+    # nothing was guarded.
     with pytest.raises(ConfigurationError) as raised:
         Policy(methods="POST")  # type: ignore[arg-type]
     assert str(raised.value) == (
@@ -132,3 +133,18 @@ def test_replicas_timeout_is_a_finite_positive_duration() -> None:
             Replicas(1, timeout)  # type: ignore[arg-type]
     with pytest.raises(ConfigurationError, match=r"Replicas\.count"):
         Replicas(True)
+
+
+def test_the_fake_stores_name_themselves_in_option_errors() -> None:
+    from idemkey.testing import fake_async_store, fake_store
+
+    with pytest.raises(ConfigurationError) as raised:
+        fake_store(methods="POST")
+    assert str(raised.value) == (
+        "fake_store(methods=...): expected a collection of method names, got the string 'POST'"
+    )
+    with pytest.raises(ConfigurationError, match=re.escape("did you mean fake_store(wait=...)")):
+        fake_store(wiat=1.0)
+    with pytest.raises(ConfigurationError, match=re.escape("fake_async_store: Policy: need")):
+        fake_async_store(lease=100, ttl=10)
+    assert fake_store(wait=1, methods=["post"]).policy.methods == frozenset({"POST"})

@@ -43,7 +43,7 @@ def open_store(
             import fakeredis
         except ImportError:
             raise MissingPackageError(
-                "the embedded store needs fakeredis[lua]: pip install 'idemkey[demo]', "
+                "the embedded store needs fakeredis[lua]: pip install 'idemkey-redis[demo]', "
                 "or pass --redis-url"
             ) from None
         client = fakeredis.FakeRedis(server=fakeredis.FakeServer(), decode_responses=False)

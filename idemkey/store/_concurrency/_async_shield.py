@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable, Coroutine
 from typing import Any
 
-from ..store import detach
+from ._async_runtime import detach
 
 __all__ = ["settle_later"]
 

@@ -11,7 +11,7 @@ import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from ..policy import Replicas
+from ...policy import Replicas
 
 __all__ = [
     "Cancelled",

@@ -11,12 +11,12 @@ import asyncio
 import contextlib
 import time
 
-from .._core import RECORD_LOST, Record
-from .._leases import Lease
-from ..errors import StoreError
-from ..events import logger
-from ..policy import Policy
-from ._base import _IDLE_SECONDS, StoreBase
+from ..._core import RECORD_LOST, Record
+from ..._leases import Lease
+from ...errors import StoreError
+from ...events import logger
+from ...policy import Policy
+from .._base import _IDLE_SECONDS, StoreBase
 
 __all__ = ["AsyncHeartbeat"]
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from ..events import logger
+from ...events import logger
 
 __all__ = ["settle_later"]
 

@@ -15,8 +15,8 @@ import socket
 from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
-from ..events import logger
-from ..policy import Replicas
+from ...events import logger
+from ...policy import Replicas
 
 __all__ = [
     "Cancelled",
