@@ -3,6 +3,7 @@
     nox                     # tests, lint, typing (the defaults)
     nox -s tests            # the test suite on every Python 3.10-3.13 that actually runs here
     nox -s tests-3.11       # one interpreter
+    nox -s quick            # the inner loop, under 90 s; `pytest` stays the whole suite
     nox -s bench -- --quick # arguments after -- go to `python -m benchmarks`
     nox -s build            # sdist + wheel, then check the wheel ships the Lua scripts
     nox -s docs             # the docs site, mkdocs build --strict (-- serve: mkdocs serve)
@@ -148,6 +149,23 @@ MINIMAL_IGNORE = [
 ]
 # Both runs leave out what has its own session or CI step.
 NOT_HEAVY = "not slow and not cluster and not benchmark"
+# The inner loop (`nox -s quick`; under 90 s on a loaded 2-core box): every decision without
+# Redis, the scripts and both state machines on real Redis and fakeredis, the shared adapter
+# suite (decision rows on two harnesses, byte-moving rows on every one) and the in-process
+# adapter tests, the generated twins. No server subprocess, nothing slow, no cluster: those
+# are in the whole suite, which `pytest` (or `nox -s tests`) still runs, as CI does.
+QUICK_TESTS = [
+    "tests/unit",
+    "tests/store",
+    "tests/steps",
+    "tests/adapters/test_suite.py",
+    "tests/adapters/test_lifecycle.py",
+    "tests/adapters/test_options.py",
+    "tests/adapters/test_asgi.py",
+    "tests/adapters/test_wsgi.py",
+    "tests/adapters/test_flask.py",
+    "tests/test_generated.py",
+]
 
 
 def _requirements(names: tuple[str, ...], group: str) -> list[str]:
@@ -190,6 +208,14 @@ def tests(session: nox.Session) -> None:
     """
     session.install("-e", ".[test]", "build")
     session.run("pytest", *session.posargs)  # benchmarks excluded by pyproject's addopts
+
+
+@nox.session(python=CURRENT)
+def quick(session: nox.Session) -> None:
+    """The inner-loop tier: QUICK_TESTS without the heavy markers, in under 90 s. Arguments
+    after -- replace the list. Not the whole suite: run `pytest` before you push."""
+    session.install("-e", ".[test]")
+    session.run("pytest", "-m", NOT_HEAVY, *(session.posargs or QUICK_TESTS))
 
 
 @nox.session(python=CURRENT)

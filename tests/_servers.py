@@ -17,6 +17,10 @@ Each :class:`RedisServer`:
   hook for every server still alive, and on Linux by ``PR_SET_PDEATHSIG`` so that even a
   SIGKILLed test run does not leave a server behind.
 
+:class:`AppServer` is the one way the tests start and stop a web server subprocess (gunicorn,
+uvicorn, hypercorn, a werkzeug script) serving a test app: free port, own process group, log
+file, ready once ``GET /health`` answers 200, SIGTERM then SIGKILL, keys purged.
+
 :class:`ExternalRedis` wraps a server someone else runs (``IDEMKEY_REDIS_URL``). It offers the
 same read-only surface (``url``, ``host``, ``port``, ``client()``) and none of the destructive
 levers: an external server is never killed, paused or flushed.
@@ -28,6 +32,7 @@ import asyncio
 import atexit
 import contextlib
 import ctypes
+import http.client
 import os
 import shutil
 import signal
@@ -37,7 +42,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar, overload
 from urllib.parse import urlsplit
@@ -51,6 +56,7 @@ if TYPE_CHECKING:
     from types import TracebackType
 
 __all__ = [
+    "AppServer",
     "ExternalRedis",
     "RedisServer",
     "RedisServerError",
@@ -547,3 +553,87 @@ class ExternalRedis:
 
     def __repr__(self) -> str:
         return f"<ExternalRedis {self.url}>"
+
+
+class AppServer:
+    """A web server subprocess serving a test app on a free port, until :meth:`close`.
+
+    ``command(port)`` is its argv. It runs in ``cwd`` with ``os.environ`` plus ``env`` (with
+    ``redis_url`` and ``prefix`` also as ``IDEMKEY_TEST_REDIS_URL`` / ``IDEMKEY_TEST_PREFIX``, which
+    the test apps read), in its own session (so :meth:`close` reaches its workers), its output in
+    ``log``. It is ready once ``GET health`` answers 200, within ``timeout`` seconds; if it exits
+    first, the error quotes its log. :meth:`close` sends SIGTERM to its process group, SIGKILL
+    after 10 s, then deletes the keys containing ``prefix`` from ``redis_url``.
+    """
+
+    def __init__(
+        self,
+        command: Callable[[int], Sequence[str]],
+        *,
+        log: Path,
+        cwd: Path,
+        redis_url: str | None = None,
+        prefix: str | None = None,
+        env: Mapping[str, str] | None = None,
+        name: str = "the server",
+        health: str = "/health",
+        timeout: float = 30.0,
+    ) -> None:
+        self.name = name
+        self.log = log
+        self.redis_url = redis_url
+        self.prefix = prefix
+        self.port = free_port()
+        self.url = f"http://{HOST}:{self.port}"
+        full_env = {**os.environ, **(env or {})}
+        if redis_url is not None:
+            full_env["IDEMKEY_TEST_REDIS_URL"] = redis_url
+        if prefix is not None:
+            full_env["IDEMKEY_TEST_PREFIX"] = prefix
+        with log.open("wb") as out:
+            self.proc = subprocess.Popen(
+                list(command(self.port)), cwd=cwd, env=full_env, stdout=out,
+                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
+            )  # fmt: skip
+
+        def healthy() -> bool:
+            assert self.proc.poll() is None, f"{name} exited:\n{self.log_text()}"
+            connection = http.client.HTTPConnection(HOST, self.port, timeout=2)
+            with contextlib.closing(connection):
+                connection.request("GET", health, headers={"Connection": "close"})
+                return connection.getresponse().status == 200
+
+        try:
+            wait_until(
+                healthy, timeout, f"{name} to answer", ignore=(OSError, http.client.HTTPException)
+            )
+        except BaseException:
+            self.close()
+            raise
+
+    def log_text(self) -> str:
+        return self.log.read_text(errors="replace")
+
+    def close(self) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGTERM)
+        try:
+            self.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+        if self.redis_url is not None and self.prefix:
+            client = redis.Redis.from_url(
+                self.redis_url, socket_connect_timeout=2, socket_timeout=2, retry=no_retry()
+            )
+            with contextlib.closing(client), contextlib.suppress(redis.RedisError):
+                keys = list(client.scan_iter(match=f"*{self.prefix}*", count=1000))
+                if keys:
+                    client.unlink(*keys)
+
+    def __enter__(self) -> AppServer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

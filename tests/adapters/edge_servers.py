@@ -6,10 +6,7 @@
 from __future__ import annotations
 
 import contextlib
-import os
-import signal
 import socket
-import subprocess
 import sys
 import uuid
 from dataclasses import dataclass
@@ -22,7 +19,7 @@ if TYPE_CHECKING:
 import pytest
 import redis
 
-from tests._servers import free_port, wait_until
+from tests._servers import AppServer
 
 APPS = Path(__file__).with_name("edge_apps.py")
 
@@ -62,33 +59,17 @@ class Server:
         self.name = f"{server}-{app}"
         self.redis_url = redis_url
         self.prefix = "e" + uuid.uuid4().hex[:12]
-        self.port = free_port()
-        env = {
-            **os.environ,
-            "IDEMKEY_TEST_REDIS_URL": redis_url,
-            "IDEMKEY_TEST_PREFIX": self.prefix,
-        }
         self.log = log
         # The app runs as a top-level module copied next to its log, with that directory as
         # cwd: idemkey then comes from PYTHONPATH (this worktree, or another checkout when
         # checking that a test fails there), never from a `tests` package that shadows it.
         (log.parent / "idemkey_edge_apps.py").write_text(APPS.read_text())
-        with log.open("wb") as out:
-            self.proc = subprocess.Popen(
-                COMMANDS[server](app, self.port), cwd=log.parent, env=env, stdout=out,
-                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
-            )  # fmt: skip
-
-        def healthy() -> bool:
-            assert self.proc.poll() is None, f"{self.name} exited:\n{log.read_text()}"
-            reply = self.send(b"GET /health HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n")
-            return reply.status == 200
-
-        try:
-            wait_until(healthy, 30, f"{self.name} to answer", ignore=(OSError, ValueError))
-        except BaseException:
-            self.close()
-            raise
+        self.process = AppServer(
+            lambda port: COMMANDS[server](app, port), log=log, cwd=log.parent,
+            redis_url=redis_url, prefix=self.prefix, name=self.name,
+        )  # fmt: skip
+        self.port = self.process.port
+        self.proc = self.process.proc
 
     def runs(self, key: str) -> int:
         """How many times the handler ran for ``key`` (counted in Redis by the app)."""
@@ -114,18 +95,7 @@ class Server:
         return self.log.read_text(errors="replace")
 
     def close(self) -> None:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.proc.pid, signal.SIGTERM)
-        try:
-            self.proc.wait(10)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait()
-        client = redis.Redis.from_url(self.redis_url)
-        with contextlib.closing(client):
-            keys = list(client.scan_iter(match=f"*{self.prefix}*", count=1000))
-            if keys:
-                client.unlink(*keys)
+        self.process.close()
 
 
 def read_response(sock: socket.socket) -> Raw:

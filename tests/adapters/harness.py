@@ -52,6 +52,7 @@ from email.utils import formatdate
 from typing import TYPE_CHECKING, NamedTuple, Protocol
 
 import fakeredis
+import pytest
 import redis
 import redis.asyncio
 
@@ -77,6 +78,25 @@ __all__ = [
 GATE_TIMEOUT = 10.0
 STREAM_CHUNKS = (b"chunk-0\n", b"chunk-1\n", b"chunk-2\n")
 _PREFIXES = {"charges": "ch", "refunds": "rf", "patch": "pa"}
+
+#: The harnesses a decision-only row of the shared suite runs on: the bare WSGI middleware and
+#: the bare ASGI middleware, one per driver. A decision (a 400, 409, 413 or 422, an outcome
+#: stored or released, an event) is made once, in the sans-IO exchange, whichever adapter carries
+#: it; each adapter's part of it (handing over the key, method, path, query, headers and body,
+#: sending a problem back) is checked on every harness by the rows that stay there, and what an
+#: adapter does with bytes, headers and streams stays on every harness.
+DECISION_HARNESSES = ("wsgi", "starlette")
+
+#: Marks a row of the shared suite as decision-only: it runs on :data:`DECISION_HARNESSES`
+#: (with real Redis) instead of on every harness in tests/adapters/conftest.py.
+decision_only = pytest.mark.parametrize(
+    "harness_kind",
+    [
+        pytest.param((name, "redis"), id=name, marks=pytest.mark.redis)
+        for name in DECISION_HARNESSES
+    ],
+    indirect=True,
+)
 
 
 @dataclass

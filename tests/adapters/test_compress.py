@@ -16,7 +16,7 @@ import redis
 
 from benchmarks.compression import orders_json
 from idemkey._codec import COMPRESSED_FORMAT, FORMAT_VERSION
-from tests.adapters.harness import MATRIX
+from tests.adapters.harness import MATRIX, decision_only
 from tests.adapters.test_response_matrix import REPLAYED, lowered, stored_lines
 from tests.adapters.test_suite import assert_problem
 
@@ -90,6 +90,7 @@ def test_a_compressed_10_kib_json_replays_byte_identical_in_less_memory(
     assert memory[True] < memory[None] / 2, memory
 
 
+@decision_only  # the codec decides; the first test carries the bytes through every adapter
 @pytest.mark.usefixtures("orders")
 @pytest.mark.parametrize(("write", "read"), [(True, None), (None, True)])
 def test_a_record_replays_after_the_policy_changes_compression(
@@ -104,6 +105,7 @@ def test_a_record_replays_after_the_policy_changes_compression(
     assert reader.executions["matrix"] == 0
 
 
+@decision_only
 @pytest.mark.usefixtures("orders")
 def test_a_damaged_compressed_record_is_a_503_problem_and_the_handler_does_not_run_again(
     make_harness: Callable[..., Harness], base_policy: Policy, client: redis.Redis

@@ -11,9 +11,6 @@ from __future__ import annotations
 import contextlib
 import http.client
 import json
-import os
-import signal
-import subprocess
 import sys
 import threading
 from concurrent.futures import ThreadPoolExecutor
@@ -23,7 +20,7 @@ from typing import TYPE_CHECKING
 import pytest
 import redis
 
-from tests._servers import free_port, wait_until
+from tests._servers import AppServer
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -35,42 +32,19 @@ CLIENTS, KEYS_PER_CLIENT, COPIES = 32, 50, 4
 @pytest.fixture
 def gunicorn(redis_url: str, prefix: str, tmp_path: Path) -> Iterator[int]:
     """A gunicorn serving tests.adapters.gunicorn_app on a free port; yields the port."""
-    port = free_port()
-    env = {**os.environ, "IDEMKEY_TEST_REDIS_URL": redis_url, "IDEMKEY_TEST_PREFIX": prefix}
-    command = [
-        sys.executable, "-m", "gunicorn", "--worker-class", "gthread", "--workers", "2",
-        "--threads", "8", "--bind", f"127.0.0.1:{port}", "--log-level", "warning",
-        "--keep-alive", "30", "tests.adapters.gunicorn_app:create_app()",
-    ]  # fmt: skip
+
+    def command(port: int) -> list[str]:
+        return [
+            sys.executable, "-m", "gunicorn", "--worker-class", "gthread", "--workers", "2",
+            "--threads", "8", "--bind", f"127.0.0.1:{port}", "--log-level", "warning",
+            "--keep-alive", "30", "tests.adapters.gunicorn_app:create_app()",
+        ]  # fmt: skip
+
     log = tmp_path / "gunicorn.log"
-    with log.open("wb") as out:
-        proc = subprocess.Popen(
-            command, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )  # fmt: skip
-    try:
-
-        def healthy() -> bool:
-            assert proc.poll() is None, f"gunicorn exited:\n{log.read_text()}"
-            with contextlib.closing(http.client.HTTPConnection("127.0.0.1", port, timeout=2)) as c:
-                c.request("GET", "/health")
-                return c.getresponse().status == 200
-
-        wait_until(healthy, 30, "gunicorn to answer", ignore=(OSError,))
-        yield port
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-        client = redis.Redis.from_url(redis_url)
-        with contextlib.closing(client):
-            keys = list(client.scan_iter(match=f"*{prefix}*", count=1000))
-            if keys:
-                client.unlink(*keys)
+    with AppServer(
+        command, log=log, cwd=ROOT, redis_url=redis_url, prefix=prefix, name="gunicorn"
+    ) as server:
+        yield server.port
 
 
 class Clients:

@@ -4,7 +4,8 @@ Each test here was written against a change to the library that left the rest of
 green (a mutant): the default scope dropping the ``Cookie`` or ``X-Api-Key`` credential, the
 503 ``Retry-After`` ignoring ``store_error_retry_after``, and ``Policy.header`` ignored in
 favour of ``Idempotency-Key``. Each runs once per harness (flask, wsgi, django, starlette,
-fastapi, litestar, and wsgi on fakeredis), like ``test_suite.py``.
+fastapi, litestar, and wsgi on fakeredis), like ``test_suite.py``; the ``Retry-After`` rows, a
+decision, on the two of ``DECISION_HARNESSES`` (tests/adapters/harness.py).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from typing import TYPE_CHECKING
 import pytest
 
 from tests._servers import free_port
+from tests.adapters.harness import decision_only
 from tests.adapters.test_suite import assert_problem, charge, replayed
 
 if TYPE_CHECKING:
@@ -56,6 +58,7 @@ def test_two_tenants_with_one_key_never_share_a_record_under_the_default_scope(
 # ---- store_error_retry_after reaches the 503 -------------------------------------------------
 
 
+@decision_only  # test_suite.py's 503 row checks Retry-After reaches the client on every harness
 @pytest.mark.parametrize(("seconds", "header"), [(7.0, "7"), (2.5, "3"), (0.0, "1")])
 def test_a_store_error_503_says_retry_after_the_configured_seconds(
     make_harness: Callable[..., Harness], seconds: float, header: str

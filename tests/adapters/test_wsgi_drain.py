@@ -11,9 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-import signal
 import socket
-import subprocess
 import sys
 import textwrap
 import time
@@ -26,7 +24,7 @@ import redis
 
 from idemkey import Policy
 from idemkey.http import Exchange, Headers, Request, begin
-from tests._servers import free_port, wait_until
+from tests._servers import AppServer
 
 pytestmark = pytest.mark.redis
 
@@ -75,47 +73,20 @@ APP = textwrap.dedent(
 def gunicorn(tmp_path: Path, redis_url: str, prefix: str) -> Iterator[str]:
     """gunicorn, one sync worker, serving APP; yields its base URL."""
     (tmp_path / "idemkey_drain_app.py").write_text(APP)
-    port = free_port()
     path = os.pathsep.join(p for p in (str(tmp_path), os.environ.get("PYTHONPATH", "")) if p)
-    env = {
-        **os.environ,
-        "PYTHONPATH": path,
-        "IDEMKEY_TEST_REDIS_URL": redis_url,
-        "IDEMKEY_TEST_PREFIX": prefix,
-    }
-    command = [
-        sys.executable, "-m", "gunicorn", "--worker-class", "sync", "--workers", "1",
-        "--timeout", "60", "--bind", f"127.0.0.1:{port}", "--log-level", "warning",
-        "idemkey_drain_app:app",
-    ]  # fmt: skip
-    log = tmp_path / "gunicorn.log"
-    with log.open("wb") as out:
-        proc = subprocess.Popen(
-            command, cwd=tmp_path, env=env, stdout=out, stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )  # fmt: skip
-    base = f"http://127.0.0.1:{port}"
-    try:
 
-        def healthy() -> bool:
-            assert proc.poll() is None, f"gunicorn exited:\n{log.read_text()}"
-            return httpx.get(f"{base}/health", timeout=2.0).status_code == 200
+    def command(port: int) -> list[str]:
+        return [
+            sys.executable, "-m", "gunicorn", "--worker-class", "sync", "--workers", "1",
+            "--timeout", "60", "--bind", f"127.0.0.1:{port}", "--log-level", "warning",
+            "idemkey_drain_app:app",
+        ]  # fmt: skip
 
-        wait_until(healthy, 30, "gunicorn to answer", ignore=(httpx.HTTPError,))
-        yield base
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-        client = redis.Redis.from_url(redis_url)
-        with contextlib.closing(client):
-            keys = list(client.scan_iter(match=f"{prefix}*", count=1000))
-            if keys:
-                client.unlink(*keys)
+    with AppServer(
+        command, log=tmp_path / "gunicorn.log", cwd=tmp_path, env={"PYTHONPATH": path},
+        redis_url=redis_url, prefix=prefix, name="gunicorn",
+    ) as server:  # fmt: skip
+        yield server.url
 
 
 def test_a_client_leaving_a_stream_does_not_hold_the_worker(

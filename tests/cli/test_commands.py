@@ -16,10 +16,12 @@ import time
 import types
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import redis
 
+import idemkey.client as idemkey_client
 from idemkey import Policy
 from idemkey.cli import stats as stats_command
 from idemkey.cli.demo_app import http_client, payments
@@ -229,6 +231,14 @@ def test_demo_exits_non_zero_when_a_step_misbehaves(
     # A misconfigured app: POST is not a guarded method, so the retry charges again.
     broken = Policy(methods=frozenset({"PATCH"}), scope=payments.account_scope)
     monkeypatch.setattr(payments, "demo_policy", lambda prefix: broken)
+    # Its step 6 then retries timeouts until the client's deadline (15 s of real backoff):
+    # what is checked here is the verdict, so that step gives up after 1 s.
+    real_policy = idemkey_client.RetryPolicy
+
+    def short(**options: Any) -> idemkey_client.RetryPolicy:
+        return real_policy(**{**options, "deadline": 1.0})
+
+    monkeypatch.setattr(idemkey_client, "RetryPolicy", short)
     run = idemkey("demo")
     assert run.code == 1
     assert "FAILED: expected the header Idempotent-Replayed: true" in run.out

@@ -9,7 +9,7 @@ name; the Redis URL and key prefix come from ``IDEMKEY_TEST_REDIS_URL`` and
 ``POST /charges?call=<id>[&sleep=<seconds>]``: the ``call`` id names one *logical* call (so a
 plain client that sends a new key per attempt still counts against the same call). The handler
 
-* answers ``503`` with ``Retry-After: 2`` without doing anything if the test set
+* answers ``503`` with ``Retry-After: 1`` without doing anything if the test set
   ``{prefix}:shed:<id>`` (a load-shedding server; idemkey releases the key on a 5xx);
 * otherwise counts an execution (``INCR {prefix}:runs:<id>``), sleeps ``sleep`` seconds (a
   slow payment provider), and answers ``201`` with a fresh charge id, the run number and the
@@ -80,7 +80,7 @@ def _headers(status: int, body: bytes) -> list[tuple[str, str]]:
     headers = [("Content-Type", "application/json"), ("Content-Length", str(len(body)))]
     if status == 503:
         headers = [("Content-Type", "text/plain"), ("Content-Length", str(len(body)))]
-        headers.append(("Retry-After", "2"))
+        headers.append(("Retry-After", "1"))
     return headers
 
 

@@ -13,9 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import http.client
-import os
-import signal
-import subprocess
 import sys
 import threading
 import uuid
@@ -28,7 +25,7 @@ import pytest
 import redis
 from werkzeug.serving import make_server
 
-from tests._servers import free_port, wait_until
+from tests._servers import AppServer, wait_until
 
 from ._apps import flask_app
 
@@ -67,32 +64,6 @@ def _werkzeug(url: str, prefix: str) -> Iterator[int]:
         server.server_close()
 
 
-@contextlib.contextmanager
-def _subprocess(command: list[str], port: int, url: str, prefix: str, log: Path) -> Iterator[int]:
-    env = {**os.environ, "IDEMKEY_TEST_REDIS_URL": url, "IDEMKEY_TEST_PREFIX": prefix}
-    with log.open("wb") as out:
-        proc = subprocess.Popen(
-            command, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL, start_new_session=True,
-        )  # fmt: skip
-    try:
-
-        def healthy() -> bool:
-            assert proc.poll() is None, f"{command[2]} exited:\n{log.read_text()}"
-            return _healthy(port)
-
-        wait_until(healthy, STARTUP, f"{command[2]} to answer", ignore=(OSError,))
-        yield port
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-
-
 def _gunicorn(port: int) -> list[str]:
     return [
         sys.executable, "-m", "gunicorn", "--worker-class", "gthread", "--workers", "1",
@@ -116,10 +87,11 @@ def serve(name: str, url: str, prefix: str, tmp: Path) -> Iterator[Server]:
             with _werkzeug(url, prefix) as port:
                 yield Server(name, port, url, prefix)
         else:
-            port = free_port()
-            command = _gunicorn(port) if name == "wsgi" else _uvicorn(port)
-            with _subprocess(command, port, url, prefix, tmp / f"{name}.log") as port:
-                yield Server(name, port, url, prefix)
+            with AppServer(
+                _gunicorn if name == "wsgi" else _uvicorn, log=tmp / f"{name}.log", cwd=ROOT,
+                redis_url=url, prefix=prefix, name=name, timeout=STARTUP,
+            ) as server:  # fmt: skip
+                yield Server(name, server.port, url, prefix)
     finally:
         client = redis.Redis.from_url(url)
         with contextlib.closing(client):

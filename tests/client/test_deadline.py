@@ -31,7 +31,7 @@ from tests._servers import wait_until
 
 from ._slow_server import Mode, SlowServer
 
-DEADLINE = 1.5
+DEADLINE = 0.75  # under the 2 s read timeout: only the deadline can end the attempt
 MARGIN = 0.5
 # 100 bytes at 0.1 s: a 10 s answer, and no read ever waits more than 0.1 s.
 INTERVAL = 0.1

@@ -10,9 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
-import signal
-import subprocess
 import sys
 import threading
 from collections.abc import Iterator
@@ -24,7 +21,7 @@ import pytest
 import redis
 
 from idemkey import Event
-from tests._servers import free_port, wait_until
+from tests._servers import AppServer, wait_until
 
 pytestmark = pytest.mark.redis
 
@@ -211,35 +208,14 @@ async def test_asgi_django_through_the_async_test_client(
 
 @contextlib.contextmanager
 def serving(command: list[str], redis_url: str, prefix: str, log: Path) -> Iterator[str]:
-    port = free_port()
-    env = {
-        **os.environ,
-        "DJANGO_SETTINGS_MODULE": f"{PROJECT}.settings",
-        "IDEMKEY_TEST_REDIS_URL": redis_url,
-        "IDEMKEY_TEST_PREFIX": prefix,
-    }
-    argv = [sys.executable, "-m", *[part.replace("PORT", str(port)) for part in command]]
-    with log.open("wb") as out:
-        proc = subprocess.Popen(
-            argv, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
-        )
-    base = f"http://127.0.0.1:{port}"
-    try:
+    def argv(port: int) -> list[str]:
+        return [sys.executable, "-m", *[part.replace("PORT", str(port)) for part in command]]
 
-        def healthy() -> bool:
-            assert proc.poll() is None, f"server exited:\n{log.read_text()}"
-            return httpx.get(base + "/health", timeout=2).status_code == 200
-
-        wait_until(healthy, 30, "the server to answer", ignore=(httpx.HTTPError,))
-        yield base
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+    with AppServer(
+        argv, log=log, cwd=ROOT, env={"DJANGO_SETTINGS_MODULE": f"{PROJECT}.settings"},
+        redis_url=redis_url, prefix=prefix,
+    ) as server:  # fmt: skip
+        yield server.url
 
 
 SERVERS = {

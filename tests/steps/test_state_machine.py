@@ -4,38 +4,23 @@ lease lapses against the real scripts, and compares Redis with a model after eve
 The model is the recovery-point contract: a checkpoint is written only by the owner of a
 record in progress, and only once per name; a claim hands every finished step to its owner;
 a release keeps the steps (and the payload binding), a completion drops them.
-Runs on the real server and on fakeredis (``sync_client``).
+The set-up, the rules on an owner that need nothing new (complete, release, renew, lease
+lapses) and the comparison of the record hash come from the record machine
+(tests/store/test_state_machine.py); this one adds the steps. Runs on the real server and on
+fakeredis (``sync_client``).
 """
 
 from __future__ import annotations
 
-import uuid
 from dataclasses import dataclass, field
 
 import redis
-from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
-from hypothesis.stateful import (
-    RuleBasedStateMachine,
-    initialize,
-    invariant,
-    rule,
-    run_state_machine_as_test,
-)
+from hypothesis.stateful import initialize, rule
 
-from idemkey import Policy, RedisStore
-from idemkey._core import (
-    Claimed,
-    Decision,
-    InFlight,
-    Mismatch,
-    Record,
-    Replay,
-    owner_tag,
-    record_for,
-)
+from idemkey._core import Claimed, Decision, InFlight, Mismatch, Replay
 from idemkey.guard._steps import step_field
-from tests._servers import wait_until
+from tests.store.test_state_machine import Model, ScriptMachine, run_machine
 
 OWNERS = st.sampled_from(["o1", "o2"])  # two: a rule often hits the owner
 FINGERPRINTS = st.sampled_from(["fp1", "fp2"])
@@ -44,14 +29,9 @@ LEASE_MS = 60_000  # leases only lapse when a rule says so
 
 
 @dataclass
-class Model:
-    state: str | None = None  # None, "in_progress", "complete"
-    fp: str | None = None
-    owner: str | None = None
-    fence: int = 0
-    resp: bytes | None = None
-    lock: str | None = None
-    takeover: bool = False
+class StepModel(Model):
+    """The record model plus its finished steps."""
+
     steps: dict[str, bytes] = field(default_factory=dict)
 
     def claim(self, fp: str, owner: str) -> Decision:
@@ -76,14 +56,10 @@ class Model:
         return self.steps.setdefault(name, result)  # the first result of a step stays
 
     def complete(self, owner: str, resp: bytes) -> bool:
-        if self.owner != owner:
-            return False
-        if self.state != "complete":
-            self.state, self.resp = "complete", resp
+        done = super().complete(owner, resp)
+        if done:
             self.steps.clear()
-            if self.lock == owner:
-                self.lock = None
-        return True
+        return done
 
     def release(self, owner: str) -> bool:
         if self.owner != owner or self.state != "in_progress":
@@ -95,25 +71,14 @@ class Model:
             self.fp = None
         return True
 
-    def renew(self, owner: str) -> bool:
-        if self.lock is not None:
-            return self.lock == owner
-        if self.owner == owner and self.state == "in_progress":
-            self.lock = owner
-            return True
-        return False
 
+class StepMachine(ScriptMachine):
+    method = "GUARD"
+    path = ""
+    model: StepModel
 
-class StepMachine(RuleBasedStateMachine):
-    client: redis.Redis
-    prefix: str
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.store = RedisStore(self.client, Policy(prefix=self.prefix))
-        self.record: Record = record_for(self.prefix, "", "GUARD", "", uuid.uuid4().hex)
-        self.model = Model()
-        self.writes = 0
+    def new_model(self) -> StepModel:
+        return StepModel()
 
     @initialize()
     def first_claim(self) -> None:
@@ -176,71 +141,16 @@ class StepMachine(RuleBasedStateMachine):
         elif end == "release":
             self.release(owner)
 
-    @rule(owner=OWNERS)
-    def complete(self, owner: str) -> None:
-        self.writes += 1
-        resp = b"resp-%d" % self.writes
-        assert self.store.complete(self.record, owner, resp) == self.model.complete(owner, resp)
-
-    @rule(owner=OWNERS)
-    def release(self, owner: str) -> None:
-        assert self.store.release(self.record, owner) == self.model.release(owner)
-
-    @rule(owner=OWNERS)
-    def renew(self, owner: str) -> None:
-        assert self.store.renew(self.record, owner, lease_ms=LEASE_MS) == self.model.renew(owner)
-
-    @rule()
-    def lease_lapses(self) -> None:
-        self.client.pexpire(self.record.lock, 1)
-        wait_until(
-            lambda: not self.client.exists(self.record.lock), timeout=5, message="lock expiry"
-        )
-        self.model.lock = None
-
-    @invariant()
-    def redis_matches_the_model(self) -> None:
-        model = self.model
-        fields = self.client.hgetall(self.record.key)
-        expected: dict[bytes, bytes] = {}
-        if model.state == "complete":
-            # Only the response, and the fingerprint followed by the owner's 12-character tag;
-            # the fence and the steps are gone.
-            assert model.fp is not None
-            assert model.owner is not None
-            assert model.resp is not None
-            tag = owner_tag(model.owner)
-            expected = {b"fp": (model.fp + tag).encode(), b"resp": model.resp}
-        else:
-            if model.fence:
-                expected[b"fence"] = str(model.fence).encode()
-            for name in ("state", "fp", "owner"):
-                value = getattr(model, name)
-                if value is not None:
-                    expected[name.encode()] = value.encode()
-            if model.state is not None and model.takeover:
-                expected[b"tk"] = b"1"
-            if model.steps:
-                expected[b"ns"] = str(len(model.steps)).encode()
-            for name, result in model.steps.items():
+    def expected_fields(self) -> dict[bytes, bytes]:
+        # A completed record: as the base model says, the fence and the steps gone.
+        expected = super().expected_fields()
+        if self.model.state != "complete":
+            if self.model.steps:
+                expected[b"ns"] = str(len(self.model.steps)).encode()
+            for name, result in self.model.steps.items():
                 expected[step_field(name).encode()] = result
-        assert fields == expected
-        lock = self.client.get(self.record.lock)
-        assert lock == (model.lock.encode() if model.lock else None)
-
-    def teardown(self) -> None:
-        self.store.close()
+        return expected
 
 
 def test_the_scripts_with_steps_follow_the_model(sync_client: redis.Redis, prefix: str) -> None:
-    machine = type("Machine", (StepMachine,), {"client": sync_client, "prefix": prefix})
-    run_state_machine_as_test(
-        machine,
-        settings=settings(
-            max_examples=60,
-            stateful_step_count=20,
-            deadline=None,
-            suppress_health_check=[HealthCheck.too_slow],
-            database=None,
-        ),
-    )
+    run_machine(StepMachine, sync_client, prefix, max_examples=60)

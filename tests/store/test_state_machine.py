@@ -80,16 +80,25 @@ class Model:
 
 
 class ScriptMachine(RuleBasedStateMachine):
+    """The set-up every record machine shares (tests/steps/test_state_machine.py extends it):
+    a store on ``client``, a fresh record per example, a model, the rules on an owner that
+    need no more than the base model, lease lapses, and Redis compared with the model."""
+
     client: redis.Redis
     prefix: str
+    method = "POST"
+    path = "/r"
 
     def __init__(self) -> None:
         super().__init__()
         self.store = RedisStore(self.client, Policy(prefix=self.prefix))
         # A fresh record per example, so examples never see each other's leftovers.
-        self.record: Record = record_for(self.prefix, "", "POST", "/r", uuid.uuid4().hex)
-        self.model = Model()
-        self.responses = 0
+        self.record: Record = record_for(self.prefix, "", self.method, self.path, uuid.uuid4().hex)
+        self.model = self.new_model()
+        self.writes = 0
+
+    def new_model(self) -> Model:
+        return Model()
 
     @rule(fp=FINGERPRINTS, owner=OWNERS)
     def claim(self, fp: str, owner: str) -> None:
@@ -103,8 +112,8 @@ class ScriptMachine(RuleBasedStateMachine):
 
     @rule(owner=OWNERS)
     def complete(self, owner: str) -> None:
-        self.responses += 1
-        resp = b"resp-%d" % self.responses
+        self.writes += 1
+        resp = b"resp-%d" % self.writes
         assert self.store.complete(self.record, owner, resp) == self.model.complete(owner, resp)
 
     @rule(owner=OWNERS)
@@ -124,9 +133,8 @@ class ScriptMachine(RuleBasedStateMachine):
         )
         self.model.lock = None
 
-    @invariant()
-    def redis_matches_the_model(self) -> None:
-        fields = self.client.hgetall(self.record.key)
+    def expected_fields(self) -> dict[bytes, bytes]:
+        """The record hash the model stands for."""
         expected: dict[bytes, bytes] = {}
         model = self.model
         if model.state == "complete":
@@ -145,7 +153,11 @@ class ScriptMachine(RuleBasedStateMachine):
                     expected[name.encode()] = value.encode()
             if model.state is not None and model.takeover:
                 expected[b"tk"] = b"1"
-        assert fields == expected
+        return expected
+
+    @invariant()
+    def redis_matches_the_model(self) -> None:
+        assert self.client.hgetall(self.record.key) == self.expected_fields()
         lock = self.client.get(self.record.lock)
         assert lock == (self.model.lock.encode() if self.model.lock else None)
 
@@ -153,15 +165,22 @@ class ScriptMachine(RuleBasedStateMachine):
         self.store.close()
 
 
-def test_the_scripts_follow_the_model(sync_client: redis.Redis, prefix: str) -> None:
-    machine = type("Machine", (ScriptMachine,), {"client": sync_client, "prefix": prefix})
+def run_machine(
+    base: type[ScriptMachine], client: redis.Redis, prefix: str, *, max_examples: int
+) -> None:
+    """Run ``base`` on ``client`` under ``prefix``, with a bounded example count."""
+    machine = type("Machine", (base,), {"client": client, "prefix": prefix})
     run_state_machine_as_test(
         machine,
         settings=settings(
-            max_examples=40,
+            max_examples=max_examples,
             stateful_step_count=20,
             deadline=None,
             suppress_health_check=[HealthCheck.too_slow],
             database=None,
         ),
     )
+
+
+def test_the_scripts_follow_the_model(sync_client: redis.Redis, prefix: str) -> None:
+    run_machine(ScriptMachine, sync_client, prefix, max_examples=40)
