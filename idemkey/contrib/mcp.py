@@ -1,4 +1,5 @@
-"""Idempotent tool calls for MCP servers built on the official ``mcp`` SDK (``FastMCP``).
+"""Idempotent tool calls for MCP servers on the official ``mcp`` SDK's ``FastMCP``
+(``pip install 'idemkey-redis[mcp]'``; mcp 1.x).
 
 ::
 
@@ -37,11 +38,16 @@ import inspect
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from mcp.server.auth.middleware.auth_context import get_access_token
-from mcp.server.fastmcp import Context, FastMCP
-from mcp.server.fastmcp.exceptions import ToolError
-from mcp.server.fastmcp.utilities.func_metadata import func_metadata
-from mcp.types import CallToolResult, TextContent, ToolAnnotations
+try:
+    from mcp.server.auth.middleware.auth_context import get_access_token
+    from mcp.server.fastmcp import Context, FastMCP
+    from mcp.server.fastmcp.exceptions import ToolError
+    from mcp.server.fastmcp.utilities.func_metadata import func_metadata
+    from mcp.types import CallToolResult, TextContent, ToolAnnotations
+except ImportError as exc:  # pragma: no cover - exercised with mcp hidden
+    raise ImportError(
+        "idemkey.contrib.mcp needs the mcp SDK: pip install 'idemkey-redis[mcp]'"
+    ) from exc
 
 from ..errors import InvalidKeyError, KeyReuseError, RequestInFlightError, StoreError
 from ..guard import aguard

@@ -4,6 +4,7 @@ process, and stdio with the server as a subprocess (tests/contrib/_mcp_server.py
 from __future__ import annotations
 
 import asyncio
+import importlib
 import os
 import socket
 import subprocess
@@ -207,3 +208,11 @@ async def test_two_principals_with_one_key_never_share_a_result(
     assert not replayed(for_bob)
     assert alice_again.structuredContent == for_alice.structuredContent
     assert runs(redis_url, prefix) == 2
+
+
+def test_without_the_sdk_the_import_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in [n for n in sys.modules if n == "mcp" or n.startswith("mcp.")]:
+        monkeypatch.setitem(sys.modules, name, None)  # as if not installed
+    monkeypatch.delitem(sys.modules, "idemkey.contrib.mcp", raising=False)
+    with pytest.raises(ImportError, match=r"pip install 'idemkey-redis\[mcp\]'"):
+        importlib.import_module("idemkey.contrib.mcp")
