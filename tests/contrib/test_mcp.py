@@ -24,7 +24,8 @@ from mcp.client.stdio import stdio_client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.types import CallToolResult, TextContent
 
-from tests._servers import free_port, wait_until
+from tests._pages import write_page
+from tests._servers import RedisServer, free_port, wait_until
 
 pytestmark = pytest.mark.redis
 ROOT = Path(__file__).resolve().parents[2]
@@ -216,3 +217,20 @@ def test_without_the_sdk_the_import_names_the_extra(monkeypatch: pytest.MonkeyPa
     monkeypatch.delitem(sys.modules, "idemkey.contrib.mcp", raising=False)
     with pytest.raises(ImportError, match=r"pip install 'idemkey-redis\[mcp\]'"):
         importlib.import_module("idemkey.contrib.mcp")
+
+
+def test_mcp_page(private_redis_server: RedisServer, tmp_path: Path) -> None:
+    files = write_page("docs/mcp.md", tmp_path, redis_url=private_redis_server.url)
+    assert [f.name for f in files] == ["server.py", "client.py"]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    done = subprocess.run(
+        [sys.executable, "client.py"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    printed = (ROOT / "docs/mcp.md").read_text("utf-8").split("It prints:\n\n```text\n")[1]
+    assert done.stdout == printed.split("```")[0]
