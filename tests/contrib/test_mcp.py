@@ -19,6 +19,7 @@ import pytest
 pytest.importorskip("mcp")
 import httpx
 import redis
+import redis.asyncio
 from mcp import ClientSession, McpError, StdioServerParameters
 from mcp.client.stdio import stdio_client
 from mcp.client.streamable_http import streamable_http_client
@@ -234,3 +235,41 @@ def test_mcp_page(private_redis_server: RedisServer, tmp_path: Path) -> None:
     assert done.returncode == 0, done.stdout + done.stderr
     printed = (ROOT / "docs/mcp.md").read_text("utf-8").split("It prints:\n\n```text\n")[1]
     assert done.stdout == printed.split("```")[0]
+
+
+async def test_the_key_in_meta_and_what_the_agent_is_told(redis_url: str, prefix: str) -> None:
+    from mcp.server.fastmcp import FastMCP
+    from mcp.shared.memory import create_connected_server_and_client_session
+
+    from idemkey import AsyncRedisStore, Policy
+    from idemkey.contrib.mcp import IdempotentTools
+
+    client = redis.asyncio.Redis.from_url(redis_url)
+    tools = IdempotentTools(AsyncRedisStore(client, Policy(prefix=prefix)), argument=None, ttl=7200)
+    server = FastMCP("meta")
+    sent: list[str] = []
+
+    @tools.tool(server)
+    def send_mail(to: str) -> str:
+        """Send a mail."""
+        sent.append(to)
+        return f"sent to {to}"
+
+    async with create_connected_server_and_client_session(server) as session:
+        (tool,) = (await session.list_tools()).tools
+        missing = await session.call_tool("send_mail", {"to": "a@example.com"})
+        meta = {"idempotencyKey": "m-1"}
+        first = await session.call_tool("send_mail", {"to": "a@example.com"}, meta=meta)
+        again = await session.call_tool("send_mail", {"to": "a@example.com"}, meta=meta)
+    await client.aclose()
+    assert tool.annotations is not None
+    assert tool.annotations.idempotentHint is True
+    assert "idempotency_key" not in tool.inputSchema["properties"]
+    assert "`_meta.idempotencyKey`" in (tool.description or "")
+    assert "within 2 hours" in (tool.description or "")
+    assert missing.isError
+    assert "idempotency_key_invalid" in text(missing)
+    assert text(first) == "sent to a@example.com"
+    assert replayed(again)
+    assert text(again).startswith("sent to a@example.com [idemkey] Replay")
+    assert sent == ["a@example.com"]
