@@ -42,6 +42,7 @@ try:
     from mcp.server.auth.middleware.auth_context import get_access_token
     from mcp.server.fastmcp import Context, FastMCP
     from mcp.server.fastmcp.exceptions import ToolError
+    from mcp.server.fastmcp.utilities.context_injection import find_context_parameter
     from mcp.server.fastmcp.utilities.func_metadata import func_metadata
     from mcp.types import CallToolResult, TextContent, ToolAnnotations
 except ImportError as exc:  # pragma: no cover - exercised with mcp hidden
@@ -236,14 +237,7 @@ class IdempotentTools:
         tool_name = name or fn.__name__
         signature = inspect.signature(fn, eval_str=True)
         params = list(signature.parameters.values())
-        ctx_name = next(
-            (
-                p.name
-                for p in params
-                if inspect.isclass(p.annotation) and issubclass(p.annotation, Context)
-            ),
-            None,
-        )
+        ctx_name = find_context_parameter(fn)  # as FastMCP finds it (Context[...] too)
         metadata = func_metadata(
             fn, skip_names=[ctx_name] if ctx_name else [], structured_output=structured_output
         )

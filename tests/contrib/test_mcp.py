@@ -13,6 +13,7 @@ from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -23,8 +24,12 @@ import redis.asyncio
 from mcp import ClientSession, McpError, StdioServerParameters
 from mcp.client.stdio import stdio_client
 from mcp.client.streamable_http import streamable_http_client
+from mcp.server.fastmcp import Context, FastMCP
+from mcp.shared.memory import create_connected_server_and_client_session
 from mcp.types import CallToolResult, TextContent
 
+from idemkey import AsyncRedisStore, Policy
+from idemkey.contrib.mcp import IdempotentTools
 from tests._pages import write_page
 from tests._servers import RedisServer, free_port, wait_until
 
@@ -238,19 +243,13 @@ def test_mcp_page(private_redis_server: RedisServer, tmp_path: Path) -> None:
 
 
 async def test_the_key_in_meta_and_what_the_agent_is_told(redis_url: str, prefix: str) -> None:
-    from mcp.server.fastmcp import FastMCP
-    from mcp.shared.memory import create_connected_server_and_client_session
-
-    from idemkey import AsyncRedisStore, Policy
-    from idemkey.contrib.mcp import IdempotentTools
-
     client = redis.asyncio.Redis.from_url(redis_url)
     tools = IdempotentTools(AsyncRedisStore(client, Policy(prefix=prefix)), argument=None, ttl=7200)
     server = FastMCP("meta")
     sent: list[str] = []
 
     @tools.tool(server)
-    def send_mail(to: str) -> str:
+    def send_mail(to: str, ctx: Context[Any, Any, Any] | None = None) -> str:
         """Send a mail."""
         sent.append(to)
         return f"sent to {to}"
@@ -264,7 +263,7 @@ async def test_the_key_in_meta_and_what_the_agent_is_told(redis_url: str, prefix
     await client.aclose()
     assert tool.annotations is not None
     assert tool.annotations.idempotentHint is True
-    assert "idempotency_key" not in tool.inputSchema["properties"]
+    assert set(tool.inputSchema["properties"]) == {"to"}  # no key argument, no context
     assert "`_meta.idempotencyKey`" in (tool.description or "")
     assert "within 2 hours" in (tool.description or "")
     assert missing.isError
