@@ -29,6 +29,7 @@ PAGES = (
     "docs/client.md",
     "docs/effects.md",
     "docs/testing.md",
+    "docs/mcp.md",
 )
 MARKED = re.compile(r"<!-- run -->\n```python\n(.*?)```", re.DOTALL)
 ANY_PYTHON = re.compile(r"^```python\n", re.MULTILINE)
