@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from ._async_store import AsyncRedisStore
 from ._base import SCRIPT_NAMES, SCRIPTS
+from ._concurrency._async_runtime import detach, uncancellable
 from ._server_check import server_warnings
 from ._sync_store import RedisStore
 

@@ -209,5 +209,5 @@ def test_a_missing_fakeredis_is_a_configuration_error(monkeypatch: pytest.Monkey
     import importlib.util
 
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None)
-    with pytest.raises(ConfigurationError, match=r"idemkey\[testing\]"):
+    with pytest.raises(ConfigurationError, match=r"idemkey-redis\[testing\]"):
         fake_store()
