@@ -85,6 +85,7 @@ LOWEST_CORE_TESTS = [
     # failed on redis-py 5 only (no read timeout by default, no command retried).
     "tests/faults/test_url_clients.py",
     "tests/store/test_event_loops.py",
+    "tests/store/test_refused.py",
     "tests/test_version.py",
 ]
 # The framework extras whose floors `lowest_frameworks` installs exactly. Starlette is not among

@@ -100,6 +100,16 @@ def _backend_errors(client: Any) -> tuple[_Errors, type[BaseException], _Errors]
     )
 
 
+def _never_connected(exc: BaseException) -> bool:
+    """Whether ``exc`` is a connection that could not be made (refused, unreachable, a connect
+    timeout), not one that closed under a command: nothing reached Redis, and the client's own
+    retries already tried again, so one more send would only double the wait."""
+    if "connecting to" in str(exc):  # redis-py's and valkey-py's message for a failed connect
+        return True
+    cause = exc.__cause__ or exc.__context__
+    return isinstance(cause, ConnectionRefusedError)
+
+
 def _dropped_errors(client: Any) -> _Errors:
     """The errors of a connection that closed under a command (a server restart, a reset): the
     client's ``ConnectionError`` (its subclasses included) and the builtin one. Not timeouts:

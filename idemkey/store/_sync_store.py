@@ -36,6 +36,7 @@ from ._base import (
     _block_ms,
     _done_stream,
     _dropped_errors,
+    _never_connected,
     _next_delay,
     _read_limit,
     _retry_delay,
@@ -90,7 +91,7 @@ class RedisStore(Heartbeat):
         except self._errors as exc:
             if _slot_moving(exc, self._moving):
                 return self._eval_while_slot_moves(name, keys_and_args)
-            if isinstance(exc, self._dropped):
+            if isinstance(exc, self._dropped) and not _never_connected(exc):
                 return self._eval_again(name, keys_and_args)
             raise self._store_error(name, exc) from exc
 
