@@ -9,6 +9,7 @@ import os
 import socket
 import subprocess
 import sys
+import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from datetime import timedelta
@@ -196,6 +197,29 @@ async def test_ten_concurrent_duplicates_run_once(
     assert all("retry with the same idempotency key" in text(r) for r in busy)
     assert replayed(later)
     assert later.structuredContent == {"charge_id": "ch_1", "amount": 100, "by": "alice"}
+    assert runs(redis_url, prefix) == 1
+
+
+async def test_ten_concurrent_duplicates_with_the_default_wait_all_get_the_one_result(
+    connect: Callable[[float], Connect], redis_url: str, prefix: str
+) -> None:
+    # IdempotentTools' default wait (5 s): duplicates that arrive while the first runs wait for
+    # it and get its result, marked as a replay; none is refused, and the tool runs once.
+    args = {"amount": 100, "idempotency_key": "k-5"}
+    async with connect(5)() as session:
+        gate(redis_url, prefix, closed=True)
+        calls = [asyncio.ensure_future(session.call_tool("charge", args)) for _ in range(10)]
+        deadline = time.monotonic() + 20
+        while runs(redis_url, prefix) < 1:  # the first call is inside the tool, held
+            assert time.monotonic() < deadline, "the tool never started"
+            await asyncio.sleep(0.02)
+        gate(redis_url, prefix, closed=False)
+        results = await asyncio.wait_for(asyncio.gather(*calls), 20)
+    assert not [r for r in results if r.isError]
+    assert {str(r.structuredContent) for r in results} == {
+        str({"charge_id": "ch_1", "amount": 100, "by": "alice"})
+    }
+    assert sum(replayed(r) for r in results) == 9
     assert runs(redis_url, prefix) == 1
 
 
