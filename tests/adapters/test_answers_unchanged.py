@@ -67,9 +67,7 @@ def normalised(reply: Reply) -> dict[str, Any]:
             assert member in document, (member, document)
             del document[member]
         body = json.dumps(document, separators=(",", ":")).encode()
-        headers = [
-            [n, str(len(body)) if n.lower() == "content-length" else v] for n, v in headers
-        ]
+        headers = [[n, str(len(body)) if n.lower() == "content-length" else v] for n, v in headers]
     return {"status": reply.status, "headers": headers, "body": body.decode("latin-1")}
 
 
