@@ -35,6 +35,7 @@ __all__ = [
     "Claimed",
     "Decision",
     "Expired",
+    "ExpiringDecision",
     "InFlight",
     "Mismatch",
     "RECORD_LOST",
@@ -314,7 +315,9 @@ class Expired:
     completed_at: float
 
 
-Decision = Claimed | Replay | InFlight | Mismatch | Expired
+Decision = Claimed | Replay | InFlight | Mismatch
+#: What a claim that reads tombstones (``store.claim(..., expired=True)``) may answer.
+ExpiringDecision = Decision | Expired
 
 #: What renew.lua and complete.lua answer, besides 1 (ours) and 0 (another owner's), when the
 #: caller's fence shows its record was lost under the claim (evicted or deleted): the hash is
@@ -330,7 +333,7 @@ _EXPIRED: Final = 5
 _MISMATCH_DECISION: Final = Mismatch()
 
 
-def decode_claim_reply(reply: object, owner: str) -> Decision:
+def decode_claim_reply(reply: object, owner: str) -> ExpiringDecision:
     """Turn claim.lua's reply into a decision; anything unexpected is a :class:`StoreError`."""
     if isinstance(reply, list) and reply:
         tag = reply[0]

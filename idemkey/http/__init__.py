@@ -29,8 +29,8 @@ from typing import TYPE_CHECKING, Any, Final, NoReturn
 from .._codec import StoredResponse, decode_response, encode_response
 from .._core import (
     Claimed,
-    Decision,
     Expired,
+    ExpiringDecision,
     InFlight,
     Mismatch,
     Record,
@@ -329,7 +329,7 @@ class Exchange:
         self.owner = new_owner()
         return self._fingerprint
 
-    def decide(self, decision: Decision, seconds: float | None = None) -> Response | None:
+    def decide(self, decision: ExpiringDecision, seconds: float | None = None) -> Response | None:
         """The claim's answer: None to run the app (RUNNING), or the Response to send.
 
         ``seconds``: how long the claim took in Redis, for the events.
@@ -384,7 +384,9 @@ class Exchange:
             [("Retry-After", retry)],
         )
 
-    def _answer(self, decision: Decision, seconds: float | None = None) -> Response | Claimed:
+    def _answer(
+        self, decision: ExpiringDecision, seconds: float | None = None
+    ) -> Response | Claimed:
         """What the claim means: run the handler (``Claimed``) or answer with a Response."""
         kind = type(decision)
         if kind is Claimed:

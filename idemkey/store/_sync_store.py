@@ -14,12 +14,13 @@ from __future__ import annotations
 
 import contextlib
 import time
-from typing import Any
+from typing import Any, Literal, overload
 
 from .._core import (
     RECORD_LOST,
     Claimed,
     Decision,
+    ExpiringDecision,
     InFlight,
     Record,
     Replay,
@@ -162,6 +163,32 @@ class RedisStore(Heartbeat):
             with contextlib.suppress(*self._errors):
                 nodes.initialize()
 
+    @overload
+    def claim(
+        self,
+        record: Record,
+        fingerprint: str | bytes,
+        *,
+        owner: str | None = ...,
+        lease_ms: int | None = ...,
+        ttl_ms: int | None = ...,
+        wait: float = ...,
+        heartbeat: bool = ...,
+        expired: Literal[False] = ...,
+    ) -> Decision: ...
+    @overload
+    def claim(
+        self,
+        record: Record,
+        fingerprint: str | bytes,
+        *,
+        owner: str | None = ...,
+        lease_ms: int | None = ...,
+        ttl_ms: int | None = ...,
+        wait: float = ...,
+        heartbeat: bool = ...,
+        expired: bool,
+    ) -> ExpiringDecision: ...
     def claim(
         self,
         record: Record,
@@ -173,7 +200,7 @@ class RedisStore(Heartbeat):
         wait: float = 0.0,
         heartbeat: bool = True,
         expired: bool = False,
-    ) -> Decision:
+    ) -> ExpiringDecision:
         """Claim ``record`` for a request with ``fingerprint``; see claim.lua for the answers.
 
         ``expired``: a record that is gone but whose tombstone (written by :meth:`complete`
@@ -210,7 +237,7 @@ class RedisStore(Heartbeat):
 
     def _wait_for_end(
         self, record: Record, args: tuple[str | bytes | int, ...], decision: InFlight, wait: float
-    ) -> Decision:
+    ) -> ExpiringDecision:
         """Claim again each time the claim in flight ends, for up to ``wait`` seconds.
 
         The end (complete or release) posts to the record's done stream, which a blocking
@@ -220,7 +247,7 @@ class RedisStore(Heartbeat):
         """
         owner, stream = str(args[3]), _done_stream(record)
         deadline, delay = time.monotonic() + wait, 0.0
-        answer: Decision = decision
+        answer: ExpiringDecision = decision
         while type(answer) is InFlight:
             block_ms = _block_ms(answer.lease_remaining, deadline, self._block_cap)
             if block_ms == 0:
