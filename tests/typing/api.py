@@ -202,3 +202,14 @@ store.close()
 
 async def shutdown() -> None:
     await astore.aclose()
+
+
+def replay_aware() -> bool:
+    """@idempotent(outcome=True): the result with whether it was a replay."""
+
+    @idempotent(store, key=lambda invoice: f"charge:{invoice}", outcome=True)
+    def charge_once(invoice: int) -> int:
+        return invoice
+
+    outcome = charge_once(1)
+    return bool(outcome.replayed)
