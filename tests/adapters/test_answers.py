@@ -186,7 +186,8 @@ def expire_now(client: redis.Redis, names: list[bytes]) -> None:
 def test_a_retry_after_the_record_expired_is_410_key_expired_and_never_runs(
     make_harness: Callable[..., Harness], client: redis.Redis, prefix: str
 ) -> None:
-    harness = make_harness(ttl=30.0, expired_grace=600.0)
+    events: list[Any] = []
+    harness = make_harness(ttl=30.0, expired_grace=600.0, on_event=events.append)
     first = charge(harness, "e")
     assert first.status == 201
     assert replayed(charge(harness, "e"))
@@ -197,6 +198,7 @@ def test_a_retry_after_the_record_expired_is_410_key_expired_and_never_runs(
     gone = charge(harness, "e")
     assert members(gone, 410, "key_expired") == (30, "never")
     assert members(charge(harness, "e"), 410, "key_expired") == (30, "never")
+    assert [e.kind for e in events].count("expired") == 2
     # Another request under the key is still refused as a reuse, not run.
     assert members(charge(harness, "e", amount=7), 422, "key_reused") == (30, "new_key")
     assert harness.executions["charges"] == 1
