@@ -23,6 +23,7 @@ users import from it.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any, Final, NoReturn
 
@@ -428,13 +429,14 @@ class Exchange:
     def _expired(self, decision: Expired) -> Response:
         self.notify("expired")
         ttl = retention_seconds(self.policy.ttl)
+        when = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(decision.completed_at))
         return render(
             self.policy,
             410,
             "key_expired",
-            f"this key's request completed once and its record expired ({ttl} s after it "
-            "completed); it is not run again: look the outcome up, or send a new key only for "
-            "a new operation",
+            f"this key's request completed at {when} and its record expired {ttl} s later; "
+            "it is not run again: look its outcome up, and use a new key only for a new "
+            "operation",
         )
 
     def _replay(self, stored: bytes, seconds: float | None) -> Response:
@@ -448,19 +450,25 @@ class Exchange:
         # body sent now (the stored body may have been left out on purpose), where it stood;
         # none is added where the first answer had none (a 204 must not carry one).
         headers = list(response.headers)
+        cors = False  # the first answer was to a CORS request: expose what is added here
         for index, (name, _) in enumerate(headers):
             if len(name) == 14 and name.lower() == "content-length":
                 headers[index] = (name, str(len(response.body)))
-        added = [REPLAYED_HEADER]
+            elif len(name) == 27 and name.lower() == "access-control-allow-origin":
+                cors = True
         headers.append((REPLAYED_HEADER, "true"))
         if not response.body_kept:
             headers.append((BODY_NOT_KEPT_HEADER, "true"))
-            added.append(BODY_NOT_KEPT_HEADER)
         retention = self.policy.retention_header
         if retention is not None:
             headers.append((retention, str(retention_seconds(self.policy.ttl))))
-            added.append(retention)
-        _exposing(headers, added)
+        if cors:
+            added = [REPLAYED_HEADER]
+            if not response.body_kept:
+                added.append(BODY_NOT_KEPT_HEADER)
+            if retention is not None:
+                added.append(retention)
+            _exposing(headers, added)
         return Response(response.status, headers, response.body, response.reason)
 
     def first_headers(self, headers: list[tuple[str, str]]) -> list[tuple[str, str]] | None:
