@@ -10,7 +10,7 @@ import inspect
 import typing
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, Final, Generic, Literal, TypeVar, cast, overload
+from typing import Any, Final, Generic, Literal, ParamSpec, TypeVar, cast, overload
 
 import msgspec
 
@@ -24,6 +24,8 @@ __all__ = ["Outcome", "idempotent"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 T = TypeVar("T")
+R = TypeVar("R")
+P = ParamSpec("P")
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,7 +64,7 @@ def idempotent(
 ) -> Callable[[F], F]: ...
 @overload
 def idempotent(
-    store: RedisStore | AsyncRedisStore,
+    store: RedisStore,
     *,
     key: Callable[..., str],
     payload: Callable[..., object] | None = ...,
@@ -71,7 +73,19 @@ def idempotent(
     result_type: Any = ...,
     name: str | None = ...,
     outcome: Literal[True],
-) -> Callable[[Callable[..., Any]], Callable[..., Any]]: ...
+) -> Callable[[Callable[P, R]], Callable[P, Outcome[R]]]: ...
+@overload
+def idempotent(
+    store: AsyncRedisStore,
+    *,
+    key: Callable[..., str],
+    payload: Callable[..., object] | None = ...,
+    scope: str = ...,
+    policy: Policy | None = ...,
+    result_type: Any = ...,
+    name: str | None = ...,
+    outcome: Literal[True],
+) -> Callable[[Callable[P, Awaitable[R]]], Callable[P, Awaitable[Outcome[R]]]]: ...
 def idempotent(
     store: RedisStore | AsyncRedisStore,
     *,
@@ -82,7 +96,7 @@ def idempotent(
     result_type: Any = Any,
     name: str | None = None,
     outcome: bool = False,
-) -> Callable[[F], F]:
+) -> Callable[[Any], Any]:
     """Make a function (sync or async) run once per key, for queue workers::
 
         @idempotent(store, key=lambda invoice: f"charge:{invoice.id}")

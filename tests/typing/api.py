@@ -24,6 +24,7 @@ from idemkey import (
     KeyReuseError,
     LeaseLostError,
     NoResultError,
+    Outcome,
     Policy,
     RecordFormatError,
     RedisStore,
@@ -212,4 +213,15 @@ def replay_aware() -> bool:
         return invoice
 
     outcome = charge_once(1)
-    return bool(outcome.replayed)
+    assert_type(outcome, Outcome[int])
+    return outcome.replayed
+
+
+async def replay_aware_async() -> bool:
+    @idempotent(astore, key=lambda invoice: f"charge:{invoice}", outcome=True)
+    async def charge_once(invoice: int) -> int:
+        return invoice
+
+    outcome = await charge_once(1)
+    assert_type(outcome, Outcome[int])
+    return outcome.replayed
