@@ -25,7 +25,7 @@ from .errors import (
     UsageError,
 )
 from .events import Event
-from .guard import Call, aguard, current_call, guard, idempotent
+from .guard import Call, Outcome, aguard, current_call, guard, idempotent
 from .policy import Policy, Replicas
 from .store import AsyncRedisStore, RedisStore
 
@@ -39,6 +39,7 @@ __all__ = [
     "KeyReuseError",
     "LeaseLostError",
     "NoResultError",
+    "Outcome",
     "Policy",
     "ProtocolError",
     "RecordFormatError",

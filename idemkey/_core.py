@@ -34,6 +34,8 @@ __all__ = [
     "MAX_KEY_LENGTH",
     "Claimed",
     "Decision",
+    "Expired",
+    "ExpiringDecision",
     "InFlight",
     "Mismatch",
     "RECORD_LOST",
@@ -304,7 +306,18 @@ class Mismatch:
     """The key was used with another request; the stored record is untouched."""
 
 
+@dataclass(frozen=True, slots=True)
+class Expired:
+    """The record expired, and its tombstone says this request completed once, at
+    ``completed_at`` (Unix time, seconds): the answer is ``key_expired``, never a second run
+    (``Policy.expired_grace``)."""
+
+    completed_at: float
+
+
 Decision = Claimed | Replay | InFlight | Mismatch
+#: What a claim that reads tombstones (``store.claim(..., expired=True)``) may answer.
+ExpiringDecision = Decision | Expired
 
 #: What renew.lua and complete.lua answer, besides 1 (ours) and 0 (another owner's), when the
 #: caller's fence shows its record was lost under the claim (evicted or deleted): the hash is
@@ -316,10 +329,11 @@ _CLAIMED: Final = 1
 _REPLAY: Final = 2
 _IN_FLIGHT: Final = 3
 _MISMATCH: Final = 4
+_EXPIRED: Final = 5
 _MISMATCH_DECISION: Final = Mismatch()
 
 
-def decode_claim_reply(reply: object, owner: str) -> Decision:
+def decode_claim_reply(reply: object, owner: str) -> ExpiringDecision:
     """Turn claim.lua's reply into a decision; anything unexpected is a :class:`StoreError`."""
     if isinstance(reply, list) and reply:
         tag = reply[0]
@@ -333,6 +347,8 @@ def decode_claim_reply(reply: object, owner: str) -> Decision:
             return InFlight(max(int(reply[1]), 0) / 1000)
         if tag == _MISMATCH:
             return _MISMATCH_DECISION
+        if tag == _EXPIRED and len(reply) == 2 and isinstance(reply[1], int):
+            return Expired(reply[1] / 1000)
     raise StoreError(f"unexpected reply from the claim script: {reply!r:.200}")
 
 

@@ -224,6 +224,9 @@ _CONVERTERS: Final[dict[str, Callable[[object, str], Any]]] = {
     "compress": _compress,
     "on_event": _optional(_function),
     "render_problem": _optional(_function),
+    "retention_header": _optional(_header),
+    "mark_first_responses": _flag,
+    "expired_grace": _at_least_zero,
 }
 
 

@@ -49,6 +49,7 @@ EventKind = Literal[
     "store_error",
     "unprotected",
     "too_large",
+    "expired",
 ]
 
 #: Kinds logged as warnings whether or not anyone listens.

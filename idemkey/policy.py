@@ -148,10 +148,24 @@ class Policy:
     render_problem: Callable[[Problem], tuple[str, bytes]] | None = field(
         default=None, compare=False
     )
+    #: Send how long a key is honoured (``ttl`` in whole seconds) in this response header on
+    #: every keyed response: first answers, replays and idemkey's problems. None (default):
+    #: not sent. No standard names it yet (IETF httpapi issues #35, #49): pick your own, such
+    #: as ``"Idempotency-Retention"``. Every problem carries it as ``retention`` regardless.
+    retention_header: str | None = None
+    #: Send ``Idempotent-Replayed: false`` on first keyed responses (replays always say
+    #: ``true``), so a client can tell "first answer" from "a server that never marks".
+    mark_first_responses: bool = False
+    #: Seconds a tombstone of a completed record outlives it (fingerprint and completion time,
+    #: no body): a retry inside the grace is answered 410 ``key_expired`` instead of running
+    #: again. 0 (default): no tombstone, no extra key or write. HTTP adapters only.
+    expired_grace: float = 0.0
     #: ``lease`` and ``ttl`` in whole milliseconds, as the scripts take them (derived, computed
     #: once here rather than on every call).
     lease_ms: int = field(init=False, repr=False, compare=False)
     ttl_ms: int = field(init=False, repr=False, compare=False)
+    #: ``expired_grace`` in whole milliseconds, 0 when off.
+    grace_ms: int = field(init=False, repr=False, compare=False)
     #: ``compress`` as the codec takes it: the smallest record size compressed, None for never.
     #: Policies compare by it, so ``compress=True`` equals ``compress=1024``.
     compress_at: int | None = field(init=False, repr=False)
@@ -173,6 +187,7 @@ class Policy:
         object.__setattr__(self, "compress_at", _compress_at(self.compress))
         object.__setattr__(self, "lease_ms", max(1, int(self.lease * 1000)))
         object.__setattr__(self, "ttl_ms", max(1, int(self.ttl * 1000)))
+        object.__setattr__(self, "grace_ms", int(self.expired_grace * 1000))
 
     def replace(self, **changes: Any) -> Policy:
         """A copy with ``changes`` applied (and validated)."""

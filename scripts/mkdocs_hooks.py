@@ -5,7 +5,8 @@
 (``dataclasses.fields``: name, type, default; derived fields left out) with its meaning, the
 ``#:`` comment above the field in idemkey/policy.py. ``<!-- problem-codes -->`` becomes the
 table of idemkey's problem codes (idemkey/http/_problems.py's titles) with the status each is
-answered with, read from the calls that answer it (:func:`problem_statuses`). Nothing is
+answered with, read from the calls that answer it (:func:`problem_statuses`), and its ``retry``
+advice (``RETRY``). Nothing is
 copied by hand: a new field or code appears on the site with the change that adds it, and a
 field without a comment, or a code whose status is not found, fails the build.
 """
@@ -108,15 +109,18 @@ def problem_statuses() -> dict[str, set[str]]:
 
 
 def problem_table() -> str:
-    from idemkey.http._problems import _TITLES, PROBLEM_TYPE
+    from idemkey.http._problems import _TITLES, PROBLEM_TYPE, RETRY
 
     statuses = problem_statuses()
-    rows = ["| code | status | title | `type` |", "|---|---|---|---|"]
+    rows = ["| code | status | `retry` | title | `type` |", "|---|---|---|---|---|"]
     for code, title in _TITLES.items():
         found = sorted(statuses.get(code, set()))
         if not found:
             raise ValueError(f"no status found for the problem code {code!r}")
-        rows.append(f"| `{code}` | {', '.join(found)} | {title} | `{PROBLEM_TYPE}{code}` |")
+        if code not in RETRY:
+            raise ValueError(f"the problem code {code!r} has no retry advice (RETRY)")
+        where = ", ".join(found)
+        rows.append(f"| `{code}` | {where} | `{RETRY[code]}` | {title} | `{PROBLEM_TYPE}{code}` |")
     return "\n".join(rows)
 
 

@@ -58,7 +58,7 @@ def timed_post(app: Flask, bound: float, unblock: Any) -> tuple[Any, float]:
 
 @pytest.mark.redis
 def test_stripe_errors_and_the_client_run_as_printed(private_redis_server: RedisServer) -> None:
-    stripe, client = run_page("docs/behaviour.md", private_redis_server.url)
+    answers, stripe, client = run_page("docs/behaviour.md", private_redis_server.url)
     store = RedisStore(client["client"], stripe["policy"])  # the page's client, its policy
     app = charges(store).test_client()
     try:
@@ -72,6 +72,24 @@ def test_stripe_errors_and_the_client_run_as_printed(private_redis_server: Redis
     assert reused.content_type == "application/json"
     error = reused.get_json()["error"]
     assert (error["type"], error["code"]) == ("idempotency_error", "key_reused")
+    # The page's answers policy: the marker and the retention header on the first answer,
+    # a refusal that says what to do next.
+    store = RedisStore(
+        client["client"].__class__.from_url(private_redis_server.url), answers["policy"]
+    )
+    app = charges(store).test_client()
+    try:
+        first = app.post("/charges", json={"amount": 1}, headers=HEADERS)
+        again = app.post("/charges", json={"amount": 1}, headers=HEADERS)
+        reused = app.post("/charges", json={"amount": 2}, headers=HEADERS)
+    finally:
+        store.close()
+        store.client.close()
+    assert first.headers["Idempotent-Replayed"] == "false"
+    assert first.headers["Idempotency-Retention"] == "86400"
+    assert again.headers["Idempotent-Replayed"] == "true"
+    assert reused.status_code == 422
+    assert (reused.get_json()["retry"], reused.get_json()["retention"]) == ("new_key", 86400)
 
 
 @pytest.mark.redis
@@ -79,7 +97,7 @@ def test_the_page_client_gets_503_at_once_when_redis_refuses(
     private_redis_server: RedisServer,
 ) -> None:
     server = private_redis_server
-    _, client = run_page("docs/behaviour.md", server.url)
+    _, _, client = run_page("docs/behaviour.md", server.url)
     server.stop()  # its port now refuses connections
     app = charges(client["store"])
     try:
@@ -97,7 +115,7 @@ def test_the_page_client_gets_503_in_about_a_second_when_redis_hangs(
     private_redis_server: RedisServer,
 ) -> None:
     server = private_redis_server
-    _, client = run_page("docs/behaviour.md", server.url)
+    _, _, client = run_page("docs/behaviour.md", server.url)
     server.pause()  # accepts connections, never answers
     app = charges(client["store"])
     try:

@@ -109,11 +109,12 @@ def demo_server(url: str, tmp_path: Path) -> Iterator[str]:
 @pytest.mark.redis
 def test_client_page(demo_server: str, capsys: pytest.CaptureFixture[str]) -> None:
     pytest.importorskip("httpx")
-    sync, _asynchronous, _transport = run_page(
+    sync, _asynchronous, _transport, _refuse = run_page(
         "docs/client.md", replace={"http://127.0.0.1:8000": demo_server}
     )
     out = capsys.readouterr().out.splitlines()
-    key, first, again, refused, async_line, plain = out
+    key, first, again, refused, async_line, plain, already = out
+    assert already == "already paid: True"  # on_replay="refuse" raised on the second order
     assert key == f"key: {sync['operation'].key}"
     charge_id = sync["reply"].json()["id"]
     assert first == f"201 {charge_id} False 1"

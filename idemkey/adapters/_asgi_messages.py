@@ -137,6 +137,10 @@ class TeeSend:
         exchange = self.exchange
         if kind == "http.response.start" and exchange.state is State.RUNNING:
             message, status, headers = head_of(message)
+            sent = exchange.first_headers(headers) if headers is not None else None
+            if sent is not None:  # the policy adds headers: sent, never stored
+                encoded = [(n.encode("latin-1"), v.encode("latin-1")) for n, v in sent]
+                message = {**message, "headers": encoded}
             await self.real(message)
             # Sent: from here on the client may hold the answer, so the key is never released.
             exchange.started(status, headers)

@@ -1,7 +1,8 @@
 """What a guarded FastAPI operation adds to its OpenAPI document.
 
-The ``Idempotency-Key`` header parameter, the problem answers idemkey may give, and the
-``Idempotent-Replayed`` header on the success response. Kept apart from ``fastapi.py`` (the
+The ``Idempotency-Key`` header parameter, the problem answers idemkey may give (with their
+``retention`` and ``retry`` members), and the ``Idempotent-Replayed`` header (and, when the
+policy sends it, the retention header) on the success response. Kept apart from ``fastapi.py`` (the
 guard dependency and the route class that runs guarded routes through the ASGI middleware);
 nothing here imports FastAPI.
 """
@@ -11,7 +12,7 @@ from __future__ import annotations
 import copy
 from typing import TYPE_CHECKING, Any, Final
 
-from ..http import REPLAYED_HEADER
+from ..http import REPLAYED_HEADER, RETRY
 
 if TYPE_CHECKING:
     from ..policy import Policy
@@ -26,8 +27,21 @@ _PROBLEM_SCHEMA: Final = {
         "status": {"type": "integer"},
         "detail": {"type": "string"},
         "code": {"type": "string"},
+        "retention": {
+            "type": "integer",
+            "minimum": 0,
+            "description": "Seconds a key is honoured: its answer is replayed for this long",
+        },
+        "retry": {
+            "type": "string",
+            "enum": sorted(set(RETRY.values())),
+            "description": (
+                "same_key: send the request again with the same key; new_key: this key can "
+                "never serve this request; never: resending cannot help"
+            ),
+        },
     },
-    "required": ["type", "title", "status", "detail", "code"],
+    "required": ["type", "title", "status", "detail", "code", "retention", "retry"],
 }
 
 
@@ -60,14 +74,33 @@ def document(
     parameters.append(header)
     responses = merged.setdefault("responses", {})
     success = responses.setdefault(str(status_code or 200), {})
-    success.setdefault("headers", {})[REPLAYED_HEADER] = {
-        "description": "'true' when this is the stored answer to an earlier request with this key",
-        "schema": {"type": "string", "enum": ["true"]},
-    }
+    headers = success.setdefault("headers", {})
+    if policy.mark_first_responses:
+        headers[REPLAYED_HEADER] = {
+            "description": "'true' when this is the stored answer to an earlier request with "
+            "this key, 'false' on the first answer",
+            "schema": {"type": "string", "enum": ["true", "false"]},
+        }
+    else:
+        headers[REPLAYED_HEADER] = {
+            "description": "'true' when this is the stored answer to an earlier request with "
+            "this key",
+            "schema": {"type": "string", "enum": ["true"]},
+        }
+    if policy.retention_header is not None:
+        headers[policy.retention_header] = {
+            "description": "Seconds the key is honoured: its answer is replayed for this long",
+            "schema": {"type": "integer", "minimum": 0},
+        }
     problems = {
         400: f"The {policy.header} header is missing or invalid",
         409: f"A request with this {policy.header} is still running (see Retry-After)",
         413: "The request body is over the size idemkey stores",
+        **(
+            {410: f"The {policy.header} expired after its request completed: not run again"}
+            if policy.expired_grace > 0
+            else {}
+        ),
         policy.mismatch_status: f"The {policy.header} was used with a different request",
         503: "The idempotency store is unavailable (see Retry-After)",
     }

@@ -55,6 +55,7 @@ class Driver:
                 lease_ms=policy.lease_ms,
                 ttl_ms=policy.ttl_ms,
                 wait=policy.wait,
+                expired=policy.grace_ms > 0,
             )
         except StoreError as exc:
             return exchange.store_failed(exc)
@@ -91,8 +92,13 @@ class Driver:
         started = perf_counter()
         try:
             if isinstance(plan, Complete):
+                policy = exchange.policy
                 ok = self.store.complete(
-                    exchange.record, exchange.owner, plan.stored, ttl_ms=exchange.policy.ttl_ms
+                    exchange.record,
+                    exchange.owner,
+                    plan.stored,
+                    ttl_ms=policy.ttl_ms,
+                    grace_ms=policy.grace_ms,
                 )
             else:
                 ok = self.store.release(exchange.record, exchange.owner)

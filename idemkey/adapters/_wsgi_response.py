@@ -78,7 +78,10 @@ class TeeIterable:
         self.body_started = False  # a non-empty chunk went out: the head is the client's
 
     def start_response(self, status: str, headers: list[tuple[str, str]], *exc_info: Any) -> Any:
-        self.server_write = self.server_start_response(status, headers, *exc_info)
+        sent = self.exchange.first_headers(headers)  # None: as they are (the default)
+        self.server_write = self.server_start_response(
+            status, headers if sent is None else sent, *exc_info
+        )
         self.status, self.headers, self.reason = int(status[:3]), headers, status[4:]
         self.copy.start(headers)
         return self.write  # a bound method: no closure built per request

@@ -175,8 +175,16 @@ class IdempotencyMiddleware:
                 content: bytes = response.content
                 kept = content if len(content) <= exchange.policy.max_response_bytes else None
             reason = response.reason_phrase  # "201 Charged OK" is replayed as sent, as in WSGI
-            exchange.started(response.status_code, list(response.items()), reason)
+            headers = list(response.items())
+            exchange.started(response.status_code, headers, reason)
             self.driver.finish(exchange, kept)
+            sent = exchange.first_headers(headers)
+            if sent is not None:  # the policy adds headers: sent, never stored
+                for name, value in sent[len(headers) :]:
+                    response[name] = value
+                for name, value in sent[: len(headers)]:
+                    if response.get(name) != value:
+                        response[name] = value  # Access-Control-Expose-Headers, extended
         return response
 
     def process_view(

@@ -153,6 +153,10 @@ def _guard(
     headers = response.headers.to_wsgi_list()
     exchange.started(response.status_code, headers, response.status[4:])
     driver.finish(exchange, kept)
+    sent = exchange.first_headers(headers)
+    if sent is not None:  # the policy adds headers: sent, never stored
+        response.headers.clear()
+        response.headers.extend(sent)
     return response
 
 

@@ -17,7 +17,8 @@ HELP: Final = "delete one record (record and lock)"
 
 # Deletes one record and its lock atomically, so an in-progress record cannot be claimed between
 # the check and the delete. An operator tool, off the hot path: inline rather than package data.
-# KEYS[1] record hash, KEYS[2] lock; ARGV[1] "1" deletes an in-progress record too.
+# KEYS[1] record hash, KEYS[2] lock; ARGV[1] "1" deletes an in-progress record too. An expired
+# key's tombstone (KEYS[1] .. ":gone", Policy.expired_grace) goes too: a forgotten key runs again.
 # Reply: {deleted keys, state} ({-1, state} when refused); state "" when the hash has none.
 _FORGET_LUA: Final = """
 local state = redis.call("HGET", KEYS[1], "state")
@@ -27,7 +28,7 @@ end
 if state == "in_progress" and ARGV[1] ~= "1" then
   return {-1, state}
 end
-return {redis.call("DEL", KEYS[1], KEYS[2]), state}
+return {redis.call("DEL", KEYS[1], KEYS[2], KEYS[1] .. ":gone"), state}
 """
 
 

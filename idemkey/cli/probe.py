@@ -45,6 +45,10 @@ one each for checks 1, 3, 4 and 6, N for check 5, and up to {1 + _example.replay
 check 2, which
 resends on 409 after the Retry-After it is given (at most {_example.max_wait:g} s).
 
+Where the server says more than the draft (a problem's retry and retention members, a
+header naming the retention, Idempotent-Replayed: false on a first answer), the check lines
+show it.
+
 Warning: it creates real records on the target; every successful request runs the
 endpoint (a charge, an order). Use staging, not production.
 """

@@ -10,6 +10,11 @@
         reply = client.send(operation)       # same key, same bytes on every attempt
         reply.replayed                       # True if the server answered from its store
 
+``Client(on_replay="refuse")`` raises :class:`UnexpectedReplayError` when the first attempt of
+a call is answered with a replay: the operation ran before, for another call, so nothing it
+hands out is new (CVE-2026-34210: a server that ignored Stripe's ``Idempotent-Replayed`` handed
+out resources for one payment again and again). A function as ``on_replay`` sees every replay.
+
 A logical call keeps one key (a random UUID unless ``idempotency_key=`` is given) and one
 serialisation of its body across attempts. It retries connection errors, timeouts, a dropped
 response, ``409 in_flight``, 429 and 502-504 with capped exponential backoff and jitter,
@@ -24,6 +29,7 @@ Errors::
     └── ClientError
         ├── RefusedError            code, problem, status, response, attempts
         ├── RetriesExhaustedError   reason ("deadline"/"attempts"), last, attempts, response
+        ├── UnexpectedReplayError   reply, key, attempts (Client(on_replay="refuse"))
         └── ClientStateError
 """
 
@@ -35,7 +41,13 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
     raise ImportError("idemkey.client needs httpx: pip install 'idemkey-redis[client]'") from exc
 
 from ._async import AsyncClient, AsyncIdempotentTransport
-from ._errors import ClientError, ClientStateError, RefusedError, RetriesExhaustedError
+from ._errors import (
+    ClientError,
+    ClientStateError,
+    RefusedError,
+    RetriesExhaustedError,
+    UnexpectedReplayError,
+)
 from ._operation import IdempotentResponse, Operation, RetryEvent, RetryHook
 from ._retry import (
     Done,
@@ -47,6 +59,7 @@ from ._retry import (
     Step,
     parse_retry_after,
 )
+from ._shell import ReplayCheck
 from ._sync import Client, IdempotentTransport
 
 __all__ = [
@@ -62,6 +75,7 @@ __all__ = [
     "Operation",
     "Refused",
     "RefusedError",
+    "ReplayCheck",
     "Retry",
     "RetriesExhaustedError",
     "RetryEvent",
@@ -69,5 +83,6 @@ __all__ = [
     "RetryPolicy",
     "Schedule",
     "Step",
+    "UnexpectedReplayError",
     "parse_retry_after",
 ]

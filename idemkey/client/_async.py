@@ -28,7 +28,15 @@ from ._options import (
     refuse_unknown,
 )
 from ._retry import RetryPolicy, Schedule
-from ._shell import DEFAULT_RETRY, Preparing, failure_kind, settle
+from ._shell import (
+    DEFAULT_RETRY,
+    Preparing,
+    ReplayCheck,
+    check_replay,
+    failure_kind,
+    replay_check,
+    settle,
+)
 
 __all__ = ["AsyncClient", "AsyncIdempotentTransport", "arun"]
 
@@ -85,6 +93,7 @@ class AsyncClient(Preparing):
         retry: RetryPolicy = DEFAULT_RETRY,
         on_retry: RetryHook | None = None,
         header: str = DEFAULT_HEADER,
+        on_replay: ReplayCheck = "accept",
         **options: Any,
     ) -> None:
         where = "AsyncClient"
@@ -100,6 +109,7 @@ class AsyncClient(Preparing):
                 )
         self.retry = check_instance(where, "retry", retry, RetryPolicy, "a RetryPolicy")
         self.on_retry = check_hook(where, "on_retry", on_retry)
+        self.on_replay = replay_check(where, on_replay)
         self.header = header_name(where, "header", header)
         self.http = http if http is not None else httpx.AsyncClient(**options)
         self._owns_http = http is None
@@ -107,7 +117,8 @@ class AsyncClient(Preparing):
     async def send(self, operation: Operation) -> IdempotentResponse:
         """Send ``operation`` until it has an answer; raises ``RefusedError`` on a refusal
         (``422 key_reused``...) and ``RetriesExhaustedError`` past the deadline."""
-        return await arun(self._start, operation, self.retry, self.on_retry)
+        reply = await arun(self._start, operation, self.retry, self.on_retry)
+        return check_replay(self.on_replay, reply)
 
     async def _start(self, request: httpx.Request) -> httpx.Response:
         return await self.http.send(request, stream=True)

@@ -6,6 +6,7 @@
     └── ClientError                 root of everything idemkey.client raises
         ├── RefusedError            the server refused with an idemkey problem document
         ├── RetriesExhaustedError   the deadline or the attempt budget ran out
+        ├── UnexpectedReplayError   a replay the caller refused (Client(on_replay=...))
         └── ClientStateError        a retry schedule was driven out of order (a bug)
 
 Like the rest of idemkey, an error never carries the raw idempotency key in its message (keys
@@ -22,7 +23,15 @@ from ..errors import IdemkeyError
 if TYPE_CHECKING:
     import httpx
 
-__all__ = ["ClientError", "ClientStateError", "RefusedError", "RetriesExhaustedError"]
+    from ._operation import IdempotentResponse
+
+__all__ = [
+    "ClientError",
+    "ClientStateError",
+    "RefusedError",
+    "RetriesExhaustedError",
+    "UnexpectedReplayError",
+]
 
 
 class ClientError(IdemkeyError):
@@ -46,6 +55,30 @@ class RefusedError(ClientError):
         self.status = response.status_code
         self.response = response
         self.attempts = attempts
+
+    @property
+    def retry(self) -> str | None:
+        """The problem's ``retry`` member (``"same_key"``, ``"new_key"``, ``"never"``), when
+        the server sent one."""
+        value = self.problem.get("retry")
+        return value if isinstance(value, str) else None
+
+
+class UnexpectedReplayError(ClientError):
+    """The server answered with a replay (``Idempotent-Replayed: true``) the caller did not
+    expect (``Client(on_replay="refuse")``: on the call's first attempt): the operation was
+    not run for this call, so whatever it hands out (a resource, a credit) was handed out
+    before. ``reply`` is the :class:`~idemkey.client.IdempotentResponse`, ``key`` its key.
+    """
+
+    def __init__(self, reply: IdempotentResponse) -> None:
+        super().__init__(
+            f"{reply.status_code} replayed on attempt {reply.attempts}: this key's operation "
+            "ran before this call, nothing ran now"
+        )
+        self.reply = reply
+        self.key = reply.key
+        self.attempts = reply.attempts
 
 
 class RetriesExhaustedError(ClientError):

@@ -8,15 +8,26 @@ decision (return, raise, report and wait) is :func:`settle`, here.
 from __future__ import annotations
 
 import logging
-from typing import Any
+from collections.abc import Callable
+from typing import Any, Literal
 
 import httpx
 
-from ._errors import RefusedError, RetriesExhaustedError
+from ._errors import RefusedError, RetriesExhaustedError, UnexpectedReplayError
 from ._operation import DEFAULT_HEADER, IdempotentResponse, Operation, RetryEvent, RetryHook
+from ._options import invalid
 from ._retry import Done, FailureKind, GiveUp, Refused, Retry, RetryPolicy, Step
 
-__all__ = ["DEFAULT_RETRY", "Preparing", "failure_kind", "logger", "settle"]
+__all__ = [
+    "DEFAULT_RETRY",
+    "Preparing",
+    "ReplayCheck",
+    "check_replay",
+    "failure_kind",
+    "logger",
+    "replay_check",
+    "settle",
+]
 
 logger = logging.getLogger("idemkey.client")
 
@@ -102,6 +113,32 @@ def settle(
         assert error is not None
         raise error
     raise RetriesExhaustedError(step.reason, step.last, step.attempts, response) from error
+
+
+#: What a client does with a replayed answer (``Client(on_replay=...)``): ``"accept"`` it (the
+#: default), ``"refuse"`` one that came on the call's first attempt (nothing this call sent
+#: earlier explains it: the key's operation was done before, by another call), or call a
+#: function with every replayed answer, which refuses it by raising.
+ReplayCheck = Literal["accept", "refuse"] | Callable[[IdempotentResponse], object]
+
+
+def replay_check(where: str, value: ReplayCheck) -> ReplayCheck:
+    if value in ("accept", "refuse") or callable(value):
+        return value
+    raise invalid(where, "on_replay", "'accept', 'refuse' or a callable(response)", value)
+
+
+def check_replay(check: ReplayCheck, reply: IdempotentResponse) -> IdempotentResponse:
+    """``reply``, unless ``check`` refuses it (:class:`UnexpectedReplayError`)."""
+    if check == "accept" or not reply.replayed:
+        return reply
+    if check == "refuse":
+        if reply.attempts == 1:
+            raise UnexpectedReplayError(reply)
+        return reply
+    assert callable(check)
+    check(reply)
+    return reply
 
 
 def _report(hook: RetryHook | None, event: RetryEvent) -> None:

@@ -111,6 +111,13 @@ class IdempotentTask(Task):  # type: ignore[misc]
     #: ... up to this many seconds.
     idempotency_store_retry_max: float = 30.0
 
+    #: Return ``{"result": <the task's result>, "replayed": <bool>}`` instead of the bare
+    #: result, so the caller's ``AsyncResult.get()`` tells a replay (the stored result of an
+    #: earlier run, the task body not run) from a run. Off by default: results stay as they
+    #: were. Either way ``self.request.idempotent_replayed`` says it to the worker's own
+    #: hooks (``after_return``, the ``task_success`` signal's ``sender.request``).
+    idempotency_outcome: bool = False
+
     _idemkey_store: tuple[int, RedisStore] | None = None
 
     @property
@@ -130,15 +137,16 @@ class IdempotentTask(Task):  # type: ignore[misc]
         try:
             with guard(store, key, payload=payload, scope=scope, policy=policy) as call:
                 began = True
+                self.request.idempotent_replayed = call.replayed
                 if call.replayed:
-                    return call.result
+                    return self._outcome(call.result, True)
                 setattr(self.request, _REQUEST_ATTRIBUTE, call)
                 try:
                     result = self.run(*args, **kwargs)
                 finally:
                     setattr(self.request, _REQUEST_ATTRIBUTE, None)
                 call.save(result)
-                return result
+                return self._outcome(result, False)
         except RequestInFlightError as exc:
             countdown = min(exc.retry_after, self.idempotency_retry_max)
             # The error Celery logs and stores with the retry names the countdown it has.
@@ -153,6 +161,11 @@ class IdempotentTask(Task):  # type: ignore[misc]
                 raise  # the body ran (or a record this version cannot read): not ours to redo
             # The claim never reached Redis: nothing ran, so sending the task again is safe.
             raise self._retry_claim(exc) from exc
+
+    def _outcome(self, result: Any, replayed: bool) -> Any:
+        if type(self).idempotency_outcome:
+            return {"result": result, "replayed": replayed}
+        return result
 
     def _identify(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[str, bytes]:
         try:

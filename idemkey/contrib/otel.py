@@ -9,9 +9,10 @@ inside the span your web framework's instrumentation already opened for the requ
 event becomes a *span event* on the current span (``idemkey.claimed``, ``idemkey.replayed``,
 ...) with the record digest, route, method and fence as attributes, and the request span gets
 the attribute ``idemkey.outcome`` (the decision that shaped the answer: claimed, replayed,
-in_flight, mismatch, takeover, store_error, unprotected, too_large). Warnings (lease lost, store
-error, unprotected) set the span status to error only for ``store_error``: the others do not fail
-the request. A counter ``idemkey.events`` (attribute ``idemkey.event``) counts every event.
+in_flight, mismatch, takeover, store_error, unprotected, too_large, expired). Warnings (lease
+lost, store error, unprotected) set the span status to error only for ``store_error``: the
+others do not fail the request. A counter ``idemkey.events`` (attribute ``idemkey.event``)
+counts every event.
 
 Outside a recording span only the counter moves. Raw keys and scopes are never attributes.
 """
@@ -32,7 +33,7 @@ __all__ = ["otel_hook"]
 #: Events that decide how the request is answered; the last one wins as ``idemkey.outcome``.
 OUTCOMES: Final = frozenset(
     {"claimed", "takeover", "replayed", "in_flight", "mismatch", "store_error", "unprotected",
-     "too_large"}
+     "too_large", "expired"}
 )  # fmt: skip
 
 

@@ -9,8 +9,8 @@ Metrics (``namespace`` defaults to ``idemkey``):
 
 * ``idemkey_events_total{kind, method, route}`` — a counter per event kind (claimed, replayed,
   in_flight, mismatch, completed, released, takeover, lease_lost, record_lost, store_error,
-  unprotected, too_large; the heartbeat's record_lost has empty method and route). ``route``
-  is the route template (``/charges/<id>``), never the concrete path,
+  unprotected, too_large, expired; the heartbeat's record_lost has empty method and route).
+  ``route`` is the route template (``/charges/<id>``), never the concrete path,
   so its cardinality is the number of guarded routes; a middleware guarding by method only
   (no ``routes=``) labels every request ``<unknown>`` (``idemkey.routes.ROUTE_UNKNOWN``);
   guard() records have method ``GUARD``.

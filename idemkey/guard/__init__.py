@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from ._async_guard import AsyncGuard, aguard
 from ._call import GUARD_METHOD, Call, current_call
-from ._decorator import idempotent
+from ._decorator import Outcome, idempotent
 from ._sync_guard import Guard, guard
 
 __all__ = [
@@ -34,6 +34,7 @@ __all__ = [
     "AsyncGuard",
     "Call",
     "Guard",
+    "Outcome",
     "aguard",
     "current_call",
     "guard",

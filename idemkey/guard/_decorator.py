@@ -9,7 +9,8 @@ import functools
 import inspect
 import typing
 from collections.abc import Awaitable, Callable
-from typing import Any, Final, TypeVar, cast, overload
+from dataclasses import dataclass
+from typing import Any, Final, Generic, Literal, ParamSpec, TypeVar, cast, overload
 
 import msgspec
 
@@ -19,9 +20,22 @@ from ..store import AsyncRedisStore, RedisStore
 from ._async_guard import AsyncGuard
 from ._sync_guard import Guard
 
-__all__ = ["idempotent"]
+__all__ = ["Outcome", "idempotent"]
 
 F = TypeVar("F", bound=Callable[..., Any])
+T = TypeVar("T")
+R = TypeVar("R")
+P = ParamSpec("P")
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome(Generic[T]):
+    """What a function decorated with ``@idempotent(..., outcome=True)`` returns: its
+    ``result``, and whether it was ``replayed`` (the stored result of an earlier run, the
+    function not run again) or produced by this call."""
+
+    result: T
+    replayed: bool
 
 
 @overload
@@ -34,6 +48,7 @@ def idempotent(
     policy: Policy | None = ...,
     result_type: Any = ...,
     name: str | None = ...,
+    outcome: Literal[False] = ...,
 ) -> Callable[[F], F]: ...
 @overload
 def idempotent(
@@ -45,7 +60,32 @@ def idempotent(
     policy: Policy | None = ...,
     result_type: Any = ...,
     name: str | None = ...,
+    outcome: Literal[False] = ...,
 ) -> Callable[[F], F]: ...
+@overload
+def idempotent(
+    store: RedisStore,
+    *,
+    key: Callable[..., str],
+    payload: Callable[..., object] | None = ...,
+    scope: str = ...,
+    policy: Policy | None = ...,
+    result_type: Any = ...,
+    name: str | None = ...,
+    outcome: Literal[True],
+) -> Callable[[Callable[P, R]], Callable[P, Outcome[R]]]: ...
+@overload
+def idempotent(
+    store: AsyncRedisStore,
+    *,
+    key: Callable[..., str],
+    payload: Callable[..., object] | None = ...,
+    scope: str = ...,
+    policy: Policy | None = ...,
+    result_type: Any = ...,
+    name: str | None = ...,
+    outcome: Literal[True],
+) -> Callable[[Callable[P, Awaitable[R]]], Callable[P, Awaitable[Outcome[R]]]]: ...
 def idempotent(
     store: RedisStore | AsyncRedisStore,
     *,
@@ -55,7 +95,8 @@ def idempotent(
     policy: Policy | None = None,
     result_type: Any = Any,
     name: str | None = None,
-) -> Callable[[F], F]:
+    outcome: bool = False,
+) -> Callable[[Any], Any]:
     """Make a function (sync or async) run once per key, for queue workers::
 
         @idempotent(store, key=lambda invoice: f"charge:{invoice.id}")
@@ -70,6 +111,9 @@ def idempotent(
     Each function has records of its own: ``name`` (default: ``module.qualname``) is part of
     every record, so two functions never share one, whatever their keys. Pass the old name
     when you rename or move a function whose records must still be replayed.
+
+    ``outcome=True``: the function returns an :class:`Outcome` instead, the result with
+    whether it was a replay (an awaitable of one for an async function).
     """
 
     if not callable(key) or (payload is not None and not callable(payload)):
@@ -105,10 +149,10 @@ def idempotent(
                 )
                 async with guarded as call:
                     if call.replayed:
-                        return call.result
+                        return Outcome(call.result, True) if outcome else call.result
                     result = await cast(Callable[..., Awaitable[Any]], func)(*args, **kwargs)
                     call.save(result)
-                    return result
+                    return Outcome(result, False) if outcome else result
 
             return cast(F, arun)
         if not isinstance(store, RedisStore):
@@ -123,10 +167,10 @@ def idempotent(
             )
             with guarded as call:
                 if call.replayed:
-                    return call.result
+                    return Outcome(call.result, True) if outcome else call.result
                 result = func(*args, **kwargs)
                 call.save(result)
-                return result
+                return Outcome(result, False) if outcome else result
 
         return cast(F, run)
 

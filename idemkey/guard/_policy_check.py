@@ -25,6 +25,9 @@ HTTP_ONLY_FIELDS: Final = (
     "release_statuses",
     "header_denylist",
     "header_allowlist",
+    "retention_header",
+    "mark_first_responses",
+    "expired_grace",
 )
 _DEFAULTS: Final = Policy()
 

@@ -23,13 +23,15 @@ users import from it.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any, Final, NoReturn
 
 from .._codec import StoredResponse, decode_response, encode_response
 from .._core import (
     Claimed,
-    Decision,
+    Expired,
+    ExpiringDecision,
     InFlight,
     Mismatch,
     Record,
@@ -69,7 +71,8 @@ from ._messages import (
 from ._messages import content_length as content_length
 from ._messages import parse_content_length as parse_content_length
 from ._problems import PROBLEM_TYPE as PROBLEM_TYPE
-from ._problems import Problem, problem, render
+from ._problems import RETRY as RETRY
+from ._problems import Problem, RetryAdvice, problem, render, retention_seconds
 from ._scope import credential_scope, default_scope
 from ._switch import switch
 from ._transitions import TRANSITIONS, State
@@ -82,6 +85,7 @@ __all__ = [
     "BODY_NOT_KEPT_HEADER",
     "BodyCopy",
     "REPLAYED_HEADER",
+    "RETRY",
     "Complete",
     "Exchange",
     "Headers",
@@ -89,7 +93,9 @@ __all__ = [
     "Release",
     "Request",
     "Response",
+    "RetryAdvice",
     "begin",
+    "exposed_headers",
     "problem",
     "render",
 ]
@@ -97,6 +103,42 @@ __all__ = [
 REPLAYED_HEADER: Final = "Idempotent-Replayed"
 #: On a replay whose body was too large or streamed to keep: the body is empty on purpose.
 BODY_NOT_KEPT_HEADER: Final = "Idempotent-Body-Not-Kept"
+
+
+#: Where a browser's script may read the headers idemkey sets (CORS, the Fetch standard).
+EXPOSE_HEADER: Final = "Access-Control-Expose-Headers"
+
+
+def exposed_headers(policy: Policy) -> tuple[str, ...]:
+    """Every response header idemkey may set under ``policy``: what a CORS layer placed
+    outside idemkey should list in ``Access-Control-Expose-Headers`` (``expose_headers=``
+    of Starlette's CORSMiddleware, ``CORS_EXPOSE_HEADERS`` of django-cors-headers), so that
+    a browser's script can read them. Inside idemkey, a response that carries
+    ``Access-Control-Allow-Origin`` gets its list extended with the ones it sets."""
+    names = [REPLAYED_HEADER, BODY_NOT_KEPT_HEADER, "Retry-After"]
+    if policy.retention_header is not None:
+        names.append(policy.retention_header)
+    return tuple(names)
+
+
+def _exposing(headers: list[tuple[str, str]], names: Iterable[str]) -> None:
+    """When ``headers`` answer a CORS request (they carry Access-Control-Allow-Origin), list
+    ``names`` in their Access-Control-Expose-Headers, in place; a ``*`` already exposes all."""
+    if not any(n.lower() == "access-control-allow-origin" for n, _ in headers):
+        return
+    for index, (name, value) in enumerate(headers):
+        if name.lower() == "access-control-expose-headers":
+            listed = {v.strip().lower() for v in value.split(",")}
+            if "*" in listed:
+                return
+            missing = [n for n in names if n.lower() not in listed]
+            if missing:
+                headers[index] = (
+                    name,
+                    ", ".join([value, *missing]) if value.strip() else ", ".join(missing),
+                )
+            return
+    headers.append((EXPOSE_HEADER, ", ".join(names)))
 
 
 _RELEASE_SERVER_ERROR: Final = Release("server error")
@@ -288,7 +330,7 @@ class Exchange:
         self.owner = new_owner()
         return self._fingerprint
 
-    def decide(self, decision: Decision, seconds: float | None = None) -> Response | None:
+    def decide(self, decision: ExpiringDecision, seconds: float | None = None) -> Response | None:
         """The claim's answer: None to run the app (RUNNING), or the Response to send.
 
         ``seconds``: how long the claim took in Redis, for the events.
@@ -343,7 +385,9 @@ class Exchange:
             [("Retry-After", retry)],
         )
 
-    def _answer(self, decision: Decision, seconds: float | None = None) -> Response | Claimed:
+    def _answer(
+        self, decision: ExpiringDecision, seconds: float | None = None
+    ) -> Response | Claimed:
         """What the claim means: run the handler (``Claimed``) or answer with a Response."""
         kind = type(decision)
         if kind is Claimed:
@@ -357,6 +401,9 @@ class Exchange:
         if kind is Replay:
             assert isinstance(decision, Replay)
             return self._replay(decision.response, seconds)
+        if kind is Expired:
+            assert isinstance(decision, Expired)
+            return self._expired(decision)
         if kind is Mismatch:
             self.notify("mismatch", seconds=seconds)
             status = self.policy.mismatch_status
@@ -379,6 +426,19 @@ class Exchange:
             [("Retry-After", retry)],
         )
 
+    def _expired(self, decision: Expired) -> Response:
+        self.notify("expired")
+        ttl = retention_seconds(self.policy.ttl)
+        when = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(decision.completed_at))
+        return render(
+            self.policy,
+            410,
+            "key_expired",
+            f"this key's request completed at {when} and its record expired {ttl} s later; "
+            "it is not run again: look its outcome up, and use a new key only for a new "
+            "operation",
+        )
+
     def _replay(self, stored: bytes, seconds: float | None) -> Response:
         try:
             response = decode_response(stored)
@@ -390,13 +450,44 @@ class Exchange:
         # body sent now (the stored body may have been left out on purpose), where it stood;
         # none is added where the first answer had none (a 204 must not carry one).
         headers = list(response.headers)
+        cors = False  # the first answer was to a CORS request: expose what is added here
         for index, (name, _) in enumerate(headers):
             if len(name) == 14 and name.lower() == "content-length":
                 headers[index] = (name, str(len(response.body)))
+            elif len(name) == 27 and name.lower() == "access-control-allow-origin":
+                cors = True
         headers.append((REPLAYED_HEADER, "true"))
         if not response.body_kept:
             headers.append((BODY_NOT_KEPT_HEADER, "true"))
+        retention = self.policy.retention_header
+        if retention is not None:
+            headers.append((retention, str(retention_seconds(self.policy.ttl))))
+        if cors:
+            added = [REPLAYED_HEADER]
+            if not response.body_kept:
+                added.append(BODY_NOT_KEPT_HEADER)
+            if retention is not None:
+                added.append(retention)
+            _exposing(headers, added)
         return Response(response.status, headers, response.body, response.reason)
+
+    def first_headers(self, headers: list[tuple[str, str]]) -> list[tuple[str, str]] | None:
+        """The headers to send on the app's own answer instead of ``headers``, when the policy
+        adds some (``mark_first_responses``, ``retention_header``); None: send them as they
+        are. ``headers`` is not changed: what is stored and replayed is the app's answer."""
+        policy = self.policy
+        mark, retention = policy.mark_first_responses, policy.retention_header
+        if not mark and retention is None:
+            return None
+        sent, added = list(headers), []
+        if mark:
+            sent.append((REPLAYED_HEADER, "false"))
+            added.append(REPLAYED_HEADER)
+        if retention is not None:
+            sent.append((retention, str(retention_seconds(policy.ttl))))
+            added.append(retention)
+        _exposing(sent, added)
+        return sent
 
     # RUNNING, SENDING: the app's answer.
 

@@ -1,8 +1,9 @@
-"""Idemkey's own answers (400, 409, 413, 422, 503) as RFC 9457 problem documents.
+"""Idemkey's own answers (400, 409, 410, 413, 422, 503) as RFC 9457 problem documents.
 
 :func:`problem` builds the ``application/problem+json`` response, :func:`render` the one in the
 policy's format (``Policy.render_problem``, handed a :class:`Problem`). :mod:`idemkey.http`
-re-exports them.
+re-exports them. Every problem carries ``retention`` (how long a key is honoured) and ``retry``
+(what the client should do next), the latter from :data:`RETRY`, the one table of it.
 """
 
 from __future__ import annotations
@@ -10,12 +11,20 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Final, Protocol
+from typing import Final, Literal, Protocol
 
 from ..events import logger
 from ._messages import Response
 
-__all__ = ["PROBLEM_TYPE", "Problem", "problem", "render"]
+__all__ = [
+    "PROBLEM_TYPE",
+    "RETRY",
+    "Problem",
+    "RetryAdvice",
+    "problem",
+    "render",
+    "retention_seconds",
+]
 
 PROBLEM_TYPE: Final = "urn:idemkey:problem:"
 
@@ -30,21 +39,58 @@ _TITLES: Final = {
     "body_unavailable": "Request body was read before idemkey could fingerprint it",
     "store_unavailable": "Idempotency store unavailable",
     "record_unreadable": "Stored response unreadable",
+    "key_expired": "Idempotency-Key expired",
+}
+
+#: What a client should do after a problem: send the request again with the same key (nothing
+#: ran, or it is still running: the key will answer), with a new key (this key can never
+#: serve this request), or not at all (resending cannot help, and a new key would run the
+#: operation a second time).
+RetryAdvice = Literal["same_key", "new_key", "never"]
+
+#: The one table of the ``retry`` member, by problem code (docs/reference: "Problems").
+RETRY: Final[dict[str, RetryAdvice]] = {
+    "missing_key": "new_key",  # send a key: a fresh one, nothing was recorded under any
+    "invalid_key": "new_key",  # this value can never be a key: send a valid one
+    "key_reused": "new_key",  # the key is bound to another request for its retention
+    "in_flight": "same_key",  # the first call is running: after Retry-After, it answers
+    "request_too_large": "never",  # the same request is refused again, whatever the key
+    "incomplete_body": "same_key",  # cut off on the way: nothing was claimed
+    "invalid_body": "same_key",  # the server could not read it: nothing was claimed
+    "body_unavailable": "never",  # the app read the body first: a server bug, not the client's
+    "store_unavailable": "same_key",  # nothing ran; the store answers after Retry-After
+    "record_unreadable": "same_key",  # stored, but unreadable by this release (a rolling deploy)
+    "key_expired": "never",  # it ran once, its record is gone: a new key would run it again
 }
 
 
+def retention_seconds(ttl: float) -> int:
+    """``Policy.ttl`` as the ``retention`` member and header say it: whole seconds, rounded
+    down, so a client never counts on a key longer than it is honoured."""
+    return int(ttl)
+
+
 def problem(
-    status: int, code: str, detail: str, headers: Iterable[tuple[str, str]] = ()
+    status: int,
+    code: str,
+    detail: str,
+    headers: Iterable[tuple[str, str]] = (),
+    retention: int | None = None,
 ) -> Response:
-    """An RFC 9457 ``application/problem+json`` response with a stable ``code`` member."""
+    """An RFC 9457 ``application/problem+json`` response with a stable ``code`` member, and
+    the ``retention`` (seconds; left out when None) and ``retry`` (:data:`RETRY`) members."""
+    document: dict[str, object] = {
+        "type": PROBLEM_TYPE + code,
+        "title": _TITLES.get(code, code),
+        "status": status,
+        "detail": detail,
+        "code": code,
+    }
+    if retention is not None:
+        document["retention"] = retention
+    document["retry"] = RETRY.get(code, "never")
     body = json.dumps(
-        {
-            "type": PROBLEM_TYPE + code,
-            "title": _TITLES.get(code, code),
-            "status": status,
-            "detail": detail,
-            "code": code,
-        },
+        document,
         separators=(",", ":"),
     ).encode()
     return Response(
@@ -60,14 +106,16 @@ def problem(
 
 @dataclass(frozen=True, slots=True)
 class Problem:
-    """An answer idemkey gives on its own (400, 409, 413, 422, 503), before it is rendered.
+    """An answer idemkey gives on its own (400, 409, 410, 413, 422, 503), before it is rendered.
 
     ``Policy.render_problem`` receives it and returns ``(content_type, body)``; the status and
     the headers (``Retry-After`` on 409 and 503) stay idemkey's, so clients keep their retry
     logic whatever the body looks like. ``code`` is stable (``missing_key``, ``invalid_key``,
     ``key_reused``, ``in_flight``, ``request_too_large``, ``incomplete_body``,
-    ``invalid_body``, ``body_unavailable``, ``store_unavailable``, ``record_unreadable``);
-    ``retry_after`` is in whole seconds.
+    ``invalid_body``, ``body_unavailable``, ``store_unavailable``, ``record_unreadable``,
+    ``key_expired``); ``retry_after`` is in whole seconds; ``retention`` is how long a key is
+    honoured, in whole seconds (``Policy.ttl``); ``retry`` is what the client should do next
+    (:data:`RETRY`: ``"same_key"``, ``"new_key"`` or ``"never"``).
     """
 
     status: int
@@ -75,6 +123,8 @@ class Problem:
     title: str
     detail: str
     retry_after: int | None = None
+    retention: int | None = None
+    retry: RetryAdvice = "never"
 
 
 class Renders(Protocol):
@@ -82,6 +132,12 @@ class Renders(Protocol):
 
     @property
     def render_problem(self) -> Callable[[Problem], tuple[str, bytes]] | None: ...
+
+    @property
+    def ttl(self) -> float: ...
+
+    @property
+    def retention_header(self) -> str | None: ...
 
 
 def render(
@@ -93,12 +149,21 @@ def render(
     RFC 9457 body is sent instead: a bad hook never turns a 409 into a 500.
     """
     renderer = policy.render_problem
+    retention = retention_seconds(policy.ttl)
+    if policy.retention_header is not None:
+        headers = [*headers, (policy.retention_header, str(retention))]
     if renderer is None:
-        return problem(status, code, detail, headers)
+        return problem(status, code, detail, headers, retention)
     extra = list(headers)
     retry = next((v for n, v in extra if n.lower() == "retry-after"), None)
     described = Problem(
-        status, code, _TITLES.get(code, code), detail, int(retry) if retry else None
+        status,
+        code,
+        _TITLES.get(code, code),
+        detail,
+        int(retry) if retry else None,
+        retention,
+        RETRY.get(code, "never"),
     )
     try:
         content_type, body = renderer(described)
@@ -107,6 +172,6 @@ def render(
         content_type.encode("latin-1")  # a header value: refuse what no server can send
     except Exception:
         logger.exception("idemkey Policy.render_problem failed; answering RFC 9457 instead")
-        return problem(status, code, detail, extra)
+        return problem(status, code, detail, extra, retention)
     fields = [("Content-Type", content_type), ("Content-Length", str(len(body))), *extra]
     return Response(status, fields, body)

@@ -8,6 +8,10 @@
 -- ARGV[4]  retention_ms  how long the record lives, milliseconds
 -- ARGV[5]  waits         optional; "1": the caller waits for an in-flight claim to end
 --                        (wake-up: record field "w", stream {prefix}:{<digest>}:done)
+-- ARGV[6]  expired       optional; "1": answer an expired key's tombstone (Policy.expired_grace):
+--                        {prefix}:{<digest>}:gone (KEYS[1] .. ":gone", the same slot), a string
+--                        of the fingerprint (16 bytes) then the completion time (Unix ms),
+--                        written by complete.lua; read only when the record is gone
 --
 -- Wake-up: a fresh claim of a record that existed deletes {prefix}:{<digest>}:done
 --          (KEYS[1] .. ":done", the same slot), see complete.lua.
@@ -27,6 +31,8 @@
 --   {2, resp}             replay: the record is complete, resp is the stored response
 --   {3, pttl_ms}          in flight: another owner holds the lease for pttl_ms more
 --   {4}                   mismatch: the key was used with another fingerprint
+--   {5, completed_ms}     expired: the record is gone, its tombstone has this fingerprint; it
+--                         completed at completed_ms (Unix time, ms). Nothing is written.
 --
 -- Invariants: reads and checks first, writes last. Running it twice with the same owner
 -- (redis-py re-sends a command after a timeout) answers claimed both times and writes once.
@@ -55,6 +61,16 @@ if resp then
     return {2, resp}
   end
   return {4}
+end
+-- No record: an expired key's tombstone, when the caller asks, answers instead of a new claim.
+if ARGV[6] == "1" and not fp and not state then
+  local gone = redis.call("GET", KEYS[1] .. ":gone")
+  if gone then
+    if string.sub(gone, 1, 16) == ARGV[1] then
+      return {5, tonumber(string.sub(gone, 17)) or 0}
+    end
+    return {4}
+  end
 end
 -- fp without a state: released with finished steps, still bound to its payload.
 if fp and not same then

@@ -7,7 +7,13 @@
 -- ARGV[3]  retention_ms  how long the completed record is replayed, milliseconds
 -- ARGV[4]  tag           12 characters the completed record keeps of the owner, computed by
 --                        idemkey._core.owner_tag (the only place it is computed)
--- ARGV[5]  fence         optional; the fence the claim returned, to tell a lost record (below)
+-- ARGV[5]  fence         optional (may be ""); the fence the claim returned, to tell a lost
+--                        record (below)
+-- ARGV[6]  grace_ms      optional; > 0: also write the tombstone {prefix}:{<digest>}:gone
+--                        (KEYS[1] .. ":gone", the same slot): the claim's fingerprint (16 bytes)
+--                        then the completion time (Unix ms, server clock), living
+--                        retention_ms + grace_ms, so it outlives the record by the grace
+--                        (Policy.expired_grace; claim.lua answers it)
 --
 -- Wake-up: when record field "w" is set, also writes the stream {prefix}:{<digest>}:done
 --          (KEYS[1] .. ":done", the same slot), see the end of this script.
@@ -54,6 +60,13 @@ if record[1] == ARGV[1] and record[2] == "in_progress" then
   redis.call("HSET", KEYS[1], "fp", (record[3] or "") .. tag, "resp", ARGV[2])
   redis.call("DEL", KEYS[2])
   redis.call("PEXPIRE", KEYS[1], tonumber(ARGV[3]))
+  local grace = tonumber(ARGV[6])
+  if grace and grace > 0 and record[3] then
+    local now = redis.call("TIME")
+    local ms = now[1] * 1000 + math.floor(now[2] / 1000)
+    redis.call("SET", KEYS[1] .. ":gone", string.sub(record[3], 1, 16) .. string.format("%d", ms),
+      "PX", tonumber(ARGV[3]) + grace)
+  end
   -- Wake-up: when a waiter marked the record (claim.lua), post one entry to the done stream
   -- {prefix}:{<digest>}:done, where waiters block with XREAD from id 0 (so one that reads after
   -- this still sees it). It lives 10 s: it only has to outlast the gap between a waiter's

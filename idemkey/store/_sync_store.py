@@ -14,12 +14,13 @@ from __future__ import annotations
 
 import contextlib
 import time
-from typing import Any
+from typing import Any, Literal, overload
 
 from .._core import (
     RECORD_LOST,
     Claimed,
     Decision,
+    ExpiringDecision,
     InFlight,
     Record,
     Replay,
@@ -162,6 +163,32 @@ class RedisStore(Heartbeat):
             with contextlib.suppress(*self._errors):
                 nodes.initialize()
 
+    @overload
+    def claim(
+        self,
+        record: Record,
+        fingerprint: str | bytes,
+        *,
+        owner: str | None = ...,
+        lease_ms: int | None = ...,
+        ttl_ms: int | None = ...,
+        wait: float = ...,
+        heartbeat: bool = ...,
+        expired: Literal[False] = ...,
+    ) -> Decision: ...
+    @overload
+    def claim(
+        self,
+        record: Record,
+        fingerprint: str | bytes,
+        *,
+        owner: str | None = ...,
+        lease_ms: int | None = ...,
+        ttl_ms: int | None = ...,
+        wait: float = ...,
+        heartbeat: bool = ...,
+        expired: bool,
+    ) -> ExpiringDecision: ...
     def claim(
         self,
         record: Record,
@@ -172,8 +199,12 @@ class RedisStore(Heartbeat):
         ttl_ms: int | None = None,
         wait: float = 0.0,
         heartbeat: bool = True,
-    ) -> Decision:
+        expired: bool = False,
+    ) -> ExpiringDecision:
         """Claim ``record`` for a request with ``fingerprint``; see claim.lua for the answers.
+
+        ``expired``: a record that is gone but whose tombstone (written by :meth:`complete`
+        with ``grace_ms``) has this fingerprint answers :class:`~idemkey._core.Expired`.
 
         While another executor holds the record, wait up to ``wait`` seconds for it to finish
         (then the answer is its replay), woken by its completion or release. A ``Claimed``
@@ -191,8 +222,9 @@ class RedisStore(Heartbeat):
             lease_ms,
             ttl_ms,
         )
-        if wait > 0:
-            args = (*args, 1)  # "I will wait": the claim's end then wakes us (claim.lua)
+        if wait > 0 or expired:
+            # "I will wait": the claim's end then wakes us; "expired": read the tombstone.
+            args = (*args, 1 if wait > 0 else 0, *((1,) if expired else ()))
         decision = decode_claim_reply(self._eval("claim", *args), owner)
         if wait > 0 and type(decision) is InFlight:
             decision = self._wait_for_end(record, args, decision, wait)
@@ -205,7 +237,7 @@ class RedisStore(Heartbeat):
 
     def _wait_for_end(
         self, record: Record, args: tuple[str | bytes | int, ...], decision: InFlight, wait: float
-    ) -> Decision:
+    ) -> ExpiringDecision:
         """Claim again each time the claim in flight ends, for up to ``wait`` seconds.
 
         The end (complete or release) posts to the record's done stream, which a blocking
@@ -215,7 +247,7 @@ class RedisStore(Heartbeat):
         """
         owner, stream = str(args[3]), _done_stream(record)
         deadline, delay = time.monotonic() + wait, 0.0
-        answer: Decision = decision
+        answer: ExpiringDecision = decision
         while type(answer) is InFlight:
             block_ms = _block_ms(answer.lease_remaining, deadline, self._block_cap)
             if block_ms == 0:
@@ -264,11 +296,18 @@ class RedisStore(Heartbeat):
         return Replay(stored)
 
     def complete(
-        self, record: Record, owner: str, response: bytes, *, ttl_ms: int | None = None
+        self,
+        record: Record,
+        owner: str,
+        response: bytes,
+        *,
+        ttl_ms: int | None = None,
+        grace_ms: int = 0,
     ) -> bool:
         """Store ``response``; False when the record is no longer ours: another owner took it
         over, or it was lost from Redis under the claim (evicted, deleted; see
-        ``_record_lost``). Nothing is written then.
+        ``_record_lost``). Nothing is written then. ``grace_ms`` > 0: also write a tombstone
+        that outlives the record by that long (``Policy.expired_grace``, complete.lua).
 
         A failed write is retried for up to ``completion_retry`` seconds (a third of the lease
         at most) before StoreError.
@@ -285,8 +324,11 @@ class RedisStore(Heartbeat):
             ttl_ms,
             owner_tag(owner),
         )
-        if lease is not None and lease.fence is not None:
-            args += (lease.fence,)
+        fence = lease.fence if lease is not None else None
+        if fence is not None:
+            args += (fence,)
+        if grace_ms > 0:
+            args += (*(() if fence is not None else ("",)), grace_ms)
         # The deadline counts from the first attempt, but only a failed one computes it.
         started, deadline, delay = time.monotonic(), 0.0, 0.0
         while True:

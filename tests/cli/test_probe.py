@@ -75,7 +75,28 @@ def test_the_flask_demo_passes_every_check(idemkey: CliRunner, flask_demo: str) 
     assert "Idempotent-Replayed: true" in _line(run, 2)
     assert "422" in _line(run, 3)
     assert "requires a key: 400" in _line(run, 4)
+    # What the server says beyond the draft: the problem's retry and retention members.
+    assert "retry: new_key, retention: " in _line(run, 3)
+    assert "retry: new_key, retention: " in _line(run, 4)
     assert run.out.splitlines()[-1].startswith("verdict: PASS: every check holds")
+
+
+def test_the_probe_reports_a_retention_header_and_a_marked_first_answer(
+    idemkey: CliRunner, real_client: redis.Redis, prefix: str
+) -> None:
+    policy = demo_policy(prefix).replace(
+        retention_header="Idempotency-Retention", mark_first_responses=True, ttl=3600.0
+    )
+    store = RedisStore(real_client, policy)
+    try:
+        with running(create_app(store)) as base:
+            run = idemkey("probe", f"{base}/charges", "--data", CHARGE, *SLOW)
+    finally:
+        store.close()
+    assert run.code == 0, run.out + run.err
+    assert "Idempotent-Replayed: false, Idempotency-Retention: 3600" in _line(run, 1)
+    assert "Idempotent-Replayed: true, Idempotency-Retention: 3600" in _line(run, 2)
+    assert "retry: new_key, retention: 3600 s" in _line(run, 3)
 
 
 def test_json_output_for_ci(idemkey: CliRunner, flask_demo: str) -> None:

@@ -379,3 +379,21 @@ def test_an_endpoint_with_one_answer_for_every_run_is_inconclusive() -> None:
     assert (verdicts[2], verdicts[5], verdicts[6]) == ("INCONCLUSIVE",) * 3
     assert verdicts[3] == "FAIL"  # an edited retry answered 2xx: wrong either way
     assert "replayed, or run again" in session.results[2].summary
+
+
+def test_evidence_shows_the_retry_guidance_and_retention_a_server_gives() -> None:
+    problem = json.dumps(
+        {"type": "urn:idemkey:problem:key_reused", "code": "key_reused", "retry": "new_key",
+         "retention": 86400, "status": 422, "title": "t", "detail": "d"}
+    ).encode()  # fmt: skip
+    refused = ok(problem, ("Content-Type", "application/problem+json"), status=422)
+    assert (
+        "422, retry: new_key, retention: 86400 s, body " in judge_edited(FIRST, refused, RH).summary
+    )
+    marked = ok(FIRST.body, (RH, "false"), ("Idempotency-Retention", "60"))
+    assert "201, Idempotent-Replayed: false, Idempotency-Retention: 60, body" in (
+        judge_first(marked, RH).summary
+    )
+    # Without them (a draft-07 server), nothing more is shown.
+    plain = ok(b'{"code": "key_reused"}', ("Content-Type", "application/json"), status=422)
+    assert "retry" not in judge_edited(FIRST, plain, RH).summary

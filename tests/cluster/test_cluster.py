@@ -27,7 +27,7 @@ from idemkey import (
     aguard,
     guard,
 )
-from idemkey._core import Claimed, InFlight, Mismatch, Record, Replay, record_for
+from idemkey._core import Claimed, Expired, InFlight, Mismatch, Record, Replay, record_for
 from tests._servers import WAKE_BOUND, async_wait_until, wait_until
 
 if TYPE_CHECKING:
@@ -101,6 +101,28 @@ def test_both_keys_of_a_record_share_a_slot_and_its_master(
         finally:
             node.close()
         assert store.release(record, decision.owner)
+
+
+def test_an_expired_keys_tombstone_lives_with_its_record_on_cluster(
+    redis_cluster: ClusterProcesses, cluster_client: redis.cluster.RedisCluster, prefix: str
+) -> None:
+    # Policy.expired_grace: complete.lua writes {prefix}:{<d>}:gone next to the record, in its
+    # slot (no CROSSSLOT), and claim.lua answers Expired from it once the record is gone.
+    store = RedisStore(cluster_client, Policy(prefix=prefix))
+    try:
+        for i in range(20):
+            record = record_for(prefix, "tenant", "POST", "/charges", f"gone-{i}")
+            claim = store.claim(record, b"f" * 16, heartbeat=False)
+            assert isinstance(claim, Claimed)
+            assert store.complete(record, claim.owner, b"resp", grace_ms=60_000)
+            tombstone = record.key + ":gone"
+            assert key_slot(tombstone.encode()) == key_slot(record.key.encode())
+            cluster_client.delete(record.key)  # the record's expiry, brought forward
+            decision = store.claim(record, b"f" * 16, heartbeat=False, expired=True)
+            assert isinstance(decision, Expired)
+            assert isinstance(store.claim(record, b"g" * 16, expired=True), Mismatch)
+    finally:
+        store.close()
 
 
 def test_a_master_that_never_saw_the_scripts_loads_them(

@@ -129,6 +129,26 @@ def make_app(url: str, prefix: str, store_url: str | None = None) -> Celery:
         runs = client().incr(f"{prefix}:runs")
         return {"order": order_id, "runs": runs}
 
+    class Reporting(IdempotentTask):
+        """Tells the test what ``request.idempotent_replayed`` said, after each run."""
+
+        def after_return(self, *args: Any, **kwargs: Any) -> None:
+            said = getattr(self.request, "idempotent_replayed", None)
+            client().rpush(f"{prefix}:replayed", repr(said))
+
+    @app.task(
+        base=Reporting,
+        shared=False,
+        bind=True,
+        name="tests.note_outcome",
+        idempotency_store=make_store,
+        idempotency_outcome=True,
+    )
+    def note_outcome(self: IdempotentTask, order_id: str) -> dict[str, Any]:
+        """note_once whose result says whether it was a replay."""
+        runs = client().incr(f"{prefix}:runs")
+        return {"order": order_id, "runs": runs}
+
     return app
 
 

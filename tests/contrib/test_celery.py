@@ -262,3 +262,20 @@ def test_the_default_key_is_the_task_name_and_bound_arguments_not_the_delivery()
     assert task._identify(("o-1", 22), {})[0] != key
     custom: IdempotentTask = app.tasks["tests.place_order"]
     assert custom._identify(("o-9",), {})[0] == "order:o-9"
+
+
+def test_a_task_result_says_whether_it_was_a_replay(
+    app: Celery, prefix: str, client: redis.Redis, start_worker: StartWorker
+) -> None:
+    # idempotency_outcome=True: the caller's AsyncResult tells the replay from the run; the
+    # worker's own hooks read request.idempotent_replayed either way.
+    task = app.tasks["tests.note_outcome"]
+    start_worker("solo")
+    first = task.delay("o-7").get(timeout=30)
+    again = task.delay("o-7").get(timeout=30)
+    assert first == {"result": {"order": "o-7", "runs": 1}, "replayed": False}
+    assert again == {"result": {"order": "o-7", "runs": 1}, "replayed": True}
+    assert client.get(f"{prefix}:runs") == b"1"
+    # after_return runs once the result is stored: the report may follow the get() above.
+    wait_until(lambda: client.llen(f"{prefix}:replayed") == 2, timeout=20, message="both reports")
+    assert client.lrange(f"{prefix}:replayed", 0, -1) == [b"False", b"True"]

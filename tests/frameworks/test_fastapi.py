@@ -246,3 +246,38 @@ def test_openapi_follows_a_custom_problem_renderer() -> None:
     responses = app.openapi()["paths"]["/charges"]["post"]["responses"]
     for status in ("400", "409", "413", "503"):
         assert set(responses[status]["content"]) == {"application/vnd.api+json"}, status
+
+
+def test_openapi_documents_retention_retry_and_the_opt_in_headers() -> None:
+    from idemkey.testing import fake_async_store
+
+    def app_with(**policy: Any) -> dict[str, Any]:
+        idem = Idempotency(fake_async_store(**policy))
+        app = FastAPI()
+        app.router.route_class = IdempotentRoute
+
+        @app.post("/charges", status_code=201, dependencies=[idem.guard()])
+        async def create() -> dict[str, str]:
+            return {}
+
+        operation: dict[str, Any] = app.openapi()["paths"]["/charges"]["post"]
+        return operation
+
+    default = app_with()
+    for status in ("400", "409", "413", "422", "503"):
+        schema = default["responses"][status]["content"]["application/problem+json"]["schema"]
+        assert {"retention", "retry"} <= set(schema["required"]), status
+        assert schema["properties"]["retention"]["type"] == "integer"
+        assert schema["properties"]["retry"]["enum"] == ["never", "new_key", "same_key"]
+    headers = default["responses"]["201"]["headers"]
+    assert set(headers) == {"Idempotent-Replayed"}
+    assert headers["Idempotent-Replayed"]["schema"]["enum"] == ["true"]
+    assert "410" not in default["responses"]
+
+    opted = app_with(
+        retention_header="Idempotency-Retention", mark_first_responses=True, expired_grace=60.0
+    )
+    headers = opted["responses"]["201"]["headers"]
+    assert headers["Idempotent-Replayed"]["schema"]["enum"] == ["true", "false"]
+    assert headers["Idempotency-Retention"]["schema"] == {"type": "integer", "minimum": 0}
+    assert "application/problem+json" in opted["responses"]["410"]["content"]

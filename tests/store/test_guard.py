@@ -18,6 +18,7 @@ from idemkey import (
     InvalidKeyError,
     KeyReuseError,
     LeaseLostError,
+    Outcome,
     Policy,
     RedisStore,
     RequestInFlightError,
@@ -287,6 +288,18 @@ class GuardBehaviour:
         with pytest.raises(KeyReuseError):
             await run(1, 999)  # same key, other arguments
         assert runs == [1, 2]
+
+    async def test_idempotent_with_outcome_says_whether_it_was_a_replay(self, store: Both) -> None:
+        runs: list[int] = []
+
+        def charge(invoice: int) -> dict[str, int]:
+            runs.append(invoice)
+            return {"invoice": invoice}
+
+        run = store.idempotent(charge, key=lambda invoice: f"o:{invoice}", outcome=True)
+        assert await run(1) == Outcome({"invoice": 1}, replayed=False)
+        assert await run(1) == Outcome({"invoice": 1}, replayed=True)
+        assert runs == [1]
 
     async def test_idempotent_binds_arguments_to_the_signature(self, store: Both) -> None:
         runs: list[int] = []

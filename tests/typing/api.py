@@ -24,6 +24,7 @@ from idemkey import (
     KeyReuseError,
     LeaseLostError,
     NoResultError,
+    Outcome,
     Policy,
     RecordFormatError,
     RedisStore,
@@ -202,3 +203,25 @@ store.close()
 
 async def shutdown() -> None:
     await astore.aclose()
+
+
+def replay_aware() -> bool:
+    """@idempotent(outcome=True): the result with whether it was a replay."""
+
+    @idempotent(store, key=lambda invoice: f"charge:{invoice}", outcome=True)
+    def charge_once(invoice: int) -> int:
+        return invoice
+
+    outcome = charge_once(1)
+    assert_type(outcome, Outcome[int])
+    return outcome.replayed
+
+
+async def replay_aware_async() -> bool:
+    @idempotent(astore, key=lambda invoice: f"charge:{invoice}", outcome=True)
+    async def charge_once(invoice: int) -> int:
+        return invoice
+
+    outcome = await charge_once(1)
+    assert_type(outcome, Outcome[int])
+    return outcome.replayed

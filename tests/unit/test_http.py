@@ -15,6 +15,7 @@ from idemkey import ConfigurationError, Event, Policy, StoredResponse, StoreErro
 from idemkey.http import (
     BODY_NOT_KEPT_HEADER,
     REPLAYED_HEADER,
+    RETRY,
     BodyCopy,
     Complete,
     Exchange,
@@ -50,7 +51,9 @@ def exchange(policy: Policy | None = None, **kwargs: Any) -> Exchange:
 def problem_body(response: Response) -> dict[str, Any]:
     assert dict(response.headers)["Content-Type"] == "application/problem+json"
     body: dict[str, Any] = json.loads(response.body)
-    assert set(body) == {"type", "title", "status", "detail", "code"}
+    assert set(body) == {"type", "title", "status", "detail", "code", "retention", "retry"}
+    assert body["retention"] == 86_400  # Policy().ttl, in whole seconds
+    assert body["retry"] == RETRY[body["code"]]
     assert body["status"] == response.status
     assert body["type"] == f"urn:idemkey:problem:{body['code']}"
     assert dict(response.headers)["Content-Length"] == str(len(response.body))
@@ -357,14 +360,16 @@ def test_finish_without_a_body_stores_status_and_headers_only() -> None:
 
 
 def test_problem_bodies_are_rfc_9457() -> None:
-    answer = problem(418, "teapot", "short and stout", [("Retry-After", "3")])
-    body = problem_body(answer)
+    answer = problem(418, "teapot", "short and stout", [("Retry-After", "3")], retention=60)
+    body = json.loads(answer.body)
     assert body == {
         "type": "urn:idemkey:problem:teapot",
         "title": "teapot",
         "status": 418,
         "detail": "short and stout",
         "code": "teapot",
+        "retention": 60,
+        "retry": "never",  # a code the table does not know: never retried blindly
     }
     assert ("Retry-After", "3") in answer.headers
 

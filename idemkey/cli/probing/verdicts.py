@@ -111,7 +111,11 @@ def excerpt(body: bytes, limit: int = EXCERPT_CHARS) -> str:
 
 
 def evidence(answer: Answer, replay_header: str) -> str:
-    """``201, Idempotent-Replayed: true, body {"id": ...}``: what a line shows of an answer."""
+    """``201, Idempotent-Replayed: true, body {"id": ...}``: what a line shows of an answer.
+
+    What a server tells beyond the draft is shown when it gives it: a header naming the
+    retention (``Idempotency-Retention: 86400``), and a problem's ``retry`` and ``retention``
+    members (``retry: new_key, retention: 86400 s``)."""
     if isinstance(answer, NoResponse):
         return answer.reason
     parts = [str(answer.status)]
@@ -119,8 +123,24 @@ def evidence(answer: Answer, replay_header: str) -> str:
         value = answer.header(name)
         if value is not None:
             parts.append(f"{name}: {value}")
+    parts.extend(f"{n}: {v}" for n, v in answer.headers if "retention" in n.lower())
+    parts.extend(guidance(answer))
     parts.append(f"body {excerpt(answer.body)}" if answer.body else "empty body")
     return ", ".join(parts)
+
+
+def guidance(answer: Response) -> list[str]:
+    """A problem document's ``retry`` and ``retention`` members, as evidence shows them."""
+    if not (answer.header("Content-Type") or "").startswith("application/problem+json"):
+        return []
+    document = _json_object(answer.body) or {}
+    shown = []
+    if isinstance(document.get("retry"), str):
+        shown.append(f"retry: {document['retry']}")
+    retention = document.get("retention")
+    if isinstance(retention, int) and not isinstance(retention, bool):
+        shown.append(f"retention: {retention} s")
+    return shown
 
 
 def _json_object(body: bytes) -> dict[str, object] | None:
@@ -246,7 +266,10 @@ def judge_replay(
     if replay.same_as(first):
         bytes_equal = f"{replay.status}, byte-equal body ({len(replay.body)} bytes)"
         if marker is not None:
-            summary = f"replayed: {bytes_equal}, {replay_header}: {marker}"
+            retention = "".join(
+                f", {n}: {v}" for n, v in replay.headers if "retention" in n.lower()
+            )
+            summary = f"replayed: {bytes_equal}, {replay_header}: {marker}{retention}"
             return Result(number, name, "PASS", summary + waited)
         if distinct:
             summary = (
