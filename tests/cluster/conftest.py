@@ -5,8 +5,8 @@ _cluster.py``) the first time a test asks for it, and stops them at the end of t
 Tests may move slots around but must leave every slot served and the cluster healthy; a test
 that kills nodes starts its own :class:`ClusterProcesses` instead.
 
-Without ``redis-server``/``redis-cli`` on PATH the tests are skipped, or fail when
-``IDEMKEY_REQUIRE_REDIS=1`` (CI).
+Without a server binary (``tests._servers.redis_server_executable``) the tests are skipped, or
+fail when ``IDEMKEY_REQUIRE_REDIS=1`` (CI).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import pytest_asyncio
 import redis
 
 from tests._servers import RedisServerError, redis_server_executable
-from tests.cluster._cluster import ClusterProcesses, redis_cli_executable
+from tests.cluster._cluster import ClusterProcesses
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Iterator
@@ -38,8 +38,8 @@ def _unavailable(reason: str) -> None:
 @pytest.fixture(scope="session")
 def redis_cluster() -> Iterator[ClusterProcesses]:
     """A healthy 3-master, 3-replica cluster (cluster-node-timeout 1500 ms), session-wide."""
-    if redis_server_executable() is None or redis_cli_executable() is None:
-        _unavailable("the cluster tests need redis-server and redis-cli on PATH")
+    if redis_server_executable() is None:
+        _unavailable("the cluster tests need redis-server or valkey-server")
     try:
         cluster = ClusterProcesses(masters=3, replicas=1).start()
     except RedisServerError as exc:
