@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pytest
 import pytest_asyncio
@@ -77,4 +77,53 @@ async def async_cluster_client(
         yield client
     finally:
         with contextlib.suppress(redis.RedisError):
+            await client.aclose()
+
+
+def _valkey_py_cluster(cluster: ClusterProcesses, *, asyncio: bool) -> Any:
+    """A valkey-py cluster client (``valkey.cluster.ValkeyCluster`` or its asyncio twin) with
+    the options of ``ClusterProcesses.client``."""
+    import valkey.asyncio.cluster
+    import valkey.cluster
+
+    module: Any = valkey.asyncio.cluster if asyncio else valkey.cluster
+    nodes = [module.ClusterNode(node.host, node.port) for node in cluster.nodes if node.running]
+    return module.ValkeyCluster(
+        startup_nodes=nodes, decode_responses=False, socket_timeout=5.0, socket_connect_timeout=2.0
+    )
+
+
+@pytest.fixture(params=["redis-py", "valkey-py"])
+def any_cluster_client(
+    request: pytest.FixtureRequest, redis_cluster: ClusterProcesses
+) -> Iterator[redis.cluster.RedisCluster]:
+    """``cluster_client``, then the same through valkey-py (ids ``[redis-py]``, ``[valkey-py]``)."""
+    client = (
+        redis_cluster.client()
+        if request.param == "redis-py"
+        else _valkey_py_cluster(redis_cluster, asyncio=False)
+    )
+    try:
+        yield client
+    finally:
+        client.close()
+
+
+@pytest_asyncio.fixture(params=["redis-py", "valkey-py"])
+async def any_async_cluster_client(
+    request: pytest.FixtureRequest, redis_cluster: ClusterProcesses
+) -> AsyncIterator[redis.asyncio.cluster.RedisCluster]:
+    """``async_cluster_client``, then the same through valkey-py, initialized before use."""
+    client = (
+        redis_cluster.async_client()
+        if request.param == "redis-py"
+        else _valkey_py_cluster(redis_cluster, asyncio=True)
+    )
+    await client.initialize()
+    try:
+        yield client
+    finally:
+        import valkey
+
+        with contextlib.suppress(redis.RedisError, valkey.ValkeyError):
             await client.aclose()

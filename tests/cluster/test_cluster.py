@@ -146,8 +146,10 @@ async def test_acheck_looks_at_every_primary(
 # ---------------------------------------------------------------------------------------------
 
 
-def test_store_contract_on_cluster(cluster_client: redis.cluster.RedisCluster, prefix: str) -> None:
-    store = RedisStore(cluster_client, Policy(prefix=prefix))
+def test_store_contract_on_cluster(
+    any_cluster_client: redis.cluster.RedisCluster, prefix: str
+) -> None:
+    store = RedisStore(any_cluster_client, Policy(prefix=prefix))
     try:
         records = [record_for(prefix, "s", "POST", "/r", f"key-{i}") for i in range(30)]
         for record in records:
@@ -207,8 +209,8 @@ def test_takeover_after_a_lapsed_lease_on_cluster(
     assert store.claim(record, "fp") == Replay(b"fresh")
 
 
-def test_guard_on_cluster(cluster_client: redis.cluster.RedisCluster, prefix: str) -> None:
-    store = RedisStore(cluster_client, Policy(prefix=prefix))
+def test_guard_on_cluster(any_cluster_client: redis.cluster.RedisCluster, prefix: str) -> None:
+    store = RedisStore(any_cluster_client, Policy(prefix=prefix))
     runs = 0
     for _ in range(3):
         with guard(store, "charge:inv_42", payload=b"body") as call:
@@ -235,9 +237,9 @@ def test_guard_on_cluster(cluster_client: redis.cluster.RedisCluster, prefix: st
 
 
 async def test_async_store_and_aguard_on_cluster(
-    async_cluster_client: redis.asyncio.cluster.RedisCluster, prefix: str
+    any_async_cluster_client: redis.asyncio.cluster.RedisCluster, prefix: str
 ) -> None:
-    store = AsyncRedisStore(async_cluster_client, Policy(prefix=prefix))
+    store = AsyncRedisStore(any_async_cluster_client, Policy(prefix=prefix))
     try:
         record = record_for(prefix, "s", "POST", "/a", "k")
         first = await store.claim(record, "fp", lease_ms=5000)
@@ -275,12 +277,12 @@ async def test_async_store_and_aguard_on_cluster(
 
 async def test_durable_writes_on_the_asyncio_cluster_client(
     redis_cluster: ClusterProcesses,
-    async_cluster_client: redis.asyncio.cluster.RedisCluster,
+    any_async_cluster_client: redis.asyncio.cluster.RedisCluster,
     prefix: str,
 ) -> None:
     """EVALSHA + WAIT on one connection of the slot's master (ClusterNode.execute_pipeline)."""
     store = AsyncRedisStore(
-        async_cluster_client, Policy(prefix=prefix, durability=Replicas(1, 0.5))
+        any_async_cluster_client, Policy(prefix=prefix, durability=Replicas(1, 0.5))
     )
     try:
         for i in range(30):
@@ -311,9 +313,9 @@ async def test_durable_writes_on_the_asyncio_cluster_client(
 
 
 async def test_concurrent_aguards_on_one_key_run_once_on_cluster(
-    async_cluster_client: redis.asyncio.cluster.RedisCluster, prefix: str
+    any_async_cluster_client: redis.asyncio.cluster.RedisCluster, prefix: str
 ) -> None:
-    store = AsyncRedisStore(async_cluster_client, Policy(prefix=prefix, wait=5.0))
+    store = AsyncRedisStore(any_async_cluster_client, Policy(prefix=prefix, wait=5.0))
     runs = 0
 
     async def one() -> object:
