@@ -4,6 +4,7 @@ For the upstream report (issue 23). Standalone: needs only redis-py and a ``redi
 ``valkey-server``) binary; it starts two cluster nodes on free loopback ports and removes them.
 
     python scripts/redis_py_ask_repro.py [--server PATH] [--tasks 4] [--writes 200]
+                                         [--client redis|valkey]
 
 What happens, in redis-py 8.1's ``redis.asyncio.cluster.RedisCluster._execute_command``: on an
 ASK redirect it sends ``ASKING`` with ``await target_node.execute_command("ASKING")`` and then
@@ -21,6 +22,8 @@ after them on their connection (a SET refused with MOVED never reaches MONITOR).
 
 Seen here (redis-py 8.1.0, 200 writes, 4 tasks): 3-16 writes lost per run on Redis 7.0.15 and on
 Valkey 9.1.2, about 400 ASKINGs of which about 200 were followed by their SET; 0 lost with 1 task.
+valkey-py 6.2.0 (``--client valkey``) sends ASKING the same way and loses more: 155-192 of 200
+writes as ``ValkeyClusterException: Valkey Cluster cannot be connected`` in two runs of three.
 
 Exit status: 0 when the concurrent run lost writes and the one-task control lost none (the bug
 reproduced), 1 otherwise.
@@ -32,6 +35,7 @@ import argparse
 import asyncio
 import collections
 import contextlib
+import importlib
 import shutil
 import socket
 import subprocess
@@ -40,6 +44,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import redis
 import redis.asyncio.cluster
@@ -138,9 +143,15 @@ def watch(target: redis.Redis, seen: collections.Counter[str], ready: threading.
             last[conn] = name
 
 
-async def writes(port: int, tasks: int, count: int, run: str) -> collections.Counter[str]:
+async def writes(
+    port: int, tasks: int, count: int, run: str, library: str
+) -> collections.Counter[str]:
     """``count`` one-key SETs of new keys in the migrating slot, spread over ``tasks`` tasks."""
-    client = redis.asyncio.cluster.RedisCluster(host=HOST, port=port)
+    client: Any = redis.asyncio.cluster.RedisCluster(host=HOST, port=port)
+    if library == "valkey":  # valkey-py, redis-py's fork, has the same two sends
+        import valkey.asyncio.cluster
+
+        client = valkey.asyncio.cluster.ValkeyCluster(host=HOST, port=port)
     await client.initialize()  # its own first-use race is another story: keep it out
     outcomes: collections.Counter[str] = collections.Counter()
 
@@ -156,7 +167,7 @@ async def writes(port: int, tasks: int, count: int, run: str) -> collections.Cou
     try:
         await asyncio.gather(*(one_task(n) for n in range(tasks)))
     finally:
-        with contextlib.suppress(redis.RedisError):
+        with contextlib.suppress(Exception):
             await client.aclose()
     return outcomes
 
@@ -168,11 +179,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--tasks", type=int, default=4)
     parser.add_argument("--writes", type=int, default=200)
+    parser.add_argument("--client", choices=["redis", "valkey"], default="redis")
     args = parser.parse_args(argv)
     if not args.server:
         parser.error("no redis-server or valkey-server on PATH: pass --server")
     version = subprocess.run([args.server, "--version"], capture_output=True, text=True).stdout
-    print(f"redis-py {redis.__version__}; {version.strip()}")
+    library = importlib.import_module(args.client)
+    print(f"{args.client}-py {library.__version__}; {version.strip()}")
     slot = key_slot(TAG.encode())
     with two_node_cluster(args.server) as (a, b):
         source, target = (a, b) if slot <= 8191 else (b, a)
@@ -185,7 +198,7 @@ def main(argv: list[str] | None = None) -> int:
             watcher = threading.Thread(target=watch, args=(target, seen, ready), daemon=True)
             watcher.start()
             ready.wait(10)
-            outcome = asyncio.run(writes(port, tasks, args.writes, run))
+            outcome = asyncio.run(writes(port, tasks, args.writes, run, args.client))
             target.set("stop-watch", b"1")  # a key of target's own slots: ends the MONITOR
             watcher.join(10)
             runs.append((tasks, outcome, seen))
