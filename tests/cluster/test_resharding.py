@@ -28,6 +28,7 @@ import random
 import threading
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 from redis.crc import key_slot
@@ -142,7 +143,8 @@ def _migrate_paced(cluster: ClusterProcesses, slot: int, tally: Tally) -> int:
     cluster.finish_migration(slot, source, target)
     with tally.lock:
         tally.move = (started, time.monotonic())
-    assert cluster.master_for_slot(slot) is target
+    if cluster.master_for_slot(slot) is not target:
+        raise HarnessError(f"slot {slot} did not move to {target}")
     return moved
 
 
@@ -226,6 +228,18 @@ async def _task_worker(
         await asyncio.sleep(0)  # a task that never awaits a slow reply must not starve others
 
 
+class HarnessError(RuntimeError):
+    """The test could not do its part (a wait timed out, the slot did not move): not the
+    failure the xfail mark expects, so it fails the run."""
+
+
+def _wait(predicate: Any, timeout: float, message: str) -> None:
+    try:
+        wait_until(predicate, timeout, message)
+    except AssertionError as exc:
+        raise HarnessError(str(exc)) from exc
+
+
 def _new_records(prefix: str, tag: str, who: str) -> Iterator[Record]:
     n = 0
     while True:
@@ -241,7 +255,8 @@ def test_a_slot_of_50000_records_moves_while_requests_replay_and_claim_in_it(
     cluster: ClusterProcesses, prefix: str
 ) -> None:
     exe = redis_server_executable()
-    assert exe is not None
+    if exe is None:
+        raise HarnessError("no server binary")
     server = "{} {}".format(server_version(exe)[0], ".".join(map(str, server_version(exe)[1])))
     tag = f"reshard-{prefix}"
     slot = key_slot(f"{{{tag}}}".encode())
@@ -252,14 +267,14 @@ def test_a_slot_of_50000_records_moves_while_requests_replay_and_claim_in_it(
     client = cluster.client()
     store = RedisStore(client, Policy(prefix=prefix))
     first = store.claim(records[0], "fp", heartbeat=False)
-    assert isinstance(first, Claimed)
-    assert store.complete(records[0], first.owner, _response(0))
+    if not isinstance(first, Claimed) or not store.complete(records[0], first.owner, _response(0)):
+        raise HarnessError(f"the first record could not be completed: {first!r}")
     fields = client.hgetall(records[0].record_key)
     _copy_completed_records(cluster, fields, records)
-    assert store.claim(records[RECORDS - 1], "fp") == Replay(_response(RECORDS - 1))
     master = cluster.master_for_slot(slot)
     in_slot = int(cluster.node_client(master).execute_command("CLUSTER", "COUNTKEYSINSLOT", slot))
-    assert in_slot >= RECORDS
+    if store.claim(records[-1], "fp") != Replay(_response(RECORDS - 1)) or in_slot < RECORDS:
+        raise HarnessError(f"the slot holds {in_slot} keys, or the copies do not replay")
 
     tally = Tally()
     stop = threading.Event()
@@ -296,18 +311,19 @@ def test_a_slot_of_50000_records_moves_while_requests_replay_and_claim_in_it(
     for thread in [*threads, tasks_thread]:
         thread.start()
     try:
-        wait_until(loop_ready.is_set, 30, "the asyncio workers to start")
-        wait_until(lambda: tally.requests > 200, 30, "requests before the move")
+        _wait(loop_ready.is_set, 30, "the asyncio workers to start")
+        _wait(lambda: tally.requests > 200, 30, "requests before the move")
         moved = _migrate_paced(cluster, slot, tally)
         seen = tally.requests
-        wait_until(lambda: tally.requests > seen + 200, 30, "requests after the move")
+        _wait(lambda: tally.requests > seen + 200, 30, "requests after the move")
     finally:
         stop.set()
         for thread in [*threads, tasks_thread]:
             thread.join(60)
         store.close()
         client.close()
-    assert tally.move is not None
+    if tally.move is None:
+        raise HarnessError("the move did not end")
     duration = tally.move[1] - tally.move[0]
     duplicates = {key: n for key, n in tally.executions.items() if n > 1}
     print(
@@ -317,9 +333,9 @@ def test_a_slot_of_50000_records_moves_while_requests_replay_and_claim_in_it(
         f"duplicate executions: {len(duplicates)}; replays not byte-identical: "
         f"{tally.not_identical}"
     )
-    assert moved >= RECORDS
-    assert duration >= MIN_MOVE_SECONDS
-    assert sum(tally.during.values()) > 0
+    if moved < RECORDS or duration < MIN_MOVE_SECONDS or not tally.during:
+        raise HarnessError("the move was not the one the test is about (see the line above)")
+    # What the xfail mark expects to fail, until records are one key:
     assert not duplicates
     assert tally.not_identical == 0
     assert not tally.errors, dict(tally.errors)
