@@ -120,7 +120,9 @@ class ClusterProcesses:
             self._ask(master, "CLUSTER", "ADDSLOTS", *range(first, last + 1))
         first_node = self.nodes[0]
         for node in self.nodes[1:]:
-            self._ask(first_node, "CLUSTER", "MEET", HOST, node.port, self._bus_ports[node])
+            # Redis 7 takes the bus port (chosen free, above); before, it is always port + 10000.
+            bus = [self._bus_ports[node]] if _server_version() >= (7, 0) else []
+            self._ask(first_node, "CLUSTER", "MEET", HOST, node.port, *bus)
         self._wait(self._all_met, self.startup_timeout, "every cluster node to know every other")
         for index, replica in enumerate(self.nodes[self.masters_wanted :]):
             master = masters[index % len(masters)]
