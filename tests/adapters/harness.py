@@ -172,13 +172,28 @@ def _chunks() -> Iterator[bytes]:
     yield from STREAM_CHUNKS
 
 
+#: A harness URL with this scheme gets a valkey-py client (its ``from_url`` reads it; redis-py
+#: has no such scheme), so the shared suite can run an adapter on valkey-py as users do.
+VALKEY_PY_SCHEME = "valkey://"
+
+
 def sync_redis(url: str | None) -> redis.Redis:
-    """The client a harness store uses: fakeredis[lua] when ``url`` is None, else ``url``.
+    """The client a harness store uses: fakeredis[lua] when ``url`` is None, else ``url``
+    (valkey-py's for a ``valkey://`` URL, redis-py's otherwise).
 
     No retries and short timeouts, so the "Redis is down" rows answer at once.
     """
     if url is None:
         return fakeredis.FakeRedis(server=fakeredis.FakeServer(version=(7, 0)))
+    if url.startswith(VALKEY_PY_SCHEME):
+        import valkey
+        from valkey.backoff import NoBackoff
+        from valkey.retry import Retry
+
+        client: redis.Redis = valkey.Valkey.from_url(
+            url, socket_connect_timeout=2, socket_timeout=5, retry=Retry(NoBackoff(), 0)
+        )
+        return client
     return redis.Redis.from_url(url, socket_connect_timeout=2, socket_timeout=5, retry=no_retry())
 
 
@@ -202,6 +217,15 @@ def async_redis(url: str | None) -> redis.asyncio.Redis:
     """The asyncio twin of :func:`sync_redis`."""
     if url is None:
         return fakeredis.FakeAsyncRedis(server=fakeredis.FakeServer(version=(7, 0)))
+    if url.startswith(VALKEY_PY_SCHEME):
+        import valkey.asyncio
+        from valkey.asyncio.retry import Retry
+        from valkey.backoff import NoBackoff
+
+        client: redis.asyncio.Redis = valkey.asyncio.Valkey.from_url(
+            url, socket_connect_timeout=2, socket_timeout=5, retry=Retry(NoBackoff(), 0)
+        )
+        return client
     return redis.asyncio.Redis.from_url(
         url, socket_connect_timeout=2, socket_timeout=5, retry=no_retry()
     )

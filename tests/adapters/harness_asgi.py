@@ -24,7 +24,7 @@ import redis.asyncio
 
 from idemkey import AsyncRedisStore
 from idemkey.adapters.asgi import IdempotencyMiddleware
-from tests.adapters.harness import Answer, Backend, Reply
+from tests.adapters.harness import VALKEY_PY_SCHEME, Answer, Backend, Reply
 
 if TYPE_CHECKING:
     from idemkey import Policy
@@ -69,6 +69,10 @@ class AsgiHarness:
         if redis_url is None:
             server = fakeredis.FakeServer(version=(7, 0))
             self.redis: Any = fakeredis.FakeAsyncRedis(server=server, decode_responses=False)
+        elif redis_url.startswith(VALKEY_PY_SCHEME):
+            import valkey.asyncio
+
+            self.redis = valkey.asyncio.Valkey.from_url(redis_url, decode_responses=False)
         else:
             self.redis = redis.asyncio.Redis.from_url(redis_url, decode_responses=False)
         self.store = AsyncRedisStore(self.redis, policy)

@@ -1,8 +1,9 @@
 """A real Redis Cluster of ``redis-server`` processes on free ports, for tests.
 
 :class:`ClusterProcesses` starts ``masters * (1 + replicas)`` :class:`tests._servers.RedisServer`
-processes with ``--cluster-enabled yes``, joins them with ``redis-cli --cluster create
-... --cluster-replicas N --cluster-yes``, waits (with a deadline) until every node agrees the
+processes with ``--cluster-enabled yes`` (Redis or Valkey, whichever the suite runs), joins them
+as ``redis-cli --cluster create ... --cluster-replicas N`` would, over the protocol (no
+``redis-cli`` needed), waits (with a deadline) until every node agrees the
 cluster is up, and tears everything down on :meth:`ClusterProcesses.close`. Each node's bus port
 is chosen free too (``--cluster-port``, Redis 7+), so the usual "port + 10000" clash cannot happen.
 
@@ -15,11 +16,7 @@ slot is half-moved.
 from __future__ import annotations
 
 import contextlib
-import functools
-import re
-import shutil
 import socket
-import subprocess
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -36,30 +33,19 @@ from tests._servers import (
     free_port,
     no_retry,
     redis_server_executable,
+    server_version,
     wait_until,
     write_confirmed,
 )
 
-__all__ = ["ClusterProcesses", "redis_cli_executable"]
+__all__ = ["ClusterProcesses"]
 
 SLOTS = 16384
 
 
-def redis_cli_executable() -> str | None:
-    return shutil.which("redis-cli")
-
-
-@functools.cache
 def _server_version() -> tuple[int, ...]:
-    out = subprocess.run(
-        [redis_server_executable() or "redis-server", "--version"],
-        capture_output=True,
-        text=True,
-        timeout=10,
-        check=False,
-    ).stdout
-    match = re.search(r"v=(\d+)\.(\d+)", out)
-    return (int(match.group(1)), int(match.group(2))) if match else (0, 0)
+    exe = redis_server_executable()
+    return server_version(exe)[1][:2] if exe else (0, 0)
 
 
 def _port_is_free(port: int) -> bool:
@@ -97,10 +83,7 @@ class ClusterProcesses:
         extra_args: Sequence[str] = (),
         startup_timeout: float = 30.0,
     ) -> None:
-        cli = redis_cli_executable()
-        if cli is None:
-            raise RedisServerError("redis-cli not found on PATH")
-        self.cli = cli
+        self._bus_ports: dict[RedisServer, int] = {}  # each node's cluster bus port
         self.masters_wanted = masters
         self.replicas = replicas
         self.node_timeout_ms = node_timeout_ms
@@ -114,32 +97,55 @@ class ClusterProcesses:
         try:
             for _ in range(self.masters_wanted * (1 + self.replicas)):
                 self.nodes.append(self._new_node().start())
-            addresses = [f"{HOST}:{node.port}" for node in self.nodes]
-            result = subprocess.run(
-                [
-                    self.cli,
-                    "--cluster",
-                    "create",
-                    *addresses,
-                    "--cluster-replicas",
-                    str(self.replicas),
-                    "--cluster-yes",
-                ],
-                capture_output=True,
-                timeout=self.startup_timeout,
-                check=False,
-            )
-            if result.returncode != 0:
-                raise RedisServerError(
-                    f"redis-cli --cluster create failed ({result.returncode}):\n"
-                    f"{result.stdout.decode(errors='replace')[-2000:]}"
-                    f"{result.stderr.decode(errors='replace')[-2000:]}"
-                )
+            self._create()
             self.wait_healthy(self.startup_timeout)
         except BaseException:
             self.close()
             raise
         return self
+
+    def _create(self) -> None:
+        """What ``redis-cli --cluster create --cluster-replicas N`` does, over the protocol.
+
+        No ``redis-cli`` needed, so a machine with only a packaged ``valkey-server`` (no apt
+        step) runs the cluster tests too: distinct config epochs, the slots split evenly over
+        the first ``masters`` nodes, every node met, then each replica told whom to follow.
+        """
+        masters = self.nodes[: self.masters_wanted]
+        for epoch, node in enumerate(self.nodes, start=1):
+            self._ask(node, "CLUSTER", "SET-CONFIG-EPOCH", epoch)
+        for index, master in enumerate(masters):
+            first = index * SLOTS // len(masters)
+            last = (index + 1) * SLOTS // len(masters) - 1
+            self._ask(master, "CLUSTER", "ADDSLOTS", *range(first, last + 1))
+        first_node = self.nodes[0]
+        for node in self.nodes[1:]:
+            # Redis 7 takes the bus port (chosen free, above); before, it is always port + 10000.
+            bus = [self._bus_ports[node]] if _server_version() >= (7, 0) else []
+            self._ask(first_node, "CLUSTER", "MEET", HOST, node.port, *bus)
+        self._wait(self._all_met, self.startup_timeout, "every cluster node to know every other")
+        for index, replica in enumerate(self.nodes[self.masters_wanted :]):
+            master = masters[index % len(masters)]
+            self._ask(replica, "CLUSTER", "REPLICATE", self.node_id(master))
+        self._wait(self._replicas_known, self.startup_timeout, "every node to know the replicas")
+
+    def _cluster_nodes(self, node: RedisServer) -> list[list[str]]:
+        return [line.split() for line in self._ask(node, "CLUSTER", "NODES").decode().splitlines()]
+
+    def _all_met(self) -> bool:
+        """Every node lists every node, none of them still in the handshake."""
+        for node in self.nodes:
+            lines = self._cluster_nodes(node)
+            if len(lines) != len(self.nodes) or any("handshake" in ln[2] for ln in lines):
+                return False
+        return True
+
+    def _replicas_known(self) -> bool:
+        wanted = self.masters_wanted * self.replicas
+        return all(
+            sum("slave" in ln[2].split(",") for ln in self._cluster_nodes(node)) == wanted
+            for node in self.nodes
+        )
 
     def _new_node(self) -> RedisServer:
         args = [
@@ -158,12 +164,17 @@ class ClusterProcesses:
             *self._extra_args,
         ]
         if _server_version() >= (7, 0):
-            return RedisServer([*args, "--cluster-port", str(free_port())])
+            bus_port = free_port()
+            node = RedisServer([*args, "--cluster-port", str(bus_port)])
+            self._bus_ports[node] = bus_port
+            return node
         # Before 7.0 the bus port is always port + 10000: find a port whose twin is free too.
         for _ in range(50):
             port = free_port()
             if port + 10000 < 65536 and _port_is_free(port + 10000):
-                return RedisServer(args, port=port)
+                node = RedisServer(args, port=port)
+                self._bus_ports[node] = port + 10000
+                return node
         raise RedisServerError("no free port pair for a cluster node")
 
     def close(self) -> None:

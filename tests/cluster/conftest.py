@@ -5,22 +5,22 @@ _cluster.py``) the first time a test asks for it, and stops them at the end of t
 Tests may move slots around but must leave every slot served and the cluster healthy; a test
 that kills nodes starts its own :class:`ClusterProcesses` instead.
 
-Without ``redis-server``/``redis-cli`` on PATH the tests are skipped, or fail when
-``IDEMKEY_REQUIRE_REDIS=1`` (CI).
+Without a server binary (``tests._servers.redis_server_executable``) the tests are skipped, or
+fail when ``IDEMKEY_REQUIRE_REDIS=1`` (CI).
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pytest
 import pytest_asyncio
 import redis
 
 from tests._servers import RedisServerError, redis_server_executable
-from tests.cluster._cluster import ClusterProcesses, redis_cli_executable
+from tests.cluster._cluster import ClusterProcesses
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Iterator
@@ -38,8 +38,8 @@ def _unavailable(reason: str) -> None:
 @pytest.fixture(scope="session")
 def redis_cluster() -> Iterator[ClusterProcesses]:
     """A healthy 3-master, 3-replica cluster (cluster-node-timeout 1500 ms), session-wide."""
-    if redis_server_executable() is None or redis_cli_executable() is None:
-        _unavailable("the cluster tests need redis-server and redis-cli on PATH")
+    if redis_server_executable() is None:
+        _unavailable("the cluster tests need redis-server or valkey-server")
     try:
         cluster = ClusterProcesses(masters=3, replicas=1).start()
     except RedisServerError as exc:
@@ -77,4 +77,57 @@ async def async_cluster_client(
         yield client
     finally:
         with contextlib.suppress(redis.RedisError):
+            await client.aclose()
+
+
+def _valkey_py_cluster(cluster: ClusterProcesses, *, asyncio: bool) -> Any:
+    """A valkey-py cluster client (``valkey.cluster.ValkeyCluster`` or its asyncio twin) with
+    the options of ``ClusterProcesses.client``."""
+    module: Any = pytest.importorskip("valkey.asyncio.cluster" if asyncio else "valkey.cluster")
+    nodes = [module.ClusterNode(node.host, node.port) for node in cluster.nodes if node.running]
+    return module.ValkeyCluster(
+        startup_nodes=nodes, decode_responses=False, socket_timeout=5.0, socket_connect_timeout=2.0
+    )
+
+
+def _valkey_errors() -> tuple[type[Exception], ...]:
+    try:
+        import valkey
+    except ImportError:
+        return ()
+    return (valkey.ValkeyError,)
+
+
+@pytest.fixture(params=["redis-py", "valkey-py"])
+def any_cluster_client(
+    request: pytest.FixtureRequest, redis_cluster: ClusterProcesses
+) -> Iterator[redis.cluster.RedisCluster]:
+    """``cluster_client``, then the same through valkey-py (ids ``[redis-py]``, ``[valkey-py]``)."""
+    client = (
+        redis_cluster.client()
+        if request.param == "redis-py"
+        else _valkey_py_cluster(redis_cluster, asyncio=False)
+    )
+    try:
+        yield client
+    finally:
+        client.close()
+
+
+@pytest_asyncio.fixture(params=["redis-py", "valkey-py"])
+async def any_async_cluster_client(
+    request: pytest.FixtureRequest, redis_cluster: ClusterProcesses
+) -> AsyncIterator[redis.asyncio.cluster.RedisCluster]:
+    """``async_cluster_client``, then the same through valkey-py, initialized before use."""
+    client = (
+        redis_cluster.async_client()
+        if request.param == "redis-py"
+        else _valkey_py_cluster(redis_cluster, asyncio=True)
+    )
+    await client.initialize()
+    try:
+        yield client
+    finally:
+        # Closing may fail on a torn-down connection: redis-py's error, or valkey-py's twin.
+        with contextlib.suppress(redis.RedisError, *_valkey_errors()):
             await client.aclose()

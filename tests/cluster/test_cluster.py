@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 import redis
+import redis.asyncio.cluster
 from redis.crc import key_slot
 
 from idemkey import (
@@ -31,7 +32,6 @@ from idemkey._core import Claimed, Expired, InFlight, Mismatch, Record, Replay, 
 from tests._servers import WAKE_BOUND, async_wait_until, wait_until
 
 if TYPE_CHECKING:
-    import redis.asyncio.cluster
     import redis.cluster
 
     from tests.cluster._cluster import ClusterProcesses
@@ -168,8 +168,10 @@ async def test_acheck_looks_at_every_primary(
 # ---------------------------------------------------------------------------------------------
 
 
-def test_store_contract_on_cluster(cluster_client: redis.cluster.RedisCluster, prefix: str) -> None:
-    store = RedisStore(cluster_client, Policy(prefix=prefix))
+def test_store_contract_on_cluster(
+    any_cluster_client: redis.cluster.RedisCluster, prefix: str
+) -> None:
+    store = RedisStore(any_cluster_client, Policy(prefix=prefix))
     try:
         records = [record_for(prefix, "s", "POST", "/r", f"key-{i}") for i in range(30)]
         for record in records:
@@ -229,8 +231,8 @@ def test_takeover_after_a_lapsed_lease_on_cluster(
     assert store.claim(record, "fp") == Replay(b"fresh")
 
 
-def test_guard_on_cluster(cluster_client: redis.cluster.RedisCluster, prefix: str) -> None:
-    store = RedisStore(cluster_client, Policy(prefix=prefix))
+def test_guard_on_cluster(any_cluster_client: redis.cluster.RedisCluster, prefix: str) -> None:
+    store = RedisStore(any_cluster_client, Policy(prefix=prefix))
     runs = 0
     for _ in range(3):
         with guard(store, "charge:inv_42", payload=b"body") as call:
@@ -257,9 +259,9 @@ def test_guard_on_cluster(cluster_client: redis.cluster.RedisCluster, prefix: st
 
 
 async def test_async_store_and_aguard_on_cluster(
-    async_cluster_client: redis.asyncio.cluster.RedisCluster, prefix: str
+    any_async_cluster_client: redis.asyncio.cluster.RedisCluster, prefix: str
 ) -> None:
-    store = AsyncRedisStore(async_cluster_client, Policy(prefix=prefix))
+    store = AsyncRedisStore(any_async_cluster_client, Policy(prefix=prefix))
     try:
         record = record_for(prefix, "s", "POST", "/a", "k")
         first = await store.claim(record, "fp", lease_ms=5000)
@@ -297,12 +299,12 @@ async def test_async_store_and_aguard_on_cluster(
 
 async def test_durable_writes_on_the_asyncio_cluster_client(
     redis_cluster: ClusterProcesses,
-    async_cluster_client: redis.asyncio.cluster.RedisCluster,
+    any_async_cluster_client: redis.asyncio.cluster.RedisCluster,
     prefix: str,
 ) -> None:
     """EVALSHA + WAIT on one connection of the slot's master (ClusterNode.execute_pipeline)."""
     store = AsyncRedisStore(
-        async_cluster_client, Policy(prefix=prefix, durability=Replicas(1, 0.5))
+        any_async_cluster_client, Policy(prefix=prefix, durability=Replicas(1, 0.5))
     )
     try:
         for i in range(30):
@@ -332,10 +334,66 @@ async def test_durable_writes_on_the_asyncio_cluster_client(
         await store.aclose()
 
 
-async def test_concurrent_aguards_on_one_key_run_once_on_cluster(
-    async_cluster_client: redis.asyncio.cluster.RedisCluster, prefix: str
+async def test_a_connection_torn_down_under_a_task_is_sent_again(
+    any_async_cluster_client: redis.asyncio.cluster.RedisCluster,
+    prefix: str,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    store = AsyncRedisStore(async_cluster_client, Policy(prefix=prefix, wait=5.0))
+    """Both asyncio cluster clients (valkey-py forked redis-py's) can close a connection another
+    task is writing to while the topology changes; that task gets AttributeError, and the store
+    sends the script again, as for a moving slot."""
+    store = AsyncRedisStore(any_async_cluster_client, Policy(prefix=prefix))
+    send = any_async_cluster_client.execute_command
+    torn = 0
+
+    async def torn_down_twice(*args: Any, **kwargs: Any) -> Any:
+        nonlocal torn
+        if torn < 2:
+            torn += 1
+            raise AttributeError("'NoneType' object has no attribute 'writelines'")
+        return await send(*args, **kwargs)
+
+    monkeypatch.setattr(any_async_cluster_client, "execute_command", torn_down_twice)
+    record = record_for(prefix, "s", "POST", "/a", "torn")
+    try:
+        assert isinstance(await store.claim(record, "fp", heartbeat=False), Claimed)
+        assert torn == 2
+    finally:
+        await store.aclose()
+
+
+class AppAsyncCluster(redis.asyncio.cluster.RedisCluster):
+    """An application's own subclass of the asyncio cluster client."""
+
+
+async def test_durable_writes_on_a_subclass_of_the_asyncio_cluster_client(
+    redis_cluster: ClusterProcesses, prefix: str
+) -> None:
+    nodes = [redis.asyncio.cluster.ClusterNode(n.host, n.port) for n in redis_cluster.nodes]
+    client = AppAsyncCluster(startup_nodes=nodes, socket_timeout=5.0)
+    await client.initialize()
+    store = AsyncRedisStore(client, Policy(prefix=prefix, durability=Replicas(1, 0.5)))
+    record = record_for(prefix, "", "POST", "/d", "subclass")
+
+    async def confirmed() -> Claimed | None:
+        try:  # a replica takes its first ACK up to a second after it synced
+            decision = await store.claim(record, "fp", heartbeat=False)
+        except StoreError:
+            return None
+        return decision if isinstance(decision, Claimed) else None
+
+    try:
+        claim = await async_wait_until(confirmed, 20, "a replica to confirm the claim")
+        assert await store.complete(record, claim.owner, b"kept")
+    finally:
+        await store.aclose()
+        await client.aclose()
+
+
+async def test_concurrent_aguards_on_one_key_run_once_on_cluster(
+    any_async_cluster_client: redis.asyncio.cluster.RedisCluster, prefix: str
+) -> None:
+    store = AsyncRedisStore(any_async_cluster_client, Policy(prefix=prefix, wait=5.0))
     runs = 0
 
     async def one() -> object:

@@ -31,7 +31,7 @@ from redis.crc import key_slot
 from idemkey import AsyncRedisStore, Policy, RedisStore, Replicas, StoreError
 from idemkey._core import Claimed, InFlight, Record, Replay, record_for
 from tests._servers import RedisServerError, redis_server_executable, wait_until
-from tests.cluster._cluster import ClusterProcesses, redis_cli_executable
+from tests.cluster._cluster import ClusterProcesses
 
 if TYPE_CHECKING:
     import redis.cluster
@@ -51,8 +51,8 @@ RESUME_TIMEOUT = 30.0
 
 @pytest.fixture
 def cluster() -> Iterator[ClusterProcesses]:
-    if redis_server_executable() is None or redis_cli_executable() is None:
-        pytest.skip("needs redis-server and redis-cli")
+    if redis_server_executable() is None:
+        pytest.skip("needs redis-server or valkey-server")
     try:
         processes = ClusterProcesses(masters=3, replicas=1, node_timeout_ms=1000).start()
     except RedisServerError as exc:

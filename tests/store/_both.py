@@ -24,6 +24,7 @@ from idemkey import AsyncRedisStore, Call, Policy, RedisStore, aguard, guard, id
 from idemkey._core import owner_tag
 from idemkey.records import GUARD_METHOD, Decision, Record, record_for
 from tests._servers import async_wait_until
+from tests.conftest import _purge_prefix
 
 T = TypeVar("T")
 
@@ -173,3 +174,36 @@ class AsyncStore:
             yield Both(store, prefix)
         finally:
             await store.aclose()
+
+
+class ValkeyPySyncStore:
+    """Mixin: ``store`` is a :class:`RedisStore` on a ``valkey.Valkey`` client (valkey-py, the
+    redis-py fork) on the real session server: the same contract as on redis-py."""
+
+    @pytest.fixture
+    def store(self, redis_url: str, prefix: str) -> Iterator[Both]:
+        valkey = pytest.importorskip("valkey")  # the test extra has it; `nox -s minimal` not
+        client = valkey.Valkey.from_url(redis_url)
+        store = RedisStore(client, Policy(prefix=prefix))
+        try:
+            yield Both(store, prefix)
+        finally:
+            store.close()
+            client.close()
+            _purge_prefix(redis_url, prefix)
+
+
+class ValkeyPyAsyncStore:
+    """Mixin: ``store`` is an :class:`AsyncRedisStore` on a ``valkey.asyncio.Valkey`` client."""
+
+    @pytest_asyncio.fixture
+    async def store(self, redis_url: str, prefix: str) -> AsyncIterator[Both]:
+        valkey = pytest.importorskip("valkey.asyncio")
+        client = valkey.Valkey.from_url(redis_url)
+        store = AsyncRedisStore(client, Policy(prefix=prefix))
+        try:
+            yield Both(store, prefix)
+        finally:
+            await store.aclose()
+            await client.aclose()
+            _purge_prefix(redis_url, prefix)

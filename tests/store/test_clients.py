@@ -106,6 +106,34 @@ def test_a_valkey_failure_is_a_store_error() -> None:
     assert isinstance(exc.value.__cause__, valkey.ConnectionError)
 
 
+class AppValkey(valkey.Valkey):
+    """An application's own subclass of valkey-py's client: still valkey-py, errors and all."""
+
+
+def test_a_subclassed_valkey_client_works(redis_url: str, prefix: str) -> None:
+    # The first EVALSHA gets valkey-py's NoScriptError, which must be known as NOSCRIPT.
+    client = AppValkey.from_url(redis_url)
+    client.script_flush()
+    store = RedisStore(client, Policy(prefix=prefix))
+    try:
+        with guard(store, "charge:1", payload=b"inv") as call:
+            call.save("charged")
+        with guard(store, "charge:1", payload=b"inv") as again:
+            assert again.result == "charged"
+    finally:
+        store.close()
+        client.delete(*client.keys(f"*{prefix}*"))
+        client.close()
+
+
+def test_a_subclassed_valkey_client_failure_is_a_store_error() -> None:
+    client = AppValkey(port=free_port(), socket_connect_timeout=1, retry_on_error=[])
+    store = RedisStore(client)
+    with pytest.raises(StoreError) as exc:
+        store.claim(record_for("p", "", "GUARD", "", "k"), "fp", heartbeat=False)
+    assert isinstance(exc.value.__cause__, valkey.ConnectionError)
+
+
 # ---- Redis down ------------------------------------------------------------------------------
 
 

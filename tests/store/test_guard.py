@@ -28,7 +28,7 @@ from idemkey import (
 )
 from idemkey.records import Claimed, encode_value, payload_fingerprint
 from tests._servers import async_wait_until, free_port, no_retry
-from tests.store._both import AsyncStore, Both, SyncStore
+from tests.store._both import AsyncStore, Both, SyncStore, ValkeyPyAsyncStore, ValkeyPySyncStore
 
 
 class Receipt(msgspec.Struct):
@@ -412,3 +412,12 @@ def test_a_failed_claim_is_reported_as_store_error() -> None:
         dead.close()
     assert [event.kind for event in events] == ["store_error"]
     assert "charge:1" not in repr(events)
+
+
+# The same contract through valkey-py (the redis-py fork), on the real server only.
+class TestValkeyPyGuard(ValkeyPySyncStore, GuardBehaviour):
+    pass
+
+
+class TestValkeyPyAsyncGuard(ValkeyPyAsyncStore, GuardBehaviour):
+    pass

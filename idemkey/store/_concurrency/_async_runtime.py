@@ -17,6 +17,7 @@ from typing import Any, TypeVar
 
 from ...events import logger
 from ...policy import Replicas
+from .._base import client_module
 
 __all__ = [
     "Cancelled",
@@ -89,7 +90,7 @@ async def send_with_wait(
         # PipelineCommand on one of its connections (what its ClusterPipeline does).
         await client.initialize()  # a no-op once the topology is known
         node = client.get_node_from_key(keys_and_args[0])
-        pipeline_command = importlib.import_module(type(client).__module__).PipelineCommand
+        pipeline_command = importlib.import_module(client_module(client)).PipelineCommand
         queued = [pipeline_command(i, *command) for i, command in enumerate(commands)]
         await node.execute_pipeline(queued)
         return [command.result for command in queued]
