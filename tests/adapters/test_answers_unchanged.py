@@ -89,8 +89,7 @@ def test_every_answer_is_as_before_but_the_two_problem_members(
         GOLDEN.write_text(json.dumps(recorded, indent=1, sort_keys=True) + "\n")
         pytest.skip("recorded")
     recorded = json.loads(GOLDEN.read_text())
-    if name not in recorded:
-        pytest.skip(f"{name}: a harness added after issue 24 has no answers from before it")
-    expected = recorded[name]
+    # A valkey-py row answers as its redis-py twin did: the client library is not on the wire.
+    expected = recorded[name.replace("-valkey-py", "-redis")]
     for index, (mine, before) in enumerate(zip(got, expected, strict=True)):
         assert mine == before, (index, SCENARIO[index][:2])
