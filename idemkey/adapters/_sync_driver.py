@@ -55,6 +55,7 @@ class Driver:
                 lease_ms=policy.lease_ms,
                 ttl_ms=policy.ttl_ms,
                 wait=policy.wait,
+                origin=exchange.origin,
             )
         except StoreError as exc:
             return exchange.store_failed(exc)

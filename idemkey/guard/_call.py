@@ -21,6 +21,7 @@ from .._core import (
     Record,
     Replay,
     record_for,
+    record_origin,
 )
 from ..errors import (
     ConfigurationError,
@@ -377,6 +378,11 @@ class GuardState(Generic[T]):
         self.claim: Claimed | None = None
         self.call: Call[T] | None = None
         self._current: contextvars.Token[Call[Any] | None] | None = None
+
+    @property
+    def origin(self) -> str:
+        """Where the record comes from, kept in it for ``store.records()`` (record_origin)."""
+        return record_origin(self.scope, GUARD_METHOD, self.name)
 
     def enter(self, decision: Decision, seconds: float) -> Call[T]:
         """The Call for a claim or a replay; raises for a mismatch or a request in flight."""

@@ -43,6 +43,7 @@ class Guard(GuardState[T]):
                 lease_ms=policy.lease_ms,
                 ttl_ms=policy.ttl_ms,
                 wait=policy.wait,
+                origin=self.origin,
             )
         except StoreError as error:
             call = self.claim_failed(error)

@@ -38,6 +38,7 @@ from .._core import (
     new_owner,
     parse_key,
     record_for,
+    record_origin,
     retry_after_seconds,
 )
 from ..errors import (
@@ -200,6 +201,12 @@ class Exchange:
         self.call: Call[Any] | None = None
         self._fingerprint = b""
         self._head: tuple[int, list[tuple[str, str]], str] | None = None
+
+    @property
+    def origin(self) -> str:
+        """Where the record comes from, kept in it for ``store.records()`` (record_origin)."""
+        request = self.request
+        return record_origin(self._scope, request.method, request.route or request.path)
 
     # Each transition looks up its (state, transition) pair once: ``TRANSITIONS.get(...) or
     # self._refuse(transition)`` gives the next state or raises, and the state moves only once

@@ -8,15 +8,19 @@
 -- ARGV[4]  retention_ms  how long the record lives, milliseconds
 -- ARGV[5]  waits         optional; "1": the caller waits for an in-flight claim to end
 --                        (wake-up: record field "w", stream {prefix}:{<digest>}:done)
+-- ARGV[6]  origin        optional; "<claimed at, unix ms> <method> <route>\n<scope>", kept in
+--                        field "i" from a fresh claim on (complete and release leave it), so
+--                        store.records() can filter and age records their digest cannot name
 --
 -- Wake-up: a fresh claim of a record that existed deletes {prefix}:{<digest>}:done
 --          (KEYS[1] .. ":done", the same slot), see complete.lua.
 --
 -- Record fields, in progress: fp, state = "in_progress", owner, fence (claims so far), tk = 1
 -- when the claim took over a lapsed one (a re-sent claim must answer the same), and "ns" /
--- "s:<name>", the count and results of finished steps (checkpoint.lua). Released: fence, plus fp
--- and the steps when there are steps (the key stays bound to its payload). Complete (written by
--- complete.lua): only resp, and fp followed by the 12-character tag of the completing owner.
+-- "s:<name>", the count and results of finished steps (checkpoint.lua), "i" the origin (ARGV[6]).
+-- Released: fence, plus fp and the steps when there are steps (the key stays bound to its
+-- payload). Complete (written by complete.lua): only resp, and fp followed by the 12-character
+-- tag of the completing owner. Both keep "i".
 -- Records written before 0.2 may hold a 32-hex fp, and state = "complete" with the full owner,
 -- fence, tk and "at": both are read here as before. Reading 0.1 records: remove in 0.4.
 --
@@ -100,6 +104,9 @@ else
     takeover = 0
     redis.call("HSET", KEYS[1], "state", "in_progress", "fp", ARGV[1], "owner", ARGV[2],
       "fence", fence)
+  end
+  if ARGV[6] then
+    redis.call("HSET", KEYS[1], "i", ARGV[6])
   end
   redis.call("PEXPIRE", KEYS[1], tonumber(ARGV[4]))
 end

@@ -22,6 +22,7 @@
 -- with a 12-character tag of the owner appended, what a re-sent complete is recognised by: 48
 -- random bits of one of idemkey's owners. The claim's fields, the finished steps and the lock
 -- go: a replay needs only the response. Without "state", a record is complete when it has "resp".
+-- "i", the origin claim.lua kept (when and where from), stays for store.records().
 --
 -- The record is never deleted and created again (it keeps "fp" throughout): in a cluster slot
 -- being migrated, a script may only touch keys that exist, so re-creating it would fail

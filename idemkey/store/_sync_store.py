@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import time
+from collections.abc import Iterator, Collection
 from typing import Any
 
 from .._core import (
@@ -27,9 +28,11 @@ from .._core import (
     decode_claim_reply,
     new_owner,
     owner_tag,
+    record_for,
 )
-from ..errors import StoreError
+from ..errors import ConfigurationError, StoreError
 from ..policy import Policy
+from ._sync_status import read_statuses, scan_statuses
 from ._base import (
     Effects,
     _block_cap,
@@ -53,8 +56,20 @@ from ._concurrency._sync_runtime import (
 from ._concurrency._sync_wakeup import Wakeups
 from ._durable import _DONE, _DURABLE, _LOAD_SCRIPT, _SEND_AGAIN, _UNCONFIRMED, _durable_outcome
 from ._server_check import _CONFIG_NAMES, _config_pairs, _info_settings, _report, server_warnings
+from .status import STATES, RecordStatus
 
 __all__ = ["RedisStore"]
+
+
+def _states(state: str | Collection[str] | None) -> frozenset[str] | None:
+    """``records(state=...)`` as a set, every name checked: a typo must not list nothing."""
+    if state is None:
+        return None
+    states = frozenset((state,) if isinstance(state, str) else state)
+    unknown = sorted(states.difference(STATES))
+    if unknown:
+        raise ConfigurationError(f"unknown record state {unknown}: use one of {list(STATES)}")
+    return states
 
 
 class RedisStore(Heartbeat):
@@ -172,13 +187,15 @@ class RedisStore(Heartbeat):
         ttl_ms: int | None = None,
         wait: float = 0.0,
         heartbeat: bool = True,
+        origin: str = "",
     ) -> Decision:
         """Claim ``record`` for a request with ``fingerprint``; see claim.lua for the answers.
 
         While another executor holds the record, wait up to ``wait`` seconds for it to finish
         (then the answer is its replay), woken by its completion or release. A ``Claimed``
         record is renewed by the store's heartbeat until it is completed or released (unless
-        ``heartbeat=False``).
+        ``heartbeat=False``). ``origin`` (:func:`idemkey._core.record_origin`) is kept in the
+        record, for :meth:`records` to filter by route and scope and to tell its age.
         """
         owner = owner or new_owner()
         lease_ms = lease_ms or self.policy.lease_ms
@@ -191,7 +208,9 @@ class RedisStore(Heartbeat):
             lease_ms,
             ttl_ms,
         )
-        if wait > 0:
+        if origin:
+            args = (*args, 1 if wait > 0 else 0, f"{int(time.time() * 1000)} {origin}")
+        elif wait > 0:
             args = (*args, 1)  # "I will wait": the claim's end then wakes us (claim.lua)
         decision = decode_claim_reply(self._eval("claim", *args), owner)
         if wait > 0 and type(decision) is InFlight:
@@ -332,6 +351,65 @@ class RedisStore(Heartbeat):
                 if (delay := _next_delay(delay, deadline)) <= 0:
                     raise
             sleep(delay)
+
+    def records(
+        self,
+        *,
+        state: str | Collection[str] | None = None,
+        route: str | None = None,
+        scope: str | None = None,
+        method: str | None = None,
+        limit: int | None = None,
+        count: int = 1000,
+    ) -> Iterator[RecordStatus]:
+        """The records under the policy's prefix, as :class:`~idemkey.store.status.RecordStatus`,
+        read with SCAN (``count`` keys a page, never KEYS) on every primary of a cluster.
+
+        Filters: ``state`` (one of ``in_progress``, ``lapsed``, ``complete``, ``released``, or
+        several), ``route`` (a route template or an ``@idempotent`` function's name),
+        ``scope`` and ``method``, each an exact match; ``limit`` stops after that many. Pages
+        are read as the caller iterates, so memory stays bounded by one page whatever the
+        keyspace holds. A record may be seen twice or missed when it is written during the scan
+        (SCAN's guarantee covers records that exist throughout). Redis failing raises
+        :class:`~idemkey.errors.StoreError`.
+        """
+        states = _states(state)
+        try:
+            for status in scan_statuses(
+                self.client,
+                self.policy.prefix,
+                states=states,
+                route=route,
+                scope=scope,
+                method=method,
+                limit=limit,
+                count=count,
+            ):
+                yield status
+        except self._errors as exc:
+            raise self._store_error("records", exc) from exc
+
+    def record(
+        self, key: str | Record, *, scope: str = "", method: str = "GUARD", route: str = ""
+    ) -> RecordStatus | None:
+        """The status of one record, or None when there is none.
+
+        ``key`` is a :class:`~idemkey._core.Record` or an idempotency key, named with
+        ``scope``, ``method`` and ``route`` as the adapters name it: the defaults name a
+        ``guard()`` record (method ``GUARD``, empty scope); an HTTP record needs its method,
+        route template and scope (the default scope of a request without credentials is
+        ``idemkey.http.NO_CREDENTIALS``).
+        """
+        record = (
+            key
+            if isinstance(key, Record)
+            else record_for(self.policy.prefix, scope, method, route, key)
+        )
+        try:
+            found = read_statuses(self.client, [record.record_key])
+        except self._errors as exc:
+            raise self._store_error("record", exc) from exc
+        return found[0] if found else None
 
     def check(self) -> list[str]:
         """Warn when the server can lose records: an evicting ``maxmemory-policy`` (any but
