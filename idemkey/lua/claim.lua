@@ -9,8 +9,9 @@
 -- ARGV[5]  waits         optional; "1": the caller waits for an in-flight claim to end
 --                        (wake-up: record field "w", stream {prefix}:{<digest>}:done)
 -- ARGV[6]  origin        optional; "<claimed at, unix ms> <method> <route>\n<scope>", kept in
---                        field "i" from a fresh claim on (complete and release leave it), so
---                        store.records() can filter and age records their digest cannot name
+--                        field "i" from a fresh claim on (release leaves it, complete drops
+--                        it), so store.records() can filter and age the records that are not
+--                        complete, which their digest cannot name
 --
 -- Wake-up: a fresh claim of a record that existed deletes {prefix}:{<digest>}:done
 --          (KEYS[1] .. ":done", the same slot), see complete.lua.
@@ -20,7 +21,7 @@
 -- "s:<name>", the count and results of finished steps (checkpoint.lua), "i" the origin (ARGV[6]).
 -- Released: fence, plus fp and the steps when there are steps (the key stays bound to its
 -- payload). Complete (written by complete.lua): only resp, and fp followed by the 12-character
--- tag of the completing owner. Both keep "i".
+-- tag of the completing owner.
 -- Records written before 0.2 may hold a 32-hex fp, and state = "complete" with the full owner,
 -- fence, tk and "at": both are read here as before. Reading 0.1 records: remove in 0.4.
 --

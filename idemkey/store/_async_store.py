@@ -367,7 +367,8 @@ class AsyncRedisStore(AsyncHeartbeat):
 
         Filters: ``state`` (one of ``in_progress``, ``lapsed``, ``complete``, ``released``, or
         several), ``route`` (a route template or an ``@idempotent`` function's name),
-        ``scope`` and ``method``, each an exact match; ``limit`` stops after that many. Pages
+        ``scope`` and ``method``, each an exact match (only records not yet complete keep
+        where they came from); ``limit`` stops after that many. Pages
         are read as the caller iterates, so memory stays bounded by one page whatever the
         keyspace holds. A record may be seen twice or missed when it is written during the scan
         (SCAN's guarantee covers records that exist throughout). Redis failing raises

@@ -15,12 +15,18 @@ from .status import FIELDS, RecordStatus, decode_status, record_pattern, wanted
 __all__ = ["read_statuses", "scan_statuses"]
 
 
-def _targets(client: Any) -> list[dict[str, Any]]:
-    """execute_command kwargs per server to scan: each primary of a cluster, or the one."""
+def _targets(client: Any) -> list[tuple[dict[str, Any], Any]]:
+    """(execute_command kwargs, the client to read a page with) per server to scan: each
+    primary of a cluster, or the one. A page's keys all live on the node scanned: its own
+    connection reads them in one plain pipeline where the client has one per node (redis-py's
+    sync cluster), three times faster than a cluster pipeline sorting them into slots."""
     primaries = getattr(client, "get_primaries", None)
     if primaries is None:
-        return [{}]
-    return [{"target_nodes": node} for node in primaries()]
+        return [({}, client)]
+    return [
+        ({"target_nodes": node}, getattr(node, "redis_connection", None) or client)
+        for node in primaries()
+    ]
 
 
 def read_statuses(client: Any, keys: Sequence[bytes | str]) -> list[RecordStatus]:
@@ -75,7 +81,7 @@ def scan_statuses(
     if limit is not None and limit <= 0:
         return
     pattern, found = record_pattern(prefix), 0
-    for target in _targets(client):
+    for target, reader in _targets(client):
         cursor: Any = 0
         while True:
             cursor, keys = client.execute_command(
@@ -84,7 +90,7 @@ def scan_statuses(
             if isinstance(cursor, dict):  # a cluster client answers {node: cursor}
                 cursor = next(iter(cursor.values()))
             if keys:
-                for status in read_statuses(client, keys):
+                for status in read_statuses(reader, keys):
                     if wanted(status, states, route, scope, method):
                         yield status
                         found += 1

@@ -3,8 +3,10 @@
 Sans-IO: the store reads a page of records (``HMGET`` of :data:`FIELDS`, two ``PTTL`` and, for
 records with finished steps, ``HKEYS``) and :func:`decode_status` turns the replies into a
 :class:`RecordStatus`. A record's name is a one-way digest of scope, method, route and key, so
-the route, method and scope come from the origin a claim keeps in field ``"i"`` (claim.lua);
-a record claimed before idemkey kept it has them empty, and no age.
+the route, method and scope come from the origin a claim keeps in field ``"i"`` (claim.lua)
+until the record completes (complete.lua drops it: a completed record stays within its memory
+goal). A completed record, or one claimed before idemkey kept an origin, has them empty and
+no age.
 """
 
 from __future__ import annotations
@@ -53,11 +55,13 @@ class RecordStatus:
 
     ``lease_left``, ``ttl_left`` and ``age`` are seconds (``None``: no lease, no TTL, or no
     origin kept); ``age`` counts from the claim behind the record's present state, and
-    ``claimed_at`` is that claim's Unix time. ``steps`` names the finished steps of a record
-    in progress, lapsed or released (a completed record drops them). ``fence`` is the number of
+    ``claimed_at`` is that claim's Unix time; both are ``None`` for a completed record.
+    ``steps`` names the finished steps of a record in progress, lapsed or released (a completed
+    record drops them). ``fence`` is the number of
     claims so far (a completed record drops it: ``None``). ``method``, ``route`` and ``scope``
-    are ``""`` for a record whose claim kept no origin (idemkey before 0.3, or a caller of
-    ``store.claim`` that passed none).
+    are ``""`` for a completed record and for one whose claim kept no origin (idemkey before
+    0.3, or a caller of ``store.claim`` that passed none): a ``route`` or ``scope`` filter
+    never matches them.
     """
 
     key: str
