@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import AsyncIterator, Collection
+from collections.abc import AsyncIterator, Callable, Collection
 from typing import Any
 
 from .._core import (
@@ -361,6 +361,7 @@ class AsyncRedisStore(AsyncHeartbeat):
         method: str | None = None,
         limit: int | None = None,
         count: int = 1000,
+        progress: Callable[[int, int], None] | None = None,
     ) -> AsyncIterator[RecordStatus]:
         """The records under the policy's prefix, as :class:`~idemkey.store.status.RecordStatus`,
         read with SCAN (``count`` keys a page, never KEYS) on every primary of a cluster.
@@ -371,8 +372,9 @@ class AsyncRedisStore(AsyncHeartbeat):
         where they came from); ``limit`` stops after that many. Pages
         are read as the caller iterates, so memory stays bounded by one page whatever the
         keyspace holds. A record may be seen twice or missed when it is written during the scan
-        (SCAN's guarantee covers records that exist throughout). Redis failing raises
-        :class:`~idemkey.errors.StoreError`.
+        (SCAN's guarantee covers records that exist throughout). ``progress``, when given, is
+        called after each page with the keys it looked at and the records it gave. Redis
+        failing raises :class:`~idemkey.errors.StoreError`.
         """
         states = _states(state)
         try:
@@ -385,6 +387,7 @@ class AsyncRedisStore(AsyncHeartbeat):
                 method=method,
                 limit=limit,
                 count=count,
+                progress=progress,
             ):
                 yield status
         except self._errors as exc:

@@ -71,12 +71,12 @@ def scan_statuses(
     method: str | None = None,
     limit: int | None = None,
     count: int = 1000,
-    progress: Callable[[int], None] | None = None,
+    progress: Callable[[int, int], None] | None = None,
 ) -> Iterator[RecordStatus]:
     """Every record under ``prefix`` that passes the filters, page by page, at most ``limit``.
 
     ``progress`` is called after each SCAN page with the keys it looked at (``count``; SCAN's
-    COUNT is a hint of that, matching or not).
+    COUNT is a hint of that, matching or not) and the records it yielded.
     """
     if limit is not None and limit <= 0:
         return
@@ -89,6 +89,7 @@ def scan_statuses(
             )
             if isinstance(cursor, dict):  # a cluster client answers {node: cursor}
                 cursor = next(iter(cursor.values()))
+            before = found
             if keys:
                 for status in read_statuses(reader, keys):
                     if wanted(status, states, route, scope, method):
@@ -97,6 +98,6 @@ def scan_statuses(
                         if limit is not None and found >= limit:
                             return
             if progress is not None:
-                progress(count)
+                progress(count, found - before)
             if int(cursor) == 0:
                 break

@@ -90,6 +90,7 @@ async def test_async_records_on_the_cluster(
         await store.aclose()
 
 
+@pytest.mark.slow
 def test_hundred_thousand_records_on_the_cluster(
     cluster_client: redis.cluster.RedisCluster,
 ) -> None:

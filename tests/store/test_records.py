@@ -152,6 +152,7 @@ def seed(client: Any, prefix: str, n: int) -> None:
     pipe.execute()
 
 
+@pytest.mark.slow
 def test_hundred_thousand_records_bounded_memory(real_client: redis.Redis, prefix: str) -> None:
     n = 100_000
     seed(real_client, prefix, n)
