@@ -77,7 +77,7 @@ class Guard(GuardState[T]):
         try:
             done = self._settle(owner, saved)
         except StoreError as error:
-            self.store_failed(error, exc)
+            self.store_failed(error, exc, saved is not None)
             return
         except Cancelled:
             # The caller went away (a cancelled task) while this was on its way: finish the

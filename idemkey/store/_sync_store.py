@@ -31,6 +31,7 @@ from .._core import (
     record_for,
 )
 from ..errors import ConfigurationError, StoreError
+from ..events import logger
 from ..policy import Policy
 from ._sync_status import read_statuses, scan_statuses
 from ._base import (
@@ -46,6 +47,7 @@ from ._base import (
     _slot_moving,
 )
 from ._concurrency._sync_heartbeat import Heartbeat
+from ._concurrency._sync_keeper import Keeper
 from ._concurrency._sync_runtime import (
     LoopWatch,
     discover,
@@ -57,8 +59,12 @@ from ._concurrency._sync_wakeup import Wakeups
 from ._durable import _DONE, _DURABLE, _LOAD_SCRIPT, _SEND_AGAIN, _UNCONFIRMED, _durable_outcome
 from ._server_check import _CONFIG_NAMES, _config_pairs, _info_settings, _report, server_warnings
 from .status import STATES, RecordStatus
+from .uncertain import UncertainEntry, UncertainKind, decode_entry, entry_fields, uncertain_stream
 
 __all__ = ["RedisStore"]
+
+#: Seconds ``close()`` waits for the uncertain outcomes still being written.
+CLOSE_DRAIN = 1.0
 
 
 def _states(state: str | Collection[str] | None) -> frozenset[str] | None:
@@ -90,9 +96,16 @@ class RedisStore(Heartbeat):
         self._block_cap = _block_cap(client)
         self._dropped = _dropped_errors(client)
         self._loops = LoopWatch()
+        self._keeper = Keeper(client)
         if self.policy.durability is not None:
             # Only with durability on: the plain _eval (the hot path) stays exactly as it is.
             self._eval = self._eval_durable  # type: ignore[method-assign]
+
+    def close(self) -> None:
+        """Stop the heartbeat, and give the uncertain outcomes being written up to a second
+        (``CLOSE_DRAIN``) to land. The Redis client stays open: it belongs to the caller."""
+        super().close()
+        self._keeper.drain(CLOSE_DRAIN)
 
     def _eval(self, name: str, *keys_and_args: str | bytes | int) -> Any:
         script = self._scripts[name]
@@ -414,6 +427,38 @@ class RedisStore(Heartbeat):
         except self._errors as exc:
             raise self._store_error("record", exc) from exc
         return found[0] if found else None
+
+    def keep_uncertain(
+        self,
+        kind: UncertainKind,
+        record: Record,
+        scope: str,
+        method: str,
+        route: str,
+        fence: int | None = None,
+        detail: str = "",
+        steps: tuple[str, ...] = (),
+    ) -> None:
+        """Append an uncertain outcome to its prefix's stream (see ``idemkey.store.uncertain``),
+        off the caller's path: returns at once and never raises; a write that fails is lost.
+        The guards and adapters call it; the stream lives as long as the store's records."""
+        try:
+            prefix = record.record_key.rpartition(":{")[0]
+            fields = entry_fields(kind, record.digest, scope, method, route, fence, detail, steps)
+            self._keeper.keep(uncertain_stream(prefix), fields, self.policy.ttl_ms)
+        except Exception as exc:  # never the request's problem
+            logger.debug("idemkey could not keep an uncertain outcome: %s", exc)
+
+    def uncertain(self, *, limit: int = 100) -> list[UncertainEntry]:
+        """The latest uncertain outcomes under the policy's prefix, newest first, at most
+        ``limit`` (the stream keeps about ``MAX_ENTRIES``). Redis failing raises
+        :class:`~idemkey.errors.StoreError`."""
+        stream = uncertain_stream(self.policy.prefix)
+        try:
+            entries = self.client.xrevrange(stream, "+", "-", count=limit)
+        except self._errors as exc:
+            raise self._store_error("uncertain", exc) from exc
+        return [decode_entry(entry_id, fields) for entry_id, fields in entries]
 
     def check(self) -> list[str]:
         """Warn when the server can lose records: an evicting ``maxmemory-policy`` (any but
