@@ -10,11 +10,13 @@ from __future__ import annotations
 import argparse
 import json
 from dataclasses import asdict
+from datetime import datetime, timezone
 from typing import IO, Any, Final
 
 from ..policy import Policy
 from ..store import STATES, RecordStatus, RedisStore
-from ._base import CliError
+from ..store.uncertain import UncertainEntry
+from ._base import CliError, print_json
 from ._redis import connect
 from .stats import _Progress as Progress
 
@@ -34,6 +36,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--method", help="only records of this HTTP method (GUARD: guard())")
     parser.add_argument("--limit", type=int, help="stop after this many records")
     parser.add_argument("--no-progress", action="store_true", help="no progress on stderr")
+    parser.add_argument(
+        "--uncertain",
+        action="store_true",
+        help="the uncertain outcomes instead (newest first; --limit, default 100): work whose "
+        "effect an operator must check by hand",
+    )
 
 
 def _seconds(value: float | None) -> str:
@@ -78,9 +86,39 @@ def _records(args: argparse.Namespace, store: RedisStore, progress: Progress) ->
     )
 
 
+def _when(at: float) -> str:
+    stamp = datetime.fromtimestamp(at, tz=timezone.utc)
+    return stamp.isoformat(timespec="seconds").replace("+00:00", "Z")
+
+
+def show_uncertain(entries: list[UncertainEntry], prefix: str, out: IO[str]) -> None:
+    if not entries:
+        out.write(f'no uncertain outcome under prefix "{prefix}"\n')
+        return
+    for entry in entries:
+        origin = f"{entry.method} {entry.route}".strip() or "-"
+        fence = f" fence {entry.fence}" if entry.fence is not None else ""
+        out.write(f"{_when(entry.at)}  {entry.kind:<20} {origin}{fence}  {entry.digest}\n")
+        if entry.steps:
+            out.write(f"    steps: {', '.join(entry.steps)}\n")
+        if entry.detail:
+            out.write(f"    detail: {entry.detail}\n")
+        out.write(f"    means: {entry.meaning}\n    do: {entry.action}\n")
+
+
 def run(args: argparse.Namespace, out: IO[str]) -> int:
     if args.limit is not None and args.limit < 1:
         raise CliError("--limit must be >= 1", 2)
+    if args.uncertain:
+        with connect(args.redis_url) as server:
+            store = RedisStore(server.client, Policy(prefix=args.prefix))
+            entries = store.uncertain(limit=args.limit or 100)
+        if args.json:
+            rows = [{**asdict(e), "meaning": e.meaning, "action": e.action} for e in entries]
+            print_json({"prefix": args.prefix, "uncertain": rows}, out)
+        else:
+            show_uncertain(entries, args.prefix, out)
+        return 0
     with connect(args.redis_url) as server:
         store = RedisStore(server.client, Policy(prefix=args.prefix))
         total = sum(int(client.dbsize()) for _, client in server.nodes)

@@ -153,3 +153,28 @@ def test_list_progress_on_a_large_keyspace(
     quiet = idemkey("--redis-url", redis_url, "--prefix", prefix, "list", "--no-progress",
                     "--limit", "1")  # fmt: skip
     assert quiet.err == ""
+
+
+def test_list_uncertain_shows_what_each_entry_means(
+    idemkey: CliRunner, redis_url: str, store: RedisStore
+) -> None:
+    base = ("--redis-url", redis_url, "--prefix", store.policy.prefix)
+    assert "no uncertain outcome" in idemkey(*base, "list", "--uncertain").out
+    with contextlib.suppress(RuntimeError), guard(store, "order-9") as call:
+        call.step("reserve", lambda: 1)
+        raise RuntimeError("card declined")
+
+    def listed() -> Any:
+        return json.loads(idemkey(*base, "list", "--uncertain", "--json").out)["uncertain"]
+
+    (entry,) = _wait_for(listed)
+    assert (entry["kind"], entry["steps"], entry["detail"]) == (
+        "released_with_steps",
+        ["reserve"],
+        "card declined",
+    )
+    assert "compensate" in entry["action"]
+    text = idemkey(*base, "list", "--uncertain").out
+    assert "released_with_steps" in text
+    assert "steps: reserve" in text
+    assert "do: retry with the same key" in text
