@@ -10,6 +10,7 @@
     idemkey list [--state S] [--route R] [--uncertain] records with state, lease, age, steps
     idemkey forget KEY ... [--yes] [--force]           delete one record
     idemkey stats                     records by state, memory, TTLs (SCAN, never KEYS)
+    idemkey console [--allow-forget]  a read-only web page of the records (127.0.0.1)
     idemkey doctor                    is this Redis fit to hold idempotency records?
     idemkey bench -- ARGS             the benchmark suite (source checkouts)
     idemkey --version                 the installed version
@@ -38,7 +39,7 @@ from typing import IO, Final
 
 from .. import _DISTRIBUTION, __version__
 from ..errors import IdemkeyError
-from . import bench, demo, doctor, forget, inspect, listing, probe, serve, stats
+from . import bench, console, demo, doctor, forget, inspect, listing, probe, serve, stats
 from ._base import DEBUG_ENV, URL_ENV, CliError, Parser, UsageError
 from ._redis import explain_redis_error, redact
 
@@ -53,6 +54,7 @@ COMMANDS: Final[dict[str, ModuleType]] = {
     "list": listing,
     "forget": forget,
     "stats": stats,
+    "console": console,
     "doctor": doctor,
     "bench": bench,
 }
