@@ -57,7 +57,7 @@ def _seconds(value: float | None) -> str:
 
 
 COLUMNS: Final = (
-    f"{'STATE':<12} {'AGE':>6} {'LEASE':>6} {'TTL':>6} {'FENCE':>5}  {'ORIGIN':<32} STEPS"
+    f"{'STATE':<12} {'AGE':>6} {'LEASE':>6} {'TTL':>6} {'FENCE':>5}  {'ORIGIN':<32} STEPS  RECORD"
 )
 
 

@@ -19,7 +19,8 @@ from idemkey import AsyncRedisStore, Policy, RedisStore, aguard, guard
 from idemkey._core import record_for, record_origin
 from idemkey.errors import ConfigurationError, StoreError
 from idemkey.store import RecordStatus
-from tests._servers import no_retry
+from tests._pages import run_page
+from tests._servers import RedisServer, no_retry
 
 pytestmark = pytest.mark.redis
 
@@ -172,3 +173,15 @@ def test_hundred_thousand_records_bounded_memory(real_client: redis.Redis, prefi
         assert len(list(store.records(state="in_progress", limit=7))) == 7
     finally:
         store.close()
+
+
+def test_operators_page(
+    private_redis_server: RedisServer, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """docs/operators.md's status API sample, run as printed."""
+    (block,) = run_page("docs/operators.md", private_redis_server.url)
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith("released GUARD ('reserve',) 1 ")
+    assert out[1] == "released ('reserve',)"
+    assert out[2].startswith("released_with_steps ('reserve',) -> retry with the same key")
+    assert block["one"].scope == "acct_42"
