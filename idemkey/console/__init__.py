@@ -1,7 +1,7 @@
 """The console: a read-only web page of the records and uncertain outcomes under a prefix.
 
-``idemkey console --redis-url URL`` serves it on 127.0.0.1 (``pip install
-'idemkey-redis[console]'``: Starlette, Jinja2, uvicorn). The page shows counts by state and by
+``idemkey console --redis-url URL`` serves it on 127.0.0.1 (Starlette, Jinja2 and uvicorn:
+``pip install 'idemkey-redis[console]'``). The page shows counts by state and by
 route, the operations in flight and lapsed with their steps, the records released with steps,
 and the latest uncertain outcomes; a few lines of inline JavaScript fetch the same view again
 every few seconds (no build step, nothing loaded from elsewhere, nothing sent anywhere but this
