@@ -93,23 +93,25 @@ def test_the_console_shows_an_operation_in_flight_then_completed(
         raise RuntimeError("card declined")  # an uncertain outcome: released with a step
     held = guard(store, "order-8", scope="acct", payload={"amount": 10})
     running = held.__enter__()
-    running.step("charge", lambda: "ch_1")
-    digest = held.record.digest
-    server = console()
-    browser.get(server.url + "/")
-    browser.execute_script("window.notReloaded = true")
-    row = f"#rec-{digest}"
-    wait_until(lambda: "in_progress" in _text(browser, row), 20, "the record in flight")
-    assert "charge" in _text(browser, row)
-    assert "acct" in _text(browser, row)
-    wait_until(
-        lambda: "released_with_steps" in _text(browser, "#uncertain"), 20, "the uncertain entry"
-    )
-    assert "reserve" in _text(browser, "#uncertain")
-    assert "compensate" in _text(browser, "#uncertain")
+    try:
+        running.step("charge", lambda: "ch_1")
+        digest = held.record.digest
+        server = console()
+        browser.get(server.url + "/")
+        browser.execute_script("window.notReloaded = true")
+        row = f"#rec-{digest}"
+        wait_until(lambda: "in_progress" in _text(browser, row), 20, "the record in flight")
+        assert "charge" in _text(browser, row)
+        assert "acct" in _text(browser, row)
+        wait_until(
+            lambda: "released_with_steps" in _text(browser, "#uncertain"), 20, "the uncertain entry"
+        )
+        assert "reserve" in _text(browser, "#uncertain")
+        assert "compensate" in _text(browser, "#uncertain")
 
-    running.save({"id": "ch_1"})
-    held.__exit__(None, None, None)
+        running.save({"id": "ch_1"})
+    finally:
+        held.__exit__(None, None, None)  # completes: the result was saved
     wait_until(lambda: _text(browser, "#count-complete") == "1", 20, "the record completed")
     assert _text(browser, "#count-in_progress") == "0"
     assert _text(browser, row) == ""  # no longer in flight

@@ -15,7 +15,7 @@ import pytest
 
 from idemkey import AsyncRedisStore, Policy, RedisStore, aguard, guard
 from idemkey._core import record_for, record_origin
-from tests.store.test_records import seed
+from tests.store.test_records import hold, seed
 
 if TYPE_CHECKING:
     import redis.asyncio.cluster
@@ -45,7 +45,7 @@ def test_records_of_every_state_on_every_master(
             with contextlib.suppress(RuntimeError), guard(store, f"failed-{index}") as call:
                 call.step("charge", lambda: 1)
                 raise RuntimeError("after a step")
-            guard(store, f"held-{index}").__enter__().step("sent", lambda: 2)
+            hold(lambda key=f"held-{index}": guard(store, key).__enter__().step("sent", lambda: 2))
             crashed = record_for(prefix, "", "GUARD", "", f"crashed-{index}")
             store.claim(crashed, "fp", lease_ms=50, heartbeat=False,
                         origin=record_origin("", "GUARD", ""))  # fmt: skip

@@ -7,8 +7,10 @@ server), then listed; the 100 000-record keyspace checks memory stays bounded by
 from __future__ import annotations
 
 import contextlib
+import threading
 import time
 import tracemalloc
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -25,6 +27,14 @@ from tests._servers import RedisServer, no_retry
 pytestmark = pytest.mark.redis
 
 
+def hold(enter: Callable[[], object]) -> None:
+    """Enter a guard in a thread of its own and leave it entered, as a worker busy with it:
+    the store's heartbeat keeps its lease, and this thread's current call stays unset."""
+    thread = threading.Thread(target=enter)
+    thread.start()
+    thread.join(30)
+
+
 def seed_every_state(store: RedisStore) -> dict[str, str]:
     """One guard() record per state, and one claimed as the HTTP driver claims; returns
     state -> key."""
@@ -33,7 +43,7 @@ def seed_every_state(store: RedisStore) -> dict[str, str]:
     with contextlib.suppress(RuntimeError), guard(store, "failed", payload={"a": 1}) as call:
         call.step("charge", lambda: 42)
         raise RuntimeError("after a step")
-    guard(store, "held", payload={"a": 1}).__enter__().step("sent", lambda: "yes")
+    hold(lambda: guard(store, "held", payload={"a": 1}).__enter__().step("sent", lambda: "yes"))
     # An HTTP request in flight, claimed as the driver claims it (with its origin).
     http = record_for(store.policy.prefix, "acct_1", "POST", "/charges", "h1")
     store.claim(http, "fp", heartbeat=False, origin=record_origin("acct_1", "POST", "/charges"))
