@@ -123,6 +123,10 @@ def test_the_console_shows_an_operation_in_flight_then_completed(
     assert "connect-src 'self'" in policy
     assert "default-src 'none'" in policy
     assert "http" not in page.split("<body>", 1)[1].replace(server.url, "")
+    with urllib.request.urlopen(server.url + "/api/status") as answer:
+        view = json.loads(answer.read())
+    assert view["counts"] == {"in_progress": 0, "lapsed": 0, "complete": 1, "released": 1}
+    assert [e["kind"] for e in view["uncertain"]] == ["released_with_steps"]
 
 
 def test_forget_from_the_page_needs_the_flag_and_a_confirmation(
