@@ -28,6 +28,8 @@ __all__ = ["MAX_PENDING", "RETRY_SECONDS", "Keeper"]
 MAX_PENDING: Final = 64
 #: How long an entry whose connection could not be made is tried again (Redis restarting).
 RETRY_SECONDS: Final = 10.0
+#: A writer with nothing to write for this long ends (a store need not be closed for it).
+IDLE_SECONDS: Final = 5.0
 
 _Entry = tuple[str, dict[str, str], int]
 
@@ -50,28 +52,25 @@ class Keeper:
 
     def __init__(self, client: Any) -> None:
         self.client = client
-        self._queue: queue.Queue[_Entry | None] = queue.Queue(MAX_PENDING)
+        self._queue: queue.Queue[_Entry] = queue.Queue(MAX_PENDING)
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
         self._pid = os.getpid()
 
     def keep(self, stream: str, fields: dict[str, str], ttl_ms: int) -> None:
         """Append ``fields`` to ``stream`` soon; returns at once, never raises."""
-        self._start()
+        if self._pid != os.getpid():  # a forked child: not the parent's queue and thread
+            with self._lock:
+                self._queue, self._thread, self._pid = queue.Queue(MAX_PENDING), None, os.getpid()
         try:
             self._queue.put_nowait((stream, fields, ttl_ms))
         except queue.Full:
             logger.debug("idemkey dropped an uncertain-outcome entry: %d pending", MAX_PENDING)
-
-    def _start(self) -> None:
-        thread = self._thread
-        if thread is not None and thread.is_alive() and self._pid == os.getpid():
             return
+        # After the put: a writer that found the queue empty and left is replaced (it clears
+        # _thread under the lock before it leaves, so an entry is never stranded).
         with self._lock:
-            if self._pid != os.getpid():  # a forked child: the parent's queue and thread
-                self._queue, self._pid = queue.Queue(MAX_PENDING), os.getpid()
-            thread = self._thread
-            if thread is None or not thread.is_alive():
+            if self._thread is None:
                 self._thread = threading.Thread(
                     target=self._run, name="idemkey-uncertain", daemon=True
                 )
@@ -79,7 +78,15 @@ class Keeper:
                 _running.add(self)
 
     def _run(self) -> None:
-        while (entry := self._queue.get()) is not None:
+        while True:
+            try:
+                entry = self._queue.get(timeout=IDLE_SECONDS)
+            except queue.Empty:
+                with self._lock:
+                    if self._queue.empty():  # idle: leave, a new entry starts a new writer
+                        self._thread = None
+                        return
+                continue
             try:
                 self._write(*entry)
             finally:
