@@ -197,3 +197,20 @@ def test_keeping_an_entry_never_waits_for_a_paused_redis(
         private_redis_server.resume()
         store.close()
         client.close()
+
+
+def test_a_guard_run_open_while_redis_is_down_leaves_an_unprotected(
+    private_redis_server: RedisServer, prefix: str
+) -> None:
+    client = private_redis_server.client(retry=no_retry(), socket_timeout=2)
+    store = RedisStore(client, Policy(prefix=prefix, on_store_error="open"))
+    try:
+        private_redis_server.stop()
+        with guard(store, "job-1", scope="acct") as call:
+            call.save("sent")  # ran with no claim: nothing is stored
+        private_redis_server.start()
+        (entry,) = entries(store, 1)
+        assert (entry.kind, entry.method, entry.scope) == ("unprotected", "GUARD", "acct")
+    finally:
+        store.close()
+        client.close()
