@@ -8,7 +8,8 @@
 -- ARGV[4]  retention_ms  how long the record lives, milliseconds
 -- ARGV[5]  waits         optional; "1": the caller waits for an in-flight claim to end
 --                        (wake-up: record field "w", stream {prefix}:{<digest>}:done)
--- ARGV[6]  origin        optional; "<claimed at, unix ms> <method> <route>\n<scope>", kept in
+-- ARGV[6]  (taken by issue 24's "expired" flag on its branch; ignored here, sent as 0)
+-- ARGV[7]  origin        optional; "<claimed at, unix ms> <method> <route>\n<scope>", kept in
 --                        field "i" from a fresh claim on (release leaves it, complete drops
 --                        it), so store.records() can filter and age the records that are not
 --                        complete, which their digest cannot name
@@ -18,7 +19,7 @@
 --
 -- Record fields, in progress: fp, state = "in_progress", owner, fence (claims so far), tk = 1
 -- when the claim took over a lapsed one (a re-sent claim must answer the same), and "ns" /
--- "s:<name>", the count and results of finished steps (checkpoint.lua), "i" the origin (ARGV[6]).
+-- "s:<name>", the count and results of finished steps (checkpoint.lua), "i" the origin (ARGV[7]).
 -- Released: fence, plus fp and the steps when there are steps (the key stays bound to its
 -- payload). Complete (written by complete.lua): only resp, and fp followed by the 12-character
 -- tag of the completing owner.
@@ -106,8 +107,8 @@ else
     redis.call("HSET", KEYS[1], "state", "in_progress", "fp", ARGV[1], "owner", ARGV[2],
       "fence", fence)
   end
-  if ARGV[6] then
-    redis.call("HSET", KEYS[1], "i", ARGV[6])
+  if ARGV[7] then
+    redis.call("HSET", KEYS[1], "i", ARGV[7])
   end
   redis.call("PEXPIRE", KEYS[1], tonumber(ARGV[4]))
 end

@@ -222,7 +222,8 @@ class AsyncRedisStore(AsyncHeartbeat):
             ttl_ms,
         )
         if origin:
-            args = (*args, 1 if wait > 0 else 0, f"{int(time.time() * 1000)} {origin}")
+            # ARGV[7]; ARGV[6] is issue 24's "expired" flag, 0 here.
+            args = (*args, 1 if wait > 0 else 0, 0, f"{int(time.time() * 1000)} {origin}")
         elif wait > 0:
             args = (*args, 1)  # "I will wait": the claim's end then wakes us (claim.lua)
         decision = decode_claim_reply(await self._eval("claim", *args), owner)
