@@ -51,6 +51,7 @@ __all__ = [
     "parse_key",
     "payload_fingerprint",
     "record_for",
+    "record_origin",
     "record_state",
     "retry_after_seconds",
 ]
@@ -150,6 +151,13 @@ def record_for(prefix: str, scope: str, method: str, route: str, key: str) -> Re
     return _new_tuple(
         Record, (digest, name, name + ":lock")
     )  # Record(digest, record_key, lock_key)
+
+
+def record_origin(scope: str, method: str, route: str) -> str:
+    """What a claim keeps of where its record comes from (field "i", see claim.lua): the
+    method, the route (or function name) and the scope, which the record's digest hides.
+    ``idemkey.store.status`` reads it back; the store prepends the claim's time."""
+    return f"{method} {route}\n{scope}"
 
 
 def fingerprint(

@@ -92,6 +92,7 @@ def check_pyproject(pairs: list[tuple[str, str]], root: Path = ROOT) -> list[str
 RULES: list[tuple[str, str]] = [
     (r"async def", "def"),
     (r"async with", "with"),
+    (r"async for", "for"),
     (r"await ", ""),
     (r"__aenter__", "__enter__"),
     (r"__aexit__", "__exit__"),

@@ -30,6 +30,7 @@ PAGES = (
     "docs/effects.md",
     "docs/testing.md",
     "docs/mcp.md",
+    "docs/operators.md",
 )
 MARKED = re.compile(r"<!-- run -->\n```python\n(.*?)```", re.DOTALL)
 ANY_PYTHON = re.compile(r"^```python\n", re.MULTILINE)

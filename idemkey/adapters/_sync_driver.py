@@ -45,6 +45,7 @@ class Driver:
         """Claim the record: None to run the app, or the Response to send instead (a replay,
         409, 422, 503). None with ``exchange.unprotected``: the store failed open."""
         fingerprint = exchange.claiming()
+        exchange.keep = self.store.keep_uncertain
         policy = exchange.policy
         started = perf_counter()
         try:
@@ -56,6 +57,7 @@ class Driver:
                 ttl_ms=policy.ttl_ms,
                 wait=policy.wait,
                 expired=policy.grace_ms > 0,
+                origin=exchange.origin,
             )
         except StoreError as exc:
             return exchange.store_failed(exc)

@@ -7,14 +7,16 @@
     idemkey probe URL [--data BODY]   check any endpoint's retry behaviour over HTTP
     idemkey inspect KEY --scope S --route /charges     one record, decoded (without --scope:
                                       the default scope of no credentials, and the empty one)
+    idemkey list [--state S] [--route R] [--uncertain] records with state, lease, age, steps
     idemkey forget KEY ... [--yes] [--force]           delete one record
     idemkey stats                     records by state, memory, TTLs (SCAN, never KEYS)
+    idemkey console [--allow-forget]  a read-only web page of the records (127.0.0.1)
     idemkey doctor                    is this Redis fit to hold idempotency records?
     idemkey bench -- ARGS             the benchmark suite (source checkouts)
     idemkey --version                 the installed version
 
-One module per command (``idemkey/cli/<command>.py``: ``HELP``, ``configure(parser)``,
-``run(args, out)``); the demo app lives in :mod:`idemkey.cli.demo_app`.
+One module per command (``idemkey/cli/<command>.py``, ``listing.py`` for ``list``: ``HELP``,
+``configure(parser)``, ``run(args, out)``); the demo app lives in :mod:`idemkey.cli.demo_app`.
 
 Exit codes: 0 success; 1 a check failed (doctor FAIL, a probe check failed, a demo step
 misbehaved, no such record, forget refused); 2 bad arguments; 3 Redis (or, for probe, the
@@ -37,7 +39,7 @@ from typing import IO, Final
 
 from .. import _DISTRIBUTION, __version__
 from ..errors import IdemkeyError
-from . import bench, demo, doctor, forget, inspect, probe, serve, stats
+from . import bench, console, demo, doctor, forget, inspect, listing, probe, serve, stats
 from ._base import DEBUG_ENV, URL_ENV, CliError, Parser, UsageError
 from ._redis import explain_redis_error, redact
 
@@ -49,8 +51,10 @@ COMMANDS: Final[dict[str, ModuleType]] = {
     "serve": serve,
     "probe": probe,
     "inspect": inspect,
+    "list": listing,
     "forget": forget,
     "stats": stats,
+    "console": console,
     "doctor": doctor,
     "bench": bench,
 }

@@ -165,6 +165,8 @@ class RecordView:
     body_kept: bool | None = None
     preview: str = ""
     error: str = ""
+    #: The finished steps (recovery points) a record in progress or released keeps.
+    steps: list[str] = field(default_factory=list)
 
 
 def read_record(client: Any, record: Record, *, guard: bool | None = None) -> RecordView:
@@ -191,6 +193,7 @@ def read_record(client: Any, record: Record, *, guard: bool | None = None) -> Re
     if view.state == "complete" and not view.owner and isinstance(fp, bytes):
         # A completed record keeps a 12-character tag of its owner after the fingerprint.
         view.owner = text(fp[-OWNER_TAG_LENGTH:])
+    view.steps = sorted(name[2:] for name in map(text, fields) if name.startswith("s:"))
     fence = text(get("fence"))
     view.fence = int(fence) if fence.isdigit() else None
     # The last claim or completion: written by idemkey before 0.2 only; remove in 0.4.
@@ -248,6 +251,8 @@ def show_record(view: RecordView, out: IO[str]) -> None:
         rows.append(("body", f"{view.body_size} bytes{kept}"))
     elif view.kind == "result":
         rows.append(("result", f"{view.body_size} bytes (guard result, msgpack)"))
+    if view.steps:
+        rows.append(("steps", f"{len(view.steps)} finished: {', '.join(view.steps)}"))
     if view.error:
         rows.append(("stored", f"unreadable: {view.error}"))
     for name, value in rows:

@@ -26,6 +26,9 @@ SCAN_COUNT: Final = 1000
 #: When a prefix holds no record, stats looks for other prefixes in at most this many keys
 #: per primary (SCAN pages of SCAN_COUNT), so the hint costs a bounded scan, never a full one.
 OTHER_PREFIXES_SCAN: Final = 10_000
+#: stats counts records per step name for at most this many names (names come from code, but a
+#: name built from data would make one per record).
+MAX_STEP_NAMES: Final = 50
 # A record's key, its lock or its wake-up stream: "<prefix>:{<32 hex digits>}[:lock|:done]".
 _RECORD_NAME: Final = re.compile(rb"^(.*):\{[0-9a-f]{32}\}(?::lock|:done)?$", re.DOTALL)
 
@@ -69,6 +72,11 @@ class Stats:
     #: scan, with their key counts, and how many keys that scan looked at.
     other_prefixes: dict[str, int] | None = None
     other_scanned: int = 0
+    #: Records that keep finished steps (in progress, lapsed or released), how many steps they
+    #: keep in all, and how many records keep each step name (at most MAX_STEP_NAMES names).
+    with_steps: int = 0
+    finished_steps: int = 0
+    step_names: dict[str, int] = field(default_factory=dict)
 
     @property
     def mean_bytes(self) -> float:
@@ -86,6 +94,11 @@ class Stats:
                 "sampled": self.sampled,
                 "mean_bytes": round(self.mean_bytes, 1),
                 "total_bytes_estimate": round(self.mean_bytes * self.scanned),
+            },
+            "steps": {
+                "records_with_steps": self.with_steps,
+                "finished_steps": self.finished_steps,
+                "names": self.step_names,
             },
             "seconds": round(self.seconds, 3),
             **(
@@ -111,9 +124,11 @@ def _bucket(ttl_ms: int) -> str:
 class _Progress:
     """Progress lines on stderr, only for large keyspaces; ``\\r`` on a terminal."""
 
-    def __init__(self, total: int, enabled: bool) -> None:
+    def __init__(self, total: int, enabled: bool, command: str = "stats") -> None:
         self.enabled = enabled and total >= PROGRESS_THRESHOLD
         self.total = total
+        self.command = command
+        self.scanned = self.records = 0
         self.tty = sys.stderr.isatty()
         self.next = PROGRESS_EVERY
         self.last = -1e9
@@ -125,9 +140,15 @@ class _Progress:
         if not self.tty and now - self.last < PROGRESS_LOG_SECONDS:
             return  # a log file gets a line every few seconds, not one per SCAN page
         self.next, self.last = scanned + PROGRESS_EVERY, now
-        line = f"idemkey stats: scanned {scanned}/{self.total} keys, {records} records"
+        line = f"idemkey {self.command}: scanned {scanned}/{self.total} keys, {records} records"
         sys.stderr.write(("\r" + line) if self.tty else line + "\n")
         sys.stderr.flush()
+
+    def keys(self, looked_at: int, records: int = 0) -> None:
+        """A SCAN page looked at ``looked_at`` keys and gave ``records`` records."""
+        self.scanned += looked_at
+        self.records += records
+        self.update(min(self.scanned, self.total), self.records)
 
     def done(self) -> None:
         if self.enabled and self.tty:
@@ -211,10 +232,11 @@ def other_prefixes(
 def _classify(client: Any, keys: Sequence[bytes], stats: Stats) -> None:
     pipe = client.pipeline(transaction=False)
     for key in keys:
-        pipe.hmget(key, "state", "fence", "fp")
+        pipe.hmget(key, "state", "fence", "fp", "ns")
         pipe.pttl(key)
     replies = pipe.execute(raise_on_error=False)
     in_progress: list[bytes] = []
+    stepped: list[bytes] = []
     for i, key in enumerate(keys):
         fields, ttl = replies[2 * i], replies[2 * i + 1]
         if isinstance(fields, Exception) or isinstance(ttl, Exception):
@@ -224,6 +246,8 @@ def _classify(client: Any, keys: Sequence[bytes], stats: Stats) -> None:
         if ttl == -2:
             continue  # expired between SCAN and now
         stats.scanned += 1
+        if fields[3] is not None:  # "ns": the count of finished steps (checkpoint.lua)
+            stepped.append(key)
         state = text(fields[0])
         # "complete": written by idemkey before 0.2; reading 0.1 records: remove in 0.4.
         if state in ("complete", "in_progress"):
@@ -242,6 +266,26 @@ def _classify(client: Any, keys: Sequence[bytes], stats: Stats) -> None:
         for key in in_progress:
             pipe.exists(key + b":lock")
         stats.lease_lapsed += sum(1 for live in pipe.execute() if not live)
+    if stepped:
+        _count_steps(client, stepped, stats)
+
+
+def _count_steps(client: Any, keys: Sequence[bytes], stats: Stats) -> None:
+    """The finished steps of records that keep some, by name (HKEYS: names, not results)."""
+    pipe = client.pipeline(transaction=False)
+    for key in keys:
+        pipe.hkeys(key)
+    for names in pipe.execute(raise_on_error=False):
+        if not isinstance(names, list):
+            continue
+        steps = [text(name)[2:] for name in names if name[:2] == b"s:"]
+        if not steps:
+            continue
+        stats.with_steps += 1
+        stats.finished_steps += len(steps)
+        for name in steps:
+            if name in stats.step_names or len(stats.step_names) < MAX_STEP_NAMES:
+                stats.step_names[name] = stats.step_names.get(name, 0) + 1
 
 
 def _measure(client: Any, keys: Sequence[bytes], stats: Stats) -> None:
@@ -273,6 +317,12 @@ def _show_stats(stats: Stats, url: str, out: IO[str]) -> None:
         out.write(f"memory (MEMORY USAGE of {stats.sampled} sampled records)\n")
         out.write(f"  {'mean':<12} {size(stats.mean_bytes):>9} per record\n")
         out.write(f"  {'total':<12} {size(stats.mean_bytes * stats.scanned):>9} (estimated)\n")
+    if stats.with_steps:
+        out.write(
+            f"steps ({stats.with_steps} records keep {stats.finished_steps} finished steps)\n"
+        )
+        for name, count in sorted(stats.step_names.items(), key=lambda item: -item[1]):
+            out.write(f"  {name:<12} {count:>9}\n")
     out.write("TTL left\n")
     for bucket, count in stats.ttl.items():
         if bucket == "no TTL" and not count:

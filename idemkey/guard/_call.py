@@ -21,6 +21,7 @@ from .._core import (
     Record,
     Replay,
     record_for,
+    record_origin,
 )
 from ..errors import (
     ConfigurationError,
@@ -45,6 +46,7 @@ from ..events import (
 
 if TYPE_CHECKING:
     from ..policy import Policy
+    from ..store.uncertain import UncertainKind
     from ._async_steps import AsyncSteps
     from ._sync_steps import Steps
 
@@ -378,6 +380,11 @@ class GuardState(Generic[T]):
         self.call: Call[T] | None = None
         self._current: contextvars.Token[Call[Any] | None] | None = None
 
+    @property
+    def origin(self) -> str:
+        """Where the record comes from, kept in it for ``store.records()`` (record_origin)."""
+        return record_origin(self.scope, GUARD_METHOD, self.name)
+
     def enter(self, decision: Decision, seconds: float) -> Call[T]:
         """The Call for a claim or a replay; raises for a mismatch or a request in flight."""
         if type(decision) is Replay:
@@ -392,6 +399,8 @@ class GuardState(Generic[T]):
             self.notify(
                 "takeover" if decision.takeover else "claimed", decision.fence, seconds=seconds
             )
+            if decision.takeover:
+                self.uncertain("takeover", decision.fence)
             call = self.call = Call(
                 replayed=False,
                 fence=decision.fence,
@@ -415,6 +424,7 @@ class GuardState(Generic[T]):
         the work unprotected (``"open"``: nothing is claimed or stored, a retry runs again)."""
         if self.policy.on_store_error == "open":
             self.notify("unprotected", detail=str(error))
+            self.uncertain("unprotected", detail=str(error))
             self.call = Call(replayed=False, key=self.key)
             return self.call
         self.notify("store_error", detail=str(error))
@@ -461,21 +471,51 @@ class GuardState(Generic[T]):
         if not completing:
             if done:
                 self.notify("released", fence, seconds=seconds)
+                if steps := self.finished_steps():
+                    self.uncertain("released_with_steps", fence, str(exc or ""), steps)
             else:
                 self.notify("lease_lost", fence, why)
+                self.uncertain("lease_lost", fence, why, self.finished_steps())
         elif done:
             self.notify("completed", fence, seconds=seconds)
         else:
             self.notify("lease_lost", fence, why)
+            self.uncertain("lease_lost", fence, why, self.finished_steps())
             if exc is None:
                 raise LeaseLostError(fence)
 
-    def store_failed(self, error: StoreError, exc: BaseException | None) -> None:
+    def store_failed(
+        self, error: StoreError, exc: BaseException | None, completing: bool = False
+    ) -> None:
         """Redis failed while leaving the block: raise it, unless the block's own exception
-        is already on its way out (that one is what the caller must see; ours is logged)."""
-        self.notify("store_error", self.claim.fence if self.claim else None, str(error))
+        is already on its way out (that one is what the caller must see; ours is logged).
+        ``completing``: the block's result was being stored (an uncertain outcome)."""
+        fence = self.claim.fence if self.claim else None
+        self.notify("store_error", fence, str(error))
+        if completing:
+            self.uncertain("completion_failed", fence, str(error), self.finished_steps())
         if exc is None:
             raise error
+
+    def finished_steps(self) -> tuple[str, ...]:
+        """The finished steps the record keeps: those this call saw finish or resumed."""
+        call = self.call
+        steps = call._steps if call is not None else None
+        if steps is None or callable(steps):  # never built: only what the claim resumed
+            return tuple(name for name, _ in self.claim.steps) if self.claim else ()
+        return steps.book.finished
+
+    def uncertain(
+        self,
+        kind: UncertainKind,
+        fence: int | None = None,
+        detail: str = "",
+        steps: tuple[str, ...] = (),
+    ) -> None:
+        """Keep an outcome an operator must check in the store's stream (never raises)."""
+        keep = getattr(self.store, "keep_uncertain", None)
+        if keep is not None:
+            keep(kind, self.record, self.scope, GUARD_METHOD, self.name, fence, detail, steps)
 
     def notify(
         self,

@@ -91,6 +91,11 @@ class StepBook:
         self._lost = False
         self._closed = False
 
+    @property
+    def finished(self) -> tuple[str, ...]:
+        """Names of every finished step the record keeps: resumed, and run by this call."""
+        return tuple(self._done)
+
     def begin(self, name: object) -> bytes | None:
         """Start step ``name``: its stored result if it is finished (do not run it), else None
         (run it, then :meth:`finish` or :meth:`abandon`)."""

@@ -43,6 +43,7 @@ class Guard(GuardState[T]):
                 lease_ms=policy.lease_ms,
                 ttl_ms=policy.ttl_ms,
                 wait=policy.wait,
+                origin=self.origin,
             )
         except StoreError as error:
             call = self.claim_failed(error)
@@ -76,7 +77,7 @@ class Guard(GuardState[T]):
         try:
             done = self._settle(owner, saved)
         except StoreError as error:
-            self.store_failed(error, exc)
+            self.store_failed(error, exc, saved is not None)
             return
         except Cancelled:
             # The caller went away (a cancelled task) while this was on its way: finish the

@@ -24,7 +24,7 @@ users import from it.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any, Final, NoReturn
 
 from .._codec import StoredResponse, decode_response, encode_response
@@ -40,6 +40,7 @@ from .._core import (
     new_owner,
     parse_key,
     record_for,
+    record_origin,
     retry_after_seconds,
 )
 from ..errors import (
@@ -80,6 +81,7 @@ from .routes import ROUTE_UNKNOWN
 
 if TYPE_CHECKING:
     from ..policy import Policy
+    from ..store.uncertain import UncertainKind
 
 __all__ = [
     "BODY_NOT_KEPT_HEADER",
@@ -213,6 +215,7 @@ class Exchange:
         "call",
         "claim",
         "declared",
+        "keep",
         "owner",
         "plan",
         "policy",
@@ -235,6 +238,8 @@ class Exchange:
         values = request.headers.get_all("content-length")
         self.declared = parse_content_length(values[0]) if values else None
         self.unprotected = False
+        #: Where uncertain outcomes go (the driver's ``store.keep_uncertain``), or None.
+        self.keep: Callable[..., None] | None = None
         # The limit, read once: the body is checked against it twice.
         self._limit = policy.max_request_bytes
         self.owner = ""
@@ -242,6 +247,12 @@ class Exchange:
         self.call: Call[Any] | None = None
         self._fingerprint = b""
         self._head: tuple[int, list[tuple[str, str]], str] | None = None
+
+    @property
+    def origin(self) -> str:
+        """Where the record comes from, kept in it for ``store.records()`` (record_origin)."""
+        request = self.request
+        return record_origin(self._scope, request.method, request.route or request.path)
 
     # Each transition looks up its (state, transition) pair once: ``TRANSITIONS.get(...) or
     # self._refuse(transition)`` gives the next state or raises, and the state moves only once
@@ -374,6 +385,7 @@ class Exchange:
         """Redis failed before the handler ran: 503 (fail closed) or ``None`` to run it open."""
         if self.policy.on_store_error == "open":
             self.notify("unprotected", detail=str(exc))
+            self.uncertain("unprotected", None, str(exc))
             return None
         self.notify("store_error", detail=str(exc))
         retry = str(retry_after_seconds(self.policy.store_error_retry_after))
@@ -395,6 +407,7 @@ class Exchange:
             self.claim = decision
             if decision.takeover:
                 self.notify("takeover", decision.fence, seconds=seconds)
+                self.uncertain("takeover", decision.fence)
             else:
                 self.notify("claimed", decision.fence, seconds=seconds)
             return decision
@@ -577,6 +590,7 @@ class Exchange:
         if not ok:
             why = RECORD_LOST_DETAIL if record_lost else TAKEN_OVER_DETAIL
             self.notify("lease_lost", fence, why)
+            self.uncertain("lease_lost", fence, why)
         elif isinstance(plan, Complete):
             self.notify("completed", fence, seconds=seconds)
         else:
@@ -592,6 +606,15 @@ class Exchange:
         else:
             detail = f"key not released (its lease will lapse): {exc}"
         self.notify("store_error", fence, detail)
+        if isinstance(self.plan, Complete):
+            self.uncertain("completion_failed", fence, detail)
+
+    def uncertain(self, kind: UncertainKind, fence: int | None, detail: str = "") -> None:
+        """Keep an outcome an operator must check in the store's stream (never raises)."""
+        if self.keep is not None:
+            request = self.request
+            route = request.route or request.path
+            self.keep(kind, self.record, self._scope, request.method, route, fence, detail)
 
     def notify(
         self,

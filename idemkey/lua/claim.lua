@@ -12,15 +12,20 @@
 --                        {prefix}:{<digest>}:gone (KEYS[1] .. ":gone", the same slot), a string
 --                        of the fingerprint (16 bytes) then the completion time (Unix ms),
 --                        written by complete.lua; read only when the record is gone
+-- ARGV[7]  origin        optional; "<claimed at, unix ms> <method> <route>\n<scope>", kept in
+--                        field "i" from a fresh claim on (release leaves it, complete drops
+--                        it), so store.records() can filter and age the records that are not
+--                        complete, which their digest cannot name
 --
 -- Wake-up: a fresh claim of a record that existed deletes {prefix}:{<digest>}:done
 --          (KEYS[1] .. ":done", the same slot), see complete.lua.
 --
 -- Record fields, in progress: fp, state = "in_progress", owner, fence (claims so far), tk = 1
 -- when the claim took over a lapsed one (a re-sent claim must answer the same), and "ns" /
--- "s:<name>", the count and results of finished steps (checkpoint.lua). Released: fence, plus fp
--- and the steps when there are steps (the key stays bound to its payload). Complete (written by
--- complete.lua): only resp, and fp followed by the 12-character tag of the completing owner.
+-- "s:<name>", the count and results of finished steps (checkpoint.lua), "i" the origin (ARGV[7]).
+-- Released: fence, plus fp and the steps when there are steps (the key stays bound to its
+-- payload). Complete (written by complete.lua): only resp, and fp followed by the 12-character
+-- tag of the completing owner.
 -- Records written before 0.2 may hold a 32-hex fp, and state = "complete" with the full owner,
 -- fence, tk and "at": both are read here as before. Reading 0.1 records: remove in 0.4.
 --
@@ -116,6 +121,9 @@ else
     takeover = 0
     redis.call("HSET", KEYS[1], "state", "in_progress", "fp", ARGV[1], "owner", ARGV[2],
       "fence", fence)
+  end
+  if ARGV[7] then
+    redis.call("HSET", KEYS[1], "i", ARGV[7])
   end
   redis.call("PEXPIRE", KEYS[1], tonumber(ARGV[4]))
 end

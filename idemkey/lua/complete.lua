@@ -28,6 +28,9 @@
 -- with a 12-character tag of the owner appended, what a re-sent complete is recognised by: 48
 -- random bits of one of idemkey's owners. The claim's fields, the finished steps and the lock
 -- go: a replay needs only the response. Without "state", a record is complete when it has "resp".
+-- "i", the origin claim.lua kept (when and where from), goes too: it would cost a completed
+-- record 64 bytes, past its memory goal (docs/design.md), and an operator looks for the
+-- records that are not complete.
 --
 -- The record is never deleted and created again (it keeps "fp" throughout): in a cluster slot
 -- being migrated, a script may only touch keys that exist, so re-creating it would fail
@@ -46,8 +49,8 @@ if record[1] == ARGV[1] and record[2] == "in_progress" then
   -- They go while the hash is still a small listpack: deleted after the response turned it into
   -- a hash table, they would leave that table at twice the slots, 32 bytes more per record, as
   -- Redis does not shrink it.
-  -- "w": the waiters' mark (below) goes with them.
-  redis.call("HDEL", KEYS[1], "state", "owner", "fence", "tk", "at", "w")
+  -- "w": the waiters' mark (below) goes with them, and "i", the claim's origin.
+  redis.call("HDEL", KEYS[1], "state", "owner", "fence", "tk", "at", "w", "i")
   if record[4] then  -- finished steps: their fields go too
     local fields = redis.call("HKEYS", KEYS[1])
     for i = 1, #fields do

@@ -10,6 +10,8 @@ lives there. One source serves both stores:
 * ``_base.py``: what both share (client check, scripts, error classes, delays).
 * ``_durable.py``, ``_server_check.py``: I/O-free decisions for ``Policy.durability`` and
   for ``check()``.
+* ``status.py``, ``_async_status.py`` (and its twin): ``records()`` and ``record()``, the
+  status of records read with SCAN.
 * ``_leases.py``: the leases a store holds and renews; ``diagnostics.py``: the server checks
   behind ``check()`` and ``idemkey doctor``.
 """
@@ -21,11 +23,15 @@ from ._base import SCRIPT_NAMES, SCRIPTS
 from ._concurrency._async_runtime import detach, uncancellable
 from ._server_check import server_warnings
 from ._sync_store import RedisStore
+from .status import STATES, RecordState, RecordStatus
 
 __all__ = [
+    "STATES",
     "SCRIPTS",
     "SCRIPT_NAMES",
     "AsyncRedisStore",
+    "RecordState",
+    "RecordStatus",
     "RedisStore",
     "detach",
     "server_warnings",

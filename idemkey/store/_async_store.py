@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import time
+from collections.abc import AsyncIterator, Callable, Collection
 from typing import Any, Literal, overload
 
 from .._core import (
@@ -28,9 +29,12 @@ from .._core import (
     decode_claim_reply,
     new_owner,
     owner_tag,
+    record_for,
 )
-from ..errors import StoreError
+from ..errors import ConfigurationError, StoreError
+from ..events import logger
 from ..policy import Policy
+from ._async_status import read_statuses, scan_statuses
 from ._base import (
     AsyncEffects,
     _block_cap,
@@ -44,6 +48,7 @@ from ._base import (
     _slot_moving,
 )
 from ._concurrency._async_heartbeat import AsyncHeartbeat
+from ._concurrency._async_keeper import AsyncKeeper
 from ._concurrency._async_runtime import (
     LoopWatch,
     discover,
@@ -54,8 +59,24 @@ from ._concurrency._async_runtime import (
 from ._concurrency._async_wakeup import AsyncWakeups
 from ._durable import _DONE, _DURABLE, _LOAD_SCRIPT, _SEND_AGAIN, _UNCONFIRMED, _durable_outcome
 from ._server_check import _CONFIG_NAMES, _config_pairs, _info_settings, _report, server_warnings
+from .status import STATES, RecordStatus
+from .uncertain import UncertainEntry, UncertainKind, decode_entry, entry_fields, uncertain_stream
 
 __all__ = ["AsyncRedisStore"]
+
+#: Seconds ``close()`` waits for the uncertain outcomes still being written.
+CLOSE_DRAIN = 1.0
+
+
+def _states(state: str | Collection[str] | None) -> frozenset[str] | None:
+    """``records(state=...)`` as a set, every name checked: a typo must not list nothing."""
+    if state is None:
+        return None
+    states = frozenset((state,) if isinstance(state, str) else state)
+    unknown = sorted(states.difference(STATES))
+    if unknown:
+        raise ConfigurationError(f"unknown record state {unknown}: use one of {list(STATES)}")
+    return states
 
 
 class AsyncRedisStore(AsyncHeartbeat):
@@ -76,9 +97,16 @@ class AsyncRedisStore(AsyncHeartbeat):
         self._block_cap = _block_cap(client)
         self._dropped = _dropped_errors(client)
         self._loops = LoopWatch()
+        self._keeper = AsyncKeeper(client)
         if self.policy.durability is not None:
             # Only with durability on: the plain _eval (the hot path) stays exactly as it is.
             self._eval = self._eval_durable  # type: ignore[method-assign]
+
+    async def aclose(self) -> None:
+        """Stop the heartbeat, and give the uncertain outcomes being written up to a second
+        (``CLOSE_DRAIN``) to land. The Redis client stays open: it belongs to the caller."""
+        await super().aclose()
+        await self._keeper.drain(CLOSE_DRAIN)
 
     async def _eval(self, name: str, *keys_and_args: str | bytes | int) -> Any:
         script = self._scripts[name]
@@ -175,6 +203,7 @@ class AsyncRedisStore(AsyncHeartbeat):
         wait: float = ...,
         heartbeat: bool = ...,
         expired: Literal[False] = ...,
+        origin: str = ...,
     ) -> Decision: ...
     @overload
     async def claim(
@@ -188,6 +217,7 @@ class AsyncRedisStore(AsyncHeartbeat):
         wait: float = ...,
         heartbeat: bool = ...,
         expired: bool,
+        origin: str = ...,
     ) -> ExpiringDecision: ...
     async def claim(
         self,
@@ -200,6 +230,7 @@ class AsyncRedisStore(AsyncHeartbeat):
         wait: float = 0.0,
         heartbeat: bool = True,
         expired: bool = False,
+        origin: str = "",
     ) -> ExpiringDecision:
         """Claim ``record`` for a request with ``fingerprint``; see claim.lua for the answers.
 
@@ -209,7 +240,8 @@ class AsyncRedisStore(AsyncHeartbeat):
         While another executor holds the record, wait up to ``wait`` seconds for it to finish
         (then the answer is its replay), woken by its completion or release. A ``Claimed``
         record is renewed by the store's heartbeat until it is completed or released (unless
-        ``heartbeat=False``).
+        ``heartbeat=False``). ``origin`` (:func:`idemkey._core.record_origin`) is kept in the
+        record, for :meth:`records` to filter by route and scope and to tell its age.
         """
         owner = owner or new_owner()
         lease_ms = lease_ms or self.policy.lease_ms
@@ -222,9 +254,12 @@ class AsyncRedisStore(AsyncHeartbeat):
             lease_ms,
             ttl_ms,
         )
-        if wait > 0 or expired:
-            # "I will wait": the claim's end then wakes us; "expired": read the tombstone.
-            args = (*args, 1 if wait > 0 else 0, *((1,) if expired else ()))
+        if wait > 0 or expired or origin:
+            # ARGV[5] "I will wait": the claim's end then wakes us; ARGV[6] "expired": read the
+            # tombstone; ARGV[7] the origin, kept for store.records().
+            args = (*args, 1 if wait > 0 else 0, 1 if expired else 0)
+            if origin:
+                args = (*args, f"{int(time.time() * 1000)} {origin}")
         decision = decode_claim_reply(await self._eval("claim", *args), owner)
         if wait > 0 and type(decision) is InFlight:
             decision = await self._wait_for_end(record, args, decision, wait)
@@ -374,6 +409,101 @@ class AsyncRedisStore(AsyncHeartbeat):
                 if (delay := _next_delay(delay, deadline)) <= 0:
                     raise
             await sleep(delay)
+
+    async def records(
+        self,
+        *,
+        state: str | Collection[str] | None = None,
+        route: str | None = None,
+        scope: str | None = None,
+        method: str | None = None,
+        limit: int | None = None,
+        count: int = 1000,
+        progress: Callable[[int, int], None] | None = None,
+    ) -> AsyncIterator[RecordStatus]:
+        """The records under the policy's prefix, as :class:`~idemkey.store.status.RecordStatus`,
+        read with SCAN (``count`` keys a page, never KEYS) on every primary of a cluster.
+
+        Filters: ``state`` (one of ``in_progress``, ``lapsed``, ``complete``, ``released``, or
+        several), ``route`` (a route template or an ``@idempotent`` function's name),
+        ``scope`` and ``method``, each an exact match (only records not yet complete keep
+        where they came from); ``limit`` stops after that many. Pages
+        are read as the caller iterates, so memory stays bounded by one page whatever the
+        keyspace holds. A record may be seen twice or missed when it is written during the scan
+        (SCAN's guarantee covers records that exist throughout). ``progress``, when given, is
+        called after each page with the keys it looked at and the records it gave. Redis
+        failing raises :class:`~idemkey.errors.StoreError`.
+        """
+        states = _states(state)
+        try:
+            async for status in scan_statuses(
+                self.client,
+                self.policy.prefix,
+                states=states,
+                route=route,
+                scope=scope,
+                method=method,
+                limit=limit,
+                count=count,
+                progress=progress,
+            ):
+                yield status
+        except self._errors as exc:
+            raise self._store_error("records", exc) from exc
+
+    async def record(
+        self, key: str | Record, *, scope: str = "", method: str = "GUARD", route: str = ""
+    ) -> RecordStatus | None:
+        """The status of one record, or None when there is none.
+
+        ``key`` is a :class:`~idemkey._core.Record` or an idempotency key, named with
+        ``scope``, ``method`` and ``route`` as the adapters name it: the defaults name a
+        ``guard()`` record (method ``GUARD``, empty scope); an HTTP record needs its method,
+        route template and scope (the default scope of a request without credentials is
+        ``idemkey.http.NO_CREDENTIALS``).
+        """
+        record = (
+            key
+            if isinstance(key, Record)
+            else record_for(self.policy.prefix, scope, method, route, key)
+        )
+        try:
+            found = await read_statuses(self.client, [record.record_key])
+        except self._errors as exc:
+            raise self._store_error("record", exc) from exc
+        return found[0] if found else None
+
+    def keep_uncertain(
+        self,
+        kind: UncertainKind,
+        record: Record,
+        scope: str,
+        method: str,
+        route: str,
+        fence: int | None = None,
+        detail: str = "",
+        steps: tuple[str, ...] = (),
+    ) -> None:
+        """Append an uncertain outcome to its prefix's stream (see ``idemkey.store.uncertain``),
+        off the caller's path: returns at once and never raises; a write that fails is lost.
+        The guards and adapters call it; the stream lives as long as the store's records."""
+        try:
+            prefix = record.record_key.rpartition(":{")[0]
+            fields = entry_fields(kind, record.digest, scope, method, route, fence, detail, steps)
+            self._keeper.keep(uncertain_stream(prefix), fields, self.policy.ttl_ms)
+        except Exception as exc:  # never the request's problem
+            logger.debug("idemkey could not keep an uncertain outcome: %s", exc)
+
+    async def uncertain(self, *, limit: int = 100) -> list[UncertainEntry]:
+        """The latest uncertain outcomes under the policy's prefix, newest first, at most
+        ``limit`` (the stream keeps about ``MAX_ENTRIES``). Redis failing raises
+        :class:`~idemkey.errors.StoreError`."""
+        stream = uncertain_stream(self.policy.prefix)
+        try:
+            entries = await self.client.xrevrange(stream, "+", "-", count=limit)
+        except self._errors as exc:
+            raise self._store_error("uncertain", exc) from exc
+        return [decode_entry(entry_id, fields) for entry_id, fields in entries]
 
     async def acheck(self) -> list[str]:
         """Warn when the server can lose records: an evicting ``maxmemory-policy`` (any but

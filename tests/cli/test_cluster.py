@@ -92,3 +92,26 @@ def test_doctor_checks_every_primary(idemkey: CliRunner, cluster_url: str) -> No
     mode = next(c for c in checks if c["name"] == "mode")
     assert (mode["node"], mode["detail"]) == ("all 3 primaries", "cluster")
     assert len([c for c in checks if c["name"] == "round trip"]) == 3
+
+
+def test_list_and_uncertain_on_the_cluster(
+    idemkey: CliRunner, cluster_store: RedisStore, cluster_url: str, prefix: str
+) -> None:
+    import contextlib
+    import time
+
+    for i in range(12):
+        with contextlib.suppress(RuntimeError), guard(cluster_store, f"job-{i}") as call:
+            call.step("reserve", lambda: 1)
+            raise RuntimeError("after a step")
+    base = ("--redis-url", cluster_url, "--prefix", prefix)
+    listed = json.loads(idemkey(*base, "list", "--json", "--state", "released").out)
+    assert listed["count"] == 12
+    assert {tuple(r["steps"]) for r in listed["records"]} == {("reserve",)}
+    deadline = time.monotonic() + 20
+    while len(found := cluster_store.uncertain(limit=50)) < 12:
+        assert time.monotonic() < deadline, found
+        time.sleep(0.05)
+    entries = json.loads(idemkey(*base, "list", "--uncertain", "--json").out)["uncertain"]
+    assert len(entries) == 12
+    assert {e["kind"] for e in entries} == {"released_with_steps"}

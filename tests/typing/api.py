@@ -225,3 +225,26 @@ async def replay_aware_async() -> bool:
     outcome = await charge_once(1)
     assert_type(outcome, Outcome[int])
     return outcome.replayed
+
+
+# The status API (issue 27): records, one record, the uncertain outcomes; sync and asyncio.
+def operator(store: RedisStore) -> list[str]:
+    from idemkey.store import RecordStatus
+    from idemkey.store.uncertain import UncertainEntry
+
+    stuck = [s for s in store.records(state=("lapsed", "released"), route="/charges", limit=10)]
+    assert_type(stuck, list[RecordStatus])
+    one = store.record("invoice-7", scope="acct_42")
+    assert_type(one, RecordStatus | None)
+    entries = store.uncertain(limit=5)
+    assert_type(entries, list[UncertainEntry])
+    return [s.digest for s in stuck] + [e.action for e in entries]
+
+
+async def aoperator(store: AsyncRedisStore) -> list[float | None]:
+    from idemkey.store import RecordStatus
+
+    ages = [s.age async for s in store.records(state="in_progress")]
+    one = await store.record("invoice-7")
+    assert_type(one, RecordStatus | None)
+    return [*ages, len(await store.uncertain())]

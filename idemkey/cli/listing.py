@@ -1,0 +1,142 @@
+"""``idemkey list``: the records under a prefix with their status (``store.records()``), or,
+with ``--uncertain``, the outcomes an operator must check by hand (``store.uncertain()``).
+
+SCAN with COUNT on every primary (never KEYS), one page in memory at a time; the output is
+written as pages are read, and progress goes to stderr for large keyspaces.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from dataclasses import asdict
+from datetime import datetime, timezone
+from typing import IO, Any, Final
+
+from ..policy import Policy
+from ..store import STATES, RecordStatus, RedisStore
+from ..store.uncertain import UncertainEntry
+from ._base import CliError, print_json
+from ._redis import connect
+from .stats import _Progress as Progress
+
+HELP: Final = "list records with their state, lease, age and steps (SCAN, never KEYS)"
+SCAN_COUNT: Final = 1000
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--state",
+        action="append",
+        choices=STATES,
+        help="only records in this state (repeat for several)",
+    )
+    parser.add_argument("--route", help="only records of this route template (or function)")
+    parser.add_argument("--scope", help="only records of this tenant scope (Policy.scope)")
+    parser.add_argument("--method", help="only records of this HTTP method (GUARD: guard())")
+    parser.add_argument("--limit", type=int, help="stop after this many records")
+    parser.add_argument("--no-progress", action="store_true", help="no progress on stderr")
+    parser.add_argument(
+        "--uncertain",
+        action="store_true",
+        help="the uncertain outcomes instead (newest first; --limit, default 100): work whose "
+        "effect an operator must check by hand",
+    )
+
+
+def _seconds(value: float | None) -> str:
+    if value is None:
+        return "-"
+    if value < 60:
+        return f"{value:.1f}s"
+    if value < 3600:
+        return f"{value / 60:.0f}m"
+    if value < 86400:
+        return f"{value / 3600:.1f}h"
+    return f"{value / 86400:.1f}d"
+
+
+COLUMNS: Final = (
+    f"{'STATE':<12} {'AGE':>6} {'LEASE':>6} {'TTL':>6} {'FENCE':>5}  {'ORIGIN':<32} STEPS  RECORD"
+)
+
+
+def row(status: RecordStatus) -> str:
+    """One line of ``idemkey list``: state, age, lease and TTL left, fence, origin, steps."""
+    origin = f"{status.method} {status.route}".strip() or "-"
+    if status.scope:
+        origin += f" [{status.scope[:12]}]"
+    fence = str(status.fence) if status.fence is not None else "-"
+    steps = ",".join(status.steps) or "-"
+    return (
+        f"{status.state:<12} {_seconds(status.age):>6} {_seconds(status.lease_left):>6} "
+        f"{_seconds(status.ttl_left):>6} {fence:>5}  {origin:<32} {steps}  {status.digest}"
+    )
+
+
+def _records(args: argparse.Namespace, store: RedisStore, progress: Progress) -> Any:
+    return store.records(
+        state=args.state,
+        route=args.route,
+        scope=args.scope,
+        method=args.method,
+        limit=args.limit,
+        count=SCAN_COUNT,
+        progress=progress.keys,
+    )
+
+
+def _when(at: float) -> str:
+    stamp = datetime.fromtimestamp(at, tz=timezone.utc)
+    return stamp.isoformat(timespec="seconds").replace("+00:00", "Z")
+
+
+def show_uncertain(entries: list[UncertainEntry], prefix: str, out: IO[str]) -> None:
+    if not entries:
+        out.write(f'no uncertain outcome under prefix "{prefix}"\n')
+        return
+    for entry in entries:
+        origin = f"{entry.method} {entry.route}".strip() or "-"
+        fence = f" fence {entry.fence}" if entry.fence is not None else ""
+        out.write(f"{_when(entry.at)}  {entry.kind:<20} {origin}{fence}  {entry.digest}\n")
+        if entry.steps:
+            out.write(f"    steps: {', '.join(entry.steps)}\n")
+        if entry.detail:
+            out.write(f"    detail: {entry.detail}\n")
+        out.write(f"    means: {entry.meaning}\n    do: {entry.action}\n")
+
+
+def run(args: argparse.Namespace, out: IO[str]) -> int:
+    if args.limit is not None and args.limit < 1:
+        raise CliError("--limit must be >= 1", 2)
+    if args.uncertain:
+        with connect(args.redis_url) as server:
+            store = RedisStore(server.client, Policy(prefix=args.prefix))
+            entries = store.uncertain(limit=args.limit or 100)
+        if args.json:
+            rows = [{**asdict(e), "meaning": e.meaning, "action": e.action} for e in entries]
+            print_json({"prefix": args.prefix, "uncertain": rows}, out)
+        else:
+            show_uncertain(entries, args.prefix, out)
+        return 0
+    with connect(args.redis_url) as server:
+        store = RedisStore(server.client, Policy(prefix=args.prefix))
+        total = sum(int(client.dbsize()) for _, client in server.nodes)
+        progress = Progress(total, not args.no_progress, "list")
+        count = 0
+        if args.json:
+            out.write(f'{{"prefix": {json.dumps(args.prefix)}, "records": [')
+        else:
+            out.write(COLUMNS + "\n")
+        for status in _records(args, store, progress):
+            if args.json:
+                out.write(("\n  " if not count else ",\n  ") + json.dumps(asdict(status)))
+            else:
+                out.write(row(status) + "\n")
+            count += 1
+        progress.done()
+        if args.json:
+            out.write(f'{chr(10) if count else ""}], "count": {count}}}\n')
+        elif not count:
+            out.write(f'no record under prefix "{args.prefix}" matches\n')
+    return 0

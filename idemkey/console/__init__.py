@@ -1,0 +1,18 @@
+"""The console: a read-only web page of the records and uncertain outcomes under a prefix.
+
+``idemkey console --redis-url URL`` serves it on 127.0.0.1 (Starlette, Jinja2 and uvicorn:
+``pip install 'idemkey-redis[console]'``). The page shows counts by state and by
+route, the operations in flight and lapsed with their steps, the records released with steps,
+and the latest uncertain outcomes; a few lines of inline JavaScript fetch the same view again
+every few seconds (no build step, nothing loaded from elsewhere, nothing sent anywhere but this
+server). Forgetting a record from the page needs ``--allow-forget`` and a confirmation.
+
+:func:`snapshot` is the view (one SCAN of the prefix), :func:`create_app` the Starlette app.
+"""
+
+from __future__ import annotations
+
+from ._app import create_app
+from ._view import Snapshot, snapshot
+
+__all__ = ["Snapshot", "create_app", "snapshot"]

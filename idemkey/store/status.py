@@ -1,0 +1,151 @@
+"""What ``store.records()`` and ``store.record()`` answer: one record's status, decoded.
+
+Sans-IO: the store reads a page of records (``HMGET`` of :data:`FIELDS`, two ``PTTL`` and, for
+records with finished steps, ``HKEYS``) and :func:`decode_status` turns the replies into a
+:class:`RecordStatus`. A record's name is a one-way digest of scope, method, route and key, so
+the route, method and scope come from the origin a claim keeps in field ``"i"`` (claim.lua)
+until the record completes (complete.lua drops it: a completed record stays within its memory
+goal). A completed record, or one claimed before idemkey kept an origin, has them empty and
+no age.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass
+from typing import Final, Literal
+
+from .diagnostics import _text as text
+
+__all__ = [
+    "FIELDS",
+    "STATES",
+    "RecordState",
+    "RecordStatus",
+    "decode_status",
+    "record_pattern",
+    "wanted",
+]
+
+#: ``in_progress``: a live claim holds the lease; ``lapsed``: in progress, but the lease ran
+#: out (a crashed or stalled owner; the next claim takes it over); ``complete``: the answer is
+#: stored and replayed; ``released``: the claim gave up (the work failed), a retry runs afresh
+#: (after the finished steps, if any).
+RecordState = Literal["in_progress", "lapsed", "complete", "released"]
+STATES: Final[tuple[RecordState, ...]] = ("in_progress", "lapsed", "complete", "released")
+
+#: The hash fields one status needs, in the order :func:`decode_status` reads them.
+#: Not the stored answer (it may be large): a record with neither state nor fence is complete.
+FIELDS: Final = ("state", "fence", "owner", "tk", "ns", "i")
+
+
+def _glob_escape(value: str) -> str:
+    return "".join("\\" + c if c in "*?[]\\" else c for c in value)
+
+
+def record_pattern(prefix: str) -> str:
+    """The SCAN MATCH pattern of the records under ``prefix`` (not their locks or streams)."""
+    return f"{_glob_escape(prefix)}:{{*}}"
+
+
+@dataclass(frozen=True, slots=True)
+class RecordStatus:
+    """One record as an operator sees it.
+
+    ``lease_left``, ``ttl_left`` and ``age`` are seconds (``None``: no lease, no TTL, or no
+    origin kept); ``age`` counts from the claim behind the record's present state, and
+    ``claimed_at`` is that claim's Unix time; both are ``None`` for a completed record.
+    ``steps`` names the finished steps of a record in progress, lapsed or released (a completed
+    record drops them). ``fence`` is the number of
+    claims so far (a completed record drops it: ``None``). ``method``, ``route`` and ``scope``
+    are ``""`` for a completed record and for one whose claim kept no origin (idemkey before
+    0.3, or a caller of ``store.claim`` that passed none): a ``route`` or ``scope`` filter
+    never matches them.
+    """
+
+    key: str
+    digest: str
+    state: RecordState
+    fence: int | None = None
+    lease_left: float | None = None
+    ttl_left: float | None = None
+    age: float | None = None
+    claimed_at: float | None = None
+    steps: tuple[str, ...] = ()
+    takeover: bool = False
+    owner: str = ""
+    method: str = ""
+    route: str = ""
+    scope: str = ""
+
+
+def _origin(raw: object) -> tuple[float | None, str, str, str]:
+    """(claimed at, method, route, scope) from field "i": "<ms> <method> <route>\\n<scope>"."""
+    if not isinstance(raw, bytes):
+        return None, "", "", ""
+    head, _, scope = raw.decode("utf-8", "surrogateescape").partition("\n")
+    stamp, _, rest = head.partition(" ")
+    method, _, route = rest.partition(" ")
+    at = int(stamp) / 1000 if stamp.isdigit() else None
+    return at, method, route, scope
+
+
+def decode_status(
+    key: bytes | str,
+    fields: Sequence[object],
+    ttl_ms: int,
+    lease_ms: int,
+    hash_keys: Sequence[bytes] = (),
+    now: float | None = None,
+) -> RecordStatus | None:
+    """The status of the record at ``key`` from ``HMGET key *FIELDS``, its ``PTTL``, its
+    lock's ``PTTL`` and (when it has steps) ``HKEYS``; ``None`` when there is no record (it
+    expired since the SCAN, or the key is not an idemkey record's hash)."""
+    name = text(key)
+    state_field, fence, owner, takeover, _steps, origin = fields
+    if ttl_ms == -2:
+        return None
+    state: RecordState
+    if state_field == b"in_progress":
+        state = "in_progress" if lease_ms > 0 else "lapsed"
+    elif fence is not None and state_field is None:
+        state = "released"  # a released record keeps its fence counter; complete.lua drops it
+    else:
+        state = "complete"  # "resp" and "fp" only (state "complete": written before 0.2)
+    at, method, route, scope = _origin(origin)
+    now = time.time() if now is None else now
+    digest = name.rsplit("{", 1)[-1].rstrip("}")
+    fence_text = text(fence)
+    return RecordStatus(
+        key=name,
+        digest=digest,
+        state=state,
+        fence=int(fence_text) if fence_text.isdigit() else None,
+        lease_left=lease_ms / 1000 if lease_ms > 0 else None,
+        ttl_left=ttl_ms / 1000 if ttl_ms >= 0 else None,
+        age=max(0.0, now - at) if at is not None else None,
+        claimed_at=at,
+        steps=tuple(sorted(text(k)[2:] for k in hash_keys if k[:2] == b"s:")),
+        takeover=takeover == b"1",
+        owner=text(owner) if state in ("in_progress", "lapsed") else "",
+        method=method,
+        route=route,
+        scope=scope,
+    )
+
+
+def wanted(
+    status: RecordStatus,
+    states: Collection[str] | None,
+    route: str | None,
+    scope: str | None,
+    method: str | None,
+) -> bool:
+    """Whether ``status`` passes the filters of ``store.records()`` (``None``: any)."""
+    return (
+        (states is None or status.state in states)
+        and (route is None or status.route == route)
+        and (scope is None or status.scope == scope)
+        and (method is None or status.method == method)
+    )

@@ -1,0 +1,142 @@
+"""The uncertain outcomes: what an operator must reconcile by hand, kept in Redis.
+
+Five outcomes leave the work's effect in doubt. Besides its event, each is appended to one
+capped stream per prefix, ``<prefix>:uncertain`` (``XADD MAXLEN ~`` :data:`MAX_ENTRIES`, the
+stream living as long as the records: the policy's retention from its last entry), which
+``store.uncertain()``, ``idemkey list --uncertain`` and the console read. Sans-IO: the fields
+of an entry, and an entry read back. The stores write an entry off the request's path (a task,
+or the store's writer thread): a slow or failing Redis loses the entry, never delays or fails
+the request that caused it.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Final, Literal
+
+from .diagnostics import _text as text
+
+__all__ = [
+    "MAX_ENTRIES",
+    "MEANINGS",
+    "UncertainEntry",
+    "UncertainKind",
+    "decode_entry",
+    "entry_fields",
+    "uncertain_stream",
+]
+
+UncertainKind = Literal[
+    "lease_lost", "completion_failed", "unprotected", "released_with_steps", "takeover"
+]
+
+#: What each kind means, and what to do about it (docs/operations.md says the same).
+MEANINGS: Final[dict[str, tuple[str, str]]] = {
+    "lease_lost": (
+        "the work ran, but its claim was taken over (or its record vanished) before its "
+        "result was stored: another executor may have run it too",
+        "check the side effects happened once; the other executor's answer is the one stored",
+    ),
+    "completion_failed": (
+        "the handler answered, but Redis failed to store the answer: the record stays in "
+        "progress until its lease lapses, and a retry after that runs the work again",
+        "check the side effect before the retry runs, or store the outcome by hand",
+    ),
+    "unprotected": (
+        "Redis failed and on_store_error='open' ran the work with no claim: a duplicate of "
+        "this request may have run it a second time",
+        "look for a duplicate of the operation (same key) and undo one",
+    ),
+    "released_with_steps": (
+        "the call failed after some steps finished; the record keeps them, so a retry "
+        "resumes after them, but if no retry comes their side effects stand alone",
+        "retry with the same key, or compensate the finished steps",
+    ),
+    "takeover": (
+        "a claim whose lease lapsed (a crash, a stall) was taken over: the previous executor "
+        "may have done part of the work, or all of it",
+        "check what the previous executor did (the steps it finished are resumed)",
+    ),
+}
+
+#: How many entries a stream keeps, about (MAXLEN ~ trims whole nodes, cheaply).
+MAX_ENTRIES: Final = 10_000
+
+
+def uncertain_stream(prefix: str) -> str:
+    """The stream of the uncertain outcomes under ``prefix``."""
+    return f"{prefix}:uncertain"
+
+
+def entry_fields(
+    kind: UncertainKind,
+    digest: str,
+    scope: str,
+    method: str,
+    route: str,
+    fence: int | None,
+    detail: str,
+    steps: tuple[str, ...],
+) -> dict[str, str]:
+    """The stream fields of one entry; ``at``: when it happened, in Unix ms (the stream id is
+    when it was written, later by the writer's delay)."""
+    return {
+        "kind": kind,
+        "at": str(int(time.time() * 1000)),
+        "record": digest,
+        "method": method,
+        "route": route,
+        "scope": scope,
+        "fence": "" if fence is None else str(fence),
+        "steps": ",".join(steps),
+        "detail": detail[:500],
+    }
+
+
+@dataclass(frozen=True, slots=True)
+class UncertainEntry:
+    """One uncertain outcome: ``kind`` (see :data:`MEANINGS`), when (``at``, Unix seconds),
+    the record's ``digest`` (``idemkey inspect --digest``), where it came from, the claim's
+    ``fence``, the finished ``steps`` and the error or reason in ``detail``."""
+
+    id: str
+    kind: str
+    at: float
+    digest: str
+    method: str = ""
+    route: str = ""
+    scope: str = ""
+    fence: int | None = None
+    steps: tuple[str, ...] = ()
+    detail: str = ""
+
+    @property
+    def meaning(self) -> str:
+        return MEANINGS.get(self.kind, ("", ""))[0]
+
+    @property
+    def action(self) -> str:
+        return MEANINGS.get(self.kind, ("", ""))[1]
+
+
+def decode_entry(entry_id: bytes | str, fields: Mapping[bytes, bytes]) -> UncertainEntry:
+    """An entry read back with XRANGE or XREVRANGE."""
+    get = {text(k): text(v) for k, v in fields.items()}.get
+    name = text(entry_id)
+    millis = get("at", "") or name.partition("-")[0]
+    fence = get("fence", "")
+    steps = get("steps", "")
+    return UncertainEntry(
+        id=name,
+        kind=get("kind", ""),
+        at=int(millis) / 1000 if millis.isdigit() else 0.0,
+        digest=get("record", ""),
+        method=get("method", ""),
+        route=get("route", ""),
+        scope=get("scope", ""),
+        fence=int(fence) if fence.isdigit() else None,
+        steps=tuple(steps.split(",")) if steps else (),
+        detail=get("detail", ""),
+    )

@@ -1,0 +1,186 @@
+"""``idemkey console`` in a real headless browser (Debian's chromium, through Selenium) against
+the session's real Redis, the console run as a user runs it (``python -m idemkey console``).
+
+The page lists a record in flight (a guard() held open by this test) and an uncertain outcome
+(a step, then a failure); once the held call completes, the page shows it completed without a
+reload. With ``--allow-forget``, a record is forgotten from the page after the confirmation.
+Skipped, saying why, where chromium, chromedriver or Selenium is missing (.ci/run installs
+them).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import shutil
+import subprocess
+import sys
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from idemkey import RedisStore, guard
+from tests._servers import AppServer, wait_until
+
+pytestmark = pytest.mark.redis
+
+ROOT = Path(__file__).resolve().parents[2]
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+CHROMEDRIVER = shutil.which("chromedriver")
+
+
+@pytest.fixture
+def browser() -> Iterator[Any]:
+    if CHROMIUM is None or CHROMEDRIVER is None:
+        pytest.skip("no chromium/chromedriver on PATH (apt-get install chromium chromium-driver)")
+    webdriver = pytest.importorskip("selenium.webdriver", reason="selenium is not installed")
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    for flag in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu"):
+        options.add_argument(flag)
+    service = webdriver.ChromeService(executable_path=CHROMEDRIVER)
+    driver = webdriver.Chrome(options=options, service=service)
+    try:
+        yield driver
+    finally:
+        driver.quit()
+
+
+@pytest.fixture
+def console(redis_url: str, prefix: str, tmp_path: Path) -> Iterator[Callable[..., AppServer]]:
+    servers: list[AppServer] = []
+
+    def start(*extra: str) -> AppServer:
+        def command(port: int) -> list[str]:
+            return [sys.executable, "-m", "idemkey", "--redis-url", redis_url, "--prefix",
+                    prefix, "console", "--port", str(port), "--refresh", "0.5", *extra]  # fmt: skip
+
+        server = AppServer(
+            command,
+            log=tmp_path / f"console-{len(servers)}.log",
+            cwd=ROOT,
+            redis_url=redis_url,
+            prefix=prefix,
+            name="the console",
+            health="/api/status",
+        )
+        servers.append(server)
+        return server
+
+    try:
+        yield start
+    finally:
+        for server in servers:
+            server.close()
+
+
+def _text(driver: Any, css: str) -> str:
+    from selenium.webdriver.common.by import By
+
+    found = driver.find_elements(By.CSS_SELECTOR, css)
+    return str(found[0].text) if found else ""
+
+
+def test_the_console_shows_an_operation_in_flight_then_completed(
+    browser: Any, console: Callable[..., AppServer], store: RedisStore
+) -> None:
+    with contextlib.suppress(RuntimeError), guard(store, "order-7", scope="acct") as call:
+        call.step("reserve", lambda: 1)
+        raise RuntimeError("card declined")  # an uncertain outcome: released with a step
+    held = guard(store, "order-8", scope="acct", payload={"amount": 10})
+    running = held.__enter__()
+    try:
+        running.step("charge", lambda: "ch_1")
+        digest = held.record.digest
+        server = console()
+        browser.get(server.url + "/")
+        browser.execute_script("window.notReloaded = true")
+        row = f"#rec-{digest}"
+        wait_until(lambda: "in_progress" in _text(browser, row), 20, "the record in flight")
+        assert "charge" in _text(browser, row)
+        assert "acct" in _text(browser, row)
+        wait_until(
+            lambda: "released_with_steps" in _text(browser, "#uncertain"), 20, "the uncertain entry"
+        )
+        assert "reserve" in _text(browser, "#uncertain")
+        assert "compensate" in _text(browser, "#uncertain")
+
+        running.save({"id": "ch_1"})
+    finally:
+        held.__exit__(None, None, None)  # completes: the result was saved
+    wait_until(lambda: _text(browser, "#count-complete") == "1", 20, "the record completed")
+    assert _text(browser, "#count-in_progress") == "0"
+    assert _text(browser, row) == ""  # no longer in flight
+    assert browser.execute_script("return window.notReloaded") is True  # refreshed in place
+    # Nothing is sent anywhere but the console itself: its page loads only what it serves.
+    with urllib.request.urlopen(server.url + "/") as answer:
+        policy = answer.headers["Content-Security-Policy"]
+        page = answer.read().decode()
+    assert "connect-src 'self'" in policy
+    assert "default-src 'none'" in policy
+    assert "http" not in page.split("<body>", 1)[1].replace(server.url, "")
+    with urllib.request.urlopen(server.url + "/api/status") as answer:
+        view = json.loads(answer.read())
+    assert view["counts"] == {"in_progress": 0, "lapsed": 0, "complete": 1, "released": 1}
+    assert [e["kind"] for e in view["uncertain"]] == ["released_with_steps"]
+
+
+def test_forget_from_the_page_needs_the_flag_and_a_confirmation(
+    browser: Any, console: Callable[..., AppServer], store: RedisStore
+) -> None:
+    with contextlib.suppress(RuntimeError), guard(store, "order-9") as call:
+        call.step("reserve", lambda: 1)
+        raise RuntimeError("after a step")
+    read_only = console()
+    browser.get(read_only.url + "/")
+    wait_until(lambda: "reserve" in _text(browser, "#stepped"), 20, "the released record")
+    assert "forget" not in _text(browser, "#stepped")
+    request = urllib.request.Request(
+        read_only.url + "/api/forget", data=b'{"digest": "00"}', method="POST"
+    )
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(request)
+    assert refused.value.code == 403
+    assert json.loads(refused.value.read())["detail"].startswith("forget is off")
+
+    from selenium.webdriver.common.by import By
+
+    allowed = console("--allow-forget")
+    browser.get(allowed.url + "/")
+    button = wait_until(
+        lambda: browser.find_elements(By.CSS_SELECTOR, "#stepped button[data-forget]"),
+        20,
+        "the forget button",
+    )[0]
+    button.click()
+    browser.switch_to.alert.dismiss()  # not confirmed: nothing deleted
+    assert len(list(store.records())) == 1
+    button = browser.find_elements(By.CSS_SELECTOR, "#stepped button[data-forget]")[0]
+    button.click()
+    alert = browser.switch_to.alert
+    assert "run the work again" in alert.text
+    alert.accept()
+    wait_until(lambda: not list(store.records()), 20, "the record forgotten")
+    wait_until(lambda: "forgot" in _text(browser, "#notice"), 20, "the page to say so")
+
+
+def test_the_console_without_its_extra_is_one_line(redis_url: str, tmp_path: Path) -> None:
+    code = (
+        "import sys, builtins; real = builtins.__import__\n"
+        "def no_jinja(name, *a, **k):\n"
+        "    if name.startswith('jinja2'): raise ImportError('No module named jinja2')\n"
+        "    return real(name, *a, **k)\n"
+        "builtins.__import__ = no_jinja\n"
+        "from idemkey.cli import main\n"
+        f"sys.exit(main(['--redis-url', {redis_url!r}, 'console']))\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=60
+    )
+    assert result.returncode == 2
+    assert "pip install 'idemkey-redis[console]'" in result.stderr
+    assert result.stderr.count("\n") == 1

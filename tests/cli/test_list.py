@@ -1,0 +1,180 @@
+"""``idemkey list``, and the steps ``inspect`` and ``stats`` show, on the session server.
+
+The user's path first: a request held in flight by the WSGI middleware behind a real server
+(werkzeug) is listed with its method, route and scope, then listed complete once it answers.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+import redis
+from werkzeug.serving import make_server
+
+from idemkey import RedisStore, guard
+from idemkey.adapters.wsgi import IdempotencyMiddleware
+from tests.cli.conftest import CliRunner
+from tests.store.test_records import seed
+
+pytestmark = pytest.mark.redis
+
+
+@pytest.fixture
+def held_app(store: RedisStore) -> Iterator[tuple[str, threading.Event]]:
+    """A WSGI app under the middleware on a real werkzeug server; POST /charges waits for the
+    event before it answers."""
+    release = threading.Event()
+
+    def app(environ: dict[str, Any], start_response: Any) -> list[bytes]:
+        if environ["PATH_INFO"] == "/charges":
+            release.wait(30)
+        start_response("201 Created", [("Content-Type", "application/json")])
+        return [b'{"id": "ch_1"}']
+
+    server = make_server("127.0.0.1", 0, IdempotencyMiddleware(app, store), threaded=True)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_port}", release
+    finally:
+        release.set()
+        server.shutdown()
+        thread.join(10)
+
+
+def _wait_for(check: Any, timeout: float = 20.0) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if found := check():
+            return found
+        time.sleep(0.02)
+    raise AssertionError("condition not met in time")
+
+
+def test_list_shows_a_request_in_flight_then_complete(
+    idemkey: CliRunner, redis_url: str, prefix: str, held_app: tuple[str, threading.Event]
+) -> None:
+    url, release = held_app
+    base = ("--redis-url", redis_url, "--prefix", prefix)
+    answers: list[httpx.Response] = []
+    request = threading.Thread(
+        target=lambda: answers.append(
+            httpx.post(
+                url + "/charges", content=b"{}", headers={"Idempotency-Key": "k1"}, timeout=30
+            )
+        )
+    )
+    request.start()
+    try:
+
+        def in_flight() -> Any:
+            run = idemkey(*base, "list", "--json", "--state", "in_progress")
+            return json.loads(run.out)["records"]
+
+        (record,) = _wait_for(in_flight)
+        assert (record["method"], record["route"]) == ("POST", "/charges")
+        assert record["scope"]  # the default scope of a request without credentials
+        assert record["lease_left"] > 0
+        assert record["age"] >= 0
+        text = idemkey(*base, "list", "--route", "/charges")
+        assert text.code == 0
+        assert "in_progress" in text.out
+        assert "POST /charges" in text.out
+    finally:
+        release.set()
+        request.join(30)
+    assert answers[0].status_code == 201
+    done = json.loads(idemkey(*base, "list", "--json").out)
+    assert [r["state"] for r in done["records"]] == ["complete"]
+    assert done["records"][0]["digest"] == record["digest"]
+    assert json.loads(idemkey(*base, "list", "--json", "--route", "/charges").out)["count"] == 0
+
+
+def test_list_filters_limit_and_empty(
+    idemkey: CliRunner, redis_url: str, store: RedisStore
+) -> None:
+    base = ("--redis-url", redis_url, "--prefix", store.policy.prefix)
+    for index in range(5):
+        with guard(store, f"k{index}", scope="acct") as call:
+            call.save(index)
+    with contextlib.suppress(RuntimeError), guard(store, "failed", scope="acct") as call:
+        call.step("reserve", lambda: 1)
+        raise RuntimeError("after a step")
+    released = json.loads(idemkey(*base, "list", "--json", "--state", "released").out)
+    assert [(r["steps"], r["scope"]) for r in released["records"]] == [(["reserve"], "acct")]
+    assert json.loads(idemkey(*base, "list", "--json", "--limit", "2").out)["count"] == 2
+    assert json.loads(idemkey(*base, "list", "--json").out)["count"] == 6
+    empty = idemkey(*base, "list", "--scope", "nobody")
+    assert empty.code == 0
+    assert "no record under prefix" in empty.out
+    bad = idemkey(*base, "list", "--state", "stuck")
+    assert bad.code == 2
+    assert bad.err.count("\n") == 1
+
+
+def test_inspect_and_stats_show_steps(
+    idemkey: CliRunner, redis_url: str, store: RedisStore
+) -> None:
+    base = ("--redis-url", redis_url, "--prefix", store.policy.prefix)
+    with contextlib.suppress(RuntimeError), guard(store, "order-1") as call:
+        call.step("reserve", lambda: 1)
+        call.step("charge", lambda: 2)
+        raise RuntimeError("after two steps")
+    shown = idemkey(*base, "inspect", "order-1", "--guard")
+    assert shown.code == 0
+    assert "steps     2 finished: charge, reserve" in shown.out
+    view = json.loads(idemkey(*base, "inspect", "order-1", "--guard", "--json").out)
+    assert view["steps"] == ["charge", "reserve"]
+    stats = json.loads(idemkey(*base, "stats", "--json").out)
+    assert stats["steps"] == {
+        "records_with_steps": 1,
+        "finished_steps": 2,
+        "names": {"reserve": 1, "charge": 1},
+    }
+    assert "steps (1 records keep 2 finished steps)" in idemkey(*base, "stats").out
+
+
+@pytest.mark.slow
+def test_list_progress_on_a_large_keyspace(
+    idemkey: CliRunner, redis_url: str, real_client: redis.Redis, prefix: str
+) -> None:
+    seed(real_client, prefix, 30_000)
+    run = idemkey("--redis-url", redis_url, "--prefix", prefix, "list", "--state", "in_progress")
+    assert run.code == 0
+    assert run.out.count("in_progress") == 30
+    assert "idemkey list: scanned" in run.err
+    quiet = idemkey("--redis-url", redis_url, "--prefix", prefix, "list", "--no-progress",
+                    "--limit", "1")  # fmt: skip
+    assert quiet.err == ""
+
+
+def test_list_uncertain_shows_what_each_entry_means(
+    idemkey: CliRunner, redis_url: str, store: RedisStore
+) -> None:
+    base = ("--redis-url", redis_url, "--prefix", store.policy.prefix)
+    assert "no uncertain outcome" in idemkey(*base, "list", "--uncertain").out
+    with contextlib.suppress(RuntimeError), guard(store, "order-9") as call:
+        call.step("reserve", lambda: 1)
+        raise RuntimeError("card declined")
+
+    def listed() -> Any:
+        return json.loads(idemkey(*base, "list", "--uncertain", "--json").out)["uncertain"]
+
+    (entry,) = _wait_for(listed)
+    assert (entry["kind"], entry["steps"], entry["detail"]) == (
+        "released_with_steps",
+        ["reserve"],
+        "card declined",
+    )
+    assert "compensate" in entry["action"]
+    text = idemkey(*base, "list", "--uncertain").out
+    assert "released_with_steps" in text
+    assert "steps: reserve" in text
+    assert "do: retry with the same key" in text
