@@ -20,12 +20,14 @@ from .errors import (
     RecordFormatError,
     RequestInFlightError,
     ResultNotStorableError,
+    StepAttemptsExhaustedError,
     StepNotStorableError,
+    StoredFailureError,
     StoreError,
     UsageError,
 )
 from .events import Event
-from .guard import Call, aguard, current_call, guard, idempotent
+from .guard import Call, StepRetry, aguard, current_call, guard, idempotent, step_deadline
 from .policy import Policy, Replicas
 from .store import AsyncRedisStore, RedisStore
 
@@ -46,14 +48,18 @@ __all__ = [
     "Replicas",
     "RequestInFlightError",
     "ResultNotStorableError",
+    "StepAttemptsExhaustedError",
     "StepNotStorableError",
+    "StepRetry",
     "StoreError",
+    "StoredFailureError",
     "StoredResponse",
     "UsageError",
     "aguard",
     "current_call",
     "guard",
     "idempotent",
+    "step_deadline",
 ]
 
 #: The distribution's name on the package index (the import package is ``idemkey``).

@@ -110,6 +110,10 @@ class IdempotentTask(Task):  # type: ignore[misc]
     idempotency_store_retry_delay: float = 1.0
     #: ... up to this many seconds.
     idempotency_store_retry_max: float = 30.0
+    #: Deterministic failures (exception classes, or a mapping of class to field names):
+    #: the first one the task raises is stored as its outcome, and every redelivery or
+    #: retry of the same call raises it again without running the body.
+    idempotency_cache_exceptions: object = ()
 
     _idemkey_store: tuple[int, RedisStore] | None = None
 
@@ -128,7 +132,10 @@ class IdempotentTask(Task):  # type: ignore[misc]
         scope, policy = f"celery:{self.name}", self.idempotency_policy
         began = False
         try:
-            with guard(store, key, payload=payload, scope=scope, policy=policy) as call:
+            remember = type(self).idempotency_cache_exceptions
+            with guard(
+                store, key, payload=payload, scope=scope, policy=policy, cache_exceptions=remember
+            ) as call:
                 began = True
                 if call.replayed:
                     return call.result

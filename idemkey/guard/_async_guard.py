@@ -69,7 +69,7 @@ class AsyncGuard(GuardState[T]):
         if self.call is None:
             return  # a replay: nothing was claimed, nothing is current, nothing to settle
         self.close_steps()
-        claim, saved, started = self.claim, self.saved(), perf_counter()
+        claim, saved, started = self.claim, self.outcome(exc), perf_counter()
         if claim is None:
             return
         owner = claim.owner
@@ -103,6 +103,7 @@ def aguard(
     payload: object = ...,
     scope: str = ...,
     policy: Policy | None = ...,
+    cache_exceptions: object = ...,
     result_type: type[T],
 ) -> AsyncGuard[T]: ...
 @overload
@@ -113,6 +114,7 @@ def aguard(
     payload: object = ...,
     scope: str = ...,
     policy: Policy | None = ...,
+    cache_exceptions: object = ...,
     result_type: Any = ...,
 ) -> AsyncGuard[Any]: ...
 def aguard(
@@ -123,6 +125,7 @@ def aguard(
     scope: str = "",
     policy: Policy | None = None,
     result_type: type[T] | Any = Any,
+    cache_exceptions: object = (),
 ) -> AsyncGuard[T]:
     """Run a block once per ``key`` (within ``scope``): ``async with aguard(store, key) as call``.
 
@@ -130,6 +133,9 @@ def aguard(
     with another payload raises :class:`KeyReuseError`. While the first call runs, others raise
     :class:`RequestInFlightError`, or wait up to ``policy.wait`` seconds for its result.
     ``result_type`` decodes a replayed result into that type (a Struct, a dataclass, ...).
+    ``cache_exceptions`` names deterministic failures (classes, or a mapping of class to the
+    field names to store): one raised out of the block completes the record as that failure,
+    and every retry raises it again without running the block (docs/steps.md).
     See :mod:`idemkey.guard`.
     """
-    return AsyncGuard(store, key, payload, scope, policy, result_type)
+    return AsyncGuard(store, key, payload, scope, policy, result_type, "", cache_exceptions)

@@ -11,12 +11,14 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from .._codec import decode_value, encode_value
+from .._codec import encode_value
 from .._core import Claimed, Record
-from ..errors import ConfigurationError, StepNotStorableError
+from ..errors import ConfigurationError, StepAttemptsExhaustedError, StepNotStorableError
 from ..store import AsyncRedisStore
-from ..store._concurrency._async_runtime import uncancellable
-from ._steps import StepBook, _async_result, step_field, step_key
+from ..store._concurrency._async_runtime import sleep, uncancellable
+from ._failures import FailureRules
+from ._retry import StepRetry
+from ._steps import StepBook, _async_attempt, attempt_field, step_field, step_key, stored_step
 
 __all__ = ["AsyncSteps"]
 
@@ -40,28 +42,40 @@ class AsyncSteps:
         return step_key(self.record.digest, name)
 
     async def run(
-        self, name: str, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
+        self,
+        name: str,
+        fn: Callable[..., Any],
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        retry: StepRetry | None = None,
+        remember: FailureRules | None = None,
     ) -> Any:
         book = self.book
         stored = book.begin(name)
         if stored is not None:
-            return decode_value(stored)
+            return stored_step(stored)  # a remembered failure raises here, without running
         try:
-            value = await _async_result(name, fn(*args, **kwargs))
+            try:
+                if retry is None:
+                    value = await _async_attempt(name, fn, args, kwargs, None)
+                else:
+                    value = await self._retried(name, fn, args, kwargs, retry, remember)
+            except Exception as exc:
+                failure = remember.encode(exc) if remember is not None else None
+                if failure is None:
+                    raise
+                # A declared deterministic failure: stored as the step's result, so every
+                # later executor raises it again instead of running the step.
+                if await self._checkpoint(name, failure) is None:
+                    raise book.lose(name) from exc
+                book.finish(name, failure)
+                raise
             try:
                 encoded = encode_value(value)
             except ConfigurationError as exc:
                 # Refused before it counts as finished: a retry runs the step again.
                 raise StepNotStorableError(self.key, name, str(exc.__cause__ or exc)) from exc
-            owner, field = self.owner, step_field(name)
-            if owner is None:
-                stored = encoded  # unprotected: nothing is stored
-            else:
-                # The step's work is done: a cancelled caller must not keep its checkpoint
-                # from Redis (a retry would run it again).
-                stored = await uncancellable(
-                    lambda: self.store.checkpoint(self.record, owner, field, encoded)
-                )
+            stored = await self._checkpoint(name, encoded)
         except BaseException:
             book.abandon(name)
             raise
@@ -69,4 +83,47 @@ class AsyncSteps:
             raise book.lose(name)
         book.finish(name, stored)
         # What a resume would return: the same value whether the step ran now or before.
-        return decode_value(stored)
+        return stored_step(stored)
+
+    async def _checkpoint(self, name: str, encoded: bytes) -> bytes | None:
+        """Store a finished step's result (or remembered failure); None: the record is not
+        ours any more. Unprotected (no claim), nothing is stored."""
+        owner, field = self.owner, step_field(name)
+        if owner is None:
+            return encoded
+        # The step's work is done: a cancelled caller must not keep its checkpoint from
+        # Redis (a retry would run it again).
+        return await uncancellable(
+            lambda: self.store.checkpoint(self.record, owner, field, encoded)
+        )
+
+    async def _retried(
+        self,
+        name: str,
+        fn: Callable[..., Any],
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        retry: StepRetry,
+        remember: FailureRules | None,
+    ) -> Any:
+        """Run attempts until one returns, the exception is not retried, or the attempts
+        (counted in the record, across takeovers) are used up: then the last one raises."""
+        cached = remember.types if remember is not None else ()
+        owner, field, number = self.owner, attempt_field(name), 0
+        while True:
+            if owner is None:  # unprotected: nothing is stored, the count is this call's
+                number += 1
+            else:
+                counted = await self.store.attempt(self.record, owner, field)
+                if counted is None:
+                    raise self.book.lose(name)
+                number = counted
+            if number > retry.attempts:  # earlier executors used them all up
+                raise StepAttemptsExhaustedError(self.key, name, retry.attempts)
+            try:
+                return await _async_attempt(name, fn, args, kwargs, retry.timeout)
+            except Exception as exc:
+                if number >= retry.attempts or not retry.retries(exc, cached):
+                    raise
+                delay = retry.delay(number)
+            await sleep(delay)

@@ -42,6 +42,8 @@ from ..events import (
     enabled_memo,
     report,
 )
+from ._failures import FailureRules, is_failure, raise_failure, rules_for
+from ._retry import StepRetry
 
 if TYPE_CHECKING:
     from ..policy import Policy
@@ -125,9 +127,23 @@ class Call(Generic[T]):
             raise NoResultError("no result: this call was not replayed and nothing was saved")
         return result
 
-    def step(self, name: str, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
+    def step(
+        self,
+        name: str,
+        fn: Callable[..., Any],
+        /,
+        *args: Any,
+        retry: StepRetry | None = None,
+        cache_exceptions: object = (),
+        **kwargs: Any,
+    ) -> Any:
         """Run ``fn(*args, **kwargs)`` once for this record as the step ``name`` (a recovery
         point), and return its result.
+
+        ``retry=StepRetry(...)`` retries a failing ``fn`` in place (attempts counted in the
+        record, across takeovers); ``cache_exceptions=(CardDeclined, ...)`` stores such a
+        failure as the step's outcome, raised again by every later executor without running
+        ``fn``. Both are keyword-only and not passed to ``fn``.
 
         The result is stored in the record before this returns. An executor that takes the
         key over after a crash, or retries it after a release, gets the stored result of a
@@ -144,7 +160,11 @@ class Call(Generic[T]):
         steps = self._runner()
         if steps is None:
             raise UsageError("call.step() needs a call that runs: this one was replayed")
-        return steps.run(name, fn, args, kwargs)
+        if retry is not None and not isinstance(retry, StepRetry):
+            raise ConfigurationError(f"retry= takes a StepRetry, got {type(retry).__name__}")
+        if retry is None and not cache_exceptions:  # the usual step: nothing more to check
+            return steps.run(name, fn, args, kwargs)
+        return steps.run(name, fn, args, kwargs, retry, rules_for(cache_exceptions))
 
     def step_key(self, name: str) -> str:
         """A key for the downstream call inside step ``name`` (e.g. a PSP's idempotency key):
@@ -323,6 +343,7 @@ class GuardState(Generic[T]):
         "name",
         "policy",
         "record",
+        "remember",
         "result_type",
         "scope",
         "store",
@@ -339,6 +360,7 @@ class GuardState(Generic[T]):
         policy: Policy | None,
         result_type: Any,
         name: str = "",
+        cache_exceptions: object = (),
     ) -> None:
         if not isinstance(store, self.store_type):
             raise ConfigurationError(
@@ -374,6 +396,8 @@ class GuardState(Generic[T]):
             payload if type(payload) is bytes else encode_payload(payload)
         )
         self.result_type = result_type
+        #: The exceptions remembered as the outcome (``cache_exceptions=``), None: none.
+        self.remember: FailureRules | None = rules_for(cache_exceptions)
         self.claim: Claimed | None = None
         self.call: Call[T] | None = None
         self._current: contextvars.Token[Call[Any] | None] | None = None
@@ -385,6 +409,9 @@ class GuardState(Generic[T]):
             if response == RESULT_NOT_KEPT:
                 self.notify("replayed", detail="result not kept", seconds=seconds)
                 raise ResultNotStorableError(self.key, "it could not be encoded on the first run")
+            if is_failure(response):
+                self.notify("replayed", detail="remembered failure", seconds=seconds)
+                raise raise_failure(response)
             self.notify("replayed", seconds=seconds)
             return Call(replayed=True, result=decode_value(response, self.result_type))
         if type(decision) is Claimed:
@@ -445,6 +472,14 @@ class GuardState(Generic[T]):
             return None
         # Untied (no fenced transaction): the saved value, without a call on the hot path.
         return call._saved if call._ties is None else call._final()
+
+    def outcome(self, exc: BaseException | None) -> bytes | None:
+        """What the record completes with: the saved result, else a remembered failure (the
+        block raised a declared ``cache_exceptions`` exception), else None: release it."""
+        saved = self.saved()
+        if saved is None and exc is not None and self.remember is not None:
+            return self.remember.encode(exc)
+        return saved
 
     def exited(
         self, done: bool, completing: bool, exc: BaseException | None, seconds: float

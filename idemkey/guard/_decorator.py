@@ -17,6 +17,7 @@ from ..errors import ConfigurationError
 from ..policy import Policy
 from ..store import AsyncRedisStore, RedisStore
 from ._async_guard import AsyncGuard
+from ._failures import rules_for
 from ._sync_guard import Guard
 
 __all__ = ["idempotent"]
@@ -34,6 +35,7 @@ def idempotent(
     policy: Policy | None = ...,
     result_type: Any = ...,
     name: str | None = ...,
+    cache_exceptions: object = ...,
 ) -> Callable[[F], F]: ...
 @overload
 def idempotent(
@@ -45,6 +47,7 @@ def idempotent(
     policy: Policy | None = ...,
     result_type: Any = ...,
     name: str | None = ...,
+    cache_exceptions: object = ...,
 ) -> Callable[[F], F]: ...
 def idempotent(
     store: RedisStore | AsyncRedisStore,
@@ -55,6 +58,7 @@ def idempotent(
     policy: Policy | None = None,
     result_type: Any = Any,
     name: str | None = None,
+    cache_exceptions: object = (),
 ) -> Callable[[F], F]:
     """Make a function (sync or async) run once per key, for queue workers::
 
@@ -70,10 +74,15 @@ def idempotent(
     Each function has records of its own: ``name`` (default: ``module.qualname``) is part of
     every record, so two functions never share one, whatever their keys. Pass the old name
     when you rename or move a function whose records must still be replayed.
+
+    ``cache_exceptions`` (classes, or a mapping of class to field names) are deterministic
+    failures: the first one raised is stored as the outcome, and every repeat call raises it
+    again without running the function (see docs/steps.md, "Remembered failures").
     """
 
     if not callable(key) or (payload is not None and not callable(payload)):
         raise ConfigurationError("key= and payload= take functions of the call's arguments")
+    rules_for(cache_exceptions)  # a bad declaration fails at decoration, not at the first call
 
     def decorate(func: F) -> F:
         signature = inspect.signature(func)
@@ -101,7 +110,7 @@ def idempotent(
             async def arun(*args: Any, **kwargs: Any) -> Any:
                 call_key, data = identify(args, kwargs)
                 guarded: AsyncGuard[Any] = AsyncGuard(
-                    astore, call_key, data, scope, policy, decode_as, record_name
+                    astore, call_key, data, scope, policy, decode_as, record_name, cache_exceptions
                 )
                 async with guarded as call:
                     if call.replayed:
@@ -119,7 +128,7 @@ def idempotent(
         def run(*args: Any, **kwargs: Any) -> Any:
             call_key, data = identify(args, kwargs)
             guarded: Guard[Any] = Guard(
-                sstore, call_key, data, scope, policy, decode_as, record_name
+                sstore, call_key, data, scope, policy, decode_as, record_name, cache_exceptions
             )
             with guarded as call:
                 if call.replayed:
