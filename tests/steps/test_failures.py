@@ -96,7 +96,8 @@ def test_the_record_holds_data_never_a_pickle(
         charge_once(store, [], CardDeclined("stolen", 7))
     record = record_for(prefix, "", GUARD_METHOD, "", "charge:1")
     stored = sync_client.hget(record.key, "resp")
-    assert stored is not None and stored[0] == 3  # the failure format byte
+    assert stored is not None
+    assert stored[0] == 3
     assert msgspec.msgpack.decode(stored[1:]) == [
         f"{__name__}:CardDeclined",
         "card declined: stolen",
@@ -124,11 +125,12 @@ def test_a_class_that_cannot_be_imported_any_more_is_a_typed_error(store: RedisS
 
 
 def test_a_saved_result_wins_over_a_later_declared_exception(store: RedisStore) -> None:
-    with pytest.raises(CardDeclined), guard(store, "k", cache_exceptions=DECLARED) as call:
+    with pytest.raises(CardDeclined), guard(store, "k", cache_exceptions=DECLARED) as call:  # noqa: PT012
         call.save("done")
         raise CardDeclined("late", 1)
     with guard(store, "k", cache_exceptions=DECLARED) as call:
-        assert call.replayed and call.result == "done"
+        assert call.replayed
+        assert call.result == "done"
 
 
 @pytest.mark.parametrize(
@@ -183,7 +185,7 @@ def test_a_step_remembers_its_failure_across_releases(store: RedisStore) -> None
         raise CardDeclined("expired_card", 9)
 
     for _ in range(3):
-        with pytest.raises(CardDeclined, match="expired_card"), guard(store, "s") as call:
+        with pytest.raises(CardDeclined, match="expired_card"), guard(store, "s") as call:  # noqa: PT012
             call.step("reserve", ran.append, "reserve")
             call.step("charge", charge, cache_exceptions=DECLARED)
             pytest.fail("the block went on past a failed step")
