@@ -8,6 +8,7 @@
     idemkey inspect KEY --scope S --route /charges     one record, decoded (without --scope:
                                       the default scope of no credentials, and the empty one)
     idemkey forget KEY ... [--yes] [--force]           delete one record
+    idemkey cancel KEY ... [--abandon] [--yes]         stop a run: its owner cannot complete it
     idemkey stats                     records by state, memory, TTLs (SCAN, never KEYS)
     idemkey doctor                    is this Redis fit to hold idempotency records?
     idemkey bench -- ARGS             the benchmark suite (source checkouts)
@@ -37,7 +38,7 @@ from typing import IO, Final
 
 from .. import _DISTRIBUTION, __version__
 from ..errors import IdemkeyError
-from . import bench, demo, doctor, forget, inspect, probe, serve, stats
+from . import bench, cancel, demo, doctor, forget, inspect, probe, serve, stats
 from ._base import DEBUG_ENV, URL_ENV, CliError, Parser, UsageError
 from ._redis import explain_redis_error, redact
 
@@ -50,6 +51,7 @@ COMMANDS: Final[dict[str, ModuleType]] = {
     "probe": probe,
     "inspect": inspect,
     "forget": forget,
+    "cancel": cancel,
     "stats": stats,
     "doctor": doctor,
     "bench": bench,
