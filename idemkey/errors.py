@@ -12,6 +12,7 @@
     │   └── StepNotStorableError a step's result cannot be encoded: the step is not finished
     ├── StoredFailureError       a remembered failure whose class cannot be raised again
     ├── StepAttemptsExhaustedError  a step's retry attempts were all used (across takeovers)
+    ├── JobDeadlineError         a guard's deadline= passed: no further step attempt started
     ├── UsageError               the API used out of order (save() on a replayed call)
     │   └── NoResultError        ``call.result`` with no result (also an AttributeError)
     ├── ConfigurationError       a Policy, client or argument that cannot work
@@ -31,6 +32,7 @@ __all__ = [
     "ConfigurationError",
     "IdemkeyError",
     "InvalidKeyError",
+    "JobDeadlineError",
     "KeyReuseError",
     "LeaseLostError",
     "NoResultError",
@@ -157,6 +159,17 @@ class StepAttemptsExhaustedError(IdemkeyError):
         self.key = key
         self.step = step
         self.attempts = attempts
+
+
+class JobDeadlineError(IdemkeyError, TimeoutError):
+    """The guard's ``deadline=`` (seconds from the claim) passed: no step attempt starts after
+    it, and under ``aguard`` a step attempt still running at it is cancelled. The key is
+    released like for any other exception, finished steps kept: a retry resumes."""
+
+    def __init__(self, key: str, seconds: float) -> None:
+        super().__init__(f"guard key {key!r} ran past its deadline of {seconds:g} s")
+        self.key = key
+        self.seconds = seconds
 
 
 class UsageError(IdemkeyError, RuntimeError):

@@ -57,7 +57,8 @@ class AsyncGuard(GuardState[T]):
             if call.replayed:
                 return call
         # A partial (C), not a lambda: no closure cells built per call.
-        call._steps = partial(AsyncSteps, self.store, self.record, self.claim, self.key)
+        steps = (self.store, self.record, self.claim, self.key)
+        call._steps = partial(AsyncSteps, *steps, self.job_deadline())
         return call
 
     async def __aexit__(
@@ -104,6 +105,7 @@ def aguard(
     scope: str = ...,
     policy: Policy | None = ...,
     cache_exceptions: object = ...,
+    deadline: float | None = ...,
     result_type: type[T],
 ) -> AsyncGuard[T]: ...
 @overload
@@ -115,6 +117,7 @@ def aguard(
     scope: str = ...,
     policy: Policy | None = ...,
     cache_exceptions: object = ...,
+    deadline: float | None = ...,
     result_type: Any = ...,
 ) -> AsyncGuard[Any]: ...
 def aguard(
@@ -126,6 +129,7 @@ def aguard(
     policy: Policy | None = None,
     result_type: type[T] | Any = Any,
     cache_exceptions: object = (),
+    deadline: float | None = None,
 ) -> AsyncGuard[T]:
     """Run a block once per ``key`` (within ``scope``): ``async with aguard(store, key) as call``.
 
@@ -136,6 +140,11 @@ def aguard(
     ``cache_exceptions`` names deterministic failures (classes, or a mapping of class to the
     field names to store): one raised out of the block completes the record as that failure,
     and every retry raises it again without running the block (docs/steps.md).
+    ``deadline`` (seconds from the claim) bounds the whole job: no step attempt starts after
+    it (:class:`JobDeadlineError`); ``step_deadline()`` tells a step what is left, and under
+    aguard a coroutine step still running at it is cancelled.
     See :mod:`idemkey.guard`.
     """
-    return AsyncGuard(store, key, payload, scope, policy, result_type, "", cache_exceptions)
+    return AsyncGuard(
+        store, key, payload, scope, policy, result_type, "", cache_exceptions, deadline
+    )

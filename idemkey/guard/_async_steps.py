@@ -8,12 +8,18 @@ moves bytes between it, the step function and the store.
 # unasync: generates _sync_steps.py
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from typing import Any
 
 from .._codec import encode_value
 from .._core import Claimed, Record
-from ..errors import ConfigurationError, StepAttemptsExhaustedError, StepNotStorableError
+from ..errors import (
+    ConfigurationError,
+    JobDeadlineError,
+    StepAttemptsExhaustedError,
+    StepNotStorableError,
+)
 from ..store import AsyncRedisStore
 from ..store._concurrency._async_runtime import sleep, uncancellable
 from ._failures import FailureRules
@@ -27,14 +33,21 @@ class AsyncSteps:
     """Runs the steps of one call: claimed (checkpointed), or unprotected (``claim`` None:
     Redis failed and ``on_store_error="open"`` runs the block anyway, storing nothing)."""
 
-    __slots__ = ("book", "key", "owner", "record", "store")
+    __slots__ = ("book", "deadline", "key", "owner", "record", "store")
 
     def __init__(
-        self, store: AsyncRedisStore, record: Record, claim: Claimed | None, key: str
+        self,
+        store: AsyncRedisStore,
+        record: Record,
+        claim: Claimed | None,
+        key: str,
+        deadline: tuple[float, float] | None = None,
     ) -> None:
         self.store = store
         self.record = record
         self.key = key
+        #: The guard's deadline: (``time.monotonic()`` it passes at, its length in seconds).
+        self.deadline = deadline
         self.owner = claim.owner if claim is not None else None
         self.book = StepBook(claim.fence if claim else None, claim.steps if claim else ())
 
@@ -57,7 +70,7 @@ class AsyncSteps:
         try:
             try:
                 if retry is None:
-                    value = await _async_attempt(name, fn, args, kwargs, None)
+                    value = await self._attempt(name, fn, args, kwargs, None)
                 else:
                     value = await self._retried(name, fn, args, kwargs, retry, remember)
             except Exception as exc:
@@ -121,9 +134,39 @@ class AsyncSteps:
             if number > retry.attempts:  # earlier executors used them all up
                 raise StepAttemptsExhaustedError(self.key, name, retry.attempts)
             try:
-                return await _async_attempt(name, fn, args, kwargs, retry.timeout)
+                return await self._attempt(name, fn, args, kwargs, retry.timeout)
             except Exception as exc:
                 if number >= retry.attempts or not retry.retries(exc, cached):
                     raise
                 delay = retry.delay(number)
+                if self.deadline is not None and time.monotonic() + delay >= self.deadline[0]:
+                    raise JobDeadlineError(self.key, self.deadline[1]) from exc
             await sleep(delay)
+
+    async def _attempt(
+        self,
+        name: str,
+        fn: Callable[..., Any],
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        timeout: float | None,
+    ) -> Any:
+        if self.deadline is None:
+            return await _async_attempt(name, fn, args, kwargs, timeout)
+        try:
+            return await _async_attempt(name, fn, args, kwargs, self._time_left(timeout))
+        except TimeoutError as exc:  # cut by the guard's deadline, not by its own timeout
+            if time.monotonic() >= self.deadline[0]:
+                raise JobDeadlineError(self.key, self.deadline[1]) from exc
+            raise
+
+    def _time_left(self, timeout: float | None) -> float | None:
+        """An attempt's timeout: its own, cut to what is left of the guard's deadline; raises
+        JobDeadlineError when nothing is."""
+        deadline = self.deadline
+        if deadline is None:
+            return timeout
+        left = deadline[0] - time.monotonic()
+        if left <= 0:
+            raise JobDeadlineError(self.key, deadline[1])
+        return left if timeout is None else min(timeout, left)

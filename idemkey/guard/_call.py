@@ -7,6 +7,7 @@ Both guards (``_async_guard``, and ``_sync_guard`` generated from it) build on
 from __future__ import annotations
 
 import contextvars
+import time
 from collections.abc import Callable
 from functools import partial
 from typing import TYPE_CHECKING, Any, ClassVar, Final, Generic, TypeVar
@@ -346,6 +347,7 @@ class GuardState(Generic[T]):
         "remember",
         "result_type",
         "scope",
+        "seconds",
         "store",
     )
     store_type: ClassVar[type[Any]]
@@ -361,6 +363,7 @@ class GuardState(Generic[T]):
         result_type: Any,
         name: str = "",
         cache_exceptions: object = (),
+        deadline: float | None = None,
     ) -> None:
         if not isinstance(store, self.store_type):
             raise ConfigurationError(
@@ -398,6 +401,14 @@ class GuardState(Generic[T]):
         self.result_type = result_type
         #: The exceptions remembered as the outcome (``cache_exceptions=``), None: none.
         self.remember: FailureRules | None = rules_for(cache_exceptions)
+        if deadline is not None and (
+            isinstance(deadline, bool)
+            or not isinstance(deadline, (int, float))
+            or not 0 < deadline < float("inf")
+        ):
+            raise ConfigurationError(f"deadline= must be seconds > 0, got {deadline!r}")
+        #: The whole job's deadline, seconds from the claim (``deadline=``), or None.
+        self.seconds = deadline
         self.claim: Claimed | None = None
         self.call: Call[T] | None = None
         self._current: contextvars.Token[Call[Any] | None] | None = None
@@ -446,6 +457,11 @@ class GuardState(Generic[T]):
             return self.call
         self.notify("store_error", detail=str(error))
         raise error
+
+    def job_deadline(self) -> tuple[float, float] | None:
+        """(``time.monotonic()`` the deadline passes at, its length), from now: the claim."""
+        seconds = self.seconds
+        return None if seconds is None else (time.monotonic() + seconds, seconds)
 
     @property
     def ttl_ms(self) -> int:

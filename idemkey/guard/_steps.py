@@ -173,6 +173,8 @@ async def _async_attempt(
     token = attempt_deadline(time.monotonic() + timeout)
     try:
         return await asyncio.wait_for(_async_result(name, fn(*args, **kwargs)), timeout)
+    except asyncio.TimeoutError as exc:  # not the builtin TimeoutError before Python 3.11
+        raise TimeoutError(f"an attempt of step {name!r} ran out of {timeout:g} s") from exc
     finally:
         _DEADLINE.reset(token)
 

@@ -21,6 +21,7 @@ import redis.asyncio
 from idemkey import (
     AsyncRedisStore,
     ConfigurationError,
+    JobDeadlineError,
     Policy,
     RedisStore,
     StepAttemptsExhaustedError,
@@ -240,3 +241,61 @@ async def test_an_async_step_out_of_attempts_raises_timeout_error(
     with pytest.raises(TimeoutError):
         async with aguard(store, "k") as call:
             await call.step("charge", hangs, retry=StepRetry(attempts=1, timeout=0.1))
+
+
+def test_no_step_starts_after_the_guard_deadline_and_a_retry_resumes(
+    store: RedisStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ran: list[str] = []
+    now = [1000.0]
+    monkeypatch.setattr("time.monotonic", lambda: now[0])
+    with pytest.raises(JobDeadlineError) as late, guard(store, "k", deadline=5) as call:  # noqa: PT012
+        call.step("reserve", ran.append, "reserve")
+        assert call.step("peek", step_deadline) == 5
+        now[0] += 6  # the job went on too long
+        call.step("charge", ran.append, "charge")
+    assert late.value.seconds == 5
+    assert isinstance(late.value, TimeoutError)
+    with guard(store, "k", deadline=5) as call:
+        assert call.resumed_steps == ("reserve", "peek")
+        call.step("charge", ran.append, "charge")
+        call.save("done")
+    assert ran == ["reserve", "charge"]
+
+
+def test_a_retry_whose_wait_would_pass_the_deadline_stops_at_once(
+    store: RedisStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    slept: list[float] = []
+    monkeypatch.setattr(sync_steps, "sleep", slept.append)
+    runs, fn = failing(5)
+    retry = StepRetry(attempts=5, backoff=10, jitter=0)
+    with pytest.raises(JobDeadlineError), guard(store, "k", deadline=2) as call:
+        call.step("charge", fn, retry=retry)
+    assert runs == [1]
+    assert slept == []
+
+
+@pytest.mark.parametrize("bad", [0, -1, float("inf"), "5", True])
+def test_a_bad_deadline_is_a_configuration_error(store: RedisStore, bad: object) -> None:
+    with pytest.raises(ConfigurationError):
+        guard(store, "k", deadline=bad)  # type: ignore[arg-type]
+
+
+async def test_an_async_step_running_at_the_deadline_is_cancelled(
+    async_client: redis.asyncio.Redis, prefix: str
+) -> None:
+    store = AsyncRedisStore(async_client, Policy(prefix=prefix))
+    finished: list[str] = []
+
+    async def hangs() -> None:
+        await asyncio.sleep(30)
+        finished.append("hangs")
+
+    with pytest.raises(JobDeadlineError):  # noqa: PT012
+        async with aguard(store, "k", deadline=0.2) as call:
+            await call.step("quick", lambda: "ok")
+            await call.step("charge", hangs)
+    assert finished == []
+    async with aguard(store, "k") as call:
+        assert call.resumed_steps == ("quick",)
