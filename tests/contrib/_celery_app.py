@@ -162,6 +162,27 @@ def make_app(url: str, prefix: str, store_url: str | None = None) -> Celery:
         base=IdempotentTask,
         shared=False,
         bind=True,
+        name="tests.charge_card_autoretry",
+        idempotency_store=make_store,
+        idempotency_cache_exceptions=(CardDeclined,),
+        autoretry_for=(Exception,),
+        max_retries=3,
+        default_retry_delay=0.1,
+    )
+    def charge_card_autoretry(self: IdempotentTask, order_id: str, card: str) -> dict[str, Any]:
+        """charge_card under Celery's autoretry: Celery sends a transient failure again, never
+        a remembered one (IdempotentTask adds it to dont_autoretry_for)."""
+        runs = client().incr(f"{prefix}:runs:{order_id}")
+        if card == "declined":
+            raise CardDeclined(f"card declined for {order_id}")
+        if card == "flaky" and runs == 1:
+            raise ConnectionError("the PSP timed out")
+        return {"order": order_id, "runs": runs}
+
+    @app.task(
+        base=IdempotentTask,
+        shared=False,
+        bind=True,
         name="tests.note_once",
         idempotency_store=make_store,
     )

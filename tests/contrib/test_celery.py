@@ -218,6 +218,24 @@ def test_a_remembered_failure_fails_every_delivery_alike_and_a_transient_one_run
     assert client.get(f"{prefix}:runs:o-f") == b"2"
 
 
+def test_celery_autoretry_sends_a_transient_failure_again_but_never_a_remembered_one(
+    app: Celery, prefix: str, client: redis.Redis, start_worker: StartWorker
+) -> None:
+    from tests.contrib._celery_app import CardDeclined
+
+    task = app.tasks["tests.charge_card_autoretry"]
+    assert CardDeclined in task.dont_autoretry_for
+    start_worker("prefork")
+    declined = task.delay("o-d", "declined")
+    with pytest.raises(CardDeclined, match="card declined for o-d"):
+        declined.get(timeout=30)
+    assert declined.retries == 0  # failed for good at once, not sent max_retries times
+    assert client.get(f"{prefix}:runs:o-d") == b"1"
+    flaky = task.delay("o-f", "flaky")
+    assert flaky.get(timeout=30) == {"order": "o-f", "runs": 2}  # Celery sent it again
+    assert flaky.retries == 1
+
+
 def test_a_task_delivered_while_the_idemkey_redis_is_down_is_retried_and_then_runs_once(
     app: Celery,
     prefix: str,
