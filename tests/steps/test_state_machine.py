@@ -196,6 +196,27 @@ class StepMachine(ScriptMachine):
     # The same rules by the record's current owner: random owners alone rarely line up a
     # claim, a checkpoint and a completion by one owner within hypothesis's short examples.
 
+    @rule(
+        name=STEP_NAMES,
+        times=st.integers(1, 3),
+        end=st.sampled_from(["release", "complete", "cancel", "take over", "checkpoint"]),
+    )
+    def retried_by_owner(self, name: str, times: int, end: str) -> None:
+        """The current owner's step fails ``times`` attempts, then the call ends some way."""
+        owner = self.model.owner or "o1"
+        for _ in range(times):
+            self.attempt(owner, name)
+        if end == "release":
+            self.release(owner)
+        elif end == "complete":
+            self.complete(owner)
+        elif end == "cancel":
+            self.cancel(False)
+        elif end == "take over":
+            self.taken_over("o2" if owner == "o1" else "o1")
+        else:
+            self.checkpoint(owner, name)
+
     @rule(owner=OWNERS)
     def taken_over(self, owner: str) -> None:
         """The owner dies: its lease lapses, and ``owner`` (maybe itself, after a restart)
