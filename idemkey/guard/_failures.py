@@ -23,7 +23,15 @@ import msgspec
 
 from ..errors import ConfigurationError, IdemkeyError, RecordFormatError, StoredFailureError
 
-__all__ = ["FAILURE_FORMAT", "FailureRules", "is_failure", "raise_failure", "rules_for"]
+__all__ = [
+    "FAILURE_FORMAT",
+    "FailureRules",
+    "StoredFailure",
+    "is_failure",
+    "raise_failure",
+    "read_failure",
+    "rules_for",
+]
 
 #: The format byte of a stored failure (format 1 is a value, 2 a compressed value).
 FAILURE_FORMAT: Final = 3
@@ -112,12 +120,20 @@ def is_failure(stored: bytes) -> bool:
     return stored[:1] == _FAILURE_BYTE
 
 
+def read_failure(stored: bytes) -> StoredFailure:
+    """A remembered failure as stored; :class:`RecordFormatError` when it is unreadable."""
+    try:
+        return _decoder.decode(memoryview(stored)[1:])
+    except msgspec.DecodeError as exc:
+        raise RecordFormatError(f"stored failure is unreadable: {exc}") from exc
+
+
 def raise_failure(stored: bytes) -> BaseException:
     """The exception a remembered failure raises again (returned, for ``raise``)."""
     try:
-        failure = _decoder.decode(memoryview(stored)[1:])
-    except msgspec.DecodeError as exc:
-        return RecordFormatError(f"stored failure is unreadable: {exc}")
+        failure = read_failure(stored)
+    except RecordFormatError as exc:
+        return exc
     module_name, _, qualname = failure.type.partition(":")
     try:
         found: Any = importlib.import_module(module_name)

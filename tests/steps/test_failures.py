@@ -212,3 +212,19 @@ async def test_aguard_replays_a_declared_failure(
             pytest.fail("the block ran again")
     assert again.value.code == "lost_card"
     assert ran == ["charge"]
+
+
+def test_inspect_shows_a_remembered_failure(
+    real_client: redis.Redis, redis_url: str, prefix: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from idemkey.cli import main
+
+    store = RedisStore(real_client, Policy(prefix=prefix))
+    with pytest.raises(CardDeclined):
+        charge_once(store, [], CardDeclined("stolen", 7))
+    argv = ["inspect", "charge:1", "--guard", "--redis-url", redis_url, "--prefix", prefix]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "a remembered failure (cache_exceptions)" in out
+    assert f"{__name__}:CardDeclined: card declined: stolen" in out
+    store.close()
