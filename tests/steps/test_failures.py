@@ -228,3 +228,21 @@ def test_inspect_shows_a_remembered_failure(
     assert "a remembered failure (cache_exceptions)" in out
     assert f"{__name__}:CardDeclined: card declined: stolen" in out
     store.close()
+
+
+async def test_an_async_idempotent_function_replays_a_declared_failure(
+    async_client: redis.asyncio.Redis, prefix: str
+) -> None:
+    store = AsyncRedisStore(async_client, Policy(prefix=prefix))
+    ran: list[int] = []
+
+    @idempotent(store, key=lambda order: f"o:{order}", cache_exceptions=DECLARED)
+    async def charge(order: int) -> str:
+        ran.append(order)
+        raise CardDeclined("pickup_card", order)
+
+    for _ in range(2):
+        with pytest.raises(CardDeclined) as declined:
+            await charge(4)
+        assert (str(declined.value), declined.value.amount) == ("card declined: pickup_card", 4)
+    assert ran == [4]
