@@ -79,9 +79,10 @@ class Steps:
                     raise
                 # A declared deterministic failure: stored as the step's result, so every
                 # later executor raises it again instead of running the step.
-                if self._checkpoint(name, failure) is None:
+                kept = self._checkpoint(name, failure)
+                if kept is None:
                     raise book.lose(name) from exc
-                book.finish(name, failure)
+                book.finish(name, kept)
                 raise
             try:
                 encoded = encode_value(value)
