@@ -36,7 +36,10 @@ def _settings() -> tuple[str, str]:
 def fastapi_app() -> FastAPI:
     url, prefix = _settings()
     client = redis.asyncio.Redis.from_url(url)
-    idem = Idempotency(AsyncRedisStore(client, Policy(prefix=prefix, scope=lambda _: "t")))
+    # wait: a retry sent while the 503's release is still on its way waits for it (rather than
+    # a 409 in flight), as a client retrying at once would want.
+    policy = Policy(prefix=prefix, scope=lambda _: "t", wait=5)
+    idem = Idempotency(AsyncRedisStore(client, policy))
     app = FastAPI()
     app.router.route_class = IdempotentRoute
 
@@ -69,7 +72,7 @@ def flask_app() -> Flask:
     url, prefix = _settings()
     app = Flask(__name__)
     app.config.update(IDEMKEY_REDIS_URL=url, IDEMKEY_PREFIX=prefix)
-    idem = Idemkey(app, policy=Policy(prefix=prefix, scope=lambda _: "t"))
+    idem = Idemkey(app, policy=Policy(prefix=prefix, scope=lambda _: "t", wait=5))
     counter = redis.Redis.from_url(url)
 
     @app.errorhandler(CardDeclined)
