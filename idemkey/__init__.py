@@ -13,6 +13,7 @@ from .errors import (
     ConfigurationError,
     IdemkeyError,
     InvalidKeyError,
+    JobDeadlineError,
     KeyReuseError,
     LeaseLostError,
     NoResultError,
@@ -20,12 +21,23 @@ from .errors import (
     RecordFormatError,
     RequestInFlightError,
     ResultNotStorableError,
+    StepAttemptsExhaustedError,
     StepNotStorableError,
+    StoredFailureError,
     StoreError,
     UsageError,
 )
 from .events import Event
-from .guard import Call, Outcome, aguard, current_call, guard, idempotent
+from .guard import (
+    Call,
+    Outcome,
+    StepRetry,
+    aguard,
+    current_call,
+    guard,
+    idempotent,
+    step_deadline,
+)
 from .policy import Policy, Replicas
 from .store import AsyncRedisStore, RedisStore
 
@@ -36,6 +48,7 @@ __all__ = [
     "Event",
     "IdemkeyError",
     "InvalidKeyError",
+    "JobDeadlineError",
     "KeyReuseError",
     "LeaseLostError",
     "NoResultError",
@@ -47,14 +60,18 @@ __all__ = [
     "Replicas",
     "RequestInFlightError",
     "ResultNotStorableError",
+    "StepAttemptsExhaustedError",
     "StepNotStorableError",
+    "StepRetry",
     "StoreError",
+    "StoredFailureError",
     "StoredResponse",
     "UsageError",
     "aguard",
     "current_call",
     "guard",
     "idempotent",
+    "step_deadline",
 ]
 
 #: The distribution's name on the package index (the import package is ``idemkey``).

@@ -10,6 +10,9 @@
     │                            lost from Redis (evicted); our result was not stored
     ├── ResultNotStorableError   a guard's result cannot be encoded: stored as "result not kept"
     │   └── StepNotStorableError a step's result cannot be encoded: the step is not finished
+    ├── StoredFailureError       a remembered failure whose class cannot be raised again
+    ├── StepAttemptsExhaustedError  a step's retry attempts were all used (across takeovers)
+    ├── JobDeadlineError         a guard's deadline= passed: no further step attempt started
     ├── UsageError               the API used out of order (save() on a replayed call)
     │   └── NoResultError        ``call.result`` with no result (also an AttributeError)
     ├── ConfigurationError       a Policy, client or argument that cannot work
@@ -29,6 +32,7 @@ __all__ = [
     "ConfigurationError",
     "IdemkeyError",
     "InvalidKeyError",
+    "JobDeadlineError",
     "KeyReuseError",
     "LeaseLostError",
     "NoResultError",
@@ -36,7 +40,9 @@ __all__ = [
     "RecordFormatError",
     "RequestInFlightError",
     "ResultNotStorableError",
+    "StepAttemptsExhaustedError",
     "StepNotStorableError",
+    "StoredFailureError",
     "StoreError",
     "UsageError",
 ]
@@ -118,6 +124,52 @@ class StepNotStorableError(ResultNotStorableError):
         self.key = key
         self.step = step
         self.reason = reason
+
+
+class StoredFailureError(IdemkeyError):
+    """A failure remembered with ``cache_exceptions=`` names a class that cannot be raised
+    again: it can no longer be imported (renamed, moved, removed), or is no longer an exception.
+    Raised in its place on every retry, without running the work; ``type_path``
+    (``module:qualname``), ``stored_message`` and ``fields`` are what the first run stored."""
+
+    def __init__(
+        self, type_path: str, stored_message: str, fields: dict[str, object], reason: str
+    ) -> None:
+        super().__init__(
+            f"the remembered failure {type_path}({stored_message!r}) cannot be raised again: "
+            f"{reason}"
+        )
+        self.type_path = type_path
+        self.stored_message = stored_message
+        self.fields = fields
+        self.reason = reason
+
+
+class StepAttemptsExhaustedError(IdemkeyError):
+    """A step with ``retry=`` found its attempts used up before it could start one: earlier
+    executors of the record (crashed, taken over) started ``attempts`` of them already. The step
+    does not run; the key is released like for any other exception, and a retry of the whole
+    call starts the step's count afresh."""
+
+    def __init__(self, key: str, step: str, attempts: int) -> None:
+        super().__init__(
+            f"step {step!r} for guard key {key!r} has used all {attempts} attempts "
+            "(counted across takeovers); it was not run again"
+        )
+        self.key = key
+        self.step = step
+        self.attempts = attempts
+
+
+class JobDeadlineError(IdemkeyError, TimeoutError):
+    """The guard's ``deadline=`` (seconds from the claim) passed: no step attempt starts after
+    it, and under ``aguard`` a step attempt still running at it is cancelled. The key is
+    released like for any other exception, finished steps kept: a retry resumes."""
+
+    def __init__(self, key: str, seconds: float) -> None:
+        super().__init__(f"guard key {key!r} ran past its deadline of {seconds:g} s")
+        self.key = key
+        self.seconds = seconds
 
 
 class UsageError(IdemkeyError, RuntimeError):

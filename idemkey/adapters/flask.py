@@ -142,7 +142,15 @@ def _guard(
         return _unclaimed(view, args, kwargs)
     g.idemkey = exchange
     try:
-        response = render_view(view, args, kwargs)
+        try:
+            response = render_view(view, args, kwargs)
+        except Exception as exc:
+            # An exception the app has an answer for (an errorhandler, an HTTPException) gets
+            # it here rather than after the view: that answer is what the client receives, so
+            # it is the outcome, stored by the same status rules as a returned response (as
+            # Starlette's and Django's handlers do before a middleware sees them). Without one,
+            # Flask re-raises it: the key is released.
+            response = current_app.make_response(current_app.handle_user_exception(exc))
     except BaseException:
         driver.fail(exchange, "the handler raised")
         raise

@@ -9,6 +9,7 @@
                                       the default scope of no credentials, and the empty one)
     idemkey list [--state S] [--route R] [--uncertain] records with state, lease, age, steps
     idemkey forget KEY ... [--yes] [--force]           delete one record
+    idemkey cancel KEY ... [--abandon] [--yes]         stop a run: its owner cannot complete it
     idemkey stats                     records by state, memory, TTLs (SCAN, never KEYS)
     idemkey console [--allow-forget]  a read-only web page of the records (127.0.0.1)
     idemkey doctor                    is this Redis fit to hold idempotency records?
@@ -39,7 +40,7 @@ from typing import IO, Final
 
 from .. import _DISTRIBUTION, __version__
 from ..errors import IdemkeyError
-from . import bench, console, demo, doctor, forget, inspect, listing, probe, serve, stats
+from . import bench, cancel, console, demo, doctor, forget, inspect, listing, probe, serve, stats
 from ._base import DEBUG_ENV, URL_ENV, CliError, Parser, UsageError
 from ._redis import explain_redis_error, redact
 
@@ -53,6 +54,7 @@ COMMANDS: Final[dict[str, ModuleType]] = {
     "inspect": inspect,
     "list": listing,
     "forget": forget,
+    "cancel": cancel,
     "stats": stats,
     "console": console,
     "doctor": doctor,

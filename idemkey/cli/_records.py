@@ -11,6 +11,7 @@ from .._codec import StoredResponse, decode_response, decode_value
 from .._core import OWNER_TAG_LENGTH, Record, parse_key, record_for, record_state
 from ..errors import InvalidKeyError, RecordFormatError
 from ..guard import GUARD_METHOD
+from ..guard._failures import is_failure, read_failure
 from ..http._messages import Headers, Request
 from ..http._scope import NO_CREDENTIALS, credential_scope
 from ..store.diagnostics import _text as text
@@ -158,7 +159,7 @@ class RecordView:
     lease_ms: int = -2
     ttl_ms: int = -2
     at: str = ""
-    kind: str = ""  # "response", "result", or "" when nothing is stored
+    kind: str = ""  # "response", "result", "failure", or "" when nothing is stored
     status: int | None = None
     headers: list[tuple[str, str]] = field(default_factory=list)
     body_size: int | None = None
@@ -224,6 +225,18 @@ def _decode_stored(view: RecordView, stored: bytes, guard: bool | None) -> None:
         view.body_kept = response.body_kept
         view.preview = preview(response.body)
         return
+    if is_failure(stored):  # a remembered failure (cache_exceptions=), not a value
+        try:
+            failure = read_failure(stored)
+        except RecordFormatError as exc:
+            view.error = str(exc)
+            return
+        view.kind = "failure"
+        view.body_size = len(stored) - 1
+        fields = f" {failure.fields!r}" if failure.fields else ""
+        shown = f"{failure.type}: {failure.message}{fields}"
+        view.preview = shown[:PREVIEW_BYTES] + ("..." if len(shown) > PREVIEW_BYTES else "")
+        return
     try:
         value: object = decode_value(stored)
     except RecordFormatError as exc:
@@ -251,6 +264,8 @@ def show_record(view: RecordView, out: IO[str]) -> None:
         rows.append(("body", f"{view.body_size} bytes{kept}"))
     elif view.kind == "result":
         rows.append(("result", f"{view.body_size} bytes (guard result, msgpack)"))
+    elif view.kind == "failure":
+        rows.append(("result", "a remembered failure (cache_exceptions), raised on every retry"))
     if view.steps:
         rows.append(("steps", f"{len(view.steps)} finished: {', '.join(view.steps)}"))
     if view.error:

@@ -48,6 +48,21 @@ What the base class does around the task body (a ``guard`` on the key):
 
 ``idempotency_store`` is a :class:`~idemkey.RedisStore`, or a function returning one (called
 once per worker process, after the fork).
+
+Which layer retries what (docs/queues.md): ``call.step(..., retry=StepRetry(...))`` retries one
+step in place, within the delivery, its attempts counted in the record (a redelivery after a
+SIGKILL continues the count); Celery (``autoretry_for``, ``self.retry()``) sends the whole task
+again, and the new delivery resumes after the finished steps. Where the settings overlap they
+map onto Celery's own:
+
+* ``idempotency_cache_exceptions`` are added to the task's ``dont_autoretry_for``: a
+  remembered failure is final, so Celery does not send it again (unless the task passes its
+  own ``dont_autoretry_for=`` to the decorator, which then wins, as in Celery);
+* the task's soft time limit (``soft_time_limit``, or the one the message carries) is the
+  guard's ``deadline=`` unless ``idempotency_deadline`` names another: no step starts past it,
+  on every pool (Celery enforces time limits on prefork only);
+* :func:`step_retry` builds a ``StepRetry`` from the task's Celery retry settings, for a step
+  that should retry in place the way the task would retry as a whole.
 """
 
 from __future__ import annotations
@@ -70,11 +85,12 @@ from ..errors import (
     StoreError,
     UsageError,
 )
-from ..guard import Call, guard
+from ..guard import Call, StepRetry, guard
+from ..guard._failures import rules_for
 from ..policy import Policy
 from ..store import RedisStore
 
-__all__ = ["IdempotentTask", "celery_key"]
+__all__ = ["IdempotentTask", "celery_key", "step_retry"]
 
 _REQUEST_ATTRIBUTE = "idemkey_call"
 
@@ -110,6 +126,13 @@ class IdempotentTask(Task):  # type: ignore[misc]
     idempotency_store_retry_delay: float = 1.0
     #: ... up to this many seconds.
     idempotency_store_retry_max: float = 30.0
+    #: Deterministic failures (exception classes, or a mapping of class to field names):
+    #: the first one the task raises is stored as its outcome, and every redelivery or
+    #: retry of the same call raises it again without running the body.
+    idempotency_cache_exceptions: object = ()
+    #: Seconds from the claim after which no step starts (the guard's ``deadline=``); None:
+    #: the soft time limit of the message or the task, if any.
+    idempotency_deadline: float | None = None
 
     #: Return ``{"result": <the task's result>, "replayed": <bool>}`` instead of the bare
     #: result, so the caller's ``AsyncResult.get()`` tells a replay (the stored result of an
@@ -119,6 +142,15 @@ class IdempotentTask(Task):  # type: ignore[misc]
     idempotency_outcome: bool = False
 
     _idemkey_store: tuple[int, RedisStore] | None = None
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        # Celery's autoretry reads dont_autoretry_for when it wraps the task, after the class
+        # is made: a remembered failure is final, so it must never be sent again.
+        super().__init_subclass__(**kwargs)
+        remembered = rules_for(cls.__dict__.get("idempotency_cache_exceptions", ()))
+        if remembered is not None:
+            own = tuple(getattr(cls, "dont_autoretry_for", ()))
+            cls.dont_autoretry_for = own + tuple(t for t in remembered.types if t not in own)
 
     @property
     def idempotent_call(self) -> Call[Any]:
@@ -135,7 +167,17 @@ class IdempotentTask(Task):  # type: ignore[misc]
         scope, policy = f"celery:{self.name}", self.idempotency_policy
         began = False
         try:
-            with guard(store, key, payload=payload, scope=scope, policy=policy) as call:
+            remember = type(self).idempotency_cache_exceptions
+            deadline = self._deadline()
+            with guard(
+                store,
+                key,
+                payload=payload,
+                scope=scope,
+                policy=policy,
+                cache_exceptions=remember,
+                deadline=deadline,
+            ) as call:
                 began = True
                 self.request.idempotent_replayed = call.replayed
                 if call.replayed:
@@ -166,6 +208,13 @@ class IdempotentTask(Task):  # type: ignore[misc]
         if type(self).idempotency_outcome:
             return {"result": result, "replayed": replayed}
         return result
+
+    def _deadline(self) -> float | None:
+        if self.idempotency_deadline is not None:
+            return self.idempotency_deadline
+        limits = getattr(self.request, "timelimit", None)  # (hard, soft) of the message
+        soft = limits[1] if limits and len(limits) > 1 and limits[1] else self.soft_time_limit
+        return float(soft) if soft else None
 
     def _identify(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[str, bytes]:
         try:
@@ -220,3 +269,33 @@ class IdempotentTask(Task):  # type: ignore[misc]
         return self.retry(  # type: ignore[no-any-return]
             exc=exc, countdown=countdown, max_retries=self.idempotency_store_retries, throw=False
         )
+
+
+def step_retry(task: Task, **changes: Any) -> StepRetry:
+    """A :class:`~idemkey.StepRetry` with ``task``'s Celery retry settings, for a step that
+    retries in place as the task would retry as a whole: ``max_retries`` + 1 attempts,
+    ``autoretry_for`` retried (every ``Exception`` when it is empty), ``dont_autoretry_for``
+    never, a wait of ``retry_backoff`` seconds (``True``: 1; ``False``: ``default_retry_delay``,
+    not growing) doubling up to ``retry_backoff_max``, spread at random when ``retry_jitter``
+    (StepRetry spreads a wait by up to its length either way, where Celery draws between 0 and
+    it). ``changes`` override any field (``timeout=``, ``attempts=``).
+    """
+    max_retries = getattr(task, "max_retries", 3)
+    if max_retries is None:
+        raise ConfigurationError("max_retries=None (retry forever) has no StepRetry equivalent")
+    backoff = getattr(task, "retry_backoff", False)
+    if backoff:
+        first, multiplier = float(max(1, int(backoff))), 2.0
+    else:
+        first, multiplier = float(getattr(task, "default_retry_delay", 180) or 0), 1.0
+    fields: dict[str, Any] = {
+        "attempts": int(max_retries) + 1,
+        "backoff": first,
+        "multiplier": multiplier,
+        "max_backoff": max(first, float(getattr(task, "retry_backoff_max", 600))),
+        "jitter": 1.0 if getattr(task, "retry_jitter", True) and backoff else 0.0,
+        "retry_on": tuple(getattr(task, "autoretry_for", ())) or (Exception,),
+        "never": tuple(getattr(task, "dont_autoretry_for", ())),
+    }
+    fields.update(changes)
+    return StepRetry(**fields)

@@ -27,6 +27,7 @@ from __future__ import annotations
 from ._async_guard import AsyncGuard, aguard
 from ._call import GUARD_METHOD, Call, current_call
 from ._decorator import Outcome, idempotent
+from ._retry import StepRetry, step_deadline
 from ._sync_guard import Guard, guard
 
 __all__ = [
@@ -35,8 +36,10 @@ __all__ = [
     "Call",
     "Guard",
     "Outcome",
+    "StepRetry",
     "aguard",
     "current_call",
     "guard",
     "idempotent",
+    "step_deadline",
 ]

@@ -58,7 +58,8 @@ class AsyncGuard(GuardState[T]):
             if call.replayed:
                 return call
         # A partial (C), not a lambda: no closure cells built per call.
-        call._steps = partial(AsyncSteps, self.store, self.record, self.claim, self.key)
+        steps = (self.store, self.record, self.claim, self.key)
+        call._steps = partial(AsyncSteps, *steps, self.job_deadline())
         return call
 
     async def __aexit__(
@@ -70,7 +71,7 @@ class AsyncGuard(GuardState[T]):
         if self.call is None:
             return  # a replay: nothing was claimed, nothing is current, nothing to settle
         self.close_steps()
-        claim, saved, started = self.claim, self.saved(), perf_counter()
+        claim, saved, started = self.claim, self.outcome(exc), perf_counter()
         if claim is None:
             return
         owner = claim.owner
@@ -104,6 +105,8 @@ def aguard(
     payload: object = ...,
     scope: str = ...,
     policy: Policy | None = ...,
+    cache_exceptions: object = ...,
+    deadline: float | None = ...,
     result_type: type[T],
 ) -> AsyncGuard[T]: ...
 @overload
@@ -114,6 +117,8 @@ def aguard(
     payload: object = ...,
     scope: str = ...,
     policy: Policy | None = ...,
+    cache_exceptions: object = ...,
+    deadline: float | None = ...,
     result_type: Any = ...,
 ) -> AsyncGuard[Any]: ...
 def aguard(
@@ -124,6 +129,8 @@ def aguard(
     scope: str = "",
     policy: Policy | None = None,
     result_type: type[T] | Any = Any,
+    cache_exceptions: object = (),
+    deadline: float | None = None,
 ) -> AsyncGuard[T]:
     """Run a block once per ``key`` (within ``scope``): ``async with aguard(store, key) as call``.
 
@@ -131,6 +138,14 @@ def aguard(
     with another payload raises :class:`KeyReuseError`. While the first call runs, others raise
     :class:`RequestInFlightError`, or wait up to ``policy.wait`` seconds for its result.
     ``result_type`` decodes a replayed result into that type (a Struct, a dataclass, ...).
+    ``cache_exceptions`` names deterministic failures (classes, or a mapping of class to the
+    field names to store): one raised out of the block completes the record as that failure,
+    and every retry raises it again without running the block (docs/steps.md).
+    ``deadline`` (seconds from the claim) bounds the whole job: no step attempt starts after
+    it (:class:`JobDeadlineError`); ``step_deadline()`` tells a step what is left, and under
+    aguard a coroutine step still running at it is cancelled.
     See :mod:`idemkey.guard`.
     """
-    return AsyncGuard(store, key, payload, scope, policy, result_type)
+    return AsyncGuard(
+        store, key, payload, scope, policy, result_type, "", cache_exceptions, deadline
+    )

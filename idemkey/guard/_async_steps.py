@@ -8,15 +8,23 @@ moves bytes between it, the step function and the store.
 # unasync: generates _sync_steps.py
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from typing import Any
 
-from .._codec import decode_value, encode_value
+from .._codec import encode_value
 from .._core import Claimed, Record
-from ..errors import ConfigurationError, StepNotStorableError
+from ..errors import (
+    ConfigurationError,
+    JobDeadlineError,
+    StepAttemptsExhaustedError,
+    StepNotStorableError,
+)
 from ..store import AsyncRedisStore
-from ..store._concurrency._async_runtime import uncancellable
-from ._steps import StepBook, _async_result, step_field, step_key
+from ..store._concurrency._async_runtime import sleep, uncancellable
+from ._failures import FailureRules
+from ._retry import StepRetry
+from ._steps import StepBook, _async_attempt, attempt_field, step_field, step_key, stored_step
 
 __all__ = ["AsyncSteps"]
 
@@ -25,14 +33,21 @@ class AsyncSteps:
     """Runs the steps of one call: claimed (checkpointed), or unprotected (``claim`` None:
     Redis failed and ``on_store_error="open"`` runs the block anyway, storing nothing)."""
 
-    __slots__ = ("book", "key", "owner", "record", "store")
+    __slots__ = ("book", "deadline", "key", "owner", "record", "store")
 
     def __init__(
-        self, store: AsyncRedisStore, record: Record, claim: Claimed | None, key: str
+        self,
+        store: AsyncRedisStore,
+        record: Record,
+        claim: Claimed | None,
+        key: str,
+        deadline: tuple[float, float] | None = None,
     ) -> None:
         self.store = store
         self.record = record
         self.key = key
+        #: The guard's deadline: (``time.monotonic()`` it passes at, its length in seconds).
+        self.deadline = deadline
         self.owner = claim.owner if claim is not None else None
         self.book = StepBook(claim.fence if claim else None, claim.steps if claim else ())
 
@@ -40,28 +55,41 @@ class AsyncSteps:
         return step_key(self.record.digest, name)
 
     async def run(
-        self, name: str, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
+        self,
+        name: str,
+        fn: Callable[..., Any],
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        retry: StepRetry | None = None,
+        remember: FailureRules | None = None,
     ) -> Any:
         book = self.book
         stored = book.begin(name)
         if stored is not None:
-            return decode_value(stored)
+            return stored_step(stored)  # a remembered failure raises here, without running
         try:
-            value = await _async_result(name, fn(*args, **kwargs))
+            try:
+                if retry is None:
+                    value = await self._attempt(name, fn, args, kwargs, None)
+                else:
+                    value = await self._retried(name, fn, args, kwargs, retry, remember)
+            except Exception as exc:
+                failure = remember.encode(exc) if remember is not None else None
+                if failure is None:
+                    raise
+                # A declared deterministic failure: stored as the step's result, so every
+                # later executor raises it again instead of running the step.
+                kept = await self._checkpoint(name, failure)
+                if kept is None:
+                    raise book.lose(name) from exc
+                book.finish(name, kept)
+                raise
             try:
                 encoded = encode_value(value)
             except ConfigurationError as exc:
                 # Refused before it counts as finished: a retry runs the step again.
                 raise StepNotStorableError(self.key, name, str(exc.__cause__ or exc)) from exc
-            owner, field = self.owner, step_field(name)
-            if owner is None:
-                stored = encoded  # unprotected: nothing is stored
-            else:
-                # The step's work is done: a cancelled caller must not keep its checkpoint
-                # from Redis (a retry would run it again).
-                stored = await uncancellable(
-                    lambda: self.store.checkpoint(self.record, owner, field, encoded)
-                )
+            stored = await self._checkpoint(name, encoded)
         except BaseException:
             book.abandon(name)
             raise
@@ -69,4 +97,77 @@ class AsyncSteps:
             raise book.lose(name)
         book.finish(name, stored)
         # What a resume would return: the same value whether the step ran now or before.
-        return decode_value(stored)
+        return stored_step(stored)
+
+    async def _checkpoint(self, name: str, encoded: bytes) -> bytes | None:
+        """Store a finished step's result (or remembered failure); None: the record is not
+        ours any more. Unprotected (no claim), nothing is stored."""
+        owner, field = self.owner, step_field(name)
+        if owner is None:
+            return encoded
+        # The step's work is done: a cancelled caller must not keep its checkpoint from
+        # Redis (a retry would run it again).
+        return await uncancellable(
+            lambda: self.store.checkpoint(self.record, owner, field, encoded)
+        )
+
+    async def _retried(
+        self,
+        name: str,
+        fn: Callable[..., Any],
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        retry: StepRetry,
+        remember: FailureRules | None,
+    ) -> Any:
+        """Run attempts until one returns, the exception is not retried, or the attempts
+        (counted in the record, across takeovers) are used up: then the last one raises."""
+        cached = remember.types if remember is not None else ()
+        owner, field, number = self.owner, attempt_field(name), 0
+        while True:
+            if owner is None:  # unprotected: nothing is stored, the count is this call's
+                number += 1
+            else:
+                counted = await self.store.attempt(self.record, owner, field)
+                if counted is None:
+                    raise self.book.lose(name)
+                number = counted
+            if number > retry.attempts:  # earlier executors used them all up
+                raise StepAttemptsExhaustedError(self.key, name, retry.attempts)
+            try:
+                return await self._attempt(name, fn, args, kwargs, retry.timeout)
+            except Exception as exc:
+                if number >= retry.attempts or not retry.retries(exc, cached):
+                    raise
+                delay = retry.delay(number)
+                if self.deadline is not None and time.monotonic() + delay >= self.deadline[0]:
+                    raise JobDeadlineError(self.key, self.deadline[1]) from exc
+            await sleep(delay)
+
+    async def _attempt(
+        self,
+        name: str,
+        fn: Callable[..., Any],
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        timeout: float | None,
+    ) -> Any:
+        if self.deadline is None:
+            return await _async_attempt(name, fn, args, kwargs, timeout)
+        try:
+            return await _async_attempt(name, fn, args, kwargs, self._time_left(timeout))
+        except TimeoutError as exc:  # cut by the guard's deadline, not by its own timeout
+            if time.monotonic() >= self.deadline[0]:
+                raise JobDeadlineError(self.key, self.deadline[1]) from exc
+            raise
+
+    def _time_left(self, timeout: float | None) -> float | None:
+        """An attempt's timeout: its own, cut to what is left of the guard's deadline; raises
+        JobDeadlineError when nothing is."""
+        deadline = self.deadline
+        if deadline is None:
+            return timeout
+        left = deadline[0] - time.monotonic()
+        if left <= 0:
+            raise JobDeadlineError(self.key, deadline[1])
+        return left if timeout is None else min(timeout, left)

@@ -7,6 +7,7 @@ Both guards (``_async_guard``, and ``_sync_guard`` generated from it) build on
 from __future__ import annotations
 
 import contextvars
+import time
 from collections.abc import Callable
 from functools import partial
 from typing import TYPE_CHECKING, Any, ClassVar, Final, Generic, TypeVar
@@ -43,6 +44,8 @@ from ..events import (
     enabled_memo,
     report,
 )
+from ._failures import FailureRules, is_failure, raise_failure, rules_for
+from ._retry import StepRetry
 
 if TYPE_CHECKING:
     from ..policy import Policy
@@ -127,9 +130,23 @@ class Call(Generic[T]):
             raise NoResultError("no result: this call was not replayed and nothing was saved")
         return result
 
-    def step(self, name: str, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
+    def step(
+        self,
+        name: str,
+        fn: Callable[..., Any],
+        /,
+        *args: Any,
+        retry: StepRetry | None = None,
+        cache_exceptions: object = (),
+        **kwargs: Any,
+    ) -> Any:
         """Run ``fn(*args, **kwargs)`` once for this record as the step ``name`` (a recovery
         point), and return its result.
+
+        ``retry=StepRetry(...)`` retries a failing ``fn`` in place (attempts counted in the
+        record, across takeovers); ``cache_exceptions=(CardDeclined, ...)`` stores such a
+        failure as the step's outcome, raised again by every later executor without running
+        ``fn``. Both are keyword-only and not passed to ``fn``.
 
         The result is stored in the record before this returns. An executor that takes the
         key over after a crash, or retries it after a release, gets the stored result of a
@@ -146,7 +163,11 @@ class Call(Generic[T]):
         steps = self._runner()
         if steps is None:
             raise UsageError("call.step() needs a call that runs: this one was replayed")
-        return steps.run(name, fn, args, kwargs)
+        if retry is not None and not isinstance(retry, StepRetry):
+            raise ConfigurationError(f"retry= takes a StepRetry, got {type(retry).__name__}")
+        if retry is None and not cache_exceptions:  # the usual step: nothing more to check
+            return steps.run(name, fn, args, kwargs)
+        return steps.run(name, fn, args, kwargs, retry, rules_for(cache_exceptions))
 
     def step_key(self, name: str) -> str:
         """A key for the downstream call inside step ``name`` (e.g. a PSP's idempotency key):
@@ -325,8 +346,10 @@ class GuardState(Generic[T]):
         "name",
         "policy",
         "record",
+        "remember",
         "result_type",
         "scope",
+        "seconds",
         "store",
     )
     store_type: ClassVar[type[Any]]
@@ -341,6 +364,8 @@ class GuardState(Generic[T]):
         policy: Policy | None,
         result_type: Any,
         name: str = "",
+        cache_exceptions: object = (),
+        deadline: float | None = None,
     ) -> None:
         if not isinstance(store, self.store_type):
             raise ConfigurationError(
@@ -376,6 +401,16 @@ class GuardState(Generic[T]):
             payload if type(payload) is bytes else encode_payload(payload)
         )
         self.result_type = result_type
+        #: The exceptions remembered as the outcome (``cache_exceptions=``), None: none.
+        self.remember: FailureRules | None = rules_for(cache_exceptions)
+        if deadline is not None and (
+            isinstance(deadline, bool)
+            or not isinstance(deadline, (int, float))
+            or not 0 < deadline < float("inf")
+        ):
+            raise ConfigurationError(f"deadline= must be seconds > 0, got {deadline!r}")
+        #: The whole job's deadline, seconds from the claim (``deadline=``), or None.
+        self.seconds = deadline
         self.claim: Claimed | None = None
         self.call: Call[T] | None = None
         self._current: contextvars.Token[Call[Any] | None] | None = None
@@ -392,6 +427,9 @@ class GuardState(Generic[T]):
             if response == RESULT_NOT_KEPT:
                 self.notify("replayed", detail="result not kept", seconds=seconds)
                 raise ResultNotStorableError(self.key, "it could not be encoded on the first run")
+            if is_failure(response):
+                self.notify("replayed", detail="remembered failure", seconds=seconds)
+                raise raise_failure(response)
             self.notify("replayed", seconds=seconds)
             return Call(replayed=True, result=decode_value(response, self.result_type))
         if type(decision) is Claimed:
@@ -430,6 +468,11 @@ class GuardState(Generic[T]):
         self.notify("store_error", detail=str(error))
         raise error
 
+    def job_deadline(self) -> tuple[float, float] | None:
+        """(``time.monotonic()`` the deadline passes at, its length), from now: the claim."""
+        seconds = self.seconds
+        return None if seconds is None else (time.monotonic() + seconds, seconds)
+
     @property
     def ttl_ms(self) -> int:
         return self.policy.ttl_ms
@@ -455,6 +498,14 @@ class GuardState(Generic[T]):
             return None
         # Untied (no fenced transaction): the saved value, without a call on the hot path.
         return call._saved if call._ties is None else call._final()
+
+    def outcome(self, exc: BaseException | None) -> bytes | None:
+        """What the record completes with: the saved result, else a remembered failure (the
+        block raised a declared ``cache_exceptions`` exception), else None: release it."""
+        saved = self.saved()
+        if saved is None and exc is not None and self.remember is not None:
+            return self.remember.encode(exc)
+        return saved
 
     def exited(
         self, done: bool, completing: bool, exc: BaseException | None, seconds: float

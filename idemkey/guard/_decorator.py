@@ -18,6 +18,7 @@ from ..errors import ConfigurationError
 from ..policy import Policy
 from ..store import AsyncRedisStore, RedisStore
 from ._async_guard import AsyncGuard
+from ._failures import rules_for
 from ._sync_guard import Guard
 
 __all__ = ["Outcome", "idempotent"]
@@ -49,6 +50,7 @@ def idempotent(
     result_type: Any = ...,
     name: str | None = ...,
     outcome: Literal[False] = ...,
+    cache_exceptions: object = ...,
 ) -> Callable[[F], F]: ...
 @overload
 def idempotent(
@@ -61,6 +63,7 @@ def idempotent(
     result_type: Any = ...,
     name: str | None = ...,
     outcome: Literal[False] = ...,
+    cache_exceptions: object = ...,
 ) -> Callable[[F], F]: ...
 @overload
 def idempotent(
@@ -73,6 +76,7 @@ def idempotent(
     result_type: Any = ...,
     name: str | None = ...,
     outcome: Literal[True],
+    cache_exceptions: object = ...,
 ) -> Callable[[Callable[P, R]], Callable[P, Outcome[R]]]: ...
 @overload
 def idempotent(
@@ -85,6 +89,7 @@ def idempotent(
     result_type: Any = ...,
     name: str | None = ...,
     outcome: Literal[True],
+    cache_exceptions: object = ...,
 ) -> Callable[[Callable[P, Awaitable[R]]], Callable[P, Awaitable[Outcome[R]]]]: ...
 def idempotent(
     store: RedisStore | AsyncRedisStore,
@@ -96,6 +101,7 @@ def idempotent(
     result_type: Any = Any,
     name: str | None = None,
     outcome: bool = False,
+    cache_exceptions: object = (),
 ) -> Callable[[Any], Any]:
     """Make a function (sync or async) run once per key, for queue workers::
 
@@ -114,10 +120,14 @@ def idempotent(
 
     ``outcome=True``: the function returns an :class:`Outcome` instead, the result with
     whether it was a replay (an awaitable of one for an async function).
+    ``cache_exceptions`` (classes, or a mapping of class to field names) are deterministic
+    failures: the first one raised is stored as the outcome, and every repeat call raises it
+    again without running the function (see docs/steps.md, "Remembered failures").
     """
 
     if not callable(key) or (payload is not None and not callable(payload)):
         raise ConfigurationError("key= and payload= take functions of the call's arguments")
+    rules_for(cache_exceptions)  # a bad declaration fails at decoration, not at the first call
 
     def decorate(func: F) -> F:
         signature = inspect.signature(func)
@@ -145,7 +155,7 @@ def idempotent(
             async def arun(*args: Any, **kwargs: Any) -> Any:
                 call_key, data = identify(args, kwargs)
                 guarded: AsyncGuard[Any] = AsyncGuard(
-                    astore, call_key, data, scope, policy, decode_as, record_name
+                    astore, call_key, data, scope, policy, decode_as, record_name, cache_exceptions
                 )
                 async with guarded as call:
                     if call.replayed:
@@ -163,7 +173,7 @@ def idempotent(
         def run(*args: Any, **kwargs: Any) -> Any:
             call_key, data = identify(args, kwargs)
             guarded: Guard[Any] = Guard(
-                sstore, call_key, data, scope, policy, decode_as, record_name
+                sstore, call_key, data, scope, policy, decode_as, record_name, cache_exceptions
             )
             with guarded as call:
                 if call.replayed:

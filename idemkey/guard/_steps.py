@@ -19,25 +19,34 @@ function and the store:
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import inspect
-from collections.abc import Iterable
+import time
+from collections.abc import Callable, Iterable
 from typing import Any, Final
 
+from .._codec import decode_value
 from ..errors import ConfigurationError, LeaseLostError, UsageError
+from ._failures import is_failure, raise_failure
+from ._retry import _DEADLINE, attempt_deadline
 
 __all__ = [
     "MAX_STEP_NAME",
     "StepBook",
+    "attempt_field",
     "check_step_name",
     "step_field",
     "step_key",
+    "stored_step",
 ]
 
 #: Longest step name, in characters: names are code, not data.
 MAX_STEP_NAME: Final = 100
-# Step results live in the record hash under "s:<name>": no other record field starts so.
+# Step results live in the record hash under "s:<name>", and the attempt counts of retried
+# steps under "a:<name>": no other record field starts so.
 _FIELD_PREFIX: Final = "s:"
+_ATTEMPT_PREFIX: Final = "a:"
 
 
 def check_step_name(name: object) -> str:
@@ -63,6 +72,19 @@ def check_step_name(name: object) -> str:
 def step_field(name: str) -> str:
     """The record-hash field holding the result of step ``name`` (already checked)."""
     return _FIELD_PREFIX + name
+
+
+def attempt_field(name: str) -> str:
+    """The record-hash field counting the attempts of retried step ``name`` (attempt.lua)."""
+    return _ATTEMPT_PREFIX + name
+
+
+def stored_step(stored: bytes) -> Any:
+    """What a finished step gives back: its stored value, decoded, or the exception it
+    remembered (``cache_exceptions=``), raised again."""
+    if is_failure(stored):
+        raise raise_failure(stored)
+    return decode_value(stored)
 
 
 def step_key(record_digest: str, name: str) -> str:
@@ -140,6 +162,44 @@ class StepBook:
 async def _async_result(name: str, value: Any) -> Any:
     """Under aguard a step function may be a coroutine function: await what it returned."""
     return await value if inspect.isawaitable(value) else value
+
+
+async def _async_attempt(
+    name: str,
+    fn: Callable[..., Any],
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    timeout: float | None,
+) -> Any:
+    """One attempt of a step under aguard: with a ``timeout``, a coroutine step is cancelled
+    when it runs out (``TimeoutError``), and ``step_deadline()`` tells it how long it has."""
+    if timeout is None:
+        return await _async_result(name, fn(*args, **kwargs))
+    token = attempt_deadline(time.monotonic() + timeout)
+    try:
+        return await asyncio.wait_for(_async_result(name, fn(*args, **kwargs)), timeout)
+    except asyncio.TimeoutError as exc:  # not the builtin TimeoutError before Python 3.11
+        raise TimeoutError(f"an attempt of step {name!r} ran out of {timeout:g} s") from exc
+    finally:
+        _DEADLINE.reset(token)
+
+
+def _sync_attempt(
+    name: str,
+    fn: Callable[..., Any],
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    timeout: float | None,
+) -> Any:
+    """One attempt of a step under guard: a ``timeout`` is a cooperative deadline, which the
+    step reads with ``step_deadline()``; nothing interrupts a thread (see docs/steps.md)."""
+    if timeout is None:
+        return _sync_result(name, fn(*args, **kwargs))
+    token = attempt_deadline(time.monotonic() + timeout)
+    try:
+        return _sync_result(name, fn(*args, **kwargs))
+    finally:
+        _DEADLINE.reset(token)
 
 
 def _sync_result(name: str, value: Any) -> Any:

@@ -58,7 +58,8 @@ class Guard(GuardState[T]):
             if call.replayed:
                 return call
         # A partial (C), not a lambda: no closure cells built per call.
-        call._steps = partial(Steps, self.store, self.record, self.claim, self.key)
+        steps = (self.store, self.record, self.claim, self.key)
+        call._steps = partial(Steps, *steps, self.job_deadline())
         return call
 
     def __exit__(
@@ -70,7 +71,7 @@ class Guard(GuardState[T]):
         if self.call is None:
             return  # a replay: nothing was claimed, nothing is current, nothing to settle
         self.close_steps()
-        claim, saved, started = self.claim, self.saved(), perf_counter()
+        claim, saved, started = self.claim, self.outcome(exc), perf_counter()
         if claim is None:
             return
         owner = claim.owner
@@ -104,6 +105,8 @@ def guard(
     payload: object = ...,
     scope: str = ...,
     policy: Policy | None = ...,
+    cache_exceptions: object = ...,
+    deadline: float | None = ...,
     result_type: type[T],
 ) -> Guard[T]: ...
 @overload
@@ -114,6 +117,8 @@ def guard(
     payload: object = ...,
     scope: str = ...,
     policy: Policy | None = ...,
+    cache_exceptions: object = ...,
+    deadline: float | None = ...,
     result_type: Any = ...,
 ) -> Guard[Any]: ...
 def guard(
@@ -124,6 +129,8 @@ def guard(
     scope: str = "",
     policy: Policy | None = None,
     result_type: type[T] | Any = Any,
+    cache_exceptions: object = (),
+    deadline: float | None = None,
 ) -> Guard[T]:
     """Run a block once per ``key`` (within ``scope``): ``with guard(store, key) as call``.
 
@@ -131,6 +138,14 @@ def guard(
     with another payload raises :class:`KeyReuseError`. While the first call runs, others raise
     :class:`RequestInFlightError`, or wait up to ``policy.wait`` seconds for its result.
     ``result_type`` decodes a replayed result into that type (a Struct, a dataclass, ...).
+    ``cache_exceptions`` names deterministic failures (classes, or a mapping of class to the
+    field names to store): one raised out of the block completes the record as that failure,
+    and every retry raises it again without running the block (docs/steps.md).
+    ``deadline`` (seconds from the claim) bounds the whole job: no step attempt starts after
+    it (:class:`JobDeadlineError`); ``step_deadline()`` tells a step what is left, and under
+    guard a coroutine step still running at it is cancelled.
     See :mod:`idemkey.guard`.
     """
-    return Guard(store, key, payload, scope, policy, result_type)
+    return Guard(
+        store, key, payload, scope, policy, result_type, "", cache_exceptions, deadline
+    )

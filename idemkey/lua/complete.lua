@@ -26,8 +26,9 @@
 --
 -- The completed record keeps only what a replay and a re-sent complete need: "resp", and "fp"
 -- with a 12-character tag of the owner appended, what a re-sent complete is recognised by: 48
--- random bits of one of idemkey's owners. The claim's fields, the finished steps and the lock
--- go: a replay needs only the response. Without "state", a record is complete when it has "resp".
+-- random bits of one of idemkey's owners. The claim's fields, the finished steps, the step
+-- attempt counts ("na", "a:<name>", attempt.lua) and the lock go: a replay needs only the
+-- response. Without "state", a record is complete when it has "resp".
 -- "i", the origin claim.lua kept (when and where from), goes too: it would cost a completed
 -- record 64 bytes, past its memory goal (docs/design.md), and an operator looks for the
 -- records that are not complete.
@@ -40,7 +41,7 @@
 -- lets its owner complete, since no one else ran the work. The lock holds that owner or nothing
 -- (see claim.lua), so it is deleted without being read.
 
-local record = redis.call("HMGET", KEYS[1], "owner", "state", "fp", "ns", "w")
+local record = redis.call("HMGET", KEYS[1], "owner", "state", "fp", "ns", "w", "na")
 -- The tag comes with the call: the same owner always sends the same tag, so a re-sent complete
 -- is recognised by it.
 local tag = ARGV[4]
@@ -51,14 +52,15 @@ if record[1] == ARGV[1] and record[2] == "in_progress" then
   -- Redis does not shrink it.
   -- "w": the waiters' mark (below) goes with them, and "i", the claim's origin.
   redis.call("HDEL", KEYS[1], "state", "owner", "fence", "tk", "at", "w", "i")
-  if record[4] then  -- finished steps: their fields go too
+  if record[4] or record[6] then  -- finished steps, attempt counts: their fields go too
     local fields = redis.call("HKEYS", KEYS[1])
     for i = 1, #fields do
-      if string.sub(fields[i], 1, 2) == "s:" then
+      local kind = string.sub(fields[i], 1, 2)
+      if kind == "s:" or kind == "a:" then
         redis.call("HDEL", KEYS[1], fields[i])
       end
     end
-    redis.call("HDEL", KEYS[1], "ns")
+    redis.call("HDEL", KEYS[1], "ns", "na")
   end
   redis.call("HSET", KEYS[1], "fp", (record[3] or "") .. tag, "resp", ARGV[2])
   redis.call("DEL", KEYS[2])

@@ -8,7 +8,8 @@
 --          (KEYS[1] .. ":done", the same slot), see the end of this script.
 --
 -- Finished steps ("ns", "s:<name>", see checkpoint.lua) are kept, and with them "fp": the
--- retry resumes after the last finished step, and the key stays bound to its payload.
+-- retry resumes after the last finished step, and the key stays bound to its payload. Step
+-- attempt counts ("na", "a:<name>", see attempt.lua) go: a retry of the call counts afresh.
 --
 -- Reply: 1 released, 0 not ours (taken over, already released, or complete: untouched).
 --
@@ -16,7 +17,7 @@
 -- downstream systems must keep growing, even across a release and a fresh claim.
 -- The lock holds the record's owner or nothing (see claim.lua): deleted without being read.
 
-local record = redis.call("HMGET", KEYS[1], "owner", "state", "ns", "w")
+local record = redis.call("HMGET", KEYS[1], "owner", "state", "ns", "w", "na")
 if record[1] ~= ARGV[1] or record[2] ~= "in_progress" then
   return 0
 end
@@ -27,6 +28,15 @@ if record[3] then
   redis.call("HDEL", KEYS[1], "state", "owner", "tk", "at")
 else
   redis.call("HDEL", KEYS[1], "state", "fp", "owner", "tk", "at")
+end
+if record[5] then
+  local fields = redis.call("HKEYS", KEYS[1])
+  for i = 1, #fields do
+    if string.sub(fields[i], 1, 2) == "a:" then
+      redis.call("HDEL", KEYS[1], fields[i])
+    end
+  end
+  redis.call("HDEL", KEYS[1], "na")
 end
 -- Wake-up: as in complete.lua, waiters that marked the record are woken to claim it. The mark
 -- "w" stays: a waiter that reads the stream after the next claim dropped it is woken when

@@ -505,6 +505,28 @@ class AsyncRedisStore(AsyncHeartbeat):
             raise self._store_error("uncertain", exc) from exc
         return [decode_entry(entry_id, fields) for entry_id, fields in entries]
 
+    async def attempt(self, record: Record, owner: str, field: str) -> int | None:
+        """Count one more attempt of the retried step whose attempt field is ``field`` (see
+        attempt.lua): the attempt's number, counted across takeovers, or None when the record
+        is no longer ours (nothing written)."""
+        reply = await self._eval("attempt", record.record_key, record.lock_key, owner, field)
+        if type(reply) is not int or reply < 0:
+            raise StoreError(f"unexpected reply from the attempt script: {reply!r:.200}")
+        return reply or None
+
+    async def cancel(self, record: Record, *, abandon: bool = False) -> int | None:
+        """Give up ``record``'s run on purpose (an operator's call, see cancel.lua): an
+        in-progress record's owner loses it (its checkpoints and completion are refused from
+        now on), and a released record with finished steps is released again. The finished
+        steps are kept (the next claim resumes after them) unless ``abandon`` (the next claim
+        runs the job from the start). Returns the record's raised fence, None when there was
+        nothing to cancel (no record, a completed one, a released one without steps)."""
+        keys = (record.record_key, record.lock_key)
+        reply = await self._eval("cancel", *keys, 1 if abandon else 0)
+        if not isinstance(reply, list) or not reply or reply[0] not in (0, 1, 2):
+            raise StoreError(f"unexpected reply from the cancel script: {reply!r:.200}")
+        return int(reply[1]) if reply[0] else None
+
     async def acheck(self) -> list[str]:
         """Warn when the server can lose records: an evicting ``maxmemory-policy`` (any but
         ``noeviction``: records carry a TTL, so ``volatile-*`` evicts them too) or nothing kept

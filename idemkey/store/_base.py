@@ -31,7 +31,7 @@ __all__ = [
     "StoreBase",
 ]
 
-SCRIPT_NAMES: Final = ("claim", "complete", "release", "renew", "checkpoint")
+SCRIPT_NAMES: Final = ("claim", "complete", "release", "renew", "checkpoint", "attempt", "cancel")
 SCRIPTS: Final[dict[str, str]] = {
     name: (files("idemkey") / "lua" / f"{name}.lua").read_text("utf-8") for name in SCRIPT_NAMES
 }

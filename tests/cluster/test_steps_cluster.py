@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from idemkey import AsyncRedisStore, Policy, RedisStore, aguard, guard
+from idemkey import AsyncRedisStore, LeaseLostError, Policy, RedisStore, aguard, guard
 from idemkey._core import record_for
 from idemkey.guard import GUARD_METHOD
 
@@ -79,3 +79,40 @@ async def test_async_steps_resume_on_the_cluster(
     finally:
         await store.aclose()
     assert runs == [name for i in range(6) for name in (f"reserve-{i}", f"charge-{i}")]
+
+
+def test_retried_steps_remembered_failures_and_cancel_on_the_cluster(
+    cluster_client: redis.cluster.RedisCluster,
+) -> None:
+    from idemkey import StepRetry
+
+    prefix = "sr" + uuid.uuid4().hex[:8]
+    store = RedisStore(cluster_client, Policy(prefix=prefix, lease=10))
+    masters: set[str] = set()
+    try:
+        for index in range(12):
+            key = f"order-{index}"
+            record = record_for(prefix, "", GUARD_METHOD, "", key)
+            tries: list[int] = []
+
+            def flaky(tries: list[int] = tries) -> int:
+                tries.append(1)
+                if len(tries) < 3:
+                    raise ConnectionError("try again")
+                return len(tries)
+
+            with pytest.raises(LeaseLostError), guard(store, key) as call:  # noqa: PT012
+                assert call.step("charge", flaky, retry=StepRetry(backoff=0)) == 3
+                assert cluster_client.hget(record.key, "a:charge") == b"3"
+                assert store.cancel(record) == 2  # the operator: this owner can store nothing
+                call.step("ship", int)  # refused
+            remembers = guard(store, key, cache_exceptions=(LookupError,))
+            with pytest.raises(LookupError, match="gone"), remembers as call:  # noqa: PT012
+                assert call.resumed_steps == ("charge",)
+                raise LookupError("gone")
+            with pytest.raises(LookupError, match="gone"), guard(store, key):
+                pytest.fail("a remembered failure ran again")
+            masters.add(cluster_client.get_node_from_key(record.key).name)
+    finally:
+        store.close()
+    assert len(masters) == 3

@@ -14,12 +14,16 @@ from typing import Any
 import redis
 from celery import Celery
 
-from idemkey import Policy, RedisStore
+from idemkey import Policy, RedisStore, StepRetry
 from idemkey.contrib.celery import IdempotentTask
 
 LEASE = 1.0  # seconds: a killed worker's record is taken over soon after
 STEPS = ("reserve", "charge", "ship")
 WAIT = 30  # seconds a blocked task waits for the test's go signal
+
+
+class CardDeclined(Exception):
+    """A deterministic failure the tasks declare in ``idempotency_cache_exceptions``."""
 
 
 def make_app(url: str, prefix: str, store_url: str | None = None) -> Celery:
@@ -107,6 +111,78 @@ def make_app(url: str, prefix: str, store_url: str | None = None) -> Celery:
         base=IdempotentTask,
         shared=False,
         bind=True,
+        name="tests.retried_order",
+        idempotency_store=make_store,
+        idempotency_key=lambda order_id: f"retried:{order_id}",
+    )
+    def retried_order(self: IdempotentTask, order_id: str) -> list[Any]:
+        """Three recovery points, the second retried in place (StepRetry, 4 attempts): its
+        first attempt fails, its second tells the test (``{prefix}:after`` = "attempt-2",
+        ``{prefix}:pid``) and waits, to be killed; later attempts succeed. Every attempt is
+        counted in ``{prefix}:tries:charge``, each successful one in ``side:charge``."""
+        redis_client = client()
+        call = self.idempotent_call
+
+        def charge() -> dict[str, Any]:
+            tries = redis_client.incr(f"{prefix}:tries:charge")
+            if tries == 1:
+                raise ConnectionError("the PSP timed out")
+            if tries == 2:
+                redis_client.set(f"{prefix}:pid", os.getpid())
+                redis_client.set(f"{prefix}:after", "attempt-2")
+                redis_client.blpop([f"{prefix}:go"], timeout=WAIT)
+            attempt = int(redis_client.hget(call_record_key(call), "a:charge") or 0)
+            return {**side_effect(redis_client, prefix, "charge", call.fence), "attempt": attempt}
+
+        retry = StepRetry(attempts=4, backoff=0.05, jitter=0)
+        return [
+            call.step("reserve", side_effect, redis_client, prefix, "reserve", call.fence),
+            call.step("charge", charge, retry=retry),
+            call.step("ship", side_effect, redis_client, prefix, "ship", call.fence),
+        ]
+
+    @app.task(
+        base=IdempotentTask,
+        shared=False,
+        bind=True,
+        name="tests.charge_card",
+        idempotency_store=make_store,
+        idempotency_cache_exceptions=(CardDeclined,),
+    )
+    def charge_card(self: IdempotentTask, order_id: str, card: str) -> dict[str, Any]:
+        """Counts its runs; card "declined" fails for good, "flaky" fails on its first run."""
+        runs = client().incr(f"{prefix}:runs:{order_id}")
+        if card == "declined":
+            raise CardDeclined(f"card declined for {order_id}")
+        if card == "flaky" and runs == 1:
+            raise ConnectionError("the PSP timed out")
+        return {"order": order_id, "runs": runs}
+
+    @app.task(
+        base=IdempotentTask,
+        shared=False,
+        bind=True,
+        name="tests.charge_card_autoretry",
+        idempotency_store=make_store,
+        idempotency_cache_exceptions=(CardDeclined,),
+        autoretry_for=(Exception,),
+        max_retries=3,
+        default_retry_delay=0.1,
+    )
+    def charge_card_autoretry(self: IdempotentTask, order_id: str, card: str) -> dict[str, Any]:
+        """charge_card under Celery's autoretry: Celery sends a transient failure again, never
+        a remembered one (IdempotentTask adds it to dont_autoretry_for)."""
+        runs = client().incr(f"{prefix}:runs:{order_id}")
+        if card == "declined":
+            raise CardDeclined(f"card declined for {order_id}")
+        if card == "flaky" and runs == 1:
+            raise ConnectionError("the PSP timed out")
+        return {"order": order_id, "runs": runs}
+
+    @app.task(
+        base=IdempotentTask,
+        shared=False,
+        bind=True,
         name="tests.note_once",
         idempotency_store=make_store,
     )
@@ -150,6 +226,10 @@ def make_app(url: str, prefix: str, store_url: str | None = None) -> Celery:
         return {"order": order_id, "runs": runs}
 
     return app
+
+
+def call_record_key(call: Any) -> str:
+    return str(call.record.key)
 
 
 def side_effect(client: redis.Redis, prefix: str, name: str, fence: int | None) -> dict[str, Any]:

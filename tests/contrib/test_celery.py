@@ -178,6 +178,64 @@ def test_a_task_killed_mid_task_is_redelivered_and_the_next_run_resumes_after_fi
     assert result.state == "SUCCESS"
 
 
+def test_sigkill_during_a_retried_step_on_prefork_the_redelivery_continues_its_attempts(
+    app: Celery, prefix: str, client: redis.Redis, start_worker: StartWorker
+) -> None:
+    task = app.tasks["tests.retried_order"]
+    worker = start_worker("prefork")
+    result = task.delay("o-r")
+    wait_until(
+        lambda: client.get(f"{prefix}:after") == b"attempt-2", timeout=30, message="attempt 2"
+    )
+    victim = int(client.get(f"{prefix}:pid") or 0)
+    assert victim != worker.pid  # the pool child
+    os.kill(victim, signal.SIGKILL)  # mid-attempt: the message was never acknowledged
+    steps = result.get(timeout=40)
+
+    assert client.get(f"{prefix}:tries:charge") == b"3"  # failed, killed, succeeded
+    assert steps[1]["attempt"] == 3  # the redelivered run's attempt was the third, not a first
+    sides = {name: int(client.get(f"{prefix}:side:{name}") or 0) for name in STEPS}
+    assert sides == dict.fromkeys(STEPS, 1)
+    assert [step["fence"] for step in steps] == [1, 2, 2]
+    assert result.state == "SUCCESS"
+
+
+def test_a_remembered_failure_fails_every_delivery_alike_and_a_transient_one_runs_again(
+    app: Celery, prefix: str, client: redis.Redis, start_worker: StartWorker
+) -> None:
+    from tests.contrib._celery_app import CardDeclined
+
+    task = app.tasks["tests.charge_card"]
+    start_worker("prefork")
+    for _ in range(3):
+        with pytest.raises(CardDeclined, match="card declined for o-d"):
+            task.delay("o-d", "declined").get(timeout=30)
+    assert client.get(f"{prefix}:runs:o-d") == b"1"  # raised again, never run again
+
+    with pytest.raises(ConnectionError):
+        task.delay("o-f", "flaky").get(timeout=30)
+    assert task.delay("o-f", "flaky").get(timeout=30) == {"order": "o-f", "runs": 2}
+    assert client.get(f"{prefix}:runs:o-f") == b"2"
+
+
+def test_celery_autoretry_sends_a_transient_failure_again_but_never_a_remembered_one(
+    app: Celery, prefix: str, client: redis.Redis, start_worker: StartWorker
+) -> None:
+    from tests.contrib._celery_app import CardDeclined
+
+    task = app.tasks["tests.charge_card_autoretry"]
+    assert CardDeclined in task.dont_autoretry_for
+    start_worker("prefork")
+    declined = task.delay("o-d", "declined")
+    with pytest.raises(CardDeclined, match="card declined for o-d"):
+        declined.get(timeout=30)
+    assert declined.retries == 0  # failed for good at once, not sent max_retries times
+    assert client.get(f"{prefix}:runs:o-d") == b"1"
+    flaky = task.delay("o-f", "flaky")
+    assert flaky.get(timeout=30) == {"order": "o-f", "runs": 2}  # Celery sent it again
+    assert flaky.retries == 1
+
+
 def test_a_task_delivered_while_the_idemkey_redis_is_down_is_retried_and_then_runs_once(
     app: Celery,
     prefix: str,

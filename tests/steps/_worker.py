@@ -1,5 +1,10 @@
 """The crashing process of the recovery-point tests: ``python -m tests.steps._worker ...``.
 
+``retry URL PREFIX KEY LEASE 0``
+    Run :func:`retried_job` under ``guard``: its "charge" step retries (``StepRetry``); the
+    first attempt fails, the second sets ``{PREFIX}:after`` to 2 and waits for ``{PREFIX}:go``
+    (the test SIGKILLs it there), a third succeeds.
+
 ``steps URL PREFIX KEY LEASE PAUSE_AFTER`` (``asteps``: the same under ``aguard``)
     Run the three-step job :func:`run_job` under ``guard`` (lease LEASE seconds, heartbeat on).
     After step PAUSE_AFTER has been checkpointed, set ``{PREFIX}:after`` to that number and wait
@@ -18,7 +23,16 @@ from typing import Any
 import redis
 import redis.asyncio
 
-from idemkey import AsyncRedisStore, Call, LeaseLostError, Policy, RedisStore, aguard, guard
+from idemkey import (
+    AsyncRedisStore,
+    Call,
+    LeaseLostError,
+    Policy,
+    RedisStore,
+    StepRetry,
+    aguard,
+    guard,
+)
 
 STEPS = ("reserve", "charge", "ship")
 WAIT_TIMEOUT = 60
@@ -41,6 +55,45 @@ def run_job(
             if client.blpop([f"{prefix}:go"], timeout=WAIT_TIMEOUT) is None:
                 sys.exit("no go signal")
     return results
+
+
+#: The retried step's policy, the same for the worker and the test's takeover.
+CHARGE_RETRY = StepRetry(attempts=4, backoff=0.05, jitter=0)
+
+
+class Flaky(Exception):
+    pass
+
+
+def flaky_charge(client: redis.Redis, prefix: str, fence: int | None) -> dict[str, Any]:
+    """The retried step: every attempt is counted (``tries``); the first fails, the second
+    blocks (to be killed) unless it runs in the test, the side effect of a successful attempt
+    is counted apart (``side:charge``)."""
+    tries = client.incr(f"{prefix}:tries:charge")
+    if tries == 1:
+        raise Flaky("the PSP timed out")
+    if tries == 2 and os.environ.get("IDEMKEY_STEPS_WORKER"):
+        client.set(f"{prefix}:after", 2)
+        client.blpop([f"{prefix}:go"], timeout=WAIT_TIMEOUT)
+        raise Flaky("never reached: killed while it waited")
+    return side_effect(client, prefix, "charge", fence)
+
+
+def retried_job(call: Call[Any], client: redis.Redis, prefix: str) -> list[dict[str, Any]]:
+    return [
+        call.step("reserve", side_effect, client, prefix, "reserve", call.fence),
+        call.step("charge", flaky_charge, client, prefix, call.fence, retry=CHARGE_RETRY),
+        call.step("ship", side_effect, client, prefix, "ship", call.fence),
+    ]
+
+
+def retry(url: str, prefix: str, key: str, lease: float) -> None:
+    os.environ["IDEMKEY_STEPS_WORKER"] = "1"
+    client = redis.Redis.from_url(url)
+    store = RedisStore(client, Policy(prefix=prefix, lease=lease))
+    with guard(store, key, payload=key) as call:
+        call.save(retried_job(call, client, prefix))
+    print(json.dumps({"outcome": "completed"}), flush=True)
 
 
 def steps(url: str, prefix: str, key: str, lease: float, pause_after: int) -> None:
@@ -75,6 +128,8 @@ if __name__ == "__main__":
     mode, *args = sys.argv[1:]
     if mode == "steps":
         steps(args[0], args[1], args[2], float(args[3]), int(args[4]))
+    elif mode == "retry":
+        retry(args[0], args[1], args[2], float(args[3]))
     elif mode == "asteps":
         asyncio.run(asteps(args[0], args[1], args[2], float(args[3]), int(args[4])))
     else:

@@ -20,7 +20,7 @@ from idemkey import LeaseLostError, Policy, RedisStore, guard
 from idemkey._core import record_for
 from idemkey.guard import GUARD_METHOD
 from tests._servers import wait_until
-from tests.steps._worker import STEPS, run_job, side_effect
+from tests.steps._worker import STEPS, retried_job, run_job, side_effect
 
 ROOT = Path(__file__).resolve().parents[2]
 LEASE = 0.6  # seconds: short, so the takeover comes quickly after the kill
@@ -87,6 +87,34 @@ def test_a_takeover_after_sigkill_between_steps_runs_each_step_once(
     # The finished steps' results are the dead worker's (fence 1), the others ours (fence 2).
     assert [result["fence"] for result in results] == [1] * killed_after + [2] * (3 - killed_after)
     assert {result["pid"] for result in results[:killed_after]} == {worker.pid}
+
+
+def test_sigkill_during_a_retried_step_the_takeover_continues_its_attempt_count(
+    spawn, real_client: redis.Redis, prefix: str
+) -> None:
+    worker = spawn("order-r", 0, "retry")
+    assert wait_for_pause(real_client, prefix, worker) == 2  # attempt 2 of "charge" runs
+    os.kill(worker.pid, signal.SIGKILL)
+    worker.wait(timeout=10)
+    record = record_for(prefix, "", GUARD_METHOD, "", "order-r")
+    assert real_client.hget(record.key, "a:charge") == b"2"
+
+    store = RedisStore(real_client, Policy(prefix=prefix, lease=LEASE, wait=10))
+    try:
+        with guard(store, "order-r", payload="order-r") as call:
+            assert call.takeover
+            assert call.resumed_steps == ("reserve",)
+            results = retried_job(call, real_client, prefix)
+            # The takeover's attempt was the third of four, not a first.
+            assert real_client.hget(record.key, "a:charge") == b"3"
+            call.save(results)
+    finally:
+        store.close()
+    # Three attempts in all (one failed, one killed, one succeeded); the side effect of each
+    # step happened once, for its one successful attempt.
+    assert real_client.get(f"{prefix}:tries:charge") == b"3"
+    assert side_effects(real_client, prefix) == dict.fromkeys(STEPS, 1)
+    assert [result["fence"] for result in results] == [1, 2, 2]
 
 
 def test_a_stale_owner_resumed_after_sigstop_cannot_checkpoint(

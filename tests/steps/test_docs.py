@@ -25,6 +25,19 @@ class Crash(Exception):
     """The process dies here (in-process: the guard releases, the retry resumes)."""
 
 
+class CardDeclined(Exception):
+    """The fake PSP's deterministic failure (module level: a remembered failure is raised
+    again by importing its class)."""
+
+    def __init__(self, code: str) -> None:
+        super().__init__(f"card declined: {code}")
+        self.code = code
+
+
+class PSPUnavailable(Exception):
+    """The fake PSP's transient failure."""
+
+
 class Services:
     """Fake inventory, PSP and shipping: side effects counted, crashes on demand."""
 
@@ -33,6 +46,9 @@ class Services:
         self.crash_before: set[str] = set()
         self.crash_after_charge = False
         self.charges: dict[str, dict[str, Any]] = {}  # the PSP's own idempotency records
+        self.unavailable = 0  # the next charges that fail with PSPUnavailable
+        self.decline: str | None = None  # the decline code of every charge, if any
+        self.calls = 0
 
     def _enter(self, name: str) -> None:
         if name in self.crash_before:
@@ -46,6 +62,12 @@ class Services:
 
     def charge(self, amount: int, idempotency_key: str, fence: int | None = None) -> Any:
         self._enter("charge")
+        self.calls += 1
+        if self.unavailable:
+            self.unavailable -= 1
+            raise PSPUnavailable("the PSP answered 503")
+        if self.decline is not None:
+            raise CardDeclined(self.decline)
         if idempotency_key not in self.charges:  # a PSP answers a known key with the same charge
             self.effects["charge"] += 1
             self.charges[idempotency_key] = {"charge_id": f"ch_{len(self.charges) + 1}"}
@@ -93,6 +115,8 @@ def shop(services: Services) -> dict[str, dict[str, Any]]:
 
     return {
         "shop": {
+            "CardDeclined": CardDeclined,
+            "PSPUnavailable": PSPUnavailable,
             "inventory": Inventory,
             "psp": PSP,
             "shipping": Shipping,
@@ -109,10 +133,13 @@ def store(real_client: redis.Redis, prefix: str) -> Any:
     store.close()
 
 
-def place_order_of(services: Services) -> Any:
+def page_of(services: Services) -> list[dict[str, Any]]:
     with fake_modules(shop(services)):
-        (block,) = run_page("docs/steps.md")
-    return block["place_order"]
+        return run_page("docs/steps.md")
+
+
+def place_order_of(services: Services) -> Any:
+    return page_of(services)[0]["place_order"]
 
 
 @pytest.mark.parametrize("crash_before", ["reserve", "charge", "ship"])
@@ -139,3 +166,47 @@ def test_a_crash_inside_the_charge_is_deduplicated_by_the_step_key(store: RedisS
         place_order(store, ORDER)
     assert place_order(store, ORDER) == {"order": "o-1", "charge": "ch_1"}
     assert services.effects == {"reserve": 1, "charge": 1, "ship": 1}
+
+
+def test_the_retried_charge_runs_until_the_psp_answers(
+    store: RedisStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from idemkey.guard import _sync_steps
+
+    monkeypatch.setattr(_sync_steps, "sleep", lambda seconds: None)  # the 0.5 s, 1 s waits
+    services = Services()
+    charge_order = page_of(services)[1]["charge_order"]
+    services.unavailable = 2
+    assert charge_order(store, ORDER) == {"order": "o-1", "charge": "ch_1"}
+    assert services.calls == 3  # two failed attempts, one that charged
+    assert services.effects == {"charge": 1}
+    assert charge_order(store, ORDER) == {"order": "o-1", "charge": "ch_1"}  # replayed
+    assert services.calls == 3
+
+
+def test_a_declined_card_is_raised_again_without_calling_the_psp(store: RedisStore) -> None:
+    services = Services()
+    charge_order = page_of(services)[1]["charge_order"]
+    services.decline = "insufficient_funds"
+    for _ in range(3):
+        with pytest.raises(CardDeclined) as declined:
+            charge_order(store, ORDER)
+        assert str(declined.value) == "card declined: insufficient_funds"
+        assert declined.value.code == "insufficient_funds"
+    assert services.calls == 1  # not retried in place, not run again by later calls
+
+
+def test_an_unavailable_psp_past_the_attempts_releases_the_key(
+    store: RedisStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from idemkey.guard import _sync_steps
+
+    monkeypatch.setattr(_sync_steps, "sleep", lambda seconds: None)
+    services = Services()
+    charge_order = page_of(services)[1]["charge_order"]
+    services.unavailable = 4
+    with pytest.raises(PSPUnavailable):
+        charge_order(store, ORDER)
+    assert services.calls == 4  # all four attempts
+    assert charge_order(store, ORDER) == {"order": "o-1", "charge": "ch_1"}  # runs afresh
+    assert services.calls == 5

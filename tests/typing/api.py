@@ -119,6 +119,39 @@ def steps(invoice: Invoice) -> object:
         return (receipt, downstream_key, resumed)
 
 
+class Declined(Exception):
+    code = "card_declined"
+
+
+RETRY = idemkey.StepRetry(attempts=4, backoff=0.5, retry_on=(ConnectionError,), timeout=10)
+
+
+def durable_steps(invoice: Invoice) -> object:
+    with guard(
+        store, f"order:{invoice.id}", cache_exceptions={Declined: ("code",)}, deadline=60
+    ) as call:
+        receipt = call.step("charge", charge, invoice, retry=RETRY, cache_exceptions=(Declined,))
+        left: float | None = idemkey.step_deadline()
+        fence: int | None = store.cancel(call.record) if call.record else None
+        return (receipt, left, fence)
+
+
+async def acancel(invoice: Invoice) -> int | None:
+    async with aguard(astore, f"order:{invoice.id}", deadline=5.0) as call:
+        assert call.record is not None
+        return await astore.cancel(call.record, abandon=True)
+
+
+def remembered(error: IdemkeyError) -> str:
+    if isinstance(error, idemkey.StoredFailureError):
+        return error.type_path
+    if isinstance(error, idemkey.StepAttemptsExhaustedError):
+        return f"{error.step}: {error.attempts}"
+    if isinstance(error, idemkey.JobDeadlineError):
+        return str(error.seconds)
+    return ""
+
+
 async def asteps(invoice: Invoice) -> object:
     async with aguard(astore, f"order:{invoice.id}") as call:
         return await call.step("charge", charge, invoice)

@@ -1,0 +1,26 @@
+-- attempt: count one more attempt of a step that retries (call.step(..., retry=StepRetry(...))).
+--
+-- KEYS[1]  record hash   {prefix}:{<digest>}
+-- KEYS[2]  lock string   {prefix}:{<digest>}:lock  (not written: named so every script of a
+--                        record sends the same two keys, in one slot)
+-- ARGV[1]  owner         the token the claim returned
+-- ARGV[2]  field         "a:" .. step name (the name validated by idemkey._steps)
+--
+-- Record field "na" marks a record that counts attempts, so release and complete find the
+-- "a:" fields without a scan when there are none (see release.lua, complete.lua, cancel.lua).
+--
+-- Reply: the attempt's number (1 for the first), counted across every executor since the
+--        record was last claimed afresh: a takeover continues the count, a release drops it;
+--        0 lost: the record is not ours in progress (taken over, released, complete, cancelled)
+--        and nothing was written.
+--
+-- Invariants: the owner is checked before any write, as in checkpoint. Not idempotent on a
+-- re-send (a lost reply counts one attempt more): an attempt counted and not run only
+-- shortens the retries, it never runs a step twice.
+
+local record = redis.call("HMGET", KEYS[1], "owner", "state")
+if record[1] ~= ARGV[1] or record[2] ~= "in_progress" then
+  return 0
+end
+redis.call("HSET", KEYS[1], "na", 1)
+return redis.call("HINCRBY", KEYS[1], ARGV[2], 1)

@@ -1,0 +1,194 @@
+"""Cancel (``store.cancel``, ``idemkey cancel``): an operator gives up a record's run on purpose.
+
+What a user relies on: the cancelled owner can no longer checkpoint, renew or complete (its
+guard raises LeaseLostError, nothing of it is stored); the fence grows; kept steps are resumed
+by the next executor, abandoned ones run again and the key is free of its payload; a record
+with nothing to cancel is left as it was; the command line says what it did and refuses a
+completed record.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import redis
+import redis.asyncio
+
+from idemkey import (
+    AsyncRedisStore,
+    KeyReuseError,
+    LeaseLostError,
+    Policy,
+    RedisStore,
+    aguard,
+    guard,
+)
+from idemkey._core import Record, record_for
+from idemkey.cli import main
+from idemkey.guard import GUARD_METHOD
+
+
+class Boom(Exception):
+    pass
+
+
+def guard_record(prefix: str, key: str) -> Record:
+    return record_for(prefix, "", GUARD_METHOD, "", key)
+
+
+@pytest.fixture
+def store(sync_client: redis.Redis, prefix: str) -> RedisStore:
+    return RedisStore(sync_client, Policy(prefix=prefix, lease=30))
+
+
+def test_a_cancelled_owner_cannot_checkpoint_or_complete_and_the_next_run_resumes(
+    store: RedisStore, sync_client: redis.Redis, prefix: str
+) -> None:
+    record = guard_record(prefix, "job")
+    ran: list[str] = []
+    with pytest.raises(LeaseLostError) as lost, guard(store, "job", payload="p") as stale:  # noqa: PT012
+        stale.step("reserve", ran.append, "reserve")
+        assert store.cancel(record) == 2  # the operator: fence 1 -> 2
+        stale.step("charge", ran.append, "charge")  # runs, but its checkpoint is refused
+    assert lost.value.fence == 1
+    assert sync_client.hget(record.key, "s:charge") is None
+    assert not sync_client.exists(record.lock)
+
+    with guard(store, "job", payload="p") as call:
+        assert not call.takeover
+        assert call.fence == 3  # above the cancel's: the stale owner's fence is refused downstream
+        assert call.resumed_steps == ("reserve",)
+        call.step("reserve", ran.append, "again")  # finished: returned, not run
+        call.step("charge", ran.append, "charge")
+        call.save("done")
+    assert ran == ["reserve", "charge", "charge"]
+
+
+def test_a_stale_owner_that_saved_cannot_complete_after_a_cancel(
+    store: RedisStore, sync_client: redis.Redis, prefix: str
+) -> None:
+    record = guard_record(prefix, "job")
+    with pytest.raises(LeaseLostError), guard(store, "job") as stale:  # noqa: PT012
+        stale.save("late result")
+        store.cancel(record)
+    assert sync_client.hget(record.key, "resp") is None
+    with guard(store, "job") as call:
+        assert not call.replayed
+
+
+def test_abandon_drops_the_steps_and_frees_the_key_from_its_payload(
+    store: RedisStore, sync_client: redis.Redis, prefix: str
+) -> None:
+    record = guard_record(prefix, "job")
+    ran: list[str] = []
+    with pytest.raises(Boom), guard(store, "job", payload="A") as call:  # noqa: PT012
+        call.step("reserve", ran.append, "A")
+        raise Boom  # released, with a finished step: bound to payload A
+    with pytest.raises(KeyReuseError), guard(store, "job", payload="B"):
+        pass
+    assert store.cancel(record, abandon=True) == 2
+    fields = sync_client.hgetall(record.key)
+    assert sorted(fields) == [b"fence"]
+    with guard(store, "job", payload="B") as call:
+        assert call.resumed_steps == ()
+        call.step("reserve", ran.append, "B")
+        call.save(None)
+    assert ran == ["A", "B"]
+
+
+def test_nothing_to_cancel_changes_nothing(
+    store: RedisStore, sync_client: redis.Redis, prefix: str
+) -> None:
+    record = guard_record(prefix, "job")
+    assert store.cancel(record) is None  # no record
+    with pytest.raises(Boom), guard(store, "job"):
+        raise Boom  # released without steps
+    before = sync_client.hgetall(record.key)
+    assert store.cancel(record) is None
+    with guard(store, "job") as call:
+        call.save(1)
+    done = sync_client.hgetall(record.key)
+    assert store.cancel(record, abandon=True) is None  # complete: untouched
+    assert sync_client.hgetall(record.key) == done
+    assert before == {b"fence": b"1"}
+
+
+def test_a_cancel_drops_the_attempt_counts(
+    store: RedisStore, sync_client: redis.Redis, prefix: str
+) -> None:
+    from idemkey import StepRetry
+
+    record = guard_record(prefix, "job")
+    with pytest.raises(LeaseLostError), guard(store, "job") as call:  # noqa: PT012
+        with pytest.raises(Boom):
+            call.step("charge", _boom, retry=StepRetry(attempts=2, backoff=0))
+        assert sync_client.hget(record.key, "a:charge") == b"2"
+        store.cancel(record)
+        assert sync_client.hget(record.key, "a:charge") is None
+        call.save(1)
+
+
+def _boom() -> None:
+    raise Boom
+
+
+async def test_an_async_owner_cancelled_gets_lease_lost(
+    async_client: redis.asyncio.Redis, prefix: str
+) -> None:
+    store = AsyncRedisStore(async_client, Policy(prefix=prefix))
+    record = guard_record(prefix, "job")
+    with pytest.raises(LeaseLostError):  # noqa: PT012
+        async with aguard(store, "job") as call:
+            await call.step("one", lambda: 1)
+            assert await store.cancel(record) == 2
+            await call.step("two", lambda: 2)
+
+
+def test_the_command_cancels_and_the_next_run_resumes(
+    real_client: redis.Redis, redis_url: str, prefix: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    store = RedisStore(real_client, Policy(prefix=prefix, lease=30))
+    record = guard_record(prefix, "order-7")
+    at = ["--redis-url", redis_url, "--prefix", prefix]
+    try:
+        with pytest.raises(LeaseLostError), guard(store, "order-7") as stale:  # noqa: PT012
+            stale.step("reserve", lambda: "held")
+            assert main(["cancel", "order-7", "--guard", "--yes", *at]) == 0
+            out = capsys.readouterr().out
+            assert f"cancelled in_progress record {record.key} (fence now 2" in out
+            stale.save("never stored")
+        with guard(store, "order-7") as call:
+            assert call.resumed_steps == ("reserve",)
+            call.save("done")
+        # Complete: refused, with the reason, and nothing changed.
+        assert main(["cancel", "order-7", "--guard", "--yes", "--json", *at]) == 1
+        error = json.loads(capsys.readouterr().err)
+        assert "complete: nothing to cancel" in error["error"]
+        assert real_client.hget(record.key, "resp") is not None
+    finally:
+        store.close()
+
+
+def test_the_command_abandons_with_json(
+    real_client: redis.Redis, redis_url: str, prefix: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    store = RedisStore(real_client, Policy(prefix=prefix, lease=30))
+    record = guard_record(prefix, "order-8")
+    at = ["--redis-url", redis_url, "--prefix", prefix]
+    try:
+        with pytest.raises(Boom), guard(store, "order-8") as call:  # noqa: PT012
+            call.step("reserve", lambda: "held")
+            raise Boom
+        argv = ["cancel", "--digest", record.digest, "--abandon", "--yes", "--json", *at]
+        assert main(argv) == 0
+        assert json.loads(capsys.readouterr().out) == {
+            "record": record.key,
+            "was": "released",
+            "steps": "dropped",
+            "fence": 2,
+        }
+        assert main(argv) == 1  # a second time: nothing left to cancel
+        assert "nothing to cancel" in json.loads(capsys.readouterr().err)["error"]
+    finally:
+        store.close()
