@@ -38,6 +38,10 @@ CURRENT = f"{sys.version_info.major}.{sys.version_info.minor}"
 #: What the package reads at run time besides its modules: every Lua script, and py.typed.
 WHEEL_MUST_CONTAIN = [
     *sorted(path.relative_to(ROOT).as_posix() for path in (ROOT / "idemkey" / "lua").glob("*.lua")),
+    *sorted(
+        path.relative_to(ROOT).as_posix()
+        for path in (ROOT / "idemkey" / "console" / "templates").glob("*.html")
+    ),
     "idemkey/py.typed",
 ]
 

@@ -1,4 +1,5 @@
-"""The built wheel ships what the package reads at run time: the Lua scripts and py.typed.
+"""The built wheel ships what the package reads at run time: the Lua scripts, the console's
+templates and py.typed.
 
 Hatchling includes every file under ``idemkey/``; this proves it on a real build rather than
 trusting it (docs/design.md#the-scripts). Skipped when ``build`` is not installed
@@ -20,6 +21,10 @@ ROOT = Path(__file__).resolve().parent.parent
 #: Every Lua script and py.typed, read from the tree, as the noxfile's build session reads it.
 REQUIRED_FILES = [
     *sorted(p.relative_to(ROOT).as_posix() for p in (ROOT / "idemkey" / "lua").glob("*.lua")),
+    *sorted(
+        p.relative_to(ROOT).as_posix()
+        for p in (ROOT / "idemkey" / "console" / "templates").glob("*.html")
+    ),
     "idemkey/py.typed",
 ]
 
@@ -34,6 +39,7 @@ def test_the_noxfile_build_checks_every_script() -> None:
     spec.loader.exec_module(noxfile)
     assert noxfile.WHEEL_MUST_CONTAIN == REQUIRED_FILES
     assert "idemkey/lua/checkpoint.lua" in REQUIRED_FILES
+    assert "idemkey/console/templates/console.html" in REQUIRED_FILES
 
 
 @pytest.fixture(scope="module")
