@@ -64,6 +64,7 @@ __all__ = [
     "free_port",
     "no_retry",
     "redis_server_executable",
+    "user_environ",
     "wait_until",
     "write_confirmed",
 ]
@@ -208,6 +209,16 @@ def no_retry() -> Retry:
     failure pass ``retry=no_retry()`` to the client.
     """
     return Retry(NoBackoff(), 0)
+
+
+def user_environ(**overrides: str) -> dict[str, str]:
+    """``os.environ`` as a user's shell has it, plus ``overrides``: for a pytest run in a
+    subprocess (a documented sample's tests), which would take the variables pytest-xdist sets
+    in its workers (``PYTEST_XDIST_WORKER``...) to mean it is a worker itself."""
+    kept = {
+        name: value for name, value in os.environ.items() if not name.startswith("PYTEST_XDIST_")
+    }
+    return {**kept, **overrides}
 
 
 def redis_server_executable() -> str | None:
