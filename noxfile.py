@@ -4,6 +4,7 @@
     nox -s tests            # the test suite on every Python 3.10-3.13 that actually runs here
     nox -s tests-3.11       # one interpreter
     nox -s quick            # the inner loop, under 90 s; `pytest` stays the whole suite
+    nox -s deep             # the whole suite in its long form (IDEMKEY_DEEP=1), as CI runs it
     nox -s bench -- --quick # arguments after -- go to `python -m benchmarks`
     nox -s build            # sdist + wheel, then check the wheel ships the Lua scripts
     nox -s docs             # the docs site, mkdocs build --strict (-- serve: mkdocs serve)
@@ -212,6 +213,15 @@ def tests(session: nox.Session) -> None:
     """
     session.install("-e", ".[test]", "build")
     session.run("pytest", *session.posargs)  # benchmarks excluded by pyproject's addopts
+
+
+@nox.session(python=CURRENT)
+def deep(session: nox.Session) -> None:
+    """The whole suite in its long form, as CI runs it (IDEMKEY_DEEP=1, tests/_depth.py): the
+    soak races for 25 s, the fuzz tests draw four times their default examples and every other
+    hypothesis test 500. Extra arguments go to pytest."""
+    session.install("-e", ".[test]", "build")
+    session.run("pytest", *session.posargs, env={"IDEMKEY_DEEP": "1"})
 
 
 @nox.session(python=CURRENT)

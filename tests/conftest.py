@@ -30,12 +30,14 @@ import uuid
 from typing import TYPE_CHECKING, Any, NoReturn
 
 import fakeredis
+import hypothesis
 import pytest
 import pytest_asyncio
 import redis
 import redis.asyncio
 
 from idemkey.guard._call import run_as_current
+from tests._depth import DEEP, DEEP_PROFILE
 from tests._servers import (
     ExternalRedis,
     RedisServer,
@@ -53,6 +55,13 @@ REQUIRE_REDIS_ENV = "IDEMKEY_REQUIRE_REDIS"
 # fakeredis speaks this version; the real servers we target are Redis 7.0
 # (docs/design.md#supported-servers).
 FAKEREDIS_VERSION = (7, 0)
+
+# The long form (IDEMKEY_DEEP=1, tests/_depth.py): five times hypothesis' 100 examples for the
+# tests that do not set their own count. Loaded here, before the hypothesis plugin configures
+# itself, so an explicit --hypothesis-profile still wins.
+hypothesis.settings.register_profile(DEEP_PROFILE, max_examples=500)
+if DEEP:
+    hypothesis.settings.load_profile(DEEP_PROFILE)
 
 # Fixtures that need a real server; a test using any of them gets the `redis` marker.
 _REAL_REDIS_FIXTURES = frozenset(
