@@ -4,6 +4,7 @@
     nox -s tests            # the test suite on every Python 3.10-3.13 that actually runs here
     nox -s tests-3.11       # one interpreter
     nox -s quick            # the inner loop, under 90 s; `pytest` stays the whole suite
+    nox -s deep             # the whole suite in its long form (IDEMKEY_DEEP=1), as CI runs it
     nox -s bench -- --quick # arguments after -- go to `python -m benchmarks`
     nox -s build            # sdist + wheel, then check the wheel ships the Lua scripts
     nox -s docs             # the docs site, mkdocs build --strict (-- serve: mkdocs serve)
@@ -70,6 +71,7 @@ LOWEST_TESTS = ["tests/unit", "tests/store", "tests/adapters", "tests/test_versi
 LOWEST_CORE_EXTRAS = (
     "pytest",
     "pytest-asyncio",
+    "pytest-xdist",  # pyproject's addopts run the tests on workers (-n auto)
     "hypothesis",
     "fakeredis",
     "httpx",
@@ -100,6 +102,7 @@ FRAMEWORK_FLOORED = ("django", "fastapi", "httpx", "celery", "sqlalchemy")
 LOWEST_FRAMEWORKS_EXTRAS = (
     "pytest",
     "pytest-asyncio",
+    "pytest-xdist",
     "hypothesis",
     "fakeredis",
     "flask",  # tests/client's WSGI app, tests/sql/test_http_fenced.py
@@ -132,8 +135,9 @@ STARLETTE_FLOOR_TESTS = [
     "tests/adapters/test_asgi_streams.py",
     "tests/frameworks/test_fastapi.py",
 ]
-# The test extra's packages `minimal` installs: a test runner and fakeredis, no framework.
-MINIMAL_EXTRAS = ("pytest", "pytest-asyncio", "hypothesis", "fakeredis")
+# The test extra's packages `minimal` installs: a test runner (on workers) and fakeredis, no
+# framework.
+MINIMAL_EXTRAS = ("pytest", "pytest-asyncio", "pytest-xdist", "hypothesis", "fakeredis")
 # What `minimal` runs: every test that needs no framework, web server, metrics library or
 # other optional client. Listed, not discovered: these modules import such packages at the
 # top and do not skip without them, so the list says what must pass without extras.
@@ -216,11 +220,22 @@ def tests(session: nox.Session) -> None:
 
 
 @nox.session(python=CURRENT)
+def deep(session: nox.Session) -> None:
+    """The whole suite in its long form, as CI runs it (IDEMKEY_DEEP=1, tests/_depth.py): the
+    soak races for 25 s, the fuzz tests draw four times their default examples and every other
+    hypothesis test 500. Extra arguments go to pytest."""
+    session.install("-e", ".[test]", "build")
+    session.run("pytest", *session.posargs, env={"IDEMKEY_DEEP": "1"})
+
+
+@nox.session(python=CURRENT)
 def quick(session: nox.Session) -> None:
     """The inner-loop tier: QUICK_TESTS without the heavy markers, in under 90 s. Arguments
     after -- replace the list. Not the whole suite: run `pytest` before you push."""
     session.install("-e", ".[test]")
-    session.run("pytest", "-m", NOT_HEAVY, *(session.posargs or QUICK_TESTS))
+    # Two workers, not addopts' cores + 2: these tests hardly wait, and each worker imports and
+    # collects them all again (measured on a loaded 2-core box: 67 s with two, 79 s with four).
+    session.run("pytest", "-m", NOT_HEAVY, "-n", "2", *(session.posargs or QUICK_TESTS))
 
 
 @nox.session(python=CURRENT)
@@ -319,9 +334,10 @@ def bench(session: nox.Session) -> None:
 
 @nox.session(python=CURRENT)
 def bench_smoke(session: nox.Session) -> None:
-    """The `benchmark`-marked tests: the quick suite under loose ratio budgets."""
+    """The `benchmark`-marked tests: the quick suite under loose ratio budgets, in one process
+    (-n 0): ratios timed beside other workers' tests would measure the neighbours."""
     session.install("-e", ".[test]")
-    session.run("pytest", "-m", "benchmark", *session.posargs)
+    session.run("pytest", "-m", "benchmark", "-n", "0", *session.posargs)
 
 
 @nox.session(python=CURRENT)

@@ -68,6 +68,7 @@ __all__ = [
     "redis_server_executable",
     "server_description",
     "server_version",
+    "user_environ",
     "wait_until",
     "write_confirmed",
 ]
@@ -243,6 +244,14 @@ def _packaged_valkey() -> str | None:
         if binary.is_file() and os.access(binary, os.X_OK):
             return str(binary)
     return None
+def user_environ(**overrides: str) -> dict[str, str]:
+    """``os.environ`` as a user's shell has it, plus ``overrides``: for a pytest run in a
+    subprocess (a documented sample's tests), which would take the variables pytest-xdist sets
+    in its workers (``PYTEST_XDIST_WORKER``...) to mean it is a worker itself."""
+    kept = {
+        name: value for name, value in os.environ.items() if not name.startswith("PYTEST_XDIST_")
+    }
+    return {**kept, **overrides}
 
 
 def redis_server_executable() -> str | None:

@@ -16,6 +16,12 @@ server: they take ``private_redis_server`` or ``redis_server_factory`` instead.
 Every test that needs a real server, through any fixture here, carries the ``redis`` marker
 (added at collection, or by the ``redis`` param of ``sync_client``/``async_client``), so
 ``pytest -m "not redis"`` runs everything that needs no server.
+
+``pytest`` runs in parallel (pyproject's addopts: ``-n auto --dist worksteal``, pytest-xdist):
+each worker is a session of its own, with its own session server, cluster and temporary
+directories, all on free ports, so nothing here is shared between workers but an external
+``IDEMKEY_REDIS_URL`` (where the per-test prefixes keep them apart). ``-n 0`` runs in one
+process (as ``--pdb`` does by itself).
 """
 
 from __future__ import annotations
@@ -26,11 +32,14 @@ import uuid
 from typing import TYPE_CHECKING, Any, NoReturn
 
 import fakeredis
+import hypothesis
 import pytest
 import pytest_asyncio
 import redis
 import redis.asyncio
 
+from idemkey.guard._call import run_as_current
+from tests._depth import DEEP, DEEP_PROFILE
 from tests._servers import (
     ExternalRedis,
     RedisServer,
@@ -49,6 +58,13 @@ REQUIRE_REDIS_ENV = "IDEMKEY_REQUIRE_REDIS"
 # fakeredis speaks this version; the real servers we target are Redis 7.0
 # (docs/design.md#supported-servers).
 FAKEREDIS_VERSION = (7, 0)
+
+# The long form (IDEMKEY_DEEP=1, tests/_depth.py): five times hypothesis' 100 examples for the
+# tests that do not set their own count. Loaded here, before the hypothesis plugin configures
+# itself, so an explicit --hypothesis-profile still wins.
+hypothesis.settings.register_profile(DEEP_PROFILE, max_examples=500)
+if DEEP:
+    hypothesis.settings.load_profile(DEEP_PROFILE)
 
 # Fixtures that need a real server; a test using any of them gets the `redis` marker.
 _REAL_REDIS_FIXTURES = frozenset(
@@ -72,6 +88,19 @@ def pytest_report_header(config: pytest.Config) -> str:
         return f"idemkey test server: {server_description()}"
     except RedisServerError as exc:  # a misspelt IDEMKEY_TEST_SERVER stops the run, said once
         raise pytest.UsageError(str(exc)) from None
+
+
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int | None:
+    """``-n auto``: two workers more than this process may use cores.
+
+    The suite waits a lot (servers and interpreters starting, leases lapsing, timeouts): about
+    half of its wall time with one worker, so as many workers as cores leave them idle; two
+    more keep a 2-core box busy. ``PYTEST_XDIST_AUTO_NUM_WORKERS`` still decides, when set.
+    """
+    if os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS"):
+        return None  # pytest-xdist's own hook reads it
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return (cores or 1) + 2
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -176,6 +205,17 @@ def private_redis_server(redis_server_factory: Callable[..., RedisServer]) -> Re
 # --------------------------------------------------------------------------------------------
 # Isolation
 # --------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(autouse=True)
+def _no_current_call() -> None:
+    """Each test starts outside any idemkey call, whatever ran before it in this worker.
+
+    An exchange left open by a test (a response never read, a sans-IO exchange stopped while
+    its handler runs) stays the current call of the main thread's context, where the next test
+    would find it through ``current_call()``; which test runs next depends on the workers.
+    """
+    run_as_current(None)
 
 
 @pytest.fixture

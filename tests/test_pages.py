@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from tests._pages import PAGES, ROOT, blocks, run_page, write_page
-from tests._servers import RedisServer, free_port, wait_until
+from tests._servers import RedisServer, free_port, user_environ, wait_until
 
 
 @pytest.mark.parametrize("page", PAGES)
@@ -132,7 +132,7 @@ def test_testing_page(tmp_path: Path) -> None:
     # The app's own Redis URL points at a port nothing listens on: only the kit's stores answer.
     files = write_page("docs/testing.md", tmp_path, redis_url=f"redis://127.0.0.1:{free_port()}")
     assert [f.name for f in files] == ["app.py", "conftest.py", "test_charges.py"]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(ROOT)])}
+    env = user_environ(PYTHONPATH=os.pathsep.join([str(tmp_path), str(ROOT)]))
     env.pop("IDEMKEY_REDIS_URL", None)  # the sample's tests need no Redis
     done = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-W", "error"],

@@ -53,13 +53,14 @@ def send(harness: Harness, key: str) -> Reply:
 
 def record_of(client: redis.Redis, policy: Policy, before: set[bytes]) -> bytes:
     """The one record key written since ``before`` was listed."""
-    new = {k for k in client.scan_iter(match=f"{policy.prefix}:*") if not k.endswith(b":lock")}
+    listed = client.scan_iter(match=f"{policy.prefix}:*", count=1000)
+    new = {k for k in listed if not k.endswith(b":lock")}
     (key,) = new - before
     return key
 
 
 def keys(client: redis.Redis, policy: Policy) -> set[bytes]:
-    return set(client.scan_iter(match=f"{policy.prefix}:*"))
+    return set(client.scan_iter(match=f"{policy.prefix}:*", count=1000))
 
 
 def assert_same_answer(first: Reply, replay: Reply) -> None:

@@ -460,7 +460,7 @@ def test_record_expires_after_ttl_and_the_handler_runs_again(
     assert replayed(charge(harness, "t"))
     client = redis.Redis.from_url(redis_url)
     with contextlib.closing(client):
-        records = list(client.scan_iter(match=f"*{prefix}*"))
+        records = list(client.scan_iter(match=f"*{prefix}*", count=1000))
         assert records
         for record in records:
             assert 0 < client.pttl(record) <= 30_000

@@ -19,7 +19,11 @@ pytestmark = pytest.mark.redis
 
 ROOT = Path(__file__).resolve().parents[2]
 REQUESTS, HOLD = 50, 0.5
-WAKE_BOUND_MS = 2000
+# Under the time a waiter with no wake-up returns at: its blocking read's 5 s cap from the
+# burst, 4.5 s after the owner's answer, and later still on a loaded box. The woken replays
+# leave the one server worker one after another: the last came 2.9 s after the first on a
+# 2-core box running four test workers beside other suites (620 ms with two suites alone).
+WAKE_BOUND_MS = 4000
 
 
 @pytest.mark.parametrize("server", ["uvicorn", "gunicorn"])
@@ -32,7 +36,6 @@ def test_waiters_cost_two_claims_and_wake_at_the_completion(server: str) -> None
     # replay (one, a replay at once, for a request that a loaded box delivers only after the
     # completion: seen with two suites running, 79 and 86 here).
     assert waiters + 2 <= result["evalsha"] <= 2 * waiters + 2, result
-    # Woken by the completion, not by their blocking read running out (5 s here). Generous: the
-    # replays leave one worker one after another, and with two suites on a 2-core box the last
-    # came up to 620 ms after the first; without complete.lua's XADD it comes after 5 s.
+    # Woken by the completion, not by their blocking read running out: without complete.lua's
+    # XADD the first replay comes 4.5 s after the owner's answer.
     assert result["wake_max_ms"] < WAKE_BOUND_MS, result

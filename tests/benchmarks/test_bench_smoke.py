@@ -16,7 +16,7 @@ import pytest
 
 from benchmarks import main
 
-# Out of the default run (pyproject's addopts): `pytest -m benchmark`, a step of its own in CI.
+# Out of the default run (pyproject's addopts): `pytest -m benchmark -n 0`, a step of its own in CI.
 pytestmark = [pytest.mark.benchmark, pytest.mark.redis]
 
 CORE_CASES = {

@@ -2,14 +2,15 @@
 
 A byte every 0.1 s never lets a read time out, so only a bound on the call itself stops it:
 each caller here (the two clients and the two transports, built as docs/client.md shows) gives up
-within half a second of its deadline, with its documented error, whether the server trickles
-the body or the head; and the connection the attempt held is closed then, not when the
-server is done.
+within a second of its deadline (slack for a loaded box; the whole answer takes 10 s), with its
+documented error, whether the server trickles the body or the head; and the connection the
+attempt held is closed then, not when the server is done.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import subprocess
 import sys
@@ -32,41 +33,62 @@ from tests._servers import wait_until
 from ._slow_server import Mode, SlowServer
 
 DEADLINE = 0.75  # under the 2 s read timeout: only the deadline can end the attempt
-MARGIN = 0.5
+# Under the read timeout too, and far under the 10 s answer. Half a second was not enough on a
+# 2-core box running four test workers beside other suites: 1.25-1.44 s seen, building the
+# client and its event loop counted then; only the call is timed now.
+MARGIN = 1.0
 # 100 bytes at 0.1 s: a 10 s answer, and no read ever waits more than 0.1 s.
 INTERVAL = 0.1
 
 
-def via_client(url: str) -> object:
-    with Client(base_url=url, timeout=2.0, retry=RetryPolicy(deadline=DEADLINE)) as client:
+class Clock:
+    """When the call itself started and ended: the deadline bounds that, not the set-up."""
+
+    def __init__(self) -> None:
+        self.started = self.ended = 0.0
+
+    @contextlib.contextmanager
+    def call(self) -> Iterator[None]:
+        self.started = time.monotonic()
+        try:
+            yield
+        finally:
+            self.ended = time.monotonic()
+
+
+def via_client(url: str, clock: Clock) -> object:
+    retry = RetryPolicy(deadline=DEADLINE)
+    with Client(base_url=url, timeout=2.0, retry=retry) as client, clock.call():
         return client.post("/charges", json={"amount": 1000})
 
 
-def via_async_client(url: str) -> object:
+def via_async_client(url: str, clock: Clock) -> object:
     async def call() -> object:
         retry = RetryPolicy(deadline=DEADLINE)
         async with AsyncClient(base_url=url, timeout=2.0, retry=retry) as client:
-            return await client.post("/charges", json={"amount": 1000})
+            with clock.call():
+                return await client.post("/charges", json={"amount": 1000})
 
     return asyncio.run(call())
 
 
-def via_transport(url: str) -> object:
+def via_transport(url: str, clock: Clock) -> object:
     transport = IdempotentTransport(retry=RetryPolicy(deadline=DEADLINE))
-    with httpx.Client(base_url=url, timeout=2.0, transport=transport) as http:
+    with httpx.Client(base_url=url, timeout=2.0, transport=transport) as http, clock.call():
         return http.post("/charges", json={"amount": 1000})
 
 
-def via_async_transport(url: str) -> object:
+def via_async_transport(url: str, clock: Clock) -> object:
     async def call() -> object:
         transport = AsyncIdempotentTransport(retry=RetryPolicy(deadline=DEADLINE))
         async with httpx.AsyncClient(base_url=url, timeout=2.0, transport=transport) as http:
-            return await http.post("/charges", json={"amount": 1000})
+            with clock.call():
+                return await http.post("/charges", json={"amount": 1000})
 
     return asyncio.run(call())
 
 
-CALLERS: dict[str, tuple[Callable[[str], object], type[Exception]]] = {
+CALLERS: dict[str, tuple[Callable[[str, Clock], object], type[Exception]]] = {
     # The clients raise their own error; the transports raise only httpx errors.
     "client": (via_client, RetriesExhaustedError),
     "async-client": (via_async_client, RetriesExhaustedError),
@@ -85,13 +107,13 @@ def trickling(request: pytest.FixtureRequest) -> Iterator[SlowServer]:
 @pytest.mark.parametrize("caller", list(CALLERS))
 def test_the_deadline_bounds_a_trickled_answer(trickling: SlowServer, caller: str) -> None:
     call, error = CALLERS[caller]
-    started = time.monotonic()
+    clock = Clock()
     try:
-        outcome: object = call(trickling.url)
+        outcome: object = call(trickling.url, clock)
     except Exception as exc:
         outcome = exc
-    ended = time.monotonic()
-    elapsed = ended - started
+    ended = clock.ended
+    elapsed = ended - clock.started
     assert isinstance(outcome, error), f"{outcome!r} after {elapsed:.1f} s"
     assert elapsed < DEADLINE + MARGIN, f"{outcome!r} after {elapsed:.1f} s"
     if isinstance(outcome, RetriesExhaustedError):

@@ -78,14 +78,15 @@ def post(web: Client) -> Any:
 
 
 def lock_key(real_client: redis.Redis, prefix: str) -> bytes:
-    keys = list(real_client.scan_iter(match=f"{prefix}:*:lock"))
+    keys = list(real_client.scan_iter(match=f"{prefix}:*:lock", count=1000))
     assert len(keys) == 1
     return keys[0]
 
 
 def record_key_of(real_client: redis.Redis, prefix: str) -> bytes:
     """The one record hash under ``prefix`` (its lock is gone once it completed)."""
-    keys = [k for k in real_client.scan_iter(match=f"{prefix}:{{*}}") if not k.endswith(b":lock")]
+    listed = real_client.scan_iter(match=f"{prefix}:{{*}}", count=1000)
+    keys = [k for k in listed if not k.endswith(b":lock")]
     assert len(keys) == 1
     return keys[0]
 

@@ -8,7 +8,6 @@ of the kit.
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import textwrap
@@ -21,6 +20,7 @@ from idemkey import ConfigurationError, guard
 from idemkey.http import Headers, Request, begin
 from idemkey.policy import Policy
 from idemkey.testing import disabled, fake_async_store, fake_store
+from tests._servers import user_environ
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -157,7 +157,7 @@ def test_a_users_flask_fastapi_and_django_tests_run_on_the_kit(tmp_path: Path) -
         "test_django_app.py": DJANGO,
     }.items():
         (tmp_path / name).write_text(textwrap.dedent(text))
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "IDEMKEY_REDIS_URL": ""}
+    env = user_environ(PYTHONPATH=str(ROOT), IDEMKEY_REDIS_URL="")
     result = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-W", "error", "."],
         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120,

@@ -4,6 +4,9 @@ invalid UTF-8 and odd content types, through the sans-IO HTTP code and through t
 Every request ends in a well-formed response (a 400/409/413/422 problem, a replay, the app's
 own answer, or a pass-through), no exception escapes, and a request idemkey rejects never
 changes a stored record. ``tests/fuzz/fuzz_http.py`` runs the same harness under atheris.
+
+Each example is a whole exchange: the counts below are the long form's (``IDEMKEY_DEEP=1``, as
+CI runs), a quarter of them by default (``tests/_depth.py``).
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from hypothesis import strategies as st
 
 from idemkey import AsyncRedisStore, Policy
 from idemkey.adapters.asgi import IdempotencyMiddleware
+from tests._depth import examples
 from tests._servers import no_retry
 from tests.fuzz._harness import Input, check_response, run_exchange
 
@@ -122,13 +126,13 @@ guarded_request = inputs(
 )
 
 
-@settings(max_examples=1000, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(1000), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(any_request)
 def test_any_request_ends_in_a_well_formed_answer(data: Input) -> None:
     event(run_exchange(data))
 
 
-@settings(max_examples=2000, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(2000), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(guarded_request)
 @example(Input(headers=[(b"Idempotency-Key", b"a"), (b"Idempotency-Key", b"a")]))
 @example(Input(headers=[(b"Idempotency-Key", b"\xff\xfe")], body=b"\xff" * 3000, variant=4))
@@ -177,7 +181,9 @@ class Harness:
         await send({"type": "http.response.body", "body": b"ran:%d" % len(body)})
 
     def snapshot(self) -> dict[bytes, Any]:
-        keys = sorted(self.sync.scan_iter(match=f"{self.prefix}:*"))
+        # Two per example: SCAN's default COUNT (10) took hundreds of round trips each once the
+        # session server held the rest of the suite's records (74 s for the test, 1.6 s alone).
+        keys = sorted(self.sync.scan_iter(match=f"{self.prefix}:*", count=10_000))
         return {key: self.sync.hgetall(key) or self.sync.get(key) for key in keys}
 
     def request(
@@ -233,7 +239,7 @@ def harness(redis_url: str) -> Iterator[Harness]:
     try:
         yield made
     finally:
-        for key in made.sync.scan_iter(match=f"{prefix}:*"):
+        for key in made.sync.scan_iter(match=f"{prefix}:*", count=10_000):
             made.sync.delete(key)
         made.close()
 
@@ -248,7 +254,7 @@ adapter_headers = st.tuples(
 
 
 @pytest.mark.redis
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(300), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     method=st.sampled_from([b"POST", b"POST", b"POST", b"PATCH", b"GET", b"PUT"]),
     headers=adapter_headers,
