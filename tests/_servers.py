@@ -244,6 +244,8 @@ def _packaged_valkey() -> str | None:
         if binary.is_file() and os.access(binary, os.X_OK):
             return str(binary)
     return None
+
+
 def user_environ(**overrides: str) -> dict[str, str]:
     """``os.environ`` as a user's shell has it, plus ``overrides``: for a pytest run in a
     subprocess (a documented sample's tests), which would take the variables pytest-xdist sets
