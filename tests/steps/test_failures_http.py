@@ -1,17 +1,21 @@
-"""Remembered failures through the HTTP adapters, on real servers (uvicorn + FastAPI, gunicorn
-+ Flask): a declared exception is the framework's to render (an exception handler, an
-errorhandler), and the response it renders is what idemkey stores and replays.
+"""Remembered failures through the HTTP adapters, on real servers: FastAPI, Starlette (a guarded
+route, and the plain ASGI middleware) and ASGI Django on uvicorn; Flask (the extension, with
+its constructor and in an app factory with a blueprint), the plain WSGI middleware around a
+Flask app and WSGI Django on gunicorn. A declared exception is the framework's to render (an
+exception handler, an errorhandler, a middleware's ``process_exception``), and the response it
+renders is what idemkey stores and replays.
 
 What a user relies on: a 402 from a card declined is replayed as the same 402 with
-``Idempotent-Replayed: true``, the handler not run again; a transient exception (the
-framework's 503) releases the key, and the retry runs and succeeds.
+``Idempotent-Replayed: true`` (status, header lines and body as first sent), the handler not
+run again; a transient exception (the framework's 503) releases the key, and the retry runs
+and succeeds.
 """
 
 from __future__ import annotations
 
 import sys
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import httpx
@@ -22,16 +26,39 @@ from tests._servers import AppServer
 
 APP = Path(__file__).with_name("failure_apps.py")
 
-COMMANDS = {
-    "fastapi": lambda port: [
-        sys.executable, "-m", "uvicorn", "--factory", "idemkey_failure_apps:fastapi_app",
+
+def uvicorn(factory: str) -> Callable[[int], list[str]]:
+    return lambda port: [
+        sys.executable, "-m", "uvicorn", "--factory", f"idemkey_failure_apps:{factory}",
         "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning",
-    ],
-    "flask": lambda port: [
+    ]  # fmt: skip
+
+
+def gunicorn(factory: str) -> Callable[[int], list[str]]:
+    return lambda port: [
         sys.executable, "-m", "gunicorn", "--workers", "1", "--bind", f"127.0.0.1:{port}",
-        "--log-level", "warning", "idemkey_failure_apps:flask_app()",
-    ],
-}  # fmt: skip
+        "--log-level", "warning", f"idemkey_failure_apps:{factory}()",
+    ]  # fmt: skip
+
+
+COMMANDS = {
+    "fastapi": uvicorn("fastapi_app"),
+    "starlette-route": uvicorn("starlette_app"),
+    "asgi-middleware": uvicorn("asgi_app"),
+    "django-asgi-guard-all": uvicorn("django_asgi_app"),
+    "flask": gunicorn("flask_app"),
+    "flask-factory-blueprint": gunicorn("flask_factory_app"),
+    "wsgi-middleware": gunicorn("wsgi_app"),
+    "django-wsgi-decorated": gunicorn("django_wsgi_app"),
+}
+# What differs between a first answer and its replay, by design: the marker and what the
+# server adds to every response.
+PER_RESPONSE = {"idempotent-replayed", "date", "server"}
+
+
+def lines(answer: httpx.Response) -> list[tuple[str, str]]:
+    """The answer's header lines in order, without the per-response ones."""
+    return [(n, v) for n, v in answer.headers.multi_items() if n.lower() not in PER_RESPONSE]
 
 
 @pytest.fixture(params=sorted(COMMANDS))
@@ -61,6 +88,8 @@ def test_a_declared_failure_replays_as_its_stored_response_and_a_transient_one_r
         assert [a.status_code for a in answers] == [402, 402, 402]
         assert {a.json()["error"] for a in answers} == {"card declined: insufficient_funds"}
         assert [a.headers.get("Idempotent-Replayed") for a in answers] == [None, "true", "true"]
+        assert answers[1].content == answers[2].content == answers[0].content
+        assert lines(answers[1]) == lines(answers[2]) == lines(answers[0])
         assert counter.get(f"{prefix}:runs:k1") == b"1"
 
         flaky = [
@@ -69,5 +98,6 @@ def test_a_declared_failure_replays_as_its_stored_response_and_a_transient_one_r
         ]
         assert [a.status_code for a in flaky] == [503, 200, 200]
         assert flaky[1].json() == flaky[2].json() == {"charged": True, "runs": 2}
+        assert [a.headers.get("Idempotent-Replayed") for a in flaky] == [None, None, "true"]
         assert counter.get(f"{prefix}:runs:k2") == b"2"
     counter.close()
