@@ -38,6 +38,15 @@ class CardDeclined(Exception):
         self.code = code
 
 
+# A header line of the app's own next to Content-Type, so a replay's header lines and their
+# order are compared, not only one line.
+_DECLINED_HEADERS = {"Decline-Code": "insufficient_funds"}
+
+
+def _declined(exc: CardDeclined) -> dict[str, str]:
+    return {"error": str(exc), "code": exc.code}
+
+
 def _settings() -> tuple[str, str]:
     return os.environ["IDEMKEY_TEST_REDIS_URL"], os.environ["IDEMKEY_TEST_PREFIX"]
 
@@ -57,7 +66,7 @@ def fastapi_app() -> FastAPI:
 
     @app.exception_handler(CardDeclined)
     async def declined(request: Request, exc: CardDeclined) -> JSONResponse:
-        return JSONResponse({"error": str(exc), "code": exc.code}, status_code=402)
+        return JSONResponse(_declined(exc), status_code=402, headers=_DECLINED_HEADERS)
 
     @app.exception_handler(ConnectionError)
     async def unavailable(request: Request, exc: ConnectionError) -> JSONResponse:
@@ -89,7 +98,7 @@ def flask_app() -> Flask:
 
     @app.errorhandler(CardDeclined)
     def declined(exc: CardDeclined) -> Any:
-        return {"error": str(exc), "code": exc.code}, 402
+        return _declined(exc), 402, _DECLINED_HEADERS
 
     @app.errorhandler(ConnectionError)
     def unavailable(exc: ConnectionError) -> Any:
@@ -139,7 +148,7 @@ def _starlette(guarded: bool) -> Starlette:
 
     async def declined(request: StarletteRequest, exc: Exception) -> Response:
         assert isinstance(exc, CardDeclined)
-        return JSONResponse({"error": str(exc), "code": exc.code}, status_code=402)
+        return JSONResponse(_declined(exc), status_code=402, headers=_DECLINED_HEADERS)
 
     async def unavailable(request: StarletteRequest, exc: Exception) -> Response:
         return JSONResponse({"error": str(exc)}, status_code=503)
@@ -174,7 +183,7 @@ def asgi_app() -> Starlette:
 def _flask_errorhandlers(app: Flask) -> None:
     @app.errorhandler(CardDeclined)
     def declined(exc: CardDeclined) -> Any:
-        return {"error": str(exc), "code": exc.code}, 402
+        return _declined(exc), 402, _DECLINED_HEADERS
 
     @app.errorhandler(ConnectionError)
     def unavailable(exc: ConnectionError) -> Any:
@@ -220,7 +229,7 @@ def blueprint_charge() -> Any:
 
 @bp.errorhandler(CardDeclined)
 def blueprint_declined(exc: CardDeclined) -> Any:
-    return {"error": str(exc), "code": exc.code}, 402
+    return _declined(exc), 402, _DECLINED_HEADERS
 
 
 @bp.errorhandler(ConnectionError)
@@ -258,7 +267,7 @@ class RenderFailures:
         from django.http import JsonResponse
 
         if isinstance(exc, CardDeclined):
-            return JsonResponse({"error": str(exc), "code": exc.code}, status=402)
+            return JsonResponse(_declined(exc), status=402, headers=_DECLINED_HEADERS)
         if isinstance(exc, ConnectionError):
             return JsonResponse({"error": str(exc)}, status=503)
         return None

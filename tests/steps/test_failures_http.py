@@ -90,6 +90,7 @@ def test_a_declared_failure_replays_as_its_stored_response_and_a_transient_one_r
         assert [a.headers.get("Idempotent-Replayed") for a in answers] == [None, "true", "true"]
         assert answers[1].content == answers[2].content == answers[0].content
         assert lines(answers[1]) == lines(answers[2]) == lines(answers[0])
+        assert answers[0].headers["Decline-Code"] == "insufficient_funds"
         assert counter.get(f"{prefix}:runs:k1") == b"1"
 
         flaky = [
