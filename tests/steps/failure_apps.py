@@ -2,7 +2,8 @@
 
 A declared failure (``CardDeclined``) is rendered by the framework's own exception handling as
 a 402 (FastAPI's and Starlette's ``exception_handler``, Flask's ``errorhandler``, a Django
-middleware's ``process_exception``), a transient one (``ConnectionError``) as a 503. Every
+middleware's ``process_exception``), a transient one (``ConnectionError``) as a 503; a bug
+(``LookupError``) has no handler and is each framework's own 500. Every
 handler run is counted in Redis (``INCR {prefix}:runs:<Idempotency-Key>``). Served as a
 top-level module copied next to the log (see the test), so idemkey comes from PYTHONPATH; a
 Django factory configures the process's settings, so each server serves one app.
@@ -57,6 +58,18 @@ def _policy(prefix: str) -> Policy:
     return Policy(prefix=prefix, scope=lambda _: "t", wait=5)
 
 
+def _charge(runs: int, card: str) -> dict[str, Any]:
+    """The work every app does: a declined card is declined on every run, a flaky PSP fails
+    its first, and a bug (an exception no handler renders) fails every run."""
+    if card == "declined":
+        raise CardDeclined("insufficient_funds")
+    if card == "flaky" and runs == 1:
+        raise ConnectionError("the PSP timed out")
+    if card == "bug":
+        raise LookupError(f"no such card: {card}")
+    return {"charged": True, "runs": runs}
+
+
 def fastapi_app() -> FastAPI:
     url, prefix = _settings()
     client = redis.asyncio.Redis.from_url(url)
@@ -79,12 +92,7 @@ def fastapi_app() -> FastAPI:
     @app.post("/charges", dependencies=[idem.guard()])
     async def charge(request: Request, card: str) -> dict[str, Any]:
         key = request.headers.get("idempotency-key")
-        runs = int(await client.incr(f"{prefix}:runs:{key}"))
-        if card == "declined":
-            raise CardDeclined("insufficient_funds")
-        if card == "flaky" and runs == 1:
-            raise ConnectionError("the PSP timed out")
-        return {"charged": True, "runs": runs}
+        return _charge(int(await client.incr(f"{prefix}:runs:{key}")), card)
 
     return app
 
@@ -112,25 +120,9 @@ def flask_app() -> Flask:
     @idem.idempotent
     def charge() -> Any:
         key = flask_request.headers.get("Idempotency-Key")
-        runs = int(counter.incr(f"{prefix}:runs:{key}"))
-        card = flask_request.args["card"]
-        if card == "declined":
-            raise CardDeclined("insufficient_funds")
-        if card == "flaky" and runs == 1:
-            raise ConnectionError("the PSP timed out")
-        return {"charged": True, "runs": runs}
+        return _charge(int(counter.incr(f"{prefix}:runs:{key}")), flask_request.args["card"])
 
     return app
-
-
-def _charge(runs: int, card: str) -> dict[str, Any]:
-    """The work every app does: a declined card is declined on every run, a flaky PSP fails
-    its first."""
-    if card == "declined":
-        raise CardDeclined("insufficient_funds")
-    if card == "flaky" and runs == 1:
-        raise ConnectionError("the PSP timed out")
-    return {"charged": True, "runs": runs}
 
 
 # ---- Starlette: a guarded route, and the plain ASGI middleware around the app ----------------

@@ -8,7 +8,7 @@ renders is what idemkey stores and replays.
 What a user relies on: a 402 from a card declined is replayed as the same 402 with
 ``Idempotent-Replayed: true`` (status, header lines and body as first sent), the handler not
 run again; a transient exception (the framework's 503) releases the key, and the retry runs
-and succeeds.
+and succeeds; an exception no handler renders (the framework's 500) releases it too.
 """
 
 from __future__ import annotations
@@ -101,4 +101,14 @@ def test_a_declared_failure_replays_as_its_stored_response_and_a_transient_one_r
         assert flaky[1].json() == flaky[2].json() == {"charged": True, "runs": 2}
         assert [a.headers.get("Idempotent-Replayed") for a in flaky] == [None, None, "true"]
         assert counter.get(f"{prefix}:runs:k2") == b"2"
+
+        # An exception no handler renders: the framework's 500 (or the exception itself, out
+        # through idemkey, where the 500 is rendered outside it) releases the key every time.
+        # Each on a connection of its own: uvicorn closes one an app raised on, even once its
+        # 500 is sent, and the next request on it would race that close.
+        bug = {"Idempotency-Key": "k3", "Connection": "close"}
+        bugs = [http.post("/charges", params={"card": "bug"}, headers=bug) for _ in range(2)]
+        assert [a.status_code for a in bugs] == [500, 500]
+        assert [a.headers.get("Idempotent-Replayed") for a in bugs] == [None, None]
+        assert counter.get(f"{prefix}:runs:k3") == b"2"
     counter.close()
