@@ -128,7 +128,7 @@ def flask_app() -> Flask:
 # ---- Starlette: a guarded route, and the plain ASGI middleware around the app ----------------
 
 
-def _starlette(guarded: bool) -> Starlette:
+def _starlette(where: str) -> Any:
     url, prefix = _settings()
     client = redis.asyncio.Redis.from_url(url)
     store = AsyncRedisStore(client, _policy(prefix))
@@ -149,24 +149,31 @@ def _starlette(guarded: bool) -> Starlette:
         return PlainTextResponse("ok")
 
     route = Route("/charges", charge, methods=["POST"])
-    if guarded:  # idem.guard wraps the route's own app, inside Starlette's exception handling
+    handlers = {CardDeclined: declined, ConnectionError: unavailable}
+    if where == "route":  # idem.guard wraps the route's own app, inside Starlette's handling
+        guarded = StarletteIdempotency(store).guard(route)
+        return Starlette(routes=[Route("/health", health), guarded], exception_handlers=handlers)
+    if where == "middleware":  # the app's middleware: between Starlette's two exception layers
         return Starlette(
-            routes=[Route("/health", health), StarletteIdempotency(store).guard(route)],
-            exception_handlers={CardDeclined: declined, ConnectionError: unavailable},
+            routes=[Route("/health", health), route],
+            middleware=[Middleware(asgi.IdempotencyMiddleware, store=store)],
+            exception_handlers=handlers,
         )
-    return Starlette(  # the app's middleware: between Starlette's two exception layers
-        routes=[Route("/health", health), route],
-        middleware=[Middleware(asgi.IdempotencyMiddleware, store=store)],
-        exception_handlers={CardDeclined: declined, ConnectionError: unavailable},
-    )
+    # around the whole app, as asgi.py's docstring shows: all of Starlette's handling inside
+    app = Starlette(routes=[Route("/health", health), route], exception_handlers=handlers)
+    return asgi.IdempotencyMiddleware(app, store)
 
 
-def starlette_app() -> Starlette:
-    return _starlette(guarded=True)
+def starlette_app() -> Any:
+    return _starlette("route")
 
 
-def asgi_app() -> Starlette:
-    return _starlette(guarded=False)
+def asgi_app() -> Any:
+    return _starlette("middleware")
+
+
+def asgi_around_app() -> Any:
+    return _starlette("around")
 
 
 # ---- Flask: the plain WSGI middleware around app.wsgi_app; the extension in an app factory --

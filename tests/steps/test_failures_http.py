@@ -1,7 +1,7 @@
 """Remembered failures through the HTTP adapters, on real servers: FastAPI, Starlette (a guarded
-route, and the plain ASGI middleware) and ASGI Django on uvicorn; Flask (the extension, with
-its constructor and in an app factory with a blueprint), the plain WSGI middleware around a
-Flask app and WSGI Django on gunicorn. A declared exception is the framework's to render (an
+route; the plain ASGI middleware in the app's middleware list, and around the whole app) and
+ASGI Django on uvicorn; Flask (the extension, with its constructor and in an app factory with
+a blueprint), the plain WSGI middleware around a Flask app and WSGI Django on gunicorn. A declared exception is the framework's to render (an
 exception handler, an errorhandler, a middleware's ``process_exception``), and the response it
 renders is what idemkey stores and replays.
 
@@ -45,6 +45,7 @@ COMMANDS = {
     "fastapi": uvicorn("fastapi_app"),
     "starlette-route": uvicorn("starlette_app"),
     "asgi-middleware": uvicorn("asgi_app"),
+    "asgi-around-starlette": uvicorn("asgi_around_app"),
     "django-asgi-guard-all": uvicorn("django_asgi_app"),
     "flask": gunicorn("flask_app"),
     "flask-factory-blueprint": gunicorn("flask_factory_app"),
