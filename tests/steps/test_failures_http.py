@@ -1,9 +1,10 @@
 """Remembered failures through the HTTP adapters, on real servers: FastAPI, Starlette (a guarded
 route; the plain ASGI middleware in the app's middleware list, and around the whole app) and
 ASGI Django on uvicorn; Flask (the extension, with its constructor and in an app factory with
-a blueprint), the plain WSGI middleware around a Flask app and WSGI Django on gunicorn. A declared exception is the framework's to render (an
-exception handler, an errorhandler, a middleware's ``process_exception``), and the response it
-renders is what idemkey stores and replays.
+a blueprint), the plain WSGI middleware around a Flask app and WSGI Django on gunicorn. A
+declared exception is the framework's to render (an exception handler, an errorhandler, a
+middleware's ``process_exception``), and the response it renders is what idemkey stores and
+replays.
 
 What a user relies on: a 402 from a card declined is replayed as the same 402 with
 ``Idempotent-Replayed: true`` (status, header lines and body as first sent), the handler not
@@ -113,3 +114,43 @@ def test_a_declared_failure_replays_as_its_stored_response_and_a_transient_one_r
         assert [a.headers.get("Idempotent-Replayed") for a in bugs] == [None, None]
         assert counter.get(f"{prefix}:runs:k3") == b"2"
     counter.close()
+
+
+async def test_a_starlette_handler_for_exception_is_outside_a_guarded_route(
+    real_async_client: redis.asyncio.Redis, prefix: str
+) -> None:
+    """Starlette runs a handler registered for ``Exception`` (or 500) in its outermost
+    middleware: the declared exception has left the guarded route, releasing the key, before
+    that handler renders it, so the 402 it answers is not stored (docs/steps.md says so, and
+    says to register the class itself)."""
+    from starlette.applications import Starlette
+    from starlette.requests import Request
+    from starlette.responses import JSONResponse, Response
+    from starlette.routing import Route
+
+    from idemkey import AsyncRedisStore, Policy
+    from idemkey.adapters.starlette import Idempotency
+
+    class Declined(Exception):
+        pass
+
+    async def charge(request: Request) -> Response:
+        await real_async_client.incr(f"{prefix}:runs")
+        raise Declined("card declined")
+
+    async def everything(request: Request, exc: Exception) -> Response:
+        return JSONResponse({"error": str(exc)}, status_code=402)
+
+    idem = Idempotency(
+        AsyncRedisStore(real_async_client, Policy(prefix=prefix, scope=lambda _: "t"))
+    )
+    app = Starlette(
+        routes=[idem.guard(Route("/charges", charge, methods=["POST"]))],
+        exception_handlers={Exception: everything},
+    )
+    transport = httpx.ASGITransport(app, raise_app_exceptions=False)
+    async with httpx.AsyncClient(transport=transport, base_url="http://test") as http:
+        answers = [await http.post("/charges", headers={"Idempotency-Key": "k"}) for _ in range(2)]
+    assert [a.status_code for a in answers] == [402, 402]
+    assert [a.headers.get("Idempotent-Replayed") for a in answers] == [None, None]
+    assert await real_async_client.get(f"{prefix}:runs") == b"2"
