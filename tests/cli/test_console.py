@@ -15,6 +15,7 @@ import json
 import shutil
 import subprocess
 import sys
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator
@@ -79,10 +80,41 @@ def console(redis_url: str, prefix: str, tmp_path: Path) -> Iterator[Callable[..
 
 
 def _text(driver: Any, css: str) -> str:
+    """The text of the first element matching ``css``, or "" when there is none.
+
+    The page swaps its sections in place on every refresh, so an element found a moment ago may
+    be gone when its text is read (Selenium's StaleElementReferenceException): find it again.
+    """
+    from selenium.common.exceptions import StaleElementReferenceException
     from selenium.webdriver.common.by import By
 
-    found = driver.find_elements(By.CSS_SELECTOR, css)
-    return str(found[0].text) if found else ""
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            found = driver.find_elements(By.CSS_SELECTOR, css)
+            return str(found[0].text) if found else ""
+        except StaleElementReferenceException:
+            if time.monotonic() > deadline:
+                raise
+
+
+def _click(driver: Any, css: str) -> None:
+    """Click the first element matching ``css`` once it is there, finding it again when a
+    refresh replaced it between the find and the click (the click then never happened)."""
+    from selenium.common.exceptions import StaleElementReferenceException
+    from selenium.webdriver.common.by import By
+
+    def click() -> bool:
+        found = driver.find_elements(By.CSS_SELECTOR, css)
+        if not found:
+            return False
+        try:
+            found[0].click()
+        except StaleElementReferenceException:
+            return False
+        return True
+
+    wait_until(click, 20, f"clicking {css}")
 
 
 def test_the_console_shows_an_operation_in_flight_then_completed(
@@ -147,20 +179,12 @@ def test_forget_from_the_page_needs_the_flag_and_a_confirmation(
     assert refused.value.code == 403
     assert json.loads(refused.value.read())["detail"].startswith("forget is off")
 
-    from selenium.webdriver.common.by import By
-
     allowed = console("--allow-forget")
     browser.get(allowed.url + "/")
-    button = wait_until(
-        lambda: browser.find_elements(By.CSS_SELECTOR, "#stepped button[data-forget]"),
-        20,
-        "the forget button",
-    )[0]
-    button.click()
+    _click(browser, "#stepped button[data-forget]")
     browser.switch_to.alert.dismiss()  # not confirmed: nothing deleted
     assert len(list(store.records())) == 1
-    button = browser.find_elements(By.CSS_SELECTOR, "#stepped button[data-forget]")[0]
-    button.click()
+    _click(browser, "#stepped button[data-forget]")
     alert = browser.switch_to.alert
     assert "run the work again" in alert.text
     alert.accept()
