@@ -112,7 +112,8 @@ def test_nothing_to_cancel_changes_nothing(
     done = sync_client.hgetall(record.key)
     assert store.cancel(record, abandon=True) is None  # complete: untouched
     assert sync_client.hgetall(record.key) == done
-    assert before.keys() == {b"fence", b"i"} and before[b"fence"] == b"1"
+    assert before.keys() == {b"fence", b"i"}
+    assert before[b"fence"] == b"1"
 
 
 def test_a_cancel_drops_the_attempt_counts(
