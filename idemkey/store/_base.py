@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 from importlib.resources import files
 from typing import TYPE_CHECKING, Any, Final, Protocol
 
@@ -31,6 +32,7 @@ __all__ = [
     "SCRIPTS",
     "SCRIPT_NAMES",
     "StoreBase",
+    "evalsha_packer",
     "lean_eligible",
     "pack_evalsha",
 ]
@@ -175,6 +177,8 @@ def lean_eligible(client: Any, *, asyncio: bool) -> bool:
     )
     if pool.connection_class not in own or getattr(pool, "cache", None) is not None:
         return False
+    if pool.connection_kwargs.get("command_packer") is not None:  # the app's own packer
+        return False
     callbacks = getattr(client, "response_callbacks", {})
     if "EVALSHA" in callbacks or b"EVALSHA" in callbacks:
         return False
@@ -183,6 +187,35 @@ def lean_eligible(client: Any, *, asyncio: bool) -> bool:
     except ImportError:
         return True
     return not is_enabled()
+
+
+Packer = Callable[[str, tuple[str | bytes | int, ...]], list[bytes]]
+
+
+def evalsha_packer(encoder: Any, *, packs_with_hiredis: bool) -> Packer:
+    """How the lean path packs ``EVALSHA sha 2 *keys_and_args``, byte for byte as the client's
+    connection would: with hiredis (redis-py's own C packer, called without its argument
+    shuffling) where the connection packs with it (``packs_with_hiredis``: a sync redis-py
+    connection with hiredis, which writes text as UTF-8 whatever the encoding) or where hiredis
+    writes what the client's ``encoder`` would (UTF-8, strict); else :func:`pack_evalsha`."""
+    encoding = str(getattr(encoder, "encoding", "")).lower().replace("_", "-")
+    utf8 = encoding in ("utf-8", "utf8") and getattr(encoder, "encoding_errors", "") == "strict"
+    from redis.utils import HIREDIS_AVAILABLE
+
+    if HIREDIS_AVAILABLE and (packs_with_hiredis or utf8):
+        from hiredis import pack_command
+
+        def hiredis_pack(sha: str, keys_and_args: tuple[str | bytes | int, ...]) -> list[bytes]:
+            return [pack_command(("EVALSHA", sha, 2, *keys_and_args))]  # type: ignore[arg-type]
+
+        return hiredis_pack
+    heads: dict[tuple[str, int], bytes] = {}
+    encode = encoder.encode
+
+    def python_pack(sha: str, keys_and_args: tuple[str | bytes | int, ...]) -> list[bytes]:
+        return pack_evalsha(heads, encode, sha, keys_and_args)
+
+    return python_pack
 
 
 def pack_evalsha(

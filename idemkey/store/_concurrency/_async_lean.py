@@ -1,9 +1,10 @@
 """The lean script call on redis.asyncio's own connections; hand-written, twin of ``_sync_lean``.
 
-``execute_command("EVALSHA", ...)`` spends most of its time in client-side Python: packing the
-whole command anew, the observability hooks, the per-call closures. Here the static head of the
-command (``EVALSHA <sha> 2``, and the array length) is packed once per script and argument
-count, the arguments are encoded with the client's own encoder, and the command is sent on a
+``execute_command("EVALSHA", ...)`` spends most of its time in client-side Python: shuffling the
+arguments into the packer, the observability hooks, the per-call closures. Here the command is
+packed in one call to hiredis (or, without it or with a client encoding that is not UTF-8, in
+Python with its static head, ``EVALSHA <sha> 2`` and the array length, packed once per script
+and argument count; see ``_base.evalsha_packer``), and sent on a
 connection taken from the client's pool with ``send_packed_command`` and read with its parser
 (``read_response``). What the plain path does around that is kept: the connection's retry
 policy (``conn.retry``, with the same disconnect between attempts), its health check (inside
@@ -17,7 +18,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .._base import lean_eligible, pack_evalsha
+from .._base import evalsha_packer, lean_eligible
 
 __all__ = ["Lean", "lean_for"]
 
@@ -28,11 +29,10 @@ class Lean:
     def __init__(self, client: Any) -> None:
         pool = client.connection_pool
         self._pool = pool
-        self._encode = pool.get_encoder().encode
-        self._heads: dict[tuple[str, int], bytes] = {}
+        self._pack = evalsha_packer(pool.get_encoder(), packs_with_hiredis=False)
 
     async def evalsha(self, sha: str, keys_and_args: tuple[str | bytes | int, ...]) -> Any:
-        command = pack_evalsha(self._heads, self._encode, sha, keys_and_args)
+        command = self._pack(sha, keys_and_args)
         pool = self._pool
         conn = await pool.get_connection()
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .._base import lean_eligible, pack_evalsha
+from .._base import evalsha_packer, lean_eligible
 
 __all__ = ["Lean", "lean_for"]
 
@@ -20,11 +20,10 @@ class Lean:
     def __init__(self, client: Any) -> None:
         pool = client.connection_pool
         self._pool = pool
-        self._encode = pool.get_encoder().encode
-        self._heads: dict[tuple[str, int], bytes] = {}
+        self._pack = evalsha_packer(pool.get_encoder(), packs_with_hiredis=True)
 
     def evalsha(self, sha: str, keys_and_args: tuple[str | bytes | int, ...]) -> Any:
-        command = pack_evalsha(self._heads, self._encode, sha, keys_and_args)
+        command = self._pack(sha, keys_and_args)
         pool = self._pool
         conn = pool.get_connection()
 
