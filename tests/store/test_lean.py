@@ -319,3 +319,76 @@ def test_the_connections_health_check_runs(private_redis_server: Any, path: str)
     assert client.info("commandstats")["cmdstat_ping"]["calls"] == pings + 1
     store.close()
     client.close()
+
+
+def _async_store(client: Any, path: str, prefix: str = "p") -> AsyncRedisStore:
+    store = AsyncRedisStore(client, Policy(prefix=prefix))
+    if path == "plain":
+        store._evalsha = store._plain_evalsha  # type: ignore[method-assign]
+    assert _is_lean(store) == (path == "lean")
+    return store
+
+
+@pytest.mark.parametrize("path", PATHS)
+async def test_the_asyncio_clients_retry_policy_resends_a_dropped_read(
+    redis_url: str, prefix: str, path: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As the sync test: redis.asyncio's connection ``retry`` sends again after a disconnect."""
+    from redis.asyncio.retry import Retry
+    from redis.backoff import NoBackoff
+
+    client = redis.asyncio.Redis.from_url(redis_url, retry=Retry(NoBackoff(), 1))
+    store = _async_store(client, path, prefix)
+    record = record_for(prefix, "", "GUARD", "", "k")
+    for script in store._scripts.values():
+        await client.script_load(script.script)
+    conn = await client.connection_pool.get_connection()
+    await client.connection_pool.release(conn)
+    failures: list[object] = []
+    disconnects: list[object] = []
+    read, disconnect = conn.read_response, conn.disconnect
+
+    async def read_once_dropped(*args: Any, **kwargs: Any) -> Any:
+        reply = await read(*args, **kwargs)
+        if not failures:
+            failures.append(reply)
+            raise redis.ConnectionError("dropped under the read")
+        return reply
+
+    async def counted_disconnect(*args: Any, **kwargs: Any) -> None:
+        disconnects.append(kwargs)
+        await disconnect(*args, **kwargs)
+
+    monkeypatch.setattr(conn, "read_response", read_once_dropped)
+    monkeypatch.setattr(conn, "disconnect", counted_disconnect)
+    monkeypatch.setattr(store, "_eval_again", None)
+    decision = await store.claim(record, b"fp", owner="o1", heartbeat=False)
+    assert type(decision).__name__ == "Claimed"
+    assert len(failures) == 1
+    assert disconnects
+    await store.aclose()
+    await client.aclose()
+    _purge_prefix(redis_url, prefix)
+
+
+@pytest.mark.parametrize("path", PATHS)
+async def test_the_asyncio_connections_timeout_bounds_a_script_call(
+    private_redis_server: Any, path: str
+) -> None:
+    from redis.asyncio.retry import Retry
+    from redis.backoff import NoBackoff
+
+    from idemkey import StoreError
+
+    client = private_redis_server.async_client(socket_timeout=0.3, retry=Retry(NoBackoff(), 0))
+    store = _async_store(client, path)
+    record = record_for("p", "", "GUARD", "", "k")
+    await store.release(record, "nobody")
+    private_redis_server.pause()
+    try:
+        with pytest.raises(StoreError, match="Timeout"):
+            await store.release(record, "nobody")
+    finally:
+        private_redis_server.resume()
+        await store.aclose()
+        await client.aclose()
