@@ -16,6 +16,8 @@ import fakeredis
 import pytest
 import redis
 import redis.asyncio
+from redis.asyncio.sentinel import Sentinel as AsyncSentinel
+from redis.sentinel import Sentinel
 
 from idemkey import AsyncRedisStore, Policy, RedisStore
 from idemkey._core import record_for
@@ -93,6 +95,8 @@ def _plain_clients() -> list[tuple[str, Callable[[], Any]]]:
         ("a hooked subclass", _Hooked),
         ("an EVALSHA callback", lambda: callbacks),
         ("client-side cache", lambda: redis.Redis(protocol=3, cache_config=_cache_config())),
+        ("sentinel", lambda: Sentinel([("127.0.0.1", 1)]).master_for("idemkey")),
+        ("asyncio sentinel", lambda: AsyncSentinel([("127.0.0.1", 1)]).master_for("idemkey")),
     ]
 
 
