@@ -49,6 +49,7 @@ from ._base import (
 )
 from ._concurrency._async_heartbeat import AsyncHeartbeat
 from ._concurrency._async_keeper import AsyncKeeper
+from ._concurrency._async_lean import lean_for
 from ._concurrency._async_runtime import (
     LoopWatch,
     discover,
@@ -98,6 +99,10 @@ class AsyncRedisStore(AsyncHeartbeat):
         self._dropped = _dropped_errors(client)
         self._loops = LoopWatch()
         self._keeper = AsyncKeeper(client)
+        lean = lean_for(client)
+        #: How a script call is sent: the lean path on a plain redis-py client, else the plain
+        #: one (``_base.lean_eligible``). Both answer alike (tests/store/test_lean.py).
+        self._evalsha = lean.evalsha if lean is not None else self._plain_evalsha
         if self.policy.durability is not None:
             # Only with durability on: the plain _eval (the hot path) stays exactly as it is.
             self._eval = self._eval_durable  # type: ignore[method-assign]
@@ -114,7 +119,7 @@ class AsyncRedisStore(AsyncHeartbeat):
             await drop_other_loops(self.client)
         try:
             try:
-                return await self.client.execute_command("EVALSHA", script.sha, 2, *keys_and_args)
+                return await self._evalsha(script.sha, keys_and_args)
             except self._noscript:
                 return await script(keys_and_args[:2], keys_and_args[2:])
         except self._errors as exc:
@@ -123,6 +128,9 @@ class AsyncRedisStore(AsyncHeartbeat):
             if isinstance(exc, self._dropped) and not _never_connected(exc):
                 return await self._eval_again(name, keys_and_args)
             raise self._store_error(name, exc) from exc
+
+    async def _plain_evalsha(self, sha: str, keys_and_args: tuple[str | bytes | int, ...]) -> Any:
+        return await self.client.execute_command("EVALSHA", sha, 2, *keys_and_args)
 
     async def _eval_again(self, name: str, keys_and_args: tuple[str | bytes | int, ...]) -> Any:
         """Send a script once more after its connection was dropped (a pooled connection the

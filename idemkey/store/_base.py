@@ -2,15 +2,18 @@
 error classes, the policy, and the retry delays. No I/O here.
 
 Scripts are registered per store instance (``client.register_script``), never on a class bound
-to the first client. The hot path sends a bare ``EVALSHA`` with ``execute_command``, which saves
-redis-py's per-call argument shuffling, and falls back to the registered ``Script`` (which loads
-the script and retries) when the server answers NOSCRIPT, e.g. after a restart or a failover.
+to the first client. The hot path sends a bare ``EVALSHA``: on a plain redis-py client through
+the lean path (``_concurrency/_async_lean``: the command's head packed once, sent on a pooled
+connection), elsewhere with ``execute_command``, which saves redis-py's per-call argument
+shuffling. Either falls back to the registered ``Script`` (which loads the script and retries)
+when the server answers NOSCRIPT, e.g. after a restart or a failover.
 """
 
 from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 from importlib.resources import files
 from typing import TYPE_CHECKING, Any, Final, Protocol
 
@@ -29,6 +32,9 @@ __all__ = [
     "SCRIPTS",
     "SCRIPT_NAMES",
     "StoreBase",
+    "evalsha_packer",
+    "lean_eligible",
+    "pack_evalsha",
 ]
 
 SCRIPT_NAMES: Final = ("claim", "complete", "release", "renew", "checkpoint", "attempt", "cancel")
@@ -106,6 +112,139 @@ def _backend_errors(client: Any) -> tuple[_Errors, type[BaseException], _Errors]
         NoScriptError,
         (ClusterError, TryAgainError, *torn_down),
     )
+
+
+# redis-py's own cutoff: an argument longer than this is sent as its own chunk, not copied.
+_BUFFER_CUTOFF: Final = 6000
+
+# The methods of redis-py's clients the lean path stands in for: a subclass that overrides one
+# (a hook, a tracer) gets the plain path, which calls them.
+_SYNC_METHODS: Final = (
+    "execute_command",
+    "_execute_command",
+    "_send_command_parse_response",
+    "parse_response",
+)
+_ASYNC_METHODS: Final = (
+    "execute_command",
+    "_send_command_parse_response",
+    "parse_response",
+    "initialize",
+)
+
+
+def lean_eligible(client: Any, *, asyncio: bool) -> bool:
+    """Whether the lean path (``_concurrency/_async_lean``) does exactly what ``execute_command``
+    would for a script call on ``client``: redis-py 8 or later (the connection API it was
+    written against and is tested on), its own client class or a subclass that overrides none
+    of the command methods, one of its own pools and connection classes (not Sentinel's, not
+    fakeredis'), no client-side cache, not a single-connection client, no response callback for
+    EVALSHA, and redis-py's OpenTelemetry metrics off (the plain path records them). A cluster
+    client, valkey-py and anything else get the plain path."""
+    if client_module(client).split(".", 1)[0] != "redis":
+        return False
+    import redis
+
+    try:
+        if int(redis.__version__.split(".", 1)[0]) < 8:
+            return False
+    except ValueError:
+        return False
+    if asyncio:
+        import redis.asyncio.client as clients
+        import redis.asyncio.connection as connections
+
+        methods = _ASYNC_METHODS
+        single = getattr(client, "single_connection_client", True)
+    else:
+        import redis.client as clients  # type: ignore[no-redef]
+        import redis.connection as connections  # type: ignore[no-redef]
+
+        methods = _SYNC_METHODS
+        single = getattr(client, "_single_connection_client", True)
+    base = clients.Redis
+    if not isinstance(client, base) or single or getattr(client, "connection", None) is not None:
+        return False
+    if any(getattr(type(client), name, None) is not getattr(base, name) for name in methods):
+        return False
+    pool: Any = getattr(client, "connection_pool", None)
+    if type(pool) not in (connections.ConnectionPool, connections.BlockingConnectionPool):
+        return False
+    own = (
+        connections.Connection,
+        connections.SSLConnection,
+        connections.UnixDomainSocketConnection,
+    )
+    if pool.connection_class not in own or getattr(pool, "cache", None) is not None:
+        return False
+    if pool.connection_kwargs.get("command_packer") is not None:  # the app's own packer
+        return False
+    callbacks = getattr(client, "response_callbacks", {})
+    if "EVALSHA" in callbacks or b"EVALSHA" in callbacks:
+        return False
+    try:
+        from redis.observability.recorder import is_enabled
+    except ImportError:
+        return True
+    return not is_enabled()
+
+
+Packer = Callable[[str, tuple[str | bytes | int, ...]], list[bytes]]
+
+
+def evalsha_packer(encoder: Any, *, packs_with_hiredis: bool) -> Packer:
+    """How the lean path packs ``EVALSHA sha 2 *keys_and_args``, byte for byte as the client's
+    connection would: with hiredis (redis-py's own C packer, called without its argument
+    shuffling) where the connection packs with it (``packs_with_hiredis``: a sync redis-py
+    connection with hiredis, which writes text as UTF-8 whatever the encoding) or where hiredis
+    writes what the client's ``encoder`` would (UTF-8, strict); else :func:`pack_evalsha`."""
+    encoding = str(getattr(encoder, "encoding", "")).lower().replace("_", "-")
+    utf8 = encoding in ("utf-8", "utf8") and getattr(encoder, "encoding_errors", "") == "strict"
+    from redis.utils import HIREDIS_AVAILABLE
+
+    if HIREDIS_AVAILABLE and (packs_with_hiredis or utf8):
+        from hiredis import pack_command
+
+        def hiredis_pack(sha: str, keys_and_args: tuple[str | bytes | int, ...]) -> list[bytes]:
+            return [pack_command(("EVALSHA", sha, 2, *keys_and_args))]  # type: ignore[arg-type]
+
+        return hiredis_pack
+    heads: dict[tuple[str, int], bytes] = {}
+    encode = encoder.encode
+
+    def python_pack(sha: str, keys_and_args: tuple[str | bytes | int, ...]) -> list[bytes]:
+        return pack_evalsha(heads, encode, sha, keys_and_args)
+
+    return python_pack
+
+
+def pack_evalsha(
+    heads: dict[tuple[str, int], bytes],
+    encode: Any,
+    sha: str,
+    keys_and_args: tuple[str | bytes | int, ...],
+) -> list[bytes]:
+    """``EVALSHA sha 2 *keys_and_args`` in RESP, as redis-py's packer writes it: the head
+    (array length, command, sha, key count) packed once per script and argument count and kept
+    in ``heads``, each argument encoded with the client's ``encode``."""
+    head = heads.get((sha, len(keys_and_args)))
+    if head is None:
+        count, digest = len(keys_and_args) + 3, sha.encode()
+        head = b"*%d\r\n$7\r\nEVALSHA\r\n$%d\r\n%s\r\n$1\r\n2\r\n" % (count, len(digest), digest)
+        heads[(sha, len(keys_and_args))] = head
+    chunks: list[bytes] = []
+    buffer = [head]
+    for arg in keys_and_args:
+        value = encode(arg)
+        if len(value) > _BUFFER_CUTOFF:  # a large response body: sent as it is, not copied
+            buffer.append(b"$%d\r\n" % len(value))
+            chunks.append(b"".join(buffer))
+            chunks.append(value)
+            buffer = [b"\r\n"]
+        else:
+            buffer += (b"$%d\r\n" % len(value), value, b"\r\n")
+    chunks.append(b"".join(buffer))
+    return chunks
 
 
 def _never_connected(exc: BaseException) -> bool:

@@ -49,6 +49,7 @@ from ._base import (
 )
 from ._concurrency._sync_heartbeat import Heartbeat
 from ._concurrency._sync_keeper import Keeper
+from ._concurrency._sync_lean import lean_for
 from ._concurrency._sync_runtime import (
     LoopWatch,
     discover,
@@ -98,6 +99,10 @@ class RedisStore(Heartbeat):
         self._dropped = _dropped_errors(client)
         self._loops = LoopWatch()
         self._keeper = Keeper(client)
+        lean = lean_for(client)
+        #: How a script call is sent: the lean path on a plain redis-py client, else the plain
+        #: one (``_base.lean_eligible``). Both answer alike (tests/store/test_lean.py).
+        self._evalsha = lean.evalsha if lean is not None else self._plain_evalsha
         if self.policy.durability is not None:
             # Only with durability on: the plain _eval (the hot path) stays exactly as it is.
             self._eval = self._eval_durable  # type: ignore[method-assign]
@@ -114,7 +119,7 @@ class RedisStore(Heartbeat):
             drop_other_loops(self.client)
         try:
             try:
-                return self.client.execute_command("EVALSHA", script.sha, 2, *keys_and_args)
+                return self._evalsha(script.sha, keys_and_args)
             except self._noscript:
                 return script(keys_and_args[:2], keys_and_args[2:])
         except self._errors as exc:
@@ -123,6 +128,9 @@ class RedisStore(Heartbeat):
             if isinstance(exc, self._dropped) and not _never_connected(exc):
                 return self._eval_again(name, keys_and_args)
             raise self._store_error(name, exc) from exc
+
+    def _plain_evalsha(self, sha: str, keys_and_args: tuple[str | bytes | int, ...]) -> Any:
+        return self.client.execute_command("EVALSHA", sha, 2, *keys_and_args)
 
     def _eval_again(self, name: str, keys_and_args: tuple[str | bytes | int, ...]) -> Any:
         """Send a script once more after its connection was dropped (a pooled connection the

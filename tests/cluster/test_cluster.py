@@ -633,3 +633,21 @@ async def test_async_waiters_block_on_the_records_master_and_wake_at_the_complet
         assert time.monotonic() - completed < WAKE_BOUND
     finally:
         await store.aclose()
+
+
+def test_a_cluster_client_takes_the_plain_script_path(
+    cluster_client: redis.cluster.RedisCluster,
+) -> None:
+    """The lean path (tests/store/test_lean.py) knows nothing of slots and redirects: a cluster
+    client's script calls go through its own execute_command, which routes them."""
+    store = RedisStore(cluster_client, Policy(prefix="lean-check"))
+    assert store._evalsha == store._plain_evalsha
+    store.close()
+
+
+async def test_an_asyncio_cluster_client_takes_the_plain_script_path(
+    async_cluster_client: redis.asyncio.cluster.RedisCluster,
+) -> None:
+    store = AsyncRedisStore(async_cluster_client, Policy(prefix="lean-check"))
+    assert store._evalsha == store._plain_evalsha
+    await store.aclose()

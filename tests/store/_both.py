@@ -176,6 +176,36 @@ class AsyncStore:
             await store.aclose()
 
 
+class PlainSyncStore:
+    """Mixin: ``store`` is a :class:`RedisStore` on the real server that sends its scripts with
+    ``execute_command`` (the plain path) instead of the lean path a default client takes: the
+    contract holds on both (tests/store/test_lean.py pins their answers equal)."""
+
+    @pytest.fixture
+    def store(self, real_client: redis.Redis, prefix: str) -> Iterator[Both]:
+        store = RedisStore(real_client, Policy(prefix=prefix))
+        store._evalsha = store._plain_evalsha  # type: ignore[method-assign]
+        try:
+            yield Both(store, prefix)
+        finally:
+            store.close()
+
+
+class PlainAsyncStore:
+    """Mixin: :class:`PlainSyncStore` for :class:`AsyncRedisStore`."""
+
+    @pytest_asyncio.fixture
+    async def store(
+        self, real_async_client: redis.asyncio.Redis, prefix: str
+    ) -> AsyncIterator[Both]:
+        store = AsyncRedisStore(real_async_client, Policy(prefix=prefix))
+        store._evalsha = store._plain_evalsha  # type: ignore[method-assign]
+        try:
+            yield Both(store, prefix)
+        finally:
+            await store.aclose()
+
+
 class ValkeyPySyncStore:
     """Mixin: ``store`` is a :class:`RedisStore` on a ``valkey.Valkey`` client (valkey-py, the
     redis-py fork) on the real session server: the same contract as on redis-py."""

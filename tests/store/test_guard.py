@@ -28,7 +28,15 @@ from idemkey import (
 )
 from idemkey.records import Claimed, encode_value, payload_fingerprint
 from tests._servers import async_wait_until, free_port, no_retry
-from tests.store._both import AsyncStore, Both, SyncStore, ValkeyPyAsyncStore, ValkeyPySyncStore
+from tests.store._both import (
+    AsyncStore,
+    Both,
+    PlainAsyncStore,
+    PlainSyncStore,
+    SyncStore,
+    ValkeyPyAsyncStore,
+    ValkeyPySyncStore,
+)
 
 
 class Receipt(msgspec.Struct):
@@ -420,4 +428,12 @@ class TestValkeyPyGuard(ValkeyPySyncStore, GuardBehaviour):
 
 
 class TestValkeyPyAsyncGuard(ValkeyPyAsyncStore, GuardBehaviour):
+    pass
+
+
+class TestPlainPathGuard(PlainSyncStore, GuardBehaviour):
+    """The same contract on the plain path (execute_command), see test_lean.py."""
+
+
+class TestPlainPathAsyncGuard(PlainAsyncStore, GuardBehaviour):
     pass

@@ -11,6 +11,8 @@ from idemkey.records import Claimed, InFlight, Mismatch, Replay, new_owner, payl
 from tests.store._both import (
     AsyncStore,
     Both,
+    PlainAsyncStore,
+    PlainSyncStore,
     SyncStore,
     ValkeyPyAsyncStore,
     ValkeyPySyncStore,
@@ -370,4 +372,12 @@ class TestValkeyPyStoreScripts(ValkeyPySyncStore, ScriptBehaviour):
 
 
 class TestValkeyPyAsyncStoreScripts(ValkeyPyAsyncStore, ScriptBehaviour):
+    pass
+
+
+class TestPlainPathStoreScripts(PlainSyncStore, ScriptBehaviour):
+    """The same contract on the plain path (execute_command), see test_lean.py."""
+
+
+class TestPlainPathAsyncStoreScripts(PlainAsyncStore, ScriptBehaviour):
     pass

@@ -20,7 +20,7 @@ from idemkey.records import (
     Replay,
     payload_fingerprint,
 )
-from tests.store._both import AsyncStore, Both, SyncStore, _resolve
+from tests.store._both import AsyncStore, Both, PlainAsyncStore, PlainSyncStore, SyncStore, _resolve
 
 TTL_MS = 100_000
 GRACE_MS = 500_000
@@ -105,4 +105,12 @@ class TestRedisStoreTombstones(SyncStore, TombstoneBehaviour):
 
 
 class TestAsyncRedisStoreTombstones(AsyncStore, TombstoneBehaviour):
+    pass
+
+
+class TestPlainPathStoreTombstones(PlainSyncStore, TombstoneBehaviour):
+    """The same contract on the plain path (execute_command), see test_lean.py."""
+
+
+class TestPlainPathAsyncStoreTombstones(PlainAsyncStore, TombstoneBehaviour):
     pass
