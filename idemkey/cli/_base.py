@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from typing import IO, Final, NoReturn
 
 __all__ = ["DEBUG_ENV", "URL_ENV", "CliError", "Parser", "UsageError", "print_json"]
@@ -33,6 +34,13 @@ class Parser(argparse.ArgumentParser):
 
     def error(self, message: str) -> NoReturn:
         raise UsageError(f"{self.prog}: {message} (see --help)")
+
+
+def confirm(question: str) -> bool:
+    """Ask a yes/no question on stderr; only ``y`` or ``yes`` on stdin says yes."""
+    sys.stderr.write(f"{question} [y/N] ")
+    sys.stderr.flush()
+    return sys.stdin.readline().strip().lower() in ("y", "yes")
 
 
 def print_json(data: object, out: IO[str]) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Final
 
-__all__ = ["PREVIEW_BYTES", "duration", "preview", "shorten", "size"]
+__all__ = ["PREVIEW_BYTES", "compact_seconds", "duration", "preview", "shorten", "size"]
 
 PREVIEW_BYTES: Final = 120
 
@@ -23,6 +23,19 @@ def duration(ms: int) -> str:
             seconds %= length
     parts.append(f"{seconds:.1f}s" if not parts else f"{int(seconds)}s")
     return " ".join(parts)
+
+
+def compact_seconds(value: float | None) -> str:
+    """Seconds in one unit, short enough for a column (``42.0s``, ``3m``, ``1.5h``); ``-``: none."""
+    if value is None:
+        return "-"
+    if value < 60:
+        return f"{value:.1f}s"
+    if value < 3600:
+        return f"{value / 60:.0f}m"
+    if value < 86400:
+        return f"{value / 3600:.1f}h"
+    return f"{value / 86400:.1f}d"
 
 
 def size(n: float) -> str:

@@ -14,10 +14,10 @@ import sys
 from typing import IO, Final
 
 from ..store._base import SCRIPTS
-from ._base import CliError, print_json
-from ._records import add_record_options, names_one_record, record_candidates
+from ._base import CliError, confirm, print_json
+from ._records import add_record_options, record_candidates
 from ._redis import connect
-from .inspect import find
+from .inspect import find_one_held
 
 HELP: Final = "cancel an in-progress or half-done record (its owner can no longer complete it)"
 
@@ -32,36 +32,19 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--yes", "-y", action="store_true", help="do not ask on a terminal")
 
 
-def _confirm(question: str) -> bool:
-    sys.stderr.write(f"{question} [y/N] ")
-    sys.stderr.flush()
-    return sys.stdin.readline().strip().lower() in ("y", "yes")
-
-
 def run(args: argparse.Namespace, out: IO[str]) -> int:
     candidates = record_candidates(args)
     with connect(args.redis_url) as server:
         client = server.client
-        held = [(c, view) for c, view in find(client, candidates) if view.exists]
-        if not held:
-            if len(candidates) == 1 and names_one_record(args):
-                raise CliError(f"no record {candidates[0].record.record_key}")
-            tried = "; ".join(c.describe() for c in candidates)
-            raise CliError(f"no record for key {args.key!r} under the names tried ({tried})")
-        if len(held) > 1:
-            where = "; ".join(c.describe() for c, _ in held)
-            raise CliError(
-                f"the key is held by {len(held)} records ({where}): give --scope and --route "
-                "to name one; nothing cancelled"
-            )
-        record, view = held[0][0].record, held[0][1]
+        held, view = find_one_held(client, args, candidates, nothing="nothing cancelled")
+        record = held.record
         if view.state == "complete":
             raise CliError(
                 f"record {record.record_key} is complete: nothing to cancel (forget deletes it)"
             )
         if not args.yes and sys.stdin.isatty():
             what = "cancel and abandon" if args.abandon else "cancel"
-            if not _confirm(f"{what} {view.state} record {record.record_key}?"):
+            if not confirm(f"{what} {view.state} record {record.record_key}?"):
                 raise CliError("not confirmed; nothing cancelled")
         script = client.register_script(SCRIPTS["cancel"])
         reply = script(

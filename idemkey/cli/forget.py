@@ -7,11 +7,11 @@ import sys
 from typing import IO, Final
 
 from ..store.diagnostics import _text as text
-from ._base import CliError, print_json
+from ._base import CliError, confirm, print_json
 from ._format import duration
-from ._records import add_record_options, names_one_record, record_candidates
+from ._records import add_record_options, record_candidates
 from ._redis import connect
-from .inspect import find
+from .inspect import find_one_held
 
 HELP: Final = "delete one record (record and lock)"
 
@@ -38,30 +38,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--force", action="store_true", help="delete an in-progress record too")
 
 
-def _confirm(question: str) -> bool:
-    sys.stderr.write(f"{question} [y/N] ")
-    sys.stderr.flush()
-    answer = sys.stdin.readline()
-    return answer.strip().lower() in ("y", "yes")
-
-
 def run(args: argparse.Namespace, out: IO[str]) -> int:
     candidates = record_candidates(args)
     with connect(args.redis_url) as server:
         client = server.client
-        held = [(c, view) for c, view in find(client, candidates) if view.exists]
-        if not held:
-            if len(candidates) == 1 and names_one_record(args):
-                raise CliError(f"no record {candidates[0].record.record_key}")
-            tried = "; ".join(f"{c.describe()}" for c in candidates)
-            raise CliError(f"no record for key {args.key!r} under the names tried ({tried})")
-        if len(held) > 1:
-            where = "; ".join(c.describe() for c, _ in held)
-            raise CliError(
-                f"the key is held by {len(held)} records ({where}): give --scope and --route "
-                "to name one; nothing deleted"
-            )
-        record, view = held[0][0].record, held[0][1]
+        held, view = find_one_held(client, args, candidates, nothing="nothing deleted")
+        record = held.record
         if view.state == "in_progress" and not args.force:
             lease = "no live lease" if view.lease_ms < 0 else f"lease {duration(view.lease_ms)}"
             raise CliError(
@@ -70,7 +52,7 @@ def run(args: argparse.Namespace, out: IO[str]) -> int:
             )
         if not args.yes and sys.stdin.isatty():
             question = f"forget {view.state} record {record.record_key}?"
-            if not _confirm(question):
+            if not confirm(question):
                 raise CliError("not confirmed; nothing deleted")
         script = client.register_script(_FORGET_LUA)
         deleted, state = script(

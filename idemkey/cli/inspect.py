@@ -15,7 +15,7 @@ from dataclasses import asdict
 from typing import IO, Any, Final
 
 from ..guard import GUARD_METHOD
-from ._base import print_json
+from ._base import CliError, print_json
 from ._records import (
     NOT_SEARCHABLE,
     Candidate,
@@ -46,6 +46,28 @@ def find(client: Any, candidates: list[Candidate]) -> list[tuple[Candidate, Reco
     # The stored value is a guard() result or an HTTP response; by digest, try both.
     decode = {GUARD_METHOD: True, "?": None}
     return [(c, read_record(client, c.record, guard=decode.get(c.method, False))) for c in present]
+
+
+def find_one_held(
+    client: Any, args: argparse.Namespace, candidates: list[Candidate], *, nothing: str
+) -> tuple[Candidate, RecordView]:
+    """The one record holding the key, for a command that changes it; else a CliError.
+
+    ``nothing`` ends the message when more than one record holds the key ("nothing deleted").
+    """
+    held = [(c, view) for c, view in find(client, candidates) if view.exists]
+    if not held:
+        if len(candidates) == 1 and names_one_record(args):
+            raise CliError(f"no record {candidates[0].record.record_key}")
+        tried = "; ".join(c.describe() for c in candidates)
+        raise CliError(f"no record for key {args.key!r} under the names tried ({tried})")
+    if len(held) > 1:
+        where = "; ".join(c.describe() for c, _ in held)
+        raise CliError(
+            f"the key is held by {len(held)} records ({where}): give --scope and --route "
+            f"to name one; {nothing}"
+        )
+    return held[0]
 
 
 def run(args: argparse.Namespace, out: IO[str]) -> int:

@@ -17,6 +17,7 @@ from ..policy import Policy
 from ..store import STATES, RecordStatus, RedisStore
 from ..store.uncertain import UncertainEntry
 from ._base import CliError, print_json
+from ._format import compact_seconds
 from ._redis import connect
 from .stats import _Progress as Progress
 
@@ -44,18 +45,6 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def _seconds(value: float | None) -> str:
-    if value is None:
-        return "-"
-    if value < 60:
-        return f"{value:.1f}s"
-    if value < 3600:
-        return f"{value / 60:.0f}m"
-    if value < 86400:
-        return f"{value / 3600:.1f}h"
-    return f"{value / 86400:.1f}d"
-
-
 COLUMNS: Final = (
     f"{'STATE':<12} {'AGE':>6} {'LEASE':>6} {'TTL':>6} {'FENCE':>5}  {'ORIGIN':<32} STEPS  RECORD"
 )
@@ -68,9 +57,10 @@ def row(status: RecordStatus) -> str:
         origin += f" [{status.scope[:12]}]"
     fence = str(status.fence) if status.fence is not None else "-"
     steps = ",".join(status.steps) or "-"
+    age, lease, ttl = (compact_seconds(s) for s in (status.age, status.lease_left, status.ttl_left))
     return (
-        f"{status.state:<12} {_seconds(status.age):>6} {_seconds(status.lease_left):>6} "
-        f"{_seconds(status.ttl_left):>6} {fence:>5}  {origin:<32} {steps}  {status.digest}"
+        f"{status.state:<12} {age:>6} {lease:>6} "
+        f"{ttl:>6} {fence:>5}  {origin:<32} {steps}  {status.digest}"
     )
 
 

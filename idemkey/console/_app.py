@@ -18,6 +18,7 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, Response
 from starlette.routing import Route
 
+from ..cli._format import compact_seconds
 from ..errors import StoreError
 from ..store import RedisStore
 from ._view import MAX_LISTED, snapshot
@@ -39,18 +40,6 @@ return redis.call("DEL", KEYS[1])
 """
 
 
-def _seconds(value: float | None) -> str:
-    if value is None:
-        return "-"
-    if value < 60:
-        return f"{value:.1f}s"
-    if value < 3600:
-        return f"{value / 60:.0f}m"
-    if value < 86400:
-        return f"{value / 3600:.1f}h"
-    return f"{value / 86400:.1f}d"
-
-
 def _when(at: float) -> str:
     return datetime.fromtimestamp(at, tz=timezone.utc).strftime("%Y-%m-%d %H:%M:%S")
 
@@ -61,7 +50,7 @@ def create_app(store: RedisStore, *, refresh: float = 3.0, allow_forget: bool = 
         loader=PackageLoader("idemkey.console", "templates"),
         autoescape=select_autoescape(["html"]),
     )
-    templates.filters["secs"] = _seconds
+    templates.filters["secs"] = compact_seconds
     templates.filters["when"] = _when
     forget_script = store.client.register_script(_FORGET_UNLESS_HELD)
 
