@@ -3,16 +3,14 @@
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Iterator
 
 import pytest
 import redis.cluster
 
 from idemkey import Policy, RedisStore, guard
-from tests._servers import RedisServerError, redis_server_executable
 from tests.cli.conftest import CliRunner
-from tests.cluster._cluster import ClusterProcesses
+from tests.cluster._cluster import ClusterProcesses, running_cluster
 
 pytestmark = [pytest.mark.cluster, pytest.mark.redis]
 
@@ -20,18 +18,8 @@ pytestmark = [pytest.mark.cluster, pytest.mark.redis]
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[ClusterProcesses]:
     """A small private cluster (3 masters, no replicas): the CLI only reads and deletes."""
-    if redis_server_executable() is None:
-        if os.environ.get("IDEMKEY_REQUIRE_REDIS", "") == "1":
-            pytest.fail("cluster tests need redis-server or valkey-server", pytrace=False)
-        pytest.skip("cluster tests need redis-server or valkey-server")
-    try:
-        processes = ClusterProcesses(masters=3, replicas=0).start()
-    except RedisServerError as exc:
-        pytest.fail(f"could not start a Redis cluster: {exc}", pytrace=False)
-    try:
+    with running_cluster(masters=3, replicas=0) as processes:
         yield processes
-    finally:
-        processes.close()
 
 
 @pytest.fixture

@@ -16,10 +16,12 @@ slot is half-moved.
 from __future__ import annotations
 
 import contextlib
+import os
 import socket
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
+import pytest
 import redis
 import redis.asyncio.cluster
 import redis.cluster
@@ -38,7 +40,7 @@ from tests._servers import (
     write_confirmed,
 )
 
-__all__ = ["ClusterProcesses"]
+__all__ = ["ClusterProcesses", "running_cluster"]
 
 SLOTS = 16384
 
@@ -471,3 +473,29 @@ class ClusterProcesses:
 
     def __repr__(self) -> str:
         return f"<ClusterProcesses ports={[n.port for n in self.nodes]}>"
+
+
+@contextlib.contextmanager
+def running_cluster(
+    masters: int = 3, replicas: int = 1, **options: Any
+) -> Iterator[ClusterProcesses]:
+    """A started :class:`ClusterProcesses`, closed on exit: what a cluster fixture yields.
+
+    Without a server binary the test is skipped, or fails when ``IDEMKEY_REQUIRE_REDIS=1`` (CI);
+    a cluster that does not come up fails the test without a traceback.
+    """
+    if redis_server_executable() is None:
+        reason = "the cluster tests need redis-server or valkey-server"
+        if os.environ.get("IDEMKEY_REQUIRE_REDIS", "") == "1":
+            pytest.fail(
+                f"{reason}, but IDEMKEY_REQUIRE_REDIS=1 requires a real Redis", pytrace=False
+            )
+        pytest.skip(reason)
+    try:
+        processes = ClusterProcesses(masters=masters, replicas=replicas, **options).start()
+    except RedisServerError as exc:
+        pytest.fail(f"could not start a Redis cluster: {exc}", pytrace=False)
+    try:
+        yield processes
+    finally:
+        processes.close()

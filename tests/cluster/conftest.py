@@ -12,15 +12,13 @@ fail when ``IDEMKEY_REQUIRE_REDIS=1`` (CI).
 from __future__ import annotations
 
 import contextlib
-import os
 from typing import TYPE_CHECKING, Any
 
 import pytest
 import pytest_asyncio
 import redis
 
-from tests._servers import RedisServerError, redis_server_executable
-from tests.cluster._cluster import ClusterProcesses
+from tests.cluster._cluster import ClusterProcesses, running_cluster
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Iterator
@@ -29,25 +27,11 @@ if TYPE_CHECKING:
     import redis.cluster
 
 
-def _unavailable(reason: str) -> None:
-    if os.environ.get("IDEMKEY_REQUIRE_REDIS", "") == "1":
-        pytest.fail(f"{reason}, but IDEMKEY_REQUIRE_REDIS=1 requires a real Redis", pytrace=False)
-    pytest.skip(reason)
-
-
 @pytest.fixture(scope="session")
 def redis_cluster() -> Iterator[ClusterProcesses]:
     """A healthy 3-master, 3-replica cluster (cluster-node-timeout 1500 ms), session-wide."""
-    if redis_server_executable() is None:
-        _unavailable("the cluster tests need redis-server or valkey-server")
-    try:
-        cluster = ClusterProcesses(masters=3, replicas=1).start()
-    except RedisServerError as exc:
-        pytest.fail(f"could not start a Redis cluster: {exc}", pytrace=False)
-    try:
+    with running_cluster(masters=3, replicas=1) as cluster:
         yield cluster
-    finally:
-        cluster.close()
 
 
 @pytest.fixture

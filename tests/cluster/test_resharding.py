@@ -35,8 +35,8 @@ from redis.crc import key_slot
 
 from idemkey import AsyncRedisStore, Policy, RedisStore
 from idemkey._core import Claimed, InFlight, Record, Replay
-from tests._servers import RedisServerError, redis_server_executable, server_version, wait_until
-from tests.cluster._cluster import ClusterProcesses
+from tests._servers import redis_server_executable, server_version, wait_until
+from tests.cluster._cluster import ClusterProcesses, running_cluster
 
 pytestmark = [pytest.mark.cluster, pytest.mark.redis, pytest.mark.slow]
 
@@ -56,16 +56,8 @@ NEW_KEY_EVERY = 4
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[ClusterProcesses]:
     """Its own 3 masters, no replicas: 100 MB of records would slow every other cluster test."""
-    if redis_server_executable() is None:
-        pytest.skip("needs redis-server or valkey-server")
-    try:
-        processes = ClusterProcesses(masters=3, replicas=0).start()
-    except RedisServerError as exc:
-        pytest.fail(f"could not start a cluster: {exc}", pytrace=False)
-    try:
+    with running_cluster(masters=3, replicas=0) as processes:
         yield processes
-    finally:
-        processes.close()
 
 
 def _response(i: int) -> bytes:

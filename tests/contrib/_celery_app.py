@@ -141,6 +141,16 @@ def make_app(url: str, prefix: str, store_url: str | None = None) -> Celery:
             call.step("ship", side_effect, redis_client, prefix, "ship", call.fence),
         ]
 
+    def charge(order_id: str, card: str) -> dict[str, Any]:
+        """What both charge tasks run: counts its runs; card "declined" fails for good,
+        "flaky" fails on its first run."""
+        runs = client().incr(f"{prefix}:runs:{order_id}")
+        if card == "declined":
+            raise CardDeclined(f"card declined for {order_id}")
+        if card == "flaky" and runs == 1:
+            raise ConnectionError("the PSP timed out")
+        return {"order": order_id, "runs": runs}
+
     @app.task(
         base=IdempotentTask,
         shared=False,
@@ -151,12 +161,7 @@ def make_app(url: str, prefix: str, store_url: str | None = None) -> Celery:
     )
     def charge_card(self: IdempotentTask, order_id: str, card: str) -> dict[str, Any]:
         """Counts its runs; card "declined" fails for good, "flaky" fails on its first run."""
-        runs = client().incr(f"{prefix}:runs:{order_id}")
-        if card == "declined":
-            raise CardDeclined(f"card declined for {order_id}")
-        if card == "flaky" and runs == 1:
-            raise ConnectionError("the PSP timed out")
-        return {"order": order_id, "runs": runs}
+        return charge(order_id, card)
 
     @app.task(
         base=IdempotentTask,
@@ -172,12 +177,7 @@ def make_app(url: str, prefix: str, store_url: str | None = None) -> Celery:
     def charge_card_autoretry(self: IdempotentTask, order_id: str, card: str) -> dict[str, Any]:
         """charge_card under Celery's autoretry: Celery sends a transient failure again, never
         a remembered one (IdempotentTask adds it to dont_autoretry_for)."""
-        runs = client().incr(f"{prefix}:runs:{order_id}")
-        if card == "declined":
-            raise CardDeclined(f"card declined for {order_id}")
-        if card == "flaky" and runs == 1:
-            raise ConnectionError("the PSP timed out")
-        return {"order": order_id, "runs": runs}
+        return charge(order_id, card)
 
     @app.task(
         base=IdempotentTask,
