@@ -131,6 +131,15 @@ def test_inspect_says_which_scopes_and_routes_hold_the_key(
                       *_at(redis_url, prefix))  # fmt: skip
     assert refused.code == 1
     assert "held by 2 records" in refused.err
+    assert refused.err.rstrip().endswith("nothing deleted")
+    # nor will cancel, and both records are still there
+    refused = idemkey("cancel", "order-5", "--scope", "acct_1", "--scope", "acct_2",
+                      "--route", "/charges", "--route", "/refunds", "--yes",
+                      *_at(redis_url, prefix))  # fmt: skip
+    assert refused.code == 1
+    assert "held by 2 records" in refused.err
+    assert refused.err.rstrip().endswith("nothing cancelled")
+    assert len(list(store.records())) == 2
 
 
 def test_inspect_without_a_route_says_what_it_tried(
