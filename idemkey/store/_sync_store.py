@@ -289,7 +289,7 @@ class RedisStore(Heartbeat):
         noticed when the read times out with it, and taken over. Where no read can be made
         (too many records waited on, a read that failed), poll with backoff.
         """
-        owner, stream = str(args[3]), _done_stream(record)
+        owner, stream = str(args[2]), _done_stream(record)
         deadline, delay = time.monotonic() + wait, 0.0
         answer: ExpiringDecision = decision
         while type(answer) is InFlight:

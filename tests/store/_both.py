@@ -73,7 +73,7 @@ class Both:
 
     async def complete_reply(self, record: Record, owner: str, resp: bytes, fence: int) -> int:
         """complete.lua's own reply, sent with the claim's fence: 1, 0 or RECORD_LOST."""
-        args = (record.key, record.lock, owner, resp, 100_000, owner_tag(owner), fence)
+        args = (record.key, owner, resp, 100_000, owner_tag(owner), fence)
         return int(await _resolve(self.store._eval("complete", *args)))
 
     async def delete(self, *keys: str) -> None:
