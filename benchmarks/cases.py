@@ -5,7 +5,7 @@ Core cases (always run, and the only ones in ``--quick``):
 * ``redis.ping`` / ``aredis.ping``: one PING round trip, the network's unit.
 * ``floor.first`` / ``floor.replay`` (and ``afloor.*``): the bare floor
   (docs/design.md#performance-targets), the work any correct design must do, issued as bare
-  ``execute_command("EVALSHA", sha, 2, ...)`` calls with idemkey's own Lua scripts and every
+  ``execute_command("EVALSHA", sha, 1, ...)`` calls with idemkey's own Lua scripts and every
   argument computed in advance: claim + complete for a first call, one claim for a replay.
 * ``guard.first`` / ``guard.replay`` (and ``aguard.*``): the same work through the public API.
 * ``floor.steps3`` / ``guard.steps3``: a first call with three recovery points (``call.step``):
@@ -103,18 +103,18 @@ def core_cases(ctx: Context) -> list[Case]:
     lease_ms, ttl_ms = policy.lease_ms, policy.ttl_ms
     stored = encode_value(RESULT)
 
-    def records(case: str) -> list[tuple[str, str]]:
+    def records(case: str) -> list[str]:
         out = []
         for key in ctx.keys(case):
             rec = record_for(ctx.prefix, "", GUARD_METHOD, "", key)
-            out.append((rec.key, rec.lock))
+            out.append(rec.key)
         return out
 
     # The floor: all arguments ready, nothing but the script calls left.
     floor_first = records("floor.first")
     afloor_first = records("afloor.first")
     replay_rec = record_for(ctx.prefix, "", GUARD_METHOD, "", "replay")
-    replay_args = (replay_rec.key, replay_rec.lock, fp, owner, lease_ms, ttl_ms)
+    replay_args = (replay_rec.key, fp, owner, lease_ms, ttl_ms)
 
     def prepare_replay() -> None:
         with guard(store, "replay", payload=PAYLOAD) as call:
@@ -128,24 +128,20 @@ def core_cases(ctx: Context) -> list[Case]:
         await aclient.execute_command("PING")
 
     def floor_first_run(i: int) -> None:
-        key, lock = floor_first[i]
-        client.execute_command("EVALSHA", claim_sha, 2, key, lock, fp, owner, lease_ms, ttl_ms)
-        client.execute_command("EVALSHA", complete_sha, 2, key, lock, owner, stored, ttl_ms, tag)
+        key = floor_first[i]
+        client.execute_command("EVALSHA", claim_sha, 1, key, fp, owner, lease_ms, ttl_ms)
+        client.execute_command("EVALSHA", complete_sha, 1, key, owner, stored, ttl_ms, tag)
 
     def floor_replay_run(i: int) -> None:
-        client.execute_command("EVALSHA", claim_sha, 2, *replay_args)
+        client.execute_command("EVALSHA", claim_sha, 1, *replay_args)
 
     async def afloor_first_run(i: int) -> None:
-        key, lock = afloor_first[i]
-        await aclient.execute_command(
-            "EVALSHA", claim_sha, 2, key, lock, fp, owner, lease_ms, ttl_ms
-        )
-        await aclient.execute_command(
-            "EVALSHA", complete_sha, 2, key, lock, owner, stored, ttl_ms, tag
-        )
+        key = afloor_first[i]
+        await aclient.execute_command("EVALSHA", claim_sha, 1, key, fp, owner, lease_ms, ttl_ms)
+        await aclient.execute_command("EVALSHA", complete_sha, 1, key, owner, stored, ttl_ms, tag)
 
     async def afloor_replay_run(i: int) -> None:
-        await aclient.execute_command("EVALSHA", claim_sha, 2, *replay_args)
+        await aclient.execute_command("EVALSHA", claim_sha, 1, *replay_args)
 
     # Recovery points: a 3-step call costs one checkpoint EVALSHA per step on top of a first
     # call; its floor is the same five bare scripts (claim, 3 checkpoints, complete).
@@ -156,11 +152,11 @@ def core_cases(ctx: Context) -> list[Case]:
     result = encode_value(STEP_RESULT)
 
     def floor_steps_run(i: int) -> None:
-        key, lock = floor_steps[i]
-        client.execute_command("EVALSHA", claim_sha, 2, key, lock, fp, owner, lease_ms, ttl_ms)
+        key = floor_steps[i]
+        client.execute_command("EVALSHA", claim_sha, 1, key, fp, owner, lease_ms, ttl_ms)
         for name in step_fields:
-            client.execute_command("EVALSHA", checkpoint_sha, 2, key, lock, owner, name, result)
-        client.execute_command("EVALSHA", complete_sha, 2, key, lock, owner, stored, ttl_ms, tag)
+            client.execute_command("EVALSHA", checkpoint_sha, 1, key, owner, name, result)
+        client.execute_command("EVALSHA", complete_sha, 1, key, owner, stored, ttl_ms, tag)
 
     def step() -> dict[str, Any]:
         return STEP_RESULT

@@ -136,7 +136,9 @@ def memory_per_record(ctx: Context, client: Any) -> list[dict[str, Any]]:
             raise RuntimeError(f"could not claim the memory record: {decision!r}")
         store.complete(http_record, owner, encode_response(response))
         http_bytes = _usage(client, http_record.key)
-        lock_left = client.exists(guard_record.lock, http_record.lock)
+        # A completed record keeps no lease: no field, and no 0.2 lock string either.
+        lock_left = sum(client.hexists(r.key, "lease") for r in (guard_record, http_record))
+        lock_left += client.exists(guard_record.lock, http_record.lock)
         rows.append({
             "size": size,
             "guard_record_bytes": guard_bytes,

@@ -155,17 +155,16 @@ def floor_asgi(client: Any, store: AsyncRedisStore) -> Any:
 
     async def evalsha(name: str, sha: str, *args: Any) -> None:
         try:
-            await client.execute_command("EVALSHA", sha, 2, *args)
+            await client.execute_command("EVALSHA", sha, 1, *args)
         except NoScriptError:
-            await scripts[name](args[:2], args[2:])
+            await scripts[name](args[:1], args[1:])
 
     async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
         key = next((v for k, v in scope["headers"] if k == b"idempotency-key"), b"")
         record = b"%b:floor:{%b}" % (prefix, key)
-        lock = record + b":lock"
-        await evalsha("claim", claim_sha, record, lock, fp, owner, lease_ms, ttl_ms)
+        await evalsha("claim", claim_sha, record, fp, owner, lease_ms, ttl_ms)
         await plain_asgi(scope, receive, send)
-        await evalsha("complete", complete_sha, record, lock, owner, stored, ttl_ms, tag)
+        await evalsha("complete", complete_sha, record, owner, stored, ttl_ms, tag)
 
     return app
 

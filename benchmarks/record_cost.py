@@ -10,8 +10,9 @@ a completed key) run through ``EVALSHA``, and ``INFO commandstats`` gives the mi
 Redis spent in ``evalsha`` (the scripts and every command inside them). The floor scripts do the
 least any correct design does:
 
-* claim: ``SET lock NX PX`` + ``HSET fp state`` + ``PEXPIRE`` on the record;
-* complete: ``HSET resp state`` + ``DEL lock`` + ``PEXPIRE``;
+* claim: ``TIME`` + ``HSET fp state lease`` (the lease's deadline, one key as idemkey's) +
+  ``PEXPIRE`` on the record;
+* complete: ``HSET resp`` + ``HDEL state lease`` + ``PEXPIRE``;
 * replay: one ``HMGET``.
 
 Slices of both kinds alternate, and the median slice is reported, so a neighbour's burst hits
@@ -20,6 +21,9 @@ same measurement runs against another checkout's scripts::
 
     python -m benchmarks.record_cost
     python -m benchmarks.record_cost --lua /path/to/old/idemkey/lua --hex-fingerprint
+
+Scripts that name ``KEYS[2]`` (idemkey 0.2 and before: the record and its lock string) are sent
+both keys; today's take the record alone.
 
 Memory: :func:`benchmarks.extra.memory_per_record` (MEMORY USAGE of completed records, beside
 a plain string holding the same bytes), with the installed idemkey's store.
@@ -50,14 +54,15 @@ __all__ = ["FLOOR_SCRIPTS", "measure", "server_time"]
 
 FLOOR_SCRIPTS = {
     "claim": """
-redis.call("SET", KEYS[2], ARGV[2], "NX", "PX", ARGV[3])
-redis.call("HSET", KEYS[1], "fp", ARGV[1], "state", "in_progress")
+local now = redis.call("TIME")
+redis.call("HSET", KEYS[1], "fp", ARGV[1], "state", "in_progress", "lease",
+  now[1] * 1000 + math.floor(now[2] / 1000) + ARGV[3])
 redis.call("PEXPIRE", KEYS[1], ARGV[4])
 return {1, 1, 0}
 """,
     "complete": """
-redis.call("HSET", KEYS[1], "resp", ARGV[2], "state", "complete")
-redis.call("DEL", KEYS[2])
+redis.call("HDEL", KEYS[1], "state", "lease")
+redis.call("HSET", KEYS[1], "resp", ARGV[2])
 redis.call("PEXPIRE", KEYS[1], ARGV[3])
 return 1
 """,
@@ -88,18 +93,20 @@ def measure(
     n: int,
     response: bytes,
     fp: bytes | str,
+    keys: int = 1,
 ) -> tuple[float, float]:
     """Server usec per first call and per replay for one set of scripts (``shas``: claim,
-    complete, and replay, which may be the claim script itself)."""
+    complete, and replay, which may be the claim script itself), sent ``keys`` keys (2: the
+    record and 0.2's lock string)."""
     run = os.urandom(4).hex()
     records = [record_for(prefix, "", "POST", "/bench", f"{run}:{i}") for i in range(n)]
     owners = [new_owner() for _ in range(n)]
     client.execute_command("CONFIG", "RESETSTAT")
     for record, owner in zip(records, owners, strict=True):
-        k, lock = record.key, record.lock
-        client.execute_command("EVALSHA", shas["claim"], 2, k, lock, fp, owner, LEASE_MS, TTL_MS)
+        k = (record.key, record.lock)[:keys]
+        client.execute_command("EVALSHA", shas["claim"], keys, *k, fp, owner, LEASE_MS, TTL_MS)
         client.execute_command(
-            "EVALSHA", shas["complete"], 2, k, lock, owner, response, TTL_MS, owner_tag(owner)
+            "EVALSHA", shas["complete"], keys, *k, owner, response, TTL_MS, owner_tag(owner)
         )
     calls, first_usec = _evalsha_usec(client)
     if calls != 2 * n:
@@ -107,8 +114,9 @@ def measure(
     client.execute_command("CONFIG", "RESETSTAT")
     replay = shas["replay"]
     for record in records:
+        k = (record.key, record.lock)[:keys]
         answer = client.execute_command(
-            "EVALSHA", replay, 2, record.key, record.lock, fp, new_owner(), LEASE_MS, TTL_MS
+            "EVALSHA", replay, keys, *k, fp, new_owner(), LEASE_MS, TTL_MS
         )
         if answer[0] != 2:
             raise RuntimeError(f"expected a replay, got {answer!r:.80}")
@@ -129,8 +137,9 @@ def server_time(
 ) -> dict[str, Any]:
     """Median usec per first call and per replay, idemkey's scripts and the floor's."""
     lua = lua or Path(__file__).resolve().parent.parent / "idemkey" / "lua"
-    ours = {name: client.script_load((lua / f"{name}.lua").read_text("utf-8"))
-            for name in ("claim", "complete")}  # fmt: skip
+    texts = {name: (lua / f"{name}.lua").read_text("utf-8") for name in ("claim", "complete")}
+    ours = {name: client.script_load(text) for name, text in texts.items()}
+    keys = 2 if "KEYS[2]" in texts["claim"] else 1
     ours["replay"] = ours["claim"]
     floor = {name: client.script_load(text) for name, text in FLOOR_SCRIPTS.items()}
     response = os.urandom(response_size)
@@ -141,9 +150,9 @@ def server_time(
         "floor_first": [],
         "floor_replay": [],
     }
-    measure(client, ours, prefix, n // 4 or 1, response, fp)  # warm-up
+    measure(client, ours, prefix, n // 4 or 1, response, fp, keys)  # warm-up
     for _ in range(slices):
-        first, replay = measure(client, ours, prefix, n, response, fp)
+        first, replay = measure(client, ours, prefix, n, response, fp, keys)
         runs["first"].append(first)
         runs["replay"].append(replay)
         first, replay = measure(client, floor, prefix, n, response, fp)

@@ -5,8 +5,10 @@ every decision, and tests cover them without a server.
 
 Invariants:
 
-* A record lives in two Redis keys that share one hash tag, ``{prefix}:{<d>}`` and
-  ``{prefix}:{<d>}:lock``, so a cluster keeps both in one slot and a script may touch both.
+* A record lives in one Redis key, the hash ``{prefix}:{<d>}``; a live claim's lease is its
+  field ``lease``, so every script touches that key alone, and a cluster slot being migrated
+  serves it through ASK. Its hints, the done stream ``:done`` and the tombstone ``:gone``,
+  share the hash tag (one slot). Claims written by 0.2 kept the lease in ``{prefix}:{<d>}:lock``.
 * ``<d>`` is a BLAKE2b-128 digest over the length-prefixed scope, method, route and key. The
   digest is the tenant-isolation boundary (a cryptographic hash: nobody can craft a key that
   collides with another tenant's record), and it keeps raw client input out of the braces, where
@@ -116,7 +118,8 @@ _new_tuple = tuple.__new__
 class Record(NamedTuple):
     """The Redis names of one idempotency record; ``digest`` is what sits in the braces.
 
-    ``record_key`` names the record's hash, ``lock_key`` the string holding its lease owner.
+    ``record_key`` names the record's hash. ``lock_key`` names the string where idemkey 0.2
+    kept a claim's lease (0.3 keeps it in the hash): read only to honour 0.2's live claims.
     """
 
     digest: str

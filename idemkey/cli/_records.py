@@ -15,6 +15,7 @@ from ..guard._failures import is_failure, read_failure
 from ..http._messages import Headers, Request
 from ..http._scope import NO_CREDENTIALS, credential_scope
 from ..store.diagnostics import _text as text
+from ..store.status import lease_left_ms, server_ms
 from ._base import CliError
 from ._format import PREVIEW_BYTES, duration, preview, shorten
 
@@ -171,7 +172,7 @@ class RecordView:
 
 
 def read_record(client: Any, record: Record, *, guard: bool | None = None) -> RecordView:
-    """Read one record (hash, PTTLs) in one pipeline and decode what it stores.
+    """Read one record (hash, PTTLs, lease, server clock) in one pipeline and decode what it stores.
 
     ``guard``: True for a guard() record (msgpack value), False for an HTTP response, None to
     try the response format first (when only the digest is known).
@@ -179,8 +180,11 @@ def read_record(client: Any, record: Record, *, guard: bool | None = None) -> Re
     pipe = client.pipeline(transaction=False)
     pipe.hgetall(record.record_key)
     pipe.pttl(record.record_key)
-    pipe.pttl(record.lock_key)
-    fields, ttl_ms, lease_ms = pipe.execute()
+    pipe.hget(record.record_key, "lease")
+    pipe.pttl(record.lock_key)  # a claim written by 0.2 keeps its lease there: remove in 0.4
+    pipe.execute_command("TIME")
+    fields, ttl_ms, deadline, legacy, now = pipe.execute()
+    lease_ms = lease_left_ms(deadline, legacy, server_ms(now))
     view = RecordView(
         record.record_key, record.digest, bool(fields), lease_ms=lease_ms, ttl_ms=ttl_ms
     )

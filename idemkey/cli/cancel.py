@@ -47,9 +47,7 @@ def run(args: argparse.Namespace, out: IO[str]) -> int:
             if not confirm(f"{what} {view.state} record {record.record_key}?"):
                 raise CliError("not confirmed; nothing cancelled")
         script = client.register_script(SCRIPTS["cancel"])
-        reply = script(
-            keys=[record.record_key, record.lock_key], args=["1" if args.abandon else "0"]
-        )
+        reply = script(keys=[record.record_key], args=["1" if args.abandon else "0"])
     if not reply or reply[0] == 0:
         raise CliError(
             f"nothing to cancel in record {record.record_key} ({view.state or 'released'} "

@@ -1,4 +1,4 @@
-"""``idemkey forget KEY ... [--yes] [--force]``: delete one record and its lock."""
+"""``idemkey forget KEY ... [--yes] [--force]``: delete one record."""
 
 from __future__ import annotations
 
@@ -13,12 +13,14 @@ from ._records import add_record_options, record_candidates
 from ._redis import connect
 from .inspect import find_one_held
 
-HELP: Final = "delete one record (record and lock)"
+HELP: Final = "delete one record"
 
-# Deletes one record and its lock atomically, so an in-progress record cannot be claimed between
-# the check and the delete. An operator tool, off the hot path: inline rather than package data.
-# KEYS[1] record hash, KEYS[2] lock; ARGV[1] "1" deletes an in-progress record too. An expired
-# key's tombstone (KEYS[1] .. ":gone", Policy.expired_grace) goes too: a forgotten key runs again.
+# Deletes one record atomically, so an in-progress record cannot be claimed between the check
+# and the delete. An operator tool, off the hot path: inline rather than package data.
+# KEYS[1] record hash, the only key; ARGV[1] "1" deletes an in-progress record too. An expired
+# key's tombstone (KEYS[1] .. ":gone", Policy.expired_grace) goes too: a forgotten key runs
+# again; and the lock string of a claim written by 0.2 (KEYS[1] .. ":lock"; remove in 0.4).
+# Both with pcall: keys of the same slot that a node serving a migrating slot may not hold.
 # Reply: {deleted keys, state} ({-1, state} when refused); state "" when the hash has none.
 _FORGET_LUA: Final = """
 local state = redis.call("HGET", KEYS[1], "state")
@@ -28,7 +30,14 @@ end
 if state == "in_progress" and ARGV[1] ~= "1" then
   return {-1, state}
 end
-return {redis.call("DEL", KEYS[1], KEYS[2], KEYS[1] .. ":gone"), state}
+local deleted = redis.call("DEL", KEYS[1])
+for _, suffix in ipairs({":gone", ":lock"}) do
+  local found = redis.pcall("DEL", KEYS[1] .. suffix)
+  if type(found) == "number" then
+    deleted = deleted + found
+  end
+end
+return {deleted, state}
 """
 
 
@@ -55,9 +64,7 @@ def run(args: argparse.Namespace, out: IO[str]) -> int:
             if not confirm(question):
                 raise CliError("not confirmed; nothing deleted")
         script = client.register_script(_FORGET_LUA)
-        deleted, state = script(
-            keys=[record.record_key, record.lock_key], args=["1" if args.force else "0"]
-        )
+        deleted, state = script(keys=[record.record_key], args=["1" if args.force else "0"])
     state = text(state)
     if deleted == -1:
         raise CliError("the record became in progress meanwhile; nothing deleted (--force)")

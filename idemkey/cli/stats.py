@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import IO, Any, Final
 
 from ..store.diagnostics import _text as text
+from ..store.status import lease_left_ms, server_ms
 from ._base import CliError, print_json
 from ._format import size
 from ._redis import connect, redact
@@ -232,9 +233,11 @@ def other_prefixes(
 def _classify(client: Any, keys: Sequence[bytes], stats: Stats) -> None:
     pipe = client.pipeline(transaction=False)
     for key in keys:
-        pipe.hmget(key, "state", "fence", "fp", "ns")
+        pipe.hmget(key, "state", "fence", "fp", "ns", "lease")
         pipe.pttl(key)
+    pipe.execute_command("TIME")  # the lease is a deadline on the server's clock (claim.lua)
     replies = pipe.execute(raise_on_error=False)
+    now_ms = server_ms(replies[-1])
     in_progress: list[bytes] = []
     stepped: list[bytes] = []
     for i, key in enumerate(keys):
@@ -252,8 +255,10 @@ def _classify(client: Any, keys: Sequence[bytes], stats: Stats) -> None:
         # "complete": written by idemkey before 0.2; reading 0.1 records: remove in 0.4.
         if state in ("complete", "in_progress"):
             stats.states[state] += 1
-            if state == "in_progress":
-                in_progress.append(key)
+            if state == "in_progress" and fields[4] is not None:
+                stats.lease_lapsed += lease_left_ms(fields[4], -2, now_ms) <= 0
+            elif state == "in_progress":
+                in_progress.append(key)  # a claim written by 0.2: its lease is a lock string
         elif fields[1] is not None:
             stats.states["released"] += 1  # a released record keeps its fence counter
         elif fields[2] is not None:
@@ -263,7 +268,7 @@ def _classify(client: Any, keys: Sequence[bytes], stats: Stats) -> None:
         stats.ttl[_bucket(int(ttl))] += 1
     if in_progress:
         pipe = client.pipeline(transaction=False)
-        for key in in_progress:
+        for key in in_progress:  # reading 0.2 claims: remove in 0.4
             pipe.exists(key + b":lock")
         stats.lease_lapsed += sum(1 for live in pipe.execute() if not live)
     if stepped:

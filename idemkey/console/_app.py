@@ -29,12 +29,27 @@ __all__ = ["CONFIRM_HEADER", "create_app"]
 CONFIRM_HEADER: Final = "X-Idemkey-Confirm"
 _DIGEST: Final = re.compile(r"^[0-9a-f]{32}$")
 
-# Forget a record unless a live claim holds it (its lock exists): atomic, so a retry that
-# claimed the record since the page was drawn is never deleted under it.
-# KEYS[1] record hash, KEYS[2] lock. Reply: keys deleted, or -1 when a live claim holds it.
+# Forget a record unless a live claim holds it (in progress, its lease not lapsed): atomic, so
+# a retry that claimed the record since the page was drawn is never deleted under it.
+# KEYS[1] record hash, the only key (the lease is its field "lease", a deadline on the
+# server's clock, Unix ms; a claim written by 0.2 keeps it in KEYS[1] .. ":lock", read with
+# pcall: remove in 0.4). Reply: keys deleted, or -1 when a live claim holds it.
 _FORGET_UNLESS_HELD: Final = """
-if redis.call("EXISTS", KEYS[2]) == 1 then
-  return -1
+local record = redis.call("HMGET", KEYS[1], "state", "lease")
+if record[1] == "in_progress" then
+  if redis.replicate_commands then
+    redis.replicate_commands()
+  end
+  local time = redis.call("TIME")
+  local deadline = tonumber(record[2])
+  if not deadline then
+    local left = redis.pcall("PTTL", KEYS[1] .. ":lock")
+    if type(left) ~= "number" or left ~= -2 then
+      return -1
+    end
+  elseif deadline > time[1] * 1000 + math.floor(time[2] / 1000) then
+    return -1
+  end
 end
 return redis.call("DEL", KEYS[1])
 """
@@ -106,7 +121,7 @@ def create_app(store: RedisStore, *, refresh: float = 3.0, allow_forget: bool = 
             return _refused(400, "digest must be the record's 32 hex digits")
         name = f"{store.policy.prefix}:{{{digest}}}"
         try:
-            deleted = forget_script(keys=[name, name + ":lock"])
+            deleted = forget_script(keys=[name])
         except Exception as exc:  # Redis failed: an answer, never a traceback
             return _refused(503, f"Redis failed: {type(exc).__name__}: {exc}")
         if deleted == -1:

@@ -1,8 +1,6 @@
 -- attempt: count one more attempt of a step that retries (call.step(..., retry=StepRetry(...))).
 --
--- KEYS[1]  record hash   {prefix}:{<digest>}
--- KEYS[2]  lock string   {prefix}:{<digest>}:lock  (not written: named so every script of a
---                        record sends the same two keys, in one slot)
+-- KEYS[1]  record hash   {prefix}:{<digest>}, the only key
 -- ARGV[1]  owner         the token the claim returned
 -- ARGV[2]  field         "a:" .. step name (the name validated by idemkey._steps)
 --

@@ -1,7 +1,7 @@
 -- cancel: an operator gives up a record's run on purpose (``store.cancel``, ``idemkey cancel``).
 --
--- KEYS[1]  record hash   {prefix}:{<digest>}
--- KEYS[2]  lock string   {prefix}:{<digest>}:lock
+-- KEYS[1]  record hash   {prefix}:{<digest>}, the only key (the lease is its field "lease"; a
+--                        0.2 claim's lock string, KEYS[1] .. ":lock", is deleted with pcall)
 -- ARGV[1]  abandon       "1": also drop the finished steps (the next claim runs every step
 --                        again, and the key is no longer bound to its payload); "0": keep
 --                        them (the next claim resumes after the last finished step)
@@ -28,8 +28,8 @@ if record[2] or (state ~= "in_progress" and not steps) then
   return {0}
 end
 local reply = state == "in_progress" and 1 or 2
-redis.call("DEL", KEYS[2])
-redis.call("HDEL", KEYS[1], "state", "owner", "tk", "at")
+redis.pcall("DEL", KEYS[1] .. ":lock")  -- a claim written by 0.2: remove in 0.4
+redis.call("HDEL", KEYS[1], "state", "owner", "lease", "tk", "at")
 local fence = redis.call("HINCRBY", KEYS[1], "fence", 1)
 if ARGV[1] == "1" or not steps or record[4] then
   local abandon = ARGV[1] == "1" or not steps

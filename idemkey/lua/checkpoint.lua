@@ -1,8 +1,6 @@
 -- checkpoint: store the result of one finished step of a claimed call (a recovery point).
 --
--- KEYS[1]  record hash   {prefix}:{<digest>}
--- KEYS[2]  lock string   {prefix}:{<digest>}:lock  (not written: named so every script of a
---                        record sends the same two keys, in one slot)
+-- KEYS[1]  record hash   {prefix}:{<digest>}, the only key
 -- ARGV[1]  owner         the token the claim returned
 -- ARGV[2]  field         "s:" .. step name (the name validated by idemkey._steps)
 -- ARGV[3]  result        encoded step result (version byte + msgpack)
@@ -15,7 +13,7 @@
 --        0 lost: the record is not ours in progress (taken over, released, complete) and
 --        nothing was written.
 --
--- Invariants: reads and checks first, writes last. The owner field, not the lock, decides,
+-- Invariants: reads and checks first, writes last. The owner field, not the lease, decides,
 -- as in complete: a lease that lapsed without a takeover still lets its owner checkpoint.
 -- Running it twice with the same owner writes once; the second answer names the stored result.
 

@@ -1,7 +1,8 @@
 -- claim: decide what a request with an idempotency key does, in one round trip.
 --
--- KEYS[1]  record hash   {prefix}:{<digest>}
--- KEYS[2]  lock string   {prefix}:{<digest>}:lock  holds the owner token while a claim is live
+-- KEYS[1]  record hash   {prefix}:{<digest>}, the only key: field "lease" holds a live claim's
+--                        deadline (server clock, Unix ms), so a slot being migrated serves
+--                        the script through ASK redirection (docs/design.md, "One key")
 -- ARGV[1]  fp            request fingerprint (16 raw bytes from idemkey; any string works)
 -- ARGV[2]  owner         fresh random token of the caller (32 hex digits from idemkey)
 -- ARGV[3]  lease_ms      lease length, milliseconds
@@ -19,8 +20,13 @@
 --
 -- Wake-up: a fresh claim of a record that existed deletes {prefix}:{<digest>}:done
 --          (KEYS[1] .. ":done", the same slot), see complete.lua.
+-- Hints: the done stream, the tombstone and a 0.2 claim's lock string
+--        ({prefix}:{<digest>}:lock) are other keys of the same slot, touched with pcall
+--        only: a node serving a migrating slot refuses a key it does not hold, and a hint
+--        must never stop the claim.
 --
--- Record fields, in progress: fp, state = "in_progress", owner, fence (claims so far), tk = 1
+-- Record fields, in progress: fp, state = "in_progress", owner, lease (deadline, Unix ms on the
+-- server's clock), fence (claims so far), tk = 1
 -- when the claim took over a lapsed one (a re-sent claim must answer the same), and "ns" /
 -- "s:<name>", the count and results of finished steps (checkpoint.lua), "i" the origin (ARGV[7]).
 -- Released: fence, plus fp and the steps when there are steps (the key stays bound to its
@@ -34,15 +40,19 @@
 --                         claimed: run the work; takeover = 1 when a lapsed claim was taken over;
 --                         then the finished steps (name without "s:", stored result), if any
 --   {2, resp}             replay: the record is complete, resp is the stored response
---   {3, pttl_ms}          in flight: another owner holds the lease for pttl_ms more
+--   {3, left_ms}          in flight: another owner holds the lease for left_ms more
 --   {4}                   mismatch: the key was used with another fingerprint
 --   {5, completed_ms}     expired: the record is gone, its tombstone has this fingerprint; it
 --                         completed at completed_ms (Unix time, ms). Nothing is written.
 --
 -- Invariants: reads and checks first, writes last. Running it twice with the same owner
 -- (redis-py re-sends a command after a timeout) answers claimed both times and writes once.
--- A completed record is never written here. The lock is only ever set together with the
--- owner field (here) or for the owner the field names (renew), so it holds that owner or nothing.
+-- A completed record is never written here. The lease is only ever written together with the
+-- owner field (here) or for the owner the field names (renew), so it is that owner's.
+--
+-- Claims written by 0.2 keep their lease in the lock string {prefix}:{<digest>}:lock instead
+-- (an in-progress record without "lease"): its PTTL is read, so such a claim stays in flight
+-- until it lapses, as under 0.2. Reading 0.2 claims: remove in 0.4.
 
 -- Two reads: a replay (the common repeat) reads only the fields it needs; the rest are read
 -- when the call goes on to claim, and only from a record that has any (measured:
@@ -70,8 +80,8 @@ if resp then
 end
 -- No record: an expired key's tombstone, when the caller asks, answers instead of a new claim.
 if ARGV[6] == "1" and not fp and not state then
-  local gone = redis.call("GET", KEYS[1] .. ":gone")
-  if gone then
+  local gone = redis.pcall("GET", KEYS[1] .. ":gone")
+  if type(gone) == "string" then
     if string.sub(gone, 1, 16) == ARGV[1] then
       return {5, tonumber(string.sub(gone, 17)) or 0}
     end
@@ -85,42 +95,59 @@ end
 
 -- A new key (no fp, state nor fence: a released record keeps its fence, steps only live on a
 -- claimed record) has none of the claim's fields: nothing more to read.
-local record = {false, false, false, false}
+local record = {false, false, false, false, false}
 if fp or state or head[4] then
-  record = redis.call("HMGET", KEYS[1], "owner", "fence", "tk", "ns")
+  record = redis.call("HMGET", KEYS[1], "owner", "fence", "tk", "ns", "lease")
 end
 local in_progress = state == "in_progress"
+-- The server's clock: the deadline is compared with the clock that wrote it (a replica that
+-- takes over after a failover has its own, as for a PX expiry). Redis before 7.0 replicates
+-- a script's effects, not the script, only when asked; 7.0 and later always do.
+if redis.replicate_commands then
+  redis.replicate_commands()
+end
+local time = redis.call("TIME")
+local now = time[1] * 1000 + math.floor(time[2] / 1000)
+local lease_ms = tonumber(ARGV[3])
+local deadline = tonumber(record[5])
+if in_progress and not deadline then
+  -- A claim written by 0.2: its lease is the lock string's PTTL (-2: lapsed). A node that
+  -- cannot read it (the slot half migrated) answers in flight for a second, not a takeover.
+  local left = redis.pcall("PTTL", KEYS[1] .. ":lock")
+  if type(left) ~= "number" then
+    left = 1000
+  end
+  deadline = now + (left == -1 and lease_ms or left)
+end
 local fence, takeover
 if in_progress and record[1] == ARGV[2] then
-  -- Our own claim, sent again: the same answer (fence and takeover flag, kept in "tk"); a lock
+  -- Our own claim, sent again: the same answer (fence and takeover flag, kept in "tk"); a lease
   -- that lapsed meanwhile is taken back, as nobody else claimed (that would change the owner).
-  if not redis.call("GET", KEYS[2]) then
-    redis.call("SET", KEYS[2], ARGV[2], "PX", tonumber(ARGV[3]))
+  if deadline <= now then
+    redis.call("HSET", KEYS[1], "lease", now + lease_ms)
   end
   fence, takeover = tonumber(record[2]) or 0, tonumber(record[3]) or 0
-else
-  if not redis.call("SET", KEYS[2], ARGV[2], "NX", "PX", tonumber(ARGV[3])) then
-    -- In flight: another owner holds the lease.
-    -- Wake-up: a caller that will wait marks the record ("w"), so the complete or release that
-    -- ends this claim posts to the done stream its XREAD blocks on (complete.lua, release.lua).
-    -- Only a live record is marked: a lone "w" would make a hash without a TTL.
-    if ARGV[5] == "1" and state then
-      redis.call("HSET", KEYS[1], "w", 1)
-    end
-    return {3, redis.call("PTTL", KEYS[2])}
+elseif in_progress and deadline > now then
+  -- In flight: another owner holds the lease.
+  -- Wake-up: a caller that will wait marks the record ("w"), so the complete or release that
+  -- ends this claim posts to the done stream its XREAD blocks on (complete.lua, release.lua).
+  if ARGV[5] == "1" then
+    redis.call("HSET", KEYS[1], "w", 1)
   end
+  return {3, deadline - now}
+else
   -- Wake-up: a record claimed again (after a release or a lapse) drops the done stream of the
   -- claim before, so waiters block until this claim ends; the mark "w" stays for them. A new
-  -- key (no fence yet) has no stream: nothing to do. pcall: the stream is a hint, and a node
-  -- that refuses it (its slot half migrated) must not stop the claim.
+  -- key (no fence yet) has no stream: nothing to do. pcall: the stream is a hint.
   if record[2] then
     redis.pcall("DEL", KEYS[1] .. ":done")
   end
-  -- The lock was free and is ours now: a new key, a key released after a failure, or a
+  -- The lease was free and is ours now: a new key, a key released after a failure, or a
   -- crashed owner's lapsed lease (state still in_progress: a takeover, which bumps the fence).
   fence = (tonumber(record[2]) or 0) + 1
   -- One HSET for every field the claim writes (the origin, ARGV[7], included).
-  local fields = {"state", "in_progress", "fp", ARGV[1], "owner", ARGV[2], "fence", fence}
+  local fields = {"state", "in_progress", "fp", ARGV[1], "owner", ARGV[2], "lease", now + lease_ms,
+    "fence", fence}
   takeover = 0
   if in_progress then
     takeover = 1

@@ -1,7 +1,6 @@
 -- complete: store the response of a finished request and free its lease.
 --
--- KEYS[1]  record hash   {prefix}:{<digest>}
--- KEYS[2]  lock string   {prefix}:{<digest>}:lock
+-- KEYS[1]  record hash   {prefix}:{<digest>}, the only key (the lease is its field "lease")
 -- ARGV[1]  owner         the token the claim returned (32 hex digits from idemkey)
 -- ARGV[2]  resp          encoded response (version byte + msgpack)
 -- ARGV[3]  retention_ms  how long the completed record is replayed, milliseconds
@@ -13,7 +12,9 @@
 --                        (KEYS[1] .. ":gone", the same slot): the claim's fingerprint (16 bytes)
 --                        then the completion time (Unix ms, server clock), living
 --                        retention_ms + grace_ms, so it outlives the record by the grace
---                        (Policy.expired_grace; claim.lua answers it)
+--                        (Policy.expired_grace; claim.lua answers it). pcall: a node serving
+--                        a migrating slot refuses a key it does not hold, and the response
+--                        must be stored all the same; a record completed then has none
 --
 -- Wake-up: when record field "w" is set, also writes the stream {prefix}:{<digest>}:done
 --          (KEYS[1] .. ":done", the same slot), see the end of this script.
@@ -27,7 +28,7 @@
 -- The completed record keeps only what a replay and a re-sent complete need: "resp", and "fp"
 -- with a 12-character tag of the owner appended, what a re-sent complete is recognised by: 48
 -- random bits of one of idemkey's owners. The claim's fields, the finished steps, the step
--- attempt counts ("na", "a:<name>", attempt.lua) and the lock go: a replay needs only the
+-- attempt counts ("na", "a:<name>", attempt.lua) and the lease go: a replay needs only the
 -- response. Without "state", a record is complete when it has "resp".
 -- "i", the origin claim.lua kept (when and where from), goes too: it would cost a completed
 -- record 64 bytes, past its memory goal (docs/design.md), and an operator looks for the
@@ -37,9 +38,8 @@
 -- being migrated, a script may only touch keys that exist, so re-creating it would fail
 -- mid-script, after the delete had run.
 --
--- The owner field, not the lock, decides: a lease that lapsed without anyone taking over still
--- lets its owner complete, since no one else ran the work. The lock holds that owner or nothing
--- (see claim.lua), so it is deleted without being read.
+-- The owner field, not the lease, decides: a lease that lapsed without anyone taking over still
+-- lets its owner complete, since no one else ran the work.
 
 local record = redis.call("HMGET", KEYS[1], "owner", "state", "fp", "ns", "w", "na")
 -- The tag comes with the call: the same owner always sends the same tag, so a re-sent complete
@@ -51,7 +51,7 @@ if record[1] == ARGV[1] and record[2] == "in_progress" then
   -- a hash table, they would leave that table at twice the slots, 32 bytes more per record, as
   -- Redis does not shrink it.
   -- "w": the waiters' mark (below) goes with them, and "i", the claim's origin.
-  redis.call("HDEL", KEYS[1], "state", "owner", "fence", "tk", "at", "w", "i")
+  redis.call("HDEL", KEYS[1], "state", "owner", "lease", "fence", "tk", "at", "w", "i")
   if record[4] or record[6] then  -- finished steps, attempt counts: their fields go too
     local fields = redis.call("HKEYS", KEYS[1])
     for i = 1, #fields do
@@ -63,13 +63,12 @@ if record[1] == ARGV[1] and record[2] == "in_progress" then
     redis.call("HDEL", KEYS[1], "ns", "na")
   end
   redis.call("HSET", KEYS[1], "fp", (record[3] or "") .. tag, "resp", ARGV[2])
-  redis.call("DEL", KEYS[2])
   redis.call("PEXPIRE", KEYS[1], tonumber(ARGV[3]))
   local grace = tonumber(ARGV[6])
   if grace and grace > 0 and record[3] then
     local now = redis.call("TIME")
     local ms = now[1] * 1000 + math.floor(now[2] / 1000)
-    redis.call("SET", KEYS[1] .. ":gone", string.sub(record[3], 1, 16) .. string.format("%d", ms),
+    redis.pcall("SET", KEYS[1] .. ":gone", string.sub(record[3], 1, 16) .. string.format("%d", ms),
       "PX", tonumber(ARGV[3]) + grace)
   end
   -- Wake-up: when a waiter marked the record (claim.lua), post one entry to the done stream

@@ -1,7 +1,6 @@
 -- release: give up a claim that did not produce a stored answer, so a retry runs afresh.
 --
--- KEYS[1]  record hash   {prefix}:{<digest>}
--- KEYS[2]  lock string   {prefix}:{<digest>}:lock
+-- KEYS[1]  record hash   {prefix}:{<digest>}, the only key (the lease is its field "lease")
 -- ARGV[1]  owner         the token the claim returned
 --
 -- Wake-up: when record field "w" is set, also writes the stream {prefix}:{<digest>}:done
@@ -15,19 +14,17 @@
 --
 -- The fence counter stays behind (until the record's TTL): fencing tokens handed to
 -- downstream systems must keep growing, even across a release and a fresh claim.
--- The lock holds the record's owner or nothing (see claim.lua): deleted without being read.
 
 local record = redis.call("HMGET", KEYS[1], "owner", "state", "ns", "w", "na")
 if record[1] ~= ARGV[1] or record[2] ~= "in_progress" then
   return 0
 end
-redis.call("DEL", KEYS[2])
 -- "at": written by idemkey before 0.2, dropped with the claim it described. Reading 0.1
 -- records: remove in 0.4.
 if record[3] then
-  redis.call("HDEL", KEYS[1], "state", "owner", "tk", "at")
+  redis.call("HDEL", KEYS[1], "state", "owner", "lease", "tk", "at")
 else
-  redis.call("HDEL", KEYS[1], "state", "fp", "owner", "tk", "at")
+  redis.call("HDEL", KEYS[1], "state", "fp", "owner", "lease", "tk", "at")
 end
 if record[5] then
   local fields = redis.call("HKEYS", KEYS[1])

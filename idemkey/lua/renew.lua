@@ -1,7 +1,7 @@
 -- renew: extend a live claim's lease (the heartbeat).
 --
--- KEYS[1]  record hash   {prefix}:{<digest>}
--- KEYS[2]  lock string   {prefix}:{<digest>}:lock
+-- KEYS[1]  record hash   {prefix}:{<digest>}, the only key: field "lease" is the claim's
+--                        deadline (server clock, Unix ms), see claim.lua
 -- ARGV[1]  owner         the token the claim returned
 -- ARGV[2]  lease_ms      new lease length from now, milliseconds
 -- ARGV[3]  fence         optional; the fence the claim returned, to tell a lost record (below)
@@ -15,19 +15,22 @@
 -- one else ran the work.
 --
 -- The record lives at least as long as the lease: a body that outruns the retention must not
--- lose its record under a live claim (its complete would be refused, and once the lock lapsed
+-- lose its record under a live claim (its complete would be refused, and once the lease lapsed
 -- the next caller would run the work again, with the fence back at 1).
 --
--- Invariants: reads and checks first, writes last. The record decides, not the lock: the lock
--- is set or extended only for the owner the record names in progress, so a lock whose record
--- is gone is never kept alive (it lapses by itself). Reading the record also marks it used,
+-- Invariants: reads and checks first, writes last. The lease is extended only for the owner the
+-- record names in progress. Reading the record also marks it used,
 -- so an LRU eviction policy takes a live claim's record after idle ones (not a guarantee).
 -- Running it twice with the same owner answers the same.
 
-local holder = redis.call("GET", KEYS[2])
 local record = redis.call("HMGET", KEYS[1], "owner", "state", "fence")
-if record[1] == ARGV[1] and record[2] == "in_progress" and (not holder or holder == ARGV[1]) then
-  redis.call("SET", KEYS[2], ARGV[1], "PX", tonumber(ARGV[2]))
+if record[1] == ARGV[1] and record[2] == "in_progress" then
+  -- As in claim.lua: the server's clock, effects replicated.
+  if redis.replicate_commands then
+    redis.replicate_commands()
+  end
+  local time = redis.call("TIME")
+  redis.call("HSET", KEYS[1], "lease", time[1] * 1000 + math.floor(time[2] / 1000) + tonumber(ARGV[2]))
   local ttl = redis.call("PTTL", KEYS[1])  -- -1: no expiry, left alone
   if ttl >= 0 and ttl < tonumber(ARGV[2]) then
     redis.call("PEXPIRE", KEYS[1], tonumber(ARGV[2]))

@@ -10,7 +10,15 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Callable, Collection, Sequence
 from typing import Any
 
-from .status import FIELDS, RecordStatus, decode_status, record_pattern, wanted
+from .status import (
+    FIELDS,
+    RecordStatus,
+    decode_status,
+    lease_left_ms,
+    record_pattern,
+    server_ms,
+    wanted,
+)
 
 __all__ = ["read_statuses", "scan_statuses"]
 
@@ -36,15 +44,19 @@ async def read_statuses(client: Any, keys: Sequence[bytes | str]) -> list[Record
         name = key.decode() if isinstance(key, bytes) else key
         pipe.hmget(name, *FIELDS)
         pipe.pttl(name)
-        pipe.pttl(name + ":lock")
+        pipe.pttl(name + ":lock")  # a claim written by 0.2 keeps its lease there: remove in 0.4
+    # The lease is a deadline on the server's clock (claim.lua). In a cluster, TIME is asked of
+    # the client's default node: the nodes' clocks are as close as their PX expiries need.
+    pipe.execute_command("TIME")
     replies = await pipe.execute(raise_on_error=False)
+    now_ms = server_ms(replies[-1])
     rows = []
     stepped = []
     for i, key in enumerate(keys):
-        fields, ttl, lease = replies[3 * i : 3 * i + 3]
+        fields, ttl, legacy = replies[3 * i : 3 * i + 3]
         if isinstance(fields, Exception) or isinstance(ttl, Exception):
             continue  # not a hash: a stranger's key under the prefix
-        rows.append((key, fields, int(ttl), int(lease) if isinstance(lease, int) else -2))
+        rows.append((key, fields, int(ttl), lease_left_ms(fields[6], legacy, now_ms)))
         if fields[4] is not None:  # "ns": finished steps, named by their fields
             stepped.append(key)
     names: dict[bytes | str, list[bytes]] = {}

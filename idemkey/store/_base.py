@@ -114,6 +114,10 @@ def _backend_errors(client: Any) -> tuple[_Errors, type[BaseException], _Errors]
     )
 
 
+#: The keys every script of a record takes: the record's hash alone, its lease a field of it,
+#: so a cluster slot being migrated serves each script through ASK (docs/design.md, "One key").
+SCRIPT_KEYS: Final = 1
+
 # redis-py's own cutoff: an argument longer than this is sent as its own chunk, not copied.
 _BUFFER_CUTOFF: Final = 6000
 
@@ -193,7 +197,7 @@ Packer = Callable[[str, tuple[str | bytes | int, ...]], list[bytes]]
 
 
 def evalsha_packer(encoder: Any, *, packs_with_hiredis: bool) -> Packer:
-    """How the lean path packs ``EVALSHA sha 2 *keys_and_args``, byte for byte as the client's
+    """How the lean path packs ``EVALSHA sha 1 *keys_and_args``, byte for byte as the client's
     connection would: with hiredis (redis-py's own C packer, called without its argument
     shuffling) where the connection packs with it (``packs_with_hiredis``: a sync redis-py
     connection with hiredis, which writes text as UTF-8 whatever the encoding) or where hiredis
@@ -206,7 +210,8 @@ def evalsha_packer(encoder: Any, *, packs_with_hiredis: bool) -> Packer:
         from hiredis import pack_command
 
         def hiredis_pack(sha: str, keys_and_args: tuple[str | bytes | int, ...]) -> list[bytes]:
-            return [pack_command(("EVALSHA", sha, 2, *keys_and_args))]  # type: ignore[arg-type]
+            command = ("EVALSHA", sha, SCRIPT_KEYS, *keys_and_args)
+            return [pack_command(command)]  # type: ignore[arg-type]
 
         return hiredis_pack
     heads: dict[tuple[str, int], bytes] = {}
@@ -224,13 +229,18 @@ def pack_evalsha(
     sha: str,
     keys_and_args: tuple[str | bytes | int, ...],
 ) -> list[bytes]:
-    """``EVALSHA sha 2 *keys_and_args`` in RESP, as redis-py's packer writes it: the head
+    """``EVALSHA sha 1 *keys_and_args`` in RESP, as redis-py's packer writes it: the head
     (array length, command, sha, key count) packed once per script and argument count and kept
     in ``heads``, each argument encoded with the client's ``encode``."""
     head = heads.get((sha, len(keys_and_args)))
     if head is None:
         count, digest = len(keys_and_args) + 3, sha.encode()
-        head = b"*%d\r\n$7\r\nEVALSHA\r\n$%d\r\n%s\r\n$1\r\n2\r\n" % (count, len(digest), digest)
+        head = b"*%d\r\n$7\r\nEVALSHA\r\n$%d\r\n%s\r\n$1\r\n%d\r\n" % (
+            count,
+            len(digest),
+            digest,
+            SCRIPT_KEYS,
+        )
         heads[(sha, len(keys_and_args))] = head
     chunks: list[bytes] = []
     buffer = [head]
@@ -273,12 +283,13 @@ def _dropped_errors(client: Any) -> _Errors:
 def _slot_moving(exc: BaseException, moving: _Errors) -> bool:
     """Whether Redis Cluster refused the script because its slot is being migrated.
 
-    A script touches two keys (record and lock). While their slot migrates, the cluster answers
-    TRYAGAIN to a multi-key command unless both keys exist on the node asked, which a new record
-    (no keys yet) or a completed one (no lock) never satisfies, until the slot has moved. The
-    client retries TRYAGAIN for a moment, then raises ``ClusterError("TTL exhausted.")`` (exactly
-    that class; ``ClusterDownError`` is a subclass and means something else). The script did not
-    run, so sending it again is safe.
+    A script touches one key, the record, so a migrating slot serves it through ASK (idemkey
+    0.2's scripts touched two, and met TRYAGAIN until the slot had moved). What is left: the
+    client's redirect handling gives up after its tries (``ClusterError("TTL exhausted.")``,
+    exactly that class; ``ClusterDownError`` is a subclass and means something else), TRYAGAIN
+    for a script sent while a node still answers for both sides, or a connection the asyncio
+    cluster client tore down under the call (``_backend_errors``). Sending the script again is
+    safe: every script answers a re-send by its owner as it answered the first.
     """
     return type(exc) in moving
 
@@ -296,7 +307,7 @@ def _retry_delay(previous: float, deadline: float) -> float:
 # so at least 200 ms and half the timeout are kept in hand.
 _MAX_BLOCK: Final = 5.0
 _SERVER_LATENESS: Final = 0.2
-# Past this, the lease has lapsed; a little margin so the re-claim finds the lock expired.
+# Past this, the lease has lapsed; a little margin so the re-claim finds the lease lapsed.
 _LAPSE_MARGIN: Final = 0.002
 
 

@@ -36,6 +36,7 @@ from ..events import logger
 from ..policy import Policy
 from ._sync_status import read_statuses, scan_statuses
 from ._base import (
+    SCRIPT_KEYS,
     Effects,
     _block_cap,
     _block_ms,
@@ -121,7 +122,7 @@ class RedisStore(Heartbeat):
             try:
                 return self._evalsha(script.sha, keys_and_args)
             except self._noscript:
-                return script(keys_and_args[:2], keys_and_args[2:])
+                return script(keys_and_args[:SCRIPT_KEYS], keys_and_args[SCRIPT_KEYS:])
         except self._errors as exc:
             if _slot_moving(exc, self._moving):
                 return self._eval_while_slot_moves(name, keys_and_args)
@@ -130,7 +131,7 @@ class RedisStore(Heartbeat):
             raise self._store_error(name, exc) from exc
 
     def _plain_evalsha(self, sha: str, keys_and_args: tuple[str | bytes | int, ...]) -> Any:
-        return self.client.execute_command("EVALSHA", sha, 2, *keys_and_args)
+        return self.client.execute_command("EVALSHA", sha, SCRIPT_KEYS, *keys_and_args)
 
     def _eval_again(self, name: str, keys_and_args: tuple[str | bytes | int, ...]) -> Any:
         """Send a script once more after its connection was dropped (a pooled connection the
@@ -138,7 +139,8 @@ class RedisStore(Heartbeat):
         redis-py 5 retries no command, whatever ``retry=`` says). Safe: every script answers a
         re-send by its owner as it answered the first."""
         try:
-            return self._scripts[name](keys_and_args[:2], keys_and_args[2:])
+            keys, args = keys_and_args[:SCRIPT_KEYS], keys_and_args[SCRIPT_KEYS:]
+            return self._scripts[name](keys, args)
         except self._errors as exc:
             raise self._store_error(name, exc) from exc
 
@@ -150,7 +152,7 @@ class RedisStore(Heartbeat):
         while True:
             sleep(delay := _retry_delay(delay, deadline))
             try:
-                return script(keys_and_args[:2], keys_and_args[2:])
+                return script(keys_and_args[:SCRIPT_KEYS], keys_and_args[SCRIPT_KEYS:])
             except self._errors as exc:
                 if not _slot_moving(exc, self._moving) or time.monotonic() >= deadline:
                     raise self._store_error(name, exc) from exc
@@ -188,8 +190,8 @@ class RedisStore(Heartbeat):
             elif outcome == _UNCONFIRMED:
                 if name == "claim":  # free the key so a retry can run, if Redis lets us
                     with contextlib.suppress(StoreError):
-                        key, lock, _, owner, *_ = keys_and_args
-                        RedisStore._eval(self, "release", key, lock, owner)
+                        key, _, owner, *_ = keys_and_args
+                        RedisStore._eval(self, "release", key, owner)
                 raise value
 
     def _refresh_topology(self) -> None:
@@ -256,7 +258,6 @@ class RedisStore(Heartbeat):
         ttl_ms = ttl_ms or self.policy.ttl_ms
         args: tuple[str | bytes | int, ...] = (
             record.record_key,
-            record.lock_key,
             fingerprint,
             owner,
             lease_ms,
@@ -288,7 +289,7 @@ class RedisStore(Heartbeat):
         noticed when the read times out with it, and taken over. Where no read can be made
         (too many records waited on, a read that failed), poll with backoff.
         """
-        owner, stream = str(args[3]), _done_stream(record)
+        owner, stream = str(args[2]), _done_stream(record)
         deadline, delay = time.monotonic() + wait, 0.0
         answer: ExpiringDecision = decision
         while type(answer) is InFlight:
@@ -361,7 +362,6 @@ class RedisStore(Heartbeat):
         # its lease), complete.lua tells a lost record apart.
         args: tuple[str | bytes | int, ...] = (
             record.record_key,
-            record.lock_key,
             owner,
             response,
             ttl_ms,
@@ -388,7 +388,7 @@ class RedisStore(Heartbeat):
     def release(self, record: Record, owner: str) -> bool:
         """Free an unfinished claim so a retry runs afresh; False when it was not ours."""
         self._unwatch(record, owner)
-        reply = self._eval("release", record.record_key, record.lock_key, owner)
+        reply = self._eval("release", record.record_key, owner)
         return reply == 1 or self._refused(record, owner, reply)
 
     def renew(self, record: Record, owner: str, *, lease_ms: int | None = None) -> bool:
@@ -397,8 +397,8 @@ class RedisStore(Heartbeat):
 
     def _renew(self, record: Record, owner: str, lease_ms: int, fence: int | None) -> int:
         """renew.lua's reply: 1 renewed, 0 another owner's, RECORD_LOST (only with the claim's
-        ``fence``) the record was lost under the claim, and the lock was left to lapse."""
-        args: tuple[str | int, ...] = (record.record_key, record.lock_key, owner, lease_ms)
+        ``fence``) the record was lost under the claim."""
+        args: tuple[str | int, ...] = (record.record_key, owner, lease_ms)
         reply = self._eval("renew", *(args if fence is None else (*args, fence)))
         return 1 if reply == 1 else RECORD_LOST if reply == RECORD_LOST else 0
 
@@ -408,7 +408,7 @@ class RedisStore(Heartbeat):
         """Store a finished step's ``result`` under ``field`` (see checkpoint.lua). Returns the
         step's stored result (``result``, or the one stored first), None when the record is no
         longer ours (nothing written). A failed write is retried like a completion."""
-        args = (record.record_key, record.lock_key, owner, field, result)
+        args = (record.record_key, owner, field, result)
         deadline, delay = self._completion_deadline(None, time.monotonic()), 0.0
         while True:
             try:
@@ -517,7 +517,7 @@ class RedisStore(Heartbeat):
         """Count one more attempt of the retried step whose attempt field is ``field`` (see
         attempt.lua): the attempt's number, counted across takeovers, or None when the record
         is no longer ours (nothing written)."""
-        reply = self._eval("attempt", record.record_key, record.lock_key, owner, field)
+        reply = self._eval("attempt", record.record_key, owner, field)
         if type(reply) is not int or reply < 0:
             raise StoreError(f"unexpected reply from the attempt script: {reply!r:.200}")
         return reply or None
@@ -529,8 +529,7 @@ class RedisStore(Heartbeat):
         steps are kept (the next claim resumes after them) unless ``abandon`` (the next claim
         runs the job from the start). Returns the record's raised fence, None when there was
         nothing to cancel (no record, a completed one, a released one without steps)."""
-        keys = (record.record_key, record.lock_key)
-        reply = self._eval("cancel", *keys, 1 if abandon else 0)
+        reply = self._eval("cancel", record.record_key, 1 if abandon else 0)
         if not isinstance(reply, list) or not reply or reply[0] not in (0, 1, 2):
             raise StoreError(f"unexpected reply from the cancel script: {reply!r:.200}")
         return int(reply[1]) if reply[0] else None

@@ -1,12 +1,12 @@
 """What ``store.records()`` and ``store.record()`` answer: one record's status, decoded.
 
-Sans-IO: the store reads a page of records (``HMGET`` of :data:`FIELDS`, two ``PTTL`` and, for
-records with finished steps, ``HKEYS``) and :func:`decode_status` turns the replies into a
-:class:`RecordStatus`. A record's name is a one-way digest of scope, method, route and key, so
-the route, method and scope come from the origin a claim keeps in field ``"i"`` (claim.lua)
-until the record completes (complete.lua drops it: a completed record stays within its memory
-goal). A completed record, or one claimed before idemkey kept an origin, has them empty and
-no age.
+Sans-IO: the store reads a page of records (``HMGET`` of :data:`FIELDS`, two ``PTTL``, the
+server's ``TIME`` once and, for records with finished steps, ``HKEYS``) and
+:func:`decode_status` turns the replies into a :class:`RecordStatus`. A record's name is a
+one-way digest of scope, method, route and key, so the route, method and scope come from the origin
+a claim keeps in field ``"i"`` (claim.lua) until the record completes (complete.lua drops it: a
+completed record stays within its memory goal). A completed record, or one claimed before
+idemkey kept an origin, has them empty and no age.
 """
 
 from __future__ import annotations
@@ -24,7 +24,9 @@ __all__ = [
     "RecordState",
     "RecordStatus",
     "decode_status",
+    "lease_left_ms",
     "record_pattern",
+    "server_ms",
     "wanted",
 ]
 
@@ -37,7 +39,7 @@ STATES: Final[tuple[RecordState, ...]] = ("in_progress", "lapsed", "complete", "
 
 #: The hash fields one status needs, in the order :func:`decode_status` reads them.
 #: Not the stored answer (it may be large): a record with neither state nor fence is complete.
-FIELDS: Final = ("state", "fence", "owner", "tk", "ns", "i")
+FIELDS: Final = ("state", "fence", "owner", "tk", "ns", "i", "lease")
 
 
 def _glob_escape(value: str) -> str:
@@ -99,11 +101,12 @@ def decode_status(
     hash_keys: Sequence[bytes] = (),
     now: float | None = None,
 ) -> RecordStatus | None:
-    """The status of the record at ``key`` from ``HMGET key *FIELDS``, its ``PTTL``, its
-    lock's ``PTTL`` and (when it has steps) ``HKEYS``; ``None`` when there is no record (it
-    expired since the SCAN, or the key is not an idemkey record's hash)."""
+    """The status of the record at ``key`` from ``HMGET key *FIELDS``, its ``PTTL``, what is
+    left of its lease (:func:`lease_left_ms`) and (when it has steps) ``HKEYS``; ``None`` when
+    there is no record (it expired since the SCAN, or the key is not an idemkey record's
+    hash)."""
     name = text(key)
-    state_field, fence, owner, takeover, _steps, origin = fields
+    state_field, fence, owner, takeover, _steps, origin = fields[:6]
     if ttl_ms == -2:
         return None
     state: RecordState
@@ -133,6 +136,28 @@ def decode_status(
         route=route,
         scope=scope,
     )
+
+
+def server_ms(time_reply: object) -> int | None:
+    """The server's clock in Unix ms from a ``TIME`` reply, None when the reply is not one."""
+    if isinstance(time_reply, (list, tuple)) and len(time_reply) == 2:
+        seconds, micros = (text(part) for part in time_reply)
+        if seconds.isdigit() and micros.isdigit():
+            return int(seconds) * 1000 + int(micros) // 1000
+    return None
+
+
+def lease_left_ms(deadline: object, legacy_pttl: object, now_ms: int | None) -> int:
+    """Milliseconds left of a record's lease, -2 when it has none or it lapsed, from its field
+    "lease" (the deadline on the server's clock, claim.lua) and the server's clock. A claim
+    written by 0.2 has no such field and keeps its lease in the lock string instead, whose
+    ``PTTL`` is ``legacy_pttl`` (reading 0.2 claims: remove in 0.4)."""
+    raw = text(deadline)
+    if raw.isdigit() and now_ms is not None:
+        left = int(raw) - now_ms
+    else:
+        left = int(legacy_pttl) if isinstance(legacy_pttl, int) else -2
+    return left if left > 0 else -2
 
 
 def wanted(

@@ -1,9 +1,9 @@
 """An evicted running request under uvicorn and FastAPI: reported, and never half stored.
 
 The HTTP twin of tests/faults/test_eviction.py (see tests/faults/_eviction.py for how the real
-eviction is made): the first request's record and lock are evicted while its handler waits, the
-heartbeat reports it, a retry runs again and is stored, and the first client still gets its
-answer while its completion is refused with the cause named.
+eviction is made): the first request's record, its lease with it, is evicted while its handler
+waits, the heartbeat reports it, a retry runs again and is stored, and the first client still
+gets its answer while its completion is refused with the cause named.
 """
 
 from __future__ import annotations
@@ -145,7 +145,7 @@ def test_an_evicted_http_request_is_reported_under_uvicorn(
         [key] = [k.decode() for k in evicting.keys(f"{prefix}:{{*}}")]  # the request's record
         digest = key[len(prefix) + 2 : -1]
         record = Record(digest=digest, record_key=key, lock_key=key + ":lock")
-        assert evict_every_key_with_a_ttl(evicting, record) >= 2
+        assert evict_every_key_with_a_ttl(evicting, record) >= 1  # one key: the record
 
         [lost] = wait_until(
             lambda: read_events(events, "record_lost"), 10, "the heartbeat to report the record"

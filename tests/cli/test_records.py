@@ -14,6 +14,7 @@ from idemkey._codec import encode_value
 from idemkey._core import record_for
 from idemkey.cli import stats as stats_command
 from idemkey.guard import GUARD_METHOD
+from tests._lease import lapse, lease_holder
 from tests.cli.conftest import CliRunner, http_record
 
 
@@ -148,7 +149,7 @@ def test_inspect_names_what_is_missing(idemkey: CliRunner, redis_url: str) -> No
 # ---- forget -------------------------------------------------------------------------------
 
 
-def test_forget_deletes_record_and_lock(
+def test_forget_deletes_the_record(
     idemkey: CliRunner, store: RedisStore, real_client: redis.Redis, redis_url: str, prefix: str
 ) -> None:
     record = http_record(store, "order-1")
@@ -157,7 +158,7 @@ def test_forget_deletes_record_and_lock(
     )
     assert run.code == 0, run.err
     assert run.out == f"forgot complete record {record.key} (1 keys deleted)\n"
-    assert real_client.exists(record.key, record.lock) == 0
+    assert real_client.exists(record.key) == 0
     # The key is free again: the same request now runs afresh.
     assert type(store.claim(record, "fp-order-1", heartbeat=False)).__name__ == "Claimed"
 
@@ -166,18 +167,21 @@ def test_forget_refuses_an_in_progress_record_without_force(
     idemkey: CliRunner, store: RedisStore, real_client: redis.Redis, redis_url: str, prefix: str
 ) -> None:
     record = http_record(store, "order-2", complete=False)
+    before = real_client.hgetall(record.key)
     refused = idemkey("forget", "--digest", record.digest, "--yes", *_at(redis_url, prefix))
     assert refused.code == 1
     assert "in-progress" in refused.err
     assert "--force" in refused.err
     assert len(refused.err.splitlines()) == 1
-    assert real_client.exists(record.key, record.lock) == 2  # untouched
+    assert real_client.hgetall(record.key) == before  # untouched, its live lease too
+    assert lease_holder(real_client, record) is not None
     forced = idemkey(
         "forget", "--digest", record.digest, "--yes", "--force", "--json", *_at(redis_url, prefix)
     )
     assert forced.code == 0
-    assert json.loads(forced.out) == {"record": record.key, "deleted": 2, "state": "in_progress"}
-    assert real_client.exists(record.key, record.lock) == 0
+    # One key: the record, its lease a field of it.
+    assert json.loads(forced.out) == {"record": record.key, "deleted": 1, "state": "in_progress"}
+    assert real_client.exists(record.key) == 0
 
 
 class _Terminal(io.StringIO):
@@ -242,7 +246,7 @@ def test_stats_counts_records_made_through_guard(
     store.claim(running, "fp", heartbeat=False)
     crashed = record_for(prefix, "", GUARD_METHOD, "", "crashed")
     store.claim(crashed, "fp", heartbeat=False)
-    real_client.delete(crashed.lock)  # its owner died and the lease lapsed
+    assert lapse(real_client, crashed) == 1  # its owner died and the lease lapsed
     # Someone else's records under another prefix are not counted.
     other = RedisStore(real_client, Policy(prefix=prefix + "x"))
     with guard(other, "job-0") as call:

@@ -19,6 +19,7 @@ from idemkey import (
 from idemkey._core import record_for
 from idemkey.cli.demo_app import DEFAULT_ACCOUNT, account_scope, create_app
 from idemkey.guard import GUARD_METHOD
+from tests._lease import lapse
 from tests._servers import free_port, no_retry, wait_until
 
 
@@ -88,8 +89,8 @@ def test_one_warning_per_lost_lease(
     record = record_for(prefix, "", GUARD_METHOD, "", "job")
     try:
         with pytest.raises(LeaseLostError), guard(store, "job") as call:  # noqa: PT012 - the scenario
-            # Our lease is taken from us: the lock vanishes and another executor claims.
-            real_client.delete(record.lock)
+            # Our lease is taken from us: it lapses and another executor claims.
+            assert lapse(real_client, record) == 1
             taken = rival.claim(record, _fingerprint(real_client, record), heartbeat=False)
             assert type(taken).__name__ == "Claimed"
             # The heartbeat (every lease/3) notices before we finish.

@@ -3,7 +3,7 @@
 A real ``redis-server`` with ``maxmemory`` and ``maxmemory-policy volatile-lru``, as a shared
 cache often runs, is filled with keys that have no TTL (a cache that never expires): under
 ``volatile-*`` only keys with a TTL can be evicted, so the keys eviction takes are exactly
-idemkey's, the running request's record and lock.
+idemkey's: the running request's record, its lease a field of it.
 """
 
 from __future__ import annotations
@@ -24,8 +24,8 @@ def evicting_server(factory: Callable[..., RedisServer]) -> RedisServer:
 
 def evict_every_key_with_a_ttl(admin: redis.Redis, record: Record) -> int:
     """Fill the server past ``maxmemory`` with keys that have no TTL until eviction has taken
-    the record and its lock, then free the filler (as the cache's owner would, so that new
-    claims are accepted again). Returns the number of keys evicted."""
+    the record (and its lease with it), then free the filler (as the cache's owner would, so
+    that new claims are accepted again). Returns the number of keys evicted."""
     used = int(admin.info("memory")["used_memory"])
     admin.config_set("maxmemory", used + 512 * 1024)
     chunk, fillers = b"x" * (64 * 1024), []
@@ -37,8 +37,8 @@ def evict_every_key_with_a_ttl(admin: redis.Redis, record: Record) -> int:
             fillers.append(name)
         except redis.exceptions.OutOfMemoryError:  # nothing with a TTL is left to evict
             pass
-        return admin.exists(record.key, record.lock) == 0
+        return admin.exists(record.key) == 0
 
-    wait_until(evicted, timeout=10, message="eviction to take the record and its lock")
+    wait_until(evicted, timeout=10, message="eviction to take the record")
     admin.delete(*fillers)
     return int(admin.info("stats")["evicted_keys"])

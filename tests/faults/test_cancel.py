@@ -15,8 +15,9 @@ import pytest
 import redis.asyncio
 
 from idemkey import AsyncRedisStore, Policy, aguard
-from idemkey._core import record_for, record_state
+from idemkey._core import Record, record_for, record_state
 from idemkey.guard import GUARD_METHOD
+from tests._lease import lease_holder, lease_left
 from tests._servers import async_wait_until
 
 pytestmark = pytest.mark.redis
@@ -71,7 +72,7 @@ async def test_a_write_cut_off_by_a_cancellation_is_finished(
             assert call.replayed
             assert call.result == "done once"
     else:
-        await async_wait_until(lambda: _released(real_async_client, record.lock), 10, "the release")
+        await async_wait_until(lambda: _released(real_async_client, record), 10, "the release")
         async with aguard(store, "job", payload=b"p") as call:
             assert not call.replayed  # released: the retry runs at once, not after 60 s
             call.save("second try")
@@ -82,8 +83,9 @@ async def _state_is(client: redis.asyncio.Redis, key: str, state: bytes) -> bool
     return record_state(await client.hgetall(key)) == state.decode()
 
 
-async def _released(client: redis.asyncio.Redis, lock: str) -> bool:
-    return await client.exists(lock) == 0
+async def _released(client: redis.asyncio.Redis, record: Record) -> bool:
+    """No live lease, and none left in the record: freed, not lapsed (the lease is 60 s)."""
+    return await lease_left(client, record) == -2 and not await client.hexists(record.key, "lease")
 
 
 class ClaimThenStallStore(AsyncRedisStore):
@@ -112,12 +114,12 @@ async def test_a_claim_cut_off_by_a_cancellation_is_released(
 
     task = asyncio.ensure_future(work())
     await asyncio.wait_for(stalling.applied.wait(), 10)
-    assert await real_async_client.get(record.lock) is not None  # Redis holds the claim
+    assert await lease_holder(real_async_client, record) is not None  # Redis holds the claim
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
     # Without the release every retry would get RequestInFlightError for the 60 s lease.
-    await async_wait_until(lambda: _released(real_async_client, record.lock), 10, "the release")
+    await async_wait_until(lambda: _released(real_async_client, record), 10, "the release")
     store = AsyncRedisStore(real_async_client, Policy(prefix=prefix, lease=60))
     async with aguard(store, "job", payload=b"p") as call:
         assert not call.replayed

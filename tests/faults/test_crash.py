@@ -23,8 +23,9 @@ import redis
 from werkzeug.test import Client
 
 from idemkey import Event, Policy, RedisStore
-from idemkey._core import record_state
+from idemkey._core import Record, record_state
 from idemkey.adapters.wsgi import IdempotencyMiddleware
+from tests._lease import lease_left
 from tests._servers import wait_until
 
 if TYPE_CHECKING:
@@ -77,18 +78,17 @@ def post(web: Client) -> Any:
     return web.post("/charges", data=b"{}", headers={"Idempotency-Key": "crash-key"})
 
 
-def lock_key(real_client: redis.Redis, prefix: str) -> bytes:
-    keys = list(real_client.scan_iter(match=f"{prefix}:*:lock", count=1000))
-    assert len(keys) == 1
-    return keys[0]
-
-
 def record_key_of(real_client: redis.Redis, prefix: str) -> bytes:
-    """The one record hash under ``prefix`` (its lock is gone once it completed)."""
-    listed = real_client.scan_iter(match=f"{prefix}:{{*}}", count=1000)
-    keys = [k for k in listed if not k.endswith(b":lock")]
+    """The one record hash under ``prefix``."""
+    keys = list(real_client.scan_iter(match=f"{prefix}:{{*}}", count=1000))
     assert len(keys) == 1
     return keys[0]
+
+
+def record_of(real_client: redis.Redis, prefix: str) -> Record:
+    """The one record under ``prefix``, named as the store names it."""
+    key = record_key_of(real_client, prefix).decode()
+    return Record(digest=key[len(prefix) + 2 : -1], record_key=key, lock_key=key + ":lock")
 
 
 def test_a_worker_killed_mid_handler_frees_its_key_after_the_lease(
@@ -96,11 +96,11 @@ def test_a_worker_killed_mid_handler_frees_its_key_after_the_lease(
 ) -> None:
     worker = spawn()
     wait_until(lambda: real_client.lrange(f"{prefix}:started", 0, -1), 30, "the handler to run")
-    lock = lock_key(real_client, prefix)
-    # While the worker lives, its heartbeat renews the lease (the PTTL jumps back up).
+    record = record_of(real_client, prefix)
+    # While the worker lives, its heartbeat renews the lease (the time left jumps back up).
     samples: list[int] = []
     wait_until(
-        lambda: samples.append(real_client.pttl(lock)) or samples[-1] > min(samples),
+        lambda: samples.append(lease_left(real_client, record)) or samples[-1] > min(samples),
         10,
         "a heartbeat renewal",
     )

@@ -29,6 +29,7 @@ from idemkey._core import Claimed, Replay, record_for
 from idemkey.adapters.wsgi import IdempotencyMiddleware
 from idemkey.guard import GUARD_METHOD
 from idemkey.policy import Replicas
+from tests._lease import lease_left
 from tests._servers import (
     WAKE_BOUND,
     RedisServer,
@@ -132,7 +133,8 @@ def test_a_claim_no_replica_confirms_fails_closed_and_frees_the_key(
         assert time.monotonic() - started < 5
         record = record_for(prefix, "", GUARD_METHOD, "", "job")
         # Released (only the fence counter stays): a retry may run.
-        assert client.exists(record.lock) == 0
+        assert lease_left(client, record) == -2
+        assert not client.hexists(record.key, "lease")
         assert client.hget(record.key, "state") is None
         # A replay writes nothing: it is answered (after WAIT's timeout), not refused.
         with guard(store, "done", payload=b"") as call:
@@ -220,7 +222,8 @@ async def test_async_durable_writes(pair: tuple[RedisServer, RedisServer], prefi
             async with aguard(store, "b", payload=b""):
                 pytest.fail("the block ran on a claim no replica confirmed")
         other = record_for(prefix, "", GUARD_METHOD, "", "b")
-        assert await client.exists(other.lock) == 0
+        assert await lease_left(client, other) == -2
+        assert not await client.hexists(other.key, "lease")
         assert await client.hget(other.key, "state") is None
         async with aguard(store, "a", payload=b"") as call:
             assert call.result == "one"

@@ -38,6 +38,7 @@ from idemkey import (
 from idemkey._core import Claimed, InFlight, Replay, record_for
 from idemkey.adapters.wsgi import IdempotencyMiddleware
 from idemkey.guard import GUARD_METHOD
+from tests._lease import lease_holder
 from tests._servers import no_retry, wait_until
 from tests.faults._proxy import FaultProxy
 
@@ -84,14 +85,14 @@ def test_a_claim_whose_reply_is_late_comes_back_claimed_on_the_resend(
         client.ping()  # connect first: the delay must hit the claim's reply
         proxy.delay_replies(LATE)
         decision = store.claim(record, "fp", heartbeat=False)
-        # The first EVALSHA ran (the lock holds our owner); its reply was lost. The re-send on
-        # a new connection found our own owner on the lock: Claimed, not InFlight.
+        # The first EVALSHA ran (the record holds our owner's lease); its reply was lost. The
+        # re-send on a new connection found our own owner holding it: Claimed, not InFlight.
         assert isinstance(decision, Claimed)
         assert (decision.fence, decision.takeover) == (1, False)
         assert proxy.delayed == 1
         assert proxy.connections >= 2
         assert real_client.hget(record.key, "fence") == b"1"  # one claim, not two
-        assert real_client.get(record.lock) == decision.owner.encode()
+        assert lease_holder(real_client, record) == decision.owner.encode()
         assert store.complete(record, decision.owner, b"ok")
         assert store.claim(record, "fp") == Replay(b"ok")
     finally:

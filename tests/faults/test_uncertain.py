@@ -29,6 +29,7 @@ from idemkey._core import PAYLOAD_DIGEST, record_for, record_origin
 from idemkey.adapters.wsgi import IdempotencyMiddleware
 from idemkey.store import uncertain as uncertain_module
 from idemkey.store.uncertain import UncertainEntry
+from tests._lease import lease_left
 from tests._servers import RedisServer, async_wait_until, no_retry, wait_until
 from tests.faults.test_crash import LEASE, post, spawn, successor
 
@@ -166,7 +167,7 @@ async def test_async_takeover_and_released_with_steps(
         )
 
         async def lapsed() -> bool:
-            return not await real_async_client.exists(crashed.lock_key)
+            return await lease_left(real_async_client, crashed) == -2  # by its deadline
 
         await async_wait_until(lapsed, 10, "the lease to lapse")
         with contextlib.suppress(RuntimeError):

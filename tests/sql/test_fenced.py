@@ -24,6 +24,7 @@ from sqlalchemy.orm import Session
 from idemkey import AsyncRedisStore, LeaseLostError, Policy, RedisStore, aguard, guard
 from idemkey.contrib.sqlalchemy import AsyncEffects, Effects, afenced, fenced
 from idemkey.errors import ConfigurationError, StoreError
+from tests._lease import lease_left
 from tests._servers import wait_until
 from tests.sql.conftest import async_url
 
@@ -148,7 +149,7 @@ def test_a_newer_fence_refuses_an_older_one(
     old = guard(store, "k3")
     old_call = old.__enter__()
     store._unwatch(old.record, old_call_owner(old))  # stop its heartbeat: a frozen owner
-    wait_until(lambda: real_client.pttl(old.record.lock) == -2, 5, "the old lease to lapse")
+    wait_until(lambda: lease_left(real_client, old.record) == -2, 5, "the old lease to lapse")
     runs: list[int] = []
     assert charge(store, engine, "k3", runs) == {"fence": 2}
     with Session(engine) as session:
@@ -377,7 +378,7 @@ def test_a_recovery_point_fences_its_own_transaction(
     old = guard(store, "order-9")
     old_call = old.__enter__()
     store._unwatch(old.record, old_call_owner(old))  # frozen before its step
-    wait_until(lambda: real_client.pttl(old.record.lock) == -2, 5, "the old lease to lapse")
+    wait_until(lambda: lease_left(real_client, old.record) == -2, 5, "the old lease to lapse")
     with guard(store, "order-9") as call:
         assert call.takeover
         assert call.step("charge", charge_step, call, "order-9:charge") == {"fence": 2}

@@ -33,6 +33,7 @@ from idemkey import (
     idempotent,
 )
 from idemkey.contrib.sqlalchemy import AsyncEffects, Effects, afenced, fenced
+from tests._lease import lease_left
 from tests._servers import RedisServer, wait_until
 from tests.sql.conftest import async_url
 
@@ -133,7 +134,7 @@ def test_refused_after_a_stale_owner_committed_first_recovers_its_row(
     stale_call = stale.__enter__()
     assert stale.claim is not None
     store._unwatch(stale.record, stale.claim.owner)  # no heartbeat: frozen past its lease
-    wait_until(lambda: real_client.pttl(stale.record.lock) == -2, 5, "the stale lease to lapse")
+    wait_until(lambda: lease_left(real_client, stale.record) == -2, 5, "the stale lease to lapse")
 
     def stale_owner_commits() -> None:
         with Session(engine) as session, session.begin():

@@ -27,6 +27,7 @@ from idemkey import (
 from idemkey._core import Record, record_for
 from idemkey.cli import main
 from idemkey.guard import GUARD_METHOD
+from tests._lease import lease_left
 
 
 class Boom(Exception):
@@ -53,7 +54,8 @@ def test_a_cancelled_owner_cannot_checkpoint_or_complete_and_the_next_run_resume
         stale.step("charge", ran.append, "charge")  # runs, but its checkpoint is refused
     assert lost.value.fence == 1
     assert sync_client.hget(record.key, "s:charge") is None
-    assert not sync_client.exists(record.lock)
+    assert lease_left(sync_client, record) == -2  # the cancel ended the claim's lease...
+    assert not sync_client.hexists(record.key, "lease")  # ...and removed it from the record
 
     with guard(store, "job", payload="p") as call:
         assert not call.takeover

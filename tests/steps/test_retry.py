@@ -37,6 +37,7 @@ from idemkey.guard import _call as guard_call
 from idemkey.guard import _retry as guard_retry
 from idemkey.guard import _steps as guard_steps
 from idemkey.guard import _sync_steps as sync_steps
+from tests._lease import lapse
 
 QUICK = StepRetry(attempts=3, backoff=0, jitter=0)
 
@@ -145,7 +146,7 @@ def test_a_takeover_continues_the_count(
         call.step("charge", fn, retry=StepRetry(attempts=2, backoff=0))
     # It died here (no release): its heartbeat stops, its lease lapses.
     store._unwatch(record, crashed.claim.owner)  # type: ignore[union-attr]
-    sync_client.delete(record.lock)
+    assert lapse(sync_client, record) == 1
     with guard(store, "k") as taker:
         assert taker.takeover
         with pytest.raises(StepAttemptsExhaustedError) as spent:

@@ -23,7 +23,7 @@ import redis.asyncio
 from idemkey import AsyncRedisStore, Call, Policy, RedisStore, aguard, guard, idempotent
 from idemkey._core import owner_tag
 from idemkey.records import GUARD_METHOD, Decision, Record, record_for
-from tests._servers import async_wait_until
+from tests._lease import lapse, lease_holder, lease_left
 from tests.conftest import _purge_prefix
 
 T = TypeVar("T")
@@ -73,7 +73,7 @@ class Both:
 
     async def complete_reply(self, record: Record, owner: str, resp: bytes, fence: int) -> int:
         """complete.lua's own reply, sent with the claim's fence: 1, 0 or RECORD_LOST."""
-        args = (record.key, record.lock, owner, resp, 100_000, owner_tag(owner), fence)
+        args = (record.key, owner, resp, 100_000, owner_tag(owner), fence)
         return int(await _resolve(self.store._eval("complete", *args)))
 
     async def delete(self, *keys: str) -> None:
@@ -125,8 +125,13 @@ class Both:
         return result
 
     async def lock_holder(self, record: Record) -> bytes | None:
-        result: bytes | None = await _resolve(self.client.get(record.lock))
+        """The owner whose live claim holds the record (its lease not lapsed), or None."""
+        result: bytes | None = await _resolve(lease_holder(self.client, record))
         return result
+
+    async def lease_left(self, record: Record) -> int:
+        """Milliseconds left of the record's lease, -2 when no live claim holds it."""
+        return int(await _resolve(lease_left(self.client, record)))
 
     async def pttl(self, key: str) -> int:
         return int(await _resolve(self.client.pttl(key)))
@@ -139,13 +144,9 @@ class Both:
         return await self.hash(record), await self.lock_holder(record)
 
     async def expire_lock(self, record: Record) -> None:
-        """Let the lease lapse now, as if its owner had crashed: PEXPIRE 1 ms, wait it out."""
-        await _resolve(self.client.pexpire(record.lock, 1))
-
-        async def gone() -> bool:
-            return not await _resolve(self.client.exists(record.lock))
-
-        await async_wait_until(gone, timeout=5, message="the lock to expire")
+        """Let the lease lapse now, as if its owner had crashed (its deadline moved to the
+        past, ``tests._lease.lapse``)."""
+        assert await _resolve(lapse(self.client, record)) == 1, "no claim in progress to lapse"
 
     async def keys(self) -> list[bytes]:
         result: list[bytes] = await _resolve(self.client.keys(f"*{self.prefix}*"))

@@ -122,6 +122,10 @@ async def _scenario(both: Both) -> list[object]:
     """Every script, each of its answers, on records of ``both``'s prefix; the raw replies."""
     replies: list[object] = []
     send = both.store._evalsha
+    # Loaded first: a NOSCRIPT reply would be answered by the registered script, outside the
+    # path recorded here, and drop that call's reply from the list (a fresh server's first run).
+    for script in both.store._scripts.values():
+        await _resolve(both.client.script_load(script.script))
 
     async def recorded(sha: str, keys_and_args: tuple[str | bytes | int, ...]) -> Any:
         reply = await _resolve(send(sha, keys_and_args))
@@ -202,30 +206,30 @@ def test_the_packed_command_is_redis_pys() -> None:
     hiredis_pack = evalsha_packer(redis.Redis().get_encoder(), packs_with_hiredis=False)
     assert hiredis_pack.__name__ == "hiredis_pack"
     for args in (
-        ("k", "l", b"fp", "owner", 30_000, 86_400_000),
-        ("k", "l", "o", BIG, 5, "t", 1),
-        ("préfixe:{k}", "préfixe:{k}:lock", b"\x00\xff", "o", -1, 0),
+        ("k", b"fp", "owner", 30_000, 86_400_000),
+        ("k", "o", BIG, 5, "t", 1),
+        ("préfixe:{k}", b"\x00\xff", "o", -1, 0),
     ):
-        theirs = b"".join(connection.pack_command("EVALSHA", "a" * 40, 2, *args))
+        theirs = b"".join(connection.pack_command("EVALSHA", "a" * 40, 1, *args))
         assert b"".join(pack_evalsha({}, encode, "a" * 40, args)) == theirs
         assert b"".join(hiredis_pack("a" * 40, args)) == theirs
     # A client encoding that is not UTF-8: what each kind of connection packs.
-    args = ("é:{k}", "é:{k}:lock", "o", 1)
+    args = ("é:{k}", "o", 1)
     latin = redis.Redis(encoding="latin-1").get_encoder()
     sync_pack = evalsha_packer(latin, packs_with_hiredis=True)  # a sync connection: hiredis
     theirs = b"".join(
-        redis.Connection(encoding="latin-1").pack_command("EVALSHA", "a" * 40, 2, *args)
+        redis.Connection(encoding="latin-1").pack_command("EVALSHA", "a" * 40, 1, *args)
     )
     assert b"".join(sync_pack("a" * 40, args)) == theirs
     async_pack = evalsha_packer(latin, packs_with_hiredis=False)
     assert async_pack.__name__ == "python_pack"
     asyncio_connection = redis.asyncio.Connection(encoding="latin-1")
-    theirs = b"".join(asyncio_connection.pack_command("EVALSHA", "a" * 40, 2, *args))
+    theirs = b"".join(asyncio_connection.pack_command("EVALSHA", "a" * 40, 1, *args))
     assert b"".join(async_pack("a" * 40, args)) == theirs
     heads: dict[tuple[str, int], bytes] = {}
     pack_evalsha(heads, encode, "a" * 40, ("k", "l", 1))
     assert pack_evalsha(heads, encode, "a" * 40, ("x", "y", 2)) == [
-        b"".join(connection.pack_command("EVALSHA", "a" * 40, 2, "x", "y", 2))
+        b"".join(connection.pack_command("EVALSHA", "a" * 40, 1, "x", "y", 2))
     ]
 
 

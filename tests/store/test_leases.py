@@ -32,6 +32,7 @@ from idemkey import (
 )
 from idemkey._core import OWNER_TAG_LENGTH
 from idemkey.records import GUARD_METHOD, record_for
+from tests._lease import lease_holder, lease_left
 from tests._servers import async_wait_until, wait_until
 
 # Seconds each, not milliseconds: lease lengths and a body four leases long.
@@ -68,7 +69,7 @@ def test_the_heartbeat_keeps_a_slow_claim(real_client: redis.Redis, prefix: str)
                 break
             except RequestInFlightError as exc:
                 retry_afters.append(exc.retry_after)
-            owners.add(real_client.get(record.lock))
+            owners.add(lease_holder(real_client, record))  # type: ignore[arg-type]
         assert len(retry_afters) >= 10
         assert all(0 < retry_after <= LEASE for retry_after in retry_afters)
     finally:
@@ -99,7 +100,7 @@ async def test_the_async_heartbeat_keeps_a_slow_claim(
     record = record_for(prefix, "", GUARD_METHOD, "", "slow")
     try:
         await asyncio.wait_for(claimed.wait(), 10)
-        owner = await real_async_client.get(record.lock)
+        owner = await lease_holder(real_async_client, record)  # type: ignore[misc]
         checks = 0
         while not body.done():
             try:
@@ -185,7 +186,7 @@ def test_a_stale_claimer_that_wakes_up_changes_nothing(
     assert hold.returncode == 0, err
     assert json.loads(out) == {"outcome": "lease_lost", "fence": 1}
     assert real_client.hgetall(record.key) == before
-    assert real_client.exists(record.lock) == 0
+    assert lease_left(real_client, record) == -2  # the stale owner left no lease behind
     with guard(RedisStore(real_client, Policy(prefix=prefix)), "job") as again:
         assert again.result == "from the second owner"
 

@@ -21,8 +21,9 @@ from idemkey import AsyncRedisStore, Policy, RedisStore, aguard, guard
 from idemkey._core import record_for, record_origin
 from idemkey.errors import ConfigurationError, StoreError
 from idemkey.store import RecordStatus
+from tests._lease import lease_left
 from tests._pages import run_page
-from tests._servers import RedisServer, no_retry
+from tests._servers import RedisServer, no_retry, wait_until
 
 pytestmark = pytest.mark.redis
 
@@ -50,9 +51,7 @@ def seed_every_state(store: RedisStore) -> dict[str, str]:
     # A lapsed lease: the claim of a crashed owner (no heartbeat, a short lease).
     crashed = record_for(store.policy.prefix, "", "GUARD", "", "crashed")
     store.claim(crashed, "fp", lease_ms=50, heartbeat=False, origin=record_origin("", "GUARD", ""))
-    deadline = time.monotonic() + 10
-    while store.client.exists(crashed.lock_key) and time.monotonic() < deadline:
-        time.sleep(0.01)
+    wait_until(lambda: lease_left(store.client, crashed) == -2, 10, "the crashed lease to lapse")
     return {"complete": "done", "released": "failed", "in_progress": "held", "lapsed": "crashed"}
 
 
@@ -153,8 +152,8 @@ def seed(client: Any, prefix: str, n: int) -> None:
         name = f"{prefix}:{{{i:032x}}}"
         if i % 1000 == 0:
             pipe.hset(name, mapping={"state": "in_progress", "fence": 1, "owner": "o" * 32,
-                                     "fp": "f", "i": f"{now} POST /charges\nacct"})  # fmt: skip
-            pipe.set(name + ":lock", "o" * 32, px=600_000)
+                                     "fp": "f", "i": f"{now} POST /charges\nacct",
+                                     "lease": now + 600_000})  # fmt: skip
         else:
             pipe.hset(name, mapping={"fp": "f" * 28, "resp": b"\x01" + b"x" * 200})
         pipe.pexpire(name, 600_000)

@@ -33,8 +33,10 @@ class ScriptBehaviour:
         assert fields[b"fp"] == b"fp1"
         assert fields[b"owner"] == b"o1"
         assert fields[b"fence"] == b"1"
-        assert fields.keys() == {b"state", b"fp", b"owner", b"fence"}  # no time, no takeover
+        # No time of the claim, no takeover; the lease a deadline on the server's clock.
+        assert fields.keys() == {b"state", b"fp", b"owner", b"fence", b"lease"}
         assert await store.lock_holder(record) == b"o1"
+        assert 0 < await store.lease_left(record) <= store.store.policy.lease_ms
 
     async def test_a_claim_names_a_fresh_owner_when_none_is_given(self, store: Both) -> None:
         first = await store.claim(store.record("a"), heartbeat=False)
@@ -112,7 +114,7 @@ class ScriptBehaviour:
         # derives its own from the owner.
         record = store.record()
         await store.claim(record, "fp1", owner="o1", heartbeat=False)
-        args = (record.key, record.lock, "o1", b"resp", TTL_MS)
+        args = (record.key, "o1", b"resp", TTL_MS)
         assert await _resolve(store.store._eval("complete", *args, "t" * 12)) == 1
         assert await store.hash(record) == {b"fp": b"fp1" + b"t" * 12, b"resp": b"resp"}
         before = await store.snapshot(record)
@@ -232,9 +234,9 @@ class ScriptBehaviour:
     async def test_renew_extends_the_lease(self, store: Both) -> None:
         record = store.record()
         await store.claim(record, owner="o1", lease_ms=1_000, heartbeat=False)
-        assert await store.pttl(record.lock) <= 1_000
+        assert await store.lease_left(record) <= 1_000
         assert await store.renew(record, "o1", lease_ms=60_000) is True
-        assert 50_000 < await store.pttl(record.lock) <= 60_000
+        assert 50_000 < await store.lease_left(record) <= 60_000
         assert await store.renew(record, "o1", lease_ms=60_000) is True  # re-sent: still fine
 
     async def test_a_renewed_claim_outlives_a_short_retention(self, store: Both) -> None:
@@ -260,16 +262,13 @@ class ScriptBehaviour:
         assert await store.lock_holder(released) is None
         assert await store.lock_holder(completed) is None
 
-    async def test_a_renewal_whose_record_vanished_keeps_no_lock_alive(self, store: Both) -> None:
-        # The record evicted (or deleted) while its lock lives on: the lock is not extended, so
-        # it lapses by itself, and the owner is told its record is lost, not renewed.
+    async def test_a_renewal_whose_record_vanished_re_creates_nothing(self, store: Both) -> None:
+        # The record evicted (or deleted) under its live claim: the lease, a field of it, went
+        # with it. The renewal writes nothing back, and the owner is told its record is lost.
         record = store.record()
         await store.claim(record, owner="o1", lease_ms=LEASE_MS, heartbeat=False)
         await store.delete(record.key)
         assert await store.renew(record, "o1", lease_ms=60_000) is False
-        assert await store.renew_reply(record, "o1", 60_000, fence=1) == RECORD_LOST
-        assert 0 < await store.pttl(record.lock) <= LEASE_MS  # not extended
-        await store.delete(record.lock)  # both gone: nothing is set again
         assert await store.renew_reply(record, "o1", 60_000, fence=1) == RECORD_LOST
         assert await store.keys() == []
 
@@ -278,7 +277,7 @@ class ScriptBehaviour:
     ) -> None:
         record = store.record()
         await store.claim(record, "fp1", owner="o1", heartbeat=False)
-        await store.delete(record.key, record.lock)  # evicted under the running claim
+        await store.delete(record.key)  # evicted under the running claim, its lease with it
         # The duplicate cannot tell: to its claim this is a new key.
         assert await store.claim(record, "fp1", owner="o2", heartbeat=False) == Claimed(
             "o2", 1, False
@@ -322,24 +321,25 @@ class ScriptBehaviour:
     async def test_ttls_follow_the_lease_and_the_retention(self, store: Both) -> None:
         record = store.record()
         await store.claim(record, owner="o1", lease_ms=LEASE_MS, ttl_ms=TTL_MS, heartbeat=False)
-        assert LEASE_MS / 2 < await store.pttl(record.lock) <= LEASE_MS
+        assert LEASE_MS / 2 < await store.lease_left(record) <= LEASE_MS
         assert TTL_MS / 2 < await store.pttl(record.key) <= TTL_MS
         await store.complete(record, "o1", b"resp", ttl_ms=3 * TTL_MS)
         # Retention restarts at completion.
         assert 2 * TTL_MS < await store.pttl(record.key) <= 3 * TTL_MS
-        assert await store.pttl(record.lock) == -2
+        assert await store.lease_left(record) == -2
+        assert b"lease" not in await store.hash(record)
 
     async def test_the_policy_gives_the_default_lease_and_retention(self, store: Both) -> None:
         record = store.record()
         await store.claim(record, owner="o1", heartbeat=False)
         policy = store.store.policy
-        assert policy.lease_ms / 2 < await store.pttl(record.lock) <= policy.lease_ms
+        assert policy.lease_ms / 2 < await store.lease_left(record) <= policy.lease_ms
         assert policy.ttl_ms / 2 < await store.pttl(record.key) <= policy.ttl_ms
 
-    async def test_only_the_two_record_keys_are_written(self, store: Both) -> None:
+    async def test_only_the_record_key_is_written(self, store: Both) -> None:
         record = store.record("}x{a}")
         await store.claim(record, owner="o1", heartbeat=False)
-        assert sorted(await store.keys()) == sorted([record.key.encode(), record.lock.encode()])
+        assert await store.keys() == [record.key.encode()]
         await store.complete(record, "o1", b"resp")
         assert await store.keys() == [record.key.encode()]
 

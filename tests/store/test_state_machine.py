@@ -18,7 +18,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, rule, run_stat
 from idemkey import Policy, RedisStore
 from idemkey._core import owner_tag
 from idemkey.records import Claimed, Decision, InFlight, Mismatch, Record, Replay, record_for
-from tests._servers import wait_until
+from tests._lease import lapse, lease_holder
 
 OWNERS = st.sampled_from(["o1", "o2", "o3"])
 FINGERPRINTS = st.sampled_from(["fp1", "fp2"])
@@ -126,11 +126,9 @@ class ScriptMachine(RuleBasedStateMachine):
 
     @rule()
     def lease_lapses(self) -> None:
-        """The lock's owner stalls or dies: its lease runs out."""
-        self.client.pexpire(self.record.lock, 1)
-        wait_until(
-            lambda: not self.client.exists(self.record.lock), timeout=5, message="lock expiry"
-        )
+        """The lease's owner stalls or dies: its lease runs out (its deadline is moved to the
+        past, tests._lease.lapse; there is a lease only while a claim is in progress)."""
+        lapse(self.client, self.record)
         self.model.lock = None
 
     def expected_fields(self) -> dict[bytes, bytes]:
@@ -157,9 +155,13 @@ class ScriptMachine(RuleBasedStateMachine):
 
     @invariant()
     def redis_matches_the_model(self) -> None:
-        assert self.client.hgetall(self.record.key) == self.expected_fields()
-        lock = self.client.get(self.record.lock)
-        assert lock == (self.model.lock.encode() if self.model.lock else None)
+        fields = self.client.hgetall(self.record.key)
+        # The lease: a deadline (server clock) while a claim is in progress, and only then.
+        deadline = fields.pop(b"lease", None)
+        assert fields == self.expected_fields()
+        assert (deadline is not None) == (self.model.state == "in_progress")
+        holder = lease_holder(self.client, self.record)
+        assert holder == (self.model.lock.encode() if self.model.lock else None)
 
     def teardown(self) -> None:
         self.store.close()

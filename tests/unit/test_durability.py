@@ -137,7 +137,7 @@ def test_a_durable_claim_queues_evalsha_and_wait_on_one_connection() -> None:
     [queued] = client.pipelines
     assert [command[0] for command in queued] == ["EVALSHA", "WAIT"]
     assert queued[1] == ("WAIT", 1, 50)
-    assert queued[0][3:5] == (record.key, record.lock)
+    assert queued[0][2:4] == (1, record.key)  # one key: the record (its lease a field)
 
 
 def test_a_durable_claim_without_enough_replicas_is_released_and_raises() -> None:
@@ -149,7 +149,7 @@ def test_a_durable_claim_without_enough_replicas_is_released_and_raises() -> Non
     # The release went out as a plain call, owner-checked.
     [release] = client.plain
     assert release[0] == "EVALSHA"
-    assert release[3:] == (record.key, record.lock, "me")
+    assert release[2:] == (1, record.key, "me")
 
 
 def test_renew_and_release_are_not_waited_for() -> None:

@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 
 from ...events import logger
 from ...policy import Replicas
-from .._base import client_module
+from .._base import SCRIPT_KEYS, client_module
 
 __all__ = [
     "Cancelled",
@@ -82,7 +82,7 @@ async def send_with_wait(
     """EVALSHA + WAIT sent on one connection (the key's master, in a cluster); their replies,
     errors included as values."""
     commands = (
-        ("EVALSHA", sha, 2, *keys_and_args),
+        ("EVALSHA", sha, SCRIPT_KEYS, *keys_and_args),
         ("WAIT", durability.count, durability.timeout_ms),
     )
     if hasattr(client, "get_node_from_key"):

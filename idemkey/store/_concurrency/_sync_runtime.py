@@ -12,6 +12,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from ...policy import Replicas
+from .._base import SCRIPT_KEYS
 
 __all__ = [
     "Cancelled",
@@ -58,7 +59,7 @@ def send_with_wait(
     if hasattr(client, "get_node_from_key"):  # RedisCluster: that node's own client
         client = client.get_redis_connection(client.get_node_from_key(keys_and_args[0]))
     pipe = client.pipeline(transaction=False)
-    pipe.execute_command("EVALSHA", sha, 2, *keys_and_args)
+    pipe.execute_command("EVALSHA", sha, SCRIPT_KEYS, *keys_and_args)
     pipe.execute_command("WAIT", durability.count, durability.timeout_ms)
     return list(pipe.execute(raise_on_error=False))
 
