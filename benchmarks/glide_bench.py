@@ -20,6 +20,7 @@ import asyncio
 import json
 import secrets
 import sys
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -33,6 +34,7 @@ from idemkey.guard import GUARD_METHOD
 from idemkey.store._base import SCRIPT_KEYS
 
 from .cases import PAYLOAD, RESULT, Case, Context, core_cases
+from .extra import CLIENTS
 from .report import SCALE_TARGETS, build_cases, glide_throughput_target
 from .runner import prepare_all, run_interleaved
 from .servers import RedisServer, ServerError
@@ -135,6 +137,36 @@ _LATENCY_ROWS = (
 )
 
 
+async def inprocess_throughput(
+    stores: dict[str, AsyncRedisStore], slices: int, seconds: float
+) -> dict[str, list[float]]:
+    """First calls per second of 64 asyncio tasks calling ``aguard`` on fresh keys in this
+    process (no HTTP), for each store, the stores taking turns slice by slice."""
+
+    async def drive(store: AsyncRedisStore, label: str) -> float:
+        count, deadline = 0, time.perf_counter() + seconds
+
+        async def caller(c: int) -> None:
+            nonlocal count
+            i = 0
+            while time.perf_counter() < deadline:
+                i += 1
+                async with aguard(store, f"{label}:{c}:{i}", payload=PAYLOAD) as call:
+                    if not call.replayed:
+                        call.save(RESULT)
+                count += 1
+
+        start = time.perf_counter()
+        await asyncio.gather(*(caller(c) for c in range(CLIENTS)))
+        return count / (time.perf_counter() - start)
+
+    runs: dict[str, list[float]] = {name: [] for name in stores}
+    for i in range(slices):
+        for name, store in stores.items():
+            runs[name].append(await drive(store, f"inproc-{name}-{i}"))
+    return runs
+
+
 def format_glide(cases: dict[str, Any], tp: dict[str, Any] | None) -> list[str]:
     """The latency table (redis.asyncio beside glide, p50) and the glide throughput rows."""
     lines = ["Single call, p50 (one caller; interleaved):", "",
@@ -176,8 +208,14 @@ async def _run(url: str, rounds: int, slices: int, seconds: float) -> dict[str, 
         await prepare_all(cases)
         print(f"running {warmup} + {rounds} rounds of {len(cases)} cases...", file=sys.stderr)
         samples = await run_interleaved(cases, rounds, warmup=warmup, first_index=1)
+        stores = {
+            "redis.asyncio": AsyncRedisStore(aclient, ctx.policy),
+            "glide": AsyncRedisStore(glide_client, ctx.policy),
+        }
+        ctx.stores += stores.values()
+        inproc = await inprocess_throughput(stores, slices=3, seconds=2.0)
         tp = await throughput(ctx, url, slices=slices, seconds=seconds)
-        return {"cases": build_cases(cases, samples, {}), "throughput": tp}
+        return {"cases": build_cases(cases, samples, {}), "inprocess": inproc, "throughput": tp}
     finally:
         await ctx.close()
         if glide_client is not None:
@@ -214,6 +252,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if tp is None:
         print(f"throughput skipped: {doc['throughput']}", file=sys.stderr)
     print("\n".join(format_glide(doc["cases"], tp)))
+    pairs = zip(doc["inprocess"]["redis.asyncio"], doc["inprocess"]["glide"], strict=True)
+    print(f"\nIn one process, {CLIENTS} asyncio tasks calling aguard (first calls/s), "
+          "redis.asyncio / glide per 2 s slice: "
+          + ", ".join(f"{a:.0f} / {b:.0f} ({b / a:.2f}x)" for a, b in pairs))  # fmt: skip
     if args.json:
         with open(args.json, "w", encoding="utf-8") as fh:
             json.dump(doc, fh, indent=2)

@@ -83,9 +83,14 @@ def test_the_glide_benchmark_measures_both_clients_and_the_throughput_rows(
     doc = json.loads(out.read_text())
     for name in ("aguard.first", "gaguard.first", "gfloor.first", "gaguard.replay"):
         assert doc["cases"][name]["n"] == 50
+    assert {name: len(rates) for name, rates in doc["inprocess"].items()} == {
+        "redis.asyncio": 3,
+        "glide": 3,
+    }
     tp = doc["throughput"]
     assert tp["glide_rps"] > 0
     assert tp["glide_floor_rps"] > 0
     assert tp["glide_ratio_to_floor"] == pytest.approx(tp["glide_rps"] / tp["floor_rps"])
     assert "| aguard(), first call |" in printed
     assert "throughput on glide (64 clients, uvicorn) >= 1.3x" in printed
+    assert "In one process, 64 asyncio tasks calling aguard" in printed
