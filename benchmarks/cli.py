@@ -205,6 +205,7 @@ async def _run(
     aclient = redis.asyncio.Redis.from_url(url)
     ctx = Context(client, aclient, prefix, total)
     http: HttpBench | None = None
+    glide_client: Any = None
     skipped: dict[str, str] = {}
     try:
         admin.ping()
@@ -231,6 +232,13 @@ async def _run(
             http = HttpBench(ctx, url, real_http=not args.no_http_servers)
             cases += await http.cases()
             skipped.update(http.skipped)
+            # Imported here: `python -m benchmarks.glide_bench` must not find it imported.
+            from .glide_bench import glide_cases
+
+            found, glide_client, why = await glide_cases(ctx, url)
+            cases += found
+            if why is not None:
+                skipped["glide"] = why
         await prepare_all(cases)
         print(f"running {warmup} + {rounds} rounds of {len(cases)} cases...", file=sys.stderr)
         samples = await run_interleaved(
@@ -280,6 +288,8 @@ async def _run(
         if http is not None:
             http.close()
         await ctx.close()
+        if glide_client is not None:
+            await glide_client.close()
         _purge(admin, prefix)
         admin.close()
         client.close()

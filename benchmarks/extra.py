@@ -3,7 +3,8 @@
 * Throughput: 64 concurrent asyncio HTTP clients, each with its own keys, send keep-alive
   requests to the ASGI app under uvicorn (one worker), with and without idemkey's middleware,
   and with the bare floor (the app plus two bare EVALSHA calls), alternating in short slices
-  so all see the same noise; requests per second is the median over the slices.
+  so all see the same noise; requests per second is the median over the slices. With
+  valkey-glide installed, idemkey on glide and glide's own floor run in the same slices.
   (In-process, the app alone never awaits anything and would measure only the client loop.)
 * Memory: ``MEMORY USAGE`` of one completed record against the size of what it stores, for a
   guard result and for an HTTP response (status, one header, body) as the adapters store it,
@@ -62,6 +63,14 @@ async def _http_client(
             await writer.wait_closed()
 
 
+def _has_glide() -> bool:
+    try:
+        import glide  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
 async def throughput(
     ctx: Context, url: str, *, slices: int, seconds: float
 ) -> dict[str, Any] | str:
@@ -87,19 +96,31 @@ async def throughput(
             )  # fmt: skip
             return counts[0] / (time.perf_counter() - start)
 
-        runs: dict[str, list[float]] = {"plain": [], "floor": [], "idemkey": []}
-        await drive(b"/asgi/guarded", b"tp-warm")
-        await drive(b"/asgi/floor", b"tp-warm")
+        paths = {"plain": b"/asgi/plain", "floor": b"/asgi/floor", "idemkey": b"/asgi/guarded"}
+        if _has_glide():  # the same app's glide routes (benchmarks/glide_bench.py)
+            paths.update({"glide_floor": b"/asgi/glide-floor", "glide": b"/asgi/glide"})
+        runs: dict[str, list[float]] = {name: [] for name in paths}
+        for name in ("idemkey", "floor", "glide", "glide_floor"):
+            if name in paths:
+                await drive(paths[name], b"tp-warm-" + name.encode())
         for i in range(slices):
-            runs["plain"].append(await drive(b"/asgi/plain", b"tp-plain-%d" % i))
-            runs["floor"].append(await drive(b"/asgi/floor", b"tp-floor-%d" % i))
-            runs["idemkey"].append(await drive(b"/asgi/guarded", b"tp-idemkey-%d" % i))
+            for name, path in paths.items():
+                runs[name].append(await drive(path, b"tp-%b-%d" % (name.encode(), i)))
     finally:
         server.close()
     plain_rps = statistics.median(runs["plain"])
     floor_rps = statistics.median(runs["floor"])
     guarded_rps = statistics.median(runs["idemkey"])
+    glide_rows: dict[str, Any] = {}
+    if "glide" in runs:
+        glide_rps = statistics.median(runs["glide"])
+        glide_rows = {
+            "glide_floor_rps": statistics.median(runs["glide_floor"]),
+            "glide_rps": glide_rps,
+            "glide_ratio_to_floor": glide_rps / floor_rps if floor_rps else None,
+        }
     return {
+        **glide_rows,
         "clients": CLIENTS,
         "server": "uvicorn, 1 worker, real HTTP/1.1 keep-alive",
         "slices": slices,

@@ -9,6 +9,7 @@ between them is idemkey's:
     /flask/plain  /flask/guarded   (idemkey.adapters.flask.Idemkey)
     /asgi/plain   /asgi/guarded    (idemkey.adapters.asgi.IdempotencyMiddleware)
     /asgi/floor   the app plus bare EVALSHA claim and complete (the throughput floor)
+    /asgi/glide   /asgi/glide-floor  the same two on a valkey-glide client (when installed)
 
 Servers build the apps from the environment: ``IDEMKEY_BENCH_REDIS_URL`` and
 ``IDEMKEY_BENCH_PREFIX`` (``gunicorn 'benchmarks.http_apps:make_wsgi()'``,
@@ -17,6 +18,7 @@ Servers build the apps from the environment: ``IDEMKEY_BENCH_REDIS_URL`` and
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -28,6 +30,8 @@ from redis.exceptions import NoScriptError
 from idemkey import AsyncRedisStore, Policy, RedisStore
 from idemkey._codec import StoredResponse, encode_response
 from idemkey._core import owner_tag
+from idemkey.store import SCRIPTS
+from idemkey.store._base import SCRIPT_KEYS
 
 __all__ = [
     "BODY",
@@ -169,6 +173,67 @@ def floor_asgi(client: Any, store: AsyncRedisStore) -> Any:
     return app
 
 
+def glide_asgi(url: str, prefix: str) -> tuple[Any, Any]:
+    """(guarded, floor) ASGI apps on one valkey-glide client: ``/asgi/glide`` is idemkey's
+    middleware on an AsyncRedisStore over glide, ``/asgi/glide-floor`` the app plus bare
+    ``invoke_script`` claim and complete (glide's own floor). glide's client is made with an
+    await, on the server's event loop: both are built at their first request. ImportError
+    without valkey-glide."""
+    import asyncio
+
+    import glide
+
+    from .glide_bench import glide_config
+
+    built: dict[str, Any] = {}
+    lock = asyncio.Lock()
+
+    async def build() -> dict[str, Any]:
+        async with lock:
+            if not built:
+                client = await glide.GlideClient.create(glide_config(url))
+                store = AsyncRedisStore(client, policy(prefix))
+                built["guarded"] = asgi_apps(store)[1]
+                built["floor"] = glide_floor_asgi(client, store)
+        return built
+
+    async def guarded(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        await (built or await build())["guarded"](scope, receive, send)
+
+    async def floor(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        await (built or await build())["floor"](scope, receive, send)
+
+    return guarded, floor
+
+
+def glide_floor_asgi(client: Any, store: AsyncRedisStore) -> Any:
+    """:func:`floor_asgi` on glide: bare ``invoke_script`` (glide loads on NOSCRIPT)."""
+    import glide
+
+    claim, complete = glide.Script(SCRIPTS["claim"]), glide.Script(SCRIPTS["complete"])
+    policy = store.policy
+    lease_ms, ttl_ms = str(policy.lease_ms), str(policy.ttl_ms)
+    fp, owner = "f" * 32, "o" * 32
+    tag = owner_tag(owner)
+    stored = encode_response(StoredResponse(201, (("content-type", "application/json"),), BODY))
+    prefix = policy.prefix.encode()
+
+    async def invoke(script: Any, *keys_and_args: Any) -> None:
+        # Split as the store splits a call (SCRIPT_KEYS), so the floor follows the scripts.
+        keys, args = keys_and_args[:SCRIPT_KEYS], keys_and_args[SCRIPT_KEYS:]
+        await client.invoke_script(script, keys=list(keys), args=list(args))
+
+    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        key = next((v for k, v in scope["headers"] if k == b"idempotency-key"), b"")
+        record = b"%b:gfloor:{%b}" % (prefix, key)
+        lock = record + b":lock"
+        await invoke(claim, record, lock, fp, owner, lease_ms, ttl_ms)
+        await plain_asgi(scope, receive, send)
+        await invoke(complete, record, lock, owner, stored, ttl_ms, tag)
+
+    return app
+
+
 def make_asgi() -> Any:
     """The uvicorn app: ``/asgi/plain``, ``/asgi/floor``, ``/asgi/guarded`` and ``/health``."""
     url = os.environ["IDEMKEY_BENCH_REDIS_URL"]
@@ -190,6 +255,10 @@ def make_asgi() -> Any:
         "/asgi/guarded": guarded,
         "/health": health,
     }
+    with contextlib.suppress(ImportError):  # without valkey-glide: no glide routes
+        routes["/asgi/glide"], routes["/asgi/glide-floor"] = glide_asgi(
+            url, os.environ["IDEMKEY_BENCH_PREFIX"]
+        )
 
     async def dispatch(scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] != "http":

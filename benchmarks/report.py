@@ -141,6 +141,9 @@ SCALE_TARGETS: Mapping[str, float] = {
     "server.first": 1.15,
     "server.replay": 1.1,
     "throughput": 0.95,
+    # idemkey on valkey-glide (one multiplexed connection) x the app + bare redis-py floor
+    # (issue 25, item 3; benchmarks/glide_bench.py).
+    "throughput.glide": 1.3,
 }
 # The plain-string floor beside which the memory goals were set (default prefix).
 _ISSUE_STRING_FLOOR: Mapping[int, int] = {100: 216, 1024: 1368, 10240: 12376}
@@ -189,7 +192,20 @@ def check_scale_targets(doc: Mapping[str, Any]) -> list[dict[str, Any]]:
         limit, value = SCALE_TARGETS["throughput"], tp["ratio_to_floor"]
         results.append({"target": f"throughput (64 clients, uvicorn) >= {limit:g}x app + floor",
                         "ok": value >= limit, "measured": f"{value:.2f}x"})  # fmt: skip
+    glide = glide_throughput_target(tp)
+    if glide is not None:
+        results.append(glide)
     return results
+
+
+def glide_throughput_target(tp: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    """The glide throughput goal against a run with glide rows; None without them."""
+    value = (tp or {}).get("glide_ratio_to_floor")
+    if value is None:
+        return None
+    limit = SCALE_TARGETS["throughput.glide"]
+    target = f"throughput on glide (64 clients, uvicorn) >= {limit:g}x app + bare redis-py floor"
+    return {"target": target, "ok": value >= limit, "measured": f"{value:.2f}x"}
 
 
 def _us(ns: float) -> str:
@@ -256,6 +272,12 @@ def format_report(doc: Mapping[str, Any]) -> str:
             f"| {tp['plain_rps']:.0f} | {tp['floor_rps']:.0f} | {tp['idemkey_rps']:.0f} | "
             f"{tp['ratio']:.2f} | {tp['ratio_to_floor']:.2f} |"
         )
+        if tp.get("glide_rps") is not None:
+            lines += ["", "The same app on valkey-glide (idemkey[glide], same slices):", "",
+                      "| app + glide floor req/s | with idemkey on glide req/s | "
+                      "glide / redis-py floor |", "|---:|---:|---:|",
+                      f"| {tp['glide_floor_rps']:.0f} | {tp['glide_rps']:.0f} | "
+                      f"{tp['glide_ratio_to_floor']:.2f} |"]  # fmt: skip
     memory = doc.get("memory")
     if memory:
         lines += memory_table(memory)

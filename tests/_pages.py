@@ -31,6 +31,7 @@ PAGES = (
     "docs/testing.md",
     "docs/mcp.md",
     "docs/operators.md",
+    "docs/glide.md",
 )
 MARKED = re.compile(r"<!-- run -->\n```python\n(.*?)```", re.DOTALL)
 ANY_PYTHON = re.compile(r"^```python\n", re.MULTILINE)

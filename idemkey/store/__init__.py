@@ -12,6 +12,8 @@ lives there. One source serves both stores:
   for ``check()``.
 * ``status.py``, ``_async_status.py`` (and its twin): ``records()`` and ``record()``, the
   status of records read with SCAN.
+* ``_glide.py``: the facade that gives AsyncRedisStore a valkey-glide client as the few
+  redis-py operations it sends (imported only when such a client is given).
 * ``_leases.py``: the leases a store holds and renews; ``diagnostics.py``: the server checks
   behind ``check()`` and ``idemkey doctor``.
 """

@@ -93,6 +93,7 @@ class AsyncRedisStore(AsyncHeartbeat):
         self, client: Any, policy: Policy | None = None, *, effects: AsyncEffects | None = None
     ) -> None:
         super().__init__(client, policy)
+        client = self.client  # a valkey-glide client is wrapped by now (idemkey/store/_glide)
         #: Where committed results are found again (``idemkey.contrib.sqlalchemy``), or None.
         self.effects = effects
         self._wakeups = AsyncWakeups(self._read_done, _read_limit(client))
@@ -101,9 +102,14 @@ class AsyncRedisStore(AsyncHeartbeat):
         self._loops = LoopWatch()
         self._keeper = AsyncKeeper(client)
         lean = lean_for(client)
-        #: How a script call is sent: the lean path on a plain redis-py client, else the plain
-        #: one (``_base.lean_eligible``). Both answer alike (tests/store/test_lean.py).
-        self._evalsha = lean.evalsha if lean is not None else self._plain_evalsha
+        #: How a script call is sent: the lean path on a plain redis-py client, glide's
+        #: invoke_script on its facade, else the plain one (``_base.lean_eligible``). All
+        #: answer alike (tests/store/test_lean.py, tests/store/test_glide.py).
+        self._evalsha = (
+            lean.evalsha
+            if lean is not None
+            else getattr(client, "idemkey_evalsha", None) or self._plain_evalsha
+        )
         if self.policy.durability is not None:
             # Only with durability on: the plain _eval (the hot path) stays exactly as it is.
             self._eval = self._eval_durable  # type: ignore[method-assign]
@@ -444,6 +450,7 @@ class AsyncRedisStore(AsyncHeartbeat):
         """
         states = _states(state)
         try:
+            await discover(self.client)  # a cluster's primaries, before they are scanned
             async for status in scan_statuses(
                 self.client,
                 self.policy.prefix,

@@ -42,6 +42,10 @@ SCRIPTS: Final[dict[str, str]] = {
     name: (files("idemkey") / "lua" / f"{name}.lua").read_text("utf-8") for name in SCRIPT_NAMES
 }
 
+#: The keys each script takes (KEYS[1], KEYS[2]), for code that splits a script call's
+#: ``keys_and_args`` (the glide facade's ``invoke_script``); one place to change it.
+SCRIPT_KEYS: Final = 2
+
 # At most this many lost-record notes wait for a guard or adapter to ask (see _record_lost).
 _MAX_LOST_NOTES: Final = 1024
 
@@ -77,6 +81,17 @@ def client_module(client: Any) -> str:
     return str(type(client).__module__)
 
 
+def is_glide(client: Any) -> bool:
+    """Whether ``client`` is a valkey-glide client (``glide.GlideClient``, its cluster twin, or
+    an application's subclass), told without importing glide (an optional extra)."""
+    return any(cls.__module__.split(".", 1)[0] == "glide" for cls in type(client).__mro__)
+
+
+def _glide_facade(client: Any) -> bool:
+    """Whether ``client`` is the store's wrapper of a glide client (``_glide.GlideFacade``)."""
+    return getattr(client, "multiplexed", False) is True and hasattr(client, "idemkey_evalsha")
+
+
 def _backend_errors(client: Any) -> tuple[_Errors, type[BaseException], _Errors]:
     """(errors to wrap as StoreError, the NOSCRIPT error, "slot is moving" errors) of the
     client's library.
@@ -84,6 +99,10 @@ def _backend_errors(client: Any) -> tuple[_Errors, type[BaseException], _Errors]
     The cluster client raises its topology errors (no reachable node, slots not covered during
     a failover) as a class outside the RedisError tree; they are store errors all the same.
     """
+    if _glide_facade(client):
+        from ._glide import backend_errors
+
+        return backend_errors()
     module = client_module(client)
     # Both asyncio cluster clients (valkey-py forked redis-py's) can tear a connection down
     # under a task that is using it while the topology changes (a slot moving, a failover);
@@ -271,6 +290,10 @@ def _dropped_errors(client: Any) -> _Errors:
     """The errors of a connection that closed under a command (a server restart, a reset): the
     client's ``ConnectionError`` (its subclasses included) and the builtin one. Not timeouts:
     sending again after one would double the wait on a server that does not answer."""
+    if _glide_facade(client):
+        from ._glide import dropped_errors
+
+        return dropped_errors()
     if client_module(client).startswith("valkey"):
         from valkey.exceptions import ConnectionError as ValkeyConnectionError
 
@@ -338,7 +361,11 @@ def _block_cap(client: Any) -> float:
 
 def _read_limit(client: Any) -> int:
     """How many records' done streams one store blocks on at once: a quarter of the client's
-    connection pool (the requests being waited on need connections too), at most 32."""
+    connection pool (the requests being waited on need connections too), at most 32. None
+    on glide's one multiplexed connection, where a blocked read stalls every other command:
+    its waiters poll."""
+    if _glide_facade(client):
+        return 0
     pool_size = getattr(getattr(client, "connection_pool", None), "max_connections", None)
     if not isinstance(pool_size, int):
         return 32
@@ -378,6 +405,11 @@ class StoreBase:
     completion_retry: float = 1.0
 
     def __init__(self, client: Any, policy: Policy | None) -> None:
+        if is_glide(client):  # AsyncRedisStore wraps one before it gets here (_glide)
+            raise ConfigurationError(
+                "valkey-glide's clients are asyncio: use AsyncRedisStore with a glide client, "
+                "or RedisStore with a redis-py or valkey-py one"
+            )
         encoder = getattr(client, "get_encoder", None)
         if encoder is None or not hasattr(client, "execute_command"):
             raise ConfigurationError(

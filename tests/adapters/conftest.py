@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from idemkey import Policy
-from tests.adapters.harness import VALKEY_PY_SCHEME, Harness, HarnessFactory
+from tests.adapters.harness import GLIDE_SCHEME, VALKEY_PY_SCHEME, Harness, HarnessFactory
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
@@ -37,6 +37,9 @@ FAKEREDIS_HARNESSES = ("wsgi",)
 # Run a second time on the real server through a valkey-py client (ids ``[wsgi-valkey-py]``):
 # one sync and one asyncio adapter, the paths a valkey-py user's requests take.
 VALKEY_PY_HARNESSES = ("wsgi", "starlette")
+# And through a valkey-glide client (ids ``[starlette-glide]``): an asyncio adapter only, as
+# glide's clients are asyncio.
+GLIDE_HARNESSES = ("starlette",)
 
 # Small limits so the size rows of the table are cheap to exercise.
 SUITE_POLICY = {
@@ -57,11 +60,17 @@ _PARAMS += [
     for name in VALKEY_PY_HARNESSES
     if name in HARNESSES
 ]
+_PARAMS += [
+    pytest.param((name, "glide"), id=f"{name}-glide", marks=pytest.mark.redis)
+    for name in GLIDE_HARNESSES
+    if name in HARNESSES
+]
 
 
 @pytest.fixture(params=_PARAMS)
 def harness_kind(request: pytest.FixtureRequest) -> tuple[str, str]:
-    """(harness name, "redis", "valkey-py" or "fakeredis") of this run of a suite test."""
+    """(harness name, "redis", "valkey-py", "glide" or "fakeredis") of this run of a suite
+    test."""
     kind: tuple[str, str] = request.param
     return kind
 
@@ -83,12 +92,15 @@ def make_harness(
     """
     name, backend = harness_kind
     default_url: str | None = None
-    if backend in ("redis", "valkey-py"):
+    if backend in ("redis", "valkey-py", "glide"):
         default_url = request.getfixturevalue("redis_url")
     store_url = default_url
     if backend == "valkey-py" and default_url is not None:
         pytest.importorskip("valkey")  # the test extra has it; the nox floors' runs may not
         store_url = VALKEY_PY_SCHEME + default_url.split("://", 1)[1]
+    if backend == "glide" and default_url is not None:
+        pytest.importorskip("glide", reason="valkey-glide is not installed (idemkey[glide])")
+        store_url = GLIDE_SCHEME + default_url.split("://", 1)[1]
     made: list[Harness] = []
 
     def make(policy: Policy | None = None, *, redis_url: Any = ..., **changes: Any) -> Harness:

@@ -175,6 +175,9 @@ def _chunks() -> Iterator[bytes]:
 #: A harness URL with this scheme gets a valkey-py client (its ``from_url`` reads it; redis-py
 #: has no such scheme), so the shared suite can run an adapter on valkey-py as users do.
 VALKEY_PY_SCHEME = "valkey://"
+#: A harness URL with this scheme gets a valkey-glide client (asyncio harnesses only): the
+#: store wraps it in its facade (idemkey/store/_glide.py).
+GLIDE_SCHEME = "glide://"
 
 
 def sync_redis(url: str | None) -> redis.Redis:

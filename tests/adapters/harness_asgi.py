@@ -24,7 +24,7 @@ import redis.asyncio
 
 from idemkey import AsyncRedisStore
 from idemkey.adapters.asgi import IdempotencyMiddleware
-from tests.adapters.harness import VALKEY_PY_SCHEME, Answer, Backend, Reply
+from tests.adapters.harness import GLIDE_SCHEME, VALKEY_PY_SCHEME, Answer, Backend, Reply
 
 if TYPE_CHECKING:
     from idemkey import Policy
@@ -73,6 +73,10 @@ class AsgiHarness:
             import valkey.asyncio
 
             self.redis = valkey.asyncio.Valkey.from_url(redis_url, decode_responses=False)
+        elif redis_url.startswith(GLIDE_SCHEME):
+            from tests.store._both import glide_client_for
+
+            self.redis = await glide_client_for("redis://" + redis_url.split("://", 1)[1])
         else:
             self.redis = redis.asyncio.Redis.from_url(redis_url, decode_responses=False)
         self.store = AsyncRedisStore(self.redis, policy)
@@ -121,8 +125,10 @@ class AsgiHarness:
     async def _aclose(self) -> None:
         await self.transport.aclose()
         await self.store.aclose()
+        # redis-py, valkey-py and fakeredis: aclose(); valkey-glide: close().
+        close = getattr(self.redis, "aclose", None) or self.redis.close
         with contextlib.suppress(Exception):
-            await self.redis.aclose()
+            await close()
         # Shielded store writes or handlers still running: end them before the loop closes.
         others = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
         for task in others:

@@ -36,11 +36,13 @@ async def _resolve(value: Any) -> Any:
 class Both:
     """A store of either kind, with awaitable methods and raw Redis reads for assertions."""
 
-    def __init__(self, store: RedisStore | AsyncRedisStore, prefix: str) -> None:
+    def __init__(self, store: RedisStore | AsyncRedisStore, prefix: str, raw: Any = None) -> None:
         self.store = store
         self.prefix = prefix
         self.is_async = isinstance(store, AsyncRedisStore)
-        self.client: Any = store.client
+        #: redis-py's API, for the raw reads: the store's own client, or ``raw`` where the
+        #: store's speaks another (valkey-glide's facade).
+        self.client: Any = store.client if raw is None else raw
 
     # ---- names ---------------------------------------------------------------------------
 
@@ -238,3 +240,34 @@ class ValkeyPyAsyncStore:
             await store.aclose()
             await client.aclose()
             _purge_prefix(redis_url, prefix)
+
+
+def glide_client_for(url: str) -> Any:
+    """A coroutine making a ``glide.GlideClient`` on the server at ``url`` (skips the test when
+    valkey-glide is not installed: the test extra has it)."""
+    glide = pytest.importorskip("glide", reason="valkey-glide is not installed (idemkey[glide])")
+    address = redis.connection.parse_url(url)
+    config = glide.GlideClientConfiguration(
+        [glide.NodeAddress(address.get("host", "127.0.0.1"), int(address.get("port", 6379)))],
+        request_timeout=5000,
+        database_id=int(address.get("db", 0)) or None,
+    )
+    return glide.GlideClient.create(config)
+
+
+class GlideAsyncStore:
+    """Mixin: ``store`` is an :class:`AsyncRedisStore` on a ``glide.GlideClient`` (valkey-glide,
+    through ``idemkey/store/_glide.py``) on the real session server; raw reads go through
+    ``real_async_client``."""
+
+    @pytest_asyncio.fixture
+    async def store(
+        self, redis_url: str, real_async_client: redis.asyncio.Redis, prefix: str
+    ) -> AsyncIterator[Both]:
+        client = await glide_client_for(redis_url)
+        store = AsyncRedisStore(client, Policy(prefix=prefix))
+        try:
+            yield Both(store, prefix, raw=real_async_client)
+        finally:
+            await store.aclose()
+            await client.close()

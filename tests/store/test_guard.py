@@ -31,6 +31,7 @@ from tests._servers import async_wait_until, free_port, no_retry
 from tests.store._both import (
     AsyncStore,
     Both,
+    GlideAsyncStore,
     PlainAsyncStore,
     PlainSyncStore,
     SyncStore,
@@ -436,4 +437,9 @@ class TestPlainPathGuard(PlainSyncStore, GuardBehaviour):
 
 
 class TestPlainPathAsyncGuard(PlainAsyncStore, GuardBehaviour):
+    pass
+
+
+# The same contract through valkey-glide (AsyncRedisStore's facade, idemkey/store/_glide.py).
+class TestGlideAsyncGuard(GlideAsyncStore, GuardBehaviour):
     pass

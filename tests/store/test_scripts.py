@@ -11,6 +11,7 @@ from idemkey.records import Claimed, InFlight, Mismatch, Replay, new_owner, payl
 from tests.store._both import (
     AsyncStore,
     Both,
+    GlideAsyncStore,
     PlainAsyncStore,
     PlainSyncStore,
     SyncStore,
@@ -380,4 +381,9 @@ class TestPlainPathStoreScripts(PlainSyncStore, ScriptBehaviour):
 
 
 class TestPlainPathAsyncStoreScripts(PlainAsyncStore, ScriptBehaviour):
+    pass
+
+
+# The same contract through valkey-glide (AsyncRedisStore's facade, idemkey/store/_glide.py).
+class TestGlideAsyncStoreScripts(GlideAsyncStore, ScriptBehaviour):
     pass

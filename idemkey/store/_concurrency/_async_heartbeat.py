@@ -15,7 +15,7 @@ from ..._core import RECORD_LOST, Record
 from ...errors import StoreError
 from ...events import logger
 from ...policy import Policy
-from .._base import _IDLE_SECONDS, StoreBase
+from .._base import _IDLE_SECONDS, StoreBase, is_glide
 from .._leases import Lease
 
 __all__ = ["AsyncHeartbeat"]
@@ -25,6 +25,11 @@ class AsyncHeartbeat(StoreBase):
     """The heartbeat part of AsyncRedisStore: ``_watch``, ``_unwatch`` and ``aclose``."""
 
     def __init__(self, client: object, policy: Policy | None) -> None:
+        if is_glide(client):
+            # Imported only here: glide is an optional extra (idemkey[glide]).
+            from .._glide import facade_for
+
+            client = facade_for(client, policy)
         super().__init__(client, policy)
         self._heartbeat: asyncio.Task[None] | None = None
         self._wakeup: asyncio.Event | None = None
