@@ -74,9 +74,9 @@ async def glide_cases(ctx: Context, url: str) -> tuple[list[Case], Any, str | No
         (encode_value(RESULT)),
     )
 
-    def record(case: str, key: str) -> tuple[str, str]:
+    def record(case: str, key: str) -> tuple[str]:
         rec = record_for(ctx.prefix, "", GUARD_METHOD, "", f"{case}:{key}")
-        return rec.key, rec.lock
+        return (rec.key,)
 
     async def invoke(script: Any, *keys_and_args: Any) -> Any:
         keys, args = keys_and_args[:SCRIPT_KEYS], keys_and_args[SCRIPT_KEYS:]
@@ -95,9 +95,9 @@ async def glide_cases(ctx: Context, url: str) -> tuple[list[Case], Any, str | No
         await client.custom_command(["PING"])
 
     async def floor_first(i: int) -> None:
-        key, lock = record("gfloor.first", str(i))
-        await invoke(claim, key, lock, fp, owner, lease_ms, ttl_ms)
-        await invoke(complete, key, lock, owner, stored, ttl_ms, tag)
+        (key,) = record("gfloor.first", str(i))
+        await invoke(claim, key, fp, owner, lease_ms, ttl_ms)
+        await invoke(complete, key, owner, stored, ttl_ms, tag)
 
     async def floor_replay(i: int) -> None:
         await invoke(claim, *replay, fp, owner, lease_ms, ttl_ms)

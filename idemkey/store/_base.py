@@ -42,10 +42,6 @@ SCRIPTS: Final[dict[str, str]] = {
     name: (files("idemkey") / "lua" / f"{name}.lua").read_text("utf-8") for name in SCRIPT_NAMES
 }
 
-#: The keys each script takes (KEYS[1], KEYS[2]), for code that splits a script call's
-#: ``keys_and_args`` (the glide facade's ``invoke_script``); one place to change it.
-SCRIPT_KEYS: Final = 2
-
 # At most this many lost-record notes wait for a guard or adapter to ask (see _record_lost).
 _MAX_LOST_NOTES: Final = 1024
 
@@ -135,6 +131,8 @@ def _backend_errors(client: Any) -> tuple[_Errors, type[BaseException], _Errors]
 
 #: The keys every script of a record takes: the record's hash alone, its lease a field of it,
 #: so a cluster slot being migrated serves each script through ASK (docs/design.md, "One key").
+#: Code that splits a script call's ``keys_and_args`` (the glide facade's ``invoke_script``)
+#: splits it here.
 SCRIPT_KEYS: Final = 1
 
 # redis-py's own cutoff: an argument longer than this is sent as its own chunk, not copied.

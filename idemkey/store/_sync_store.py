@@ -128,7 +128,8 @@ class RedisStore(Heartbeat):
             try:
                 return self._evalsha(script.sha, keys_and_args)
             except self._noscript:
-                return script(keys_and_args[:SCRIPT_KEYS], keys_and_args[SCRIPT_KEYS:])
+                keys, args = keys_and_args[:SCRIPT_KEYS], keys_and_args[SCRIPT_KEYS:]
+                return script(keys, args)
         except self._errors as exc:
             if _slot_moving(exc, self._moving):
                 return self._eval_while_slot_moves(name, keys_and_args)
