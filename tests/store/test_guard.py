@@ -30,6 +30,7 @@ from idemkey.records import Claimed, encode_value, payload_fingerprint
 from tests._servers import async_wait_until, free_port, no_retry
 from tests.store._both import (
     AsyncStore,
+    BatchedAsyncStore,
     Both,
     PlainAsyncStore,
     PlainSyncStore,
@@ -436,4 +437,8 @@ class TestPlainPathGuard(PlainSyncStore, GuardBehaviour):
 
 
 class TestPlainPathAsyncGuard(PlainAsyncStore, GuardBehaviour):
+    pass
+
+
+class TestBatchedAsyncGuard(BatchedAsyncStore, GuardBehaviour):
     pass

@@ -10,6 +10,7 @@ from idemkey._core import RECORD_LOST, owner_tag
 from idemkey.records import Claimed, InFlight, Mismatch, Replay, new_owner, payload_fingerprint
 from tests.store._both import (
     AsyncStore,
+    BatchedAsyncStore,
     Both,
     PlainAsyncStore,
     PlainSyncStore,
@@ -380,4 +381,8 @@ class TestPlainPathStoreScripts(PlainSyncStore, ScriptBehaviour):
 
 
 class TestPlainPathAsyncStoreScripts(PlainAsyncStore, ScriptBehaviour):
+    pass
+
+
+class TestBatchedAsyncStoreScripts(BatchedAsyncStore, ScriptBehaviour):
     pass

@@ -20,7 +20,15 @@ from idemkey.records import (
     Replay,
     payload_fingerprint,
 )
-from tests.store._both import AsyncStore, Both, PlainAsyncStore, PlainSyncStore, SyncStore, _resolve
+from tests.store._both import (
+    AsyncStore,
+    BatchedAsyncStore,
+    Both,
+    PlainAsyncStore,
+    PlainSyncStore,
+    SyncStore,
+    _resolve,
+)
 
 TTL_MS = 100_000
 GRACE_MS = 500_000
@@ -113,4 +121,8 @@ class TestPlainPathStoreTombstones(PlainSyncStore, TombstoneBehaviour):
 
 
 class TestPlainPathAsyncStoreTombstones(PlainAsyncStore, TombstoneBehaviour):
+    pass
+
+
+class TestBatchedAsyncStoreTombstones(BatchedAsyncStore, TombstoneBehaviour):
     pass

@@ -82,8 +82,8 @@ class Batched(Lean):
 
     async def evalsha(self, sha: str, keys_and_args: tuple[str | bytes | int, ...]) -> Any:
         loop = asyncio.get_running_loop()
-        if loop is not self._loop:  # another loop: what waits on the old one never runs here
-            self._loop, self._in_flight, self._pending, self._tasks = loop, 0, None, set()
+        if loop is not self._loop:
+            self._bind(loop)
         if not self._in_flight:
             self._in_flight += 1
             try:
@@ -100,6 +100,10 @@ class Batched(Lean):
             task.add_done_callback(self._tasks.discard)
         self._pending.append((self._pack(sha, keys_and_args), waiter))
         return await waiter
+
+    def _bind(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Serve ``loop`` from now on: what waits on another loop never runs on this one."""
+        self._loop, self._in_flight, self._pending, self._tasks = loop, 0, None, set()
 
     async def _send_batch(self) -> None:
         batch = [entry for entry in self._pending or () if not entry[1].done()]
