@@ -23,7 +23,7 @@ import redis.asyncio
 from idemkey import AsyncRedisStore, Call, Policy, RedisStore, aguard, guard, idempotent
 from idemkey._core import owner_tag
 from idemkey.records import GUARD_METHOD, Decision, Record, record_for
-from idemkey.store._concurrency._async_lean import Batched
+from idemkey.store._concurrency._async_lean import Batched, _LoopState
 from tests._servers import async_wait_until
 from tests.conftest import _purge_prefix
 
@@ -220,13 +220,14 @@ class AlwaysBatched(Batched):
     async def evalsha(self, sha: str, keys_and_args: tuple[str | bytes | int, ...]) -> Any:
         self.calls += 1
         loop = asyncio.get_running_loop()
-        if loop is not self._loop:
-            self._bind(loop)
-        self._in_flight += 1
+        if self._state.loop is not loop:
+            self._state = _LoopState(loop)
+        state = self._state
+        state.in_flight += 1
         try:
             return await Batched.evalsha(self, sha, keys_and_args)
         finally:
-            self._in_flight -= 1
+            state.in_flight -= 1
 
     async def _send(self, batch: list[Any]) -> None:
         self.sizes.append(len(batch))

@@ -60,6 +60,18 @@ class Lean:
             await pool.release(conn)
 
 
+class _LoopState:
+    """What :class:`Batched` keeps for one event loop."""
+
+    __slots__ = ("in_flight", "loop", "pending", "tasks")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop | None) -> None:
+        self.loop = loop
+        self.in_flight = 0  # calls sent alone and batches, not yet answered
+        self.pending: list[_Waiter] | None = None  # the next batch, its task scheduled
+        self.tasks: set[asyncio.Task[None]] = set()  # the loop only keeps weak references
+
+
 class Batched(Lean):
     """:class:`Lean`, with the calls that meet in one loop iteration sent as one batch.
 
@@ -71,46 +83,44 @@ class Batched(Lean):
     between attempts): the calls whose replies were read keep them, the others are sent again
     on the next attempt, and when the retries are spent each gets the error, for ``_eval``'s
     mapping as if it had been sent alone.
+
+    The state is per event loop: a loop that died with calls in flight or a batch never sent
+    (a worker's ``asyncio.run`` per job) leaves it behind, and whatever of it finishes later
+    (a coroutine closed when collected) counts on the dead loop's state, not on the new one's.
     """
 
     def __init__(self, client: Any) -> None:
         super().__init__(client)
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._in_flight = 0  # calls sent alone and batches, not yet answered
-        self._pending: list[_Waiter] | None = None  # the next batch, its task scheduled
-        self._tasks: set[asyncio.Task[None]] = set()  # the loop only keeps weak references
+        self._state = _LoopState(None)
 
     async def evalsha(self, sha: str, keys_and_args: tuple[str | bytes | int, ...]) -> Any:
         loop = asyncio.get_running_loop()
-        if loop is not self._loop:
-            self._bind(loop)
-        if not self._in_flight:
-            self._in_flight += 1
+        state = self._state
+        if state.loop is not loop:
+            state = self._state = _LoopState(loop)
+        if not state.in_flight:
+            state.in_flight += 1
             try:
                 return await Lean.evalsha(self, sha, keys_and_args)
             finally:
-                self._in_flight -= 1
+                state.in_flight -= 1
         waiter: asyncio.Future[Any] = loop.create_future()
-        if self._pending is None:
-            self._pending = []
+        if state.pending is None:
+            state.pending = []
             # The task's first step runs after the callbacks already due in this iteration:
             # the calls they make join this batch.
-            task = loop.create_task(self._send_batch())
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
-        self._pending.append((self._pack(sha, keys_and_args), waiter))
+            task = loop.create_task(self._send_batch(state))
+            state.tasks.add(task)
+            task.add_done_callback(state.tasks.discard)
+        state.pending.append((self._pack(sha, keys_and_args), waiter))
         return await waiter
 
-    def _bind(self, loop: asyncio.AbstractEventLoop) -> None:
-        """Serve ``loop`` from now on: what waits on another loop never runs on this one."""
-        self._loop, self._in_flight, self._pending, self._tasks = loop, 0, None, set()
-
-    async def _send_batch(self) -> None:
-        batch = [entry for entry in self._pending or () if not entry[1].done()]
-        self._pending = None
+    async def _send_batch(self, state: _LoopState) -> None:
+        batch = [entry for entry in state.pending or () if not entry[1].done()]
+        state.pending = None
         if not batch:
             return
-        self._in_flight += 1
+        state.in_flight += 1
         try:
             await self._send(batch)
         except BaseException as exc:  # the retries spent, or this task cancelled (loop ends)
@@ -120,7 +130,7 @@ class Batched(Lean):
             if not isinstance(exc, Exception):
                 raise
         finally:
-            self._in_flight -= 1
+            state.in_flight -= 1
 
     async def _send(self, batch: list[_Waiter]) -> None:
         from redis.exceptions import ResponseError
