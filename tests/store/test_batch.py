@@ -29,6 +29,14 @@ pytestmark = pytest.mark.skipif(
 )
 
 TASKS = 200
+#: Seconds a burst of calls may take before the test fails rather than hangs.
+DEADLINE = 20.0
+
+
+async def _at_once(*calls: Any, return_exceptions: bool = False) -> list[Any]:
+    """``asyncio.gather`` of ``calls``, failing after :data:`DEADLINE`."""
+    gathered = asyncio.gather(*calls, return_exceptions=return_exceptions)
+    return list(await asyncio.wait_for(gathered, DEADLINE))
 
 
 class Recording(Batched):
@@ -78,7 +86,7 @@ async def test_many_tasks_at_once_each_get_their_own_answer(
 ) -> None:
     store, sender = loaded
     records = _records(prefix)
-    claims = await asyncio.gather(
+    claims = await _at_once(
         *(
             store.claim(r, b"fp%d" % i, owner=f"o{i}", heartbeat=False)
             for i, r in enumerate(records)
@@ -88,17 +96,17 @@ async def test_many_tasks_at_once_each_get_their_own_answer(
     assert [c.owner for c in claims] == [f"o{i}" for i in range(TASKS)]  # type: ignore[union-attr]
     assert max(sender.sizes) > 1  # they did share batches ...
     assert sum(sender.sizes) == TASKS - 1  # ... all but the first, sent alone at once
-    done = await asyncio.gather(
+    done = await _at_once(
         *(store.complete(r, f"o{i}", b"body %d" % i) for i, r in enumerate(records))
     )
     assert done == [True] * TASKS
-    replays = await asyncio.gather(
+    replays = await _at_once(
         *(store.claim(r, b"fp%d" % i, heartbeat=False) for i, r in enumerate(records))
     )
     assert [(type(d), d.response) for d in replays] == [  # type: ignore[union-attr]
         (Replay, b"body %d" % i) for i in range(TASKS)
     ]
-    mismatches = await asyncio.gather(  # another fingerprint: each record's own refusal
+    mismatches = await _at_once(  # another fingerprint: each record's own refusal
         *(store.claim(r, b"other", heartbeat=False) for r in records)
     )
     assert {type(d).__name__ for d in mismatches} == {"Mismatch"}
@@ -139,7 +147,7 @@ async def test_noscript_in_a_batch_fails_only_its_own_calls(
     for i, record in enumerate(records):
         calls.append(store.claim(record, b"fp", owner=f"o{i}", heartbeat=False))
         calls.append(store.release(record, "not the owner"))
-    answers = await asyncio.gather(*calls)
+    answers = await _at_once(*calls)
     assert [c.owner for c in answers[0::2]] == [f"o{i}" for i in range(60)]  # type: ignore[union-attr]
     assert answers[1::2] == [False] * 60
     assert max(sender.sizes) > 2
@@ -154,7 +162,7 @@ async def test_noscript_for_a_whole_batch(
     store, sender = loaded
     await store.client.script_flush()
     records = _records(prefix, 50)
-    claims = await asyncio.gather(
+    claims = await _at_once(
         *(store.claim(r, b"fp", owner=f"o{i}", heartbeat=False) for i, r in enumerate(records))
     )
     assert [c.owner for c in claims] == [f"o{i}" for i in range(50)]  # type: ignore[union-attr]
@@ -188,7 +196,7 @@ async def _claim_all(store: AsyncRedisStore, records: list[Record], sender: Reco
     """Claims of every record at once, the first one alone and the rest in one batch."""
     # All made in one loop iteration: the first call is sent alone, the others wait for it
     # and go out together.
-    claims = await asyncio.gather(
+    claims = await _at_once(
         *(store.claim(r, b"fp", owner=f"o{i}", heartbeat=False) for i, r in enumerate(records))
     )
     assert [c.owner for c in claims] == [f"o{i}" for i in range(len(records))]  # type: ignore[union-attr]
@@ -264,7 +272,7 @@ async def test_a_timeout_fails_the_batch_and_leaves_no_stray_reply(
         private_redis_server.pause()
         started = time.monotonic()
         try:
-            outcomes = await asyncio.gather(
+            outcomes = await _at_once(
                 *(store.release(r, f"o{i}") for i, r in enumerate(records)),
                 return_exceptions=True,
             )
@@ -273,11 +281,11 @@ async def test_a_timeout_fails_the_batch_and_leaves_no_stray_reply(
         assert time.monotonic() - started < 5
         assert all(isinstance(o, StoreError) and "Timeout" in str(o) for o in outcomes)
         assert max(sender.sizes) > 1
-        claims = await asyncio.gather(
+        claims = await _at_once(
             *(store.claim(r, b"fp", owner=f"o{i}", heartbeat=False) for i, r in enumerate(records))
         )
         assert [c.owner for c in claims] == [f"o{i}" for i in range(30)]  # type: ignore[union-attr]
-        releases = await asyncio.gather(*(store.release(r, f"o{i}") for i, r in enumerate(records)))
+        releases = await _at_once(*(store.release(r, f"o{i}") for i, r in enumerate(records)))
         assert releases == [True] * 30
     finally:
         await store.aclose()
@@ -297,7 +305,7 @@ async def test_a_cancelled_caller_leaves_the_batch_alone(
     ]
     await asyncio.sleep(0)  # each task has made its call: the first sent, the rest waiting
     tasks[4].cancel()
-    outcomes = await asyncio.gather(*tasks, return_exceptions=True)
+    outcomes = await _at_once(*tasks, return_exceptions=True)
     assert isinstance(outcomes[4], asyncio.CancelledError)
     kept = [o for i, o in enumerate(outcomes) if i != 4]
     assert [c.owner for c in kept] == [f"o{i}" for i in range(10) if i != 4]  # type: ignore[union-attr]
@@ -335,7 +343,7 @@ def test_a_new_event_loop_after_one_that_died_mid_call(redis_url: str, prefix: s
         await alone(_records(prefix + "b", 5))
         assert sender.sizes == []
         records = _records(prefix + "c", 30)
-        claims = await asyncio.gather(
+        claims = await _at_once(
             *(store.claim(r, b"fp", owner=f"o{i}", heartbeat=False) for i, r in enumerate(records))
         )
         assert [c.owner for c in claims] == [f"o{i}" for i in range(30)]  # type: ignore[union-attr]
