@@ -13,7 +13,8 @@ between them is idemkey's:
 
 Servers build the apps from the environment: ``IDEMKEY_BENCH_REDIS_URL`` and
 ``IDEMKEY_BENCH_PREFIX`` (``gunicorn 'benchmarks.http_apps:make_wsgi()'``,
-``uvicorn --factory benchmarks.http_apps:make_asgi``).
+``uvicorn --factory benchmarks.http_apps:make_asgi``). ``IDEMKEY_BENCH_UNBATCHED=1`` makes the
+ASGI store send each script call alone (the lean path before batching), to measure the batch.
 """
 
 from __future__ import annotations
@@ -242,6 +243,10 @@ def make_asgi() -> Any:
     # pool raises MaxConnectionsError past 100 instead of waiting, so allow more.
     client = redis.asyncio.Redis.from_url(url, max_connections=512)
     store = AsyncRedisStore(client, policy(os.environ["IDEMKEY_BENCH_PREFIX"]))
+    if os.environ.get("IDEMKEY_BENCH_UNBATCHED") == "1":
+        from idemkey.store._concurrency._async_lean import Lean
+
+        store._evalsha = Lean(client).evalsha  # type: ignore[method-assign]
     plain, guarded = asgi_apps(store)
 
     async def health(scope: dict[str, Any], receive: Any, send: Any) -> None:

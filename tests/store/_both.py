@@ -23,6 +23,7 @@ import redis.asyncio
 from idemkey import AsyncRedisStore, Call, Policy, RedisStore, aguard, guard, idempotent
 from idemkey._core import owner_tag
 from idemkey.records import GUARD_METHOD, Decision, Record, record_for
+from idemkey.store._concurrency._async_lean import Batched, _LoopState
 from tests._lease import lapse, lease_holder, lease_left
 from tests.conftest import _purge_prefix
 
@@ -207,6 +208,51 @@ class PlainAsyncStore:
             yield Both(store, prefix)
         finally:
             await store.aclose()
+
+
+class AlwaysBatched(Batched):
+    """:class:`Batched` that sends every call in a batch, even one made alone (as if another
+    call were always in flight), and keeps each batch's size: the store contract then runs on
+    the batched sending, not only on the call sent alone."""
+
+    def __init__(self, client: Any) -> None:
+        super().__init__(client)
+        self.sizes: list[int] = []
+        self.calls = 0
+
+    async def evalsha(self, sha: str, keys_and_args: tuple[str | bytes | int, ...]) -> Any:
+        self.calls += 1
+        loop = asyncio.get_running_loop()
+        if self._state.loop is not loop:
+            self._state = _LoopState(loop)
+        state = self._state
+        state.in_flight += 1
+        try:
+            return await Batched.evalsha(self, sha, keys_and_args)
+        finally:
+            state.in_flight -= 1
+
+    async def _send(self, batch: list[Any]) -> None:
+        self.sizes.append(len(batch))
+        await Batched._send(self, batch)
+
+
+class BatchedAsyncStore:
+    """Mixin: ``store`` is an :class:`AsyncRedisStore` on the real server whose every script
+    call goes out in a batch (:class:`AlwaysBatched`); the contract holds there too."""
+
+    @pytest_asyncio.fixture
+    async def store(
+        self, real_async_client: redis.asyncio.Redis, prefix: str
+    ) -> AsyncIterator[Both]:
+        store = AsyncRedisStore(real_async_client, Policy(prefix=prefix))
+        batched = AlwaysBatched(real_async_client)
+        store._evalsha = batched.evalsha  # type: ignore[method-assign]
+        try:
+            yield Both(store, prefix)
+        finally:
+            await store.aclose()
+        assert sum(batched.sizes) == batched.calls  # every call was sent in a batch
 
 
 class ValkeyPySyncStore:

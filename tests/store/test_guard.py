@@ -30,6 +30,7 @@ from idemkey.records import Claimed, encode_value, payload_fingerprint
 from tests._servers import async_wait_until, free_port, no_retry
 from tests.store._both import (
     AsyncStore,
+    BatchedAsyncStore,
     Both,
     GlideAsyncStore,
     PlainAsyncStore,
@@ -442,4 +443,8 @@ class TestPlainPathAsyncGuard(PlainAsyncStore, GuardBehaviour):
 
 # The same contract through valkey-glide (AsyncRedisStore's facade, idemkey/store/_glide.py).
 class TestGlideAsyncGuard(GlideAsyncStore, GuardBehaviour):
+    pass
+
+
+class TestBatchedAsyncGuard(BatchedAsyncStore, GuardBehaviour):
     pass

@@ -23,7 +23,7 @@ from idemkey import AsyncRedisStore, Policy, RedisStore
 from idemkey._core import record_for
 from idemkey.store._concurrency import _async_lean, _sync_lean
 from tests.conftest import _purge_prefix
-from tests.store._both import Both, _resolve
+from tests.store._both import AlwaysBatched, Both, _resolve
 
 pytestmark = pytest.mark.skipif(
     int(redis.__version__.split(".", 1)[0]) < 8, reason="the lean path needs redis-py 8"
@@ -64,6 +64,7 @@ async def test_a_default_asyncio_client_takes_the_lean_path(
 ) -> None:
     store = AsyncRedisStore(real_async_client, Policy(prefix=prefix))
     assert _is_lean(store)
+    assert isinstance(store._evalsha.__self__, _async_lean.Batched)  # type: ignore[attr-defined]
     record = record_for(prefix, "", "GUARD", "", "k")
     for script in store._scripts.values():
         await real_async_client.script_load(script.script)
@@ -194,6 +195,24 @@ async def test_both_paths_answer_alike_asyncio(
     plain_replies = await _scenario(Both(plain, prefix + "plain"))
     assert lean_replies == plain_replies
     await lean.aclose()
+    await plain.aclose()
+
+
+async def test_the_batched_path_answers_alike(
+    real_async_client: redis.asyncio.Redis, prefix: str
+) -> None:
+    """The same scenario with every call sent in a batch (tests/store/test_batch.py fires them
+    at once): the same raw replies and stored bytes as the plain path."""
+    batched = AsyncRedisStore(real_async_client, Policy(prefix=prefix + "lean"))
+    sender = AlwaysBatched(real_async_client)
+    batched._evalsha = sender.evalsha  # type: ignore[method-assign]
+    plain = AsyncRedisStore(real_async_client, Policy(prefix=prefix + "plain"))
+    plain._evalsha = plain._plain_evalsha  # type: ignore[method-assign]
+    batched_replies = await _scenario(Both(batched, prefix + "lean"))
+    plain_replies = await _scenario(Both(plain, prefix + "plain"))
+    assert batched_replies == plain_replies
+    assert sum(sender.sizes) == sender.calls > 0
+    await batched.aclose()
     await plain.aclose()
 
 

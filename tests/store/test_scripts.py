@@ -10,6 +10,7 @@ from idemkey._core import RECORD_LOST, owner_tag
 from idemkey.records import Claimed, InFlight, Mismatch, Replay, new_owner, payload_fingerprint
 from tests.store._both import (
     AsyncStore,
+    BatchedAsyncStore,
     Both,
     GlideAsyncStore,
     PlainAsyncStore,
@@ -386,4 +387,8 @@ class TestPlainPathAsyncStoreScripts(PlainAsyncStore, ScriptBehaviour):
 
 # The same contract through valkey-glide (AsyncRedisStore's facade, idemkey/store/_glide.py).
 class TestGlideAsyncStoreScripts(GlideAsyncStore, ScriptBehaviour):
+    pass
+
+
+class TestBatchedAsyncStoreScripts(BatchedAsyncStore, ScriptBehaviour):
     pass

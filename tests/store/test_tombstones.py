@@ -22,6 +22,7 @@ from idemkey.records import (
 )
 from tests.store._both import (
     AsyncStore,
+    BatchedAsyncStore,
     Both,
     GlideAsyncStore,
     PlainAsyncStore,
@@ -126,4 +127,8 @@ class TestPlainPathAsyncStoreTombstones(PlainAsyncStore, TombstoneBehaviour):
 
 # The same contract through valkey-glide (AsyncRedisStore's facade, idemkey/store/_glide.py).
 class TestGlideAsyncStoreTombstones(GlideAsyncStore, TombstoneBehaviour):
+    pass
+
+
+class TestBatchedAsyncStoreTombstones(BatchedAsyncStore, TombstoneBehaviour):
     pass

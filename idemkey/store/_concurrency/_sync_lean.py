@@ -2,7 +2,9 @@
 
 See ``_async_lean`` for what is kept from ``execute_command``. What a sync client does besides:
 a connection marked for reconnect (a maintenance notification) is reconnected before it goes
-back to the pool, as ``Redis._execute_command`` does.
+back to the pool, as ``Redis._execute_command`` does. What it does not: batch the calls of
+several threads (``_async_lean.Batched``): handing each reply to its thread would cost about
+what a batch saves (docs/design.md, "Batched script calls").
 """
 
 from __future__ import annotations
