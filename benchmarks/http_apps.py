@@ -227,10 +227,9 @@ def glide_floor_asgi(client: Any, store: AsyncRedisStore) -> Any:
     async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
         key = next((v for k, v in scope["headers"] if k == b"idempotency-key"), b"")
         record = b"%b:gfloor:{%b}" % (prefix, key)
-        lock = record + b":lock"
-        await invoke(claim, record, lock, fp, owner, lease_ms, ttl_ms)
+        await invoke(claim, record, fp, owner, lease_ms, ttl_ms)
         await plain_asgi(scope, receive, send)
-        await invoke(complete, record, lock, owner, stored, ttl_ms, tag)
+        await invoke(complete, record, owner, stored, ttl_ms, tag)
 
     return app
 

@@ -57,11 +57,14 @@ def build_cases(
 
 
 # (case, what, limit): x_floor ratio of p50s, p50_us own CPU, round_trips exact count.
+# Issue 25's goals: a replay faster than the bare redis-py call (the floor is redis-py's own
+# execute_command, much of it client-side Python that the lean path skips), a first call no
+# slower than it.
 TARGETS: list[tuple[str, str, float]] = [
-    ("guard.first", "x_floor", 1.15),
-    ("guard.replay", "x_floor", 1.15),
-    ("aguard.first", "x_floor", 1.15),
-    ("aguard.replay", "x_floor", 1.15),
+    ("guard.first", "x_floor", 1.0),
+    ("guard.replay", "x_floor", 0.95),
+    ("aguard.first", "x_floor", 1.0),
+    ("aguard.replay", "x_floor", 0.95),
     ("cpu.guard.first", "p50_us", 15.0),
     ("cpu.guard.replay", "p50_us", 15.0),
     ("cpu.aguard.first", "p50_us", 15.0),
@@ -71,6 +74,14 @@ TARGETS: list[tuple[str, str, float]] = [
     ("guard.first", "round_trips", 2.0),
     ("aguard.first", "round_trips", 2.0),
 ]
+
+
+def adapter_target(name: str) -> float:
+    """The latency an adapter may add over the same app, x the floor (issue 25): a replay in
+    process 1.2x, over real HTTP (gunicorn, uvicorn) 1.3x; a first call 1.3x everywhere."""
+    if name.endswith(".replay") and not name.startswith(("gunicorn.", "uvicorn.")):
+        return 1.2
+    return 1.3
 
 
 def check_targets(
@@ -108,8 +119,8 @@ def check_targets(
         add(f"cpu.{name} <= 15 us (warm loop, process CPU)", value <= 15.0, f"{value:.1f} us")
     for name, case in cases.items():
         if "added_x_floor" in case:
-            value = case["added_x_floor"]
-            add(f"{name} adds <= 1.3x floor", value <= 1.3, f"{value:.2f}x floor "
+            value, limit = case["added_x_floor"], adapter_target(name)
+            add(f"{name} adds <= {limit:g}x floor", value <= limit, f"{value:.2f}x floor "
                 f"(+{case['added_ns'] / 1000:.0f} us)")  # fmt: skip
     for kind in ("first", "replay"):
         for prefix, ours in (("peer.powertools", "guard"), ("peer.naive", "guard"),
@@ -138,9 +149,9 @@ SCALE_TARGETS: Mapping[str, float] = {
     "memory.100": 400,
     "memory.1024": 1560,
     "memory.10240": 12600,
-    "server.first": 1.15,
+    "server.first": 1.3,
     "server.replay": 1.1,
-    "throughput": 0.95,
+    "throughput": 1.0,
     # idemkey on valkey-glide (one multiplexed connection) x the app + bare redis-py floor
     # (issue 25, item 3; benchmarks/glide_bench.py).
     "throughput.glide": 1.3,

@@ -1,9 +1,9 @@
 """The quick benchmark suite against the session's real Redis, with loose budgets.
 
 Not a timing test of the machine: the budgets are ratios inside one interleaved run (both
-sides share the noise) at 1.5x the design targets (docs/design.md#performance-targets: first
-call and replay <= 1.15x the bare floor). What it does hold exactly: a replay is one round
-trip and one EVALSHA, a first call two, and every core case is in the JSON.
+sides share the noise) at 1.5x the design targets (docs/design.md#performance-targets: a
+first call <= 1.0x the bare floor, a replay <= 0.95x). What it does hold exactly: a replay is
+one round trip and one EVALSHA, a first call two, and every core case is in the JSON.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ CORE_CASES = {
     "cpu.guard.first", "cpu.guard.replay", "cpu.aguard.first", "cpu.aguard.replay",
     "floor.steps3", "guard.steps3",
 }  # fmt: skip
-LOOSE = "miss<=1.725xfloor,replay<=1.725xfloor,amiss<=1.725xfloor,areplay<=1.725xfloor"
+LOOSE = "miss<=1.5xfloor,replay<=1.425xfloor,amiss<=1.5xfloor,areplay<=1.425xfloor"
 
 
 def test_quick_suite_holds_loose_budgets(
