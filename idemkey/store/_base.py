@@ -30,6 +30,7 @@ __all__ = [
     "AsyncEffects",
     "Effects",
     "SCRIPTS",
+    "SCRIPT_KEYS",
     "SCRIPT_NAMES",
     "StoreBase",
     "evalsha_packer",
@@ -41,6 +42,10 @@ SCRIPT_NAMES: Final = ("claim", "complete", "release", "renew", "checkpoint", "a
 SCRIPTS: Final[dict[str, str]] = {
     name: (files("idemkey") / "lua" / f"{name}.lua").read_text("utf-8") for name in SCRIPT_NAMES
 }
+#: ``numkeys`` of a script call: how many of its leading arguments are keys (the record and its
+#: lock). Code written since the scripts started moving to one key per record (issue 23 item 1)
+#: reads it here rather than writing the number.
+SCRIPT_KEYS: Final = 2
 
 # At most this many lost-record notes wait for a guard or adapter to ask (see _record_lost).
 _MAX_LOST_NOTES: Final = 1024
@@ -86,17 +91,21 @@ def _backend_errors(client: Any) -> tuple[_Errors, type[BaseException], _Errors]
     """
     module = client_module(client)
     # Both asyncio cluster clients (valkey-py forked redis-py's) can tear a connection down
-    # under a task that is using it while the topology changes (a slot moving, a failover);
-    # the task then gets AttributeError ("'NoneType' object has no attribute 'writelines'").
-    # It is retried like a moving slot (sending a script twice with one owner is safe), then
-    # a StoreError.
-    torn_down: _Errors = (AttributeError,) if module.endswith(".asyncio.cluster") else ()
+    # under a task that is using it while the topology changes (a slot moving, a failover: on
+    # every fifth MOVED the client closes all its connections); the task then gets
+    # AttributeError ("'NoneType' object has no attribute 'writelines'") or the library's
+    # ConnectionError ("Connection closed by server"). Both are retried like a moving slot
+    # (sending a script twice with one owner is safe), then a StoreError; a connection that
+    # could not be made is not (``_slot_moving``).
+    on_asyncio_cluster = module.endswith(".asyncio.cluster")
     if module.startswith("valkey"):
         from valkey.exceptions import ClusterError as ValkeyClusterError
+        from valkey.exceptions import ConnectionError as ValkeyConnectionError
         from valkey.exceptions import NoScriptError as ValkeyNoScript
         from valkey.exceptions import TryAgainError as ValkeyTryAgain
         from valkey.exceptions import ValkeyClusterException, ValkeyError
 
+        torn_down: _Errors = (AttributeError, ValkeyConnectionError) if on_asyncio_cluster else ()
         errors: _Errors = (ValkeyError, ValkeyClusterException, OSError, *torn_down)
         return errors, ValkeyNoScript, (ValkeyClusterError, ValkeyTryAgain, *torn_down)
     from redis.exceptions import (
@@ -106,7 +115,9 @@ def _backend_errors(client: Any) -> tuple[_Errors, type[BaseException], _Errors]
         RedisError,
         TryAgainError,
     )
+    from redis.exceptions import ConnectionError as RedisConnectionError
 
+    torn_down = (AttributeError, RedisConnectionError) if on_asyncio_cluster else ()
     return (
         (RedisError, RedisClusterException, OSError, *torn_down),
         NoScriptError,
@@ -278,9 +289,10 @@ def _slot_moving(exc: BaseException, moving: _Errors) -> bool:
     (no keys yet) or a completed one (no lock) never satisfies, until the slot has moved. The
     client retries TRYAGAIN for a moment, then raises ``ClusterError("TTL exhausted.")`` (exactly
     that class; ``ClusterDownError`` is a subclass and means something else). The script did not
-    run, so sending it again is safe.
+    run, so sending it again is safe. On an asyncio cluster client a connection torn down under
+    the call counts too (see ``_backend_errors``), but not one that could not be made.
     """
-    return type(exc) in moving
+    return type(exc) in moving and not _never_connected(exc)
 
 
 def _retry_delay(previous: float, deadline: float) -> float:
