@@ -154,11 +154,38 @@ async def test_one_key_scripts_from_4_tasks_into_a_migrating_slot_all_succeed(
         slot.finish()
     # Every client still has the source as the slot's owner: each write is answered MOVED first.
     moved = await _drive(lambda key, v: store._eval(name, key, v), keys, b"moved")
+    learnt = client.get_node_from_key(keys[0]).port  # a MOVED updates the slot cache, an ASK not
     await store.aclose()
     assert moving == {"ok": KEYS}, dict(moving)
     assert on_target == KEYS - 2 * KEYS // 3 + KEYS // 3
     assert moved == {"ok": KEYS}, dict(moved)
+    assert int(learnt) == slot.target.port
     assert slot.values_on_target(keys) == [b"moved"] * KEYS
+
+
+async def test_nodes_that_lost_the_script_get_it_again_during_the_move(
+    cluster: ClusterProcesses, client: Any, prefix: str
+) -> None:
+    """NOSCRIPT from the slot's owner, and from the importing node after ASKING (a restarted or
+    new master): the route loads the script on the node that said so and sends it again, with
+    ASKING where it was asked for."""
+    store, name = _probe_store(client, prefix)
+    slot = HalfMoved(cluster, f"noscript-{prefix}")
+    keys = slot.keys("noscript")
+    slot.begin("noscript")
+    try:
+        for server in (slot.source, slot.target):
+            node = cluster.node_client(server)
+            try:
+                node.script_flush()
+            finally:
+                node.close()
+        outcome = await _drive(lambda key, v: store._eval(name, key, v), keys, b"loaded")
+    finally:
+        slot.finish()
+        await store.aclose()
+    assert outcome == {"ok": KEYS}, dict(outcome)
+    assert slot.values_on_target(keys) == [b"loaded"] * KEYS
 
 
 @pytest.mark.filterwarnings("ignore::ResourceWarning")

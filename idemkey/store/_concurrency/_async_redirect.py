@@ -86,13 +86,13 @@ class ClusterRoute:
         deadline, delay = time.monotonic() + self._wait(), 0.0
         asking, first = False, True
         while True:
-            if isinstance(exc, self._ask):
+            if isinstance(exc, self._moved):  # first: MovedError subclasses AskError
+                await self._learn_topology()
+                node, asking = self._client.get_node_from_key(command[3]), False
+            elif isinstance(exc, self._ask):
                 node, asking = await self._node(exc), True
                 if node is None:
                     raise exc
-            elif isinstance(exc, self._moved):
-                await self._learn_topology()
-                node, asking = self._client.get_node_from_key(command[3]), False
             else:  # NOSCRIPT: this node never saw the script (a new master, a restart)
                 await node.execute_command("SCRIPT", "LOAD", self._text(exc, command[1]))
             if not first:  # the first redirect is followed at once, a redirect loop backs off
