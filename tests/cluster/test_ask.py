@@ -20,7 +20,9 @@ import asyncio
 import collections
 import contextlib
 import gc
+import re
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -31,6 +33,7 @@ from redis.crc import key_slot
 from idemkey import AsyncRedisStore, Policy
 from idemkey._core import Claimed, Record
 from idemkey.store._base import SCRIPT_KEYS
+from tests._servers import HOST
 from tests.cluster._cluster import ClusterProcesses, running_cluster
 from tests.cluster.conftest import _valkey_errors, _valkey_py_cluster
 
@@ -216,6 +219,28 @@ async def test_the_bare_asyncio_cluster_client_loses_such_writes(
     gc.collect()
     print(f"\nbare client, {TASKS} tasks, {KEYS} writes a round: {dict(lost)}")
     assert lost, "no write lost in 10 rounds: has the client's ASK handling been fixed?"
+
+
+UPSTREAM = Path(__file__).resolve().parents[2] / "docs" / "upstream" / "redis-py-async-ask.md"
+
+
+@pytest.mark.filterwarnings("ignore::ResourceWarning")
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+def test_the_upstream_reports_reproduction_runs_as_printed(
+    cluster: ClusterProcesses, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The report's python block, pointed at this module's two masters, runs and prints its
+    count (how many it loses varies from run to run; the control above asserts the loss)."""
+    (block,) = re.findall(r"```python\n(.*?)```", UPSTREAM.read_text("utf-8"), re.DOTALL)
+    nodes = repr([(HOST, master.port) for master in cluster.masters()])
+    code = block.replace('[("127.0.0.1", 7000), ("127.0.0.1", 7001)]', nodes)
+    assert code != block, "the block's NODES line changed: update this test"
+    exec(compile(code, str(UPSTREAM), "exec"), {"__name__": "__main__"})
+    gc.collect()
+    printed = capsys.readouterr().out
+    with capsys.disabled():
+        print(f"\n{printed}")
+    assert re.search(r"redis-py \S+: \d+ of 200 writes failed", printed), printed
 
 
 @pytest.mark.skipif(SCRIPT_KEYS != 1, reason="the store's scripts take two keys (issue 23 item 1)")
