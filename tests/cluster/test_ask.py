@@ -134,9 +134,13 @@ async def _drive(
     return outcomes
 
 
-def _probe_store(client: Any, prefix: str) -> tuple[AsyncRedisStore, str]:
+async def _probe_store(client: Any, prefix: str) -> tuple[AsyncRedisStore, str]:
+    """A store that sends the one-key probe through its ``_eval``, the probe loaded on every
+    master (the store's own fallback on NOSCRIPT, the registered script, sends ``SCRIPT_KEYS``
+    keys; the route's own NOSCRIPT handling is tested on its own)."""
     store = AsyncRedisStore(client, Policy(prefix=prefix))
     store._scripts["probe"] = client.register_script(PROBE)
+    await client.script_load(PROBE)
     assert store._route is not None, "an asyncio cluster client gets the store's route"
     store._route.keys = 1  # the probe takes one key, whatever the store's scripts take
     return store, "probe"
@@ -145,7 +149,7 @@ def _probe_store(client: Any, prefix: str) -> tuple[AsyncRedisStore, str]:
 async def test_one_key_scripts_from_4_tasks_into_a_migrating_slot_all_succeed(
     cluster: ClusterProcesses, client: Any, prefix: str
 ) -> None:
-    store, name = _probe_store(client, prefix)
+    store, name = await _probe_store(client, prefix)
     slot = HalfMoved(cluster, f"ask-{prefix}")
     keys = slot.keys("store")
     slot.begin("store")
@@ -172,7 +176,7 @@ async def test_nodes_that_lost_the_script_get_it_again_during_the_move(
     """NOSCRIPT from the slot's owner, and from the importing node after ASKING (a restarted or
     new master): the route loads the script on the node that said so and sends it again, with
     ASKING where it was asked for."""
-    store, name = _probe_store(client, prefix)
+    store, name = await _probe_store(client, prefix)
     slot = HalfMoved(cluster, f"noscript-{prefix}")
     keys = slot.keys("noscript")
     slot.begin("noscript")
