@@ -7,7 +7,9 @@ moved, and new (which the importing node takes after ``ASKING``). Then the slot 
 target and the same keys are written again (the cached owner answers MOVED). Zero errors, every
 reply and stored value right. The same calls through the bare asyncio cluster client lose
 writes (redis-py's two-connection ASKING, ``scripts/redis_py_ask_repro.py``); that test fails
-on the day the client is fixed, and then the store's route may go.
+on the day the client is fixed, and then the store's route may go. The sync clients, which the
+store leaves on their own path, serve the same calls from 4 threads; and the upstream report's
+reproduction (docs/upstream/redis-py-async-ask.md) runs here as printed.
 
 While the store's scripts take two keys (``SCRIPT_KEYS``), the calls are a one-key test script
 registered into the store, its route told to send ``numkeys`` 1; once they take one key, the
@@ -21,6 +23,7 @@ import collections
 import contextlib
 import gc
 import re
+import threading
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -223,6 +226,45 @@ async def test_the_bare_asyncio_cluster_client_loses_such_writes(
     gc.collect()
     print(f"\nbare client, {TASKS} tasks, {KEYS} writes a round: {dict(lost)}")
     assert lost, "no write lost in 10 rounds: has the client's ASK handling been fixed?"
+
+
+@pytest.mark.parametrize("library", ["redis-py", "valkey-py"])
+def test_the_sync_cluster_clients_follow_ask_on_one_connection(
+    cluster: ClusterProcesses, library: str, prefix: str
+) -> None:
+    """Why the sync store has no route: the sync clients send ASKING and the command on one
+    connection, so the same calls from 4 threads all succeed through the bare client."""
+    client = (
+        cluster.client() if library == "redis-py" else _valkey_py_cluster(cluster, asyncio=False)
+    )
+    slot = HalfMoved(cluster, f"sync-{prefix}")
+    keys = slot.keys("sync")
+    outcomes: collections.Counter[str] = collections.Counter()
+    lock = threading.Lock()
+
+    def thread(n: int) -> None:
+        for key in keys[n::TASKS]:
+            try:
+                kind = "ok" if client.evalsha(sha, 1, key, b"sync") == b"sync" else "wrong reply"
+            except Exception as exc:  # counted, as in _drive
+                kind = f"{type(exc).__name__}: {exc}"[:160]
+            with lock:
+                outcomes[kind] += 1
+
+    sha = client.script_load(PROBE)
+    slot.begin("sync")
+    try:
+        threads = [threading.Thread(target=thread, args=(n,)) for n in range(TASKS)]
+        for each in threads:
+            each.start()
+        for each in threads:
+            each.join(60)
+        on_target = slot.count_on(slot.target)
+    finally:
+        slot.finish()
+        client.close()
+    assert outcomes == {"ok": KEYS}, dict(outcomes)
+    assert on_target == KEYS - 2 * KEYS // 3 + KEYS // 3
 
 
 UPSTREAM = Path(__file__).resolve().parents[2] / "docs" / "upstream" / "redis-py-async-ask.md"
