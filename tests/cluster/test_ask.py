@@ -173,6 +173,26 @@ async def test_one_key_scripts_from_4_tasks_into_a_migrating_slot_all_succeed(
     assert slot.values_on_target(keys) == [b"moved"] * KEYS
 
 
+async def test_one_redirect_is_followed_even_with_no_slot_moving_wait(
+    cluster: ClusterProcesses, client: Any, prefix: str
+) -> None:
+    """Following an ASK or a MOVED is not waiting for a slot to move: a store that waits for
+    none (``slot_moving_wait = 0``) still serves the keys of a half-moved slot, and of a moved
+    one its cache does not know yet."""
+    store, name = await _probe_store(client, prefix)
+    store.slot_moving_wait = 0.0
+    slot = HalfMoved(cluster, f"nowait-{prefix}")
+    keys = slot.keys("nowait")
+    slot.begin("nowait")
+    try:
+        moving = await _drive(lambda key, v: store._eval(name, key, v), keys, b"moving")
+    finally:
+        slot.finish()
+    moved = await _drive(lambda key, v: store._eval(name, key, v), keys, b"moved")
+    await store.aclose()
+    assert (moving, moved) == ({"ok": KEYS}, {"ok": KEYS}), (dict(moving), dict(moved))
+
+
 async def test_nodes_that_lost_the_script_get_it_again_during_the_move(
     cluster: ClusterProcesses, client: Any, prefix: str
 ) -> None:

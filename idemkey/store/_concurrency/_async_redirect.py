@@ -14,9 +14,10 @@ scripts/redis_py_ask_repro.py). So on those clients the store routes its script 
   node named, both replies read (the node's ``execute_pipeline``, as ``send_with_wait`` uses);
 * a MOVED makes the client learn the topology again, and the script goes to the new node;
 * a NOSCRIPT loads the script on the node that said so, and sends it again;
-* redirects are followed for up to the store's ``slot_moving_wait``, then the last one is
-  raised (the store makes it a StoreError). A TRYAGAIN (a multi-key script in a half-moved slot)
-  is raised at once, for the store's own slot-moving retry, which sends through here again.
+* the first redirect is followed at once; more are followed for up to the store's
+  ``slot_moving_wait``, then the last one is raised (the store makes it a StoreError). A
+  TRYAGAIN (a multi-key script in a half-moved slot) is raised at once, for the store's own
+  slot-moving retry, which sends through here again.
 
 Any other failure (a dropped or torn-down connection, a timeout, a slot the cache does not know)
 is handed to the client's own ``execute_command``, which sends the script once more with its
@@ -95,10 +96,12 @@ class ClusterRoute:
                     raise exc
             else:  # NOSCRIPT: this node never saw the script (a new master, a restart)
                 await node.execute_command("SCRIPT", "LOAD", self._text(exc, command[1]))
-            if not first:  # the first redirect is followed at once, a redirect loop backs off
+            # The first redirect is followed at once, whatever the wait (following one is not
+            # waiting for a slot to move); a loop of them backs off until the wait runs out.
+            if not first:
+                if time.monotonic() >= deadline:
+                    raise exc
                 await sleep(delay := _retry_delay(delay, deadline))
-            if time.monotonic() >= deadline:
-                raise exc
             first = False
             try:
                 if asking:
