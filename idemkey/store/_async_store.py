@@ -51,6 +51,7 @@ from ._base import (
 from ._concurrency._async_heartbeat import AsyncHeartbeat
 from ._concurrency._async_keeper import AsyncKeeper
 from ._concurrency._async_lean import lean_for
+from ._concurrency._async_redirect import route_for
 from ._concurrency._async_runtime import (
     LoopWatch,
     discover,
@@ -102,11 +103,18 @@ class AsyncRedisStore(AsyncHeartbeat):
         self._loops = LoopWatch()
         self._keeper = AsyncKeeper(client)
         lean = lean_for(client)
-        #: How a script call is sent: the lean path on a plain redis-py client, glide's
-        #: invoke_script on its facade, else the plain one (``_base.lean_eligible``). All
-        #: answer alike (tests/store/test_lean.py, tests/store/test_glide.py).
+        #: Where the cluster client's own ASK handling sends ASKING and the script on two
+        #: pooled connections (the asyncio ones), the store's own route, which sends them on
+        #: one (see the ``redirect`` module beside the lean one); else None.
+        self._route = route_for(client, self._scripts, self._errors, self._slot_moving_wait)
+        #: How a script call is sent: that route, the lean path on a plain redis-py client,
+        #: glide's invoke_script on its facade, else the plain one (``_base.lean_eligible``).
+        #: All answer alike (tests/store/test_lean.py, tests/cluster/test_ask.py,
+        #: tests/store/test_glide.py).
         self._evalsha = (
-            lean.evalsha
+            self._route.evalsha
+            if self._route is not None
+            else lean.evalsha
             if lean is not None
             else getattr(client, "idemkey_evalsha", None) or self._plain_evalsha
         )
@@ -140,26 +148,36 @@ class AsyncRedisStore(AsyncHeartbeat):
     async def _plain_evalsha(self, sha: str, keys_and_args: tuple[str | bytes | int, ...]) -> Any:
         return await self.client.execute_command("EVALSHA", sha, SCRIPT_KEYS, *keys_and_args)
 
+    def _slot_moving_wait(self) -> float:
+        return self.slot_moving_wait  # read per call: a caller may change it on the store
+
+    async def _send_again(self, name: str, keys_and_args: tuple[str | bytes | int, ...]) -> Any:
+        """A script sent once more: through the store's own route where it has one (the
+        client's ASK handling is what it avoids), else the registered script, which loads it
+        on NOSCRIPT."""
+        script = self._scripts[name]
+        if self._route is not None:
+            return await self._route.evalsha(script.sha, keys_and_args)
+        return await script(keys_and_args[:SCRIPT_KEYS], keys_and_args[SCRIPT_KEYS:])
+
     async def _eval_again(self, name: str, keys_and_args: tuple[str | bytes | int, ...]) -> Any:
         """Send a script once more after its connection was dropped (a pooled connection the
         server closed when it restarted: redis-py's asyncio pool hands it out unchecked, and
         redis-py 5 retries no command, whatever ``retry=`` says). Safe: every script answers a
         re-send by its owner as it answered the first."""
         try:
-            keys, args = keys_and_args[:SCRIPT_KEYS], keys_and_args[SCRIPT_KEYS:]
-            return await self._scripts[name](keys, args)
+            return await self._send_again(name, keys_and_args)
         except self._errors as exc:
             raise self._store_error(name, exc) from exc
 
     async def _eval_while_slot_moves(
         self, name: str, keys_and_args: tuple[str | bytes | int, ...]
     ) -> Any:
-        script = self._scripts[name]
         deadline, delay = time.monotonic() + self.slot_moving_wait, 0.0
         while True:
             await sleep(delay := _retry_delay(delay, deadline))
             try:
-                return await script(keys_and_args[:SCRIPT_KEYS], keys_and_args[SCRIPT_KEYS:])
+                return await self._send_again(name, keys_and_args)
             except self._errors as exc:
                 if not _slot_moving(exc, self._moving) or time.monotonic() >= deadline:
                     raise self._store_error(name, exc) from exc

@@ -30,6 +30,7 @@ __all__ = [
     "AsyncEffects",
     "Effects",
     "SCRIPTS",
+    "SCRIPT_KEYS",
     "SCRIPT_NAMES",
     "StoreBase",
     "evalsha_packer",
@@ -101,17 +102,21 @@ def _backend_errors(client: Any) -> tuple[_Errors, type[BaseException], _Errors]
         return backend_errors()
     module = client_module(client)
     # Both asyncio cluster clients (valkey-py forked redis-py's) can tear a connection down
-    # under a task that is using it while the topology changes (a slot moving, a failover);
-    # the task then gets AttributeError ("'NoneType' object has no attribute 'writelines'").
-    # It is retried like a moving slot (sending a script twice with one owner is safe), then
-    # a StoreError.
-    torn_down: _Errors = (AttributeError,) if module.endswith(".asyncio.cluster") else ()
+    # under a task that is using it while the topology changes (a slot moving, a failover: on
+    # every fifth MOVED the client closes all its connections); the task then gets
+    # AttributeError ("'NoneType' object has no attribute 'writelines'") or the library's
+    # ConnectionError ("Connection closed by server"). Both are retried like a moving slot
+    # (sending a script twice with one owner is safe), then a StoreError; a connection that
+    # could not be made is not (``_slot_moving``).
+    on_asyncio_cluster = module.endswith(".asyncio.cluster")
     if module.startswith("valkey"):
         from valkey.exceptions import ClusterError as ValkeyClusterError
+        from valkey.exceptions import ConnectionError as ValkeyConnectionError
         from valkey.exceptions import NoScriptError as ValkeyNoScript
         from valkey.exceptions import TryAgainError as ValkeyTryAgain
         from valkey.exceptions import ValkeyClusterException, ValkeyError
 
+        torn_down: _Errors = (AttributeError, ValkeyConnectionError) if on_asyncio_cluster else ()
         errors: _Errors = (ValkeyError, ValkeyClusterException, OSError, *torn_down)
         return errors, ValkeyNoScript, (ValkeyClusterError, ValkeyTryAgain, *torn_down)
     from redis.exceptions import (
@@ -121,7 +126,9 @@ def _backend_errors(client: Any) -> tuple[_Errors, type[BaseException], _Errors]
         RedisError,
         TryAgainError,
     )
+    from redis.exceptions import ConnectionError as RedisConnectionError
 
+    torn_down = (AttributeError, RedisConnectionError) if on_asyncio_cluster else ()
     return (
         (RedisError, RedisClusterException, OSError, *torn_down),
         NoScriptError,
@@ -311,8 +318,10 @@ def _slot_moving(exc: BaseException, moving: _Errors) -> bool:
     for a script sent while a node still answers for both sides, or a connection the asyncio
     cluster client tore down under the call (``_backend_errors``). Sending the script again is
     safe: every script answers a re-send by its owner as it answered the first.
+    On an asyncio cluster client a connection torn down under the call counts too (see
+    ``_backend_errors``), but not one that could not be made.
     """
-    return type(exc) in moving
+    return type(exc) in moving and not _never_connected(exc)
 
 
 def _retry_delay(previous: float, deadline: float) -> float:

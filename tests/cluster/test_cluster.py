@@ -8,6 +8,7 @@ requests keep being answered while a busy slot migrates between masters under th
 from __future__ import annotations
 
 import asyncio
+import importlib
 import threading
 import time
 from typing import TYPE_CHECKING, Any
@@ -352,24 +353,91 @@ async def test_a_connection_torn_down_under_a_task_is_sent_again(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Both asyncio cluster clients (valkey-py forked redis-py's) can close a connection another
-    task is writing to while the topology changes; that task gets AttributeError, and the store
-    sends the script again, as for a moving slot."""
+    task is writing to while the topology changes; that task gets AttributeError, from the
+    store's own send to the node and again from the client's (which the store hands a failed
+    send to), and the store sends the script again, as for a moving slot."""
     store = AsyncRedisStore(any_async_cluster_client, Policy(prefix=prefix))
-    send = any_async_cluster_client.execute_command
+    record = record_for(prefix, "s", "POST", "/a", "torn")
+    node_class = type(any_async_cluster_client.get_node_from_key(record.record_key))
+    send = node_class.execute_command
     torn = 0
 
-    async def torn_down_twice(*args: Any, **kwargs: Any) -> Any:
+    async def torn_down_twice(node: Any, *args: Any, **kwargs: Any) -> Any:
         nonlocal torn
-        if torn < 2:
+        if args[0] == "EVALSHA" and torn < 2:
             torn += 1
             raise AttributeError("'NoneType' object has no attribute 'writelines'")
-        return await send(*args, **kwargs)
+        return await send(node, *args, **kwargs)
 
-    monkeypatch.setattr(any_async_cluster_client, "execute_command", torn_down_twice)
-    record = record_for(prefix, "s", "POST", "/a", "torn")
+    monkeypatch.setattr(node_class, "execute_command", torn_down_twice)
     try:
         assert isinstance(await store.claim(record, "fp", heartbeat=False), Claimed)
         assert torn == 2
+    finally:
+        await store.aclose()
+
+
+def _closed_by_server(client: Any) -> type[Exception]:
+    """The client library's ConnectionError (redis-py's or valkey-py's)."""
+    module = type(client).__module__.split(".", 1)[0]
+    error: type[Exception] = importlib.import_module(f"{module}.exceptions").ConnectionError
+    return error
+
+
+async def test_a_connection_closed_under_a_task_is_sent_again_until_slot_moving_wait(
+    any_async_cluster_client: redis.asyncio.cluster.RedisCluster,
+    prefix: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The client's MOVED handling closes every connection, so a task can get "Connection
+    closed by server" more than once in a row: the store sends again, as for a moving slot,
+    not just once as after a server restart."""
+    store = AsyncRedisStore(any_async_cluster_client, Policy(prefix=prefix))
+    assert store._route is not None
+    send, error = store._route.evalsha, _closed_by_server(any_async_cluster_client)
+    torn = 0
+
+    async def closed_three_times(sha: str, keys_and_args: tuple[Any, ...]) -> Any:
+        nonlocal torn
+        if torn < 3:
+            torn += 1
+            raise error("Connection closed by server.")
+        return await send(sha, keys_and_args)
+
+    monkeypatch.setattr(store, "_evalsha", closed_three_times)
+    monkeypatch.setattr(store._route, "evalsha", closed_three_times)
+    record = record_for(prefix, "s", "POST", "/a", "closed")
+    try:
+        assert isinstance(await store.claim(record, "fp", heartbeat=False), Claimed)
+        assert torn == 3
+    finally:
+        await store.aclose()
+
+
+async def test_a_connection_that_cannot_be_made_is_not_sent_again(
+    any_async_cluster_client: redis.asyncio.cluster.RedisCluster,
+    prefix: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A refused connect reached nothing and the client retried it already: StoreError at once,
+    no slot_moving_wait spent."""
+    store = AsyncRedisStore(any_async_cluster_client, Policy(prefix=prefix))
+    assert store._route is not None
+    error = _closed_by_server(any_async_cluster_client)
+    tries = 0
+
+    async def refused(sha: str, keys_and_args: tuple[Any, ...]) -> Any:
+        nonlocal tries
+        tries += 1
+        raise error("Error 111 connecting to 127.0.0.1:1. Connection refused.")
+
+    monkeypatch.setattr(store, "_evalsha", refused)
+    monkeypatch.setattr(store._route, "evalsha", refused)
+    record = record_for(prefix, "s", "POST", "/a", "refused")
+    try:
+        with pytest.raises(StoreError, match="connecting to"):
+            await store.claim(record, "fp", heartbeat=False)
+        assert tries == 1
     finally:
         await store.aclose()
 
@@ -667,9 +735,12 @@ def test_a_cluster_client_takes_the_plain_script_path(
     store.close()
 
 
-async def test_an_asyncio_cluster_client_takes_the_plain_script_path(
-    async_cluster_client: redis.asyncio.cluster.RedisCluster,
+async def test_an_asyncio_cluster_client_takes_the_stores_own_route(
+    any_async_cluster_client: redis.asyncio.cluster.RedisCluster,
 ) -> None:
-    store = AsyncRedisStore(async_cluster_client, Policy(prefix="lean-check"))
-    assert store._evalsha == store._plain_evalsha
+    """Not the lean path either: the store routes the script calls of both asyncio cluster
+    clients itself, so that an ASK is followed on one connection (tests/cluster/test_ask.py)."""
+    store = AsyncRedisStore(any_async_cluster_client, Policy(prefix="lean-check"))
+    assert store._route is not None
+    assert store._evalsha == store._route.evalsha
     await store.aclose()
