@@ -76,7 +76,7 @@ class FakeClient:
         if name == "claim":
             return [1, 1, 0] if self.stored is None else [2, self.stored]
         if name == "complete":
-            self.completed = args[6]
+            self.completed = args[4 + int(args[2])]  # EVALSHA sha numkeys *keys owner resp
         return 1
 
 
