@@ -43,7 +43,7 @@ from .peers import idemkit_cases, powertools_cases
 from .report import build_cases, check_scale_targets, check_targets, format_report, plot
 from .roundtrips import count_round_trips, counting_clients
 from .runner import STOP, Interrupted, prepare_all, run_interleaved
-from .servers import RedisServer, ServerError
+from .servers import ServerError, redis_url
 
 __all__ = ["Interrupted", "interruptible", "main"]
 
@@ -152,25 +152,17 @@ def _main(argv: Sequence[str] | None) -> int:
         return 2
     warmup = args.warmup if args.warmup is not None else max(30, rounds // 10)
 
-    server: RedisServer | None = None
-    url = args.redis_url
-    if url is None:
-        try:
-            server = RedisServer()
-        except ServerError as exc:
-            print(f"error: {exc}", file=sys.stderr)
-            return 2
-        url = server.url
     try:
-        try:
-            doc, samples, cases = asyncio.run(_run(args, url, rounds, warmup))
-            doc["meta"]["command"] = " ".join(["python -m benchmarks", *argv])
-        except (redis.ConnectionError, redis.TimeoutError) as exc:
-            print(f"error: cannot reach Redis at {url}: {exc}", file=sys.stderr)
-            return 2
-    finally:
-        if server is not None:
-            server.close()
+        with redis_url(args.redis_url) as url:
+            try:
+                doc, samples, cases = asyncio.run(_run(args, url, rounds, warmup))
+                doc["meta"]["command"] = " ".join(["python -m benchmarks", *argv])
+            except (redis.ConnectionError, redis.TimeoutError) as exc:
+                print(f"error: cannot reach Redis at {url}: {exc}", file=sys.stderr)
+                return 2
+    except ServerError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
 
     # Own CPU in a warm loop: outside the event loop (the async paths run one of their own).
     # Imported here: `python -m benchmarks.profile` must not find it imported by the package.

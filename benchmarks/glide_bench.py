@@ -37,7 +37,7 @@ from .cases import PAYLOAD, RESULT, Case, Context, core_cases
 from .extra import CLIENTS
 from .report import SCALE_TARGETS, build_cases, glide_throughput_target
 from .runner import prepare_all, run_interleaved
-from .servers import RedisServer, ServerError
+from .servers import ServerError, redis_url
 
 __all__ = ["GLIDE_TARGET", "glide_cases", "glide_config", "main"]
 
@@ -234,20 +234,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--throughput-seconds", type=float, default=1.0, help="one slice's length")
     p.add_argument("--json", metavar="PATH", help="write the results as JSON")
     args = p.parse_args(argv)
-    server = None
-    url = args.redis_url
-    if url is None:
-        try:
-            server = RedisServer()
-        except ServerError as exc:
-            print(f"error: {exc}", file=sys.stderr)
-            return 2
-        url = server.url
     try:
-        doc = asyncio.run(_run(url, args.rounds, args.slices, args.throughput_seconds))
-    finally:
-        if server is not None:
-            server.close()
+        with redis_url(args.redis_url) as url:
+            doc = asyncio.run(_run(url, args.rounds, args.slices, args.throughput_seconds))
+    except ServerError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     tp = doc["throughput"] if isinstance(doc["throughput"], dict) else None
     if tp is None:
         print(f"throughput skipped: {doc['throughput']}", file=sys.stderr)

@@ -19,7 +19,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from types import TracebackType
 
@@ -146,6 +146,17 @@ class RedisServer:
         self, t: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
     ) -> None:
         self.close()
+
+
+@contextlib.contextmanager
+def redis_url(url: str | None) -> Iterator[str]:
+    """``url``, or the URL of a private :class:`RedisServer` started here and stopped on exit
+    (what ``--redis-url`` left out means). Raises :class:`ServerError` when none can start."""
+    if url is not None:
+        yield url
+        return
+    with RedisServer() as server:
+        yield server.url
 
 
 class HttpServer:
