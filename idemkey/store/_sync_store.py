@@ -296,7 +296,7 @@ class RedisStore(Heartbeat):
                 args = (*args, f"{int(time.time() * 1000)} {origin}")
         decision = decode_claim_reply(self._eval("claim", *args), owner)
         if wait > 0 and type(decision) is InFlight:
-            decision = self._wait_for_end(record, args, decision, wait)
+            decision = self._wait_for_end(record, owner, args, decision, wait)
         if heartbeat and type(decision) is Claimed:
             self._watch(record, owner, lease_ms, decision.fence)
         if self.effects is not None and isinstance(decision, Claimed) and decision.fence > 1:
@@ -305,16 +305,22 @@ class RedisStore(Heartbeat):
         return decision
 
     def _wait_for_end(
-        self, record: Record, args: tuple[str | bytes | int, ...], decision: InFlight, wait: float
+        self,
+        record: Record,
+        owner: str,
+        args: tuple[str | bytes | int, ...],
+        decision: InFlight,
+        wait: float,
     ) -> ExpiringDecision:
-        """Claim again each time the claim in flight ends, for up to ``wait`` seconds.
+        """Claim again (``args``: the claim's, sent by ``owner``) each time the claim in flight
+        ends, for up to ``wait`` seconds.
 
         The end (complete or release) posts to the record's done stream, which a blocking
         XREAD shared by this store's waiters is watching; a lease that lapses with no end is
         noticed when the read times out with it, and taken over. Where no read can be made
         (too many records waited on, a read that failed), poll with backoff.
         """
-        owner, stream = str(args[2]), _done_stream(record)
+        stream = _done_stream(record)
         deadline, delay = time.monotonic() + wait, 0.0
         answer: ExpiringDecision = decision
         while type(answer) is InFlight:
