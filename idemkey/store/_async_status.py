@@ -38,39 +38,51 @@ def _targets(client: Any) -> list[tuple[dict[str, Any], Any]]:
 
 
 async def read_statuses(client: Any, keys: Sequence[bytes | str]) -> list[RecordStatus]:
-    """The status of each record in ``keys`` that exists (two pipelines at most)."""
+    """The status of each record in ``keys`` that exists (two pipelines at most: the second
+    only for records with finished steps, or claims written by 0.2)."""
     pipe = client.pipeline(transaction=False)
     for key in keys:
-        name = key.decode() if isinstance(key, bytes) else key
-        pipe.hmget(name, *FIELDS)
-        pipe.pttl(name)
-        pipe.pttl(name + ":lock")  # a claim written by 0.2 keeps its lease there: remove in 0.4
+        pipe.hmget(key, *FIELDS)
+        pipe.pttl(key)
     # The lease is a deadline on the server's clock (claim.lua). In a cluster, TIME is asked of
     # the client's default node: the nodes' clocks are as close as their PX expiries need.
     pipe.execute_command("TIME")
     replies = await pipe.execute(raise_on_error=False)
     now_ms = server_ms(replies[-1])
     rows = []
-    stepped = []
+    stepped, legacy = [], []
     for i, key in enumerate(keys):
-        fields, ttl, legacy = replies[3 * i : 3 * i + 3]
+        fields, ttl = replies[2 * i : 2 * i + 2]
         if isinstance(fields, Exception) or isinstance(ttl, Exception):
             continue  # not a hash: a stranger's key under the prefix
-        rows.append((key, fields, int(ttl), lease_left_ms(fields[6], legacy, now_ms)))
+        rows.append((key, fields, int(ttl)))
         if fields[4] is not None:  # "ns": finished steps, named by their fields
             stepped.append(key)
+        if fields[0] == b"in_progress" and fields[6] is None:
+            legacy.append(key)  # a claim written by 0.2 keeps its lease in a lock string
     names: dict[bytes | str, list[bytes]] = {}
-    if stepped:
+    locks: dict[bytes | str, object] = {}
+    if stepped or legacy:
         pipe = client.pipeline(transaction=False)
         for key in stepped:
             pipe.hkeys(key)
-        for key, found in zip(stepped, await pipe.execute(raise_on_error=False), strict=True):
+        for key in legacy:  # reading 0.2 claims: remove in 0.4
+            pipe.pttl(_lock_name(key))
+        more = await pipe.execute(raise_on_error=False)
+        for key, found in zip(stepped, more[: len(stepped)], strict=True):
             names[key] = found if isinstance(found, list) else []
+        locks = dict(zip(legacy, more[len(stepped) :], strict=True))
     statuses = (
-        decode_status(key, fields, ttl, lease, names.get(key, ()))
-        for key, fields, ttl, lease in rows
+        decode_status(
+            key, fields, ttl, lease_left_ms(fields[6], locks.get(key), now_ms), names.get(key, ())
+        )
+        for key, fields, ttl in rows
     )
     return [status for status in statuses if status is not None]
+
+
+def _lock_name(key: bytes | str) -> bytes | str:
+    return key + b":lock" if isinstance(key, bytes) else key + ":lock"
 
 
 async def scan_statuses(
