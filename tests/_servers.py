@@ -51,6 +51,7 @@ from urllib.parse import urlsplit
 
 import redis
 import redis.asyncio
+import redis.asyncio.retry
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
@@ -64,6 +65,7 @@ __all__ = [
     "RedisServerError",
     "async_wait_until",
     "free_port",
+    "no_async_retry",
     "no_retry",
     "redis_server_executable",
     "server_description",
@@ -213,6 +215,15 @@ def no_retry() -> Retry:
     failure pass ``retry=no_retry()`` to the client.
     """
     return Retry(NoBackoff(), 0)
+
+
+def no_async_retry() -> redis.asyncio.retry.Retry:
+    """:func:`no_retry` for an asyncio client.
+
+    redis-py 8.2 converts a synchronous ``Retry`` handed to an asyncio client and warns that it
+    did (which ``filterwarnings = error`` makes a failure): asyncio clients get their own.
+    """
+    return redis.asyncio.retry.Retry(NoBackoff(), 0)
 
 
 #: Which server the tests start: ``redis`` (``redis-server`` on PATH), ``valkey``

@@ -57,7 +57,7 @@ import redis
 import redis.asyncio
 
 from idemkey import RedisStore
-from tests._servers import no_retry
+from tests._servers import no_async_retry, no_retry
 
 if TYPE_CHECKING:
     from idemkey import Policy
@@ -230,7 +230,7 @@ def async_redis(url: str | None) -> redis.asyncio.Redis:
         )
         return client
     return redis.asyncio.Redis.from_url(
-        url, socket_connect_timeout=2, socket_timeout=5, retry=no_retry()
+        url, socket_connect_timeout=2, socket_timeout=5, retry=no_async_retry()
     )
 
 

@@ -14,7 +14,7 @@ import redis
 
 from idemkey import AsyncRedisStore, RedisStore
 from idemkey.store import server_warnings
-from tests._servers import RedisServer, free_port, no_retry
+from tests._servers import RedisServer, free_port, no_async_retry, no_retry
 
 pytestmark = pytest.mark.redis
 
@@ -94,7 +94,7 @@ def test_a_dead_server_is_not_an_error() -> None:
 
 async def test_acheck(redis_server_factory: Callable[..., RedisServer]) -> None:
     server = redis_server_factory(["--maxmemory-policy", "volatile-lru"])
-    client = server.async_client(socket_timeout=2, retry=no_retry())
+    client = server.async_client(socket_timeout=2, retry=no_async_retry())
     try:
         warnings = await AsyncRedisStore(client).acheck()
     finally:

@@ -34,6 +34,7 @@ from tests._servers import (
     WAKE_BOUND,
     RedisServer,
     async_wait_until,
+    no_async_retry,
     no_retry,
     wait_until,
     write_confirmed,
@@ -209,7 +210,7 @@ def test_wsgi_answers_503_when_no_replica_confirms_the_claim(
 
 async def test_async_durable_writes(pair: tuple[RedisServer, RedisServer], prefix: str) -> None:
     primary, replica = pair
-    client = primary.async_client(socket_timeout=5, retry=no_retry())
+    client = primary.async_client(socket_timeout=5, retry=no_async_retry())
     replica_client = client_of(replica)
     store = AsyncRedisStore(client, Policy(prefix=prefix, durability=Replicas(1, TIMEOUT)))
     try:
@@ -260,7 +261,7 @@ async def test_a_durable_waiter_is_woken_by_the_completion(
     # The in-flight claim marks the record through EVALSHA + WAIT like any claim; the waiter
     # then blocks on the primary and is woken by the (confirmed) completion.
     primary, _ = pair
-    client = primary.async_client(socket_timeout=5, retry=no_retry())
+    client = primary.async_client(socket_timeout=5, retry=no_async_retry())
     admin = client_of(primary)
     store = AsyncRedisStore(client, Policy(prefix=prefix, durability=Replicas(1, TIMEOUT)))
     record = record_for(prefix, "", "POST", "/w", "k")

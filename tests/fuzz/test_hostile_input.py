@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 from idemkey import AsyncRedisStore, Policy
 from idemkey.adapters.asgi import IdempotencyMiddleware
 from tests._depth import examples
-from tests._servers import no_retry
+from tests._servers import no_async_retry, no_retry
 from tests.fuzz._harness import Input, check_response, run_exchange
 
 KEY_HEADERS = [b"Idempotency-Key", b"idempotency-key", b"IDEMPOTENCY-KEY", b"Idempotency_Key"]
@@ -159,7 +159,7 @@ class Harness:
 
     def __init__(self, url: str, prefix: str) -> None:
         self.loop = asyncio.new_event_loop()
-        self.client = redis.asyncio.Redis.from_url(url, socket_timeout=5, retry=no_retry())
+        self.client = redis.asyncio.Redis.from_url(url, socket_timeout=5, retry=no_async_retry())
         self.sync = redis.Redis.from_url(url, socket_timeout=5, retry=no_retry())
         self.prefix = prefix
         self.store = AsyncRedisStore(self.client, Policy(prefix=prefix, max_request_bytes=512))

@@ -31,7 +31,7 @@ from idemkey import (
     guard,
 )
 from idemkey.records import Claimed, Replay, record_for
-from tests._servers import RedisServer, free_port, no_retry, wait_until
+from tests._servers import RedisServer, free_port, no_async_retry, no_retry, wait_until
 
 # ---- configuration ---------------------------------------------------------------------------
 
@@ -162,7 +162,7 @@ def test_a_redis_that_is_down_is_a_store_error() -> None:
 
 
 async def test_a_redis_that_is_down_is_a_store_error_for_asyncio() -> None:
-    client = redis.asyncio.Redis(port=free_port(), socket_connect_timeout=1, retry=no_retry())
+    client = redis.asyncio.Redis(port=free_port(), socket_connect_timeout=1, retry=no_async_retry())
     store = AsyncRedisStore(client)
     try:
         with pytest.raises(StoreError) as exc:

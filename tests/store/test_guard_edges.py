@@ -40,7 +40,7 @@ from idemkey.records import (
     payload_fingerprint,
     record_for,
 )
-from tests._servers import free_port, no_retry
+from tests._servers import free_port, no_async_retry, no_retry
 from tests.store._both import AsyncStore, Both, SyncStore
 
 
@@ -360,7 +360,7 @@ async def test_open_on_store_error_runs_the_async_block_unprotected() -> None:
     import redis.asyncio
 
     events: list[Event] = []
-    dead = redis.asyncio.Redis(port=free_port(), socket_connect_timeout=1, retry=no_retry())
+    dead = redis.asyncio.Redis(port=free_port(), socket_connect_timeout=1, retry=no_async_retry())
     store = AsyncRedisStore(dead, _dead_store_policy(events, "open"))
     try:
         async with aguard(store, "charge:1") as call:

@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 import redis
 import redis.asyncio
+import redis.asyncio.retry
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
@@ -73,7 +74,9 @@ async def test_a_refused_asyncio_claim_is_not_sent_again() -> None:
     expected = _attempts_of_one_command(port)
     AsyncCountingConnection.attempts = 0
     pool = redis.asyncio.ConnectionPool(
-        port=port, connection_class=AsyncCountingConnection, retry=Retry(NoBackoff(), RETRIES)
+        port=port,
+        connection_class=AsyncCountingConnection,
+        retry=redis.asyncio.retry.Retry(NoBackoff(), RETRIES),
     )
     store = AsyncRedisStore(redis.asyncio.Redis(connection_pool=pool), Policy(prefix="refused"))
     with pytest.raises(StoreError):
