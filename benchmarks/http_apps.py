@@ -243,9 +243,12 @@ def make_asgi() -> Any:
     client = redis.asyncio.Redis.from_url(url, max_connections=512)
     store = AsyncRedisStore(client, policy(os.environ["IDEMKEY_BENCH_PREFIX"]))
     if os.environ.get("IDEMKEY_BENCH_UNBATCHED") == "1":
+        from idemkey.store._base import evalsha_packer
         from idemkey.store._concurrency._async_lean import Lean
 
-        store._evalsha = Lean(client).evalsha  # type: ignore[method-assign]
+        pack = evalsha_packer(client.connection_pool)
+        assert pack is not None, "IDEMKEY_BENCH_UNBATCHED needs a client the lean path takes"
+        store._evalsha = Lean(client, pack).evalsha  # type: ignore[method-assign]
     plain, guarded = asgi_apps(store)
 
     async def health(scope: dict[str, Any], receive: Any, send: Any) -> None:

@@ -29,6 +29,7 @@ from ._leases import Lease, LeaseTable
 __all__ = [
     "AsyncEffects",
     "Effects",
+    "Packer",
     "SCRIPTS",
     "SCRIPT_KEYS",
     "SCRIPT_NAMES",
@@ -220,31 +221,56 @@ def lean_eligible(client: Any, *, asyncio: bool) -> bool:
 Packer = Callable[[str, tuple[str | bytes | int, ...]], list[bytes]]
 
 
-def evalsha_packer(encoder: Any, *, packs_with_hiredis: bool) -> Packer:
-    """How the lean path packs ``EVALSHA sha 1 *keys_and_args``, byte for byte as the client's
-    connection would: with hiredis (redis-py's own C packer, called without its argument
-    shuffling) where the connection packs with it (``packs_with_hiredis``: a sync redis-py
-    connection with hiredis, which writes text as UTF-8 whatever the encoding) or where hiredis
-    writes what the client's ``encoder`` would (UTF-8, strict); else :func:`pack_evalsha`."""
-    encoding = str(getattr(encoder, "encoding", "")).lower().replace("_", "-")
-    utf8 = encoding in ("utf-8", "utf8") and getattr(encoder, "encoding_errors", "") == "strict"
+#: What the lean path's packer is checked on before it is used: text that is not ASCII (how the
+#: client encodes it), bytes, integers of both signs and an argument past the copy cutoff.
+_PROBE_ARGS: Final = ("é:{k}", b"\x00\xff", "owner", -1, 0, 86_400_000, b"x" * (_BUFFER_CUTOFF + 1))
+
+
+def evalsha_packer(pool: Any) -> Packer | None:
+    """How the lean path packs ``EVALSHA sha 1 *keys_and_args`` for ``pool``'s connections: the
+    first of hiredis' packer (where hiredis is installed) and :func:`pack_evalsha` that writes
+    byte for byte what the pool's own connection class packs for a probe command, or None (the
+    plain path) where neither does.
+
+    Checked once, here, rather than assumed: which packer a redis-py connection uses, and how
+    it encodes text, is redis-py's private behaviour and has changed (8.2's sync connections
+    pack text with the client's encoding, 8.1's with hiredis as UTF-8)."""
+    try:
+        connection = pool.connection_class(**pool.connection_kwargs)
+        encode = pool.get_encoder().encode
+        sha = "a" * 40
+        theirs = b"".join(connection.pack_command("EVALSHA", sha, SCRIPT_KEYS, *_PROBE_ARGS))
+    except Exception:  # a connection that cannot pack the probe: nothing to compare with
+        return None
+    for packer in _packers(encode):
+        try:
+            if b"".join(packer(sha, _PROBE_ARGS)) == theirs:
+                return packer
+        except Exception:  # this candidate cannot pack what the client can: try the next
+            continue
+    return None
+
+
+def _packers(encode: Any) -> list[Packer]:
+    """The lean path's candidate packers, fastest first."""
+    candidates: list[Packer] = []
     from redis.utils import HIREDIS_AVAILABLE
 
-    if HIREDIS_AVAILABLE and (packs_with_hiredis or utf8):
+    if HIREDIS_AVAILABLE:
         from hiredis import pack_command
 
         def hiredis_pack(sha: str, keys_and_args: tuple[str | bytes | int, ...]) -> list[bytes]:
             command = ("EVALSHA", sha, SCRIPT_KEYS, *keys_and_args)
             return [pack_command(command)]  # type: ignore[arg-type]
 
-        return hiredis_pack
+        candidates.append(hiredis_pack)
     heads: dict[tuple[str, int], bytes] = {}
-    encode = encoder.encode
 
     def python_pack(sha: str, keys_and_args: tuple[str | bytes | int, ...]) -> list[bytes]:
         return pack_evalsha(heads, encode, sha, keys_and_args)
 
-    return python_pack
+    candidates.append(python_pack)
+    return candidates
 
 
 def pack_evalsha(

@@ -23,7 +23,7 @@ import redis.asyncio
 from idemkey import AsyncRedisStore, Call, Policy, RedisStore, aguard, guard, idempotent
 from idemkey._core import owner_tag
 from idemkey.records import GUARD_METHOD, Decision, Record, record_for
-from idemkey.store._base import lean_eligible
+from idemkey.store._base import evalsha_packer, lean_eligible
 from idemkey.store._concurrency._async_lean import Batched, _LoopState
 from tests._lease import lapse, lease_holder, lease_left
 from tests.conftest import _purge_prefix
@@ -217,7 +217,9 @@ class AlwaysBatched(Batched):
     the batched sending, not only on the call sent alone."""
 
     def __init__(self, client: Any) -> None:
-        super().__init__(client)
+        pack = evalsha_packer(client.connection_pool)
+        assert pack is not None, "the batched kind runs only where the lean path applies"
+        super().__init__(client, pack)
         self.sizes: list[int] = []
         self.calls = 0
 

@@ -22,6 +22,7 @@ from redis.backoff import NoBackoff
 from idemkey import AsyncRedisStore, Policy, StoreError
 from idemkey._core import Claimed, Replay, record_for
 from idemkey.records import Record
+from idemkey.store._base import evalsha_packer
 from idemkey.store._concurrency._async_lean import Batched
 
 pytestmark = pytest.mark.skipif(
@@ -43,7 +44,9 @@ class Recording(Batched):
     """The default sender, keeping the size of each batch it sends."""
 
     def __init__(self, client: Any) -> None:
-        super().__init__(client)
+        pack = evalsha_packer(client.connection_pool)
+        assert pack is not None
+        super().__init__(client, pack)
         self.sizes: list[int] = []
 
     async def _send(self, batch: list[Any]) -> None:

@@ -217,39 +217,77 @@ async def test_the_batched_path_answers_alike(
 
 
 def test_the_packed_command_is_redis_pys() -> None:
-    """Byte for byte what the client's own packer writes, small and large arguments alike."""
+    """Byte for byte what the client's own connection packs, small and large arguments alike,
+    for the sync and the asyncio pools, UTF-8 and latin-1 clients (redis-py 8.1 packs a sync
+    connection's text with hiredis as UTF-8, 8.2 with the client's encoding: the packer is
+    checked against the installed connection, not assumed)."""
     from idemkey.store._base import evalsha_packer, pack_evalsha
 
-    connection = redis.Connection()
-    encode = redis.Redis().get_encoder().encode
-    hiredis_pack = evalsha_packer(redis.Redis().get_encoder(), packs_with_hiredis=False)
-    assert hiredis_pack.__name__ == "hiredis_pack"
-    for args in (
+    cases = (
         ("k", b"fp", "owner", 30_000, 86_400_000),
         ("k", "o", BIG, 5, "t", 1),
         ("préfixe:{k}", b"\x00\xff", "o", -1, 0),
-    ):
-        theirs = b"".join(connection.pack_command("EVALSHA", "a" * 40, 1, *args))
-        assert b"".join(pack_evalsha({}, encode, "a" * 40, args)) == theirs
-        assert b"".join(hiredis_pack("a" * 40, args)) == theirs
-    # A client encoding that is not UTF-8: what each kind of connection packs.
-    args = ("é:{k}", "o", 1)
-    latin = redis.Redis(encoding="latin-1").get_encoder()
-    sync_pack = evalsha_packer(latin, packs_with_hiredis=True)  # a sync connection: hiredis
-    theirs = b"".join(
-        redis.Connection(encoding="latin-1").pack_command("EVALSHA", "a" * 40, 1, *args)
     )
-    assert b"".join(sync_pack("a" * 40, args)) == theirs
-    async_pack = evalsha_packer(latin, packs_with_hiredis=False)
-    assert async_pack.__name__ == "python_pack"
-    asyncio_connection = redis.asyncio.Connection(encoding="latin-1")
-    theirs = b"".join(asyncio_connection.pack_command("EVALSHA", "a" * 40, 1, *args))
-    assert b"".join(async_pack("a" * 40, args)) == theirs
+    latin = ("é:{k}", "o", 1)
+    for client in (
+        redis.Redis(),
+        redis.Redis(encoding="latin-1"),
+        redis.asyncio.Redis(),
+        redis.asyncio.Redis(encoding="latin-1"),
+    ):
+        pool = client.connection_pool
+        pack = evalsha_packer(pool)
+        assert pack is not None, pool
+        connection = pool.connection_class(**pool.connection_kwargs)
+        for args in (*cases, latin):
+            theirs = b"".join(connection.pack_command("EVALSHA", "a" * 40, 1, *args))
+            assert b"".join(pack("a" * 40, args)) == theirs, (pool, args)
+    encode = redis.Redis().get_encoder().encode
+    connection = redis.Connection()
     heads: dict[tuple[str, int], bytes] = {}
     pack_evalsha(heads, encode, "a" * 40, ("k", "l", 1))
     assert pack_evalsha(heads, encode, "a" * 40, ("x", "y", 2)) == [
         b"".join(connection.pack_command("EVALSHA", "a" * 40, 1, "x", "y", 2))
     ]
+
+
+class _OtherPacking(redis.Connection):
+    """A connection that packs its commands unlike either of idemkey's packers (as a future
+    redis-py might): the lean path must not stand in for it."""
+
+    def pack_command(self, *args: Any) -> list[bytes]:
+        return [b"#" + chunk for chunk in super().pack_command(*args)]
+
+
+class _OtherAsyncPacking(redis.asyncio.Connection):
+    def pack_command(self, *args: Any) -> list[bytes]:
+        return [b"#" + chunk for chunk in super().pack_command(*args)]
+
+
+def test_a_client_that_packs_otherwise_takes_the_plain_path(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The packer check, not lean_eligible's list of classes, is what keeps such a client off
+    the lean path: with the class check let through, the store still takes the plain path."""
+    from idemkey.store._base import evalsha_packer
+
+    sync_client = redis.Redis(connection_pool=redis.ConnectionPool(connection_class=_OtherPacking))
+    async_client = redis.asyncio.Redis(
+        connection_pool=redis.asyncio.ConnectionPool(connection_class=_OtherAsyncPacking)
+    )
+    assert evalsha_packer(sync_client.connection_pool) is None
+    assert evalsha_packer(async_client.connection_pool) is None
+    monkeypatch.setattr(_sync_lean, "lean_eligible", lambda client, asyncio: True)
+    monkeypatch.setattr(_async_lean, "lean_eligible", lambda client, asyncio: True)
+    assert _sync_lean.lean_for(sync_client) is None
+    assert _async_lean.lean_for(async_client) is None
+    store = RedisStore(sync_client, Policy(prefix="otherpacking"))
+    assert store._evalsha == store._plain_evalsha
+    astore = AsyncRedisStore(async_client, Policy(prefix="otherpacking"))
+    assert astore._evalsha == astore._plain_evalsha
+    # And the same client with redis-py's own connection does take it.
+    plain_client = redis.Redis()
+    assert _sync_lean.lean_for(plain_client) is not None
 
 
 # ---- what the client's connections do, on both paths ---------------------------------------

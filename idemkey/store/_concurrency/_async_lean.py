@@ -26,7 +26,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from .._base import evalsha_packer, lean_eligible
+from .._base import Packer, evalsha_packer, lean_eligible
 
 __all__ = ["Batched", "Lean", "lean_for"]
 
@@ -36,10 +36,9 @@ _Waiter = tuple[list[bytes], "asyncio.Future[Any]"]
 class Lean:
     """EVALSHA on the client's pooled connections, the command's head packed once."""
 
-    def __init__(self, client: Any) -> None:
-        pool = client.connection_pool
-        self._pool = pool
-        self._pack = evalsha_packer(pool.get_encoder(), packs_with_hiredis=False)
+    def __init__(self, client: Any, pack: Packer) -> None:
+        self._pool = client.connection_pool
+        self._pack = pack
 
     async def evalsha(self, sha: str, keys_and_args: tuple[str | bytes | int, ...]) -> Any:
         command = self._pack(sha, keys_and_args)
@@ -89,8 +88,8 @@ class Batched(Lean):
     (a coroutine closed when collected) counts on the dead loop's state, not on the new one's.
     """
 
-    def __init__(self, client: Any) -> None:
-        super().__init__(client)
+    def __init__(self, client: Any, pack: Packer) -> None:
+        super().__init__(client, pack)
         self._state = _LoopState(None)
 
     async def evalsha(self, sha: str, keys_and_args: tuple[str | bytes | int, ...]) -> Any:
@@ -169,4 +168,7 @@ class Batched(Lean):
 
 def lean_for(client: Any) -> Lean | None:
     """The lean path for ``client`` (batched), or None where the plain path must run."""
-    return Batched(client) if lean_eligible(client, asyncio=True) else None
+    if not lean_eligible(client, asyncio=True):
+        return None
+    pack = evalsha_packer(client.connection_pool)
+    return None if pack is None else Batched(client, pack)

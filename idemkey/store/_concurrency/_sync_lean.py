@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .._base import evalsha_packer, lean_eligible
+from .._base import Packer, evalsha_packer, lean_eligible
 
 __all__ = ["Lean", "lean_for"]
 
@@ -19,10 +19,9 @@ __all__ = ["Lean", "lean_for"]
 class Lean:
     """EVALSHA on the client's pooled connections, the command's head packed once."""
 
-    def __init__(self, client: Any) -> None:
-        pool = client.connection_pool
-        self._pool = pool
-        self._pack = evalsha_packer(pool.get_encoder(), packs_with_hiredis=True)
+    def __init__(self, client: Any, pack: Packer) -> None:
+        self._pool = client.connection_pool
+        self._pack = pack
 
     def evalsha(self, sha: str, keys_and_args: tuple[str | bytes | int, ...]) -> Any:
         command = self._pack(sha, keys_and_args)
@@ -49,4 +48,7 @@ class Lean:
 
 def lean_for(client: Any) -> Lean | None:
     """The lean path for ``client``, or None where the plain path must run."""
-    return Lean(client) if lean_eligible(client, asyncio=False) else None
+    if not lean_eligible(client, asyncio=False):
+        return None
+    pack = evalsha_packer(client.connection_pool)
+    return None if pack is None else Lean(client, pack)
