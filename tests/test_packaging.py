@@ -11,6 +11,7 @@ from __future__ import annotations
 import importlib.util
 import subprocess
 import sys
+import sysconfig
 import zipfile
 from pathlib import Path
 
@@ -114,11 +115,20 @@ def test_bench_from_an_installed_wheel_says_it_needs_a_checkout(
     ``benchmarks`` package of its own: that package is never imported, the command says where
     the suite lives and exits 2."""
     venv = tmp_path / "venv"
-    # The shared environment's packages serve the dependencies; nothing is downloaded.
-    subprocess.run(
-        [sys.executable, "-m", "venv", "--system-site-packages", str(venv)], check=True, timeout=120
-    )
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
     python = venv / "bin" / "python"
+    # The test run's own packages serve the dependencies; nothing is downloaded. Not
+    # --system-site-packages: run from a venv, that names the base interpreter's packages, which
+    # hold none of them. A path line in a .pth puts this environment's packages after the new
+    # venv's own, without running its .pth files (the editable install of the checkout).
+    purelib = subprocess.run(
+        [str(python), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    ).stdout.strip()
+    (Path(purelib) / "outer.pth").write_text(sysconfig.get_path("purelib") + "\n")
     pip = [str(python), "-m", "pip", "install", "-q", "--no-deps", "--no-index", str(wheel)]
     subprocess.run(pip, check=True, timeout=300)
     elsewhere = tmp_path / "project"
