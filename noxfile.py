@@ -7,6 +7,8 @@
     nox -s deep             # the whole suite in its long form (IDEMKEY_DEEP=1), as CI runs it
     nox -s bench -- --quick # arguments after -- go to `python -m benchmarks`
     nox -s build            # sdist + wheel, then check the wheel ships the Lua scripts
+    nox -s lock             # constraints.txt again from pyproject.toml (uv pip compile)
+    nox -s newest           # the quick tier on the newest releases the index serves (no lock)
     nox -s docs             # the docs site, mkdocs build --strict (-- serve: mkdocs serve)
     nox -s lowest           # the oldest redis/msgspec/xxhash/flask/werkzeug pyproject allows
     nox -s lowest_core      # the same floors, a short list of tests, a small install (CI)
@@ -34,6 +36,12 @@ nox.options.sessions = ["tests", "lint", "typing"]
 nox.options.error_on_missing_interpreters = False
 
 ROOT = Path(__file__).resolve().parent
+#: The test environment's exact versions (``nox -s lock`` writes it): the README's test command,
+#: .ci/run and the everyday sessions install through it, so a fresh clone runs what CI ran.
+LOCK = "constraints.txt"
+#: The extras the lock covers: the README's two commands (demo, test), CI's (docs) and the
+#: tools' (dev: ruff, mypy, nox, build).
+LOCKED_EXTRAS = ("demo", "test", "docs", "dev")
 SUPPORTED = ["3.10", "3.11", "3.12", "3.13"]
 CURRENT = f"{sys.version_info.major}.{sys.version_info.minor}"
 #: What the package reads at run time besides its modules: every Lua script, and py.typed.
@@ -216,7 +224,7 @@ def tests(session: nox.Session) -> None:
 
     `build` is installed so that tests/test_packaging.py builds and inspects a real wheel.
     """
-    session.install("-e", ".[test]", "build")
+    session.install("-c", LOCK, "-e", ".[test]", "build")
     session.run("pytest", *session.posargs)  # benchmarks excluded by pyproject's addopts
 
 
@@ -225,7 +233,7 @@ def deep(session: nox.Session) -> None:
     """The whole suite in its long form, as CI runs it (IDEMKEY_DEEP=1, tests/_depth.py): the
     soak races for 25 s, the fuzz tests draw four times their default examples and every other
     hypothesis test 500. Extra arguments go to pytest."""
-    session.install("-e", ".[test]", "build")
+    session.install("-c", LOCK, "-e", ".[test]", "build")
     session.run("pytest", *session.posargs, env={"IDEMKEY_DEEP": "1"})
 
 
@@ -233,7 +241,7 @@ def deep(session: nox.Session) -> None:
 def quick(session: nox.Session) -> None:
     """The inner-loop tier: QUICK_TESTS without the heavy markers, in under 90 s. Arguments
     after -- replace the list. Not the whole suite: run `pytest` before you push."""
-    session.install("-e", ".[test]")
+    session.install("-c", LOCK, "-e", ".[test]")
     # Two workers, not addopts' cores + 2: these tests hardly wait, and each worker imports and
     # collects them all again (measured on a loaded 2-core box: 67 s with two, 79 s with four).
     session.run("pytest", "-m", NOT_HEAVY, "-n", "2", *(session.posargs or QUICK_TESTS))
@@ -242,7 +250,7 @@ def quick(session: nox.Session) -> None:
 @nox.session(python=CURRENT)
 def lint(session: nox.Session) -> None:
     """ruff lint and format check (no changes made)."""
-    session.install("ruff")
+    session.install("-c", LOCK, "ruff")
     session.run("ruff", "check", ".")
     session.run("ruff", "format", "--check", ".")
 
@@ -254,7 +262,7 @@ def typing(session: nox.Session) -> None:
     Installs the test extra too: the package imports optional clients (valkey) whose types
     mypy must see, exactly as in .ci/run.
     """
-    session.install("-e", ".[test]", "mypy")
+    session.install("-c", LOCK, "-e", ".[test]", "mypy")
     session.run("mypy", "--strict", "idemkey")
     session.run("mypy", "--strict", "tests/typing/api.py")
 
@@ -322,7 +330,7 @@ def minimal(session: nox.Session) -> None:
 @nox.session(python=CURRENT)
 def cluster(session: nox.Session) -> None:
     """Tests against a real 3-master Redis cluster that the test session starts."""
-    session.install("-e", ".[test]")
+    session.install("-c", LOCK, "-e", ".[test]")
     session.run("pytest", "-m", "cluster", *session.posargs)
 
 
@@ -337,7 +345,7 @@ def bench(session: nox.Session) -> None:
 def bench_smoke(session: nox.Session) -> None:
     """The `benchmark`-marked tests: the quick suite under loose ratio budgets, in one process
     (-n 0): ratios timed beside other workers' tests would measure the neighbours."""
-    session.install("-e", ".[test]")
+    session.install("-c", LOCK, "-e", ".[test]")
     session.run("pytest", "-m", "benchmark", "-n", "0", *session.posargs)
 
 
@@ -345,7 +353,7 @@ def bench_smoke(session: nox.Session) -> None:
 def docs(session: nox.Session) -> None:
     """The docs site (mkdocs.yml) built with --strict into site/, as CI does; ``-- serve``
     serves it on localhost:8000 instead."""
-    session.install("-e", ".[docs]")
+    session.install("-c", LOCK, "-e", ".[docs]")
     session.env["NO_MKDOCS_2_WARNING"] = "1"
     if session.posargs[:1] == ["serve"]:
         session.run("mkdocs", "serve", *session.posargs[1:])
@@ -369,3 +377,51 @@ def build(session: nox.Session) -> None:
     if missing:
         session.error(f"{wheels[0].name} lacks {missing}")
     session.log(f"{wheels[0].name} ships {len(WHEEL_MUST_CONTAIN)} required files")
+
+
+@nox.session(python=CURRENT)
+def lock(session: nox.Session) -> None:
+    """Write constraints.txt: every package of LOCKED_EXTRAS pinned, for Python 3.10 and later
+    on any platform (uv's universal resolution; tests/test_lock.py fails when pyproject.toml
+    asks for a package or a range the lock does not hold)."""
+    session.install("uv>=0.9")
+    extras = [arg for extra in LOCKED_EXTRAS for arg in ("--extra", extra)]
+    session.run(
+        "uv", "pip", "compile", "pyproject.toml", *extras, "--universal",
+        "--python-version", "3.10", "--upgrade", "--output-file", LOCK,
+        "--custom-compile-command", "nox -s lock",
+    )  # fmt: skip
+
+
+#: The packages whose versions ``newest`` reports (the closing note of each landing names them).
+NEWEST_REPORTED = (
+    "redis", "pytest", "pytest-asyncio", "pytest-xdist", "hypothesis", "starlette", "fastapi",
+    "django", "flask", "werkzeug", "celery", "sqlalchemy", "mcp", "fakeredis", "msgspec",
+    "uvicorn", "hypercorn", "gunicorn", "httpx",
+)  # fmt: skip
+#: What ``newest`` runs: the quick tier, and the integrations whose upstreams move fastest.
+NEWEST_TESTS = [
+    *QUICK_TESTS,
+    "tests/test_pages.py",
+    "tests/test_packaging.py",
+    "tests/contrib",
+    "tests/sql",
+    "tests/frameworks/test_fastapi.py",
+    "tests/frameworks/test_django.py",
+]
+
+
+@nox.session(python=CURRENT, venv_backend="venv")
+def newest(session: nox.Session) -> None:
+    """The test extra at the newest releases the package index serves (no lock, upgraded), in a
+    fresh venv, running NEWEST_TESTS: the next upstream release that breaks idemkey fails the
+    next landing (.ci/run runs it), not a newcomer's first run. Positional arguments replace
+    NEWEST_TESTS."""
+    session.install("--upgrade", "-e", ".[test]", "build")
+    session.run(
+        "python", "-c",
+        "import sys; from importlib.metadata import version\n"
+        "for name in sys.argv[1:]: print(f'{name}=={version(name)}')",
+        *NEWEST_REPORTED, silent=False,
+    )  # fmt: skip
+    session.run("pytest", "-m", NOT_HEAVY, "-n", "2", *(session.posargs or NEWEST_TESTS))

@@ -46,11 +46,15 @@ def requirements(text: str) -> list[str]:
     """The requirements of every ``pip install`` in ``text`` (quotes removed)."""
     found = []
     for match in re.finditer(r"pip install", text):
-        pos, these = match.end(), []
+        pos, these, takes_value = match.end(), [], False
         while token := _TOKEN.match(text, pos):
             pos = token.end()
             value = token.group(1)
+            if takes_value:  # the file of -c / -r: not a requirement
+                takes_value = False
+                continue
             if value.startswith("-"):
+                takes_value = value in ("-c", "-r", "--constraint", "--requirement")
                 continue  # -e, -U, --no-deps
             these.append(value.strip("'\""))
         found += these or [""]  # "" : nothing readable on the line (wrapped?), which fails

@@ -15,8 +15,8 @@ def test_the_readme_holds_the_setup_commands_one_example_and_links() -> None:
     assert first_block is not None
     # .ci/run runs the second command; the first plays the demo.
     assert first_block[1].splitlines() == [
-        "pip install -e '.[demo]' && idemkey demo",
-        "pip install -e '.[test]' && pytest",
+        "pip install -c constraints.txt -e '.[demo]' && idemkey demo",
+        "pip install -c constraints.txt -e '.[test]' && pytest",
     ]
     assert len(re.findall(r"^```python\n", README, re.M)) == 1  # the one HTTP example
     headings = re.findall(r"^#{2,6} (.+)$", README, re.M)
