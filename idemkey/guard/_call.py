@@ -24,6 +24,7 @@ from .._core import (
     record_for,
     record_origin,
 )
+from .._options import seconds as duration
 from ..errors import (
     ConfigurationError,
     InvalidKeyError,
@@ -403,14 +404,8 @@ class GuardState(Generic[T]):
         self.result_type = result_type
         #: The exceptions remembered as the outcome (``cache_exceptions=``), None: none.
         self.remember: FailureRules | None = rules_for(cache_exceptions)
-        if deadline is not None and (
-            isinstance(deadline, bool)
-            or not isinstance(deadline, (int, float))
-            or not 0 < deadline < float("inf")
-        ):
-            raise ConfigurationError(f"deadline= must be seconds > 0, got {deadline!r}")
         #: The whole job's deadline, seconds from the claim (``deadline=``), or None.
-        self.seconds = deadline
+        self.seconds = None if deadline is None else duration(deadline, "deadline=")
         self.claim: Claimed | None = None
         self.call: Call[T] | None = None
         self._current: contextvars.Token[Call[Any] | None] | None = None

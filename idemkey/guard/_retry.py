@@ -13,6 +13,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Final
 
+from .._options import seconds
 from ..errors import ConfigurationError, IdemkeyError
 
 __all__ = ["StepRetry", "attempt_deadline", "step_deadline"]
@@ -57,23 +58,28 @@ class StepRetry:
     retry_on: _Types = (Exception,)
     never: _Types = ()
     timeout: float | None = None
-    _random: random.Random = field(default_factory=random.Random, repr=False, compare=False)
+    # Not an argument: ``dataclasses.replace`` would hand the copy this one's generator, and
+    # two retries drawing from one generator share their jitter.
+    _random: random.Random = field(
+        default_factory=random.Random, init=False, repr=False, compare=False
+    )
 
     def __post_init__(self) -> None:
         if type(self.attempts) is not int or self.attempts < 1:
             raise ConfigurationError(f"StepRetry(attempts=) must be an int >= 1: {self.attempts!r}")
+        # Durations through the one converter every option uses (a bool is no duration).
         for name in ("backoff", "max_backoff"):
-            value = getattr(self, name)
-            if not isinstance(value, (int, float)) or not 0 <= value < float("inf"):
-                raise ConfigurationError(f"StepRetry({name}=) must be seconds >= 0: {value!r}")
-        if not isinstance(self.multiplier, (int, float)) or not 1 <= self.multiplier < 1e6:
-            raise ConfigurationError(f"StepRetry(multiplier=) must be >= 1: {self.multiplier!r}")
-        if not isinstance(self.jitter, (int, float)) or not 0 <= self.jitter <= 1:
-            raise ConfigurationError(f"StepRetry(jitter=) must be within 0..1: {self.jitter!r}")
-        if self.timeout is not None and (
-            not isinstance(self.timeout, (int, float)) or not 0 < self.timeout < float("inf")
-        ):
-            raise ConfigurationError(f"StepRetry(timeout=) must be seconds > 0: {self.timeout!r}")
+            value = seconds(getattr(self, name), f"StepRetry({name}=)", positive=False)
+            object.__setattr__(self, name, value)
+        if self.timeout is not None:
+            object.__setattr__(self, "timeout", seconds(self.timeout, "StepRetry(timeout=)"))
+        multiplier, jitter = self.multiplier, self.jitter
+        if isinstance(multiplier, bool) or not isinstance(multiplier, (int, float)):
+            raise ConfigurationError(f"StepRetry(multiplier=) must be >= 1: {multiplier!r}")
+        if not 1 <= multiplier < 1e6:
+            raise ConfigurationError(f"StepRetry(multiplier=) must be >= 1: {multiplier!r}")
+        if isinstance(jitter, bool) or not isinstance(jitter, (int, float)) or not 0 <= jitter <= 1:
+            raise ConfigurationError(f"StepRetry(jitter=) must be within 0..1: {jitter!r}")
         object.__setattr__(self, "retry_on", _exception_types("retry_on", self.retry_on))
         object.__setattr__(self, "never", _exception_types("never", self.never))
 
@@ -85,7 +91,11 @@ class StepRetry:
 
     def delay(self, attempt: int) -> float:
         """Seconds to wait after attempt number ``attempt`` (1-based) failed."""
-        base = min(self.backoff * self.multiplier ** min(attempt - 1, 64), self.max_backoff)
+        try:
+            grown = self.backoff * self.multiplier ** (attempt - 1)
+        except OverflowError:  # a float power past ~1e308 raises instead of giving inf
+            grown = float("inf")
+        base = min(grown, self.max_backoff)
         if self.jitter:
             base *= 1 + self.jitter * self._random.uniform(-1.0, 1.0)
         return max(0.0, base)

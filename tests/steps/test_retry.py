@@ -11,6 +11,7 @@ attempt under aguard is cancelled and retried; a bad StepRetry is a Configuratio
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import random
 import types
 from typing import Any
@@ -162,10 +163,41 @@ def test_a_takeover_continues_the_count(
 def test_the_backoff_grows_and_stays_within_its_bounds() -> None:
     retry = StepRetry(backoff=0.1, multiplier=2, max_backoff=0.5, jitter=0)
     assert [retry.delay(n) for n in (1, 2, 3, 4, 50)] == [0.1, 0.2, 0.4, 0.5, 0.5]
-    jittered = StepRetry(backoff=1, jitter=0.5, _random=random.Random(1))
+    jittered = StepRetry(backoff=1, jitter=0.5)
+    object.__setattr__(jittered, "_random", random.Random(1))  # a seeded draw
     delays = [jittered.delay(1) for _ in range(200)]
     assert 0.5 <= min(delays) < 0.6
     assert 1.4 < max(delays) <= 1.5
+
+
+def test_a_huge_backoff_growth_stays_at_its_cap() -> None:
+    """A power past the float range is the cap, not an OverflowError (it raised on 2ba1d64)."""
+    retry = StepRetry(attempts=100, multiplier=1e5, max_backoff=30, jitter=0)
+    assert retry.delay(70) == retry.delay(100) == 30.0
+
+
+def test_a_replaced_retry_draws_its_own_jitter() -> None:
+    """dataclasses.replace makes a retry with a generator of its own (2ba1d64 shared one)."""
+    first = StepRetry(backoff=1, jitter=0.5)
+    second = dataclasses.replace(first, attempts=5)
+    assert second._random is not first._random
+    assert second.attempts == 5 and second.jitter == 0.5
+
+
+@pytest.mark.parametrize(
+    "options",
+    [{"backoff": True}, {"max_backoff": True}, {"timeout": True}, {"backoff": float("nan")}],
+)
+def test_durations_are_checked_as_every_option_is(options: dict[str, object]) -> None:
+    """Through _options.seconds, as guard(deadline=) is: a bool is no duration (2ba1d64 took
+    backoff=True as one second, and refused deadline=True)."""
+    with pytest.raises(ConfigurationError, match="seconds"):
+        StepRetry(**options)  # type: ignore[arg-type]
+
+
+def test_a_bool_deadline_is_refused_like_a_bool_backoff(store: RedisStore) -> None:
+    with pytest.raises(ConfigurationError, match="deadline="), guard(store, "k", deadline=True):
+        pass  # pragma: no cover
 
 
 def test_the_waits_between_attempts_are_slept(
