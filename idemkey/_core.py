@@ -159,8 +159,15 @@ def record_for(prefix: str, scope: str, method: str, route: str, key: str) -> Re
 def record_origin(scope: str, method: str, route: str) -> str:
     """What a claim keeps of where its record comes from (field "i", see claim.lua): the
     method, the route (or function name) and the scope, which the record's digest hides.
-    ``idemkey.store.status`` reads it back; the store prepends the claim's time."""
-    return f"{method} {route}\n{scope}"
+    ``idemkey.store.status`` reads it back; the store prepends the claim's time.
+
+    Text only: a lone surrogate (a scope or route the caller made from bytes) is written
+    escaped, as the client's strict UTF-8 encoding could not send it (the record's name
+    encodes it with ``surrogatepass``, so the record itself is unchanged)."""
+    origin = f"{method} {route}\n{scope}"
+    if origin.isascii():
+        return origin
+    return origin.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 def fingerprint(

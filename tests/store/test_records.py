@@ -194,3 +194,21 @@ def test_operators_page(
     assert out[1] == "released ('reserve',)"
     assert out[2].startswith("released_with_steps ('reserve',) -> retry with the same key")
     assert block["one"].scope == "acct_42"
+
+
+
+def test_a_scope_with_a_lone_surrogate_is_guarded_and_listed(
+    real_client: redis.Redis, prefix: str
+) -> None:
+    """A scope made from undecodable bytes: the claim's origin text is sent escaped (2ba1d64
+    raised UnicodeEncodeError from the client's strict encoding), the record listed with it,
+    and a retry replays the same record."""
+    store = RedisStore(real_client, Policy(prefix=prefix))
+    scope = "tenant-\udcff"
+    with guard(store, "k", scope=scope) as call:
+        assert not call.replayed
+        (listed,) = [s for s in store.records() if s.state == "in_progress"]
+        assert listed.scope == "tenant-\\udcff"
+        call.save(1)
+    with guard(store, "k", scope=scope) as again:
+        assert again.replayed and again.result == 1
