@@ -181,7 +181,8 @@ def test_a_replaced_retry_draws_its_own_jitter() -> None:
     first = StepRetry(backoff=1, jitter=0.5)
     second = dataclasses.replace(first, attempts=5)
     assert second._random is not first._random
-    assert second.attempts == 5 and second.jitter == 0.5
+    assert second.attempts == 5
+    assert second.jitter == 0.5
 
 
 @pytest.mark.parametrize(

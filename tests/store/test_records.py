@@ -196,7 +196,6 @@ def test_operators_page(
     assert block["one"].scope == "acct_42"
 
 
-
 def test_a_scope_with_a_lone_surrogate_is_guarded_and_listed(
     real_client: redis.Redis, prefix: str
 ) -> None:
@@ -211,4 +210,5 @@ def test_a_scope_with_a_lone_surrogate_is_guarded_and_listed(
         assert listed.scope == "tenant-\\udcff"
         call.save(1)
     with guard(store, "k", scope=scope) as again:
-        assert again.replayed and again.result == 1
+        assert again.replayed
+        assert again.result == 1
