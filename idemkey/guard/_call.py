@@ -163,7 +163,7 @@ class Call(Generic[T]):
         """
         steps = self._runner()
         if steps is None:
-            raise UsageError("call.step() needs a call that runs: this one was replayed")
+            raise UsageError(self._no_steps("call.step()"))
         if retry is not None and not isinstance(retry, StepRetry):
             raise ConfigurationError(f"retry= takes a StepRetry, got {type(retry).__name__}")
         if retry is None and not cache_exceptions:  # the usual step: nothing more to check
@@ -177,7 +177,7 @@ class Call(Generic[T]):
         """
         steps = self._runner()
         if steps is None:
-            raise UsageError("call.step_key() needs a call that runs: this one was replayed")
+            raise UsageError(self._no_steps("call.step_key()"))
         return steps.step_key(name)
 
     @property
@@ -185,6 +185,13 @@ class Call(Generic[T]):
         """Names of the steps an earlier executor finished (returned, not run, by step())."""
         steps = self._runner()
         return steps.book.resumed if steps is not None else ()
+
+    def _no_steps(self, what: str) -> str:
+        """Why ``what`` cannot run here: a replay runs nothing; an HTTP handler's call has
+        no steps (its record is the response's)."""
+        if self.replayed:
+            return f"{what} needs a call that runs: this one was replayed"
+        return f"{what} needs a guard() or @idempotent call: this call has no steps"
 
     def _runner(self) -> Steps | AsyncSteps | None:
         steps = self._steps

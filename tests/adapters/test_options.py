@@ -445,3 +445,31 @@ def test_django_agrees_current_call_is_the_claim_or_lookup_error(
             for headers in ({}, {"HTTP_IDEMPOTENCY_KEY": "k1"}, {})
         ]
     assert answers == [{"current": None}, {"current": 1}, {"current": None}]
+
+
+@pytest.mark.redis
+def test_a_claimed_handlers_step_says_http_calls_have_no_steps(redis_url: str, prefix: str) -> None:
+    """current_call().step() in a claimed Flask view: a UsageError that says why (2ba1d64 said
+    the call "was replayed", of a call that was running)."""
+    from idemkey.adapters.flask import Idemkey
+    from idemkey.errors import UsageError
+
+    app = Flask("steps")
+    app.config.update(IDEMKEY_REDIS_URL=redis_url, IDEMKEY_PREFIX=prefix)
+
+    @app.post("/charges")
+    @Idemkey(app).idempotent
+    def create_charge() -> Any:
+        try:
+            current_call().step("charge", lambda: 1)
+        except UsageError as exc:
+            return {"error": str(exc)}, 201
+        return {"error": None}, 201
+
+    try:
+        reply = app.test_client().post("/charges", json={}, headers={"Idempotency-Key": "k1"})
+        assert reply.status_code == 201
+        assert "has no steps" in reply.json["error"]
+        assert "replayed" not in reply.json["error"]
+    finally:
+        app.extensions["idemkey"].store.client.close()
