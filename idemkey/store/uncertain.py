@@ -11,6 +11,7 @@ the request that caused it.
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -90,7 +91,8 @@ def entry_fields(
         "route": route,
         "scope": scope,
         "fence": "" if fence is None else str(fence),
-        "steps": ",".join(steps),
+        # A JSON list: a step name may hold a comma ("charge, then ship").
+        "steps": json.dumps(list(steps), ensure_ascii=False) if steps else "",
         "detail": detail[:500],
     }
 
@@ -137,6 +139,21 @@ def decode_entry(entry_id: bytes | str, fields: Mapping[bytes, bytes]) -> Uncert
         route=get("route", ""),
         scope=get("scope", ""),
         fence=int(fence) if fence.isdigit() else None,
-        steps=tuple(steps.split(",")) if steps else (),
+        steps=_steps(steps),
         detail=get("detail", ""),
     )
+
+
+def _steps(stored: str) -> tuple[str, ...]:
+    """The step names of an entry: a JSON list, or, written by 0.3.0 and earlier, joined with
+    commas (read so until 0.5)."""
+    if not stored:
+        return ()
+    if stored.startswith("["):
+        try:
+            names = json.loads(stored)
+        except ValueError:
+            names = None
+        if isinstance(names, list) and all(isinstance(name, str) for name in names):
+            return tuple(names)
+    return tuple(stored.split(","))

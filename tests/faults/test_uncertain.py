@@ -135,12 +135,12 @@ def test_a_step_then_a_failure_leaves_a_released_with_steps(
     try:
         with contextlib.suppress(RuntimeError), guard(store, "order-1", scope="acct") as call:
             call.step("reserve", lambda: 1)
-            call.step("charge", lambda: 2)
+            call.step("charge, then ship", lambda: 2)  # a comma in a name (2ba1d64 split it)
             raise RuntimeError("card declined after the charge step")
         (entry,) = entries(store, 1)
         assert (entry.kind, entry.steps, entry.scope) == (
             "released_with_steps",
-            ("reserve", "charge"),
+            ("reserve", "charge, then ship"),
             "acct",
         )
         assert "card declined" in entry.detail
@@ -215,3 +215,10 @@ def test_a_guard_run_open_while_redis_is_down_leaves_an_unprotected(
     finally:
         store.close()
         client.close()
+
+
+def test_an_entry_written_by_0_3_reads_its_comma_joined_steps() -> None:
+    from idemkey.store.uncertain import decode_entry
+
+    entry = decode_entry(b"1-0", {b"kind": b"lease_lost", b"steps": b"reserve,charge"})
+    assert entry.steps == ("reserve", "charge")
