@@ -16,14 +16,12 @@ Converted values are what ``Policy`` stores: durations as float, collections as 
 
 from __future__ import annotations
 
-import dataclasses
 import difflib
-import functools
 import math
 import numbers
 import reprlib
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any, Final, Protocol, TypeVar
+from typing import Any, Final, Protocol, TypeVar, runtime_checkable
 
 from .errors import ConfigurationError
 
@@ -190,10 +188,17 @@ def _compress(value: object, label: str) -> object:
     return value
 
 
-def _durability(value: object, label: str) -> object:
-    from .policy import Replicas
+@runtime_checkable
+class _Durability(Protocol):
+    """What the store reads of ``Policy.durability`` (``policy.Replicas`` is the one made so):
+    a protocol here, so this module, which ``policy`` imports, imports nothing of it."""
 
-    if value is not None and not isinstance(value, Replicas):
+    count: int
+    timeout_ms: int
+
+
+def _durability(value: object, label: str) -> object:
+    if value is not None and not isinstance(value, _Durability):
         raise _fail(label, "a Replicas(count, timeout) or None", value)
     return value
 
@@ -241,11 +246,12 @@ def convert(name: str, value: object, label: str) -> Any:
 _POLICY_LABEL: Final = keyword("Policy")
 
 
-@functools.cache
 def _fields() -> tuple[str, ...]:
-    from .policy import Policy
+    """Policy's fields: one converter each (tests/unit/test_options.py holds them equal)."""
+    return _FIELDS
 
-    return tuple(f.name for f in dataclasses.fields(Policy) if f.init)
+
+_FIELDS: Final = tuple(_CONVERTERS)
 
 
 def unknown(name: str, label: Label, aliases: bool = True) -> ConfigurationError:

@@ -97,10 +97,9 @@ def _backend_errors(client: Any) -> tuple[_Errors, type[BaseException], _Errors]
     The cluster client raises its topology errors (no reachable node, slots not covered during
     a failover) as a class outside the RedisError tree; they are store errors all the same.
     """
-    if _glide_facade(client):
-        from ._glide import backend_errors
-
-        return backend_errors()
+    if _glide_facade(client):  # the facade says its own (``_glide.BACKEND_ERRORS``)
+        facade_errors: tuple[_Errors, type[BaseException], _Errors] = client.idemkey_errors
+        return facade_errors
     module = client_module(client)
     # Both asyncio cluster clients (valkey-py forked redis-py's) can tear a connection down
     # under a task that is using it while the topology changes (a slot moving, a failover: on
@@ -321,10 +320,9 @@ def _dropped_errors(client: Any) -> _Errors:
     """The errors of a connection that closed under a command (a server restart, a reset): the
     client's ``ConnectionError`` (its subclasses included) and the builtin one. Not timeouts:
     sending again after one would double the wait on a server that does not answer."""
-    if _glide_facade(client):
-        from ._glide import dropped_errors
-
-        return dropped_errors()
+    if _glide_facade(client):  # ``_glide.DROPPED_ERRORS``
+        dropped: _Errors = client.idemkey_dropped_errors
+        return dropped
     if client_module(client).startswith("valkey"):
         from valkey.exceptions import ConnectionError as ValkeyConnectionError
 

@@ -32,7 +32,14 @@ from ..errors import ConfigurationError
 from ..policy import Policy
 from ._base import SCRIPT_KEYS
 
-__all__ = ["GlideClusterFacade", "GlideFacade", "GlideNoScript", "backend_errors", "facade_for"]
+__all__ = [
+    "BACKEND_ERRORS",
+    "DROPPED_ERRORS",
+    "GlideClusterFacade",
+    "GlideFacade",
+    "GlideNoScript",
+    "facade_for",
+]
 
 Arg = str | bytes | int
 
@@ -42,15 +49,13 @@ class GlideNoScript(Exception):
     a plain ``RequestError`` for every server error, and the store needs this one by class."""
 
 
-def backend_errors() -> tuple[tuple[type[BaseException], ...], type[BaseException], tuple[()]]:
-    """``_base._backend_errors`` for the facade. No "slot is moving" class: glide's core
-    retries TRYAGAIN and follows MOVED/ASK itself."""
-    return (glide.GlideError, GlideNoScript, OSError), GlideNoScript, ()
+#: ``_base._backend_errors`` for the facade. No "slot is moving" class: glide's core retries
+#: TRYAGAIN and follows MOVED/ASK itself. The facade carries them (``idemkey_errors``), so
+#: ``_base``, which this module imports, imports nothing of it.
+BACKEND_ERRORS: Final = ((glide.GlideError, GlideNoScript, OSError), GlideNoScript, ())
 
-
-def dropped_errors() -> tuple[type[BaseException], ...]:
-    """``_base._dropped_errors`` for the facade: a connection that closed under a command."""
-    return (glide.ConnectionError, ConnectionError)
+#: ``_base._dropped_errors`` for the facade: a connection that closed under a command.
+DROPPED_ERRORS: Final = (glide.ConnectionError, ConnectionError)
 
 
 def _encode(args: Iterable[Arg]) -> list[str | bytes]:
@@ -140,6 +145,10 @@ class GlideFacade:
 
     #: Read by ``_base``: this client's waiters poll, never block (one multiplexed connection).
     multiplexed: Final = True
+    #: Read by ``_base``: the errors to wrap, NOSCRIPT and "slot is moving"; a dropped
+    #: connection's.
+    idemkey_errors: Final = BACKEND_ERRORS
+    idemkey_dropped_errors: Final = DROPPED_ERRORS
 
     def __init__(self, client: Any) -> None:
         #: The application's glide client; the store never closes it.
