@@ -20,6 +20,13 @@ from ._base import CliError
 from ._redis import connect, redact
 
 HELP: Final = "serve a read-only web page of the records and uncertain outcomes (127.0.0.1)"
+DESCRIPTION: Final = (
+    HELP + ". It answers only requests whose Host names the address it listens on (127.0.0.1, "
+    "localhost, [::1] with --port, and each --allow-host): a web site that rebinds a name of its "
+    "own to 127.0.0.1 gets a 400. With --allow-forget, a forget must come from the console's "
+    "own page (its Origin and a token made afresh by each console process). The console has no "
+    "authentication: it listens on loopback only unless --unsafe-expose."
+)
 INSTALL: Final = "pip install 'idemkey-redis[console]'"
 UNSAFE: Final = (
     "the console has no authentication: anyone who reaches {where} reads every record's "
