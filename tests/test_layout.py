@@ -148,6 +148,8 @@ PUBLIC_NAMES_0_2: dict[str, tuple[str, ...]] = {
     ),
     "idemkey.store": (
         "AsyncRedisStore",
+        "Cancelled",
+        "Forgotten",
         "RedisStore",
         "SCRIPTS",
         "SCRIPT_NAMES",

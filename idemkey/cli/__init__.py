@@ -11,7 +11,7 @@
     idemkey forget KEY ... [--yes] [--force]           delete one record
     idemkey cancel KEY ... [--abandon] [--yes]         stop a run: its owner cannot complete it
     idemkey stats                     records by state, memory, TTLs (SCAN, never KEYS)
-    idemkey console [--allow-forget]  a read-only web page of the records (127.0.0.1)
+    idemkey console [--allow-forget]  a read-only web page of the records (loopback only)
     idemkey doctor                    is this Redis fit to hold idempotency records?
     idemkey bench -- ARGS             the benchmark suite (source checkouts)
     idemkey --version                 the installed version
@@ -20,7 +20,9 @@ One module per command (``idemkey/cli/<command>.py``, ``listing.py`` for ``list`
 ``configure(parser)``, ``run(args, out)``); the demo app lives in :mod:`idemkey.cli.demo_app`.
 
 Exit codes: 0 success; 1 a check failed (doctor FAIL, a probe check failed, a demo step
-misbehaved, no such record, forget refused); 2 bad arguments; 3 Redis (or, for probe, the
+misbehaved, no such record, forget refused); 2 bad arguments (and a change of records without
+``--yes`` when stdin is not a terminal, a console port in use or a non-loopback ``--host``
+without ``--unsafe-expose``); 3 Redis (or, for probe, the
 endpoint) unreachable or erroring; 4 a probe was inconclusive (no check failed, but one could
 not tell a replay from a second execution); 70 a bug in idemkey (``IDEMKEY_DEBUG=1`` shows
 its traceback); 130 interrupted (143 for bench: SIGTERM). Every error is one line on stderr,
@@ -139,6 +141,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except UsageError as exc:
         # No parsed --json to read: a usage error is JSON when --json is on the line at all.
         command = next((a for a in argv if a in COMMANDS), None)
+        if command is None and "--json" not in argv and "required: COMMAND" in str(exc):
+            # A bare `idemkey` (or options only): the commands it offers, then the error, as
+            # argparse prints its usage before its error.
+            sys.stderr.write(parser.format_help() + "\n")
         return _error(command, str(exc), 2, as_json="--json" in argv, prefixed=True)
     except SystemExit as exc:  # --help
         return exc.code if isinstance(exc.code, int) else 0

@@ -7,7 +7,16 @@ import json
 import sys
 from typing import IO, Final, NoReturn
 
-__all__ = ["DEBUG_ENV", "URL_ENV", "CliError", "Parser", "UsageError", "print_json"]
+__all__ = [
+    "DEBUG_ENV",
+    "URL_ENV",
+    "CliError",
+    "Parser",
+    "UsageError",
+    "confirm",
+    "consent",
+    "print_json",
+]
 
 URL_ENV: Final = "IDEMKEY_REDIS_URL"
 DEBUG_ENV: Final = "IDEMKEY_DEBUG"
@@ -41,6 +50,23 @@ def confirm(question: str) -> bool:
     sys.stderr.write(f"{question} [y/N] ")
     sys.stderr.flush()
     return sys.stdin.readline().strip().lower() in ("y", "yes")
+
+
+def consent(yes: bool, question: str, *, verb: str, nothing: str) -> None:
+    """Go on only with the operator's consent to a change of records: ``--yes``, or ``y`` to
+    ``question`` on a terminal. Without a terminal (a cron job, a pipe, ``ssh host idemkey``,
+    a CI step) nobody can answer, so the command refuses rather than acts unasked (as
+    ``apt-get`` and ``git clean`` do): a CliError naming ``--yes``, exit status 2."""
+    if yes:
+        return
+    if not sys.stdin.isatty():
+        raise CliError(
+            f"stdin is not a terminal, so nobody can confirm: pass --yes to {verb} without "
+            f"asking; {nothing}",
+            2,
+        )
+    if not confirm(question):
+        raise CliError(f"not confirmed; {nothing}")
 
 
 def print_json(data: object, out: IO[str]) -> None:

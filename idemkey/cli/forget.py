@@ -1,79 +1,70 @@
-"""``idemkey forget KEY ... [--yes] [--force]``: delete one record."""
+"""``idemkey forget KEY ... [--yes] [--force]``: delete one record.
+
+The delete is ``store.forget()`` (forget.lua, the one the console's button runs too): the
+record, its expiry tombstone, a 0.2 lock string and its wake-up stream, in one script that
+keeps a record a live claim holds unless ``--force``.
+"""
 
 from __future__ import annotations
 
 import argparse
-import sys
 from typing import IO, Final
 
-from ..store.diagnostics import _text as text
-from ._base import CliError, confirm, print_json
+from ..policy import Policy
+from ..store import RedisStore
+from ._base import CliError, consent, print_json
 from ._format import duration
 from ._records import add_record_options, record_candidates
 from ._redis import connect
 from .inspect import find_one_held
 
 HELP: Final = "delete one record"
-
-# Deletes one record atomically, so an in-progress record cannot be claimed between the check
-# and the delete. An operator tool, off the hot path: inline rather than package data.
-# KEYS[1] record hash, the only key; ARGV[1] "1" deletes an in-progress record too. An expired
-# key's tombstone (KEYS[1] .. ":gone", Policy.expired_grace) goes too: a forgotten key runs
-# again; and the lock string of a claim written by 0.2 (KEYS[1] .. ":lock"; remove in 0.4).
-# Both with pcall: keys of the same slot that a node serving a migrating slot may not hold.
-# Reply: {deleted keys, state} ({-1, state} when refused); state "" when the hash has none.
-_FORGET_LUA: Final = """
-local state = redis.call("HGET", KEYS[1], "state")
-if not state then  -- a completed record has no state field, only fp and resp
-  state = redis.call("HEXISTS", KEYS[1], "resp") == 1 and "complete" or ""
-end
-if state == "in_progress" and ARGV[1] ~= "1" then
-  return {-1, state}
-end
-local deleted = redis.call("DEL", KEYS[1])
-for _, suffix in ipairs({":gone", ":lock"}) do
-  local found = redis.pcall("DEL", KEYS[1] .. suffix)
-  if type(found) == "number" then
-    deleted = deleted + found
-  end
-end
-return {deleted, state}
-"""
+YES_HELP: Final = "act without asking (needed when stdin is not a terminal: cron, pipes, CI)"
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
     add_record_options(parser)
-    parser.add_argument("--yes", "-y", action="store_true", help="do not ask on a terminal")
-    parser.add_argument("--force", action="store_true", help="delete an in-progress record too")
+    parser.add_argument("--yes", "-y", action="store_true", help=YES_HELP)
+    parser.add_argument(
+        "--force", action="store_true", help="delete a record a live claim holds too"
+    )
+
+
+def _refused(lease_ms: int) -> CliError:
+    lease = "lease unknown" if lease_ms <= 0 else f"lease {duration(lease_ms)}"
+    return CliError(
+        f"refusing to forget an in-progress record ({lease}): a request may be running it "
+        "right now; pass --force to delete it anyway"
+    )
 
 
 def run(args: argparse.Namespace, out: IO[str]) -> int:
     candidates = record_candidates(args)
     with connect(args.redis_url) as server:
-        client = server.client
-        held, view = find_one_held(client, args, candidates, nothing="nothing deleted")
+        held, view = find_one_held(server.client, args, candidates, nothing="nothing deleted")
         record = held.record
-        if view.state == "in_progress" and not args.force:
-            lease = "no live lease" if view.lease_ms < 0 else f"lease {duration(view.lease_ms)}"
-            raise CliError(
-                f"refusing to forget an in-progress record ({lease}): a request may be running "
-                "it right now; pass --force to delete it anyway"
-            )
-        if not args.yes and sys.stdin.isatty():
-            question = f"forget {view.state} record {record.record_key}?"
-            if not confirm(question):
-                raise CliError("not confirmed; nothing deleted")
-        script = client.register_script(_FORGET_LUA)
-        deleted, state = script(keys=[record.record_key], args=["1" if args.force else "0"])
-    state = text(state)
-    if deleted == -1:
-        raise CliError("the record became in progress meanwhile; nothing deleted (--force)")
+        state = view.state
+        if state == "in_progress" and view.lease_ms == -2:
+            state = "lapsed"
+        if state == "in_progress" and not args.force:
+            raise _refused(view.lease_ms)  # before asking: the answer could not change it
+        question = f"forget {state} record {record.record_key}?"
+        consent(args.yes, question, verb="forget", nothing="nothing deleted")
+        store = RedisStore(server.client, Policy(prefix=args.prefix))
+        try:
+            found = store.forget(record, force=args.force)
+        finally:
+            store.close()
+    if found.held:
+        raise CliError("the record was claimed meanwhile; nothing deleted (--force deletes it)")
+    if not found.forgotten:
+        raise CliError(f"no record {record.record_key} any more; nothing deleted")
     if args.json:
         print_json(
-            {"record": record.record_key, "deleted": deleted, "state": state or "released"}, out
+            {"record": record.record_key, "deleted": found.deleted, "state": found.state}, out
         )
     else:
         out.write(
-            f"forgot {state or 'released'} record {record.record_key} ({deleted} keys deleted)\n"
+            f"forgot {found.state} record {record.record_key} ({found.deleted} keys deleted)\n"
         )
     return 0

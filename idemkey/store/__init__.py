@@ -14,6 +14,8 @@ lives there. One source serves both stores:
   status of records read with SCAN.
 * ``_glide.py``: the facade that gives AsyncRedisStore a valkey-glide client as the few
   redis-py operations it sends (imported only when such a client is given).
+* ``operator.py``: what ``cancel()`` and ``forget()`` answer (:class:`Cancelled`,
+  :class:`Forgotten`), decoded from their scripts' replies.
 * ``_leases.py``: the leases a store holds and renews; ``diagnostics.py``: the server checks
   behind ``check()`` and ``idemkey doctor``.
 """
@@ -25,6 +27,7 @@ from ._base import SCRIPT_NAMES, SCRIPTS
 from ._concurrency._async_runtime import detach, uncancellable
 from ._server_check import server_warnings
 from ._sync_store import RedisStore
+from .operator import Cancelled, Forgotten
 from .status import STATES, RecordState, RecordStatus
 
 __all__ = [
@@ -32,6 +35,8 @@ __all__ = [
     "SCRIPTS",
     "SCRIPT_NAMES",
     "AsyncRedisStore",
+    "Cancelled",
+    "Forgotten",
     "RecordState",
     "RecordStatus",
     "RedisStore",

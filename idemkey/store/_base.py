@@ -39,7 +39,16 @@ __all__ = [
     "pack_evalsha",
 ]
 
-SCRIPT_NAMES: Final = ("claim", "complete", "release", "renew", "checkpoint", "attempt", "cancel")
+SCRIPT_NAMES: Final = (
+    "claim",
+    "complete",
+    "release",
+    "renew",
+    "checkpoint",
+    "attempt",
+    "cancel",
+    "forget",
+)
 SCRIPTS: Final[dict[str, str]] = {
     name: (files("idemkey") / "lua" / f"{name}.lua").read_text("utf-8") for name in SCRIPT_NAMES
 }

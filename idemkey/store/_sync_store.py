@@ -62,6 +62,7 @@ from ._concurrency._sync_runtime import (
 from ._concurrency._sync_wakeup import Wakeups
 from ._durable import _DONE, _DURABLE, _LOAD_SCRIPT, _SEND_AGAIN, _UNCONFIRMED, _durable_outcome
 from ._server_check import _CONFIG_NAMES, _config_pairs, _info_settings, _report, server_warnings
+from .operator import Cancelled, Forgotten, decode_cancel_reply, decode_forget_reply
 from .status import STATES, RecordStatus
 from .uncertain import UncertainEntry, UncertainKind, decode_entry, entry_fields, uncertain_stream
 
@@ -554,17 +555,25 @@ class RedisStore(Heartbeat):
             raise StoreError(f"unexpected reply from the attempt script: {reply!r:.200}")
         return reply or None
 
-    def cancel(self, record: Record, *, abandon: bool = False) -> int | None:
+    def cancel(self, record: Record, *, abandon: bool = False) -> Cancelled | None:
         """Give up ``record``'s run on purpose (an operator's call, see cancel.lua): an
         in-progress record's owner loses it (its checkpoints and completion are refused from
         now on), and a released record with finished steps is released again. The finished
         steps are kept (the next claim resumes after them) unless ``abandon`` (the next claim
-        runs the job from the start). Returns the record's raised fence, None when there was
-        nothing to cancel (no record, a completed one, a released one without steps)."""
-        reply = self._eval("cancel", record.record_key, 1 if abandon else 0)
-        if not isinstance(reply, list) or not reply or reply[0] not in (0, 1, 2):
-            raise StoreError(f"unexpected reply from the cancel script: {reply!r:.200}")
-        return int(reply[1]) if reply[0] else None
+        runs the job from the start). Returns what was cancelled and the raised fence, None
+        when there was nothing to cancel (no record, a completed one, a released one without
+        steps)."""
+        return decode_cancel_reply(
+            self._eval("cancel", record.record_key, 1 if abandon else 0)
+        )
+
+    def forget(self, record: Record, *, force: bool = False) -> Forgotten:
+        """Delete ``record`` (an operator's call, see forget.lua) with its expiry tombstone,
+        a 0.2 lock string and its wake-up stream, so the next request with its key runs
+        afresh. A record a live claim holds is kept (``held``) unless ``force``: its owner's
+        completion is then refused, and a duplicate may run beside it. A lapsed, completed
+        or released record is deleted; ``state`` says which it was ("" when none)."""
+        return decode_forget_reply(self._eval("forget", record.record_key, 1 if force else 0))
 
     def check(self) -> list[str]:
         """Warn when the server can lose records: an evicting ``maxmemory-policy`` (any but

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import shutil
+import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 import pytest
 import redis
@@ -12,6 +16,7 @@ from idemkey import Policy, RedisStore
 from idemkey._codec import StoredResponse, encode_response
 from idemkey._core import Record, record_for
 from idemkey.cli import main
+from tests._servers import AppServer
 
 
 @dataclass
@@ -64,3 +69,80 @@ def http_record(
         stored = encode_response(StoredResponse(status, headers, body))
         assert store.complete(record, claimed.owner, stored)  # type: ignore[union-attr]
     return record
+
+
+# ---- the console: a real headless browser, and the console run as a user runs it ---------
+
+ROOT = Path(__file__).resolve().parents[2]
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+CHROMEDRIVER = shutil.which("chromedriver")
+#: What a DNS rebinding produces: a name of the attacker's that resolves to 127.0.0.1.
+EVIL = "evil.example"
+
+
+@pytest.fixture
+def chromium() -> Iterator[Callable[..., Any]]:
+    """``chromium(*flags)``: a headless Chromium (Debian's, through Selenium), quit after the
+    test. Skips, saying why, where chromium, chromedriver or Selenium is missing."""
+    if CHROMIUM is None or CHROMEDRIVER is None:
+        pytest.skip("no chromium/chromedriver on PATH (apt-get install chromium chromium-driver)")
+    webdriver = pytest.importorskip("selenium.webdriver", reason="selenium is not installed")
+    drivers: list[Any] = []
+
+    def start(*flags: str) -> Any:
+        options = webdriver.ChromeOptions()
+        options.binary_location = CHROMIUM
+        for flag in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu"):
+            options.add_argument(flag)
+        for flag in flags:
+            options.add_argument(flag)
+        service = webdriver.ChromeService(executable_path=CHROMEDRIVER)
+        drivers.append(webdriver.Chrome(options=options, service=service))
+        return drivers[-1]
+
+    try:
+        yield start
+    finally:
+        for driver in drivers:
+            driver.quit()
+
+
+@pytest.fixture
+def browser(chromium: Callable[..., Any]) -> Any:
+    return chromium()
+
+
+@pytest.fixture
+def rebinding_browser(chromium: Callable[..., Any]) -> Any:
+    """A browser in which :data:`EVIL` resolves to 127.0.0.1, as after a DNS rebinding."""
+    return chromium(f"--host-resolver-rules=MAP {EVIL} 127.0.0.1")
+
+
+@pytest.fixture
+def console(redis_url: str, prefix: str, tmp_path: Path) -> Iterator[Callable[..., AppServer]]:
+    """``console(*options)``: ``python -m idemkey console`` on a free port, until the test
+    ends."""
+    servers: list[AppServer] = []
+
+    def start(*extra: str) -> AppServer:
+        def command(port: int) -> list[str]:
+            return [sys.executable, "-m", "idemkey", "--redis-url", redis_url, "--prefix",
+                    prefix, "console", "--port", str(port), "--refresh", "0.5", *extra]  # fmt: skip
+
+        server = AppServer(
+            command,
+            log=tmp_path / f"console-{len(servers)}.log",
+            cwd=ROOT,
+            redis_url=redis_url,
+            prefix=prefix,
+            name="the console",
+            health="/api/status",
+        )
+        servers.append(server)
+        return server
+
+    try:
+        yield start
+    finally:
+        for server in servers:
+            server.close()

@@ -130,7 +130,6 @@ def test_unreachable_server_is_one_line(idemkey: CliRunner, argv: tuple[str, ...
 @pytest.mark.parametrize(
     "argv",
     [
-        (),
         ("bogus",),
         ("stats", "--sample", "many"),
         ("doctor", "--pings", "0", "--redis-url", "redis://127.0.0.1:1"),
@@ -145,6 +144,21 @@ def test_bad_arguments_are_one_line(idemkey: CliRunner, argv: tuple[str, ...]) -
     assert run.out == ""
     assert len(run.err.splitlines()) == 1, run.err
     assert "Traceback" not in run.err
+
+
+def test_a_bare_idemkey_prints_its_usage(idemkey: CliRunner) -> None:
+    """Nothing to run: the commands offered, then the error, exit status 2 (as argparse)."""
+    for argv in ((), ("--prefix", "p")):
+        run = idemkey(*argv)
+        assert run.code == 2
+        assert run.out == ""
+        assert run.err.startswith("usage: idemkey ")
+        for command in ("inspect", "forget", "cancel", "console"):
+            assert f"\n    {command} " in run.err
+        assert run.err.endswith(
+            "idemkey: the following arguments are required: COMMAND (see --help)\n"
+        )
+    assert idemkey("--json").err.count("\n") == 1  # with --json: one JSON object still
 
 
 def test_the_url_comes_from_the_environment(

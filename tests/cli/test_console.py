@@ -4,6 +4,8 @@ the session's real Redis, the console run as a user runs it (``python -m idemkey
 The page lists a record in flight (a guard() held open by this test) and an uncertain outcome
 (a step, then a failure); once the held call completes, the page shows it completed without a
 reload. With ``--allow-forget``, a record is forgotten from the page after the confirmation.
+Through a DNS rebinding (a name of the attacker's resolved to 127.0.0.1) the browser gets no
+page, no status, and its script forgets nothing.
 Skipped, saying why, where chromium, chromedriver or Selenium is missing (.ci/run installs
 them).
 """
@@ -12,13 +14,12 @@ from __future__ import annotations
 
 import contextlib
 import json
-import shutil
 import subprocess
 import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -26,57 +27,9 @@ import pytest
 
 from idemkey import RedisStore, guard
 from tests._servers import AppServer, wait_until
+from tests.cli.conftest import EVIL, ROOT
 
 pytestmark = pytest.mark.redis
-
-ROOT = Path(__file__).resolve().parents[2]
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-CHROMEDRIVER = shutil.which("chromedriver")
-
-
-@pytest.fixture
-def browser() -> Iterator[Any]:
-    if CHROMIUM is None or CHROMEDRIVER is None:
-        pytest.skip("no chromium/chromedriver on PATH (apt-get install chromium chromium-driver)")
-    webdriver = pytest.importorskip("selenium.webdriver", reason="selenium is not installed")
-    options = webdriver.ChromeOptions()
-    options.binary_location = CHROMIUM
-    for flag in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu"):
-        options.add_argument(flag)
-    service = webdriver.ChromeService(executable_path=CHROMEDRIVER)
-    driver = webdriver.Chrome(options=options, service=service)
-    try:
-        yield driver
-    finally:
-        driver.quit()
-
-
-@pytest.fixture
-def console(redis_url: str, prefix: str, tmp_path: Path) -> Iterator[Callable[..., AppServer]]:
-    servers: list[AppServer] = []
-
-    def start(*extra: str) -> AppServer:
-        def command(port: int) -> list[str]:
-            return [sys.executable, "-m", "idemkey", "--redis-url", redis_url, "--prefix",
-                    prefix, "console", "--port", str(port), "--refresh", "0.5", *extra]  # fmt: skip
-
-        server = AppServer(
-            command,
-            log=tmp_path / f"console-{len(servers)}.log",
-            cwd=ROOT,
-            redis_url=redis_url,
-            prefix=prefix,
-            name="the console",
-            health="/api/status",
-        )
-        servers.append(server)
-        return server
-
-    try:
-        yield start
-    finally:
-        for server in servers:
-            server.close()
 
 
 def _text(driver: Any, css: str) -> str:
@@ -190,6 +143,60 @@ def test_forget_from_the_page_needs_the_flag_and_a_confirmation(
     alert.accept()
     wait_until(lambda: not list(store.records()), 20, "the record forgotten")
     wait_until(lambda: "forgot" in _text(browser, "#notice"), 20, "the page to say so")
+
+
+# What a script of the attacker's page runs once evil.example resolves to 127.0.0.1: the
+# console is then its own origin, so it reads the page (for a token), the status, and posts a
+# forget with every header the page itself sends (the old constant confirmation header too).
+_ATTACK = """
+const done = arguments[arguments.length - 1];
+(async () => {
+  const page = await fetch("/");
+  const html = await page.text();
+  const found = html.match(/name="idemkey-token" content="([^"]+)"/);
+  const status = await fetch("api/status");
+  const forget = await fetch("api/forget", {
+    method: "POST",
+    headers: {"Content-Type": "application/json", "X-Idemkey-Confirm": "forget",
+              "X-Idemkey-Token": found ? found[1] : "guess"},
+    body: JSON.stringify({digest: arguments[0]}),
+  });
+  done({page: page.status, token: !!found, status: status.status,
+        statusBody: await status.text(), forget: forget.status});
+})().catch((error) => done({error: String(error)}));
+"""
+
+
+def test_a_rebinding_name_gets_no_status_and_its_script_forgets_nothing(
+    rebinding_browser: Any, browser: Any, console: Callable[..., AppServer], store: RedisStore
+) -> None:
+    with contextlib.suppress(RuntimeError), guard(store, "order-11") as call:
+        call.step("reserve", lambda: 1)
+        raise RuntimeError("after a step")  # released with a step: the page offers to forget it
+    (record,) = store.records()
+    server = console("--allow-forget")
+    # The console's own page, as the operator sees it: the record and its forget button.
+    browser.get(server.url + "/")
+    wait_until(lambda: "reserve" in _text(browser, "#stepped"), 20, "the operator's page")
+    # The same server under the attacker's name: no page, no record in it.
+    rebinding_browser.set_script_timeout(20)
+    rebinding_browser.get(f"http://{EVIL}:{server.port}/")
+    shown = rebinding_browser.page_source
+    assert record.digest not in shown
+    assert "reserve" not in shown
+    assert "this console answers only to Host" in shown
+    # A script of that origin: every read refused, the forget too; the record stays.
+    seen = rebinding_browser.execute_async_script(_ATTACK, record.digest)
+    assert seen == {
+        "page": 400, "token": False, "status": 400, "statusBody": seen.get("statusBody"),
+        "forget": 400,
+    }, seen  # fmt: skip
+    assert record.digest not in seen["statusBody"]
+    assert [s.digest for s in store.records()] == [record.digest]
+    # The same script on the console's own page (its real origin) forgets: the refusals above
+    # come from the name, not from a forget that never works.
+    assert browser.execute_async_script(_ATTACK, record.digest)["forget"] == 200
+    assert list(store.records()) == []
 
 
 def test_the_console_without_its_extra_is_one_line(redis_url: str, tmp_path: Path) -> None:

@@ -154,7 +154,14 @@ def test_forget_deletes_the_record(
 ) -> None:
     record = http_record(store, "order-1")
     run = idemkey(
-        "forget", "order-1", "--scope", "acct_1", "--route", "/charges", *_at(redis_url, prefix)
+        "forget",
+        "order-1",
+        "--scope",
+        "acct_1",
+        "--route",
+        "/charges",
+        "--yes",
+        *_at(redis_url, prefix),
     )
     assert run.code == 0, run.err
     assert run.out == f"forgot complete record {record.key} (1 keys deleted)\n"

@@ -11,6 +11,7 @@ import pytest
 from idemkey import AsyncRedisStore, LeaseLostError, Policy, RedisStore, aguard, guard
 from idemkey._core import record_for
 from idemkey.guard import GUARD_METHOD
+from idemkey.store import Cancelled
 
 if TYPE_CHECKING:
     import redis.asyncio.cluster
@@ -104,7 +105,9 @@ def test_retried_steps_remembered_failures_and_cancel_on_the_cluster(
             with pytest.raises(LeaseLostError), guard(store, key) as call:  # noqa: PT012
                 assert call.step("charge", flaky, retry=StepRetry(backoff=0)) == 3
                 assert cluster_client.hget(record.key, "a:charge") == b"3"
-                assert store.cancel(record) == 2  # the operator: this owner can store nothing
+                assert store.cancel(record) == Cancelled(
+                    "in_progress", 2
+                )  # the operator: this owner can store nothing
                 call.step("ship", int)  # refused
             remembers = guard(store, key, cache_exceptions=(LookupError,))
             with pytest.raises(LookupError, match="gone"), remembers as call:  # noqa: PT012

@@ -27,6 +27,7 @@ from idemkey import (
 from idemkey._core import Record, record_for
 from idemkey.cli import main
 from idemkey.guard import GUARD_METHOD
+from idemkey.store import Cancelled
 from tests._lease import lease_left
 
 
@@ -50,7 +51,7 @@ def test_a_cancelled_owner_cannot_checkpoint_or_complete_and_the_next_run_resume
     ran: list[str] = []
     with pytest.raises(LeaseLostError) as lost, guard(store, "job", payload="p") as stale:  # noqa: PT012
         stale.step("reserve", ran.append, "reserve")
-        assert store.cancel(record) == 2  # the operator: fence 1 -> 2
+        assert store.cancel(record) == Cancelled("in_progress", 2)  # the operator: fence 1 -> 2
         stale.step("charge", ran.append, "charge")  # runs, but its checkpoint is refused
     assert lost.value.fence == 1
     assert sync_client.hget(record.key, "s:charge") is None
@@ -89,7 +90,7 @@ def test_abandon_drops_the_steps_and_frees_the_key_from_its_payload(
         raise Boom  # released, with a finished step: bound to payload A
     with pytest.raises(KeyReuseError), guard(store, "job", payload="B"):
         pass
-    assert store.cancel(record, abandon=True) == 2
+    assert store.cancel(record, abandon=True) == Cancelled("released", 2)
     fields = sync_client.hgetall(record.key)
     # The fence, and the claim's origin ("i": when and where from) that store.records() shows.
     assert sorted(fields) == [b"fence", b"i"]
@@ -145,7 +146,7 @@ async def test_an_async_owner_cancelled_gets_lease_lost(
     with pytest.raises(LeaseLostError):  # noqa: PT012
         async with aguard(store, "job") as call:
             await call.step("one", lambda: 1)
-            assert await store.cancel(record) == 2
+            assert await store.cancel(record) == Cancelled("in_progress", 2)
             await call.step("two", lambda: 2)
 
 

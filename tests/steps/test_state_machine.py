@@ -190,7 +190,8 @@ class StepMachine(ScriptMachine):
 
     @rule(abandon=st.booleans())
     def cancel(self, abandon: bool) -> None:
-        assert self.store.cancel(self.record, abandon=abandon) == self.model.cancel(abandon)
+        found = self.store.cancel(self.record, abandon=abandon)
+        assert (found.fence if found else None) == self.model.cancel(abandon)
 
     def failure(self) -> bytes:
         assert REMEMBER is not None

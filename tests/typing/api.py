@@ -51,6 +51,7 @@ from idemkey.records import (
     record_for,
     request_fingerprint,
 )
+from idemkey.store import Cancelled
 
 
 class Receipt(msgspec.Struct):
@@ -132,11 +133,12 @@ def durable_steps(invoice: Invoice) -> object:
     ) as call:
         receipt = call.step("charge", charge, invoice, retry=RETRY, cache_exceptions=(Declined,))
         left: float | None = idemkey.step_deadline()
-        fence: int | None = store.cancel(call.record) if call.record else None
+        cancelled = store.cancel(call.record) if call.record else None
+        fence: int | None = cancelled.fence if cancelled else None
         return (receipt, left, fence)
 
 
-async def acancel(invoice: Invoice) -> int | None:
+async def acancel(invoice: Invoice) -> Cancelled | None:
     async with aguard(astore, f"order:{invoice.id}", deadline=5.0) as call:
         assert call.record is not None
         return await astore.cancel(call.record, abandon=True)

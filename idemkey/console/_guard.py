@@ -1,0 +1,126 @@
+"""Whom the console answers: the Host it serves, the Origin of its own page, its token.
+
+A page on 127.0.0.1 is reachable from any web site through DNS rebinding: a name the attacker
+controls (``evil.example``) first resolves to the attacker's server, which serves a script, then
+to 127.0.0.1; the browser then treats the console as that site's own origin, so the script
+reads its pages and posts to it. What such a request cannot forge is the ``Host`` header: the
+browser sends the name it resolved (``evil.example:8089``). So the console answers only the
+Hosts it serves (:class:`HostCheck`, around every route, reads included, as Django's
+``ALLOWED_HOSTS`` and Starlette's ``TrustedHostMiddleware`` do), a state-changing request must
+come from one of their origins (compared with the configured ones, never with one built from
+the request's own Host), and it carries a token made afresh for each console process, which
+only a page read from the console holds (Jupyter's token).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from collections.abc import Awaitable, Callable, Iterable, MutableMapping
+from typing import Any, Final
+
+from starlette.responses import JSONResponse, Response
+
+__all__ = [
+    "HostCheck",
+    "LOOPBACK_NAMES",
+    "is_loopback",
+    "problem",
+    "security_headers",
+    "served_hosts",
+]
+
+#: The names of the loopback interface a browser on this machine uses for the console.
+LOOPBACK_NAMES: Final = ("127.0.0.1", "localhost", "[::1]")
+
+_Scope = MutableMapping[str, Any]
+_Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
+_Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
+_App = Callable[[_Scope, _Receive, _Send], Awaitable[None]]
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` (an address or ``localhost``) is reachable only from this machine."""
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def _with_port(name: str, port: int) -> str:
+    """``name`` as a Host header names it: an IPv6 address bracketed, the port added unless
+    ``name`` has one."""
+    name = name.strip().lower()
+    bare = name.strip("[]")
+    try:
+        if ipaddress.ip_address(bare).version == 6:
+            return f"[{bare}]:{port}"
+    except ValueError:
+        pass
+    if name.startswith("["):  # "[::1]:9000"
+        return name if "]:" in name else f"{name}:{port}"
+    return name if ":" in name else f"{name}:{port}"
+
+
+def served_hosts(host: str, port: int, extra: Iterable[str] = ()) -> frozenset[str]:
+    """The ``Host`` values the console answers when it listens on ``host``:``port``: the
+    loopback names with its port, ``host`` itself unless it is a wildcard (0.0.0.0, ::), and
+    each of ``extra`` (``--allow-host``: an SSH tunnel's ``localhost:9000``, a machine name),
+    with the port when it names none. On port 80 a browser sends no port: the bare names too."""
+    names = {_with_port(name, port) for name in LOOPBACK_NAMES}
+    if host.strip("[]") not in ("0.0.0.0", "::", ""):
+        names.add(_with_port(host, port))
+    names.update(_with_port(name, port) for name in extra)
+    if port == 80:
+        names.update({name.removesuffix(":80") for name in names})
+    return frozenset(names)
+
+
+def security_headers(nonce: str | None) -> dict[str, str]:
+    """Nothing loaded from elsewhere, nothing sent elsewhere: the page's own script and style
+    (by nonce) and requests to this server only."""
+    own = f"'nonce-{nonce}'" if nonce else "'none'"
+    policy = (
+        f"default-src 'none'; script-src {own}; style-src {own}; connect-src 'self'; "
+        "img-src 'none'; form-action 'none'; frame-ancestors 'none'; base-uri 'none'"
+    )
+    return {
+        "Content-Security-Policy": policy,
+        "Cache-Control": "no-store",
+        "X-Content-Type-Options": "nosniff",
+        "Referrer-Policy": "no-referrer",
+    }
+
+
+def problem(status: int, detail: str) -> Response:
+    """An RFC 9457 problem."""
+    return JSONResponse(
+        {"type": "about:blank", "title": "refused", "status": status, "detail": detail},
+        status_code=status,
+        media_type="application/problem+json",
+        headers=security_headers(None),
+    )
+
+
+class HostCheck:
+    """ASGI middleware: an HTTP request whose ``Host`` is not one of ``hosts`` gets a 400
+    problem and never reaches the app (a request without a Host too). Other scopes (lifespan)
+    pass through; the console serves no websocket."""
+
+    def __init__(self, app: _App, hosts: frozenset[str]) -> None:
+        self.app = app
+        self.hosts = hosts
+
+    async def __call__(self, scope: _Scope, receive: _Receive, send: _Send) -> None:
+        if scope["type"] == "http":
+            found = next((v for k, v in scope["headers"] if k == b"host"), b"")
+            host = found.decode("latin-1").lower()
+            if host not in self.hosts:
+                detail = (
+                    f"this console answers only to Host {' or '.join(sorted(self.hosts))}, "
+                    f"not {host[:100]!r} (a DNS rebinding?); a name of your own: --allow-host"
+                )
+                await problem(400, detail)(scope, receive, send)
+                return
+        await self.app(scope, receive, send)

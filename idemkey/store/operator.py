@@ -1,0 +1,70 @@
+"""What ``store.cancel()`` and ``store.forget()`` answer: the operator's calls, decoded.
+
+Sans-IO: the store sends cancel.lua or forget.lua and hands the reply here, so the command
+line and the console read a small frozen value and decode nothing themselves.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal, cast
+
+from ..errors import StoreError
+from .diagnostics import _text as text
+
+__all__ = ["Cancelled", "Forgotten", "decode_cancel_reply", "decode_forget_reply"]
+
+#: What forget found: a record's state (``in_progress`` only with a live claim), or "" for none.
+FoundState = Literal["in_progress", "lapsed", "complete", "released", ""]
+_FOUND: frozenset[str] = frozenset(("in_progress", "lapsed", "complete", "released", ""))
+
+
+@dataclass(frozen=True)
+class Cancelled:
+    """A cancelled record: what it was, and its fence now (raised by the cancel).
+
+    ``was`` is ``"in_progress"`` (its owner lost it: its checkpoints and completion are refused
+    from now on) or ``"released"`` (a released record with finished steps, released again).
+    """
+
+    was: Literal["in_progress", "released"]
+    fence: int
+
+
+@dataclass(frozen=True)
+class Forgotten:
+    """What ``store.forget()`` found and did.
+
+    ``state`` is what the record was (``""``: there was none); ``deleted`` the keys deleted
+    (the record, its expiry tombstone, a 0.2 lock string, its wake-up stream); ``held`` is true
+    when a live claim holds the record and ``force`` was not given: nothing was deleted.
+    """
+
+    state: FoundState
+    deleted: int
+    held: bool = False
+
+    @property
+    def forgotten(self) -> bool:
+        """Whether a record was deleted."""
+        return not self.held and self.state != ""
+
+
+def decode_cancel_reply(reply: object) -> Cancelled | None:
+    """cancel.lua's reply: ``{1, fence}``, ``{2, fence}`` or ``{0}`` (nothing to cancel)."""
+    if isinstance(reply, list) and reply and reply[0] == 0:
+        return None
+    if isinstance(reply, list) and len(reply) == 2 and reply[0] in (1, 2) and type(reply[1]) is int:
+        return Cancelled("in_progress" if reply[0] == 1 else "released", reply[1])
+    raise StoreError(f"unexpected reply from the cancel script: {reply!r:.200}")
+
+
+def decode_forget_reply(reply: object) -> Forgotten:
+    """forget.lua's reply: ``{deleted, state}``, or ``{-1, "in_progress"}`` when refused."""
+    if isinstance(reply, list) and len(reply) == 2 and type(reply[0]) is int:
+        state = text(reply[1])
+        if state in _FOUND and reply[0] >= -1:
+            if reply[0] == -1:
+                return Forgotten("in_progress", 0, held=True)
+            return Forgotten(cast(FoundState, state), reply[0])
+    raise StoreError(f"unexpected reply from the forget script: {reply!r:.200}")
