@@ -429,7 +429,7 @@ class GuardState(Generic[T]):
                 raise ResultNotStorableError(self.key, "it could not be encoded on the first run")
             if is_failure(response):
                 self.notify("replayed", detail="remembered failure", seconds=seconds)
-                raise raise_failure(response)
+                raise raise_failure(response, self.remember)
             self.notify("replayed", seconds=seconds)
             return Call(replayed=True, result=decode_value(response, self.result_type))
         if type(decision) is Claimed:
