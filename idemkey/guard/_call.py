@@ -438,7 +438,10 @@ class GuardState(Generic[T]):
                 "takeover" if decision.takeover else "claimed", decision.fence, seconds=seconds
             )
             if decision.takeover:
-                self.uncertain("takeover", decision.fence)
+                # The steps the previous executor finished, as its lease_lost entry lists them:
+                # what an operator checks for this incident.
+                resumed = tuple(name for name, _ in decision.steps)
+                self.uncertain("takeover", decision.fence, steps=resumed)
             call = self.call = Call(
                 replayed=False,
                 fence=decision.fence,
