@@ -263,3 +263,19 @@ def test_a_forged_step_failure_of_the_declared_shape_is_raised(
     real_client.hset(record_key(prefix, "s"), "s:charge", forged(DECLINED_PATH, "d", code="x"))
     with pytest.raises(DeclinedError), guard(store, "s") as call:
         call.step("charge", pytest.fail, "ran", cache_exceptions=DECLARED)
+
+
+async def test_aguard_steps_raise_no_undeclared_class(
+    real_async_client: redis.asyncio.Redis, real_client: redis.Redis, prefix: str
+) -> None:
+    store = AsyncRedisStore(real_async_client, Policy(prefix=prefix))
+    with pytest.raises(ConnectionError):  # noqa: PT012
+        async with aguard(store, "s") as call:
+            await call.step("charge", lambda: "charged")
+            raise ConnectionError("the next step's PSP timed out")
+    real_client.hset(record_key(prefix, "s"), "s:charge", STEP_FORGERIES["undeclared-class"])
+    with pytest.raises(StoredFailureError) as raised:
+        async with aguard(store, "s") as call:
+            await call.step("charge", pytest.fail, "ran", cache_exceptions=DECLARED)
+    assert raised.value.type_path == "subprocess:CalledProcessError"
+    await store.aclose()
