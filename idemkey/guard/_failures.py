@@ -83,7 +83,10 @@ class FailureRules:
         if not isinstance(exc, self.types) or isinstance(exc, IdemkeyError):
             return None
         declared = self._fields
-        cls = next(c for c in type(exc).__mro__ if c in declared)
+        # None only for a virtual subclass (an ABC's register()): not in the MRO, not stored.
+        cls = next((c for c in type(exc).__mro__ if c in declared), None)
+        if cls is None:
+            return None
         try:
             values = {name: getattr(exc, name) for name in declared[cls] if hasattr(exc, name)}
             stored = StoredFailure(_type_path(cls), str(exc), values)

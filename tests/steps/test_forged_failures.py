@@ -11,6 +11,7 @@ block does not run, and nothing is imported, built or raised from the record's n
 
 from __future__ import annotations
 
+import abc
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -188,6 +189,23 @@ def test_a_subclass_is_stored_as_the_declared_class_it_is() -> None:
     again = raise_failure(stored, rules)
     assert type(again) is DeclinedError
     assert (str(again), again.code) == ("hard", "lost_card")
+
+
+class Refusal(Exception, metaclass=abc.ABCMeta):
+    """A declared ABC: a class registered on it is an instance by isinstance, not by MRO."""
+
+
+Refusal.register(LookupError)
+
+
+def test_a_virtual_subclass_is_not_remembered() -> None:
+    from idemkey.guard._failures import rules_for
+
+    rules = rules_for((Refusal,))
+    assert rules is not None
+    assert isinstance(KeyError("k"), rules.types)
+    assert rules.encode(KeyError("k")) is None  # released like any other exception
+    assert rules.encode(Refusal("no")) is not None
 
 
 def test_a_declaration_names_each_class_once_by_a_path_of_plain_fields(
