@@ -10,7 +10,7 @@
     │                            lost from Redis (evicted); our result was not stored
     ├── ResultNotStorableError   a guard's result cannot be encoded: stored as "result not kept"
     │   └── StepNotStorableError a step's result cannot be encoded: the step is not finished
-    ├── StoredFailureError       a remembered failure whose class cannot be raised again
+    ├── StoredFailureError       a remembered failure that is not one the reader declared
     ├── StepAttemptsExhaustedError  a step's retry attempts were all used (across takeovers)
     ├── JobDeadlineError         a guard's deadline= passed: no further step attempt started
     ├── UsageError               the API used out of order (save() on a replayed call)
@@ -127,22 +127,29 @@ class StepNotStorableError(ResultNotStorableError):
 
 
 class StoredFailureError(IdemkeyError):
-    """A failure remembered with ``cache_exceptions=`` names a class that cannot be raised
-    again: it can no longer be imported (renamed, moved, removed), or is no longer an exception.
-    Raised in its place on every retry, without running the work; ``type_path``
-    (``module:qualname``), ``stored_message`` and ``fields`` are what the first run stored."""
+    """A failure remembered with ``cache_exceptions=`` cannot be raised again: the record
+    names a class that is not one of those declared where it is read (renamed, moved, no
+    longer declared, or written by someone else), a field not declared for that class, or
+    holds an entry that does not decode. Nothing is imported or built from it. Raised in its
+    place on every retry, without running the work; ``type_path`` (``module:qualname``, empty
+    when unreadable), ``stored_message`` and ``fields`` are what the record holds, as data."""
 
     def __init__(
         self, type_path: str, stored_message: str, fields: dict[str, object], reason: str
     ) -> None:
-        super().__init__(
-            f"the remembered failure {type_path}({stored_message!r}) cannot be raised again: "
-            f"{reason}"
-        )
+        what = f" {type_path}({stored_message!r})" if type_path else ""
+        super().__init__(f"the remembered failure{what} cannot be raised again: {reason}")
         self.type_path = type_path
         self.stored_message = stored_message
         self.fields = fields
         self.reason = reason
+
+    def __reduce__(
+        self,
+    ) -> tuple[type[StoredFailureError], tuple[str, str, dict[str, object], str]]:
+        # Crosses processes as itself (Celery's prefork pool pickles a task's exception; the
+        # default rebuilds it from args alone, which this __init__ does not take).
+        return type(self), (self.type_path, self.stored_message, self.fields, self.reason)
 
 
 class StepAttemptsExhaustedError(IdemkeyError):

@@ -66,7 +66,7 @@ class AsyncSteps:
         book = self.book
         stored = book.begin(name)
         if stored is not None:
-            return stored_step(stored)  # a remembered failure raises here, without running
+            return stored_step(stored, remember)  # a remembered failure raises, not run
         try:
             try:
                 if retry is None:
@@ -97,7 +97,7 @@ class AsyncSteps:
             raise book.lose(name)
         book.finish(name, stored)
         # What a resume would return: the same value whether the step ran now or before.
-        return stored_step(stored)
+        return stored_step(stored, remember)
 
     async def _checkpoint(self, name: str, encoded: bytes) -> bytes | None:
         """Store a finished step's result (or remembered failure); None: the record is not

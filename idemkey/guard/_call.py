@@ -431,7 +431,7 @@ class GuardState(Generic[T]):
                 raise ResultNotStorableError(self.key, "it could not be encoded on the first run")
             if is_failure(response):
                 self.notify("replayed", detail="remembered failure", seconds=seconds)
-                raise raise_failure(response)
+                raise raise_failure(response, self.remember)
             self.notify("replayed", seconds=seconds)
             return Call(replayed=True, result=decode_value(response, self.result_type))
         if type(decision) is Claimed:
@@ -440,7 +440,10 @@ class GuardState(Generic[T]):
                 "takeover" if decision.takeover else "claimed", decision.fence, seconds=seconds
             )
             if decision.takeover:
-                self.uncertain("takeover", decision.fence)
+                # The steps the previous executor finished, as its lease_lost entry lists them:
+                # what an operator checks for this incident.
+                resumed = tuple(name for name, _ in decision.steps)
+                self.uncertain("takeover", decision.fence, steps=resumed)
             call = self.call = Call(
                 replayed=False,
                 fence=decision.fence,

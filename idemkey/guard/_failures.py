@@ -3,19 +3,28 @@ how one is stored, and how it is raised again.
 
 A declared exception is deterministic (a card declined, a validation error): running the work
 again gives the same answer, so the first answer is stored in the record as the result and
-every retry raises it again without running. It is stored as data, never pickled: the class's
-import path, ``str(exc)`` and the fields declared for it, all MessagePack, behind their own
-format byte (:data:`FAILURE_FORMAT`), so no stored value can be mistaken for one.
+every retry raises it again without running. It is stored as data, never pickled: the declared
+class's ``module:qualname``, ``str(exc)`` and the fields declared for it, all MessagePack,
+behind their own format byte (:data:`FAILURE_FORMAT`), so no stored value can be mistaken for
+one.
 
-Raised again, the exception is an instance of the same class whose ``args`` is the message
-and whose declared fields are set as attributes; its ``__init__`` is not called (it may need
-arguments the record does not hold). A class that cannot be imported any more, or is no longer
-an exception, is raised as :class:`~idemkey.errors.StoredFailureError` naming it.
+Stored data is input: no stored byte selects code. A stored failure is raised again only as
+one of the classes the guard (step, task) reading it declared, found by comparing the stored
+``module:qualname`` with theirs, exactly; nothing is imported. The instance is made with the
+declared class's ``__new__``, its ``args`` is the message and only the fields declared for
+that class are set; its ``__init__`` is not called (it may need arguments the record does not
+hold). Anything else (a class not declared here, a field not declared for it, an entry that
+does not decode, a reader that declared nothing) is raised as
+:class:`~idemkey.errors.StoredFailureError` naming what was found.
+
+An exception of a subclass of a declared class that is not itself declared is stored as the
+nearest declared class in its MRO (its message and that class's fields): the retry raises the
+class the guard declared, which the caller's ``except`` for it catches. Storing the subclass's
+own path would let a retry build a class nobody declared.
 """
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Iterable, Mapping
 from typing import Any, Final
 
@@ -36,6 +45,8 @@ __all__ = [
 #: The format byte of a stored failure (format 1 is a value, 2 a compressed value).
 FAILURE_FORMAT: Final = 3
 _FAILURE_BYTE: Final = bytes([FAILURE_FORMAT])
+#: How much of an unreadable entry a StoredFailureError shows.
+_SHOWN_BYTES: Final = 40
 
 
 class StoredFailure(msgspec.Struct, frozen=True, array_like=True):
@@ -67,19 +78,29 @@ class FailureRules:
     def encode(self, exc: BaseException) -> bytes | None:
         """The stored form of ``exc`` when it is remembered; None when it is not declared, or
         its message or a declared field cannot be encoded (then it is not remembered: the key
-        is released as for any other exception)."""
+        is released as for any other exception). Stored as the nearest declared class in
+        ``type(exc).__mro__`` (itself when declared), with that class's fields."""
         if not isinstance(exc, self.types) or isinstance(exc, IdemkeyError):
             return None
-        names: dict[str, None] = {}
-        for cls, fields in self._fields.items():
-            if isinstance(exc, cls):
-                names.update(dict.fromkeys(fields))
+        declared = self._fields
+        # None only for a virtual subclass (an ABC's register()): not in the MRO, not stored.
+        cls = next((c for c in type(exc).__mro__ if c in declared), None)
+        if cls is None:
+            return None
         try:
-            values = {name: getattr(exc, name) for name in names if hasattr(exc, name)}
-            stored = StoredFailure(_type_path(type(exc)), str(exc), values)
+            values = {name: getattr(exc, name) for name in declared[cls] if hasattr(exc, name)}
+            stored = StoredFailure(_type_path(cls), str(exc), values)
             return _FAILURE_BYTE + _encoder.encode(stored)
         except Exception:  # an unencodable field, a __str__ that raises: not remembered
             return None
+
+    def declared(self, type_path: str) -> tuple[type[Exception], tuple[str, ...]] | None:
+        """The declared class whose ``module:qualname`` is exactly ``type_path``, with its
+        fields; None when no declared class has it."""
+        for cls, fields in self._fields.items():
+            if _type_path(cls) == type_path:
+                return cls, fields
+        return None
 
 
 def rules_for(cache_exceptions: object) -> FailureRules | None:
@@ -99,6 +120,7 @@ def rules_for(cache_exceptions: object) -> FailureRules | None:
             f"field names; got {type(cache_exceptions).__name__}"
         )
     declared: dict[type[Exception], tuple[str, ...]] = {}
+    paths: dict[str, type] = {}
     for cls, fields in pairs:
         if not (isinstance(cls, type) and issubclass(cls, Exception)):
             raise ConfigurationError(f"cache_exceptions takes Exception subclasses, not {cls!r}")
@@ -107,12 +129,23 @@ def rules_for(cache_exceptions: object) -> FailureRules | None:
         if "<locals>" in cls.__qualname__:
             raise ConfigurationError(
                 f"{cls.__qualname__} is defined inside a function: a remembered failure is "
-                "raised again by importing its class, so declare it at module level"
+                "matched by its class's module:qualname, which must name one class, so "
+                "declare it at module level"
             )
-        if isinstance(fields, str) or not all(isinstance(f, str) for f in fields):
-            raise ConfigurationError(f"the fields of {cls.__name__} must be a tuple of names")
+        path = _type_path(cls)
+        if paths.setdefault(path, cls) is not cls:
+            raise ConfigurationError(f"two declared classes are both named {path}")
+        if isinstance(fields, str) or not all(_field_name(f) for f in fields):
+            raise ConfigurationError(
+                f"the fields of {cls.__name__} must be a tuple of attribute names "
+                "(identifiers, not __dunder__ names)"
+            )
         declared[cls] = tuple(fields)
     return FailureRules(declared)
+
+
+def _field_name(name: object) -> bool:
+    return isinstance(name, str) and name.isidentifier() and not name.startswith("__")
 
 
 def is_failure(stored: bytes) -> bool:
@@ -121,32 +154,41 @@ def is_failure(stored: bytes) -> bool:
 
 
 def read_failure(stored: bytes) -> StoredFailure:
-    """A remembered failure as stored; :class:`RecordFormatError` when it is unreadable."""
+    """A remembered failure as stored (for display too: it builds nothing, the type is a
+    string); :class:`RecordFormatError` when it is unreadable."""
     try:
         return _decoder.decode(memoryview(stored)[1:])
     except msgspec.DecodeError as exc:
         raise RecordFormatError(f"stored failure is unreadable: {exc}") from exc
 
 
-def raise_failure(stored: bytes) -> BaseException:
-    """The exception a remembered failure raises again (returned, for ``raise``)."""
+def raise_failure(stored: bytes, rules: FailureRules | None) -> BaseException:
+    """The exception a remembered failure raises again (returned, for ``raise``): an instance
+    of the class ``rules`` declares under the stored ``module:qualname``, with only its
+    declared fields; else a :class:`StoredFailureError` naming what was found."""
     try:
         failure = read_failure(stored)
     except RecordFormatError as exc:
-        return exc
-    module_name, _, qualname = failure.type.partition(":")
-    try:
-        found: Any = importlib.import_module(module_name)
-        for part in qualname.split("."):
-            found = getattr(found, part)
-    except (ImportError, AttributeError, ValueError) as exc:
-        why = f"it cannot be imported ({type(exc).__name__}: {exc})"
+        shown = bytes(stored[:_SHOWN_BYTES])
+        more = "..." if len(stored) > _SHOWN_BYTES else ""
+        why = f"it does not decode ({exc.__cause__}; found {shown!r}{more})"
+        return StoredFailureError("", "", {}, why)
+    found = rules.declared(failure.type) if rules is not None else None
+    if found is None:
+        names = ", ".join(_type_path(c) for c in rules.types) if rules is not None else ""
+        why = (
+            f"it is not one of the classes declared here ({names})"
+            if names
+            else "nothing here declares cache_exceptions"
+        )
         return StoredFailureError(failure.type, failure.message, failure.fields, why)
-    if not (isinstance(found, type) and issubclass(found, Exception)):
-        why = "it is no longer an Exception subclass"
+    cls, declared = found
+    unknown = sorted(set(failure.fields).difference(declared))
+    if unknown:
+        why = f"{', '.join(map(repr, unknown))} not declared as fields of {cls.__qualname__}"
         return StoredFailureError(failure.type, failure.message, failure.fields, why)
     try:
-        error: Exception = found.__new__(found)
+        error: Exception = cls.__new__(cls)
         error.args = (failure.message,)
         for name, value in failure.fields.items():
             setattr(error, name, value)

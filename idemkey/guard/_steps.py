@@ -28,7 +28,7 @@ from typing import Any, Final
 
 from .._codec import decode_value
 from ..errors import ConfigurationError, LeaseLostError, UsageError
-from ._failures import is_failure, raise_failure
+from ._failures import FailureRules, is_failure, raise_failure
 from ._retry import _DEADLINE, attempt_deadline
 
 __all__ = [
@@ -79,11 +79,12 @@ def attempt_field(name: str) -> str:
     return _ATTEMPT_PREFIX + name
 
 
-def stored_step(stored: bytes) -> Any:
+def stored_step(stored: bytes, remember: FailureRules | None) -> Any:
     """What a finished step gives back: its stored value, decoded, or the exception it
-    remembered (``cache_exceptions=``), raised again."""
+    remembered, raised again only as one of the classes this step declares
+    (``cache_exceptions=``, ``remember``), else :class:`StoredFailureError`."""
     if is_failure(stored):
-        raise raise_failure(stored)
+        raise raise_failure(stored, remember)
     return decode_value(stored)
 
 

@@ -15,7 +15,7 @@ import math
 import time
 from collections.abc import Callable
 from importlib.resources import files
-from typing import TYPE_CHECKING, Any, Final, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar, Final, Protocol
 
 if TYPE_CHECKING:
     from .._core import Record
@@ -86,6 +86,16 @@ def client_module(client: Any) -> str:
         if module.split(".", 1)[0] in ("redis", "valkey"):
             return module
     return str(type(client).__module__)
+
+
+def asyncio_client(client: Any) -> bool | None:
+    """Whether ``client`` is an asyncio client of redis-py or valkey-py (standalone, cluster,
+    sentinel, or a class derived from one: fakeredis's, an application's); None when it comes
+    from neither library (glide's facade, a stand-in), which is not checked."""
+    module = client_module(client)
+    if module.split(".", 1)[0] not in ("redis", "valkey"):
+        return None
+    return module.split(".")[1:2] == ["asyncio"]
 
 
 def is_glide(client: Any) -> bool:
@@ -444,11 +454,28 @@ class StoreBase:
     #: another owner's record.
     completion_retry: float = 1.0
 
+    #: Whether the store awaits its client (AsyncRedisStore) or calls it (RedisStore).
+    awaits_client: ClassVar[bool]
+
     def __init__(self, client: Any, policy: Policy | None) -> None:
         if is_glide(client):  # AsyncRedisStore wraps one before it gets here (_glide)
             raise ConfigurationError(
                 "valkey-glide's clients are asyncio: use AsyncRedisStore with a glide client, "
                 "or RedisStore with a redis-py or valkey-py one"
+            )
+        kind = asyncio_client(client)
+        if kind is not None and kind != self.awaits_client:
+            # Caught here, not at the first call: an asyncio client under RedisStore answers
+            # coroutines ("unexpected reply"), a sync one under AsyncRedisStore a TypeError.
+            got = f"{type(client).__module__}.{type(client).__qualname__}"
+            if self.awaits_client:
+                raise ConfigurationError(
+                    f"AsyncRedisStore needs an asyncio client, got a sync one ({got}): use "
+                    "RedisStore with it, or pass a redis.asyncio / valkey.asyncio client"
+                )
+            raise ConfigurationError(
+                f"RedisStore needs a sync client, got an asyncio one ({got}): use "
+                "AsyncRedisStore with it, or pass a redis.Redis / valkey.Valkey (or cluster) client"
             )
         encoder = getattr(client, "get_encoder", None)
         if encoder is None or not hasattr(client, "execute_command"):

@@ -58,7 +58,7 @@ MEANINGS: Final[dict[str, tuple[str, str]]] = {
     "takeover": (
         "a claim whose lease lapsed (a crash, a stall) was taken over: the previous executor "
         "may have done part of the work, or all of it",
-        "check what the previous executor did (the steps it finished are resumed)",
+        "check what the previous executor did (its finished steps, listed, are resumed)",
     ),
 }
 

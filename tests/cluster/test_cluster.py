@@ -20,6 +20,7 @@ from redis.crc import key_slot
 
 from idemkey import (
     AsyncRedisStore,
+    ConfigurationError,
     KeyReuseError,
     Policy,
     RedisStore,
@@ -744,3 +745,19 @@ async def test_an_asyncio_cluster_client_takes_the_stores_own_route(
     assert store._route is not None
     assert store._evalsha == store._route.evalsha
     await store.aclose()
+
+
+def test_an_asyncio_cluster_client_under_redis_store_is_refused(
+    any_async_cluster_client: Any,
+) -> None:
+    # tests/store/test_client_kinds.py for the standalone clients: named at construction, not
+    # an "unexpected reply" at the first call.
+    with pytest.raises(ConfigurationError, match="RedisStore needs a sync client, got an asyncio"):
+        RedisStore(any_async_cluster_client)
+
+
+async def test_a_sync_cluster_client_under_async_redis_store_is_refused(
+    any_cluster_client: Any,
+) -> None:
+    with pytest.raises(ConfigurationError, match="AsyncRedisStore needs an asyncio client"):
+        AsyncRedisStore(any_cluster_client)

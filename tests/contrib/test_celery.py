@@ -23,6 +23,7 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import msgspec
 import pytest
 import redis
 
@@ -337,3 +338,35 @@ def test_a_task_result_says_whether_it_was_a_replay(
     # after_return runs once the result is stored: the report may follow the get() above.
     wait_until(lambda: client.llen(f"{prefix}:replayed") == 2, timeout=20, message="both reports")
     assert client.lrange(f"{prefix}:replayed", 0, -1) == [b"False", b"True"]
+
+
+def test_a_forged_remembered_failure_is_never_raised_into_the_task(
+    app: Celery, prefix: str, client: redis.Redis, start_worker: StartWorker
+) -> None:
+    # Someone who can write the record (raw HSET) names a class the task never declared: the
+    # worker raises StoredFailureError, neither the forged class nor Celery's own Retry, and
+    # the task body does not run again.
+    task = app.tasks["tests.charge_card"]  # declares CardDeclined only
+    start_worker("prefork")
+    forgeries = {
+        "o-p": ["subprocess:CalledProcessError", "x", {"cmd": "rm -rf /", "returncode": 1}],
+        "o-r": ["celery.exceptions:Retry", "again", {"when": 0}],
+    }
+    for order, forged in forgeries.items():
+        with pytest.raises(Exception, match=f"card declined for {order}"):
+            task.delay(order, "declined").get(timeout=30)
+        records = [
+            key
+            for key in client.scan_iter(f"{prefix}:*", _type="hash")
+            if (client.hget(key, "resp") or b"")[:1] == b"\x03"
+            and f"card declined for {order}".encode() in (client.hget(key, "resp") or b"")
+        ]
+        assert len(records) == 1
+        client.hset(records[0], "resp", b"\x03" + msgspec.msgpack.encode(forged))
+        again = task.delay(order, "declined")
+        with pytest.raises(Exception) as raised:  # noqa: PT011 (the type is checked below)
+            again.get(timeout=30)
+        assert again.state == "FAILURE"
+        assert "StoredFailureError" in (again.traceback or ""), again.traceback
+        assert forged[0] in str(raised.value)
+        assert client.get(f"{prefix}:runs:{order}") == b"1"

@@ -24,12 +24,12 @@ import redis
 import redis.asyncio
 from werkzeug.test import Client
 
-from idemkey import AsyncRedisStore, Policy, RedisStore, aguard, guard
+from idemkey import AsyncRedisStore, LeaseLostError, Policy, RedisStore, aguard, guard
 from idemkey._core import PAYLOAD_DIGEST, record_for, record_origin
 from idemkey.adapters.wsgi import IdempotencyMiddleware
 from idemkey.store import uncertain as uncertain_module
 from idemkey.store.uncertain import UncertainEntry
-from tests._lease import lease_left
+from tests._lease import lapse, lease_left
 from tests._servers import RedisServer, async_wait_until, no_retry, wait_until
 from tests.faults.test_crash import LEASE, post, spawn, successor
 
@@ -150,6 +150,32 @@ def test_a_step_then_a_failure_leaves_a_released_with_steps(
         assert len(entries(store, 1)) == 1
     finally:
         store.close()
+
+
+def test_a_takeover_lists_the_finished_steps_its_lease_lost_twin_lists(
+    real_client: redis.Redis, prefix: str
+) -> None:
+    # Executor A stalls past its lease after two steps; B takes the record over and resumes
+    # after them. Both entries of the one incident name the steps an operator must check.
+    first, second = (RedisStore(real_client, Policy(prefix=prefix)) for _ in range(2))
+    record = record_for(prefix, "", "GUARD", "", "job")
+    try:
+        with pytest.raises(LeaseLostError), guard(first, "job") as stalled:  # noqa: PT012
+            stalled.step("reserve", lambda: 1)
+            stalled.step("charge", lambda: 2)
+            assert lapse(real_client, record) == 1  # stalled past its lease
+            with guard(second, "job") as taker:
+                assert taker.takeover
+                assert taker.resumed_steps == ("reserve", "charge")
+                taker.save("done")
+            stalled.save("late")  # refused: the record is B's now
+        takeover, lost = entries(first, 2)
+        assert (takeover.kind, lost.kind) == ("takeover", "lease_lost")
+        assert takeover.steps == lost.steps == ("reserve", "charge")
+        assert (takeover.fence, lost.fence) == (2, 1)
+    finally:
+        first.close()
+        second.close()
 
 
 async def test_async_takeover_and_released_with_steps(

@@ -12,19 +12,30 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 import redis
 import redis.asyncio
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
-from idemkey import AsyncRedisStore, LeaseLostError, Policy, RedisStore, aguard, guard
-from idemkey.contrib.sqlalchemy import AsyncEffects, Effects, afenced, fenced
+from idemkey import (
+    AsyncRedisStore,
+    LeaseLostError,
+    Policy,
+    RedisStore,
+    StoredFailureError,
+    aguard,
+    guard,
+)
+from idemkey.contrib.sqlalchemy import AsyncEffects, Effects, afenced, effects_table, fenced
 from idemkey.errors import ConfigurationError, StoreError
-from tests._lease import lease_left
+from idemkey.records import Claimed, payload_fingerprint, record_for
+from tests._lease import lapse, lease_left
 from tests._servers import wait_until
 from tests.sql.conftest import async_url
 
@@ -417,3 +428,35 @@ def test_a_commit_with_nothing_saved_is_still_final(
         charge(store, engine, "k9", runs)
     assert runs == [2]
     assert rows(db_url, "k9") == [("k9", 1)]
+
+
+def test_a_forged_effects_row_raises_no_undeclared_class(
+    real_client: redis.Redis, prefix: str, engine: sa.Engine
+) -> None:
+    # Whoever can write the effects table names a class in a saved result: the takeover that
+    # reads the row replays it through the guard's own check, as for a Redis record.
+    store = RedisStore(real_client, Policy(prefix=prefix, lease=LEASE), effects=Effects(engine))
+    record = record_for(prefix, "", "GUARD", "", "forged")
+    assert isinstance(store.claim(record, payload_fingerprint(b""), heartbeat=False), Claimed)
+    forged = b"\x03" + msgspec.msgpack.encode(["subprocess:CalledProcessError", "x", {"cmd": "x"}])
+    now = datetime.now(timezone.utc).replace(tzinfo=None)
+    with engine.begin() as conn:  # the row the crashed claim's fenced commit would have left
+        conn.execute(
+            sa.insert(effects_table()).values(
+                record=record.digest,
+                fence=1,
+                result=forged,
+                created_at=now,
+                expires_at=now + timedelta(hours=1),
+            )
+        )
+    assert lapse(real_client, record) == 1
+    try:
+        with (
+            pytest.raises(StoredFailureError) as raised,
+            guard(store, "forged", cache_exceptions=(ValueError,)),
+        ):
+            pytest.fail("the block ran")
+        assert raised.value.type_path == "subprocess:CalledProcessError"
+    finally:
+        store.close()

@@ -49,7 +49,7 @@ REMEMBER = rules_for({Declined: ("code",)})
 def check_remembered(stored: bytes, writes: int) -> None:
     """A stored failure comes back as the exception it was: class, message, declared field."""
     assert is_failure(stored)
-    error = raise_failure(stored)
+    error = raise_failure(stored, REMEMBER)
     assert type(error) is Declined
     assert str(error) == f"declined {writes}"
     assert error.code == writes

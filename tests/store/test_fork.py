@@ -17,7 +17,9 @@ import pytest
 import redis
 
 from idemkey import Policy, RedisStore, guard
-from idemkey.records import Claimed, Replay, record_for
+from idemkey.guard import GUARD_METHOD
+from idemkey.records import Claimed, Replay, payload_fingerprint, record_for
+from tests._lease import lapse
 from tests._servers import RedisServer, wait_until
 
 pytestmark = pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
@@ -132,3 +134,50 @@ def test_a_child_forked_while_a_thread_waits_reads_for_itself(
         store.close()
         client.close()
         admin.close()
+
+
+def test_a_child_forked_while_the_uncertain_writer_holds_its_lock_keeps_its_outcomes(
+    real_client: redis.Redis, prefix: str
+) -> None:
+    # The uncertain-outcome writer's lock taken by another thread at fork time (a writer thread
+    # leaving at idle, a request starting one): that thread does not exist in the child, so a
+    # child that took the inherited lock would hang in its first keep(). The child's takeover
+    # must return, and its "takeover" entry reach Redis.
+    store = RedisStore(real_client, Policy(prefix=prefix))
+    record = record_for(prefix, "", GUARD_METHOD, "", "job")
+    crashed = store.claim(record, payload_fingerprint(b""), heartbeat=False)
+    assert isinstance(crashed, Claimed)
+    assert lapse(real_client, record) == 1
+    held, let_go = threading.Event(), threading.Event()
+
+    def writer_busy() -> None:
+        with store._keeper._lock:
+            held.set()
+            let_go.wait(10)
+
+    busy = threading.Thread(target=writer_busy)
+    try:
+        busy.start()
+        assert held.wait(10)
+        sys.stdout.flush()
+        pid = _fork()
+        if pid == 0:  # pragma: no cover - the child
+
+            def take_over_in_child() -> None:
+                with guard(store, "job") as call:
+                    assert call.takeover
+                    call.save("from the child")
+                wait_until(
+                    lambda: [e.kind for e in store.uncertain()] == ["takeover"],
+                    timeout=5,
+                    message="the child's takeover entry",
+                )
+
+            _in_child(take_over_in_child)
+        assert _exit_code(pid) == 0
+    finally:
+        let_go.set()
+        busy.join(10)
+        store.close()
+    with guard(store, "job") as again:
+        assert again.result == "from the child"

@@ -24,6 +24,8 @@ __all__ = ["AsyncHeartbeat"]
 class AsyncHeartbeat(StoreBase):
     """The heartbeat part of AsyncRedisStore: ``_watch``, ``_unwatch`` and ``aclose``."""
 
+    awaits_client = True
+
     def __init__(self, client: object, policy: Policy | None) -> None:
         if is_glide(client):
             # Imported only here: glide is an optional extra (idemkey[glide]).

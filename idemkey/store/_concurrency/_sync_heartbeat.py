@@ -38,6 +38,8 @@ if hasattr(os, "register_at_fork"):
 class Heartbeat(StoreBase):
     """The heartbeat part of RedisStore: ``_watch``, ``_unwatch`` and ``close``."""
 
+    awaits_client = False
+
     #: Seconds without a live claim after which the heartbeat thread ends (a new claim starts
     #: another), so an idle store can be garbage-collected.
     heartbeat_idle_exit: float = 30.0

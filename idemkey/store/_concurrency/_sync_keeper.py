@@ -45,23 +45,44 @@ def _drain_at_exit() -> None:
         keeper.drain(EXIT_DRAIN)
 
 
+# Every keeper, to start afresh in a forked child: the writer thread does not exist there, and
+# the lock (or the queue's own mutex) may have been held at fork time by a thread that does not
+# exist either (a writer leaving, a request starting one), so nothing the child inherited may
+# be taken. The heartbeat does the same (``_sync_heartbeat``).
+_keepers: weakref.WeakSet[Keeper] = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    _running.clear()  # the parent's writers: none runs here, nothing to drain at exit
+    for keeper in list(_keepers):
+        keeper._forked()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
 class Keeper:
     """Writes stream entries for one store, from a thread started on the first entry."""
 
-    __slots__ = ("__weakref__", "_lock", "_pid", "_queue", "_thread", "client")
+    __slots__ = ("__weakref__", "_lock", "_queue", "_thread", "client")
 
     def __init__(self, client: Any) -> None:
         self.client = client
         self._queue: queue.Queue[_Entry] = queue.Queue(MAX_PENDING)
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
-        self._pid = os.getpid()
+        _keepers.add(self)
+
+    def _forked(self) -> None:
+        """In a forked child, at fork: a lock, queue and writer of its own (the parent's
+        entries are the parent's to write)."""
+        self._lock = threading.Lock()
+        self._queue = queue.Queue(MAX_PENDING)
+        self._thread = None
 
     def keep(self, stream: str, fields: dict[str, str], ttl_ms: int) -> None:
         """Append ``fields`` to ``stream`` soon; returns at once, never raises."""
-        if self._pid != os.getpid():  # a forked child: not the parent's queue and thread
-            with self._lock:
-                self._queue, self._thread, self._pid = queue.Queue(MAX_PENDING), None, os.getpid()
         try:
             self._queue.put_nowait((stream, fields, ttl_ms))
         except queue.Full:
