@@ -61,6 +61,10 @@ COMMANDS = {
 #: The WSGI servers and the ASGI servers the edge tests run the same requests through.
 WSGI = ("gunicorn", "werkzeug", "waitress", "granian")
 ASGI = ("uvicorn", "hypercorn", "daphne", "granian")
+#: (server, app) test parameters: each WSGI server with the Flask extension and the WSGI
+#: middleware, each ASGI server with the ASGI middleware.
+WSGI_SERVED = [pytest.param((s, a), id=f"{s}-{a}") for s in WSGI for a in ("flask", "wsgi")]
+ASGI_SERVED = [pytest.param((s, "asgi"), id=f"{s}-asgi") for s in ASGI]
 
 
 @dataclass
