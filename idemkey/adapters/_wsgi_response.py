@@ -4,13 +4,14 @@
 :class:`TeeIterable` is what the middleware returns for a claimed request: the app's body,
 forwarded chunk by chunk while a copy of at most ``max_response_bytes`` is kept, settled through
 the driver as soon as the response is wholly in hand: when the block that reaches the declared
-``Content-Length`` comes from the app, before it goes to the server, or when the iterable is
-exhausted (a response without a length: the client learns its end only from the last chunk or
-the connection's close, which the server sends after that). PEP 3333 lets a server send each
-block before it asks for the next, so a client holding a whole sized answer may retry while
-the record would still be in progress (409) if it completed on the next ask. When the server
-closes the iterable early (the client left), the record is settled after draining the rest for
-at most :data:`DRAIN_SECONDS`.
+``Content-Length`` comes from the app, before it goes to the server (a head that ends the
+response, before the middleware returns: :meth:`TeeIterable.take_empty_body`), or when the
+iterable is exhausted (a response without a length: the client learns its end only from the
+last chunk or the connection's close, which the server sends after that). PEP 3333 lets a
+server send each block before it asks for the next, so a client holding a whole sized answer
+may retry while the record would still be in progress (409) if it completed on the next ask.
+When the server closes the iterable early (the client left), the record is settled after
+draining the rest for at most :data:`DRAIN_SECONDS`.
 """
 
 from __future__ import annotations
@@ -131,6 +132,19 @@ class TeeIterable:
             self.remaining = remaining
             if remaining <= 0:
                 self.finish()
+
+    def take_empty_body(self) -> None:
+        """A head that ends the response (204, 304, ``Content-Length: 0``) is all the client
+        gets, and a server may send it before it pulls the (empty) body: pull it now, and
+        complete, before the middleware hands the response to the server."""
+        if self.status not in (204, 304) and self.remaining != 0:
+            return
+        try:
+            blocks = list(self)  # through __next__: kept, counted, settled at its end
+        except BaseException:
+            self.close()  # the server never gets this iterable to close
+            raise
+        self.iterator = iter(blocks)
 
     def finish(self, failed: bool = False) -> None:
         if self.settled:

@@ -92,4 +92,5 @@ class IdempotencyMiddleware:
         except BaseException:
             self.driver.fail(exchange, "the handler raised")
             raise
+        tee.take_empty_body()
         return tee

@@ -30,6 +30,7 @@ __all__ = ["servers"]  # the fixture, imported
 
 PAIRS = 300
 BIG_PAIRS = 40
+EMPTY_PAIRS = 100
 #: A safety bound only: 300 pairs take 1-4 s per server on a loaded 2-core box.
 DEADLINE = 60.0
 
@@ -55,7 +56,9 @@ def post(connection: http.client.HTTPConnection, path: str, key: str) -> tuple[i
     return response.status, response.getheader("Idempotent-Replayed") or "", body
 
 
-def pairs(server: Server, path: str, count: int) -> tuple[list[str], list[tuple[int, str]]]:
+def pairs(
+    server: Server, path: str, count: int, status: int = 201
+) -> tuple[list[str], list[tuple[int, str]]]:
     """``count`` pairs of "POST, read it all, POST the same at once" (bounded by
     :data:`DEADLINE`): the keys, and each retry's (status, Idempotent-Replayed)."""
     first = http.client.HTTPConnection("127.0.0.1", server.port, timeout=15)
@@ -66,11 +69,11 @@ def pairs(server: Server, path: str, count: int) -> tuple[list[str], list[tuple[
     with contextlib.closing(first), contextlib.closing(again):
         while len(keys) < count and time.monotonic() < deadline:
             key = "r" + uuid.uuid4().hex[:16]
-            status, _, _ = post(first, path, key)
-            assert status == 201, (status, server.log_text()[-2000:])
-            status, replayed, _ = post(again, path, key)
+            answered, _, _ = post(first, path, key)
+            assert answered == status, (answered, server.log_text()[-2000:])
+            answered, replayed, _ = post(again, path, key)
             keys.append(key)
-            retries.append((status, replayed))
+            retries.append((answered, replayed))
     return keys, retries
 
 
@@ -104,3 +107,17 @@ def test_a_retry_right_after_an_oversized_answer_is_a_replay_without_its_body(
     assert len(keys) == BIG_PAIRS, f"only {len(keys)} pairs in {DEADLINE} s"
     assert retries == [(201, "true")] * BIG_PAIRS, [s for s, _ in retries if s != 201]
     assert runs(server, keys) == [1] * BIG_PAIRS
+
+
+@pytest.mark.parametrize("where", [p for p in SERVED if p.values[0][1] == "wsgi"])
+def test_a_retry_right_after_a_204_is_a_replay(
+    servers: Callable[[str, str], Server], where: tuple[str, str]
+) -> None:
+    """The head is the whole answer, and granian sends it before it pulls the empty body: the
+    record completes before the middleware hands the response over (11 of 300 got 409 on
+    granian before)."""
+    server = servers(*where)
+    keys, retries = pairs(server, "/empty", EMPTY_PAIRS, status=204)
+    assert len(keys) == EMPTY_PAIRS, f"only {len(keys)} pairs in {DEADLINE} s"
+    assert retries == [(204, "true")] * EMPTY_PAIRS, [s for s, _ in retries if s != 204]
+    assert runs(server, keys) == [1] * EMPTY_PAIRS

@@ -111,3 +111,34 @@ class Stepper:
         with pytest.raises(StopIteration):
             next(self.blocks)
         self.result.close()  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize(
+    ("status", "headers"),
+    [("204 No Content", []), ("201 Created", [("Content-Length", "0")])],
+    ids=["204", "length-0"],
+)
+def test_a_head_that_ends_the_response_completes_before_the_server_gets_it(
+    store: RedisStore, status: str, headers: list[tuple[str, str]]
+) -> None:
+    """granian sends such a head before it pulls the empty body: the record is complete once the
+    middleware returns, and the app's iterable still reaches the server and is closed."""
+    closed: list[bool] = []
+
+    def empty() -> Iterator[bytes]:
+        try:
+            yield b""
+        finally:
+            closed.append(True)
+
+    def app(environ: WSGIEnvironment, start_response: StartResponse) -> Any:
+        start_response(status, list(headers))
+        return empty()
+
+    middleware = IdempotencyMiddleware(app, store)
+    first = Stepper(middleware)  # the middleware returned; nothing pulled by the server yet
+    again, replay_headers, _ = retry(middleware)
+    assert (again, replay_headers.get("Idempotent-Replayed")) == (status, "true")
+    assert first.next() == b""
+    first.finish()
+    assert closed == [True]
