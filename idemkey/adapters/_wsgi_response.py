@@ -3,8 +3,15 @@
 :func:`send` hands one of idemkey's answers (a problem, a replay) to ``start_response``.
 :class:`TeeIterable` is what the middleware returns for a claimed request: the app's body,
 forwarded chunk by chunk while a copy of at most ``max_response_bytes`` is kept, settled through
-the driver when the iterable is exhausted, or, when the server closes it early (the client
-left), after draining the rest for at most :data:`DRAIN_SECONDS`.
+the driver as soon as the response is wholly in hand: when the block that reaches the declared
+``Content-Length`` comes from the app, before it goes to the server (a head that ends the
+response, before the middleware returns: :meth:`TeeIterable.take_empty_body`), or when the
+iterable is exhausted (a response without a length: the client learns its end only from the
+last chunk or the connection's close, which the server sends after that). PEP 3333 lets a
+server send each block before it asks for the next, so a client holding a whole sized answer
+may retry while the record would still be in progress (409) if it completed on the next ask.
+When the server closes the iterable early (the client left), the record is settled after
+draining the rest for at most :data:`DRAIN_SECONDS`.
 """
 
 from __future__ import annotations
@@ -14,7 +21,7 @@ from http import HTTPStatus
 from time import monotonic
 from typing import TYPE_CHECKING, Any, Final
 
-from ..http import BodyCopy
+from ..http import BodyCopy, parse_content_length
 
 if TYPE_CHECKING:
     from _typeshed.wsgi import StartResponse, WSGIEnvironment
@@ -56,6 +63,7 @@ class TeeIterable:
         "iterable",
         "iterator",
         "reason",
+        "remaining",
         "server_start_response",
         "server_write",
         "settled",
@@ -76,6 +84,7 @@ class TeeIterable:
         self.copy = BodyCopy(exchange.policy.max_response_bytes)
         self.settled = False
         self.body_started = False  # a non-empty chunk went out: the head is the client's
+        self.remaining: int | None = None  # bytes still due of the declared Content-Length
 
     def start_response(self, status: str, headers: list[tuple[str, str]], *exc_info: Any) -> Any:
         sent = self.exchange.first_headers(headers)  # None: as they are (the default)
@@ -84,11 +93,14 @@ class TeeIterable:
         )
         self.status, self.headers, self.reason = int(status[:3]), headers, status[4:]
         self.copy.start(headers)
+        self.remaining = _declared_length(headers)
         return self.write  # a bound method: no closure built per request
 
     def write(self, data: bytes) -> None:
         """The legacy write() callable start_response returns: keeps a copy too."""
         self.copy.add(data)
+        self.body_started = self.body_started or bool(data)
+        self._count(data)
         assert self.server_write is not None  # start_response came first
         self.server_write(data)
 
@@ -108,7 +120,31 @@ class TeeIterable:
             raise
         self.copy.add(chunk)
         self.body_started = self.body_started or bool(chunk)
+        self._count(chunk)
         return chunk
+
+    def _count(self, chunk: bytes) -> None:
+        """Complete once the declared length is in hand, before the block goes out: the
+        client may have it all (and retry) before the server asks for the next block."""
+        remaining = self.remaining
+        if remaining is not None and not self.settled:
+            remaining -= len(chunk)
+            self.remaining = remaining
+            if remaining <= 0:
+                self.finish()
+
+    def take_empty_body(self) -> None:
+        """A head that ends the response (204, 304, ``Content-Length: 0``) is all the client
+        gets, and a server may send it before it pulls the (empty) body: pull it now, and
+        complete, before the middleware hands the response to the server."""
+        if self.status not in (204, 304) and self.remaining != 0:
+            return
+        try:
+            blocks = list(self)  # through __next__: kept, counted, settled at its end
+        except BaseException:
+            self.close()  # the server never gets this iterable to close
+            raise
+        self.iterator = iter(blocks)
 
     def finish(self, failed: bool = False) -> None:
         if self.settled:
@@ -147,3 +183,10 @@ class TeeIterable:
             close = getattr(self.iterable, "close", None)
             if close is not None:
                 close()
+
+
+def _declared_length(headers: list[tuple[str, str]]) -> int | None:
+    for name, value in headers:
+        if len(name) == 14 and name.lower() == "content-length":
+            return parse_content_length(value)
+    return None

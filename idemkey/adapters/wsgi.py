@@ -7,13 +7,14 @@
 A ``ProxyFix``-shaped wrapper that only moves bytes: the order of the steps is the driver's
 (``_sync_driver``), every decision ``idemkey.http``'s, the body read as ``_environ`` says and the
 response copied as ``_wsgi_response`` says. Body chunks go to the server as the app yields them,
-with a copy of at most ``max_response_bytes`` kept. The record completes when the app's iterable is
-exhausted, or, if the server closes it early (the client left), after draining the rest, because
-the work is done either way; the drain stops past ``max_response_bytes`` or after
-:data:`DRAIN_SECONDS`, and the record then completes without its body (``body_kept=False``, as for
-a streamed or oversized response). ``environ["idemkey.exchange"]`` is the
-:class:`~idemkey.http.Exchange` while the app runs under a claim (``.claim.fence`` is the fencing
-token for downstream writes).
+with a copy of at most ``max_response_bytes`` kept. The record completes as soon as the response
+is wholly in hand (the block reaching the declared ``Content-Length``, before the server sends
+it, else the iterable exhausted), or, if the server closes it early (the client left), after
+draining the rest, because the work is done either way; the drain stops past
+``max_response_bytes`` or after :data:`DRAIN_SECONDS`, and the record then completes without its
+body (``body_kept=False``, as for a streamed or oversized response).
+``environ["idemkey.exchange"]`` is the :class:`~idemkey.http.Exchange` while the app runs under
+a claim (``.claim.fence`` is the fencing token for downstream writes).
 """
 
 from __future__ import annotations
@@ -91,4 +92,5 @@ class IdempotencyMiddleware:
         except BaseException:
             self.driver.fail(exchange, "the handler raised")
             raise
+        tee.take_empty_body()
         return tee

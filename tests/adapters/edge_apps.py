@@ -130,6 +130,16 @@ def wsgi_app() -> IdempotencyMiddleware:
         if path == "/empty":
             start_response("204 No Content", [("X-Run", str(run))])
             return []
+        if path == "/big":  # 2 MiB in 8 blocks, declared: over max_response_bytes (1 MiB)
+            block = b"x" * (256 * 1024)
+            start_response(
+                "201 Created",
+                [
+                    ("Content-Type", "application/octet-stream"),
+                    ("Content-Length", str(8 * len(block))),
+                ],
+            )
+            return (block for _ in range(8))
         data = _answer(run, body)
         # Content-Length first and a repeated Link: a replay keeps order and lines as sent.
         start_response(
@@ -180,6 +190,14 @@ def asgi_app() -> AsgiMiddleware:
 
     store = AsyncRedisStore(client, Policy(prefix=prefix, lease=10.0))
     return AsgiMiddleware(app, store)
+
+
+def __getattr__(name: str) -> Any:
+    """``idemkey_edge_apps:asgi``, built on first access, for daphne (which takes no factory)."""
+    if name == "asgi":
+        app = globals()["asgi"] = asgi_app()
+        return app
+    raise AttributeError(name)
 
 
 if __name__ == "__main__":  # werkzeug's development server, threaded, as `flask run` uses it

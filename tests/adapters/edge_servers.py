@@ -1,4 +1,5 @@
-"""Real servers for the edge-case tests: gunicorn, werkzeug and uvicorn serving
+"""Real servers for the edge-case tests: gunicorn (gthread), werkzeug, waitress and granian's
+WSGI interface; uvicorn, hypercorn, daphne and granian's ASGI interface, serving
 ``tests/adapters/edge_apps.py``, and a raw-socket client that can send what httpx will not
 (short bodies, broken chunks, repeated field lines).
 """
@@ -32,11 +33,38 @@ COMMANDS = {
     ],
     "werkzeug": lambda app, port: [sys.executable, "-m", "idemkey_edge_apps", app,
                                    str(port)],
+    "waitress": lambda app, port: [
+        sys.executable, "-m", "waitress", "--host", "127.0.0.1", "--port", str(port),
+        "--threads", "4", "--call", f"idemkey_edge_apps:{app}_app",
+    ],
+    # granian serves the WSGI app and the ASGI app alike: --interface picks the one to speak.
+    "granian": lambda app, port: [
+        sys.executable, "-m", "granian", "--interface", "asgi" if app == "asgi" else "wsgi",
+        "--factory", "--host", "127.0.0.1", "--port", str(port), "--workers", "1",
+        "--log-level", "warning", f"idemkey_edge_apps:{app}_app",
+    ],
     "uvicorn": lambda app, port: [
         sys.executable, "-m", "uvicorn", "--factory", f"idemkey_edge_apps:{app}_app",
         "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning",
     ],
+    "hypercorn": lambda app, port: [
+        sys.executable, "-m", "hypercorn", f"idemkey_edge_apps:{app}_app()",
+        "--bind", f"127.0.0.1:{port}", "--log-level", "warning",
+    ],
+    # daphne takes no factory: the module builds the app on first access of `asgi`.
+    "daphne": lambda app, port: [
+        sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port), "-v", "0",
+        f"idemkey_edge_apps:{app}",
+    ],
 }  # fmt: skip
+
+#: The WSGI servers and the ASGI servers the edge tests run the same requests through.
+WSGI = ("gunicorn", "werkzeug", "waitress", "granian")
+ASGI = ("uvicorn", "hypercorn", "daphne", "granian")
+#: (server, app) test parameters: each WSGI server with the Flask extension and the WSGI
+#: middleware, each ASGI server with the ASGI middleware.
+WSGI_SERVED = [pytest.param((s, a), id=f"{s}-{a}") for s in WSGI for a in ("flask", "wsgi")]
+ASGI_SERVED = [pytest.param((s, "asgi"), id=f"{s}-asgi") for s in ASGI]
 
 
 @dataclass

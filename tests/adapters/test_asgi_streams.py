@@ -1,5 +1,5 @@
-"""The ASGI middleware under real servers (uvicorn, hypercorn), real sockets: a response that has
-started is never run twice, however it ends.
+"""The ASGI middleware under real servers (uvicorn, hypercorn, daphne, granian), real sockets: a
+response that has started is never run twice, however it ends.
 
 Once ``http.response.start`` has gone out with a status the policy stores, the key is never
 released: a client that leaves a streamed answer, a client that times out during one, and an app
@@ -140,6 +140,17 @@ def _command(server: str, port: int, app_dir: Path) -> list[str]:
             sys.executable, "-m", "uvicorn", "idemkey_stream_app:app", "--app-dir", str(app_dir),
             "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning",
         ]  # fmt: skip
+    if server == "daphne":
+        return [
+            sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port),
+            "idemkey_stream_app:app",
+        ]  # fmt: skip
+    if server == "granian":
+        return [
+            sys.executable, "-m", "granian", "--interface", "asgi", "--host", "127.0.0.1",
+            "--port", str(port), "--workers", "1", "--log-level", "warning",
+            "idemkey_stream_app:app",
+        ]  # fmt: skip
     return [
         sys.executable, "-m", "hypercorn", "idemkey_stream_app:app",
         "--bind", f"127.0.0.1:{port}", "--log-level", "warning",
@@ -153,7 +164,7 @@ class Served:
     log: Path
 
 
-@pytest.fixture(params=["uvicorn", "hypercorn"])
+@pytest.fixture(params=["uvicorn", "hypercorn", "daphne", "granian"])
 def served(
     request: pytest.FixtureRequest, tmp_path: Path, redis_url: str, prefix: str
 ) -> Iterator[Served]:
@@ -326,9 +337,9 @@ def test_str_header_values_are_passed_to_the_server_as_the_app_sent_them(
 ) -> None:
     """The spec wants bytes; idemkey neither fixes nor rejects the app's message, it forwards it
     so the server does what it does without idemkey. uvicorn (h11) sends ASCII text, so that
-    answer reached the client and is stored like any other; hypercorn refuses text, and h11
-    refuses non-ASCII text: the client got a server error and nothing is stored (the key is
-    free for the fixed app). Never an error raised inside idemkey."""
+    answer reached the client and is stored like any other; hypercorn, granian and daphne refuse
+    text, and h11 refuses non-ASCII text: the client got a server error and nothing is stored
+    (the key is free for the fixed app). Never an error raised inside idemkey."""
     path = f"/{value}"
     with httpx.Client(base_url=served.base, timeout=10.0) as client:
         try:
@@ -343,6 +354,11 @@ def test_str_header_values_are_passed_to_the_server_as_the_app_sent_them(
             again = client.post(path, headers={"Idempotency-Key": value})
             assert again.headers["idempotent-replayed"] == "true"
             assert (again.status_code, again.headers["x-note"]) == (201, "ok")
+        elif served.name == "daphne":  # refuses text with its own 500 page, no traceback
+            assert first is not None
+            assert first.status_code == 500
+            assert b"Daphne" in first.content, first.content
+            assert "Traceback" not in served.log.read_text()  # nothing raised in the app
         else:
             assert first is None or first.status_code == 500
             assert "idemkey" not in raised_in(served.log)  # the server's own refusal

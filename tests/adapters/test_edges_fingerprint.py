@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 import httpx
 import pytest
 
-from tests.adapters.edge_servers import Server, servers
+from tests.adapters.edge_servers import ASGI_SERVED, WSGI, WSGI_SERVED, Server, servers
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -23,13 +23,7 @@ if TYPE_CHECKING:
 pytestmark = pytest.mark.redis
 __all__ = ["servers"]  # the fixture, imported
 
-ALL_SERVERS = [
-    pytest.param(("gunicorn", "flask"), id="gunicorn-flask"),
-    pytest.param(("gunicorn", "wsgi"), id="gunicorn-wsgi"),
-    pytest.param(("werkzeug", "flask"), id="werkzeug-flask"),
-    pytest.param(("werkzeug", "wsgi"), id="werkzeug-wsgi"),
-    pytest.param(("uvicorn", "asgi"), id="uvicorn-asgi"),
-]
+ALL_SERVERS = [*WSGI_SERVED, *ASGI_SERVED]
 
 
 @pytest.fixture(params=ALL_SERVERS)
@@ -97,7 +91,7 @@ def test_content_encoding_is_part_of_the_request(server: Server) -> None:
     assert server.runs(key) == 1
 
 
-@pytest.mark.parametrize("where", ["gunicorn", "werkzeug"])
+@pytest.mark.parametrize("where", WSGI)
 def test_json_fingerprint_ignores_key_order_and_whitespace(
     servers: Callable[[str, str], Server], where: str
 ) -> None:

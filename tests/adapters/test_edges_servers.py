@@ -1,0 +1,171 @@
+"""What each server does differently (docs/wsgi-asgi.md#what-each-server-does-differently), each
+difference asserted as documented: short and broken request bodies, a key with a control
+character, the reason phrase, the order of header lines.
+
+The tables below are the page's table. An outcome is idemkey's problem (``("problem", code)``),
+the server's own answer (``("server", status)``: not a problem document, the app never called),
+a connection closed with no answer (``CLOSED``), or, on granian's WSGI interface only, a broken
+chunked body read as a complete one (``RAN``). Whatever the server does, a request whose body
+did not arrive whole never runs the handler, except where ``RAN`` says it does; then the
+honest retry is refused (422), never run twice.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from typing import TYPE_CHECKING
+
+import pytest
+
+from tests.adapters.edge_servers import ASGI_SERVED, WSGI_SERVED, Raw, Server, servers
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+pytestmark = pytest.mark.redis
+__all__ = ["servers"]  # the fixture, imported
+
+CLOSED = ("closed", 0)
+RAN = ("ran", 201)
+INVALID_BODY = ("problem", "invalid_body")
+
+#: A Content-Length body that arrives short (the client half-closes), per server.
+SHORT_BODY: dict[str, tuple[str, object]] = {
+    "gunicorn-wsgi": ("problem", "incomplete_body"),
+    "werkzeug-wsgi": ("problem", "incomplete_body"),
+    "granian-wsgi": ("problem", "incomplete_body"),
+    "waitress-wsgi": CLOSED,  # waitress calls the app only once the whole body is in
+    "uvicorn-asgi": CLOSED,
+    "hypercorn-asgi": CLOSED,
+    "daphne-asgi": CLOSED,
+    "granian-asgi": ("server", 500),  # http.disconnect to the app, then granian's own 500
+}
+
+CHUNKED_HEAD = (
+    "POST /charges HTTP/1.1\r\nHost: t\r\nConnection: close\r\nIdempotency-Key: {key}\r\n"
+    "Content-Type: application/x-www-form-urlencoded\r\nTransfer-Encoding: chunked\r\n\r\n"
+)
+#: case -> (bytes after the head, half-close after sending)
+BROKEN_CHUNKS = {
+    "bad-size": (b"zz\r\namount=10\r\n0\r\n\r\n", False),
+    "no-terminator": (b"9\r\namount=10XX0\r\n\r\n", False),
+    "closed-mid-chunk": (b"20\r\namount=10", True),
+}
+#: A malformed or aborted chunked body, per server and case ("*": every case).
+BROKEN_BODY: dict[str, dict[str, tuple[str, object]]] = {
+    "gunicorn-wsgi": {"*": INVALID_BODY},
+    "werkzeug-wsgi": {"*": INVALID_BODY},
+    "waitress-wsgi": {"*": ("server", 400), "closed-mid-chunk": CLOSED},
+    "granian-wsgi": {"*": RAN},  # its wsgi.input turns the stream error into EOF
+    "uvicorn-asgi": {"*": ("server", 400), "closed-mid-chunk": CLOSED},
+    "hypercorn-asgi": {"*": ("server", 400), "closed-mid-chunk": CLOSED},
+    "daphne-asgi": {"*": ("server", 400), "closed-mid-chunk": CLOSED},
+    "granian-asgi": {"*": ("server", 500)},
+}
+
+#: A key with a control character (``k\x01x``): refused by idemkey, or by the server first.
+CONTROL_KEY: dict[str, tuple[str, object]] = {
+    "gunicorn-wsgi": ("server", 400),
+    "werkzeug-wsgi": ("problem", "invalid_key"),
+    "waitress-wsgi": ("server", 400),
+    "granian-wsgi": ("server", 400),
+    "uvicorn-asgi": ("problem", "invalid_key"),
+    "hypercorn-asgi": ("problem", "invalid_key"),
+    "daphne-asgi": ("problem", "invalid_key"),
+    "granian-asgi": ("server", 400),
+}
+
+WSGI_APPS = [p for p in WSGI_SERVED if p.values[0][1] == "wsgi"]
+EVERY_SERVER = [*WSGI_APPS, *ASGI_SERVED]
+FORM = [("Content-Type", "application/x-www-form-urlencoded")]
+
+
+def new_key() -> str:
+    return "k" + uuid.uuid4().hex[:16]
+
+
+def send(server: Server, data: bytes, close_write: bool) -> Raw | None:
+    """The answer, or None when the server closed the connection without one."""
+    try:
+        return server.send(data, close_write=close_write)
+    except (ValueError, ConnectionError):
+        return None
+
+
+def assert_outcome(server: Server, reply: Raw | None, expected: tuple[str, object]) -> None:
+    kind, value = expected
+    log = server.log_text()[-2000:]
+    assert "Traceback" not in log, log
+    if kind == "closed":
+        assert reply is None, reply
+        return
+    assert reply is not None, f"no answer; expected {expected}"
+    problem = reply.header("Content-Type") == "application/problem+json"
+    if kind == "problem":
+        assert (reply.status, problem) == (400, True), reply
+        assert json.loads(reply.body)["code"] == value
+    elif kind == "server":
+        assert (reply.status, problem) == (value, False), reply
+    else:
+        assert reply.status == value, reply
+
+
+def key_of(where: tuple[str, str]) -> str:
+    return f"{where[0]}-{where[1]}"
+
+
+@pytest.mark.parametrize("where", EVERY_SERVER)
+def test_a_short_body_never_runs_and_its_full_retry_does(
+    servers: Callable[[str, str], Server], where: tuple[str, str]
+) -> None:
+    server = servers(*where)
+    key = new_key()
+    head = (
+        "POST /charges HTTP/1.1\r\nHost: t\r\nConnection: close\r\n"
+        f"Idempotency-Key: {key}\r\nContent-Type: application/x-www-form-urlencoded\r\n"
+        "Content-Length: 24\r\n\r\n"
+    ).encode()
+    reply = send(server, head + b"amount=10&currency=eu", close_write=True)  # 21 of 24
+    assert_outcome(server, reply, SHORT_BODY[key_of(where)])
+    assert server.runs(key) == 0
+    # The honest full retry runs: nothing was stored for the short one.
+    full = server.post("/charges", b"amount=10&currency=eur&x", [("Idempotency-Key", key), *FORM])
+    assert full.status == 201, full
+    assert server.runs(key) == 1
+
+
+@pytest.mark.parametrize("case", BROKEN_CHUNKS)
+@pytest.mark.parametrize("where", EVERY_SERVER)
+def test_a_broken_chunked_body_is_answered_as_documented(
+    servers: Callable[[str, str], Server], where: tuple[str, str], case: str
+) -> None:
+    server = servers(*where)
+    key = new_key()
+    chunks, close_write = BROKEN_CHUNKS[case]
+    reply = send(server, CHUNKED_HEAD.format(key=key).encode() + chunks, close_write)
+    table = BROKEN_BODY[key_of(where)]
+    expected = table.get(case, table["*"])
+    assert_outcome(server, reply, expected)
+    # The body the client meant (the broken uploads carry at most its first 9 bytes).
+    full = server.post("/charges", b"amount=10&currency=eur", [("Idempotency-Key", key), *FORM])
+    if expected == RAN:
+        # granian handed the app what it had read as the whole body: the handler ran on it
+        # and the record is stored, so the full retry is another request for this key.
+        assert server.runs(key) == 1
+        assert full.status == 422, full
+        assert json.loads(full.body)["code"] == "key_reused"
+        assert server.runs(key) == 1
+    else:
+        assert full.status == 201, full  # nothing stored for the broken one: the retry runs
+        assert server.runs(key) == 1
+
+
+@pytest.mark.parametrize("where", EVERY_SERVER)
+def test_a_key_with_a_control_character_never_runs(
+    servers: Callable[[str, str], Server], where: tuple[str, str]
+) -> None:
+    server = servers(*where)
+    reply = server.post("/charges", b"amount=10", [("Idempotency-Key", "k\x01x"), *FORM])
+    assert_outcome(server, reply, CONTROL_KEY[key_of(where)])
+    assert server.runs("k\x01x") == 0
