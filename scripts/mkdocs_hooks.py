@@ -1,6 +1,9 @@
 """MkDocs hook: the reference tables, generated from the code at build time.
 
 ``<!-- readme-pitch -->`` becomes README.md's opening paragraph and list (the site's home).
+``<!-- install [flask] uvicorn -->`` becomes the install lines, written once in
+docs/snippets/install.md: a checkout (``git clone`` of :data:`REPOSITORY`, then ``pip install -e
+'.[flask]' uvicorn``), and the published form for when it exists.
 ``<!-- policy-fields -->`` becomes a table of every :class:`idemkey.Policy` option
 (``dataclasses.fields``: name, type, default; derived fields left out) with its meaning, the
 ``#:`` comment above the field in idemkey/policy.py. ``<!-- problem-codes -->`` becomes the
@@ -133,6 +136,28 @@ def readme_pitch() -> str:
     return f"{opening}\n\n{bullets}"
 
 
+#: The repository: pyproject.toml's ``[project.urls] Repository``, and the install lines' clone.
+REPOSITORY = "https://github.com/idemkey/idemkey"
+INSTALL = re.compile(
+    r"^<!-- install(?: \[(?P<extras>[\w,-]+)\])?(?P<beside>(?: [\w-]+)*) -->$", re.M
+)
+
+
+def install(extras: str = "", beside: str = "") -> str:
+    """The install lines (docs/snippets/install.md) for ``extras`` ("flask,testing") and the
+    packages installed beside (" uvicorn")."""
+    template = (ROOT / "docs" / "snippets" / "install.md").read_text("utf-8")
+    text = template.replace("{beside}", beside).replace("{repository}", REPOSITORY)
+    if not extras:  # the bare package: '.' and "idemkey-redis"
+        text = text.replace("'.[{extras}]'", ".").replace("[{extras}]", "")
+    return text.replace("{extras}", extras).rstrip("\n")
+
+
+def expand_install(markdown: str) -> str:
+    """Every ``<!-- install [...] ... -->`` line of ``markdown`` replaced by :func:`install`."""
+    return INSTALL.sub(lambda m: install(m["extras"] or "", m["beside"]), markdown)
+
+
 OUTSIDE_DOCS = re.compile(r"\[([^\]]+)\]\(\.\./([^)#\s]+)(?:#[^)\s]*)?\)")
 
 
@@ -140,6 +165,7 @@ def on_page_markdown(markdown: str, **_: Any) -> str:
     # A link out of docs/ (to the README, to benchmarks/) works on GitHub, not on the site:
     # the site names the repository file instead.
     markdown = OUTSIDE_DOCS.sub(r"\1 (`\2` in the repository)", markdown)
+    markdown = expand_install(markdown)
     if "<!-- readme-pitch -->" in markdown:
         markdown = markdown.replace("<!-- readme-pitch -->", readme_pitch())
     if "<!-- policy-fields -->" in markdown:
