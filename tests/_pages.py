@@ -6,7 +6,10 @@ of its own holding nothing but ``__name__``: what it uses it imports or defines,
 who copies that block alone has it. The only change is the Redis URL, the page's
 ``redis://localhost:6379`` pointed at the test's private redis-server. A page whose samples
 call your own services imports them from a module it names (``from shop import psp``); the
-test puts its fakes in ``sys.modules`` under that name.
+test puts its fakes in ``sys.modules`` under that name. The pages a newcomer starts from
+run twice in a row (:func:`run_twice`), and as a script in a fresh virtual environment built
+from the page's own install line (``python tests/_pages.py PAGE REDIS_URL``; see
+tests/test_pages_fresh.py).
 """
 
 from __future__ import annotations
@@ -94,6 +97,19 @@ def run_page(
         {} if i in served else run_block(path, i, block, redis_url, replace)
         for i, block in enumerate(code)
     ]
+
+
+def run_twice(
+    path: str,
+    redis_url: str | None = None,
+    replace: Mapping[str, str] | None = None,
+    served: Collection[int] = (),
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Run the page's blocks as :func:`run_page` does, then all of them again against the same
+    Redis: a reader who runs a sample twice, as an idempotency library's samples invite, must
+    see the second run replay, never an error from what the first run stored."""
+    first = run_page(path, redis_url, replace, served)
+    return first, run_page(path, redis_url, replace, served)
 
 
 @contextmanager
