@@ -141,6 +141,15 @@ def retries_behave(base: str, url: str, path: str, *, scope: str, json_body: boo
         assert held.headers["Retry-After"]
 
 
+def replays_on_a_second_run(base: str, path: str) -> None:
+    """The page's server started again on the same Redis (a reader running the sample
+    twice): the first run's request is answered from Redis, never run again."""
+    with httpx.Client(base_url=base, timeout=10.0) as http:
+        again = http.post(path, json={"amount": 5}, headers={"Idempotency-Key": "k-first"})
+    assert again.status_code == 201, again.text
+    assert again.headers["Idempotent-Replayed"] == "true"
+
+
 @pytest.fixture
 def url(private_redis_server: RedisServer) -> str:
     return private_redis_server.url
@@ -165,6 +174,8 @@ def test_flask_page_on_flask_run(url: str, tmp_path: Path) -> None:
     argv = [executable("flask"), *command[1:], "--port", str(port)]
     with serving(argv, tmp_path, port) as base:
         retries_behave(base, url, "/charges", scope="")
+    with serving(argv, tmp_path, port) as base:  # run again, same Redis
+        replays_on_a_second_run(base, "/charges")
 
 
 def test_readme_example_on_flask_run(url: str, tmp_path: Path) -> None:
@@ -176,6 +187,8 @@ def test_readme_example_on_flask_run(url: str, tmp_path: Path) -> None:
     argv = [executable("flask"), *command[1:], "--port", str(port)]
     with serving(argv, tmp_path, port) as base:
         retries_behave(base, url, "/charges", scope=NO_CREDENTIALS)
+    with serving(argv, tmp_path, port) as base:  # run again, same Redis
+        replays_on_a_second_run(base, "/charges")
 
 
 def test_flask_page_app_factory_takes_a_test_store(url: str, tmp_path: Path) -> None:
@@ -199,6 +212,12 @@ def test_flask_page_app_factory_takes_a_test_store(url: str, tmp_path: Path) -> 
 @pytest.mark.parametrize("name", ["fastapi.md", "starlette.md"])
 def test_asgi_framework_page_on_uvicorn(name: str, url: str, tmp_path: Path) -> None:
     path = page(name)
+    if name == "fastapi.md":  # the page shows the request run, then replayed
+        console = re.findall(r"```console\n(.*?)```", path.read_text("utf-8"), re.S)[0]
+        first, again = console.split("$ curl")[1:]
+        assert first.split("HTTP/1.1")[0] == again.split("HTTP/1.1")[0]  # the same command
+        assert "Idempotent-Replayed: true" in again
+        assert "Idempotent-Replayed" not in first
     installs(path, name.removesuffix(".md"))
     write_files(path, tmp_path, url)
     command = printed(path, "uvicorn app:app")
@@ -209,6 +228,8 @@ def test_asgi_framework_page_on_uvicorn(name: str, url: str, tmp_path: Path) -> 
         retries_behave(base, url, "/charges", scope=scope)
         with httpx.Client(base_url=base) as http:
             assert http.post("/login").status_code == 200  # not guarded: no key needed
+    with serving(argv, tmp_path, port) as base:  # run again, same Redis
+        replays_on_a_second_run(base, "/charges")
 
 
 def test_django_page_in_a_new_project_on_runserver(url: str, tmp_path: Path) -> None:
@@ -226,6 +247,8 @@ def test_django_page_in_a_new_project_on_runserver(url: str, tmp_path: Path) -> 
         retries_behave(base, url, "/charges", scope=NO_CREDENTIALS)
         with httpx.Client(base_url=base) as http:
             assert http.post("/webhook").status_code == 200  # exempt, and no CSRF 403
+    with serving(argv, project, port) as base:  # run again, same Redis
+        replays_on_a_second_run(base, "/charges")
 
 
 def test_wsgi_page_on_gunicorn(url: str, tmp_path: Path) -> None:
@@ -241,6 +264,8 @@ def test_wsgi_page_on_gunicorn(url: str, tmp_path: Path) -> None:
             assert http.post("/v1/login").status_code == 201  # exempt
             assert http.post("/v1/anything").status_code == 400  # guarded by /v1/{rest:path}
             assert http.post("/elsewhere").status_code == 201  # no route: not guarded
+    with serving(argv, tmp_path, port) as base:  # run again, same Redis
+        replays_on_a_second_run(base, "/charges")
 
 
 def test_asgi_page_on_uvicorn(url: str, tmp_path: Path) -> None:
@@ -255,3 +280,5 @@ def test_asgi_page_on_uvicorn(url: str, tmp_path: Path) -> None:
         with httpx.Client(base_url=base) as http:
             assert http.post("/v1/login").status_code == 201  # exempt
             assert http.post("/elsewhere").status_code == 201  # no route: not guarded
+    with serving(argv, tmp_path, port) as base:  # run again, same Redis
+        replays_on_a_second_run(base, "/charges")

@@ -12,12 +12,11 @@ first sample builds.
 
 from __future__ import annotations
 
-from collections import Counter
-from typing import Any
-
 import re
 import sys
 import types
+from collections import Counter
+from typing import Any
 
 import pytest
 import redis
