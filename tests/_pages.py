@@ -142,3 +142,20 @@ def write_page(path: str, directory: Path, redis_url: str | None = None) -> list
         target.write_text(point_at(code, redis_url))
         written.append(target)
     return written
+
+
+def main(argv: list[str]) -> int:
+    """``python tests/_pages.py PAGE REDIS_URL [OLD=NEW ...]``: every block of ``PAGE``, twice
+    (a reader running the samples twice), under the interpreter that runs this: a fresh
+    virtual environment built from the page's install line (tests/test_pages_fresh.py)."""
+    page, redis_url, *pairs = argv
+    replace = dict(pair.split("=", 1) for pair in pairs)
+    for run in (1, 2):
+        print(f"== run {run}", flush=True)
+        run_page(page, redis_url, replace)
+        sys.stdout.flush()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -78,9 +78,12 @@ def installs(page: Path, extra: str | None) -> None:
 
 
 @contextlib.contextmanager
-def serving(command: list[str], cwd: Path, port: int) -> Iterator[str]:
-    """The server ``command`` runs in ``cwd`` until it answers on ``port``; stopped after."""
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(cwd), str(ROOT)])}
+def serving(
+    command: list[str], cwd: Path, port: int, pythonpath: tuple[Path, ...] = (ROOT,)
+) -> Iterator[str]:
+    """The server ``command`` runs in ``cwd`` until it answers on ``port``; stopped after.
+    Its imports come from ``cwd`` and ``pythonpath`` (this checkout, unless told)."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(map(str, (cwd, *pythonpath)))}
     log = (cwd / "server.log").open("wb")
     process = subprocess.Popen(command, cwd=cwd, env=env, stdout=log, stderr=subprocess.STDOUT)
     base = f"http://{HOST}:{port}"
