@@ -3,7 +3,9 @@ docs/steps.md in tests/steps/test_docs.py, docs/queues.md in tests/contrib/test_
 and docs/behaviour.md in tests/test_behaviour_page.py.
 
 See :mod:`tests._pages` for what "as printed" means: each python block runs alone, in an empty
-namespace, with only its Redis URL pointed at the test's private redis-server.
+namespace, with only its Redis URL pointed at the test's private redis-server. guard.md and
+client.md run twice (:func:`tests._pages.run_twice`), as a reader runs a sample twice: the
+second run must print its replay, not fail on what the first run stored.
 """
 
 from __future__ import annotations

@@ -43,7 +43,11 @@ ROOT = Path(__file__).resolve().parent.parent
 #: One page per integration: the core (guard), the client, Flask (getting-started's line, then
 #: the Flask page's app) and an ASGI framework (FastAPI).
 CI = ("guard.md", "client.md", "getting-started.md", "fastapi.md")
-ALL = (*CI, "steps.md", "starlette.md", "django.md", "wsgi-asgi.md", "flask.md", "effects.md")
+ALL = (
+    *CI,
+    *("steps.md", "starlette.md", "django.md", "wsgi-asgi.md", "flask.md", "effects.md"),
+    *("glide.md", "operators.md"),
+)
 EVERY = os.environ.get("IDEMKEY_FRESH_PAGES") == "all"
 
 
@@ -82,22 +86,18 @@ def pages() -> list[object]:
     return [pytest.param(n, marks=[] if n in CI or EVERY else skip, id=n) for n in ALL]
 
 
-def run_blocks(bin_dir: Path, name: str, url: str, *pairs: str) -> list[str]:
-    """The page's blocks run twice by tests/_pages.py under the venv; each run's lines."""
+def run_blocks(bin_dir: Path, name: str, url: str, where: Path, *pairs: str) -> list[list[str]]:
+    """The page's blocks run twice by tests/_pages.py under the venv, in the directory
+    ``where`` (a sample may write files: effects.md's SQLite database); each run's lines."""
     env = user_environ()
     env.pop("PYTHONPATH", None)
+    where.mkdir(exist_ok=True)
+    page_path = str(ROOT / "docs" / name)
     done = subprocess.run(
-        [
-            str(bin_dir / "python"),
-            "-I",
-            str(ROOT / "tests" / "_pages.py"),
-            f"docs/{name}",
-            url,
-            *pairs,
-        ],
         # -I: neither tests/ (whose typing/ would shadow the module) nor this checkout is on
         # the path; idemkey and its dependencies come from the venv alone.
-        cwd=ROOT,
+        [str(bin_dir / "python"), "-I", str(ROOT / "tests" / "_pages.py"), page_path, url, *pairs],
+        cwd=where,
         env=env,
         capture_output=True,
         text=True,
@@ -171,7 +171,11 @@ def test_the_page_in_a_fresh_venv_from_its_install_line_twice(
                 message="idemkey serve to start",
             )
             first, second = run_blocks(
-                bin_dir, name, url, f"http://127.0.0.1:8000=http://127.0.0.1:{port}"
+                bin_dir,
+                name,
+                url,
+                tmp_path / "run",
+                f"http://127.0.0.1:8000=http://127.0.0.1:{port}",
             )
         finally:
             server.terminate()
@@ -182,7 +186,7 @@ def test_the_page_in_a_fresh_venv_from_its_install_line_twice(
         assert second[-1] == first[-1]  # the earlier run's payment, refused as a replay
         assert "201 True True" in second
     else:
-        first, second = run_blocks(bin_dir, name, url)
+        first, second = run_blocks(bin_dir, name, url, tmp_path / "run")
         replayed = {
             "guard.md": "charged by this run: []",
             "steps.md": "PSP calls by this run: 0",
