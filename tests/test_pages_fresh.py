@@ -20,6 +20,7 @@ from __future__ import annotations
 import os
 import re
 import shlex
+import socket
 import subprocess
 import sys
 import venv
@@ -165,11 +166,14 @@ def test_the_page_in_a_fresh_venv_from_its_install_line_twice(
             stderr=subprocess.STDOUT,
         )
         try:
-            wait_until(
-                lambda: b"http://" in (tmp_path / "serve.log").read_bytes() or server.poll(),
-                timeout=30,
-                message="idemkey serve to start",
-            )
+
+            def listening() -> bool:
+                log_text = (tmp_path / "serve.log").read_text(errors="replace")
+                assert server.poll() is None, log_text  # it cannot run (a missing package?)
+                with socket.socket() as probe:
+                    return probe.connect_ex(("127.0.0.1", port)) == 0
+
+            wait_until(listening, timeout=30, message="idemkey serve to start")
             first, second = run_blocks(
                 bin_dir,
                 name,
