@@ -10,6 +10,7 @@
     nox -s lock             # constraints.txt again from pyproject.toml (uv pip compile)
     nox -s newest           # the quick tier on the newest releases the index serves (no lock)
     nox -s docs             # the docs site, mkdocs build --strict (-- serve: mkdocs serve)
+    nox -s pages            # every page's samples twice, in fresh venvs from their install lines
     nox -s lowest           # the oldest redis/msgspec/xxhash/flask/werkzeug pyproject allows
     nox -s lowest_core      # the same floors, a short list of tests, a small install (CI)
     nox -s lowest_frameworks  # the oldest Django/FastAPI/Starlette/httpx/Celery/SQLAlchemy
@@ -359,6 +360,29 @@ def docs(session: nox.Session) -> None:
         session.run("mkdocs", "serve", *session.posargs[1:])
     else:
         session.run("mkdocs", "build", "--strict", *session.posargs)
+
+
+#: The pages' tests: run as printed, twice against one Redis, in process and on real servers,
+#: and each page in a fresh venv built from its own install line.
+PAGE_TESTS = [
+    "tests/test_pages.py",
+    "tests/test_pages_fresh.py",
+    "tests/steps/test_docs.py",
+    "tests/frameworks/test_docs_pages.py",
+    "tests/test_behaviour_page.py",
+    "tests/contrib/test_queues_page.py",
+    "tests/test_install_lines.py",
+]
+
+
+@nox.session(python=CURRENT)
+def pages(session: nox.Session) -> None:
+    """Every documentation page's samples as a newcomer runs them: twice against one Redis,
+    and every page of tests/test_pages_fresh.py in a fresh venv from the page's install line
+    (CI's pytest runs one page per integration that way)."""
+    session.install("-e", ".[test]")
+    session.env["IDEMKEY_FRESH_PAGES"] = "all"
+    session.run("pytest", *(session.posargs or PAGE_TESTS))
 
 
 @nox.session(python=CURRENT)

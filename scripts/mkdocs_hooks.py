@@ -1,6 +1,9 @@
 """MkDocs hook: the reference tables, generated from the code at build time.
 
 ``<!-- readme-pitch -->`` becomes README.md's opening paragraph and list (the site's home).
+``<!-- install [flask] uvicorn -->`` becomes the install lines, written once in
+docs/snippets/install.md: a checkout (``git clone`` of :data:`REPOSITORY`, then ``pip install -e
+'.[flask]' uvicorn``), and the published form for when it exists.
 ``<!-- policy-fields -->`` becomes a table of every :class:`idemkey.Policy` option
 (``dataclasses.fields``: name, type, default; derived fields left out) with its meaning, the
 ``#:`` comment above the field in idemkey/policy.py. ``<!-- problem-codes -->`` becomes the
@@ -9,6 +12,11 @@ answered with, read from the calls that answer it (:func:`problem_statuses`), an
 advice (``RETRY``). Nothing is
 copied by hand: a new field or code appears on the site with the change that adds it, and a
 field without a comment, or a code whose status is not found, fails the build.
+
+:data:`DOCUMENTED` lists the modules whose public names the API reference (docs/reference/)
+renders with mkdocstrings; :func:`undocumented` reads them with griffe (statically, as
+mkdocstrings does: the docs build needs no framework installed), and a class or function in a
+module's ``__all__`` without a docstring fails the build (:func:`on_config`).
 """
 
 from __future__ import annotations
@@ -133,6 +141,88 @@ def readme_pitch() -> str:
     return f"{opening}\n\n{bullets}"
 
 
+#: The repository: pyproject.toml's ``[project.urls] Repository``, and the install lines' clone.
+REPOSITORY = "https://github.com/idemkey/idemkey"
+INSTALL = re.compile(
+    r"^<!-- install(?: \[(?P<extras>[\w,-]+)\])?(?P<beside>(?: [\w-]+)*) -->$", re.M
+)
+
+
+def install(extras: str = "", beside: str = "") -> str:
+    """The install lines (docs/snippets/install.md) for ``extras`` ("flask,testing") and the
+    packages installed beside (" uvicorn")."""
+    template = (ROOT / "docs" / "snippets" / "install.md").read_text("utf-8")
+    text = template.replace("{beside}", beside).replace("{repository}", REPOSITORY)
+    if not extras:  # the bare package: '.' and "idemkey-redis"
+        text = text.replace("'.[{extras}]'", ".").replace("[{extras}]", "")
+    return text.replace("{extras}", extras).rstrip("\n")
+
+
+def expand_install(markdown: str) -> str:
+    """Every ``<!-- install [...] ... -->`` line of ``markdown`` replaced by :func:`install`."""
+    return INSTALL.sub(lambda m: install(m["extras"] or "", m["beside"]), markdown)
+
+
+#: The modules of the API reference (docs/reference/api.md, client.md, adapters.md,
+#: contrib.md): every class and function in their ``__all__`` must have a docstring.
+DOCUMENTED = (
+    "idemkey",
+    "idemkey.store",
+    "idemkey.client",
+    "idemkey.adapters.flask",
+    "idemkey.adapters.fastapi",
+    "idemkey.adapters.starlette",
+    "idemkey.adapters.django",
+    "idemkey.adapters.wsgi",
+    "idemkey.adapters.asgi",
+    "idemkey.contrib.celery",
+    "idemkey.contrib.mcp",
+    "idemkey.contrib.sqlalchemy",
+    "idemkey.testing",
+)
+
+
+def undocumented(modules: tuple[str, ...] = DOCUMENTED, search: Path = ROOT) -> list[str]:
+    """``module.name`` of each class or function in a module's ``__all__`` without a
+    docstring, and ``module.Class.method`` of each public method such a class defines without
+    one (names re-exported from a private module are followed to their definition); a name in
+    ``__all__`` that the module does not define is listed too."""
+    import griffe
+
+    loader = griffe.GriffeLoader(search_paths=[str(search)])
+    # By path: by name, griffe may find another copy (an installed one) first.
+    package = loader.load(search / "idemkey")
+    loader.resolve_aliases(external=False)
+    missing = []
+    for dotted in modules:
+        module = package if dotted == "idemkey" else package[dotted.removeprefix("idemkey.")]
+        for name in module.exports or ():
+            name = name if isinstance(name, str) else name.name
+            if name not in module.members:
+                missing.append(f"{dotted}.{name} (in __all__, not defined)")
+                continue
+            member = module.members[name]
+            target = member.final_target if member.is_alias else member
+            if (target.is_class or target.is_function) and not target.docstring:
+                missing.append(f"{dotted}.{name}")
+            if target.is_class:  # and its public methods (those it defines)
+                for method, value in target.members.items():
+                    value = value.final_target if value.is_alias else value
+                    public = not method.startswith("_") and value.is_function
+                    if public and value.parent is target and not value.docstring:
+                        missing.append(f"{dotted}.{name}.{method}")
+    return missing
+
+
+def on_config(config: Any, **_: Any) -> Any:
+    from mkdocs.exceptions import PluginError
+
+    missing = undocumented(DOCUMENTED, ROOT)
+    if missing:
+        raise PluginError(f"public names without a docstring: {', '.join(missing)}")
+    return config
+
+
 OUTSIDE_DOCS = re.compile(r"\[([^\]]+)\]\(\.\./([^)#\s]+)(?:#[^)\s]*)?\)")
 
 
@@ -140,6 +230,7 @@ def on_page_markdown(markdown: str, **_: Any) -> str:
     # A link out of docs/ (to the README, to benchmarks/) works on GitHub, not on the site:
     # the site names the repository file instead.
     markdown = OUTSIDE_DOCS.sub(r"\1 (`\2` in the repository)", markdown)
+    markdown = expand_install(markdown)
     if "<!-- readme-pitch -->" in markdown:
         markdown = markdown.replace("<!-- readme-pitch -->", readme_pitch())
     if "<!-- policy-fields -->" in markdown:

@@ -6,7 +6,10 @@ of its own holding nothing but ``__name__``: what it uses it imports or defines,
 who copies that block alone has it. The only change is the Redis URL, the page's
 ``redis://localhost:6379`` pointed at the test's private redis-server. A page whose samples
 call your own services imports them from a module it names (``from shop import psp``); the
-test puts its fakes in ``sys.modules`` under that name.
+test puts its fakes in ``sys.modules`` under that name. The pages a newcomer starts from
+run twice in a row (:func:`run_twice`), and as a script in a fresh virtual environment built
+from the page's own install line (``python tests/_pages.py PAGE REDIS_URL``; see
+tests/test_pages_fresh.py).
 """
 
 from __future__ import annotations
@@ -98,6 +101,19 @@ def run_page(
     ]
 
 
+def run_twice(
+    path: str,
+    redis_url: str | None = None,
+    replace: Mapping[str, str] | None = None,
+    served: Collection[int] = (),
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Run the page's blocks as :func:`run_page` does, then all of them again against the same
+    Redis: a reader who runs a sample twice, as an idempotency library's samples invite, must
+    see the second run replay, never an error from what the first run stored."""
+    first = run_page(path, redis_url, replace, served)
+    return first, run_page(path, redis_url, replace, served)
+
+
 @contextmanager
 def fake_modules(modules: Mapping[str, Mapping[str, Any]]) -> Iterator[None]:
     """Install modules (name -> attributes) the page imports, for the duration."""
@@ -129,3 +145,20 @@ def write_page(path: str, directory: Path, redis_url: str | None = None) -> list
         target.write_text(point_at(code, redis_url))
         written.append(target)
     return written
+
+
+def main(argv: list[str]) -> int:
+    """``python tests/_pages.py PAGE REDIS_URL [OLD=NEW ...]``: every block of ``PAGE``, twice
+    (a reader running the samples twice), under the interpreter that runs this: a fresh
+    virtual environment built from the page's install line (tests/test_pages_fresh.py)."""
+    page, redis_url, *pairs = argv
+    replace = dict(pair.split("=", 1) for pair in pairs)
+    for run in (1, 2):
+        print(f"== run {run}", flush=True)
+        run_page(page, redis_url, replace)
+        sys.stdout.flush()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

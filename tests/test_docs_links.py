@@ -94,3 +94,19 @@ def test_nothing_cites_the_design_documents_that_are_not_in_the_repository() -> 
     }
     citing.discard("tests/test_docs_links.py")  # this file names them to forbid them
     assert citing == KNOWN_STALE
+
+
+BLOB = "https://github.com/idemkey/idemkey/blob/main/"
+
+
+def test_the_readme_links_absolute_urls_that_name_files_of_the_repository() -> None:
+    """The README is the package index's page too, where a relative link leads nowhere: every
+    link is absolute, and one into the repository names a file (and section) that exist."""
+    links = MARKDOWN_LINK.findall((ROOT / "README.md").read_text("utf-8"))
+    assert [link for link in links if not re.match(r"https?://", link)] == []
+    ours = [link[len(BLOB) :] for link in links if link.startswith(BLOB)]
+    assert len(ours) >= 10
+    for target in ours:
+        path, _, anchor = target.partition("#")
+        assert (ROOT / path).is_file(), target
+        assert not anchor or anchor in anchors(ROOT / path), target

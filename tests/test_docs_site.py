@@ -1,4 +1,5 @@
-"""The docs site's generated reference: every Policy field and every problem code, from the code.
+"""The docs site's generated reference: every Policy field and every problem code, from the code,
+and a docstring on every public name the API reference renders.
 
 scripts/mkdocs_hooks.py builds the tables when `mkdocs build` runs (CI runs it with --strict);
 here the tables are checked against the code itself, so a field added without its `#:`
@@ -7,9 +8,14 @@ comment, or a problem code whose status the hook cannot find, fails the test run
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import importlib.util
+import re
+import shutil
 from pathlib import Path
+
+import pytest
 
 from idemkey.http._problems import _TITLES
 from idemkey.policy import Policy
@@ -51,3 +57,72 @@ def test_the_home_page_pitch_is_the_readmes() -> None:
     pitch = hooks.readme_pitch()
     assert pitch.startswith("Make HTTP writes and background jobs safe to retry.")
     assert "\n- Same key, same request" in pitch
+
+
+def _without_docstring(source: str, name: str) -> str:
+    """``source`` with the docstring of the function or class ``name`` removed."""
+    tree = ast.parse(source)
+    (node,) = [
+        n
+        for n in ast.walk(tree)
+        if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and n.name == name
+    ]
+    doc = node.body[0]
+    assert isinstance(doc, ast.Expr)
+    assert doc.end_lineno is not None
+    lines = source.splitlines(keepends=True)
+    del lines[doc.lineno - 1 : doc.end_lineno]
+    return "".join(lines)
+
+
+def test_every_public_name_of_the_reference_has_a_docstring() -> None:
+    pytest.importorskip("griffe")
+    assert hooks.undocumented() == []
+
+
+def test_a_public_name_without_a_docstring_fails_the_build(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pytest.importorskip("griffe")
+    mkdocs_exceptions = pytest.importorskip("mkdocs.exceptions")
+    shutil.copytree(ROOT / "idemkey", tmp_path / "idemkey", ignore=shutil.ignore_patterns("*.pyc"))
+    assert hooks.undocumented(hooks.DOCUMENTED, tmp_path) == []
+    for path, name, dotted in [
+        ("contrib/sqlalchemy.py", "fenced", "idemkey.contrib.sqlalchemy.fenced"),
+        ("client/_sync.py", "Client", "idemkey.client.Client"),  # re-exported from private
+        ("guard/_call.py", "save", "idemkey.Call.save"),  # a public method
+    ]:
+        source = tmp_path / "idemkey" / path
+        source.write_text(_without_docstring(source.read_text("utf-8"), name), "utf-8")
+        assert dotted in hooks.undocumented(hooks.DOCUMENTED, tmp_path)
+    monkeypatch.setattr(hooks, "ROOT", tmp_path)
+    with pytest.raises(
+        mkdocs_exceptions.PluginError, match=r"idemkey\.contrib\.sqlalchemy\.fenced"
+    ):
+        hooks.on_config({})
+
+
+#: The entry points the API reference must render (issue 37), each in a ``:::`` directive or
+#: its ``members`` list on a page of docs/reference/.
+ENTRY_POINTS = [
+    "guard", "aguard", "idempotent", "RedisStore", "AsyncRedisStore", "Call", "StepRetry",
+    "Client", "AsyncClient", "RetryPolicy", "IdempotentTransport", "AsyncIdempotentTransport",
+    "idemkey.adapters.flask.Idemkey", "idemkey.adapters.fastapi", "Idempotency",
+    "IdempotentRoute", "idemkey.adapters.django", "IdempotencyMiddleware",
+    "idemkey.adapters.wsgi.IdempotencyMiddleware", "idemkey.adapters.asgi.IdempotencyMiddleware",
+    "IdempotentTask", "IdempotentTools", "fenced", "Effects",
+]  # fmt: skip
+
+
+def test_the_reference_pages_render_every_entry_point_and_are_in_the_nav() -> None:
+    rendered = ""
+    nav = (ROOT / "mkdocs.yml").read_text("utf-8")
+    for page in sorted((ROOT / "docs" / "reference").glob("*.md")):
+        assert f"reference/{page.name}" in nav, page.name
+        text = page.read_text("utf-8")
+        rendered += " ".join(re.findall(r"^::: (\S+)", text, re.M))
+        rendered += " " + " ".join(re.findall(r"members: \[([^\]]*)\]", text))
+        rendered += " " + " ".join(re.findall(r"^\s+- (\w+)$", text, re.M))
+    names = set(re.split(r"[\s,]+", rendered))
+    shown = names | {name.rsplit(".", 1)[-1] for name in names}
+    assert [name for name in ENTRY_POINTS if name not in shown] == []

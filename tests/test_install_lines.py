@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from idemkey.cli import COMMANDS, main
+from scripts.mkdocs_hooks import INSTALL, REPOSITORY, expand_install, install
 
 ROOT = Path(__file__).resolve().parent.parent
 DISTRIBUTION = "idemkey-redis"
@@ -69,11 +70,17 @@ def _help_texts(capsys: pytest.CaptureFixture[str]) -> str:
     return "\n".join(texts)
 
 
+def _pages() -> list[Path]:
+    """The site's pages (the install template, docs/snippets/, is what they include)."""
+    return [p for p in sorted((ROOT / "docs").rglob("*.md")) if "snippets" not in p.parts]
+
+
 def _sources() -> dict[str, str]:
-    paths = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+    """Each file we print, docs pages as the site shows them (install lines expanded)."""
+    paths = [ROOT / "README.md", *_pages()]
     paths += [p for d in ("idemkey", "benchmarks") for p in sorted((ROOT / d).rglob("*.py"))]
     paths += sorted((ROOT / "benchmarks").rglob("*.md"))
-    return {str(p.relative_to(ROOT)): p.read_text("utf-8") for p in paths}
+    return {str(p.relative_to(ROOT)): expand_install(p.read_text("utf-8")) for p in paths}
 
 
 def _check(requirement: str) -> str | None:
@@ -129,10 +136,49 @@ def test_every_install_line_names_this_distribution(capsys: pytest.CaptureFixtur
 
 
 def test_getting_started_says_how_to_install_before_publication() -> None:
-    page = requirements((ROOT / "docs" / "getting-started.md").read_text("utf-8"))
-    assert ".[flask]" in page  # from a checkout
-    assert any(r.startswith(f"{DISTRIBUTION}[flask] @ git+") for r in page)  # from git
-    assert "docs/getting-started.md#install" in (ROOT / "README.md").read_text("utf-8")
+    text = expand_install((ROOT / "docs" / "getting-started.md").read_text("utf-8"))
+    assert f"git clone {REPOSITORY} && cd idemkey\n" in text  # the checkout, then:
+    assert requirements(text)[:2] == [".[flask]", f"{DISTRIBUTION}[flask]"]  # and once published
+
+
+def test_every_page_installs_through_the_one_template() -> None:
+    """A page says what it installs with ``<!-- install [extras] beside -->``, expanded from
+    docs/snippets/install.md at build time: no page carries a copy of the lines."""
+    with_installs = []
+    for page in _pages():
+        raw = page.read_text("utf-8")
+        fenced = "\n".join(re.findall(r"```(?:bash|console)?\n(.*?)```", raw, re.S))
+        copies = re.findall(r"^(?:\$ )?(?:git clone|pip install .*idemkey-redis).*$", fenced, re.M)
+        assert not copies, f"{page.name}: {copies} (use <!-- install [...] -->)"
+        if INSTALL.search(raw):
+            with_installs.append(page.name)
+    integrations = {"flask.md", "fastapi.md", "starlette.md", "django.md", "wsgi-asgi.md"}
+    assert integrations | {"getting-started.md", "guard.md", "steps.md", "client.md"} <= set(
+        with_installs
+    )
+
+
+def test_the_template_clones_the_repository_pyproject_names() -> None:
+    text = (ROOT / "pyproject.toml").read_text("utf-8")
+    urls = text[text.index("[project.urls]") :].split("\n\n")[0]
+    assert f'Repository = "{REPOSITORY}"' in urls
+    lines = install("fastapi", " uvicorn").splitlines()
+    assert lines[:4] == [
+        "```bash",
+        f"git clone {REPOSITORY} && cd idemkey",
+        "pip install -e '.[fastapi]' uvicorn  # into your project's environment",
+        "```",
+    ]
+    assert requirements(install())[:2] == [".", DISTRIBUTION]  # no extra: the bare package
+    assert expand_install("<!-- install [flask,testing] pytest -->") == install(
+        "flask,testing", " pytest"
+    )
+
+
+def test_the_readme_prints_the_template_as_the_site_does() -> None:
+    """The README is read on GitHub and the package index, where nothing expands: it carries
+    the flask lines as the template renders them, checked here."""
+    assert install("flask") in (ROOT / "README.md").read_text("utf-8")
 
 
 def test_version_prints_the_installed_version(capsys: pytest.CaptureFixture[str]) -> None:

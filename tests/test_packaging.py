@@ -89,6 +89,42 @@ def test_wheel_is_idemkey_redis_with_the_metrics_extras(wheel: Path) -> None:
                for line in head)  # fmt: skip
 
 
+def test_the_wheel_carries_the_license_file_and_says_what_the_package_is(wheel: Path) -> None:
+    """The MIT text travels with every copy (PEP 639: .dist-info/licenses/), and the index
+    page shows the license, the supported Pythons and frameworks, and the project's links."""
+    with zipfile.ZipFile(wheel) as zf:
+        names = zf.namelist()
+        (license_file,) = [n for n in names if n.endswith(".dist-info/licenses/LICENSE")]
+        assert zf.read(license_file) == (ROOT / "LICENSE").read_bytes()
+        (name,) = [n for n in names if n.endswith(".dist-info/METADATA")]
+        head = zf.read(name).decode("utf-8").split("\n\n", 1)[0].splitlines()
+    assert "MIT License" in (ROOT / "LICENSE").read_text("utf-8")
+    assert "License-Expression: MIT" in head
+    assert "License-File: LICENSE" in head
+    classifiers = {line.split(": ", 1)[1] for line in head if line.startswith("Classifier: ")}
+    wanted = {f"Programming Language :: Python :: 3.{minor}" for minor in range(10, 14)}
+    wanted |= {f"Framework :: {f}" for f in ("Flask", "Django", "FastAPI", "AsyncIO", "Celery")}
+    wanted.add("Development Status :: 4 - Beta")
+    assert wanted <= classifiers
+    assert any(c.startswith("Topic :: ") for c in classifiers)
+    assert not any(c.startswith("License :: ") for c in classifiers)  # PEP 639: the expression
+    urls = dict(line.split(": ", 1)[1].split(", ", 1) for line in head if "Project-URL" in line)
+    assert urls["Repository"] == "https://github.com/idemkey/idemkey"
+
+
+def test_the_project_files_exist() -> None:
+    changelog = (ROOT / "CHANGELOG.md").read_text("utf-8")
+    assert "keepachangelog.com" in changelog
+    for version in ("0.3.0", "0.2.0", "0.1.0"):
+        assert f"\n## [{version}] - " in changelog, version
+    assert "**Breaking: a record is one key.**" in changelog  # 0.3.0's layout change
+    assert "nox -s quick" in (ROOT / "CONTRIBUTING.md").read_text("utf-8")
+    assert "docs/development.md" in (ROOT / "CONTRIBUTING.md").read_text("utf-8")
+    security = (ROOT / "SECURITY.md").read_text("utf-8")
+    assert "security/advisories/new" in security
+    assert "write to Redis" in security
+
+
 def test_the_installed_command_prints_the_wheels_version(wheel: Path, tmp_path: Path) -> None:
     # Installed as a user installs it (no editable checkout first on sys.path), the `idemkey`
     # console script reports the version from the distribution's metadata.

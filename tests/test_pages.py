@@ -3,7 +3,9 @@ docs/steps.md in tests/steps/test_docs.py, docs/queues.md in tests/contrib/test_
 and docs/behaviour.md in tests/test_behaviour_page.py.
 
 See :mod:`tests._pages` for what "as printed" means: each python block runs alone, in an empty
-namespace, with only its Redis URL pointed at the test's private redis-server.
+namespace, with only its Redis URL pointed at the test's private redis-server. guard.md and
+client.md run twice (:func:`tests._pages.run_twice`), as a reader runs a sample twice: the
+second run must print its replay, not fail on what the first run stored.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from tests._pages import PAGES, ROOT, blocks, run_page, write_page
+from tests._pages import PAGES, ROOT, blocks, run_page, run_twice, write_page
 from tests._servers import RedisServer, free_port, user_environ, wait_until
 
 
@@ -28,7 +30,9 @@ def test_every_python_block_of_the_page_is_marked_and_a_test_runs_the_page(page:
     runners = [
         path
         for path in (ROOT / "tests").rglob("*.py")
-        if re.search(rf"(run|write)_page\(\s*\"{re.escape(page)}\"", path.read_text("utf-8"))
+        if re.search(
+            rf"(run_page|write_page|run_twice)\(\s*\"{re.escape(page)}\"", path.read_text("utf-8")
+        )
     ]
     assert runners, f"no test calls run_page({page!r}) or write_page({page!r})"
 
@@ -47,16 +51,38 @@ def url(private_redis_server: RedisServer) -> str:
 
 @pytest.mark.redis
 def test_guard_page(url: str, capsys: pytest.CaptureFixture[str]) -> None:
-    first, _reuse, _asynchronous, decorator = run_page("docs/guard.md", url)
+    (first, _, _, decorator), (rerun, _, _, redecorated) = run_twice("docs/guard.md", url)
     assert first["psp"].charged == [1000]  # the block's own assertion held; once more here
     assert first["handle"](first["job"]) == {"charge_id": "ch_1"}
     assert first["psp"].charged == [1000]
+    assert rerun["psp"].charged == []  # run again: every call a replay
     out = capsys.readouterr().out.splitlines()
-    assert out[:2] == ["{'charge_id': 'ch_1'}"] * 2
-    assert out[2].startswith("refused: ")
-    assert out[3] == "['welcome mail to user 7']"
-    assert type(decorator["again"]).__name__ == "Receipt"
+    replayed = "{'refunded': 500}"
+    assert out == [
+        *["{'charge_id': 'ch_1'}"] * 2,
+        "charged by this run: [1000]",
+        f"replayed: False {replayed}",
+        out[4],
+        "(['welcome mail to user 7'], [False, True])",
+        out[6],
+        "charged by this run: ['inv-2002']",
+        # The program run again against the same Redis: the same answers, nothing done.
+        *["{'charge_id': 'ch_1'}"] * 2,
+        "charged by this run: []",
+        f"replayed: True {replayed}",
+        out[12],
+        "([], [True, True])",
+        out[14],
+        "charged by this run: []",
+    ]
+    assert out[4].startswith("refused: ")
+    assert out[12] == out[4]
+    receipt = "Receipt(invoice='inv-2002', charge_id='ch_1')"
+    assert out[6] == out[14] == f"{receipt} {receipt}"
+    for namespace in (decorator, redecorated):
+        assert type(namespace["again"]).__name__ == "Receipt"
     assert decorator["charges"] == ["inv-2002"]
+    assert redecorated["charges"] == []
 
 
 @pytest.mark.redis
@@ -109,21 +135,41 @@ def demo_server(url: str, tmp_path: Path) -> Iterator[str]:
 @pytest.mark.redis
 def test_client_page(demo_server: str, capsys: pytest.CaptureFixture[str]) -> None:
     pytest.importorskip("httpx")
-    sync, _asynchronous, _transport, _refuse = run_page(
+    (sync, *_), (resync, *_) = run_twice(
         "docs/client.md", replace={"http://127.0.0.1:8000": demo_server}
     )
     out = capsys.readouterr().out.splitlines()
-    key, first, again, refused, async_line, plain, already = out
-    assert already == "already paid: True"  # on_replay="refuse" raised on the second order
-    assert key == f"key: {sync['operation'].key}"
+    assert len(out) == 15, out
+    key, first, again, refused, async_line, plain, paid, already = out[:8]
     charge_id = sync["reply"].json()["id"]
+    assert key == f"key: {sync['operation'].key}"
     assert first == f"201 {charge_id} False 1"
     assert again == f"201 {charge_id} True"
     assert refused == "key_reused"
-    assert async_line == "201 True"
+    assert async_line == "201 False True"
     status, key_sent = plain.split()
     assert status == "201"
     assert key_sent  # the transport gave the plain httpx POST a key
+    assert paid.startswith("paid: ")
+    assert already == f"already paid: {paid.removeprefix('paid: ')}"  # on_replay="refuse"
+    # Run again against the same server and Redis: a new operation (a new random key) runs,
+    # the fixed keys (job-42, order-77) replay, and the refused replay is caught, never raised.
+    key, first, again, refused, async_line, plain, already_again = out[8:]
+    charge_id = resync["reply"].json()["id"]
+    assert key == f"key: {resync['operation'].key}" != out[0]
+    assert (first, again) == (f"201 {charge_id} False 1", f"201 {charge_id} True")
+    assert refused == "key_reused"
+    assert async_line == "201 True True"
+    assert plain.startswith("201 ")
+    assert already_again == already  # no "paid:" line: the first attempt was a replay
+
+
+def test_the_client_errors_name_their_public_module() -> None:
+    pytest.importorskip("httpx")
+    import idemkey.client
+
+    for name in ("ClientError", "RefusedError", "RetriesExhaustedError", "UnexpectedReplayError"):
+        assert getattr(idemkey.client, name).__module__ == "idemkey.client"
 
 
 def test_testing_page(tmp_path: Path) -> None:

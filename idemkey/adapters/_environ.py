@@ -62,9 +62,11 @@ class EnvironHeaders(Headers):
         self._environ = environ
 
     def raw_names(self) -> Iterable[str]:
+        """The environ's keys (``HTTP_X_TENANT``, ``CONTENT_TYPE``, ...)."""
         return self._environ
 
     def get_all(self, name: str) -> list[str]:
+        """Every value of the header ``name`` (any case), as the server joined them."""
         key = _ENVIRON_KEYS.get(name) or environ_key(name)  # a known name: no call
         value = self._environ.get(key)
         # Servers set CONTENT_TYPE/CONTENT_LENGTH to "" when the request had none; an empty

@@ -194,6 +194,8 @@ class IdempotencyMiddleware:
         args: tuple[Any, ...],
         kwargs: dict[str, Any],
     ) -> HttpResponseBase | None:
+        """Django's view hook: a guarded request is run (or replayed, or refused) here, with
+        the view resolved; None lets Django call the view unguarded."""
         policy = self._policy_for(view)
         if policy is None or request.method not in policy.methods:
             return None

@@ -156,6 +156,8 @@ class IdempotentRoute(APIRoute):
             )
 
     def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
+        """FastAPI's handler, with a guard added by ``include_router(dependencies=...)``
+        documented on the inclusion's OpenAPI operation."""
         handler = super().get_route_handler()
         # Recent FastAPI builds each include_router() inclusion here, with its context set (older
         # versions copy the route, whose __init__ sees the inclusion's dependencies): a guard
@@ -179,6 +181,8 @@ class IdempotentRoute(APIRoute):
         return handler
 
     async def handle(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """Serve the route: through the idempotency middleware when it declares
+        ``idem.guard()``, else as FastAPI does."""
         template, dependencies = self._effective(scope)
         guards = _guards(dependencies)
         if not guards:

@@ -62,6 +62,18 @@ from ._retry import (
 from ._shell import ReplayCheck
 from ._sync import Client, IdempotentTransport
 
+# A traceback names the public path (idemkey.client.UnexpectedReplayError), the one to import
+# and catch, not the private module that defines it.
+for _error in (
+    ClientError,
+    ClientStateError,
+    RefusedError,
+    RetriesExhaustedError,
+    UnexpectedReplayError,
+):
+    _error.__module__ = __name__
+del _error
+
 __all__ = [
     "AsyncClient",
     "AsyncIdempotentTransport",

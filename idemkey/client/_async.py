@@ -179,6 +179,8 @@ class AsyncIdempotentTransport(httpx.AsyncBaseTransport):
         self.transport = transport if transport is not None else httpx.AsyncHTTPTransport()
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        """Send ``request`` through the wrapped transport: a POST or PATCH (``methods``) with
+        one key for all its attempts, retried under ``retry``; any other method as it is."""
         if request.method not in self.methods:
             return await self.transport.handle_async_request(request)
         operation = Operation.from_request(request, self.header)
@@ -192,4 +194,5 @@ class AsyncIdempotentTransport(httpx.AsyncBaseTransport):
         return reply.response
 
     async def aclose(self) -> None:
+        """Close the wrapped transport."""
         await self.transport.aclose()

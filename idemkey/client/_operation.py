@@ -114,6 +114,7 @@ class IdempotentResponse:
         return self.response.content
 
     def json(self) -> Any:
+        """The body decoded as JSON (``httpx.Response.json``)."""
         return self.response.json()
 
 

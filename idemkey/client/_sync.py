@@ -179,6 +179,8 @@ class IdempotentTransport(httpx.BaseTransport):
         self.transport = transport if transport is not None else httpx.HTTPTransport()
 
     def handle_request(self, request: httpx.Request) -> httpx.Response:
+        """Send ``request`` through the wrapped transport: a POST or PATCH (``methods``) with
+        one key for all its attempts, retried under ``retry``; any other method as it is."""
         if request.method not in self.methods:
             return self.transport.handle_request(request)
         operation = Operation.from_request(request, self.header)
@@ -192,4 +194,5 @@ class IdempotentTransport(httpx.BaseTransport):
         return reply.response
 
     def close(self) -> None:
+        """Close the wrapped transport."""
         self.transport.close()

@@ -397,10 +397,12 @@ class AsyncEffects:
         self.table = table if table is not None else _default_table()
 
     async def create(self) -> None:
+        """Create the table when it does not exist (tests, small apps; else migrate)."""
         async with self.engine.begin() as conn:
             await conn.run_sync(lambda sync: self.table.create(sync, checkfirst=True))
 
     async def lookup(self, record: Record) -> bytes | None:
+        """The result a committed fenced transaction saved for ``record``, if any."""
         try:
             async with self.engine.connect() as conn:
                 found = (await conn.execute(_lookup(self.table, record))).first()

@@ -30,6 +30,7 @@ import redis
 from idemkey import Policy, RedisStore
 from idemkey._core import record_for
 from idemkey.http._scope import NO_CREDENTIALS
+from scripts.mkdocs_hooks import expand_install
 from tests._servers import HOST, RedisServer, free_port, wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -42,7 +43,9 @@ def python_blocks(page: Path) -> list[str]:
 
 
 def bash_lines(page: Path) -> list[str]:
-    blocks = re.findall(r"```bash\n(.*?)```", page.read_text("utf-8"), re.S)
+    """The lines of the page's ```bash blocks, as the site shows them (install lines
+    expanded by scripts/mkdocs_hooks.py)."""
+    blocks = re.findall(r"```bash\n(.*?)```", expand_install(page.read_text("utf-8")), re.S)
     return [line for block in blocks for line in block.splitlines() if line.strip()]
 
 
@@ -68,16 +71,19 @@ def installs(page: Path, extra: str | None) -> None:
     """The page's pip line installs this project with ``extra``, which pyproject declares."""
     lines = [line for line in bash_lines(page) if line.startswith("pip install")]
     assert lines, f"{page.name} has no pip install line"
-    wanted = f'"idemkey-redis[{extra}]"' if extra else '"idemkey-redis"'
-    assert any(wanted in line for line in lines), (page.name, lines)
+    wanted = f"pip install -e '.[{extra}]'" if extra else "pip install -e ."
+    assert any(line.startswith(wanted) for line in lines), (page.name, lines)
     if extra:  # a plain scan: Python 3.10 has no tomllib
         assert f"\n{extra} = [" in (ROOT / "pyproject.toml").read_text("utf-8"), extra
 
 
 @contextlib.contextmanager
-def serving(command: list[str], cwd: Path, port: int) -> Iterator[str]:
-    """The server ``command`` runs in ``cwd`` until it answers on ``port``; stopped after."""
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(cwd), str(ROOT)])}
+def serving(
+    command: list[str], cwd: Path, port: int, pythonpath: tuple[Path, ...] = (ROOT,)
+) -> Iterator[str]:
+    """The server ``command`` runs in ``cwd`` until it answers on ``port``; stopped after.
+    Its imports come from ``cwd`` and ``pythonpath`` (this checkout, unless told)."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(map(str, (cwd, *pythonpath)))}
     log = (cwd / "server.log").open("wb")
     process = subprocess.Popen(command, cwd=cwd, env=env, stdout=log, stderr=subprocess.STDOUT)
     base = f"http://{HOST}:{port}"
@@ -138,6 +144,15 @@ def retries_behave(base: str, url: str, path: str, *, scope: str, json_body: boo
         assert held.headers["Retry-After"]
 
 
+def replays_on_a_second_run(base: str, path: str) -> None:
+    """The page's server started again on the same Redis (a reader running the sample
+    twice): the first run's request is answered from Redis, never run again."""
+    with httpx.Client(base_url=base, timeout=10.0) as http:
+        again = http.post(path, json={"amount": 5}, headers={"Idempotency-Key": "k-first"})
+    assert again.status_code == 201, again.text
+    assert again.headers["Idempotent-Replayed"] == "true"
+
+
 @pytest.fixture
 def url(private_redis_server: RedisServer) -> str:
     return private_redis_server.url
@@ -162,6 +177,8 @@ def test_flask_page_on_flask_run(url: str, tmp_path: Path) -> None:
     argv = [executable("flask"), *command[1:], "--port", str(port)]
     with serving(argv, tmp_path, port) as base:
         retries_behave(base, url, "/charges", scope="")
+    with serving(argv, tmp_path, port) as base:  # run again, same Redis
+        replays_on_a_second_run(base, "/charges")
 
 
 def test_readme_example_on_flask_run(url: str, tmp_path: Path) -> None:
@@ -173,6 +190,8 @@ def test_readme_example_on_flask_run(url: str, tmp_path: Path) -> None:
     argv = [executable("flask"), *command[1:], "--port", str(port)]
     with serving(argv, tmp_path, port) as base:
         retries_behave(base, url, "/charges", scope=NO_CREDENTIALS)
+    with serving(argv, tmp_path, port) as base:  # run again, same Redis
+        replays_on_a_second_run(base, "/charges")
 
 
 def test_flask_page_app_factory_takes_a_test_store(url: str, tmp_path: Path) -> None:
@@ -196,6 +215,12 @@ def test_flask_page_app_factory_takes_a_test_store(url: str, tmp_path: Path) -> 
 @pytest.mark.parametrize("name", ["fastapi.md", "starlette.md"])
 def test_asgi_framework_page_on_uvicorn(name: str, url: str, tmp_path: Path) -> None:
     path = page(name)
+    if name == "fastapi.md":  # the page shows the request run, then replayed
+        console = re.findall(r"```console\n(.*?)```", path.read_text("utf-8"), re.S)[0]
+        first, again = console.split("$ curl")[1:]
+        assert first.split("HTTP/1.1")[0] == again.split("HTTP/1.1")[0]  # the same command
+        assert "Idempotent-Replayed: true" in again
+        assert "Idempotent-Replayed" not in first
     installs(path, name.removesuffix(".md"))
     write_files(path, tmp_path, url)
     command = printed(path, "uvicorn app:app")
@@ -206,6 +231,8 @@ def test_asgi_framework_page_on_uvicorn(name: str, url: str, tmp_path: Path) -> 
         retries_behave(base, url, "/charges", scope=scope)
         with httpx.Client(base_url=base) as http:
             assert http.post("/login").status_code == 200  # not guarded: no key needed
+    with serving(argv, tmp_path, port) as base:  # run again, same Redis
+        replays_on_a_second_run(base, "/charges")
 
 
 def test_django_page_in_a_new_project_on_runserver(url: str, tmp_path: Path) -> None:
@@ -223,6 +250,8 @@ def test_django_page_in_a_new_project_on_runserver(url: str, tmp_path: Path) -> 
         retries_behave(base, url, "/charges", scope=NO_CREDENTIALS)
         with httpx.Client(base_url=base) as http:
             assert http.post("/webhook").status_code == 200  # exempt, and no CSRF 403
+    with serving(argv, project, port) as base:  # run again, same Redis
+        replays_on_a_second_run(base, "/charges")
 
 
 def test_wsgi_page_on_gunicorn(url: str, tmp_path: Path) -> None:
@@ -238,6 +267,8 @@ def test_wsgi_page_on_gunicorn(url: str, tmp_path: Path) -> None:
             assert http.post("/v1/login").status_code == 201  # exempt
             assert http.post("/v1/anything").status_code == 400  # guarded by /v1/{rest:path}
             assert http.post("/elsewhere").status_code == 201  # no route: not guarded
+    with serving(argv, tmp_path, port) as base:  # run again, same Redis
+        replays_on_a_second_run(base, "/charges")
 
 
 def test_asgi_page_on_uvicorn(url: str, tmp_path: Path) -> None:
@@ -252,3 +283,5 @@ def test_asgi_page_on_uvicorn(url: str, tmp_path: Path) -> None:
         with httpx.Client(base_url=base) as http:
             assert http.post("/v1/login").status_code == 201  # exempt
             assert http.post("/elsewhere").status_code == 201  # no route: not guarded
+    with serving(argv, tmp_path, port) as base:  # run again, same Redis
+        replays_on_a_second_run(base, "/charges")

@@ -1,14 +1,20 @@
 """The code of docs/steps.md, run as printed (:mod:`tests._pages`) against a real Redis.
 
-The services the page imports from ``shop`` (inventory, PSP, shipping) are fakes that count
-their side effects and can crash on demand (docs/queues.md's samples, in
-tests/contrib/test_queues_page.py, import the same ones). A crash between two steps, then a
-retry, must leave every side effect done exactly once; a crash inside the charge, after the
-PSP charged, is deduplicated by the PSP through ``call.step_key``.
+Each block runs twice, as a reader runs it twice, and the second run is a replay that does
+nothing. Then its stand-in services (``inventory``, ``psp``, ``shipping``: the names its
+functions look up when called) are swapped for fakes that count their side effects and can
+crash on demand (docs/queues.md's samples, in tests/contrib/test_queues_page.py, import the
+same fakes from ``shop``). A crash between two steps, then a retry, must leave every side
+effect done exactly once; a crash inside the charge, after the PSP charged, is deduplicated by
+the PSP through ``call.step_key``. The page's ``idemkey cancel`` line names the record its
+first sample builds.
 """
 
 from __future__ import annotations
 
+import re
+import sys
+import types
 from collections import Counter
 from typing import Any
 
@@ -16,7 +22,9 @@ import pytest
 import redis
 
 from idemkey import Policy, RedisStore
-from tests._pages import fake_modules, run_page
+from idemkey.cli import main
+from tests._pages import ROOT, run_page, run_twice
+from tests._servers import RedisServer
 
 ORDER = {"id": "o-1", "items": ["book"], "amount": 1200}
 
@@ -41,7 +49,12 @@ class PSPUnavailable(Exception):
 class Services:
     """Fake inventory, PSP and shipping: side effects counted, crashes on demand."""
 
-    def __init__(self) -> None:
+    def __init__(
+        self,
+        declined: type[Exception] = CardDeclined,
+        unavailable: type[Exception] = PSPUnavailable,
+    ) -> None:
+        self.declined, self.unavailable_error = declined, unavailable
         self.effects: Counter[str] = Counter()
         self.crash_before: set[str] = set()
         self.crash_after_charge = False
@@ -65,9 +78,9 @@ class Services:
         self.calls += 1
         if self.unavailable:
             self.unavailable -= 1
-            raise PSPUnavailable("the PSP answered 503")
+            raise self.unavailable_error("the PSP answered 503")
         if self.decline is not None:
-            raise CardDeclined(self.decline)
+            raise self.declined(self.decline)
         if idempotency_key not in self.charges:  # a PSP answers a known key with the same charge
             self.effects["charge"] += 1
             self.charges[idempotency_key] = {"charge_id": f"ch_{len(self.charges) + 1}"}
@@ -127,27 +140,82 @@ def shop(services: Services) -> dict[str, dict[str, Any]]:
 
 
 @pytest.fixture
-def store(real_client: redis.Redis, prefix: str) -> Any:
-    store = RedisStore(real_client, Policy(prefix=prefix, lease=10))
+def url(private_redis_server: RedisServer) -> str:
+    return private_redis_server.url
+
+
+@pytest.fixture
+def store(url: str, prefix: str) -> Any:
+    store = RedisStore(redis.Redis.from_url(url), Policy(prefix=prefix, lease=10))
     yield store
     store.close()
 
 
-def page_of(services: Services) -> list[dict[str, Any]]:
-    with fake_modules(shop(services)):
-        return run_page("docs/steps.md")
+def page_of(services: Services, url: str) -> list[dict[str, Any]]:
+    """The page's blocks, run as printed, their stand-in services then replaced by ``services``
+    (and ``services`` raising the page's own exception classes)."""
+    namespaces = run_page("docs/steps.md", url)
+    services.declined = namespaces[1]["CardDeclined"]
+    services.unavailable_error = namespaces[1]["PSPUnavailable"]
+    for namespace in namespaces:
+        namespace.update(inventory=services, psp=services, shipping=services)
+    return namespaces
 
 
-def place_order_of(services: Services) -> Any:
-    return page_of(services)[0]["place_order"]
+def place_order_of(services: Services, url: str) -> Any:
+    return page_of(services, url)[0]["place_order"]
+
+
+@pytest.mark.redis
+def test_the_page_run_twice_does_each_thing_once(
+    url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run_twice("docs/steps.md", url)
+    out = capsys.readouterr().out.splitlines()
+    result, charged = out[3], out[6]
+    assert re.fullmatch(r"\{'order': '1003', 'charge': 'ch_\w{6}'\}", result), result
+    assert re.fullmatch(r"\{'order': '2001', 'charge': 'ch_\w{6}'\}", charged), charged
+    assert out == [
+        "reserved ['book']",
+        "charged 1200",
+        "shipping 1003",
+        result,
+        result,
+        "charged 900",
+        charged,
+        "PSP calls by this run: 2",
+        # Run again against the same Redis: both are replays, no service is called.
+        result,
+        result,
+        charged,
+        "PSP calls by this run: 0",
+    ]
+
+
+@pytest.mark.redis
+def test_the_pages_cancel_line_names_the_record_its_sample_builds(
+    url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    text = (ROOT / "docs" / "steps.md").read_text("utf-8")
+    key = re.findall(r"^\$ idemkey cancel (\S+) --guard --yes$", text, re.M)[0]
+    services = Services()
+    services.crash_before.add("ship")  # reserved and charged, then the process failed
+    namespace = page_of(services, url)[0]
+    with pytest.raises(Crash):
+        namespace["place_order"](namespace["store"], {**namespace["order"], "id": "1003-b"})
+    assert key == f"order:{namespace['order']['id']}"
+    key = key.replace("1003", "1003-b")  # the order that crashed (1003 itself completed)
+    capsys.readouterr()
+    assert main(["cancel", key, "--guard", "--yes", "--redis-url", url]) == 0
+    assert capsys.readouterr().out.startswith("cancelled released record idemkey:{")
 
 
 @pytest.mark.parametrize("crash_before", ["reserve", "charge", "ship"])
 def test_the_order_flow_survives_a_crash_before_any_step(
-    store: RedisStore, crash_before: str
+    store: RedisStore, url: str, crash_before: str
 ) -> None:
     services = Services()
-    place_order = place_order_of(services)
+    place_order = place_order_of(services, url)
     services.crash_before.add(crash_before)
     with pytest.raises(Crash):
         place_order(store, ORDER)
@@ -158,9 +226,11 @@ def test_the_order_flow_survives_a_crash_before_any_step(
     assert services.effects == {"reserve": 1, "charge": 1, "ship": 1}
 
 
-def test_a_crash_inside_the_charge_is_deduplicated_by_the_step_key(store: RedisStore) -> None:
+def test_a_crash_inside_the_charge_is_deduplicated_by_the_step_key(
+    store: RedisStore, url: str
+) -> None:
     services = Services()
-    place_order = place_order_of(services)
+    place_order = place_order_of(services, url)
     services.crash_after_charge = True  # charged, but the checkpoint never written
     with pytest.raises(Crash):
         place_order(store, ORDER)
@@ -169,13 +239,13 @@ def test_a_crash_inside_the_charge_is_deduplicated_by_the_step_key(store: RedisS
 
 
 def test_the_retried_charge_runs_until_the_psp_answers(
-    store: RedisStore, monkeypatch: pytest.MonkeyPatch
+    store: RedisStore, url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from idemkey.guard import _sync_steps
 
     monkeypatch.setattr(_sync_steps, "sleep", lambda seconds: None)  # the 0.5 s, 1 s waits
     services = Services()
-    charge_order = page_of(services)[1]["charge_order"]
+    charge_order = page_of(services, url)[1]["charge_order"]
     services.unavailable = 2
     assert charge_order(store, ORDER) == {"order": "o-1", "charge": "ch_1"}
     assert services.calls == 3  # two failed attempts, one that charged
@@ -184,12 +254,19 @@ def test_the_retried_charge_runs_until_the_psp_answers(
     assert services.calls == 3
 
 
-def test_a_declined_card_is_raised_again_without_calling_the_psp(store: RedisStore) -> None:
+def test_a_declined_card_is_raised_again_without_calling_the_psp(
+    store: RedisStore, url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     services = Services()
-    charge_order = page_of(services)[1]["charge_order"]
+    block = page_of(services, url)[1]
+    charge_order, declined_class = block["charge_order"], block["CardDeclined"]
+    # The page's CardDeclined, importable as a saved script's classes are while it runs.
+    module = types.ModuleType(declined_class.__module__)
+    module.__dict__.update(block)
+    monkeypatch.setitem(sys.modules, module.__name__, module)
     services.decline = "insufficient_funds"
     for _ in range(3):
-        with pytest.raises(CardDeclined) as declined:
+        with pytest.raises(declined_class) as declined:
             charge_order(store, ORDER)
         assert str(declined.value) == "card declined: insufficient_funds"
         assert declined.value.code == "insufficient_funds"
@@ -197,15 +274,15 @@ def test_a_declined_card_is_raised_again_without_calling_the_psp(store: RedisSto
 
 
 def test_an_unavailable_psp_past_the_attempts_releases_the_key(
-    store: RedisStore, monkeypatch: pytest.MonkeyPatch
+    store: RedisStore, url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from idemkey.guard import _sync_steps
 
     monkeypatch.setattr(_sync_steps, "sleep", lambda seconds: None)
     services = Services()
-    charge_order = page_of(services)[1]["charge_order"]
+    charge_order = page_of(services, url)[1]["charge_order"]
     services.unavailable = 4
-    with pytest.raises(PSPUnavailable):
+    with pytest.raises(services.unavailable_error):
         charge_order(store, ORDER)
     assert services.calls == 4  # all four attempts
     assert charge_order(store, ORDER) == {"order": "o-1", "charge": "ch_1"}  # runs afresh
