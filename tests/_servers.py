@@ -18,8 +18,9 @@ Each :class:`RedisServer`:
   SIGKILLed test run does not leave a server behind.
 
 :class:`AppServer` is the one way the tests start and stop a web server subprocess (gunicorn,
-uvicorn, hypercorn, a werkzeug script) serving a test app: free port, own process group, log
-file, ready once ``GET /health`` answers 200, SIGTERM then SIGKILL, keys purged.
+uvicorn, hypercorn, waitress, granian, daphne, a werkzeug script) serving a test app: free port,
+own process group, log file, ready once ``GET /health`` answers 200, SIGTERM then SIGKILL, keys
+purged.
 
 :class:`ExternalRedis` wraps a server someone else runs (``IDEMKEY_REDIS_URL``). It offers the
 same read-only surface (``url``, ``host``, ``port``, ``client()``) and none of the destructive
