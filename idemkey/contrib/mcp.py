@@ -28,11 +28,14 @@ A reused key with other arguments raises :class:`KeyReusedToolError`; a duplicat
 first call runs waits up to ``policy.wait`` seconds for its result, then raises
 :class:`InFlightToolError` (retry with the same key). The SDK sends both as a tool error
 (``isError``) whose text begins with ``idempotency_key_reused:`` or ``idempotency_key_in_flight:``.
-A tool that raises releases the key: a retry runs it again.
+A tool that raises releases the key: a retry runs it again. A call the host cancels
+(``notifications/cancelled``) runs to its end and its result is stored: a retry replays it.
+A synchronous tool runs in a worker thread, so the store's heartbeat renews its claim.
 """
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import inspect
 from collections.abc import Awaitable, Callable
@@ -41,7 +44,6 @@ from typing import Any
 try:
     from mcp.server.auth.middleware.auth_context import get_access_token
     from mcp.server.fastmcp import Context, FastMCP
-    from mcp.server.fastmcp.exceptions import ToolError
     from mcp.server.fastmcp.utilities.context_injection import find_context_parameter
     from mcp.server.fastmcp.utilities.func_metadata import func_metadata
     from mcp.types import CallToolResult, TextContent, ToolAnnotations
@@ -54,6 +56,13 @@ from ..errors import InvalidKeyError, KeyReuseError, RequestInFlightError, Store
 from ..guard import aguard
 from ..policy import Policy
 from ..store import AsyncRedisStore
+from ._mcp_errors import (
+    IdempotencyToolError,
+    InFlightToolError,
+    InvalidKeyToolError,
+    KeyReusedToolError,
+    StoreUnavailableToolError,
+)
 
 __all__ = [
     "REPLAY_META",
@@ -76,43 +85,6 @@ REPLAY_TEXT = (
 ANONYMOUS = "anonymous"
 #: Agents retry after context resets and restarts: keep results for 3 days by default.
 AGENT_TTL = 3 * 86_400.0
-
-
-class IdempotencyToolError(ToolError):
-    """A tool call refused by idempotency; the text begins with ``code:``."""
-
-    code = "idempotency_error"
-
-    def __init__(self, message: str) -> None:
-        super().__init__(f"{self.code}: {message}")
-
-
-class KeyReusedToolError(IdempotencyToolError):
-    """The key was used before with other arguments: the agent must pick a new key."""
-
-    code = "idempotency_key_reused"
-
-
-class InFlightToolError(IdempotencyToolError):
-    """The first call with this key still runs: retry with the same key after ``retry_after``."""
-
-    code = "idempotency_key_in_flight"
-
-    def __init__(self, message: str, retry_after: float) -> None:
-        super().__init__(message)
-        self.retry_after = retry_after
-
-
-class InvalidKeyToolError(IdempotencyToolError):
-    """The key is missing or malformed."""
-
-    code = "idempotency_key_invalid"
-
-
-class StoreUnavailableToolError(IdempotencyToolError):
-    """Redis failed: nothing ran; retry with the same key."""
-
-    code = "idempotency_store_unavailable"
 
 
 def principal_of(ctx: Context[Any, Any, Any] | None) -> str | None:
@@ -278,47 +250,60 @@ class IdempotentTools:
                 "tool": tool_name,
                 "arguments": {k: _plain(v) for k, v in arguments.items() if k != self.argument},
             }
-            try:
-                async with aguard(
-                    self.store,
-                    key,
-                    payload=fingerprint,
-                    scope=f"mcp:{self.scope(ctx)}",
-                    policy=self.policy,
-                ) as call:
-                    if call.replayed:
-                        return _replay(call.result)
-                    if is_async:
-                        value = await fn(**call_kwargs)
-                    else:
-                        value = fn(**call_kwargs)
-                    result = _as_result(metadata.convert_result(value))
-                    call.save(result.model_dump(mode="json", by_alias=True, exclude_none=True))
-                    return _mark(result, replayed=False)
-            except KeyReuseError as exc:
-                raise KeyReusedToolError(
-                    "this idempotency key was already used with different arguments; "
-                    "use a new idempotency key for a different operation"
-                ) from exc
-            except RequestInFlightError as exc:
-                raise InFlightToolError(
-                    "a call with this idempotency key is still running; retry with the same "
-                    f"idempotency key in {exc.retry_after:g} s",
-                    exc.retry_after,
-                ) from exc
-            except InvalidKeyError as exc:
-                raise InvalidKeyToolError(exc.reason) from exc
-            except StoreError as exc:
-                raise StoreUnavailableToolError(
-                    "the idempotency store is unavailable; nothing ran, retry with the same "
-                    "idempotency key"
-                ) from exc
+            if is_async:
+                body: Callable[[], Awaitable[Any]] = functools.partial(fn, **call_kwargs)
+            else:
+                # A worker thread: the event loop stays free, so the store's heartbeat renews
+                # the lease while a long synchronous tool runs.
+                body = functools.partial(asyncio.to_thread, fn, **call_kwargs)
+            once = self._once(key, fingerprint, self.scope(ctx), body, metadata.convert_result)
+            # The call runs in a task of its own, which a cancel from the host (a
+            # notifications/cancelled, a closed stdio) does not reach: the tool runs to its end
+            # and its result is stored, so the host's retry waits for it or replays it.
+            return await _outlive_cancel(asyncio.ensure_future(once))
 
         annotations_ = {p.name: p.annotation for p in new_params}
         annotations_["return"] = signature.return_annotation
         wrapper.__annotations__ = annotations_
         wrapper.__signature__ = signature.replace(parameters=new_params)  # type: ignore[attr-defined]
         return wrapper
+
+    async def _once(
+        self,
+        key: str,
+        fingerprint: object,
+        principal: str,
+        body: Callable[[], Awaitable[Any]],
+        convert: Callable[[Any], Any],
+    ) -> CallToolResult:
+        """Claim the key, run the tool (or replay it) and store its result."""
+        try:
+            async with aguard(
+                self.store, key, payload=fingerprint, scope=f"mcp:{principal}", policy=self.policy
+            ) as call:
+                if call.replayed:
+                    return _replay(call.result)
+                result = _as_result(convert(await body()))
+                call.save(result.model_dump(mode="json", by_alias=True, exclude_none=True))
+                return _mark(result, replayed=False)
+        except KeyReuseError as exc:
+            raise KeyReusedToolError(
+                "this idempotency key was already used with different arguments; "
+                "use a new idempotency key for a different operation"
+            ) from exc
+        except RequestInFlightError as exc:
+            raise InFlightToolError(
+                "a call with this idempotency key is still running; retry with the same "
+                f"idempotency key in {exc.retry_after:g} s",
+                exc.retry_after,
+            ) from exc
+        except InvalidKeyError as exc:
+            raise InvalidKeyToolError(exc.reason) from exc
+        except StoreError as exc:
+            raise StoreUnavailableToolError(
+                "the idempotency store is unavailable; nothing ran, retry with the same "
+                "idempotency key"
+            ) from exc
 
     def _key(self, kwargs: dict[str, Any], ctx: Context[Any, Any, Any]) -> str:
         if self.argument is not None:
@@ -366,3 +351,24 @@ def _replay(stored: Any) -> CallToolResult:
     result = _mark(CallToolResult.model_validate(stored), replayed=True)
     content = [*result.content, TextContent(type="text", text=REPLAY_TEXT)]
     return result.model_copy(update={"content": content})
+
+
+#: Calls whose host stopped waiting, held until they finish (the loop keeps weak references).
+_outliving: set[asyncio.Future[CallToolResult]] = set()
+
+
+async def _outlive_cancel(call: asyncio.Future[CallToolResult]) -> CallToolResult:
+    """Await ``call``; a cancel of the awaiting task leaves it running to its end."""
+    try:
+        return await asyncio.shield(call)
+    except asyncio.CancelledError:
+        if not call.done():
+            _outliving.add(call)
+            call.add_done_callback(_outlived)
+        raise
+
+
+def _outlived(call: asyncio.Future[CallToolResult]) -> None:
+    _outliving.discard(call)
+    if not call.cancelled():
+        call.exception()  # retrieved: its host is gone, the record says how it ended

@@ -49,6 +49,26 @@ def environment(redis_url: str, prefix: str, wait: float) -> dict[str, str]:
     }
 
 
+def serve_http(
+    env: dict[str, str], log: Any, log_path: Path
+) -> tuple[subprocess.Popen[bytes], int]:
+    """tests/contrib/_mcp_server.py on a real uvicorn process: the process and its port."""
+    port = free_port()
+    server = subprocess.Popen(
+        [sys.executable, "-m", "uvicorn", "tests.contrib._mcp_server:app",
+         "--host", "127.0.0.1", "--port", str(port)],
+        cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
+    )  # fmt: skip
+
+    def answers() -> bool:
+        assert server.poll() is None, log_path.read_text()
+        with socket.socket() as probe:
+            return probe.connect_ex(("127.0.0.1", port)) == 0
+
+    wait_until(answers, timeout=20, message="uvicorn to listen")
+    return server, port
+
+
 @pytest.fixture(params=["http", "stdio"])
 def connect(
     request: pytest.FixtureRequest, redis_url: str, prefix: str, tmp_path: Path
@@ -77,22 +97,10 @@ def connect(
                     yield session
 
             return over_stdio
-        port = free_port()
         log = (tmp_path / "uvicorn.log").open("wb")
         logs.append(log)
-        server = subprocess.Popen(
-            [sys.executable, "-m", "uvicorn", "tests.contrib._mcp_server:app",
-             "--host", "127.0.0.1", "--port", str(port)],
-            cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
-        )  # fmt: skip
+        server, port = serve_http(env, log, tmp_path / "uvicorn.log")
         servers.append(server)
-
-        def answers() -> bool:
-            assert server.poll() is None, (tmp_path / "uvicorn.log").read_text()
-            with socket.socket() as probe:
-                return probe.connect_ex(("127.0.0.1", port)) == 0
-
-        wait_until(answers, timeout=20, message="uvicorn to listen")
 
         @asynccontextmanager
         async def over_http(principal: str = "alice") -> AsyncIterator[ClientSession]:
