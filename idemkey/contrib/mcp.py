@@ -84,6 +84,7 @@ from ._mcp_keys import (
 )
 from ._mcp_results import (
     REPLAY_META,
+    REPLAY_TEXT,
     as_result,
     mark,
     outlive_cancel,
@@ -93,6 +94,7 @@ from ._mcp_results import (
 
 __all__ = [
     "REPLAY_META",
+    "REPLAY_TEXT",
     "IdempotencyToolError",
     "IdempotentTools",
     "InFlightToolError",
