@@ -89,6 +89,12 @@ class Driver:
             detach(self._settle(exchange, plan))  # as in finish
             raise
 
+    def abandon(self, exchange: Exchange) -> None:
+        """The app was cancelled before its response started: keep the claim, unrenewed,
+        until its lease lapses (see :meth:`Exchange.cancelled`)."""
+        exchange.cancelled()
+        self.store._unwatch(exchange.record, exchange.owner)
+
     def _settle(self, exchange: Exchange, plan: Complete | Release) -> bool:
         """Send the plan's script; whether the store took it (False: failed, or not ours)."""
         started = perf_counter()

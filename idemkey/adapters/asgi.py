@@ -15,12 +15,18 @@ Once the response has started (``http.response.start`` went out with a status th
 stores), the key is never released: if the client leaves, times out, or the app fails before
 the final body message, the record completes without its body and a retry gets the stored
 status and headers with ``Idempotent-Body-Not-Kept: true``. Completion and release outlive a
-cancellation (a server cancelling the request when its client leaves).
+cancellation. A client that leaves does not stop the app under uvicorn (it runs on, and its
+response is stored); an app cancelled before its response started (a server or framework that
+cancels the request when its client leaves) keeps the key until its lease lapses, with an
+``uncertain`` entry (docs/guarantees.md, "Cancellation").
 """
 
 from __future__ import annotations
 
+import asyncio
+
 from ..http import Headers, Request, Response, begin
+from ..http._transitions import State
 from ..http.routes import KnownRoute, Routes
 from ..policy import Policy
 from ..store import AsyncRedisStore
@@ -106,6 +112,18 @@ class IdempotencyMiddleware:
         tee = TeeSend(self.driver, exchange, send)
         try:
             await self.app(scope, ReplayReceive(body, receive), tee.send)
-        finally:
-            if not tee.finished:  # the app raised, was cancelled, or returned mid-response
+        except asyncio.CancelledError:
+            if not tee.finished:
+                if exchange.state is State.RUNNING:
+                    # Cancelled before its head went out: the app may have done its work, so
+                    # the key is kept until its lease lapses rather than released for a rerun.
+                    self.driver.abandon(exchange)
+                else:
+                    await self.driver.fail(exchange, "the app did not finish its response")
+            raise
+        except BaseException:
+            if not tee.finished:  # the app raised
                 await self.driver.fail(exchange, "the app did not finish its response")
+            raise
+        if not tee.finished:  # the app returned mid-response
+            await self.driver.fail(exchange, "the app did not finish its response")

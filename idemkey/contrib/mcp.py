@@ -14,7 +14,10 @@
         ...
 
 The tool gets a required ``idempotency_key`` argument (``argument=``; the agent picks one per
-operation) or reads ``_meta.idempotencyKey`` of the ``tools/call`` request (``meta_field=``).
+operation); the host's key is read from ``_meta.idempotencyKey`` (``meta_field=``) or
+``params.idempotencyKey`` (``params_field=``); ``derive=True`` makes the key a digest of the
+principal, the tool and its arguments (or its ``operation=`` argument). Every key is 1 to 255
+visible ASCII characters without spaces or commas, else ``idempotency_key_invalid``.
 The key is scoped by the caller's principal: the client id of the access token the SDK's
 auth middleware verified (streamable HTTP with ``auth=``/``token_verifier=``), else what
 ``principal(ctx)`` returns, else ``"anonymous"`` (stdio, or HTTP without auth: one scope for
@@ -27,123 +30,91 @@ last text block saying it is a replay.
 A reused key with other arguments raises :class:`KeyReusedToolError`; a duplicate while the
 first call runs waits up to ``policy.wait`` seconds for its result, then raises
 :class:`InFlightToolError` (retry with the same key). The SDK sends both as a tool error
-(``isError``) whose text begins with ``idempotency_key_reused:`` or ``idempotency_key_in_flight:``.
-A tool that raises releases the key: a retry runs it again.
+(``isError``) whose text begins with ``idempotency_key_reused:`` or ``idempotency_key_in_flight:``
+(every code, by phase: :mod:`idemkey.contrib._mcp_errors`, docs/mcp.md).
+A tool that raises releases the key: a retry runs it again. A call the host cancels
+(``notifications/cancelled``) runs to its end and its result is stored: a retry replays it.
+A synchronous tool runs in a worker thread, so the store's heartbeat renews its claim.
 """
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import inspect
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Annotated, Any
 
 try:
-    from mcp.server.auth.middleware.auth_context import get_access_token
     from mcp.server.fastmcp import Context, FastMCP
-    from mcp.server.fastmcp.exceptions import ToolError
     from mcp.server.fastmcp.utilities.context_injection import find_context_parameter
     from mcp.server.fastmcp.utilities.func_metadata import func_metadata
-    from mcp.types import CallToolResult, TextContent, ToolAnnotations
+    from mcp.types import CallToolResult, ToolAnnotations
+    from pydantic import WithJsonSchema
 except ImportError as exc:  # pragma: no cover - exercised with mcp hidden
     raise ImportError(
         "idemkey.contrib.mcp needs the mcp SDK: pip install 'idemkey-redis[mcp]'"
     ) from exc
 
-from ..errors import InvalidKeyError, KeyReuseError, RequestInFlightError, StoreError
+from .._core import MAX_KEY_LENGTH
+from ..errors import ConfigurationError, IdemkeyError
 from ..guard import aguard
 from ..policy import Policy
 from ..store import AsyncRedisStore
+from ._mcp_errors import (
+    IdempotencyToolError,
+    InFlightToolError,
+    InvalidKeyToolError,
+    KeyReusedToolError,
+    OutcomeUnknownToolError,
+    ResultNotKeptToolError,
+    StepsExhaustedToolError,
+    StoreUnavailableToolError,
+    tool_error,
+)
+from ._mcp_keys import (
+    KEY_GRAMMAR,
+    check_key,
+    derived_key,
+    keep_request_params,
+    principal_of,
+    request_params,
+    require_argument,
+    retention,
+)
+from ._mcp_results import (
+    REPLAY_META,
+    REPLAY_TEXT,
+    as_result,
+    mark,
+    outlive_cancel,
+    plain,
+    replay,
+)
 
 __all__ = [
     "REPLAY_META",
+    "REPLAY_TEXT",
     "IdempotencyToolError",
     "IdempotentTools",
     "InFlightToolError",
     "InvalidKeyToolError",
     "KeyReusedToolError",
+    "OutcomeUnknownToolError",
+    "ResultNotKeptToolError",
+    "StepsExhaustedToolError",
     "StoreUnavailableToolError",
     "principal_of",
 ]
 
-#: The ``_meta`` field of a replayed result.
-REPLAY_META = "io.idemkey/replay"
-#: The text block appended to a replayed result's content, where the agent reads it.
-REPLAY_TEXT = (
-    "[idemkey] Replay: the stored result of the first call with this idempotency key; "
-    "the tool did not run again."
-)
 ANONYMOUS = "anonymous"
+#: The key argument's type: the SDK lets any value through (the tool refuses a bad one with
+#: idempotency_key_invalid), and the schema the agent reads says a string.
+KeyArgument = Annotated[
+    Any, WithJsonSchema({"type": "string", "minLength": 1, "maxLength": MAX_KEY_LENGTH})
+]
 #: Agents retry after context resets and restarts: keep results for 3 days by default.
 AGENT_TTL = 3 * 86_400.0
-
-
-class IdempotencyToolError(ToolError):
-    """A tool call refused by idempotency; the text begins with ``code:``."""
-
-    code = "idempotency_error"
-
-    def __init__(self, message: str) -> None:
-        super().__init__(f"{self.code}: {message}")
-
-
-class KeyReusedToolError(IdempotencyToolError):
-    """The key was used before with other arguments: the agent must pick a new key."""
-
-    code = "idempotency_key_reused"
-
-
-class InFlightToolError(IdempotencyToolError):
-    """The first call with this key still runs: retry with the same key after ``retry_after``."""
-
-    code = "idempotency_key_in_flight"
-
-    def __init__(self, message: str, retry_after: float) -> None:
-        super().__init__(message)
-        self.retry_after = retry_after
-
-
-class InvalidKeyToolError(IdempotencyToolError):
-    """The key is missing or malformed."""
-
-    code = "idempotency_key_invalid"
-
-
-class StoreUnavailableToolError(IdempotencyToolError):
-    """Redis failed: nothing ran; retry with the same key."""
-
-    code = "idempotency_store_unavailable"
-
-
-def principal_of(ctx: Context[Any, Any, Any] | None) -> str | None:
-    """The authenticated client id of this call, or None without auth.
-
-    The request's ``user`` (set by the SDK's ``AuthenticationMiddleware`` on streamable HTTP)
-    first, then the SDK's auth context variable.
-    """
-    request = None
-    if ctx is not None:
-        try:
-            request = ctx.request_context.request
-        except ValueError:  # outside a request
-            request = None
-    scope = getattr(request, "scope", None)
-    user = scope.get("user") if isinstance(scope, dict) else None
-    token = getattr(user, "access_token", None)
-    if token is None:
-        token = get_access_token()
-    client_id = getattr(token, "client_id", None)
-    return client_id if isinstance(client_id, str) and client_id else None
-
-
-def _retention(seconds: float) -> str:
-    if seconds >= 86_400 and seconds % 86_400 == 0:
-        days = int(seconds // 86_400)
-        return f"{days} day" + ("s" if days != 1 else "")
-    if seconds >= 3_600 and seconds % 3_600 == 0:
-        hours = int(seconds // 3_600)
-        return f"{hours} hour" + ("s" if hours != 1 else "")
-    return f"{seconds:g} seconds"
 
 
 class IdempotentTools:
@@ -151,10 +122,14 @@ class IdempotentTools:
 
     ``policy`` defaults to the store's with ``ttl`` and ``wait`` replaced: results are replayed
     for ``ttl`` seconds (3 days by default) and a duplicate waits up to ``wait`` seconds (5) for
-    the first call's result. A ``policy`` given is used as it is. ``argument`` names the tool
-    argument that carries the key (None: none); ``meta_field`` the ``_meta`` field read when
-    the argument is absent (None: none). ``principal(ctx)`` scopes keys when the SDK has no
-    authenticated client id (stdio, HTTP without auth).
+    the first call's result. A ``policy`` given is used as it is (``ttl``/``wait`` with it:
+    ConfigurationError). ``argument`` names the tool argument that carries the key (None:
+    none); ``meta_field`` the ``_meta`` field and ``params_field`` the request's ``params``
+    field read when the argument is absent (None: none). ``derive=True``: with no key sent,
+    the key is derived from the call (:func:`~idemkey.contrib._mcp_keys.derived_key`;
+    ``operation`` names the argument that identifies the operation, ``bucket`` a time window in
+    seconds). ``principal(ctx)`` scopes keys when the SDK has no authenticated client id
+    (stdio, HTTP without auth).
     """
 
     def __init__(
@@ -162,33 +137,84 @@ class IdempotentTools:
         store: AsyncRedisStore,
         *,
         policy: Policy | None = None,
-        ttl: float = AGENT_TTL,
-        wait: float = 5.0,
+        ttl: float | None = None,
+        wait: float | None = None,
         argument: str | None = "idempotency_key",
         meta_field: str | None = "idempotencyKey",
+        params_field: str | None = "idempotencyKey",
+        derive: bool = False,
+        operation: str | None = None,
+        bucket: float | None = None,
         principal: Callable[[Context[Any, Any, Any]], str | None] | None = None,
     ) -> None:
-        if argument is None and meta_field is None:
-            raise ValueError("IdempotentTools needs an argument or a meta_field for the key")
+        if policy is not None and (ttl is not None or wait is not None):
+            given = " and ".join(n for n, v in (("ttl=", ttl), ("wait=", wait)) if v is not None)
+            raise ConfigurationError(
+                f"IdempotentTools takes {given} or policy=, not both: set them in the Policy"
+            )
+        if (operation is not None or bucket is not None) and not derive:
+            raise ConfigurationError("IdempotentTools: operation= and bucket= need derive=True")
+        if bucket is not None and not bucket > 0:
+            raise ConfigurationError(f"IdempotentTools: bucket= must be seconds > 0, got {bucket}")
+        if derive:
+            argument = None  # the key is the call's own: the model passes none
+        elif argument is None and meta_field is None and params_field is None:
+            raise ConfigurationError(
+                "IdempotentTools needs an argument, a meta_field, a params_field or derive=True"
+            )
         self.store = store
-        self.policy = policy if policy is not None else store.policy.replace(ttl=ttl, wait=wait)
+        self.policy = (
+            policy
+            if policy is not None
+            else store.policy.replace(
+                ttl=AGENT_TTL if ttl is None else ttl, wait=5.0 if wait is None else wait
+            )
+        )
         self.argument = argument
         self.meta_field = meta_field
+        self.params_field = params_field
+        self.derive = derive
+        self.operation = operation
+        self.bucket = bucket
         self.principal = principal
 
+    @property
+    def hint(self) -> bool:
+        """``idempotentHint``: whether the same arguments never have a second effect. Not so
+        when the host's key decides (the same arguments under a new key run again) or a time
+        bucket does (the same call in a later window runs again)."""
+        return self.argument is not None or (self.derive and self.bucket is None)
+
     def description(self, text: str) -> str:
-        """``text`` with the sentence that tells the agent how the tool is idempotent."""
-        where = (
-            f"the `{self.argument}` argument"
-            if self.argument is not None
-            else f"`_meta.{self.meta_field}`"
-        )
-        note = (
-            f"Idempotent: pass a new unique key in {where} for each operation and the same "
-            f"key when retrying it; a retry within {_retention(self.policy.ttl)} returns the "
-            "first result (marked as a replay) without running the tool again. A key reused "
-            "with other arguments is refused."
-        )
+        """``text`` with the sentences that tell the agent how the tool is idempotent."""
+        within = retention(self.policy.ttl)
+        if self.derive:
+            same = (
+                "the same arguments" if self.operation is None else f"the same `{self.operation}`"
+            )
+            note = (
+                f"Idempotent: a repeat of this call with {same} within {within} returns the "
+                "first result (marked as a replay) without running the tool again; no key "
+                "is needed."
+            )
+            if self.operation is not None:
+                note += f" Other arguments with a `{self.operation}` already used are refused."
+        elif self.argument is not None:
+            note = (
+                f"Idempotent: pass a new unique key in the `{self.argument}` argument for "
+                f"each operation ({KEY_GRAMMAR}) and the same key when retrying it, never a "
+                f"new one; a retry within {within} returns the first result (marked as a "
+                "replay) without running the tool again. A key reused with other arguments "
+                "is refused."
+            )
+        else:
+            fields = [f"`_meta.{self.meta_field}`"] if self.meta_field else []
+            fields += [f"`params.{self.params_field}`"] if self.params_field else []
+            note = (
+                f"Idempotent: the host's idempotency key ({' or '.join(fields)}) decides; a "
+                f"retry with it within {within} returns the first result (marked as a replay) "
+                "without running the tool again."
+            )
         return f"{text.strip()}\n\n{note}" if text.strip() else note
 
     def scope(self, ctx: Context[Any, Any, Any]) -> str:
@@ -212,7 +238,10 @@ class IdempotentTools:
 
         def register(fn: Callable[..., Any]) -> Callable[..., Any]:
             wrapper = self.wrap(fn, name=name, structured_output=structured_output)
-            marked = (annotations or ToolAnnotations()).model_copy(update={"idempotentHint": True})
+            update = {"idempotentHint": self.hint}
+            marked = (annotations or ToolAnnotations()).model_copy(update=update)
+            if self.params_field is not None:
+                keep_request_params(server)
             server.add_tool(
                 wrapper,
                 name=name or fn.__name__,
@@ -221,6 +250,8 @@ class IdempotentTools:
                 annotations=marked,
                 structured_output=structured_output,
             )
+            if self.argument is not None:
+                require_argument(server, name or fn.__name__, self.argument)
             return fn
 
         return register
@@ -244,8 +275,16 @@ class IdempotentTools:
         passes_key = self.argument is not None and self.argument in signature.parameters
         extra: list[inspect.Parameter] = []
         if self.argument is not None and not passes_key:
+            # Optional to the SDK, so that a missing key reaches the tool's own refusal
+            # (idempotency_key_invalid) rather than the SDK's "Field required"; the schema
+            # still says a string.
             extra.append(
-                inspect.Parameter(self.argument, inspect.Parameter.KEYWORD_ONLY, annotation=str)
+                inspect.Parameter(
+                    self.argument,
+                    inspect.Parameter.KEYWORD_ONLY,
+                    annotation=KeyArgument,
+                    default=None,
+                )
             )
         own_ctx = ctx_name is None
         wrapper_ctx = ctx_name or "idemkey_ctx"
@@ -267,52 +306,27 @@ class IdempotentTools:
         @functools.wraps(fn)
         async def wrapper(**kwargs: Any) -> CallToolResult:
             ctx: Context[Any, Any, Any] = kwargs[wrapper_ctx]
-            key = self._key(kwargs, ctx)
+            principal = self.scope(ctx)
             arguments = {k: v for k, v in kwargs.items() if k != wrapper_ctx}
             if self.argument is not None and not passes_key:
                 arguments.pop(self.argument, None)
             call_kwargs = {k: v for k, v in kwargs.items() if not (own_ctx and k == wrapper_ctx)}
             if self.argument is not None and not passes_key:
                 call_kwargs.pop(self.argument, None)
-            fingerprint = {
-                "tool": tool_name,
-                "arguments": {k: _plain(v) for k, v in arguments.items() if k != self.argument},
-            }
-            try:
-                async with aguard(
-                    self.store,
-                    key,
-                    payload=fingerprint,
-                    scope=f"mcp:{self.scope(ctx)}",
-                    policy=self.policy,
-                ) as call:
-                    if call.replayed:
-                        return _replay(call.result)
-                    if is_async:
-                        value = await fn(**call_kwargs)
-                    else:
-                        value = fn(**call_kwargs)
-                    result = _as_result(metadata.convert_result(value))
-                    call.save(result.model_dump(mode="json", by_alias=True, exclude_none=True))
-                    return _mark(result, replayed=False)
-            except KeyReuseError as exc:
-                raise KeyReusedToolError(
-                    "this idempotency key was already used with different arguments; "
-                    "use a new idempotency key for a different operation"
-                ) from exc
-            except RequestInFlightError as exc:
-                raise InFlightToolError(
-                    "a call with this idempotency key is still running; retry with the same "
-                    f"idempotency key in {exc.retry_after:g} s",
-                    exc.retry_after,
-                ) from exc
-            except InvalidKeyError as exc:
-                raise InvalidKeyToolError(exc.reason) from exc
-            except StoreError as exc:
-                raise StoreUnavailableToolError(
-                    "the idempotency store is unavailable; nothing ran, retry with the same "
-                    "idempotency key"
-                ) from exc
+            args = {k: plain(v) for k, v in arguments.items() if k != self.argument}
+            key = self._key(kwargs, ctx, principal, tool_name, args)
+            fingerprint = {"tool": tool_name, "arguments": args}
+            if is_async:
+                body: Callable[[], Awaitable[Any]] = functools.partial(fn, **call_kwargs)
+            else:
+                # A worker thread: the event loop stays free, so the store's heartbeat renews
+                # the lease while a long synchronous tool runs.
+                body = functools.partial(asyncio.to_thread, fn, **call_kwargs)
+            once = self._once(key, fingerprint, principal, body, metadata.convert_result)
+            # The call runs in a task of its own, which a cancel from the host (a
+            # notifications/cancelled, a closed stdio) does not reach: the tool runs to its end
+            # and its result is stored, so the host's retry waits for it or replays it.
+            return await outlive_cancel(asyncio.ensure_future(once))
 
         annotations_ = {p.name: p.annotation for p in new_params}
         annotations_["return"] = signature.return_annotation
@@ -320,49 +334,66 @@ class IdempotentTools:
         wrapper.__signature__ = signature.replace(parameters=new_params)  # type: ignore[attr-defined]
         return wrapper
 
-    def _key(self, kwargs: dict[str, Any], ctx: Context[Any, Any, Any]) -> str:
-        if self.argument is not None:
-            value = kwargs.get(self.argument)
-            if isinstance(value, str) and value:
-                return value
+    async def _once(
+        self,
+        key: str,
+        fingerprint: object,
+        principal: str,
+        body: Callable[[], Awaitable[Any]],
+        convert: Callable[[Any], Any],
+    ) -> CallToolResult:
+        """Claim the key, run the tool (or replay it) and store its result."""
+        ran = (
+            False  # whether the tool's body started: a store failure after it is not "nothing ran"
+        )
+        try:
+            async with aguard(
+                self.store, key, payload=fingerprint, scope=f"mcp:{principal}", policy=self.policy
+            ) as call:
+                if call.replayed:
+                    return replay(call.result)
+                ran = True
+                result = as_result(convert(await body()))
+                call.save(result.model_dump(mode="json", by_alias=True, exclude_none=True))
+                return mark(result, replayed=False)
+        except IdemkeyError as exc:
+            error = tool_error(exc, ran)
+            if error is None:
+                raise
+            raise error from exc
+
+    def _key(
+        self,
+        kwargs: dict[str, Any],
+        ctx: Context[Any, Any, Any],
+        principal: str,
+        tool: str,
+        arguments: dict[str, Any],
+    ) -> str:
+        """The call's key: the argument's, else the host's (``_meta``, then ``params``), else
+        derived from the call; checked against the one grammar."""
+        if self.argument is not None and kwargs.get(self.argument) is not None:
+            return check_key(kwargs[self.argument], f"the `{self.argument}` argument")
         if self.meta_field is not None:
             meta = None
             try:
                 meta = ctx.request_context.meta
             except ValueError:
                 meta = None
-            value = (meta.model_extra or {}).get(self.meta_field) if meta is not None else None
-            if isinstance(value, str) and value:
-                return value
-        where = self.argument or f"_meta.{self.meta_field}"
-        raise InvalidKeyToolError(f"this tool needs an idempotency key in {where}")
-
-
-def _plain(value: Any) -> Any:
-    """Arguments as JSON-like data for the fingerprint (pydantic models dumped)."""
-    dump = getattr(value, "model_dump", None)
-    if callable(dump):
-        return dump(mode="json")
-    return value
-
-
-def _as_result(converted: Any) -> CallToolResult:
-    """What FastMCP's ``convert_result`` returns, as the ``CallToolResult`` the SDK sends."""
-    if isinstance(converted, CallToolResult):
-        return converted
-    if isinstance(converted, tuple):
-        content, structured = converted
-        return CallToolResult(content=list(content), structuredContent=structured)
-    return CallToolResult(content=list(converted))
-
-
-def _mark(result: CallToolResult, *, replayed: bool) -> CallToolResult:
-    meta = dict(result.meta or {})
-    meta[REPLAY_META] = {"replayed": replayed}
-    return result.model_copy(update={"meta": meta})
-
-
-def _replay(stored: Any) -> CallToolResult:
-    result = _mark(CallToolResult.model_validate(stored), replayed=True)
-    content = [*result.content, TextContent(type="text", text=REPLAY_TEXT)]
-    return result.model_copy(update={"content": content})
+            extra = (meta.model_extra or {}) if meta is not None else {}
+            if extra.get(self.meta_field) is not None:
+                return check_key(extra[self.meta_field], f"_meta.{self.meta_field}")
+        if self.params_field is not None:
+            params = request_params()
+            if params.get(self.params_field) is not None:
+                return check_key(params[self.params_field], f"params.{self.params_field}")
+        if self.derive:
+            return derived_key(principal, tool, arguments, self.operation, self.bucket)
+        where = (
+            f"the `{self.argument}` argument"
+            if self.argument is not None
+            else f"_meta.{self.meta_field}"
+            if self.meta_field
+            else f"params.{self.params_field}"
+        )
+        return check_key(None, where)

@@ -540,6 +540,13 @@ class GuardState(Generic[T]):
             if exc is None:
                 raise LeaseLostError(fence)
 
+    def cancelled(self) -> None:
+        """The block was cancelled by its caller before saving a result (asyncio): the claim
+        is kept, unrenewed, until its lease lapses; an ``uncertain`` entry says so."""
+        fence = self.claim.fence if self.claim else None
+        lapses = f"the key is held until its lease lapses ({self.policy.lease_ms} ms)"
+        self.uncertain("cancelled", fence, lapses, self.finished_steps())
+
     def store_failed(
         self, error: StoreError, exc: BaseException | None, completing: bool = False
     ) -> None:

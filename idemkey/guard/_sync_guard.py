@@ -75,6 +75,13 @@ class Guard(GuardState[T]):
         if claim is None:
             return
         owner = claim.owner
+        if saved is None and isinstance(exc, Cancelled):
+            # The caller cancelled the block part way: what it did is unknown, and a release
+            # would let a retry run it again at once. Keep the key until its lease lapses
+            # (renewed no more), then a retry takes it over; an operator is told.
+            self.store._unwatch(self.record, owner)
+            self.cancelled()
+            return
         try:
             done = self._settle(owner, saved)
         except StoreError as error:

@@ -544,6 +544,18 @@ class Exchange:
         self.state = settling
         return plan
 
+    def cancelled(self) -> None:
+        """The app was cancelled before its response started (a server that cancels the
+        request when its client leaves): what it did is unknown, so the key is not released.
+        The driver stops renewing the claim, which holds retries off (409 or a wait) until its
+        lease lapses; the retry after it takes it over. An ``uncertain`` entry says so."""
+        self._move("cancelled")
+        if self.call is not None:
+            leave_current(self.call)
+        fence = self.claim.fence if self.claim else None
+        detail = f"the key is held until its lease lapses ({self.policy.lease_ms} ms)"
+        self.uncertain("cancelled", fence, detail)
+
     def _plan(
         self,
         status: int,

@@ -13,6 +13,7 @@ one entry of a table, and a transition asked in the wrong state raises
                                                      |  store_failed (open) -> UNPROTECTED
     RUNNING --started--> SENDING --finish--> SETTLING --settled/settle_failed--> DONE
     RUNNING, SENDING --fail--> SETTLING;   CLAIMING --interrupted--> SETTLING (a release)
+    RUNNING --cancelled--> DONE (the app cancelled before its head: the claim is kept to lapse)
 
 The one rule of order rather than of content: once the response's status and
 headers went out (``started``), the key is never released by a failure. ``fail`` then completes
@@ -56,6 +57,7 @@ TRANSITIONS: Final[dict[tuple[State, str], State]] = {
     (_S.CLAIMING, "interrupted"): _S.SETTLING,
     (_S.RUNNING, "start"): _S.SENDING,
     (_S.RUNNING, "fail"): _S.SETTLING,
+    (_S.RUNNING, "cancelled"): _S.DONE,
     (_S.SENDING, "finish"): _S.SETTLING,
     (_S.SENDING, "fail"): _S.SETTLING,
     (_S.SETTLING, "settle"): _S.DONE,

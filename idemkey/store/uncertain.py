@@ -1,6 +1,6 @@
 """The uncertain outcomes: what an operator must reconcile by hand, kept in Redis.
 
-Five outcomes leave the work's effect in doubt. Besides its event, each is appended to one
+Six outcomes leave the work's effect in doubt. Besides its event, each is appended to one
 capped stream per prefix, ``<prefix>:uncertain`` (``XADD MAXLEN ~`` :data:`MAX_ENTRIES`, the
 stream living as long as the records: the policy's retention from its last entry), which
 ``store.uncertain()``, ``idemkey list --uncertain`` and the console read. Sans-IO: the fields
@@ -30,7 +30,12 @@ __all__ = [
 ]
 
 UncertainKind = Literal[
-    "lease_lost", "completion_failed", "unprotected", "released_with_steps", "takeover"
+    "lease_lost",
+    "completion_failed",
+    "unprotected",
+    "released_with_steps",
+    "takeover",
+    "cancelled",
 ]
 
 #: What each kind means, and what to do about it (docs/operations.md says the same).
@@ -54,6 +59,12 @@ MEANINGS: Final[dict[str, tuple[str, str]]] = {
         "the call failed after some steps finished; the record keeps them, so a retry "
         "resumes after them, but if no retry comes their side effects stand alone",
         "retry with the same key, or compensate the finished steps",
+    ),
+    "cancelled": (
+        "the work was cancelled part way (an asyncio task cancelled inside aguard, an ASGI "
+        "app cancelled before its response started): it may have done part of its work or "
+        "all of it, so the key was kept, and a retry after the lease takes it over",
+        "check what the cancelled work did before the retry runs it again",
     ),
     "takeover": (
         "a claim whose lease lapsed (a crash, a stall) was taken over: the previous executor "

@@ -582,9 +582,11 @@ async def test_cancelled_mid_stream_completes_without_the_body(store: AsyncRedis
     assert len(runs) == 1
 
 
-async def test_cancelled_before_the_response_started_releases_the_key(
+async def test_cancelled_before_the_response_started_keeps_the_key_to_lapse(
     store: AsyncRedisStore,
 ) -> None:
+    # The app may have done its work before the server cancelled it: a release would let the
+    # retry run it again at once (issue 36). The claim stays, unrenewed, and an operator is told.
     runs, never = [], asyncio.Event()
 
     async def app(scope: Scope, receive: Receive, send: Send) -> None:
@@ -598,7 +600,10 @@ async def test_cancelled_before_the_response_started_releases_the_key(
     with pytest.raises(asyncio.CancelledError):
         await task
 
-    await async_wait_until(state_is(store, None), DEADLINE, "the key to be released")
+    (entry,) = await async_wait_until(store.uncertain, DEADLINE, "the uncertain entry")
+    assert entry.kind == "cancelled"
+    assert await record_state(store) == "in_progress"
+    assert not store._leases  # no longer renewed: it lapses after one lease
 
 
 async def test_completion_failure_after_the_response_is_logged_not_raised(

@@ -5,11 +5,12 @@ tokens ``alice`` and ``bob`` authenticate those client ids) or over stdio
 (``python -m tests.contrib._mcp_server``; the principal is ``$MCP_PRINCIPAL``). Redis is
 ``$REDIS_URL``, keys under ``$PREFIX``. Every run of the tool adds one to ``{PREFIX}:runs``;
 while ``{PREFIX}:gate`` exists the tool waits (10 s at most) for an item on
-``{PREFIX}:open`` before it returns.
+``{PREFIX}:open`` before it returns. ``charge_slowly`` counts its runs there too, then takes 3 s.
 """
 
 from __future__ import annotations
 
+import asyncio
 import os
 
 import redis.asyncio
@@ -55,6 +56,13 @@ def build(http: bool) -> FastMCP:
         if await client.exists(f"{PREFIX}:gate"):
             await client.blpop([f"{PREFIX}:open"], timeout=10)
         return {"charge_id": f"ch_{runs}", "amount": amount, "by": tools.scope(ctx)}
+
+    @tools.tool(server)
+    async def charge_slowly(amount: int) -> dict[str, object]:
+        """Charge the card on file, slowly (3 s after the charge)."""
+        runs = await client.incr(f"{PREFIX}:runs")
+        await asyncio.sleep(3)
+        return {"charge_id": f"ch_{runs}", "amount": amount}
 
     return server
 

@@ -49,6 +49,26 @@ def environment(redis_url: str, prefix: str, wait: float) -> dict[str, str]:
     }
 
 
+def serve_http(
+    env: dict[str, str], log: Any, log_path: Path
+) -> tuple[subprocess.Popen[bytes], int]:
+    """tests/contrib/_mcp_server.py on a real uvicorn process: the process and its port."""
+    port = free_port()
+    server = subprocess.Popen(
+        [sys.executable, "-m", "uvicorn", "tests.contrib._mcp_server:app",
+         "--host", "127.0.0.1", "--port", str(port)],
+        cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
+    )  # fmt: skip
+
+    def answers() -> bool:
+        assert server.poll() is None, log_path.read_text()
+        with socket.socket() as probe:
+            return probe.connect_ex(("127.0.0.1", port)) == 0
+
+    wait_until(answers, timeout=20, message="uvicorn to listen")
+    return server, port
+
+
 @pytest.fixture(params=["http", "stdio"])
 def connect(
     request: pytest.FixtureRequest, redis_url: str, prefix: str, tmp_path: Path
@@ -77,22 +97,10 @@ def connect(
                     yield session
 
             return over_stdio
-        port = free_port()
         log = (tmp_path / "uvicorn.log").open("wb")
         logs.append(log)
-        server = subprocess.Popen(
-            [sys.executable, "-m", "uvicorn", "tests.contrib._mcp_server:app",
-             "--host", "127.0.0.1", "--port", str(port)],
-            cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
-        )  # fmt: skip
+        server, port = serve_http(env, log, tmp_path / "uvicorn.log")
         servers.append(server)
-
-        def answers() -> bool:
-            assert server.poll() is None, (tmp_path / "uvicorn.log").read_text()
-            with socket.socket() as probe:
-                return probe.connect_ex(("127.0.0.1", port)) == 0
-
-        wait_until(answers, timeout=20, message="uvicorn to listen")
 
         @asynccontextmanager
         async def over_http(principal: str = "alice") -> AsyncIterator[ClientSession]:
@@ -250,20 +258,27 @@ def test_without_the_sdk_the_import_names_the_extra(monkeypatch: pytest.MonkeyPa
 
 
 def test_mcp_page(private_redis_server: RedisServer, tmp_path: Path) -> None:
+    # Each program as printed, run twice against one Redis: it prints the same both times.
     files = write_page("docs/mcp.md", tmp_path, redis_url=private_redis_server.url)
-    assert [f.name for f in files] == ["server.py", "client.py"]
+    names = [f.name for f in files]
+    assert names == ["server.py", "client.py", "host_keys.py", "derived_keys.py"]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    done = subprocess.run(
-        [sys.executable, "client.py"],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert done.returncode == 0, done.stdout + done.stderr
-    printed = (ROOT / "docs/mcp.md").read_text("utf-8").split("It prints:\n\n```text\n")[1]
-    assert done.stdout == printed.split("```")[0]
+    page = (ROOT / "docs/mcp.md").read_text("utf-8")
+    printed = [p.split("```")[0] for p in page.split("It prints:\n\n```text\n")[1:]]
+    for program, expected in zip(
+        ["client.py", "host_keys.py", "derived_keys.py"], printed, strict=True
+    ):
+        for _ in range(2):
+            done = subprocess.run(
+                [sys.executable, program],
+                cwd=tmp_path,
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=60,
+            )
+            assert done.returncode == 0, program + done.stdout + done.stderr
+            assert done.stdout == expected, program
 
 
 async def test_the_key_in_meta_and_what_the_agent_is_told(redis_url: str, prefix: str) -> None:
@@ -286,7 +301,8 @@ async def test_the_key_in_meta_and_what_the_agent_is_told(redis_url: str, prefix
         again = await session.call_tool("send_mail", {"to": "a@example.com"}, meta=meta)
     await client.aclose()
     assert tool.annotations is not None
-    assert tool.annotations.idempotentHint is True
+    # the same arguments under another host key run again (issue 36: the hint follows the mode)
+    assert tool.annotations.idempotentHint is False
     assert set(tool.inputSchema["properties"]) == {"to"}  # no key argument, no context
     assert "`_meta.idempotencyKey`" in (tool.description or "")
     assert "within 2 hours" in (tool.description or "")

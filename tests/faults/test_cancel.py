@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import redis.asyncio
 
-from idemkey import AsyncRedisStore, Policy, aguard
+from idemkey import AsyncRedisStore, Policy, RequestInFlightError, aguard
 from idemkey._core import Record, record_for, record_state
 from idemkey.guard import GUARD_METHOD
 from tests._lease import lease_holder, lease_left
@@ -126,3 +126,45 @@ async def test_a_claim_cut_off_by_a_cancellation_is_released(
         call.save("ran once")
     await stalling.aclose()
     await store.aclose()
+
+
+async def test_a_block_its_caller_cancels_keeps_the_key_until_the_lease_lapses(
+    real_async_client: redis.asyncio.Redis, prefix: str
+) -> None:
+    # The caller cancels the task after the block's side effect, before it saved a result. A
+    # release would let the retry charge again at once; the key is kept instead, no longer
+    # renewed, and the retry that comes after the lease is a takeover (docs/guarantees.md).
+    store = AsyncRedisStore(real_async_client, Policy(prefix=prefix, lease=1.5, wait=0))
+    charged = asyncio.Event()
+    charges: list[str] = []
+
+    async def work() -> None:
+        async with aguard(store, "order-7", payload=b"p") as call:
+            charges.append("charged")
+            charged.set()
+            await asyncio.sleep(30)  # cancelled here, before the result is saved
+            call.save("ch_1")
+
+    task = asyncio.ensure_future(work())
+    await asyncio.wait_for(charged.wait(), 10)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    with pytest.raises(RequestInFlightError):  # not released: the retry does not run at once
+        async with aguard(store, "order-7", payload=b"p"):
+            charges.append("charged again")
+    (entry,) = await async_wait_until(store.uncertain, 10, "the uncertain entry")
+    assert entry.kind == "cancelled"
+    assert entry.fence == 1
+    # Not renewed any more: the lease lapses, and the retry after it is told it takes over.
+    record = record_for(prefix, "", GUARD_METHOD, "", "order-7")
+    await async_wait_until(lambda: _lapsed(real_async_client, record), 10, "the lease to lapse")
+    async with aguard(store, "order-7", payload=b"p") as call:
+        assert call.takeover
+        call.save("checked, not charged again")
+    assert charges == ["charged"]
+    await store.aclose()
+
+
+async def _lapsed(client: redis.asyncio.Redis, record: Record) -> bool:
+    return await lease_left(client, record) <= 0

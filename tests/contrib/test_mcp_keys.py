@@ -1,0 +1,199 @@
+"""Where an MCP tool call's key comes from, and the one grammar it follows (docs/mcp.md, "The
+key"): the SDK's own ClientSession (in memory) against a FastMCP server and a real redis-server.
+
+A malformed key is refused with ``idempotency_key_invalid`` and the tool does not run; the
+host's key in ``_meta`` or in ``params.idempotencyKey`` (SEP-3182) dedupes with no model
+cooperation; a derived key makes the same call one operation whatever key the model invents.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+
+pytest.importorskip("mcp")
+import redis.asyncio
+from mcp import ClientSession
+from mcp.server.fastmcp import FastMCP
+from mcp.shared.memory import create_connected_server_and_client_session
+from mcp.types import (
+    CallToolRequest,
+    CallToolRequestParams,
+    CallToolResult,
+    ClientRequest,
+    TextContent,
+)
+
+from idemkey import AsyncRedisStore, ConfigurationError, Policy
+from idemkey.contrib.mcp import IdempotentTools
+
+pytestmark = pytest.mark.redis
+
+
+def text(result: CallToolResult) -> str:
+    return " ".join(c.text for c in result.content if isinstance(c, TextContent))
+
+
+def replayed(result: CallToolResult) -> bool:
+    return bool((result.meta or {})["io.idemkey/replay"]["replayed"])
+
+
+@pytest.fixture
+async def store(redis_url: str, prefix: str) -> AsyncIterator[AsyncRedisStore]:
+    client = redis.asyncio.Redis.from_url(redis_url)
+    store = AsyncRedisStore(client, Policy(prefix=prefix))
+    yield store
+    await store.aclose()
+    await client.aclose()
+
+
+def payments(tools: IdempotentTools, paid: list[str]) -> FastMCP:
+    server = FastMCP("payments")
+
+    @tools.tool(server)
+    async def pay(order_id: str, amount: int) -> str:
+        """Pay an order."""
+        paid.append(order_id)
+        return f"paid {order_id}: {amount} (payment {len(paid)})"
+
+    return server
+
+
+MALFORMED = {
+    "missing": None,
+    "empty": "",
+    "too long": "k" * 256,
+    "NUL": "a\x00b",
+    "newline": "a\nb",
+    "ESC": "\x1b[31mred",
+    "spaces inside": "refund order 1001",
+    "spaces only": "   ",
+    "not ASCII": "clé-1",
+    "a number": 1001,
+}
+
+
+@pytest.mark.parametrize("key", MALFORMED.values(), ids=MALFORMED.keys())
+async def test_a_malformed_key_is_refused_and_the_tool_does_not_run(
+    store: AsyncRedisStore, key: object
+) -> None:
+    paid: list[str] = []
+    args: dict[str, Any] = {"order_id": "1001", "amount": 5}
+    if key is not None:
+        args["idempotency_key"] = key
+    async with create_connected_server_and_client_session(
+        payments(IdempotentTools(store), paid)
+    ) as session:
+        refused = await session.call_tool("pay", args)
+    assert refused.isError
+    assert text(refused).startswith("Error executing tool pay: idempotency_key_invalid: ")
+    assert "idempotency_key" in text(refused)
+    assert paid == []
+
+
+async def test_a_key_of_255_visible_characters_is_a_key(store: AsyncRedisStore) -> None:
+    paid: list[str] = []
+    key = "".join(chr(0x21 + i % 94) for i in range(255)).replace(",", ".")
+    args = {"order_id": "1001", "amount": 5, "idempotency_key": key}
+    async with create_connected_server_and_client_session(
+        payments(IdempotentTools(store), paid)
+    ) as session:
+        (tool,) = (await session.list_tools()).tools
+        first = await session.call_tool("pay", args)
+        again = await session.call_tool("pay", args)
+    assert not first.isError, text(first)
+    assert replayed(again)
+    assert paid == ["1001"]
+    assert "idempotency_key" in tool.inputSchema["required"]  # still asked of the model
+    assert "visible ASCII" in (tool.description or "")
+
+
+async def call_with_params(session: ClientSession, key: str) -> CallToolResult:
+    """A tools/call whose params carry ``idempotencyKey`` (the shape SEP-3182 proposed)."""
+    params = CallToolRequestParams(
+        name="pay", arguments={"order_id": "1001", "amount": 5}, idempotencyKey=key
+    )
+    request = ClientRequest(CallToolRequest(params=params))
+    return await session.send_request(request, CallToolResult)
+
+
+@pytest.mark.parametrize("where", ["_meta", "params"])
+async def test_the_hosts_key_dedupes(store: AsyncRedisStore, where: str) -> None:
+    paid: list[str] = []
+    tools = IdempotentTools(store, argument=None)
+    async with create_connected_server_and_client_session(payments(tools, paid)) as session:
+        (tool,) = (await session.list_tools()).tools
+        results = []
+        for _ in range(2):
+            if where == "_meta":
+                args = {"order_id": "1001", "amount": 5}
+                meta = {"idempotencyKey": "host-call-1"}
+                results.append(await session.call_tool("pay", args, meta=meta))
+            else:
+                results.append(await call_with_params(session, "host-call-1"))
+        bad = await call_with_params(session, "host call 2")
+    first, again = results
+    assert not first.isError, text(first)
+    assert not replayed(first)
+    assert replayed(again)
+    assert paid == ["1001"]
+    assert bad.isError
+    assert "idempotency_key_invalid" in text(bad)
+    assert set(tool.inputSchema["properties"]) == {"order_id", "amount"}
+    assert tool.annotations is not None
+    assert tool.annotations.idempotentHint is False  # the same arguments under a new key run
+
+
+async def test_a_derived_key_ignores_the_keys_the_model_makes_up(store: AsyncRedisStore) -> None:
+    paid: list[str] = []
+    tools = IdempotentTools(store, derive=True)
+    async with create_connected_server_and_client_session(payments(tools, paid)) as session:
+        (tool,) = (await session.list_tools()).tools
+        first = await session.call_tool(
+            "pay", {"order_id": "1001", "amount": 5, "idempotency_key": "model-made-1"}
+        )
+        again = await session.call_tool(
+            "pay", {"order_id": "1001", "amount": 5, "idempotency_key": "model-made-2"}
+        )
+        other = await session.call_tool("pay", {"order_id": "1001", "amount": 6})
+    assert not first.isError, text(first)
+    assert replayed(again)
+    assert not other.isError  # other arguments: another operation
+    assert paid == ["1001", "1001"]
+    assert set(tool.inputSchema["properties"]) == {"order_id", "amount"}
+    assert "returns the first result" in (tool.description or "")
+    assert tool.annotations is not None
+    assert tool.annotations.idempotentHint is True
+
+
+async def test_a_key_derived_from_the_operation_argument(store: AsyncRedisStore) -> None:
+    paid: list[str] = []
+    tools = IdempotentTools(store, derive=True, operation="order_id")
+    async with create_connected_server_and_client_session(payments(tools, paid)) as session:
+        first = await session.call_tool(
+            "pay", {"order_id": "1001", "amount": 5, "idempotency_key": "model-made-1"}
+        )
+        again = await session.call_tool(
+            "pay", {"order_id": "1001", "amount": 5, "idempotency_key": "model-made-2"}
+        )
+        changed = await session.call_tool("pay", {"order_id": "1001", "amount": 6})
+        second_order = await session.call_tool("pay", {"order_id": "1002", "amount": 5})
+    assert not first.isError, text(first)
+    assert replayed(again)
+    assert changed.isError  # the same order with another amount: refused, not paid twice
+    assert "idempotency_key_reused" in text(changed)
+    assert not second_order.isError
+    assert paid == ["1001", "1002"]
+
+
+def test_conflicting_options_are_refused_by_name(store: AsyncRedisStore) -> None:
+    with pytest.raises(ConfigurationError, match=r"ttl= or policy="):
+        IdempotentTools(store, policy=store.policy, ttl=60)
+    with pytest.raises(ConfigurationError, match=r"ttl= and wait= or policy="):
+        IdempotentTools(store, policy=store.policy, ttl=60, wait=1)
+    with pytest.raises(ConfigurationError, match=r"operation= and bucket= need derive=True"):
+        IdempotentTools(store, operation="order_id")
+    with pytest.raises(ConfigurationError, match="needs an argument"):
+        IdempotentTools(store, argument=None, meta_field=None, params_field=None)
