@@ -174,6 +174,44 @@ def test_the_plain_wsgi_and_asgi_middlewares_replay_from_sql_after_redis_forgot(
     assert len(business_rows(url, "wsgi")) == len(business_rows(url, "asgi")) == 1
 
 
+def test_a_django_view_replays_its_response_from_sql_after_redis_forgot(
+    env: dict[str, str], server: RedisServer
+) -> None:
+    pytest.importorskip("django")
+    from django.test import Client as DjangoClient
+    from django.test.utils import override_settings
+
+    from idemkey import Policy, RedisStore
+    from idemkey.contrib.sqlalchemy import Effects
+    from tests.adapters.harness_wsgi import _django
+
+    _django()  # configure Django once per process, the way the adapter suite does
+    engine = sa.create_engine(env["TRUTH_DB_URL"])
+    store = RedisStore(server.client(), Policy(prefix=env["TRUTH_PREFIX"]), effects=Effects(engine))
+    settings = {"STORE": store, "GUARD": "all", "LEASE": 10.0}  # LEASE: a store made anew
+    try:
+        with override_settings(
+            ROOT_URLCONF="tests.sql._django_urls",
+            MIDDLEWARE=["idemkey.adapters.django.IdempotencyMiddleware"],
+            ALLOWED_HOSTS=["*"],
+            IDEMKEY=settings,
+        ):
+            web = DjangoClient()
+            first = web.post("/charges", data=b"{}", content_type="application/json",
+                             headers={"Idempotency-Key": "order-1"})  # fmt: skip
+            assert first.status_code == 201, first.content
+            server.restart()
+            again = web.post("/charges", data=b"{}", content_type="application/json",
+                             headers={"Idempotency-Key": "order-1"})  # fmt: skip
+    finally:
+        store.close()
+        engine.dispose()
+    assert again.status_code == 201, again.content
+    assert again.content == first.content
+    assert again.headers["Idempotent-Replayed"] == "true"
+    assert len(business_rows(env["TRUTH_DB_URL"], "django")) == 1
+
+
 # Real servers, killed at the staged point.
 
 
