@@ -85,6 +85,7 @@ def make_flask_app() -> Flask:
         redis.Redis.from_url(ENV["TRUTH_REDIS_URL"]), _policy(), effects=DyingEffects(engine)
     )
     app = Flask(__name__)
+    app.config["TRUTH_STORE"], app.config["TRUTH_ENGINE"] = store, engine  # a test closes them
     idem = Idemkey(app, store=store)
 
     @app.get("/health")
@@ -108,8 +109,10 @@ def make_flask_app() -> Flask:
 def make_fastapi_app() -> FastAPI:
     engine = create_async_engine(_async_url(ENV["TRUTH_DB_URL"]))
     client = redis.asyncio.Redis.from_url(ENV["TRUTH_REDIS_URL"])
-    idem = Idempotency(AsyncStore(client, _policy(), effects=AsyncDyingEffects(engine)))
+    store = AsyncStore(client, _policy(), effects=AsyncDyingEffects(engine))
+    idem = Idempotency(store)
     app = FastAPI()
+    app.state.truth_store, app.state.truth_engine = store, engine  # a test closes them
     app.router.route_class = IdempotentRoute
 
     @app.get("/health")

@@ -69,7 +69,8 @@ def test_a_flask_view_replays_its_response_from_sql_after_redis_forgot(
 ) -> None:
     from tests.sql._http_app import make_flask_app
 
-    web = Client(make_flask_app())
+    app = make_flask_app()
+    web = Client(app)
     first = web.post("/charges", data=b"{}", headers=KEYED)
     assert first.status_code == 201, first.get_data()
     body = first.get_data()
@@ -81,6 +82,10 @@ def test_a_flask_view_replays_its_response_from_sql_after_redis_forgot(
     assert again.headers["Idempotent-Replayed"] == "true"
     assert again.headers["Content-Type"] == first.headers["Content-Type"]
     assert len(business_rows(env["TRUTH_DB_URL"], "flask")) == 1
+    store = app.config["TRUTH_STORE"]
+    store.close()
+    store.client.close()
+    app.config["TRUTH_ENGINE"].dispose()
 
 
 async def test_a_fastapi_route_replays_its_response_from_sql_after_redis_forgot(
@@ -88,12 +93,18 @@ async def test_a_fastapi_route_replays_its_response_from_sql_after_redis_forgot(
 ) -> None:
     from tests.sql._http_app import make_fastapi_app
 
-    transport = httpx.ASGITransport(app=make_fastapi_app())
-    async with httpx.AsyncClient(transport=transport, base_url="http://test") as web:
-        first = await web.post("/charges", content=b"{}", headers=KEYED)
-        assert first.status_code == 201, first.text
-        server.restart()
-        again = await web.post("/charges", content=b"{}", headers=KEYED)
+    app = make_fastapi_app()
+    transport = httpx.ASGITransport(app=app)
+    try:
+        async with httpx.AsyncClient(transport=transport, base_url="http://test") as web:
+            first = await web.post("/charges", content=b"{}", headers=KEYED)
+            assert first.status_code == 201, first.text
+            server.restart()
+            again = await web.post("/charges", content=b"{}", headers=KEYED)
+    finally:
+        await app.state.truth_store.aclose()
+        await app.state.truth_store.client.aclose()
+        await app.state.truth_engine.dispose()
     assert again.status_code == 201, again.text
     assert again.content == first.content
     assert again.headers["Idempotent-Replayed"] == "true"
@@ -139,6 +150,7 @@ def test_the_plain_wsgi_and_asgi_middlewares_replay_from_sql_after_redis_forgot(
     assert again.headers["X-Order"] == "w1"
     assert again.headers["Idempotent-Replayed"] == "true"
     store.close()
+    store.client.close()
     engine.dispose()
 
     async def asgi() -> tuple[httpx.Response, httpx.Response]:
@@ -205,6 +217,7 @@ def test_a_django_view_replays_its_response_from_sql_after_redis_forgot(
                              headers={"Idempotency-Key": "order-1"})  # fmt: skip
     finally:
         store.close()
+        store.client.close()
         engine.dispose()
     assert again.status_code == 201, again.content
     assert again.content == first.content

@@ -49,9 +49,11 @@ def engine(db_url: str) -> Iterator[sa.Engine]:
 
 @pytest.fixture
 def store(server: RedisServer, prefix: str, engine: sa.Engine) -> Iterator[RedisStore]:
-    store = RedisStore(server.client(), Policy(prefix=prefix), effects=Effects(engine))
+    client = server.client()
+    store = RedisStore(client, Policy(prefix=prefix), effects=Effects(engine))
     yield store
     store.close()
+    client.close()
 
 
 def business_rows(engine: sa.Engine, key: str) -> int:
@@ -196,3 +198,35 @@ def test_a_row_committed_without_its_result_is_never_run_again(
         with pytest.raises(EffectCommittedError), guard(store, "lost-1"):
             pytest.fail("the work must not run again")
     assert business_rows(engine, "lost-1") == 1
+
+
+def test_a_step_committed_without_its_result_is_never_run_again(
+    server: RedisServer, store: RedisStore, engine: sa.Engine
+) -> None:
+    """A step's fenced transaction committed, then the process stopped before the step's
+    result reached its row or Redis (staged: the step's transaction runs outside call.step,
+    and the block dies): the retry's step raises EffectCommittedError naming it, and its work
+    does not run again."""
+    ran: list[str] = []
+
+    def charge(call: Any) -> dict[str, str]:
+        ran.append("charge")
+        with Session(engine) as session, session.begin():
+            session.execute(sa.insert(CHARGES).values(key="job-2:charge", fence=call.fence))
+            fenced(session, call, step="charge")
+        return {"step": "charge"}
+
+    def dies_after_the_commit() -> None:
+        with guard(store, "job-2") as call:
+            charge(call)  # committed; no result recorded, no checkpoint
+            raise RuntimeError("the process stops here")
+
+    with pytest.raises(RuntimeError):
+        dies_after_the_commit()
+    forget(server, store)
+    for _ in range(2):
+        with pytest.raises(EffectCommittedError) as raised, guard(store, "job-2") as call:
+            call.step("charge", charge, call)
+        assert raised.value.step == "charge"
+    assert ran == ["charge"]
+    assert business_rows(engine, "job-2:charge") == 1
