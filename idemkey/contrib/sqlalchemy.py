@@ -1,7 +1,8 @@
 """Fenced effects: the business write and the idempotency outcome in one SQL transaction.
 
-Redis stays the fast path; this closes the two holes every Redis-only design has, for effects
-that land in a SQL database (PostgreSQL or SQLite, through SQLAlchemy 2):
+Redis is the fast path and the database the truth; this closes the holes every Redis-only
+design has, for effects that land in a SQL database (PostgreSQL or SQLite, through
+SQLAlchemy 2):
 
 * **A stale owner** (a worker frozen past its lease while a successor took over) cannot commit:
   :func:`fenced` upserts the record's row in ``idemkey_effects`` only while the stored fence is
@@ -9,10 +10,14 @@ that land in a SQL database (PostgreSQL or SQLite, through SQLAlchemy 2):
   back with the user's own writes.
 * **A lost completion** (the transaction committed, then the worker died before Redis heard of
   it): ``call.save(value)`` inside the fenced transaction writes the encoded result into the row,
-  in the same commit. A store built with ``effects=Effects(engine)`` reads that row when a claim
-  is not the key's first (a takeover, or a retry after a release: the record's fence is above 1),
-  completes Redis with it and replays it; the work does not run again. The first claim of a key,
-  the hot path, never reads SQL.
+  in the same commit. A store built with ``effects=Effects(engine)`` reads that row on every
+  claim that would run the work (one primary-key SELECT; a replay from Redis reads nothing),
+  completes Redis with it and replays it; the work does not run again.
+* **Redis forgetting** (a restart without persistence, a failover, an eviction): the same read
+  tells a forgotten key from a new one, whatever the fence. A result known only after the
+  commit (an HTTP response, a step's result, a value saved after it) is written into the
+  committed row before Redis completes (``_sql_effects.Effects.record``); a row committed
+  without one raises ``EffectCommittedError`` on every retry (HTTP: 409 ``response_lost``).
 
 ::
 
