@@ -4,6 +4,7 @@
 
     python -m benchmarks                      # full run on a private redis-server
     python -m benchmarks --quick              # core cases, 300 rounds: a few seconds, for CI
+    python -m benchmarks --quick --effects    # and fenced SQL effects, effects= on and off
     python -m benchmarks --redis-url redis://127.0.0.1:6379/0 --json out.json --plot out.png
     python -m benchmarks --quick --budget 'miss<=1.15xfloor,replay<=1.15xfloor,replay:p99<=2ms'
 
@@ -68,6 +69,11 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--budget", action="append", default=[], metavar="BUDGETS",
                    help="e.g. 'miss<=1.15xfloor,replay<=1.15xfloor' or 'replay:p99<=2ms'; "
                         "repeatable; exit 1 when one is exceeded")  # fmt: skip
+    p.add_argument(
+        "--effects",
+        action="store_true",
+        help="also time fenced SQL effects (SQLite) with effects= on and off (needs [sql])",
+    )
     p.add_argument("--json", metavar="PATH", help="write the results as JSON")
     p.add_argument("--plot", metavar="PATH", help="write a PNG of the latency distributions")
     p.add_argument(
@@ -231,6 +237,10 @@ async def _run(
             cases += found
             if why is not None:
                 skipped["glide"] = why
+        if args.effects:
+            from .effects import effects_cases
+
+            cases += effects_cases(ctx)
         await prepare_all(cases)
         print(f"running {warmup} + {rounds} rounds of {len(cases)} cases...", file=sys.stderr)
         samples = await run_interleaved(

@@ -11,6 +11,7 @@ from importlib import metadata as _metadata
 from ._codec import StoredResponse
 from .errors import (
     ConfigurationError,
+    EffectCommittedError,
     IdemkeyError,
     InvalidKeyError,
     JobDeadlineError,
@@ -50,6 +51,7 @@ __all__ = [
     "InvalidKeyError",
     "JobDeadlineError",
     "KeyReuseError",
+    "EffectCommittedError",
     "LeaseLostError",
     "NoResultError",
     "Outcome",

@@ -8,6 +8,8 @@
     ├── RequestInFlightError     the first request with this key is still running
     ├── LeaseLostError           another executor took the record over, or the record was
     │                            lost from Redis (evicted); our result was not stored
+    ├── EffectCommittedError     the key's fenced SQL effect committed but its result was never
+    │                            recorded (the process stopped in between): not run again
     ├── ResultNotStorableError   a guard's result cannot be encoded: stored as "result not kept"
     │   └── StepNotStorableError a step's result cannot be encoded: the step is not finished
     ├── StoredFailureError       a remembered failure that is not one the reader declared
@@ -30,6 +32,7 @@ from __future__ import annotations
 
 __all__ = [
     "ConfigurationError",
+    "EffectCommittedError",
     "IdemkeyError",
     "InvalidKeyError",
     "JobDeadlineError",
@@ -92,6 +95,23 @@ class LeaseLostError(IdemkeyError):
     def __init__(self, fence: int | None = None) -> None:
         super().__init__("the lease on this idempotency record was lost to another executor")
         self.fence = fence
+
+
+class EffectCommittedError(IdemkeyError):
+    """The key's fenced SQL transaction committed (``idemkey.contrib.sqlalchemy``), but no
+    result was recorded with it: the process stopped between its COMMIT and the write of its
+    result (or HTTP response), and Redis does not have it either. The work is not run again;
+    look its outcome up in the database. ``step`` names the step, or is None for the call.
+    Every retry of the key gets this error (HTTP: a 409 ``response_lost`` problem).
+    """
+
+    def __init__(self, step: str | None = None) -> None:
+        what = "this key's effect" if step is None else f"step {step!r} of this key"
+        super().__init__(
+            f"{what} committed in the database, but its result was not recorded (the process "
+            "stopped in between): it is not run again; look its outcome up"
+        )
+        self.step = step
 
 
 class ResultNotStorableError(IdemkeyError):

@@ -87,21 +87,37 @@ def test_guard_page(url: str, capsys: pytest.CaptureFixture[str]) -> None:
 
 @pytest.mark.redis
 def test_effects_page(
-    url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    private_redis_server: RedisServer,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
+    """Both samples run as printed, twice (the second run replays from Redis), then once more
+    after Redis restarted with nothing kept (replayed from the database): the same output."""
     pytest.importorskip("sqlalchemy")
-    monkeypatch.chdir(tmp_path)  # the sample writes shop.db in the working directory
-    (block,) = run_page("docs/effects.md", url)
-    try:
-        assert capsys.readouterr().out.splitlines() == ["{'invoice': 'inv-3003'}"] * 2 + ["1"]
-        assert (tmp_path / "shop.db").exists()
-        # The charge's result was committed into idemkey_effects with the business row.
-        with block["Session"](block["engine"]) as session:
-            rows = session.execute(block["effects"].table.select()).all()
-        assert len(rows) == 1
-        assert rows[0].result is not None
-    finally:
-        block["engine"].dispose()
+    monkeypatch.chdir(tmp_path)  # the samples write shop.db and orders.db here
+    charge_out = ["{'invoice': 'inv-3003'}"] * 2 + ["1"]
+    order_out = ["201 {'order': 1, 'sku': 'tea'}"] * 2 + ["1"]
+    for run in ("first", "second", "after a restart"):
+        if run == "after a restart":
+            private_redis_server.restart()
+        charges, orders = run_page("docs/effects.md", private_redis_server.url)
+        try:
+            assert capsys.readouterr().out.splitlines() == charge_out + order_out, run
+            # The charge's result was committed into idemkey_effects with the business row.
+            with charges["Session"](charges["engine"]) as session:
+                rows = session.execute(charges["effects"].table.select()).all()
+            assert len(rows) == 1
+            assert rows[0].result is not None
+            with orders["Session"](orders["engine"]) as session:  # the response, recorded
+                (row,) = session.execute(orders["effects"].table.select()).all()
+            assert b"tea" in row.result
+        finally:
+            charges["engine"].dispose()
+            orders["engine"].dispose()
+            for block in (charges, orders):
+                block["store"].close()
+                block["store"].client.close()  # the sample's client: a program's ends with it
 
 
 @pytest.fixture

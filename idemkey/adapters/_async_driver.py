@@ -21,7 +21,7 @@ from __future__ import annotations
 from time import perf_counter
 from typing import TYPE_CHECKING
 
-from ..errors import StoreError
+from ..errors import EffectCommittedError, StoreError
 from ..http import Complete
 from ..store._concurrency._async_runtime import Cancelled, detach
 from ..store._concurrency._async_shield import settle_later
@@ -61,6 +61,8 @@ class AsyncDriver:
             )
         except StoreError as exc:
             return exchange.store_failed(exc)
+        except EffectCommittedError:
+            return exchange.response_lost()
         except BaseException:
             # Cut off (cancelled, interrupted) after the claim may have reached Redis: free it.
             plan = exchange.interrupted()
@@ -100,6 +102,7 @@ class AsyncDriver:
         started = perf_counter()
         try:
             if isinstance(plan, Complete):
+                await self._record(exchange, plan.stored)
                 policy = exchange.policy
                 ok = await self.store.complete(
                     exchange.record,
@@ -117,3 +120,15 @@ class AsyncDriver:
         lost = not ok and self.store._record_lost(exchange.record, exchange.owner)
         exchange.settled(ok, perf_counter() - started, lost)
         return ok
+
+    async def _record(self, exchange: Exchange, stored: bytes) -> None:
+        """A handler whose fenced transaction committed: its response goes into that row
+        before Redis hears of it, so a retry after Redis forgot replays it from there."""
+        call, effects = exchange.call, self.store.effects
+        fence = call._unrecorded.get(None) if call is not None and call._unrecorded else None
+        if fence is None or effects is None:
+            return
+        try:
+            await effects.record(exchange.record, None, fence, stored)
+        except StoreError as exc:  # Redis still gets it: only a later loss is exposed
+            exchange.notify("store_error", fence, f"response not recorded with its effect: {exc}")

@@ -46,7 +46,8 @@ def configure(config: dict[str, Any]) -> tuple[RedisStore, Callable[..., Any] | 
     elif not isinstance(store, RedisStore):
         raise ConfigurationError('IDEMKEY["STORE"] must be an idemkey.RedisStore')
     elif changes:
-        store = RedisStore(store.client, derive(store.policy, changes, "settings.IDEMKEY"))
+        policy = derive(store.policy, changes, "settings.IDEMKEY")
+        store = RedisStore(store.client, policy, effects=store.effects)  # keep its database
     return store, scope, guard == "all"
 
 

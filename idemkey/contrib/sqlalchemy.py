@@ -1,7 +1,8 @@
 """Fenced effects: the business write and the idempotency outcome in one SQL transaction.
 
-Redis stays the fast path; this closes the two holes every Redis-only design has, for effects
-that land in a SQL database (PostgreSQL or SQLite, through SQLAlchemy 2):
+Redis is the fast path and the database the truth; this closes the holes every Redis-only
+design has, for effects that land in a SQL database (PostgreSQL or SQLite, through
+SQLAlchemy 2):
 
 * **A stale owner** (a worker frozen past its lease while a successor took over) cannot commit:
   :func:`fenced` upserts the record's row in ``idemkey_effects`` only while the stored fence is
@@ -9,10 +10,14 @@ that land in a SQL database (PostgreSQL or SQLite, through SQLAlchemy 2):
   back with the user's own writes.
 * **A lost completion** (the transaction committed, then the worker died before Redis heard of
   it): ``call.save(value)`` inside the fenced transaction writes the encoded result into the row,
-  in the same commit. A store built with ``effects=Effects(engine)`` reads that row when a claim
-  is not the key's first (a takeover, or a retry after a release: the record's fence is above 1),
-  completes Redis with it and replays it; the work does not run again. The first claim of a key,
-  the hot path, never reads SQL.
+  in the same commit. A store built with ``effects=Effects(engine)`` reads that row on every
+  claim that would run the work (one primary-key SELECT; a replay from Redis reads nothing),
+  completes Redis with it and replays it; the work does not run again.
+* **Redis forgetting** (a restart without persistence, a failover, an eviction): the same read
+  tells a forgotten key from a new one, whatever the fence. A result known only after the
+  commit (an HTTP response, a step's result, a value saved after it) is written into the
+  committed row before Redis completes (``_sql_effects.Effects.record``); a row committed
+  without one raises ``EffectCommittedError`` on every retry (HTTP: 409 ``response_lost``).
 
 ::
 
@@ -42,14 +47,24 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Callable
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, Final
 
-from ..errors import ConfigurationError, LeaseLostError, StoreError
+from ..errors import ConfigurationError, LeaseLostError
+from ._sql_effects import (
+    COMMITTED,
+    TABLE_NAME,  # noqa: F401  (re-exported, as before)
+    AsyncEffects,
+    Effects,
+    default_table,
+    effects_table,
+    now,
+    row_key,
+)
 
 if TYPE_CHECKING:
-    from sqlalchemy import Engine, Table
-    from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession
+    from sqlalchemy import Table
+    from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
     from sqlalchemy.orm import Session
 
     from .._core import Record
@@ -64,43 +79,9 @@ __all__ = [
     "fenced",
 ]
 
-TABLE_NAME: Final = "idemkey_effects"
-#: ``result`` of a row whose transaction committed with nothing saved: final, not replayable.
-COMMITTED: Final = b"\x00committed"
-_STEP_SEPARATOR: Final = "#"
-_TABLES: dict[int, Table] = {}
-
-
-def effects_table(metadata: Any = None, name: str = TABLE_NAME) -> Table:
-    """The ``idemkey_effects`` table on ``metadata`` (a private MetaData when None)."""
-    from sqlalchemy import BigInteger, Column, DateTime, LargeBinary, MetaData, String, Table
-
-    metadata = metadata if metadata is not None else MetaData()
-    return Table(
-        name,
-        metadata,
-        Column("record", String(160), primary_key=True),
-        Column("fence", BigInteger, nullable=False),
-        Column("result", LargeBinary, nullable=True),
-        Column("created_at", DateTime, nullable=False),
-        Column("expires_at", DateTime, nullable=False),
-    )
-
-
-def _default_table() -> Table:
-    table = _TABLES.get(0)
-    if table is None:
-        table = _TABLES[0] = effects_table()
-    return table
-
-
-def _now() -> datetime:
-    # Naive UTC: the same value on every dialect (SQLite keeps no time zone).
-    return datetime.now(timezone.utc).replace(tzinfo=None)
-
-
-def _row_key(record: Record, step: str | None) -> str:
-    return record.digest if step is None else f"{record.digest}{_STEP_SEPARATOR}{step}"
+_row_key = row_key
+_default_table = default_table
+_now = now
 
 
 def _call_parts(call: Call[Any]) -> tuple[Record, int]:
@@ -242,9 +223,21 @@ def _writer(call: Call[Any], step: str | None, table: Table, row: str, fence: in
 
     def write() -> Any:
         saved = _saved(call) if step is None else None
+        if saved is None:  # the result is recorded after the commit (Effects.record)
+            _unrecorded(call, step, fence)
         return _save_statement(table, row, fence, saved or COMMITTED)
 
     return write
+
+
+def _unrecorded(call: Call[Any], step: str | None, fence: int) -> None:
+    """The row of ``step`` (None: the call's) commits with no result: the guard, the step
+    runner or the HTTP driver records it there before completing in Redis."""
+    rows = call._unrecorded
+    if rows is None:
+        call._unrecorded = {step: fence}
+    else:
+        rows[step] = fence
 
 
 def _saved(call: Call[Any]) -> bytes | None:
@@ -366,58 +359,3 @@ def _connection_error(context: Any) -> None:
         committing, fences.committing = fences.committing, []
         for fence in committing:
             fence.tie.rolled_back()
-
-
-class Effects:
-    """The store's view of ``idemkey_effects`` (sync engine): committed results by record."""
-
-    def __init__(self, engine: Engine, *, table: Table | None = None) -> None:
-        self.engine = engine
-        self.table = table if table is not None else _default_table()
-
-    def create(self) -> None:
-        """Create the table when it does not exist (tests, small apps; else migrate)."""
-        self.table.create(self.engine, checkfirst=True)
-
-    def lookup(self, record: Record) -> bytes | None:
-        """The result a committed fenced transaction saved for ``record``, if any."""
-        try:
-            with self.engine.connect() as conn:
-                found = conn.execute(_lookup(self.table, record)).first()
-        except Exception as exc:  # the database's own errors, whatever the driver
-            raise StoreError(f"effects lookup failed: {type(exc).__name__}: {exc}") from exc
-        return None if found is None else bytes(found[0])
-
-
-class AsyncEffects:
-    """:class:`Effects` for an ``AsyncEngine``, for ``AsyncRedisStore(effects=...)``."""
-
-    def __init__(self, engine: AsyncEngine, *, table: Table | None = None) -> None:
-        self.engine = engine
-        self.table = table if table is not None else _default_table()
-
-    async def create(self) -> None:
-        """Create the table when it does not exist (tests, small apps; else migrate)."""
-        async with self.engine.begin() as conn:
-            await conn.run_sync(lambda sync: self.table.create(sync, checkfirst=True))
-
-    async def lookup(self, record: Record) -> bytes | None:
-        """The result a committed fenced transaction saved for ``record``, if any."""
-        try:
-            async with self.engine.connect() as conn:
-                found = (await conn.execute(_lookup(self.table, record))).first()
-        except Exception as exc:
-            raise StoreError(f"effects lookup failed: {type(exc).__name__}: {exc}") from exc
-        return None if found is None else bytes(found[0])
-
-
-def _lookup(table: Table, record: Record) -> Any:
-    from sqlalchemy import select
-
-    c = table.c
-    return select(c.result).where(
-        c.record == record.digest,
-        c.result.is_not(None),
-        c.result != COMMITTED,
-        c.expires_at >= _now(),
-    )

@@ -14,6 +14,7 @@ from typing import Any, ClassVar, TypeVar, overload
 
 from .._core import new_owner
 from ..errors import StoreError
+from ..events import logger
 from ..policy import Policy
 from ..store import AsyncRedisStore
 from ..store._concurrency._async_runtime import Cancelled, detach
@@ -59,7 +60,7 @@ class AsyncGuard(GuardState[T]):
                 return call
         # A partial (C), not a lambda: no closure cells built per call.
         steps = (self.store, self.record, self.claim, self.key)
-        call._steps = partial(AsyncSteps, *steps, self.job_deadline())
+        call._steps = partial(AsyncSteps, *steps, self.job_deadline(), call)
         return call
 
     async def __aexit__(
@@ -99,6 +100,14 @@ class AsyncGuard(GuardState[T]):
         """Complete the record with the saved result, or release it when nothing was saved."""
         if saved is None:
             return await self.store.release(self.record, owner)
+        call, effects = self.call, self.store.effects
+        if effects is not None and call is not None and call._unrecorded:
+            fence = call._unrecorded.get(None)
+            if fence is not None:  # its fenced row committed before the result was saved
+                try:
+                    await effects.record(self.record, None, fence, saved)
+                except StoreError as exc:  # Redis still gets it: only a later loss is exposed
+                    logger.warning("idemkey: result not recorded with its effect: %s", exc)
         return await self.store.complete(self.record, owner, saved, ttl_ms=self.policy.ttl_ms)
 
 

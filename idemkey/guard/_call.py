@@ -81,6 +81,7 @@ class Call(Generic[T]):
         "_saved",
         "_steps",
         "_ties",
+        "_unrecorded",
         "fence",
         "record",
         "replayed",
@@ -119,6 +120,9 @@ class Call(Generic[T]):
         # The saved value went through a tied transaction's commit: a later rollback of
         # another tied transaction does not take it back.
         self._kept = False
+        # Fenced rows (step name, None for the call's) that committed with no result in them,
+        # and their fence: the result is recorded there before Redis completes (None: none).
+        self._unrecorded: dict[str | None, int] | None = None
         # Set by guard / aguard on a call that runs: runs its steps against the store.
         # Built on first use (most calls run no step): a factory until then.
         self._steps: Steps | AsyncSteps | Callable[[], Steps | AsyncSteps] | None = None

@@ -14,6 +14,7 @@ from typing import Any, ClassVar, TypeVar, overload
 
 from .._core import new_owner
 from ..errors import StoreError
+from ..events import logger
 from ..policy import Policy
 from ..store import RedisStore
 from ..store._concurrency._sync_runtime import Cancelled, detach
@@ -59,7 +60,7 @@ class Guard(GuardState[T]):
                 return call
         # A partial (C), not a lambda: no closure cells built per call.
         steps = (self.store, self.record, self.claim, self.key)
-        call._steps = partial(Steps, *steps, self.job_deadline())
+        call._steps = partial(Steps, *steps, self.job_deadline(), call)
         return call
 
     def __exit__(
@@ -99,6 +100,14 @@ class Guard(GuardState[T]):
         """Complete the record with the saved result, or release it when nothing was saved."""
         if saved is None:
             return self.store.release(self.record, owner)
+        call, effects = self.call, self.store.effects
+        if effects is not None and call is not None and call._unrecorded:
+            fence = call._unrecorded.get(None)
+            if fence is not None:  # its fenced row committed before the result was saved
+                try:
+                    effects.record(self.record, None, fence, saved)
+                except StoreError as exc:  # Redis still gets it: only a later loss is exposed
+                    logger.warning("idemkey: result not recorded with its effect: %s", exc)
         return self.store.complete(self.record, owner, saved, ttl_ms=self.policy.ttl_ms)
 
 

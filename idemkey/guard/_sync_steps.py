@@ -16,11 +16,15 @@ from .._codec import encode_value
 from .._core import Claimed, Record
 from ..errors import (
     ConfigurationError,
+    EffectCommittedError,
     JobDeadlineError,
     StepAttemptsExhaustedError,
     StepNotStorableError,
+    StoreError,
 )
+from ..events import logger
 from ..store import RedisStore
+from ..store._base import COMMITTED_ONLY
 from ..store._concurrency._sync_runtime import sleep, uncancellable
 from ._failures import FailureRules
 from ._retry import StepRetry
@@ -33,7 +37,7 @@ class Steps:
     """Runs the steps of one call: claimed (checkpointed), or unprotected (``claim`` None:
     Redis failed and ``on_store_error="open"`` runs the block anyway, storing nothing)."""
 
-    __slots__ = ("book", "deadline", "key", "owner", "record", "store")
+    __slots__ = ("book", "call", "deadline", "key", "owner", "record", "store")
 
     def __init__(
         self,
@@ -42,8 +46,12 @@ class Steps:
         claim: Claimed | None,
         key: str,
         deadline: tuple[float, float] | None = None,
+        call: Any = None,
     ) -> None:
         self.store = store
+        #: The Call whose steps these are (``_call`` imports this module: not typed here);
+        #: its fenced rows say where a step's result is recorded.
+        self.call = call
         self.record = record
         self.key = key
         #: The guard's deadline: (``time.monotonic()`` it passes at, its length in seconds).
@@ -65,6 +73,8 @@ class Steps:
     ) -> Any:
         book = self.book
         stored = book.begin(name)
+        if stored is None and self.store.effects is not None and self.owner is not None:
+            stored = self._committed(name)
         if stored is not None:
             return stored_step(stored, remember)  # a remembered failure raises, not run
         try:
@@ -89,6 +99,7 @@ class Steps:
             except ConfigurationError as exc:
                 # Refused before it counts as finished: a retry runs the step again.
                 raise StepNotStorableError(self.key, name, str(exc.__cause__ or exc)) from exc
+            self._record(name, encoded)
             stored = self._checkpoint(name, encoded)
         except BaseException:
             book.abandon(name)
@@ -98,6 +109,38 @@ class Steps:
         book.finish(name, stored)
         # What a resume would return: the same value whether the step ran now or before.
         return stored_step(stored, remember)
+
+    def _committed(self, name: str) -> bytes | None:
+        """The step's result from its fenced row, when Redis has none (it forgot the key):
+        checkpointed again and returned, so the step does not run. A row committed with no
+        result recorded raises EffectCommittedError (its effect is done, its result lost)."""
+        book, effects = self.book, self.store.effects
+        assert effects is not None
+        try:
+            found = effects.find(self.record, name)
+            if found == COMMITTED_ONLY:
+                raise EffectCommittedError(name)
+            stored = self._checkpoint(name, found) if found is not None else None
+        except BaseException:
+            book.abandon(name)
+            raise
+        if found is None:
+            return None
+        if stored is None:
+            raise book.lose(name)
+        book.finish(name, stored)
+        return stored
+
+    def _record(self, name: str, encoded: bytes) -> None:
+        """A step whose fenced row committed records its result there before Redis hears."""
+        call, effects = self.call, self.store.effects
+        fence = call._unrecorded.get(name) if call is not None and call._unrecorded else None
+        if fence is None or effects is None:
+            return
+        try:
+            effects.record(self.record, name, fence, encoded)
+        except StoreError as exc:  # Redis still gets it: only a later loss is exposed
+            logger.warning("idemkey: step result not recorded with its effect: %s", exc)
 
     def _checkpoint(self, name: str, encoded: bytes) -> bytes | None:
         """Store a finished step's result (or remembered failure); None: the record is not

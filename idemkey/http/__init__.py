@@ -111,6 +111,14 @@ BODY_NOT_KEPT_HEADER: Final = "Idempotent-Body-Not-Kept"
 EXPOSE_HEADER: Final = "Access-Control-Expose-Headers"
 
 
+#: The detail of the 409 ``response_lost`` problem (:meth:`Exchange.response_lost`).
+RESPONSE_LOST: Final = (
+    "this key's request was processed and its effect committed, but its response was not "
+    "recorded (the server stopped in between); it is not run again: look its outcome up, and "
+    "use a new key only for a new operation"
+)
+
+
 def exposed_headers(policy: Policy) -> tuple[str, ...]:
     """Every response header idemkey may set under ``policy``: what a CORS layer placed
     outside idemkey should list in ``Access-Control-Expose-Headers`` (``expose_headers=``
@@ -373,6 +381,16 @@ class Exchange:
         self._move("answer" if answer is not None else "run_unprotected")
         self.unprotected = answer is None
         return answer
+
+    def response_lost(self) -> Response:
+        """The key's fenced transaction committed, but its response was never recorded (the
+        process stopped between the COMMIT and the write): the handler does not run again, and
+        every retry gets this 409 (no Retry-After: retrying cannot help)."""
+        if self.state is not State.CLAIMING:
+            self._refuse("answer")
+        self._move("answer")
+        self.notify("store_error", detail=RESPONSE_LOST)
+        return render(self.policy, 409, "response_lost", RESPONSE_LOST)
 
     def interrupted(self) -> Release:
         """The claim was cut off (a cancellation) after it may have reached Redis: release it,

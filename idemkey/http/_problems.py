@@ -40,6 +40,7 @@ _TITLES: Final = {
     "store_unavailable": "Idempotency store unavailable",
     "record_unreadable": "Stored response unreadable",
     "key_expired": "Idempotency-Key expired",
+    "response_lost": "Request processed, its response was not recorded",
 }
 
 #: What a client should do after a problem: send the request again with the same key (nothing
@@ -61,6 +62,7 @@ RETRY: Final[dict[str, RetryAdvice]] = {
     "store_unavailable": "same_key",  # nothing ran; the store answers after Retry-After
     "record_unreadable": "same_key",  # stored, but unreadable by this release (a rolling deploy)
     "key_expired": "never",  # it ran once, its record is gone: a new key would run it again
+    "response_lost": "never",  # its effect committed, its response is lost: look it up
 }
 
 
@@ -113,9 +115,9 @@ class Problem:
     logic whatever the body looks like. ``code`` is stable (``missing_key``, ``invalid_key``,
     ``key_reused``, ``in_flight``, ``request_too_large``, ``incomplete_body``,
     ``invalid_body``, ``body_unavailable``, ``store_unavailable``, ``record_unreadable``,
-    ``key_expired``); ``retry_after`` is in whole seconds; ``retention`` is how long a key is
-    honoured, in whole seconds (``Policy.ttl``); ``retry`` is what the client should do next
-    (:data:`RETRY`: ``"same_key"``, ``"new_key"`` or ``"never"``).
+    ``key_expired``, ``response_lost``); ``retry_after`` is in whole seconds; ``retention``
+    is how long a key is honoured, in whole seconds (``Policy.ttl``); ``retry`` is what the
+    client should do next (:data:`RETRY`: ``"same_key"``, ``"new_key"`` or ``"never"``).
     """
 
     status: int

@@ -31,11 +31,12 @@ from .._core import (
     owner_tag,
     record_for,
 )
-from ..errors import ConfigurationError, StoreError
+from ..errors import ConfigurationError, EffectCommittedError, StoreError
 from ..events import logger
 from ..policy import Policy
 from ._async_status import read_statuses, scan_statuses
 from ._base import (
+    COMMITTED_ONLY,
     SCRIPT_KEYS,
     AsyncEffects,
     _block_cap,
@@ -300,8 +301,10 @@ class AsyncRedisStore(AsyncHeartbeat):
             decision = await self._wait_for_end(record, owner, args, decision, wait)
         if heartbeat and type(decision) is Claimed:
             self._watch(record, owner, lease_ms, decision.fence)
-        if self.effects is not None and isinstance(decision, Claimed) and decision.fence > 1:
-            # Not the key's first claim: a fenced transaction may have committed already.
+        if self.effects is not None and type(decision) is Claimed:
+            # Redis may have forgotten the key (a restart without persistence, a failover,
+            # an eviction) or the completion (a crash after the commit): the database says
+            # whether a fenced transaction committed for it. Whatever the fence's value.
             return await self._recover(record, decision, ttl_ms)
         return decision
 
@@ -360,14 +363,18 @@ class AsyncRedisStore(AsyncHeartbeat):
         return bool(entries)
 
     async def _recover(self, record: Record, claim: Claimed, ttl_ms: int) -> Decision:
-        """A committed fenced result is the answer: complete the record with it and replay."""
+        """A committed fenced result is the answer: complete the record with it and replay.
+        A row committed with no result recorded: release and raise EffectCommittedError."""
         try:
-            stored = await self.effects.lookup(record) if self.effects is not None else None
+            stored = await self.effects.find(record) if self.effects is not None else None
         except StoreError:
             await self.release(record, claim.owner)  # fail closed: nothing runs unfenced
             raise
         if stored is None:
             return claim
+        if stored == COMMITTED_ONLY:
+            await self.release(record, claim.owner)
+            raise EffectCommittedError()
         await self.complete(record, claim.owner, stored, ttl_ms=ttl_ms)
         return Replay(stored)
 

@@ -27,6 +27,7 @@ from ..policy import Policy
 from ._leases import Lease, LeaseTable
 
 __all__ = [
+    "COMMITTED_ONLY",
     "AsyncEffects",
     "Effects",
     "Packer",
@@ -64,17 +65,32 @@ _Errors = tuple[type[BaseException], ...]
 
 
 class Effects(Protocol):
-    """Where committed results are found again (``idemkey.contrib.sqlalchemy.Effects``)."""
+    """Where committed results are found again (``idemkey.contrib.sqlalchemy.Effects``).
 
-    def lookup(self, record: Record) -> bytes | None:
-        """The result a committed fenced transaction saved for ``record``, or None."""
+    ``find`` answers a claim: ``None`` (no committed row: run), the committed result, or
+    ``COMMITTED_ONLY`` (committed with no result recorded). ``record`` writes a result into
+    the row a fenced transaction of ``fence`` committed (``step``: a step's row)."""
+
+    def find(self, record: Record, step: str | None = None) -> bytes | None:
+        """The committed row's result for ``record`` (or its ``step``), or None: no row."""
+
+    def record(self, record: Record, step: str | None, fence: int, result: bytes) -> bool:
+        """Write ``result`` into the committed row of ``fence``; False: no such row."""
 
 
 class AsyncEffects(Protocol):
     """:class:`Effects` for :class:`AsyncRedisStore`."""
 
-    async def lookup(self, record: Record) -> bytes | None:
-        """The result a committed fenced transaction saved for ``record``, or None."""
+    async def find(self, record: Record, step: str | None = None) -> bytes | None:
+        """The committed row's result for ``record`` (or its ``step``), or None: no row."""
+
+    async def record(self, record: Record, step: str | None, fence: int, result: bytes) -> bool:
+        """Write ``result`` into the committed row of ``fence``; False: no such row."""
+
+
+#: ``Effects.find``'s answer for a row committed with no result recorded in it (the SQL
+#: ``result`` column's marker, ``contrib.sqlalchemy.COMMITTED``).
+COMMITTED_ONLY: Final = b"\x00committed"
 
 
 def client_module(client: Any) -> str:

@@ -8,6 +8,7 @@ loudly in its own tests instead of running an app twice or settling a record twi
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from typing import Any
 
@@ -42,6 +43,7 @@ STEPS: dict[str, Callable[[Exchange], Any]] = {
     "claiming": lambda lc: lc.claiming(),
     "decide": lambda lc: lc.decide(Claimed(lc.owner, 1, False)),
     "store_failed": lambda lc: lc.store_failed(StoreError("down")),
+    "response_lost": lambda lc: lc.response_lost(),
     "interrupted": lambda lc: lc.interrupted(),
     "started": lambda lc: lc.started(201, [("Content-Type", "application/json")]),
     "finish": lambda lc: lc.finish(b"{}"),
@@ -65,7 +67,7 @@ PATHS: dict[State, list[str]] = {
 ALLOWED: dict[State, set[str]] = {
     State.READING: {"announced", "received", "reject_too_large", "client_left", "unreadable"},
     State.READY: {"claiming"},
-    State.CLAIMING: {"decide", "store_failed", "interrupted"},
+    State.CLAIMING: {"decide", "store_failed", "interrupted", "response_lost"},
     State.RUNNING: {"started", "fail"},
     State.SENDING: {"finish", "fail"},
     State.SETTLING: {"settled", "settle_failed"},
@@ -99,6 +101,18 @@ def test_a_step_out_of_order_raises_and_changes_nothing(state: State, step: str)
     assert (lc.state, lc.owner, lc.plan) == before
     assert raised.value.state == state.value
     assert isinstance(raised.value, IdemkeyError)
+
+
+def test_a_committed_effect_without_its_response_is_a_final_409() -> None:
+    """The claim found the key's fenced row committed with no response recorded
+    (EffectCommittedError): a 409 ``response_lost`` the client must not retry, and done."""
+    lc = reach(State.CLAIMING)
+    answer = lc.response_lost()
+    assert answer.status == 409
+    assert lc.state is State.DONE
+    assert not any(name == "Retry-After" for name, _ in answer.headers)
+    problem = json.loads(answer.body)
+    assert (problem["code"], problem["retry"]) == ("response_lost", "never")
 
 
 def test_the_whole_order_of_a_first_request_and_its_events() -> None:

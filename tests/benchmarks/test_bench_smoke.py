@@ -94,3 +94,18 @@ def test_the_glide_benchmark_measures_both_clients_and_the_throughput_rows(
     assert "| aguard(), first call |" in printed
     assert "throughput on glide (64 clients, uvicorn) >= 1.3x" in printed
     assert "In one process, 64 asyncio tasks calling aguard" in printed
+
+
+def test_effects_adds_the_fenced_sql_cases_with_effects_on_and_off(
+    redis_url: str, tmp_path: Path
+) -> None:
+    pytest.importorskip("sqlalchemy", reason="the sql extra (SQLAlchemy) is not installed")
+    out = tmp_path / "bench.json"
+    status = main(
+        ["--quick", "--effects", "--rounds", "30", "--redis-url", redis_url, "--json", str(out)]
+    )
+    assert status in (0, 1)  # the timing targets are not this test's business
+    cases = json.loads(out.read_text())["cases"]
+    for name in ("first", "after", "replay"):
+        for side in ("off", "on"):
+            assert cases[f"effects.{side}.{name}"]["n"] == 30

@@ -1,0 +1,163 @@
+"""The store's side of fenced effects: find a key's committed row, record a result into it.
+
+``Effects`` (sync engine) and ``AsyncEffects`` (``AsyncEngine``) are what
+``RedisStore(effects=...)`` and ``AsyncRedisStore(effects=...)`` take. The store asks
+:meth:`Effects.find` on every claim that would run the work (Redis may have forgotten the key:
+the database is the truth), and the guard, the step runner and the HTTP driver
+:meth:`Effects.record` a result that was not known when its fenced transaction committed (a
+value saved after the commit, a step's return value, the HTTP response) before they complete
+in Redis. Both are one indexed statement on the primary key.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+from typing import TYPE_CHECKING, Any, Final
+
+from ..errors import StoreError
+
+if TYPE_CHECKING:
+    from sqlalchemy import Engine, Table
+    from sqlalchemy.ext.asyncio import AsyncEngine
+
+    from .._core import Record
+
+__all__ = ["COMMITTED", "AsyncEffects", "Effects", "default_table", "effects_table", "row_key"]
+
+TABLE_NAME: Final = "idemkey_effects"
+#: ``result`` of a row whose transaction committed with nothing saved (yet): the effect is
+#: final; a result recorded after the commit replaces it. The store's ``COMMITTED_ONLY``.
+COMMITTED: Final = b"\x00committed"
+_STEP_SEPARATOR: Final = "#"
+_TABLES: dict[int, Table] = {}
+
+
+def effects_table(metadata: Any = None, name: str = TABLE_NAME) -> Table:
+    """The ``idemkey_effects`` table on ``metadata`` (a private MetaData when None)."""
+    from sqlalchemy import BigInteger, Column, DateTime, LargeBinary, MetaData, String, Table
+
+    metadata = metadata if metadata is not None else MetaData()
+    return Table(
+        name,
+        metadata,
+        Column("record", String(160), primary_key=True),
+        Column("fence", BigInteger, nullable=False),
+        Column("result", LargeBinary, nullable=True),
+        Column("created_at", DateTime, nullable=False),
+        Column("expires_at", DateTime, nullable=False),
+    )
+
+
+def default_table() -> Table:
+    table = _TABLES.get(0)
+    if table is None:
+        table = _TABLES[0] = effects_table()
+    return table
+
+
+def now() -> datetime:
+    # Naive UTC: the same value on every dialect (SQLite keeps no time zone).
+    return datetime.now(timezone.utc).replace(tzinfo=None)
+
+
+def row_key(record: Record, step: str | None) -> str:
+    return record.digest if step is None else f"{record.digest}{_STEP_SEPARATOR}{step}"
+
+
+def _find(table: Table, record: Record, step: str | None) -> Any:
+    """The committed, unexpired row of the record (or step): its result, or COMMITTED."""
+    from sqlalchemy import select
+
+    c = table.c
+    return select(c.result).where(
+        c.record == row_key(record, step), c.result.is_not(None), c.expires_at >= now()
+    )
+
+
+def _record(table: Table, record: Record, step: str | None, fence: int, result: bytes) -> Any:
+    """Write ``result`` into the row ``fence``'s transaction committed; a row a newer claim
+    fenced since (another fence) is left as it is."""
+    from sqlalchemy import update
+
+    c = table.c
+    return (
+        update(table)
+        .where(c.record == row_key(record, step), c.fence == fence, c.result.is_not(None))
+        .values(result=result)
+    )
+
+
+def _failed(what: str, exc: Exception) -> StoreError:
+    return StoreError(f"effects {what} failed: {type(exc).__name__}: {exc}")
+
+
+class Effects:
+    """The store's view of ``idemkey_effects`` (sync engine): committed results by record."""
+
+    def __init__(self, engine: Engine, *, table: Table | None = None) -> None:
+        self.engine = engine
+        self.table = table if table is not None else default_table()
+
+    def create(self) -> None:
+        """Create the table when it does not exist (tests, small apps; else migrate)."""
+        self.table.create(self.engine, checkfirst=True)
+
+    def find(self, record: Record, step: str | None = None) -> bytes | None:
+        """The committed row's result for ``record`` (or its ``step``): the saved result,
+        ``COMMITTED`` when none was recorded, or None when no fenced transaction committed."""
+        try:
+            with self.engine.connect() as conn:
+                found = conn.execute(_find(self.table, record, step)).first()
+        except Exception as exc:  # the database's own errors, whatever the driver
+            raise _failed("lookup", exc) from exc
+        return None if found is None else bytes(found[0])
+
+    def lookup(self, record: Record) -> bytes | None:
+        """The result a committed fenced transaction saved for ``record``, if any."""
+        found = self.find(record)
+        return None if found == COMMITTED else found
+
+    def record(self, record: Record, step: str | None, fence: int, result: bytes) -> bool:
+        """Write ``result`` into the row the transaction of ``fence`` committed; False: none."""
+        try:
+            with self.engine.begin() as conn:
+                written = conn.execute(_record(self.table, record, step, fence, result))
+        except Exception as exc:
+            raise _failed("write", exc) from exc
+        return bool(written.rowcount)
+
+
+class AsyncEffects:
+    """:class:`Effects` for an ``AsyncEngine``, for ``AsyncRedisStore(effects=...)``."""
+
+    def __init__(self, engine: AsyncEngine, *, table: Table | None = None) -> None:
+        self.engine = engine
+        self.table = table if table is not None else default_table()
+
+    async def create(self) -> None:
+        """Create the table when it does not exist (tests, small apps; else migrate)."""
+        async with self.engine.begin() as conn:
+            await conn.run_sync(lambda sync: self.table.create(sync, checkfirst=True))
+
+    async def find(self, record: Record, step: str | None = None) -> bytes | None:
+        """:meth:`Effects.find` on the asyncio engine."""
+        try:
+            async with self.engine.connect() as conn:
+                found = (await conn.execute(_find(self.table, record, step))).first()
+        except Exception as exc:
+            raise _failed("lookup", exc) from exc
+        return None if found is None else bytes(found[0])
+
+    async def lookup(self, record: Record) -> bytes | None:
+        """:meth:`Effects.lookup` on the asyncio engine."""
+        found = await self.find(record)
+        return None if found == COMMITTED else found
+
+    async def record(self, record: Record, step: str | None, fence: int, result: bytes) -> bool:
+        """:meth:`Effects.record` on the asyncio engine."""
+        try:
+            async with self.engine.begin() as conn:
+                written = await conn.execute(_record(self.table, record, step, fence, result))
+        except Exception as exc:
+            raise _failed("write", exc) from exc
+        return bool(written.rowcount)
