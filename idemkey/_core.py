@@ -46,6 +46,7 @@ __all__ = [
     "decode_claim_reply",
     "IN_FLIGHT_RETRY_AFTER",
     "fingerprint",
+    "first_claim",
     "in_flight_retry_after",
     "new_owner",
     "next_poll_delay",
@@ -361,6 +362,12 @@ def decode_claim_reply(reply: object, owner: str) -> ExpiringDecision:
         if tag == _EXPIRED and len(reply) == 2 and isinstance(reply[1], int):
             return Expired(reply[1] / 1000)
     raise StoreError(f"unexpected reply from the claim script: {reply!r:.200}")
+
+
+def first_claim(reply: object) -> bool:
+    """Whether claim.lua's ``reply`` claimed a record Redis held nothing of (takeover flag 0):
+    no fenced transaction can have committed under a fence of it, unless it was lost."""
+    return isinstance(reply, list) and reply[0] == _CLAIMED and reply[2] == 0
 
 
 def _steps_of(reply: list[object]) -> tuple[tuple[str, bytes], ...]:

@@ -10,7 +10,7 @@ that land in a SQL database (PostgreSQL or SQLite, through SQLAlchemy 2):
 * **A lost completion** (the transaction committed, then the worker died before Redis heard of
   it): ``call.save(value)`` inside the fenced transaction writes the encoded result into the row,
   in the same commit. A store built with ``effects=Effects(engine)`` reads that row when a claim
-  is not the key's first (a takeover, or a retry after a release: the record's fence is above 1),
+  is not the record's first (a takeover, or a retry after a release: claim.lua says which),
   completes Redis with it and replays it; the work does not run again. The first claim of a key,
   the hot path, never reads SQL.
 

@@ -27,6 +27,7 @@ from .._core import (
     Replay,
     decode_checkpoint_reply,
     decode_claim_reply,
+    first_claim,
     new_owner,
     owner_tag,
     record_for,
@@ -294,13 +295,14 @@ class RedisStore(Heartbeat):
             args = (*args, 1 if wait > 0 else 0, 1 if expired else 0)
             if origin:
                 args = (*args, f"{int(time.time() * 1000)} {origin}")
-        decision = decode_claim_reply(self._eval("claim", *args), owner)
+        reply = self._eval("claim", *args)
+        decision = decode_claim_reply(reply, owner)
         if wait > 0 and type(decision) is InFlight:
             decision = self._wait_for_end(record, owner, args, decision, wait)
         if heartbeat and type(decision) is Claimed:
             self._watch(record, owner, lease_ms, decision.fence)
-        if self.effects is not None and isinstance(decision, Claimed) and decision.fence > 1:
-            # Not the key's first claim: a fenced transaction may have committed already.
+        if self.effects is not None and isinstance(decision, Claimed) and not first_claim(reply):
+            # Not the record's first claim: a fenced transaction may have committed already.
             return self._recover(record, decision, ttl_ms)
         return decision
 
