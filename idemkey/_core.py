@@ -267,7 +267,8 @@ def new_owner() -> str:
 
 
 class Claimed(NamedTuple):
-    """We own the record: run the work. ``fence`` grows with every takeover.
+    """We own the record: run the work. ``fence`` is above every fence the key had before,
+    even when Redis lost the record (the server's clock in µs at least: docs/guarantees.md).
 
     ``steps``: the finished steps of an earlier executor (name, encoded result), which a
     resumed call returns instead of running them again; empty on a first claim.

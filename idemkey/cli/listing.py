@@ -46,7 +46,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 COLUMNS: Final = (
-    f"{'STATE':<12} {'AGE':>6} {'LEASE':>6} {'TTL':>6} {'FENCE':>5}  {'ORIGIN':<32} STEPS  RECORD"
+    f"{'STATE':<12} {'AGE':>6} {'LEASE':>6} {'TTL':>6} {'FENCE':>16}  {'ORIGIN':<32} STEPS  RECORD"
 )
 
 
@@ -55,12 +55,13 @@ def row(status: RecordStatus) -> str:
     origin = f"{status.method} {status.route}".strip() or "-"
     if status.scope:
         origin += f" [{status.scope[:12]}]"
+    # A fence is the server clock in µs at least (16 digits): the column fits one.
     fence = str(status.fence) if status.fence is not None else "-"
     steps = ",".join(status.steps) or "-"
     age, lease, ttl = (compact_seconds(s) for s in (status.age, status.lease_left, status.ttl_left))
     return (
         f"{status.state:<12} {age:>6} {lease:>6} "
-        f"{ttl:>6} {fence:>5}  {origin:<32} {steps}  {status.digest}"
+        f"{ttl:>6} {fence:>16}  {origin:<32} {steps}  {status.digest}"
     )
 
 

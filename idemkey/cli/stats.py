@@ -260,7 +260,7 @@ def _classify(client: Any, keys: Sequence[bytes], stats: Stats) -> None:
             elif state == "in_progress":
                 in_progress.append(key)  # a claim written by 0.2: its lease is a lock string
         elif fields[1] is not None:
-            stats.states["released"] += 1  # a released record keeps its fence counter
+            stats.states["released"] += 1  # a released record keeps its fence
         elif fields[2] is not None:
             stats.states["complete"] += 1  # only fp and resp: no state, no fence
         else:
@@ -315,7 +315,7 @@ def _show_stats(stats: Stats, url: str, out: IO[str]) -> None:
         if state == "in_progress" and stats.lease_lapsed:
             note = f"  ({stats.lease_lapsed} with a lapsed lease: crashed owners)"
         if state == "released":
-            note = "  (only the fence counter left)"
+            note = "  (only the fence left)"
         out.write(f"  {state:<12} {count:>9}{note}\n")
     out.write(f"  {'total':<12} {stats.scanned:>9}\n")
     if stats.sampled:

@@ -3,7 +3,8 @@
 -- KEYS[1]  record hash   {prefix}:{<digest>}, the only key: field "lease" holds a live claim's
 --                        deadline (server clock, Unix ms), so a slot being migrated serves
 --                        the script through ASK redirection (docs/design.md, "One key")
--- ARGV[1]  fp            request fingerprint (16 raw bytes from idemkey; any string works)
+-- ARGV[1]  fp            request fingerprint (16 raw bytes from idemkey; any string works, the
+--                        tombstone's comparison included)
 -- ARGV[2]  owner         fresh random token of the caller (32 hex digits from idemkey)
 -- ARGV[3]  lease_ms      lease length, milliseconds
 -- ARGV[4]  retention_ms  how long the record lives, milliseconds
@@ -11,8 +12,8 @@
 --                        (wake-up: record field "w", stream {prefix}:{<digest>}:done)
 -- ARGV[6]  expired       optional; "1": answer an expired key's tombstone (Policy.expired_grace):
 --                        {prefix}:{<digest>}:gone (KEYS[1] .. ":gone", the same slot), a string
---                        of the fingerprint (16 bytes) then the completion time (Unix ms),
---                        written by complete.lua; read only when the record is gone
+--                        of the whole fingerprint then the completion time (Unix ms, 13
+--                        digits), written by complete.lua; read only when the record is gone
 -- ARGV[7]  origin        optional; "<claimed at, unix ms> <method> <route>\n<scope>", kept in
 --                        field "i" from a fresh claim on (release leaves it, complete drops
 --                        it), so store.records() can filter and age the records that are not
@@ -26,24 +27,35 @@
 --        must never stop the claim.
 --
 -- Record fields, in progress: fp, state = "in_progress", owner, lease (deadline, Unix ms on the
--- server's clock), fence (claims so far), tk = 1
+-- server's clock), fence (below), f0 (the fence the record was created with: renew.lua and
+-- complete.lua tell by it a record claimed afresh after ours vanished), tk = 1
 -- when the claim took over a lapsed one (a re-sent claim must answer the same), and "ns" /
 -- "s:<name>", the count and results of finished steps (checkpoint.lua), "i" the origin (ARGV[7]).
--- Released: fence, plus fp and the steps when there are steps (the key stays bound to its
--- payload). Complete (written by complete.lua): only resp, and fp followed by the 12-character
+-- Released: fence and f0, plus fp and the steps when there are steps (the key stays bound to its
+-- payload), and "ro", the releasing owner (release.lua). Complete (written by complete.lua): only resp, and fp followed by the 12-character
 -- tag of the completing owner.
 -- Records written before 0.2 may hold a 32-hex fp, and state = "complete" with the full owner,
 -- fence, tk and "at": both are read here as before. Reading 0.1 records: remove in 0.4.
 --
 -- Reply, first element a tag:
 --   {1, fence, takeover, name1, result1, ...}
---                         claimed: run the work; takeover = 1 when a lapsed claim was taken over;
---                         then the finished steps (name without "s:", stored result), if any
+--                         claimed: run the work; takeover = 1 when a lapsed claim was taken over,
+--                         2 when a released (or cancelled) record was claimed again, 0 when the
+--                         record is new (Redis holds nothing of the key: a new key, or one whose
+--                         record expired or was lost); then the finished steps (name without
+--                         "s:", stored result), if any
 --   {2, resp}             replay: the record is complete, resp is the stored response
 --   {3, left_ms}          in flight: another owner holds the lease for left_ms more
 --   {4}                   mismatch: the key was used with another fingerprint
 --   {5, completed_ms}     expired: the record is gone, its tombstone has this fingerprint; it
 --                         completed at completed_ms (Unix time, ms). Nothing is written.
+--
+-- Fence: max(stored fence + 1, server clock in microseconds), written with %d (a number's
+-- tostring would print 1.7e+15). It grows with every claim of a record, whatever the clock
+-- does; and a record that is gone (expired, evicted, lost in a restart or a failover) is
+-- claimed with the clock, above every fence the key handed out as long as the clock of the
+-- node that serves the claim is past the clock of the key's last claim (docs/guarantees.md).
+-- Microseconds since 1970 are about 1.8e15, exact in Lua's doubles (2^53 is 9e15: year 2255).
 --
 -- Invariants: reads and checks first, writes last. Running it twice with the same owner
 -- (redis-py re-sends a command after a timeout) answers claimed both times and writes once.
@@ -82,8 +94,10 @@ end
 if ARGV[6] == "1" and not fp and not state then
   local gone = redis.pcall("GET", KEYS[1] .. ":gone")
   if type(gone) == "string" then
-    if string.sub(gone, 1, 16) == ARGV[1] then
-      return {5, tonumber(string.sub(gone, 17)) or 0}
+    -- The fingerprint, whole, then the completion time in 13 digits (as complete.lua writes
+    -- it, for every fingerprint length: a 16-byte fingerprint gives 0.2's layout).
+    if #gone >= 13 and string.sub(gone, 1, -14) == ARGV[1] then
+      return {5, tonumber(string.sub(gone, -13)) or 0}
     end
     return {4}
   end
@@ -95,9 +109,9 @@ end
 
 -- A new key (no fp, state nor fence: a released record keeps its fence, steps only live on a
 -- claimed record) has none of the claim's fields: nothing more to read.
-local record = {false, false, false, false, false}
+local record = {false, false, false, false, false, false}
 if fp or state or head[4] then
-  record = redis.call("HMGET", KEYS[1], "owner", "fence", "tk", "ns", "lease")
+  record = redis.call("HMGET", KEYS[1], "owner", "fence", "tk", "ns", "lease", "f0")
 end
 local in_progress = state == "in_progress"
 -- The server's clock: the deadline is compared with the clock that wrote it (a replica that
@@ -108,6 +122,7 @@ if redis.replicate_commands then
 end
 local time = redis.call("TIME")
 local now = time[1] * 1000 + math.floor(time[2] / 1000)
+local now_us = time[1] * 1000000 + time[2]
 local lease_ms = tonumber(ARGV[3])
 local deadline = tonumber(record[5])
 if in_progress and not deadline then
@@ -121,12 +136,15 @@ if in_progress and not deadline then
 end
 local fence, takeover
 if in_progress and record[1] == ARGV[2] then
-  -- Our own claim, sent again: the same answer (fence and takeover flag, kept in "tk"); a lease
-  -- that lapsed meanwhile is taken back, as nobody else claimed (that would change the owner).
+  -- Our own claim, sent again: the same answer (fence and takeover flag: "tk" after a
+  -- takeover, else 0 when the record was created by this claim, f0 being its fence, and 2 when
+  -- it existed); a lease that lapsed meanwhile is taken back, as nobody else claimed (that
+  -- would change the owner).
   if deadline <= now then
     redis.call("HSET", KEYS[1], "lease", now + lease_ms)
   end
-  fence, takeover = tonumber(record[2]) or 0, tonumber(record[3]) or 0
+  fence = tonumber(record[2]) or 0
+  takeover = tonumber(record[3]) or (record[6] == record[2] and 0 or 2)
 elseif in_progress and deadline > now then
   -- In flight: another owner holds the lease.
   -- Wake-up: a caller that will wait marks the record ("w"), so the complete or release that
@@ -143,15 +161,22 @@ else
     redis.pcall("DEL", KEYS[1] .. ":done")
   end
   -- The lease was free and is ours now: a new key, a key released after a failure, or a
-  -- crashed owner's lapsed lease (state still in_progress: a takeover, which bumps the fence).
-  fence = (tonumber(record[2]) or 0) + 1
+  -- crashed owner's lapsed lease (state still in_progress: a takeover). The fence grows (see
+  -- the header): above the stored one, and at least the clock when nothing is stored.
+  local stored = tonumber(record[2])
+  fence = math.max((stored or 0) + 1, now_us)
+  local text = string.format("%d", fence)
   -- One HSET for every field the claim writes (the origin, ARGV[7], included).
   local fields = {"state", "in_progress", "fp", ARGV[1], "owner", ARGV[2], "lease", now + lease_ms,
-    "fence", fence}
-  takeover = 0
+    "fence", text}
+  takeover = 2
   if in_progress then
     takeover = 1
     fields[#fields + 1], fields[#fields + 2] = "tk", 1
+  elseif not stored then
+    -- A record created now (nothing of the key in Redis): its first fence.
+    takeover = 0
+    fields[#fields + 1], fields[#fields + 2] = "f0", text
   end
   if ARGV[7] then
     fields[#fields + 1], fields[#fields + 2] = "i", ARGV[7]

@@ -9,8 +9,8 @@
 -- ARGV[5]  fence         optional (may be ""); the fence the claim returned, to tell a lost
 --                        record (below)
 -- ARGV[6]  grace_ms      optional; > 0: also write the tombstone {prefix}:{<digest>}:gone
---                        (KEYS[1] .. ":gone", the same slot): the claim's fingerprint (16 bytes)
---                        then the completion time (Unix ms, server clock), living
+--                        (KEYS[1] .. ":gone", the same slot): the claim's whole fingerprint
+--                        then the completion time (Unix ms, server clock, 13 digits), living
 --                        retention_ms + grace_ms, so it outlives the record by the grace
 --                        (Policy.expired_grace; claim.lua answers it). pcall: a node serving
 --                        a migrating slot refuses a key it does not hold, and the response
@@ -21,7 +21,7 @@
 --
 -- Reply: 1 stored (or already stored by this owner), 0 lost: another owner took the record over
 -- after our lease lapsed, and nothing was written; -1 (only with ARGV[5]) the record was lost
--- under the claim, as renew.lua tells it (gone, or claimed afresh with a fence not above ours),
+-- under the claim, as renew.lua tells it (gone, or created afresh after our claim: see f0),
 -- and nothing was written: a record is never re-created here from what a completion knows
 -- (its fingerprint and fence went with it, so a retry would be refused or fenced wrongly).
 --
@@ -41,6 +41,18 @@
 -- The owner field, not the lease, decides: a lease that lapsed without anyone taking over still
 -- lets its owner complete, since no one else ran the work.
 
+-- Whether another owner's claim in progress, whose record holds fence "current" and first
+-- fence "first" (claim.lua's f0), is on a record created after the claim of fence "ours": the
+-- record ours held vanished (evicted, deleted, lost in a restart or a failover) and was
+-- created afresh. A record without f0 (written before 0.3) tells it by a fence not above ours,
+-- as fences then counted claims. As in renew.lua.
+local function lost_under(current, first, ours)
+  if first then
+    return tonumber(first) > ours
+  end
+  return (tonumber(current) or 0) <= ours
+end
+
 local record = redis.call("HMGET", KEYS[1], "owner", "state", "fp", "ns", "w", "na")
 -- The tag comes with the call: the same owner always sends the same tag, so a re-sent complete
 -- is recognised by it.
@@ -51,7 +63,8 @@ if record[1] == ARGV[1] and record[2] == "in_progress" then
   -- a hash table, they would leave that table at twice the slots, 32 bytes more per record, as
   -- Redis does not shrink it.
   -- "w": the waiters' mark (below) goes with them, and "i", the claim's origin.
-  redis.call("HDEL", KEYS[1], "state", "owner", "lease", "fence", "tk", "at", "w", "i")
+  -- "f0" (claim.lua) and "ro" (release.lua) go with the fence.
+  redis.call("HDEL", KEYS[1], "state", "owner", "lease", "fence", "f0", "ro", "tk", "at", "w", "i")
   if record[4] or record[6] then  -- finished steps, attempt counts: their fields go too
     local fields = redis.call("HKEYS", KEYS[1])
     for i = 1, #fields do
@@ -68,7 +81,8 @@ if record[1] == ARGV[1] and record[2] == "in_progress" then
   if grace and grace > 0 and record[3] then
     local now = redis.call("TIME")
     local ms = now[1] * 1000 + math.floor(now[2] / 1000)
-    redis.pcall("SET", KEYS[1] .. ":gone", string.sub(record[3], 1, 16) .. string.format("%d", ms),
+    -- The whole fingerprint (any length: claim.lua reads the time as the last 13 digits).
+    redis.pcall("SET", KEYS[1] .. ":gone", record[3] .. string.format("%013d", ms),
       "PX", tonumber(ARGV[3]) + grace)
   end
   -- Wake-up: when a waiter marked the record (claim.lua), post one entry to the done stream
@@ -99,7 +113,8 @@ end
 local fence = tonumber(ARGV[5])
 if fence then
   if record[2] == "in_progress" then  -- another owner's claim
-    if (tonumber(redis.call("HGET", KEYS[1], "fence")) or 0) <= fence then
+    local fences = redis.call("HMGET", KEYS[1], "fence", "f0")
+    if lost_under(fences[1], fences[2], fence) then
       return -1
     end
   elseif redis.call("EXISTS", KEYS[1]) == 0 then

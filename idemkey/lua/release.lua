@@ -10,13 +10,23 @@
 -- retry resumes after the last finished step, and the key stays bound to its payload. Step
 -- attempt counts ("na", "a:<name>", see attempt.lua) go: a retry of the call counts afresh.
 --
--- Reply: 1 released, 0 not ours (taken over, already released, or complete: untouched).
+-- Reply: 1 released, or released by this owner already (a re-send after a lost reply: the
+-- record keeps the releasing owner in "ro" until it completes); 0 not ours (taken over,
+-- released by another owner, or complete: untouched).
 --
--- The fence counter stays behind (until the record's TTL): fencing tokens handed to
--- downstream systems must keep growing, even across a release and a fresh claim.
+-- The fence and f0 stay behind (until the record's TTL): fencing tokens handed to downstream
+-- systems must keep growing, even across a release and a fresh claim.
+--
+-- Invariants: reads and checks first, writes last. Running it twice with the same owner
+-- answers 1 both times and writes once.
 
-local record = redis.call("HMGET", KEYS[1], "owner", "state", "ns", "w", "na")
+local record = redis.call("HMGET", KEYS[1], "owner", "state", "ns", "w", "na", "ro")
 if record[1] ~= ARGV[1] or record[2] ~= "in_progress" then
+  -- Released by us already: the same answer. The next claim's release overwrites "ro", and
+  -- complete.lua drops it.
+  if record[6] == ARGV[1] then
+    return 1
+  end
   return 0
 end
 -- "at": written by idemkey before 0.2, dropped with the claim it described. Reading 0.1
@@ -26,6 +36,7 @@ if record[3] then
 else
   redis.call("HDEL", KEYS[1], "state", "fp", "owner", "lease", "tk", "at")
 end
+redis.call("HSET", KEYS[1], "ro", ARGV[1])
 if record[5] then
   local fields = redis.call("HKEYS", KEYS[1])
   for i = 1, #fields do

@@ -8,22 +8,24 @@
 --
 -- Reply: 1 the lease is ours for lease_ms more; 0 it is not (taken over, released, complete);
 --        -1 (only with ARGV[3]) the record was lost under the claim: the hash is gone, or it
---        is in progress for another owner with a fence not above ours, so it was claimed
---        afresh after it vanished (evicted or deleted; a takeover always raises the fence).
+--        is in progress for another owner on a record created after our claim (its first
+--        fence, f0, is above ours), so it was claimed afresh after it vanished (evicted,
+--        deleted, lost in a restart or a failover). A takeover keeps f0. A record without f0
+--        (written before 0.3, when fences counted claims) tells it by a fence not above ours.
 --
 -- A lease that lapsed while nobody took over is taken back: the record still names us, so no
 -- one else ran the work.
 --
 -- The record lives at least as long as the lease: a body that outruns the retention must not
 -- lose its record under a live claim (its complete would be refused, and once the lease lapsed
--- the next caller would run the work again, with the fence back at 1).
+-- the next caller would run the work again).
 --
 -- Invariants: reads and checks first, writes last. The lease is extended only for the owner the
 -- record names in progress. Reading the record also marks it used,
 -- so an LRU eviction policy takes a live claim's record after idle ones (not a guarantee).
 -- Running it twice with the same owner answers the same.
 
-local record = redis.call("HMGET", KEYS[1], "owner", "state", "fence")
+local record = redis.call("HMGET", KEYS[1], "owner", "state", "fence", "f0")
 if record[1] == ARGV[1] and record[2] == "in_progress" then
   -- As in claim.lua: the server's clock, effects replicated.
   if redis.replicate_commands then
@@ -42,7 +44,13 @@ end
 local fence = tonumber(ARGV[3])
 if fence then
   if record[2] == "in_progress" and record[1] ~= ARGV[1] then
-    if (tonumber(record[3]) or 0) <= fence then
+    local lost
+    if record[4] then
+      lost = tonumber(record[4]) > fence
+    else
+      lost = (tonumber(record[3]) or 0) <= fence
+    end
+    if lost then
       return -1
     end
   elseif redis.call("EXISTS", KEYS[1]) == 0 then

@@ -59,8 +59,8 @@ class RecordStatus:
     origin kept); ``age`` counts from the claim behind the record's present state, and
     ``claimed_at`` is that claim's Unix time; both are ``None`` for a completed record.
     ``steps`` names the finished steps of a record in progress, lapsed or released (a completed
-    record drops them). ``fence`` is the number of
-    claims so far (a completed record drops it: ``None``). ``method``, ``route`` and ``scope``
+    record drops them). ``fence`` is the last claim's
+    fencing token (a completed record drops it: ``None``). ``method``, ``route`` and ``scope``
     are ``""`` for a completed record and for one whose claim kept no origin (idemkey before
     0.3, or a caller of ``store.claim`` that passed none): a ``route`` or ``scope`` filter
     never matches them.
@@ -113,7 +113,7 @@ def decode_status(
     if state_field == b"in_progress":
         state = "in_progress" if lease_ms > 0 else "lapsed"
     elif fence is not None and state_field is None:
-        state = "released"  # a released record keeps its fence counter; complete.lua drops it
+        state = "released"  # a released record keeps its fence; complete.lua drops it
     else:
         state = "complete"  # "resp" and "fp" only (state "complete": written before 0.2)
     at, method, route, scope = _origin(origin)

@@ -150,7 +150,8 @@ def test_an_evicted_http_request_is_reported_under_uvicorn(
         [lost] = wait_until(
             lambda: read_events(events, "record_lost"), 10, "the heartbeat to report the record"
         )
-        assert (lost["record"], lost["fence"]) == (digest, 1)
+        [claimed] = read_events(events, "claimed")  # the first run's claim
+        assert (lost["record"], lost["fence"]) == (digest, claimed["fence"])
         assert "evicted" in lost["detail"]
         assert "maxmemory-policy noeviction" in lost["detail"]
 
@@ -158,6 +159,9 @@ def test_an_evicted_http_request_is_reported_under_uvicorn(
         retry = httpx.post(f"{base}/charges", **send)
         assert (retry.status_code, retry.json()) == (201, {"charge": "ch_2"})
         assert "idempotent-replayed" not in retry.headers
+        # Its fence is above the evicted run's: a fenced downstream refuses the first run now.
+        [_, again] = read_events(events, "claimed")
+        assert again["fence"] > claimed["fence"]
     finally:
         evicting.rpush(f"{prefix}:go", "go")
         sender.join(30)

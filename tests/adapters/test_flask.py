@@ -187,7 +187,7 @@ def test_the_route_template_names_the_record(store: RedisStore) -> None:
     client = app.test_client()
     first = post(client, "/items/1", Authorization="Bearer t")
     assert first.status_code == 201
-    assert first.json["fence"] == 1  # type: ignore[index]
+    assert first.json["fence"] > 0  # type: ignore[index]
     # One record per route template, so another item with the same key is the same record
     # with another request: 422, never a second run.
     assert post(client, "/items/2", Authorization="Bearer t").status_code == 422

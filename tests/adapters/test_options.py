@@ -342,7 +342,8 @@ def test_flask_g_idemkey_is_none_when_the_view_runs_without_a_claim(
         assert no_key.json == {"fence": None, "current": None}
         assert client.get("/charges").json == {"fence": None, "current": None}  # not guarded
         keyed = client.post("/charges", json={}, headers={"Idempotency-Key": "k1"})
-        assert keyed.json == {"fence": 1, "current": 1}
+        assert keyed.json is not None
+        assert keyed.json["fence"] == keyed.json["current"] > 0  # the claim's own
         # The claim does not outlive its request (same thread, next request without a key).
         assert client.post("/charges", json={}).json == {"fence": None, "current": None}
     finally:
@@ -414,7 +415,8 @@ async def test_the_other_adapters_agree_current_call_is_the_claim_or_lookup_erro
                 (await http.post("/optional", json={}, headers=headers)).json()
                 for headers in ({}, {"Idempotency-Key": "k1"}, {})
             ]
-        assert answers == [{"current": None}, {"current": 1}, {"current": None}]
+        assert answers == [{"current": None}, {"current": answers[1]["current"]}, {"current": None}]
+        assert answers[1]["current"] > 0
     finally:
         await store.aclose()
         await client.aclose()
@@ -444,7 +446,8 @@ def test_django_agrees_current_call_is_the_claim_or_lookup_error(
             )
             for headers in ({}, {"HTTP_IDEMPOTENCY_KEY": "k1"}, {})
         ]
-    assert answers == [{"current": None}, {"current": 1}, {"current": None}]
+    assert answers == [{"current": None}, {"current": answers[1]["current"]}, {"current": None}]
+    assert answers[1]["current"] > 0
 
 
 @pytest.mark.redis

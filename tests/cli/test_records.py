@@ -116,7 +116,7 @@ def test_inspect_guard_records_decode_the_stored_value(
     with guard(store, "invoice-1", payload=b"x") as call:
         call.save({"charge": "ch_9", "amount": 500})
     with guard(store, "invoice-2") as call:
-        pass  # left without save(): released, only the fence counter stays
+        pass  # left without save(): released, only the fence stays
     run = idemkey("inspect", "invoice-1", "--guard", "--json", *_at(redis_url, prefix))
     view = json.loads(run.out)
     assert (view["state"], view["kind"]) == ("complete", "result")
@@ -124,7 +124,7 @@ def test_inspect_guard_records_decode_the_stored_value(
     released = json.loads(
         idemkey("inspect", "invoice-2", "--guard", "--json", *_at(redis_url, prefix)).out
     )
-    assert (released["state"], released["fence"], released["kind"]) == ("released", 1, "")
+    assert (released["state"], released["fence"], released["kind"]) == ("released", call.fence, "")
 
 
 def test_inspect_by_digest_reads_guard_values_too(

@@ -172,8 +172,10 @@ def test_a_task_killed_mid_task_is_redelivered_and_the_next_run_resumes_after_fi
 
     sides = {name: int(client.get(f"{prefix}:side:{name}") or 0) for name in STEPS}
     assert sides == dict.fromkeys(STEPS, 1)
-    # reserve and charge are the killed run's (fence 1), ship the takeover's (fence 2).
-    assert [step["fence"] for step in steps] == [1, 1, 2]
+    # reserve and charge are the killed run's, ship the takeover's (a higher fence).
+    first, _, takeover = [step["fence"] for step in steps]
+    assert [step["fence"] for step in steps] == [first, first, takeover]
+    assert takeover > first
     assert {step["pid"] for step in steps[:2]} == {victim}
     assert steps[2]["pid"] != victim
     assert result.state == "SUCCESS"
@@ -197,7 +199,9 @@ def test_sigkill_during_a_retried_step_on_prefork_the_redelivery_continues_its_a
     assert steps[1]["attempt"] == 3  # the redelivered run's attempt was the third, not a first
     sides = {name: int(client.get(f"{prefix}:side:{name}") or 0) for name in STEPS}
     assert sides == dict.fromkeys(STEPS, 1)
-    assert [step["fence"] for step in steps] == [1, 2, 2]
+    first, takeover, _ = [step["fence"] for step in steps]
+    assert [step["fence"] for step in steps] == [first, takeover, takeover]
+    assert takeover > first
     assert result.state == "SUCCESS"
 
 

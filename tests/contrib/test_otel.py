@@ -63,6 +63,7 @@ def test_span_events_and_outcome_on_the_request_span(
     try:
         with tracer.start_as_current_span("first"), guard(store, "job-1") as call:
             call.save(42)
+        fence = call.fence
         with tracer.start_as_current_span("retry"), guard(store, "job-1") as call:
             assert call.replayed
         # Outside any span: nothing to annotate, but the counter still moves.
@@ -82,7 +83,7 @@ def test_span_events_and_outcome_on_the_request_span(
         "idemkey.record": digest,
         "idemkey.method": "GUARD",
         "idemkey.route": "",
-        "idemkey.fence": 1,
+        "idemkey.fence": fence,
     }
     assert first.attributes == {"idemkey.outcome": "claimed"}
     assert [e.name for e in retry.events] == ["idemkey.replayed"]

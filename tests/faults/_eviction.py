@@ -22,16 +22,19 @@ def evicting_server(factory: Callable[..., RedisServer]) -> RedisServer:
     return factory(["--maxmemory-policy", "volatile-lru"])
 
 
-def evict_every_key_with_a_ttl(admin: redis.Redis, record: Record) -> int:
+def evict_every_key_with_a_ttl(admin: redis.Redis, record: Record, filler: str = "cache:{}") -> int:
     """Fill the server past ``maxmemory`` with keys that have no TTL until eviction has taken
     the record (and its lease with it), then free the filler (as the cache's owner would, so
-    that new claims are accepted again). Returns the number of keys evicted."""
+    that new claims are accepted again). Returns the number of keys evicted.
+
+    ``filler`` names the filler keys (``{}`` is their number): on a cluster node, a name with
+    the record's hash tag keeps them on the record's node."""
     used = int(admin.info("memory")["used_memory"])
     admin.config_set("maxmemory", used + 512 * 1024)
     chunk, fillers = b"x" * (64 * 1024), []
 
     def evicted() -> bool:
-        name = f"cache:{len(fillers)}"
+        name = filler.replace("{}", str(len(fillers)))
         try:
             admin.set(name, chunk)  # no TTL: never a candidate under volatile-lru
             fillers.append(name)

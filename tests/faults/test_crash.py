@@ -2,9 +2,10 @@
 
 A worker (``tests/faults/_http_worker.py``) takes a keyed request and blocks in its handler.
 SIGKILLed there, it frees the key once its lease lapses (its heartbeat died with it) and the
-retry that takes over is told so (``takeover`` event, fence 2). SIGSTOPped past its lease (a GC
-pause, a frozen VM), it wakes up to find the record taken over: its own client still gets its
-answer, but it cannot complete the record (``lease_lost``) and nothing it wrote is kept.
+retry that takes over is told so (``takeover`` event, a higher fence). SIGSTOPped past its
+lease (a GC pause, a frozen VM), it wakes up to find the record taken over: its own client
+still gets its answer, but it cannot complete the record (``lease_lost``) and nothing it wrote
+is kept.
 """
 
 from __future__ import annotations
@@ -95,7 +96,10 @@ def test_a_worker_killed_mid_handler_frees_its_key_after_the_lease(
     spawn: Callable[[], subprocess.Popen[str]], real_client: redis.Redis, prefix: str
 ) -> None:
     worker = spawn()
-    wait_until(lambda: real_client.lrange(f"{prefix}:started", 0, -1), 30, "the handler to run")
+    [started] = wait_until(
+        lambda: real_client.lrange(f"{prefix}:started", 0, -1), 30, "the handler to run"
+    )
+    first = int(started)
     record = record_of(real_client, prefix)
     # While the worker lives, its heartbeat renews the lease (the time left jumps back up).
     samples: list[int] = []
@@ -114,11 +118,12 @@ def test_a_worker_killed_mid_handler_frees_its_key_after_the_lease(
     reply = wait_until(
         lambda: (r := post(web)).status_code == 201 and r, LEASE + 10, "the takeover"
     )
-    assert reply.json == {"ran_with_fence": 2}
+    fence = reply.json["ran_with_fence"]
+    assert fence > first
     takeovers = [e for e in events if e.kind == "takeover"]
     assert len(takeovers) == 1
-    assert takeovers[0].fence == 2
-    assert real_client.lrange(f"{prefix}:events", 0, -1) == [b"claimed:1"]
+    assert takeovers[0].fence == fence
+    assert real_client.lrange(f"{prefix}:events", 0, -1) == [f"claimed:{first}".encode()]
     assert post(web).headers["Idempotent-Replayed"] == "true"
 
 
@@ -126,7 +131,10 @@ def test_a_stale_worker_that_wakes_up_cannot_complete_or_overwrite(
     spawn: Callable[[], subprocess.Popen[str]], real_client: redis.Redis, prefix: str
 ) -> None:
     worker = spawn()
-    wait_until(lambda: real_client.lrange(f"{prefix}:started", 0, -1), 30, "the handler to run")
+    [started] = wait_until(
+        lambda: real_client.lrange(f"{prefix}:started", 0, -1), 30, "the handler to run"
+    )
+    first = int(started)
     os.kill(worker.pid, signal.SIGSTOP)  # frozen inside its handler, heartbeat and all
 
     events: list[Event] = []
@@ -134,7 +142,8 @@ def test_a_stale_worker_that_wakes_up_cannot_complete_or_overwrite(
     reply = wait_until(
         lambda: (r := post(web)).status_code == 201 and r, LEASE + 10, "the takeover"
     )
-    assert reply.json == {"ran_with_fence": 2}
+    fence = reply.json["ran_with_fence"]
+    assert fence > first
     assert [e.kind for e in events][-2:] == ["takeover", "completed"]
     record_key = record_key_of(real_client, prefix)
     before = real_client.hgetall(record_key)
@@ -147,13 +156,13 @@ def test_a_stale_worker_that_wakes_up_cannot_complete_or_overwrite(
     # Its own client still gets the answer its handler produced...
     answer = json.loads(out)
     assert answer["status"] == 201
-    assert json.loads(answer["body"]) == {"ran_with_fence": 1}
+    assert json.loads(answer["body"]) == {"ran_with_fence": first}
     # ...but the record is not its to complete: lease_lost, and nothing was overwritten.
     worker_events = [e.decode() for e in real_client.lrange(f"{prefix}:events", 0, -1)]
-    assert worker_events[0] == "claimed:1"
-    assert "lease_lost:1" in worker_events
-    assert "completed:1" not in worker_events
+    assert worker_events[0] == f"claimed:{first}"
+    assert f"lease_lost:{first}" in worker_events
+    assert f"completed:{first}" not in worker_events
     assert real_client.hgetall(record_key) == before
     replay = post(web)
     assert replay.headers["Idempotent-Replayed"] == "true"
-    assert replay.json == {"ran_with_fence": 2}
+    assert replay.json == {"ran_with_fence": fence}

@@ -47,10 +47,12 @@ def test_an_evicted_running_record_is_reported_and_its_owner_stores_nothing(
     rival = RedisStore(evicting, Policy(prefix=prefix))
     started, finish = threading.Event(), threading.Event()
     outcome: list[BaseException | Any] = []
+    fences: list[int] = []
 
     def first_owner() -> None:
         try:
             with guard(store, KEY, payload=PAYLOAD) as call:
+                fences.append(call.fence or 0)
                 started.set()
                 assert finish.wait(30), "the test never let the first owner finish"
                 call.save({"charge": "ch_first"})
@@ -64,10 +66,14 @@ def test_an_evicted_running_record_is_reported_and_its_owner_stores_nothing(
         assert started.wait(10), "the first owner never claimed"
         assert evict_every_key_with_a_ttl(evicting, record) >= 1  # one key: the record
 
-        # The duplicate cannot tell an evicted record from a new key: fence 1, no takeover.
+        # The duplicate cannot tell an evicted record from a new key: no takeover. But its fence
+        # is above the first owner's, never a repeat of it (issue 34: it was 1 again).
+        [first] = fences
         duplicate = guard(rival, KEY, payload=PAYLOAD)
         with duplicate as call:
-            assert (call.replayed, call.fence, call.takeover) == (False, 1, False)
+            assert (call.replayed, call.takeover) == (False, False)
+            assert call.fence is not None
+            assert call.fence > first
             assert duplicate.claim is not None
             rival_owner = duplicate.claim.owner.encode()
 
@@ -77,7 +83,7 @@ def test_an_evicted_running_record_is_reported_and_its_owner_stores_nothing(
                 timeout=10,
                 message="the heartbeat to report the lost record",
             )
-            assert [(e.record, e.fence) for e in lost] == [(record.digest, 1)]
+            assert [(e.record, e.fence) for e in lost] == [(record.digest, first)]
             assert "evicted" in lost[0].detail
             assert "maxmemory-policy noeviction" in lost[0].detail
             # ...and stops renewing: the lease is the duplicate's, never taken back or extended.
@@ -90,7 +96,7 @@ def test_an_evicted_running_record_is_reported_and_its_owner_stores_nothing(
             assert not worker.is_alive()
             [error] = outcome
             assert isinstance(error, LeaseLostError)
-            assert error.fence == 1
+            assert error.fence == first
             assert evicting.hgetall(record.key) == before  # no half record, no overwrite
             assert lease_holder(evicting, record) == rival_owner
             call.save({"charge": "ch_second"})

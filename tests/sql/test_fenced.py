@@ -116,13 +116,15 @@ def test_a_fenced_commit_keeps_the_saved_result_in_the_row(
     store: RedisStore, engine: sa.Engine, db_url: str
 ) -> None:
     runs: list[int] = []
-    assert charge(store, engine, "k1", runs) == {"fence": 1}
-    assert charge(store, engine, "k1", runs) == {"fence": 1}  # replayed by Redis
-    assert runs == [1]
-    assert rows(db_url, "k1") == [("k1", 1)]
+    first = charge(store, engine, "k1", runs)
+    assert charge(store, engine, "k1", runs) == first  # replayed by Redis
+    [ran] = runs
+    assert first == {"fence": ran}
+    assert ran > 10**15  # the server's clock in µs: BIGINT holds it
+    assert rows(db_url, "k1") == [("k1", ran)]
     with engine.connect() as conn:
         fence, result = conn.execute(sa.text("SELECT fence, result FROM idemkey_effects")).one()
-    assert fence == 1
+    assert fence == ran
     assert result is not None
 
 
@@ -132,8 +134,11 @@ def test_a_rolled_back_transaction_leaves_no_result(
     class Declined(Exception):
         pass
 
+    declined: list[int] = []
+
     def declined_charge() -> None:
         with guard(store, "k2") as call, Session(engine) as session, session.begin():
+            declined.append(call.fence or 0)
             session.execute(sa.insert(CHARGES).values(key="k2", fence=call.fence))
             call.save({"fence": call.fence})
             fenced(session, call)
@@ -146,9 +151,11 @@ def test_a_rolled_back_transaction_leaves_no_result(
         assert conn.execute(sa.text("SELECT count(*) FROM idemkey_effects")).scalar() == 0
     runs: list[int] = []
     # The value saved in the rolled-back transaction went with it: released, so it runs again.
-    assert charge(store, engine, "k2", runs) == {"fence": 2}
-    assert runs == [2]
-    assert rows(db_url, "k2") == [("k2", 2)]
+    result = charge(store, engine, "k2", runs)
+    [ran] = runs
+    assert ran > declined[0]
+    assert result == {"fence": ran}
+    assert rows(db_url, "k2") == [("k2", ran)]
 
 
 def test_a_newer_fence_refuses_an_older_one(
@@ -163,7 +170,8 @@ def test_a_newer_fence_refuses_an_older_one(
     store._unwatch(old.record, old_call_owner(old))  # stop its heartbeat: a frozen owner
     wait_until(lambda: lease_left(real_client, old.record) == -2, 5, "the old lease to lapse")
     runs: list[int] = []
-    assert charge(store, engine, "k3", runs) == {"fence": 2}
+    assert charge(store, engine, "k3", runs) == {"fence": runs[0]}
+    assert runs[0] > (old_call.fence or 0)
     with Session(engine) as session:
         session.begin()
         session.execute(sa.insert(CHARGES).values(key="k3", fence=old_call.fence))
@@ -171,7 +179,7 @@ def test_a_newer_fence_refuses_an_older_one(
             fenced(session, old_call)
         session.rollback()
     old.__exit__(None, None, None)  # its release is refused: the record is not its own
-    assert rows(db_url, "k3") == [("k3", 2)]
+    assert rows(db_url, "k3") == [("k3", runs[0])]
     store.close()
 
 
@@ -253,12 +261,12 @@ def test_a_stale_owner_resumed_after_its_successor_committed_cannot_commit(
         "the successor to take the record over",
         ignore=(Exception,),
     )
-    assert result == {"fence": 2}
+    assert result == {"fence": runs[-1]}
     os.kill(worker.pid, signal.SIGCONT)
     out, err = worker.communicate("go\n", timeout=30)
     assert "lost" in out, err
     assert worker.returncode != 0  # LeaseLostError reached the stale worker's caller
-    assert rows(db_url, "k5") == [("k5", 2)]  # the stale row was rolled back
+    assert rows(db_url, "k5") == [("k5", runs[-1])]  # the stale row was rolled back
 
 
 @pytest.mark.parametrize("mode", ["commit-then-die", "commit-then-die-async"])
@@ -278,8 +286,8 @@ def test_a_worker_killed_after_its_commit_is_replayed_not_run_again(
         ignore=(Exception,),
     )
     assert runs == []  # the handler did not run again
-    assert result == {"by": worker.pid, "fence": 1}
-    assert rows(db_url, "k6") == [("k6", 1)]
+    assert result == {"by": worker.pid, "fence": result["fence"]}
+    assert rows(db_url, "k6") == [("k6", result["fence"])]
     assert charge(store, engine, "k6", runs) == result  # now completed in Redis too
 
 
@@ -292,23 +300,23 @@ async def test_aguard_with_afenced_and_async_effects(
     store = AsyncRedisStore(
         real_async_client, Policy(prefix=prefix, lease=LEASE), effects=AsyncEffects(engine)
     )
-    runs = 0
+    runs: list[int] = []
     for _ in range(2):
         async with aguard(store, "k7") as call:
             if call.replayed:
                 break
-            runs += 1
+            runs.append(call.fence or 0)
             async with AsyncSession(engine) as session, session.begin():
                 await session.execute(sa.insert(CHARGES).values(key="k7", fence=call.fence))
                 call.save({"fence": call.fence})
                 await afenced(session, call)
-    assert runs == 1
+    assert len(runs) == 1
     async with engine.connect() as conn:
         saved = (await conn.execute(sa.text("SELECT result FROM idemkey_effects"))).scalar()
     assert saved is not None
     await store.aclose()
     await engine.dispose()
-    assert rows(db_url, "k7") == [("k7", 1)]
+    assert rows(db_url, "k7") == [("k7", runs[0])]
 
 
 @pytest.mark.slow
@@ -357,9 +365,9 @@ def test_an_idempotent_function_fences_through_current_call(
             fenced(session, call)
         return result
 
-    assert book("o1") == book("o1") == {"order": "o1", "fence": 1}
-    assert runs == [1]
-    assert rows(db_url, "o1") == [("o1", 1)]
+    assert book("o1") == book("o1") == {"order": "o1", "fence": runs[0]}
+    assert len(runs) == 1
+    assert rows(db_url, "o1") == [("o1", runs[0])]
     with pytest.raises(LookupError):
         current_call()
     with engine.connect() as conn:
@@ -376,8 +384,8 @@ def test_records_lost_by_redis_still_commit_one_effect(
     first = charge(store, engine, "k8", runs)
     real_client.delete(*real_client.keys(f"{prefix}:*"))
     assert charge(store, engine, "k8", runs) == first  # the first retry: from SQL
-    assert runs == [1]
-    assert rows(db_url, "k8") == [("k8", 1)]
+    assert len(runs) == 1
+    assert rows(db_url, "k8") == [("k8", runs[0])]
 
 
 def test_a_recovery_point_fences_its_own_transaction(
@@ -399,7 +407,8 @@ def test_a_recovery_point_fences_its_own_transaction(
     wait_until(lambda: lease_left(real_client, old.record) == -2, 5, "the old lease to lapse")
     with guard(store, "order-9") as call:
         assert call.takeover
-        assert call.step("charge", charge_step, call, "order-9:charge") == {"fence": 2}
+        assert (call.fence or 0) > (old_call.fence or 0)
+        assert call.step("charge", charge_step, call, "order-9:charge") == {"fence": call.fence}
         call.save("shipped")
     with Session(engine) as session:
         session.begin()
@@ -408,7 +417,7 @@ def test_a_recovery_point_fences_its_own_transaction(
             fenced(session, old_call, step="charge")
         session.rollback()
     old.__exit__(None, None, None)
-    assert rows(db_url, "order-9:charge") == [("order-9:charge", 2)]
+    assert rows(db_url, "order-9:charge") == [("order-9:charge", call.fence)]
     store.close()
 
 
@@ -422,8 +431,11 @@ def test_a_commit_with_nothing_saved_is_still_final(
     class Lost(Exception):
         pass
 
+    committed: list[int] = []
+
     def commit_then_fail() -> None:
         with guard(store, "k9") as call:
+            committed.append(call.fence or 0)
             with Session(engine) as session, session.begin():
                 session.execute(sa.insert(CHARGES).values(key="k9", fence=call.fence))
                 fenced(session, call)
@@ -436,7 +448,7 @@ def test_a_commit_with_nothing_saved_is_still_final(
         with pytest.raises(EffectCommittedError):
             charge(store, engine, "k9", runs)
     assert runs == []
-    assert rows(db_url, "k9") == [("k9", 1)]
+    assert rows(db_url, "k9") == [("k9", committed[0])]
 
 
 def test_a_forged_effects_row_raises_no_undeclared_class(

@@ -12,6 +12,7 @@ the same number in ``worker``, so a replayed result can be checked against the d
 from __future__ import annotations
 
 import contextlib
+import itertools
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -77,6 +78,12 @@ class Runs:
         self.fences.append(fence or 0)
         return len(self.fences)
 
+    def grew(self, count: int) -> bool:
+        """``count`` executions, each with a fence above the one before (never a repeat, even
+        after Redis lost the record)."""
+        fences = self.fences
+        return len(fences) == count and all(a < b for a, b in itertools.pairwise(fences))
+
 
 def documented_charge(
     store: RedisStore,
@@ -126,7 +133,7 @@ def store(real_client: redis.Redis, prefix: str, engine: sa.Engine) -> Iterator[
 def test_refused_after_a_stale_owner_committed_first_recovers_its_row(
     order: str, store: RedisStore, engine: sa.Engine, real_client: redis.Redis
 ) -> None:
-    """A frozen owner (fence 1) resumes and commits while its successor (fence 2) runs; the
+    """A frozen owner resumes and commits while its successor (a higher fence) runs; the
     successor's fenced() refuses. Its retry replays the committed charge, not the successor's
     rolled-back one."""
     runs = Runs()
@@ -144,14 +151,16 @@ def test_refused_after_a_stale_owner_committed_first_recovers_its_row(
 
     with pytest.raises(LeaseLostError):
         documented_charge(store, engine, "inv-1", runs, stale_owner_commits, order)
-    assert committed(engine, "inv-1") == [(1, 0)]
+    assert committed(engine, "inv-1") == [(stale_call.fence, 0)]
+    assert runs.grew(1)
+    assert runs.fences[0] > (stale_call.fence or 0)
     with pytest.raises(LeaseLostError):  # its completion: the record is the successor's
         stale.__exit__(None, None, None)
-    # The successor released: the next claim (fence 3) reads the committed row and replays it.
+    # The successor released: the next claim reads the committed row and replays it.
     recovered = documented_charge(store, engine, "inv-1", runs, order=order)
     assert recovered == {"invoice": "inv-1", "run": 0}
-    assert runs.fences == [2]  # not run again
-    assert committed(engine, "inv-1") == [(1, 0)]
+    assert runs.grew(1)  # not run again
+    assert committed(engine, "inv-1") == [(stale_call.fence, 0)]
 
 
 @ORDERS
@@ -173,8 +182,8 @@ def test_after_redis_lost_its_records_the_first_retry_replays_the_committed_row(
     client.flushall()
     assert charge() == first  # from SQL
     assert charge() == first  # now from Redis
-    assert runs.fences == [1]
-    assert committed(engine, "inv-2") == [(1, 1)]
+    assert runs.grew(1)
+    assert committed(engine, "inv-2") == [(runs.fences[0], 1)]
     store.close()
     client.close()
 
@@ -232,8 +241,8 @@ def test_a_constraint_violated_at_commit_releases_the_key(
         conn.execute(sa.text("INSERT INTO invoices (id) VALUES ('inv-3')"))
     assert charge_with_ledger() == {"run": 2}  # released, not completed: it runs again
     assert charge_with_ledger() == {"run": 2}
-    assert runs.fences == [1, 2]
-    assert committed(engine, "inv-3") == [(2, None)]
+    assert runs.grew(2)
+    assert committed(engine, "inv-3") == [(runs.fences[1], None)]
     with checked.begin() as conn:
         conn.execute(sa.text("DROP TABLE ledger"))
         conn.execute(sa.text("DROP TABLE invoices"))
@@ -263,8 +272,8 @@ def test_an_idempotent_function_saving_through_current_call_is_replayed_after_re
     assert book("inv-4") == {"invoice": "inv-4", "run": 1}
     client.flushall()
     assert book("inv-4") == book("inv-4") == {"invoice": "inv-4", "run": 1}
-    assert runs.fences == [1]
-    assert committed(engine, "inv-4") == [(1, 1)]
+    assert runs.grew(1)
+    assert committed(engine, "inv-4") == [(runs.fences[0], 1)]
     store.close()
     client.close()
 
@@ -315,13 +324,13 @@ async def test_asyncio_after_redis_lost_its_records_the_first_retry_replays_the_
         await client.flushall()
         assert await charge("inv-5") == {"invoice": "inv-5", "run": 1}
         assert await charge("inv-5") == {"invoice": "inv-5", "run": 1}
-        assert runs.fences == [1]
+        assert runs.grew(1)
     finally:
         await store.aclose()
         await client.aclose()
         await engine.dispose()
     sync = sa.create_engine(db_url)
-    assert committed(sync, "inv-5") == [(1, 1)]
+    assert committed(sync, "inv-5") == [(runs.fences[0], 1)]
     sync.dispose()
 
 
@@ -358,8 +367,8 @@ def test_a_result_saved_in_a_fenced_step_that_rolled_back_is_not_stored(
     assert committed(engine, "inv-7") == []
     assert order(decline=False) == {"run": 2}  # released, not completed with run 1
     assert order(decline=False) == {"run": 2}
-    assert runs.fences == [1, 2]
-    assert committed(engine, "inv-7") == [(2, 2)]
+    assert runs.grew(2)
+    assert committed(engine, "inv-7") == [(runs.fences[1], 2)]
 
 
 def test_a_transaction_still_open_when_the_block_ends_releases_then_recovers(
@@ -381,8 +390,8 @@ def test_a_transaction_still_open_when_the_block_ends_releases_then_recovers(
     with guard(store, "charge:inv-6", payload="inv-6") as call:
         assert call.replayed
         assert call.result == {"run": 1}
-    assert runs.fences == [1]
-    assert committed(engine, "inv-6") == [(1, 1)]
+    assert runs.grew(1)
+    assert committed(engine, "inv-6") == [(runs.fences[0], 1)]
 
 
 def test_an_unfenced_save_then_an_exception_still_completes(store: RedisStore) -> None:

@@ -51,16 +51,17 @@ def test_a_cancelled_owner_cannot_checkpoint_or_complete_and_the_next_run_resume
     ran: list[str] = []
     with pytest.raises(LeaseLostError) as lost, guard(store, "job", payload="p") as stale:  # noqa: PT012
         stale.step("reserve", ran.append, "reserve")
-        assert store.cancel(record) == Cancelled("in_progress", 2)  # the operator: fence 1 -> 2
+        cancelled = store.cancel(record)  # the operator raises the fence
+        assert cancelled == Cancelled("in_progress", (stale.fence or 0) + 1)
         stale.step("charge", ran.append, "charge")  # runs, but its checkpoint is refused
-    assert lost.value.fence == 1
+    assert lost.value.fence == stale.fence
     assert sync_client.hget(record.key, "s:charge") is None
     assert lease_left(sync_client, record) == -2  # the cancel ended the claim's lease...
     assert not sync_client.hexists(record.key, "lease")  # ...and removed it from the record
 
     with guard(store, "job", payload="p") as call:
         assert not call.takeover
-        assert call.fence == 3  # above the cancel's: the stale owner's fence is refused downstream
+        assert call.fence > cancelled  # the stale owner's fence is refused downstream
         assert call.resumed_steps == ("reserve",)
         call.step("reserve", ran.append, "again")  # finished: returned, not run
         call.step("charge", ran.append, "charge")
@@ -90,10 +91,11 @@ def test_abandon_drops_the_steps_and_frees_the_key_from_its_payload(
         raise Boom  # released, with a finished step: bound to payload A
     with pytest.raises(KeyReuseError), guard(store, "job", payload="B"):
         pass
-    assert store.cancel(record, abandon=True) == Cancelled("released", 2)
+    assert store.cancel(record, abandon=True) == Cancelled("released", (call.fence or 0) + 1)
     fields = sync_client.hgetall(record.key)
-    # The fence, and the claim's origin ("i": when and where from) that store.records() shows.
-    assert sorted(fields) == [b"fence", b"i"]
+    # The fence (and the first one, f0), the releasing owner (ro), and the claim's origin
+    # ("i": when and where from) that store.records() shows.
+    assert sorted(fields) == [b"f0", b"fence", b"i", b"ro"]
     with guard(store, "job", payload="B") as call:
         assert call.resumed_steps == ()
         call.step("reserve", ran.append, "B")
@@ -106,7 +108,7 @@ def test_nothing_to_cancel_changes_nothing(
 ) -> None:
     record = guard_record(prefix, "job")
     assert store.cancel(record) is None  # no record
-    with pytest.raises(Boom), guard(store, "job"):
+    with pytest.raises(Boom), guard(store, "job") as released:
         raise Boom  # released without steps
     before = sync_client.hgetall(record.key)
     assert store.cancel(record) is None
@@ -115,8 +117,8 @@ def test_nothing_to_cancel_changes_nothing(
     done = sync_client.hgetall(record.key)
     assert store.cancel(record, abandon=True) is None  # complete: untouched
     assert sync_client.hgetall(record.key) == done
-    assert before.keys() == {b"fence", b"i"}
-    assert before[b"fence"] == b"1"
+    assert before.keys() == {b"fence", b"f0", b"i", b"ro"}
+    assert before[b"fence"] == str(released.fence).encode()
 
 
 def test_a_cancel_drops_the_attempt_counts(
@@ -146,7 +148,7 @@ async def test_an_async_owner_cancelled_gets_lease_lost(
     with pytest.raises(LeaseLostError):  # noqa: PT012
         async with aguard(store, "job") as call:
             await call.step("one", lambda: 1)
-            assert await store.cancel(record) == Cancelled("in_progress", 2)
+            assert await store.cancel(record) == Cancelled("in_progress", (call.fence or 0) + 1)
             await call.step("two", lambda: 2)
 
 
@@ -161,7 +163,8 @@ def test_the_command_cancels_and_the_next_run_resumes(
             stale.step("reserve", lambda: "held")
             assert main(["cancel", "order-7", "--guard", "--yes", *at]) == 0
             out = capsys.readouterr().out
-            assert f"cancelled in_progress record {record.key} (fence now 2" in out
+            fence = (stale.fence or 0) + 1
+            assert f"cancelled in_progress record {record.key} (fence now {fence};" in out
             stale.save("never stored")
         with guard(store, "order-7") as call:
             assert call.resumed_steps == ("reserve",)
@@ -185,13 +188,14 @@ def test_the_command_abandons_with_json(
         with pytest.raises(Boom), guard(store, "order-8") as call:  # noqa: PT012
             call.step("reserve", lambda: "held")
             raise Boom
+        assert call.fence is not None
         argv = ["cancel", "--digest", record.digest, "--abandon", "--yes", "--json", *at]
         assert main(argv) == 0
         assert json.loads(capsys.readouterr().out) == {
             "record": record.key,
             "was": "released",
             "steps": "dropped",
-            "fence": 2,
+            "fence": call.fence + 1,
         }
         assert main(argv) == 1  # a second time: nothing left to cancel
         assert "nothing to cancel" in json.loads(capsys.readouterr().err)["error"]

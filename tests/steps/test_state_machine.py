@@ -27,7 +27,7 @@ from hypothesis.stateful import initialize, rule
 from idemkey._core import Claimed, Decision, InFlight, Mismatch, Replay
 from idemkey.guard._failures import is_failure, raise_failure, rules_for
 from idemkey.guard._steps import attempt_field, step_field
-from tests.store.test_state_machine import Model, ScriptMachine, run_machine
+from tests.store.test_state_machine import NEW_FENCE, Model, ScriptMachine, run_machine
 
 OWNERS = st.sampled_from(["o1", "o2"])  # two: a rule often hits the owner
 FINGERPRINTS = st.sampled_from(["fp1", "fp2"])
@@ -74,9 +74,8 @@ class StepModel(Model):
         if self.lock is not None:
             return InFlight(0)
         self.takeover = self.state == "in_progress"
-        self.fence += 1
         self.state, self.fp, self.owner, self.lock = "in_progress", fp, owner, owner
-        return Claimed(owner, self.fence, self.takeover, tuple(self.steps.items()))
+        return Claimed(owner, NEW_FENCE, self.takeover, tuple(self.steps.items()))
 
     def checkpoint(self, owner: str, name: str, result: bytes) -> bytes | None:
         if self.owner != owner or self.state != "in_progress":
@@ -109,9 +108,10 @@ class StepModel(Model):
 
     def release(self, owner: str) -> bool:
         if self.owner != owner or self.state != "in_progress":
-            return False
+            return self.ro == owner  # a re-sent release: released by this owner already
         if self.lock == owner:
             self.lock = None
+        self.ro = owner
         self.state = self.owner = self.resp = None
         self.attempts.clear()
         if not self.steps:  # finished steps keep the key bound to their payload
@@ -141,6 +141,9 @@ class StepMachine(ScriptMachine):
             assert isinstance(actual, InFlight)
         elif isinstance(expected, Claimed):
             assert isinstance(actual, Claimed)
+            if expected.fence == NEW_FENCE:
+                self.model.fenced(actual.fence)
+                expected = expected._replace(fence=actual.fence)
             assert (actual.owner, actual.fence, actual.takeover) == (
                 expected.owner,
                 expected.fence,

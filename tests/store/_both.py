@@ -156,6 +156,11 @@ class Both:
         result: list[bytes] = await _resolve(self.client.keys(f"*{self.prefix}*"))
         return result
 
+    async def server_time(self) -> float:
+        """The server's clock (``TIME``), Unix seconds."""
+        seconds, micros = await _resolve(self.client.time())
+        return int(seconds) + int(micros) / 1e6
+
 
 class SyncStore:
     """Mixin: ``store`` is a :class:`RedisStore` on ``sync_client`` (real Redis, fakeredis)."""

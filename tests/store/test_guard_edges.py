@@ -314,7 +314,7 @@ class EdgeBehaviour:
         record = record_for(store.prefix, "tenant-7", "JOB", "send-invoice", "inv-1")
         owner = new_owner()
         decision = await store.claim(record, payload_fingerprint(b"body"), owner=owner)
-        assert decision == Claimed(owner, 1, False)
+        assert decision == Claimed(owner, decision.fence, False)
         busy = await store.claim(record, payload_fingerprint(b"body"))
         assert type(busy) is InFlight
         assert await store.complete(record, owner, b"answer")

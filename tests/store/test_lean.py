@@ -143,7 +143,7 @@ async def _scenario(both: Both) -> list[object]:
     call: Callable[..., Awaitable[Any]] = lambda method, *args, **kw: _resolve(  # noqa: E731
         getattr(both.store, method)(*args, **kw)
     )
-    await call("claim", a, b"fp", owner="o1", heartbeat=False)  # claimed, fence 1
+    await call("claim", a, b"fp", owner="o1", heartbeat=False)  # claimed
     await call("claim", a, b"fp", owner="o1", heartbeat=False)  # re-sent: the same
     await call("claim", a, b"other", owner="o2", heartbeat=False)  # mismatch
     await call("checkpoint", a, "o1", "s:one", b"step result")
@@ -159,7 +159,7 @@ async def _scenario(both: Both) -> list[object]:
     await call("claim", b, b"fp", owner="o1", heartbeat=False)
     await call("release", b, "o2")
     await call("release", b, "o1")
-    await call("claim", b, b"fp", owner="o4", heartbeat=False)  # fence 2, after a release
+    await call("claim", b, b"fp", owner="o4", heartbeat=False)  # a higher fence, after a release
     await call("cancel", b)
     await call("cancel", b, abandon=True)
     await both.delete(a.key)
@@ -168,7 +168,32 @@ async def _scenario(both: Both) -> list[object]:
     for index, reply in enumerate(replies):  # the tombstone's age in ms is a clock, not a reply
         if isinstance(reply, list) and reply[:1] == [5] and len(reply) == 2:
             replies[index] = [5, "<age>"]
-    return replies
+    return _fences_named(replies)
+
+
+def _fences_named(replies: list[object]) -> list[object]:
+    """The fences (the server's clock in µs, 16 digits) named by their order of appearance: two
+    runs compare alike when their fences repeat and grow alike."""
+    names: dict[int, str] = {}
+
+    def name(fence: int) -> str:
+        return names.setdefault(fence, f"<fence {len(names) + 1}>")
+
+    def walk(item: Any) -> Any:
+        if isinstance(item, int) and item > 10**15:
+            return name(item)
+        if isinstance(item, bytes) and item.isdigit() and int(item) > 10**15:
+            return name(int(item)).encode()
+        if isinstance(item, list | tuple):
+            return type(item)(walk(part) for part in item)
+        if isinstance(item, dict):
+            return {walk(k): walk(v) for k, v in item.items()}
+        return item
+
+    named: list[object] = walk(replies)
+    fences = sorted(names)  # the order of appearance is the order of the values: they grow
+    assert [names[f] for f in fences] == [f"<fence {i}>" for i in range(1, len(fences) + 1)]
+    return named
 
 
 async def test_both_paths_answer_alike_sync(real_client: redis.Redis, prefix: str) -> None:

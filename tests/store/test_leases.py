@@ -145,8 +145,10 @@ def hold(redis_url: str, prefix: str) -> Iterator[subprocess.Popen[str]]:
 def test_a_killed_claimer_frees_the_key_after_its_lease(
     hold: subprocess.Popen[str], real_client: redis.Redis, prefix: str
 ) -> None:
-    wait_until(lambda: real_client.get(f"{prefix}:claimed"), timeout=30, message="the claim")
-    assert real_client.get(f"{prefix}:claimed") == b"1"
+    first = int(
+        wait_until(lambda: real_client.get(f"{prefix}:claimed"), timeout=30, message="the claim")
+    )
+    assert first > 0
     hold.kill()  # SIGKILL inside the guard: no release, no more heartbeat
     hold.wait()
 
@@ -158,7 +160,7 @@ def test_a_killed_claimer_frees_the_key_after_its_lease(
     try:
         with guard(store, "job", policy=store.policy.replace(wait=10)) as call:
             assert call.takeover is True
-            assert call.fence == 2
+            assert call.fence > first
             call.save("from the second owner")
     finally:
         store.close()
@@ -168,12 +170,15 @@ def test_a_killed_claimer_frees_the_key_after_its_lease(
 def test_a_stale_claimer_that_wakes_up_changes_nothing(
     hold: subprocess.Popen[str], real_client: redis.Redis, prefix: str
 ) -> None:
-    wait_until(lambda: real_client.get(f"{prefix}:claimed"), timeout=30, message="the claim")
+    first = int(
+        wait_until(lambda: real_client.get(f"{prefix}:claimed"), timeout=30, message="the claim")
+    )
     os.kill(hold.pid, signal.SIGSTOP)  # a GC pause or a frozen VM: its heartbeat stops too
     store = RedisStore(real_client, Policy(prefix=prefix, wait=10))
     try:
         with guard(store, "job") as call:
-            assert (call.takeover, call.fence) == (True, 2)
+            assert call.takeover is True
+            assert call.fence > first
             call.save("from the second owner")
     finally:
         store.close()
@@ -184,7 +189,7 @@ def test_a_stale_claimer_that_wakes_up_changes_nothing(
     os.kill(hold.pid, signal.SIGCONT)
     out, err = hold.communicate(timeout=30)
     assert hold.returncode == 0, err
-    assert json.loads(out) == {"outcome": "lease_lost", "fence": 1}
+    assert json.loads(out) == {"outcome": "lease_lost", "fence": first}
     assert real_client.hgetall(record.key) == before
     assert lease_left(real_client, record) == -2  # the stale owner left no lease behind
     with guard(RedisStore(real_client, Policy(prefix=prefix)), "job") as again:

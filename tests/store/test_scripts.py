@@ -29,14 +29,16 @@ class ScriptBehaviour:
     async def test_a_first_claim_owns_the_record(self, store: Both) -> None:
         record = store.record()
         decision = await store.claim(record, "fp1", owner="o1", heartbeat=False)
-        assert decision == Claimed("o1", 1, False)
+        assert decision == Claimed("o1", decision.fence, False)
         fields = await store.hash(record)
         assert fields[b"state"] == b"in_progress"
         assert fields[b"fp"] == b"fp1"
         assert fields[b"owner"] == b"o1"
-        assert fields[b"fence"] == b"1"
+        # The fence: the server's clock in microseconds, as digits; f0 the record's first.
+        assert fields[b"fence"] == fields[b"f0"] == str(decision.fence).encode()
+        assert abs(decision.fence / 1e6 - await store.server_time()) < 60
         # No time of the claim, no takeover; the lease a deadline on the server's clock.
-        assert fields.keys() == {b"state", b"fp", b"owner", b"fence", b"lease"}
+        assert fields.keys() == {b"state", b"fp", b"owner", b"fence", b"f0", b"lease"}
         assert await store.lock_holder(record) == b"o1"
         assert 0 < await store.lease_left(record) <= store.store.policy.lease_ms
 
@@ -54,15 +56,16 @@ class ScriptBehaviour:
         first = await store.claim(record, owner="o1", heartbeat=False)
         before = await store.snapshot(record)
         again = await store.claim(record, owner="o1", heartbeat=False)
-        assert first == again == Claimed("o1", 1, False)
+        assert first == again == Claimed("o1", again.fence, False)
         assert await store.snapshot(record) == before
 
     async def test_a_resent_takeover_is_still_a_takeover(self, store: Both) -> None:
         record = store.record()
-        await store.claim(record, owner="crashed", heartbeat=False)
+        crashed = await store.claim(record, owner="crashed", heartbeat=False)
         await store.expire_lock(record)
         first = await store.claim(record, owner="o2", heartbeat=False)
-        assert first == Claimed("o2", 2, True)
+        assert first == Claimed("o2", first.fence, True)
+        assert first.fence > crashed.fence
         assert await store.claim(record, owner="o2", heartbeat=False) == first
 
     async def test_another_owner_is_told_the_claim_is_in_flight(self, store: Both) -> None:
@@ -161,22 +164,33 @@ class ScriptBehaviour:
 
     async def test_release_frees_the_key_and_keeps_the_fence(self, store: Both) -> None:
         record = store.record()
-        await store.claim(record, "fp1", owner="o1", heartbeat=False)
+        first = await store.claim(record, "fp1", owner="o1", heartbeat=False)
         assert await store.release(record, "o1") is True
-        assert await store.hash(record) == {b"fence": b"1"}
+        fence = str(first.fence).encode()
+        assert await store.hash(record) == {b"fence": fence, b"f0": fence, b"ro": b"o1"}
         assert await store.lock_holder(record) is None
         # A retry starts fresh, even with another payload, and its fence keeps growing.
-        assert await store.claim(record, "fp2", owner="o2", heartbeat=False) == Claimed(
-            "o2", 2, False
-        )
+        again = await store.claim(record, "fp2", owner="o2", heartbeat=False)
+        assert again == Claimed("o2", again.fence, False)
+        assert again.fence > first.fence
 
-    async def test_a_resent_release_changes_nothing(self, store: Both) -> None:
+    async def test_a_resent_release_answers_released_and_changes_nothing(self, store: Both) -> None:
+        # A release whose reply was lost, sent again by its owner: released (not "not ours",
+        # which the guard would report as a lost lease), and nothing written. Another owner is
+        # still told 0.
         record = store.record()
         await store.claim(record, owner="o1", heartbeat=False)
         assert await store.release(record, "o1") is True
         before = await store.snapshot(record)
-        assert await store.release(record, "o1") is False
+        assert await store.release(record, "o1") is True
+        assert await store.release(record, "o2") is False
         assert await store.snapshot(record) == before
+        # Claimed again by another owner: the first owner's re-send is still answered released.
+        await store.claim(record, owner="o3", heartbeat=False)
+        assert await store.release(record, "o1") is True
+        assert (await store.hash(record))[b"owner"] == b"o3"
+        await store.complete(record, "o3", b"resp")
+        assert b"ro" not in await store.hash(record)  # a completed record keeps resp and fp
 
     async def test_release_never_touches_a_completed_record(self, store: Both) -> None:
         record = store.record()
@@ -198,10 +212,11 @@ class ScriptBehaviour:
 
     async def test_a_lapsed_lease_is_taken_over_with_a_bumped_fence(self, store: Both) -> None:
         record = store.record()
-        await store.claim(record, "fp1", owner="o1", heartbeat=False)
+        first = await store.claim(record, "fp1", owner="o1", heartbeat=False)
         await store.expire_lock(record)
         decision = await store.claim(record, "fp1", owner="o2", heartbeat=False)
-        assert decision == Claimed("o2", 2, True)
+        assert decision == Claimed("o2", decision.fence, True)
+        assert decision.fence > first.fence
         assert (await store.hash(record))[b"owner"] == b"o2"
         assert await store.lock_holder(record) == b"o2"
 
@@ -278,37 +293,43 @@ class ScriptBehaviour:
         self, store: Both
     ) -> None:
         record = store.record()
-        await store.claim(record, "fp1", owner="o1", heartbeat=False)
+        first = await store.claim(record, "fp1", owner="o1", heartbeat=False)
         await store.delete(record.key)  # evicted under the running claim, its lease with it
-        # The duplicate cannot tell: to its claim this is a new key.
-        assert await store.claim(record, "fp1", owner="o2", heartbeat=False) == Claimed(
-            "o2", 1, False
-        )
+        # The duplicate cannot tell: to its claim this is a new key; its fence is above ours.
+        second = await store.claim(record, "fp1", owner="o2", heartbeat=False)
+        assert second == Claimed("o2", second.fence, False)
+        assert second.fence > first.fence
         before = await store.snapshot(record)
-        # The first owner's fence (1) is not below the record's: lost, not a takeover.
-        assert await store.renew_reply(record, "o1", LEASE_MS, fence=1) == RECORD_LOST
-        assert await store.complete_reply(record, "o1", b"late", fence=1) == RECORD_LOST
+        # The record was created after the first owner's claim (its f0 is above the first
+        # owner's fence): lost, not a takeover.
+        fence = first.fence
+        assert await store.renew_reply(record, "o1", LEASE_MS, fence=fence) == RECORD_LOST
+        assert await store.complete_reply(record, "o1", b"late", fence=fence) == RECORD_LOST
         assert await store.snapshot(record) == before  # nothing written
 
     async def test_a_takeover_is_not_reported_as_a_lost_record(self, store: Both) -> None:
         record = store.record()
-        await store.claim(record, "fp1", owner="o1", heartbeat=False)
+        first = await store.claim(record, "fp1", owner="o1", heartbeat=False)
         await store.expire_lock(record)
-        assert await store.claim(record, "fp1", owner="o2", heartbeat=False) == Claimed(
-            "o2", 2, True
-        )
-        assert await store.renew_reply(record, "o1", LEASE_MS, fence=1) == 0
-        assert await store.complete_reply(record, "o1", b"late", fence=1) == 0
+        second = await store.claim(record, "fp1", owner="o2", heartbeat=False)
+        assert second == Claimed("o2", second.fence, True)
+        fence = first.fence  # below the record's, but the record is the one it claimed (f0)
+        assert await store.renew_reply(record, "o1", LEASE_MS, fence=fence) == 0
+        assert await store.complete_reply(record, "o1", b"late", fence=fence) == 0
         released = store.record("released")  # nor a release, nor a completion
-        await store.claim(released, owner="o1", heartbeat=False)
+        fence = (await store.claim(released, owner="o1", heartbeat=False)).fence
         await store.release(released, "o1")
-        assert await store.renew_reply(released, "o1", LEASE_MS, fence=1) == 0
-        assert await store.complete_reply(released, "o1", b"late", fence=1) == 0
+        assert await store.renew_reply(released, "o1", LEASE_MS, fence=fence) == 0
+        assert await store.complete_reply(released, "o1", b"late", fence=fence) == 0
+        # ...nor the release claimed again by another owner, whose fence is above ours too.
+        await store.claim(released, owner="o3", heartbeat=False)
+        assert await store.renew_reply(released, "o1", LEASE_MS, fence=fence) == 0
+        assert await store.complete_reply(released, "o1", b"late", fence=fence) == 0
         completed = store.record("completed")
-        await store.claim(completed, owner="o1", heartbeat=False)
+        fence = (await store.claim(completed, owner="o1", heartbeat=False)).fence
         await store.complete(completed, "o1", b"resp")
-        assert await store.renew_reply(completed, "o1", LEASE_MS, fence=1) == 0
-        assert await store.complete_reply(completed, "o1", b"resp", fence=1) == 1  # re-sent
+        assert await store.renew_reply(completed, "o1", LEASE_MS, fence=fence) == 0
+        assert await store.complete_reply(completed, "o1", b"resp", fence=fence) == 1  # re-sent
 
     async def test_a_completion_whose_record_vanished_writes_nothing(self, store: Both) -> None:
         # No half record: the fingerprint and fence went with the record, so a record made
@@ -347,11 +368,12 @@ class ScriptBehaviour:
 
     async def test_claim_waits_for_a_lapsing_lease(self, store: Both) -> None:
         record = store.record()
-        await store.claim(record, owner="o1", lease_ms=300, heartbeat=False)
+        first = await store.claim(record, owner="o1", lease_ms=300, heartbeat=False)
         decision = await store.claim(record, owner="o2", wait=10, heartbeat=False)
         # Either the first owner's lease lapsed while we polled (a takeover), or, on a very
         # slow machine, it had lapsed before our first poll: a takeover too. Never InFlight.
-        assert decision == Claimed("o2", 2, True)
+        assert decision == Claimed("o2", decision.fence, True)
+        assert decision.fence > first.fence
 
     async def test_claim_gives_up_waiting_after_the_wait(self, store: Both) -> None:
         record = store.record()

@@ -23,6 +23,9 @@ from tests._lease import lapse, lease_holder
 OWNERS = st.sampled_from(["o1", "o2", "o3"])
 FINGERPRINTS = st.sampled_from(["fp1", "fp2"])
 LEASE_MS = 60_000  # leases only lapse when a rule says so
+#: What the model answers for a claim's new fence: the script's comes from the server clock,
+#: so the machine checks it is above every fence before it and then keeps it (Model.fenced).
+NEW_FENCE = -1
 
 
 @dataclass
@@ -33,9 +36,17 @@ class Model:
     fp: str | None = None
     owner: str | None = None
     fence: int = 0
+    f0: int = 0  # the fence the record was created with
+    ro: str | None = None  # the owner that released it last
     resp: bytes | None = None
     lock: str | None = None
     takeover: bool = False
+
+    def fenced(self, fence: int) -> None:
+        """A new claim got ``fence``: above every fence the record handed out before."""
+        assert fence > self.fence
+        self.fence = fence
+        self.f0 = self.f0 or fence
 
     def claim(self, fp: str, owner: str) -> Decision:
         if self.state is not None and fp != self.fp:
@@ -49,25 +60,25 @@ class Model:
         if self.lock is not None:
             return InFlight(0)  # retry_after is checked separately
         self.takeover = self.state == "in_progress"
-        self.fence += 1
         self.state, self.fp, self.owner, self.lock = "in_progress", fp, owner, owner
-        return Claimed(owner, self.fence, self.takeover)
+        return Claimed(owner, NEW_FENCE, self.takeover)
 
     def complete(self, owner: str, resp: bytes) -> bool:
         if self.owner != owner:
             return False
         if self.state != "complete":
-            self.state, self.resp = "complete", resp
+            self.state, self.resp, self.ro = "complete", resp, None
             if self.lock == owner:
                 self.lock = None
         return True
 
     def release(self, owner: str) -> bool:
         if self.owner != owner or self.state != "in_progress":
-            return False
+            return self.ro == owner  # a re-sent release: released by this owner already
         if self.lock == owner:
             self.lock = None
         self.state = self.fp = self.owner = self.resp = None
+        self.ro = owner
         return True
 
     def renew(self, owner: str) -> bool:
@@ -107,6 +118,10 @@ class ScriptMachine(RuleBasedStateMachine):
         if isinstance(expected, InFlight):
             assert isinstance(actual, InFlight)
             assert 0 < actual.retry_after <= LEASE_MS / 1000
+        elif isinstance(expected, Claimed) and expected.fence == NEW_FENCE:
+            assert isinstance(actual, Claimed)
+            self.model.fenced(actual.fence)
+            assert actual == expected._replace(fence=actual.fence)
         else:
             assert actual == expected
 
@@ -145,6 +160,9 @@ class ScriptMachine(RuleBasedStateMachine):
         else:
             if model.fence:
                 expected[b"fence"] = str(model.fence).encode()
+                expected[b"f0"] = str(model.f0).encode()
+            if model.ro is not None:
+                expected[b"ro"] = model.ro.encode()
             for name in ("state", "fp", "owner"):
                 value = getattr(model, name)
                 if value is not None:

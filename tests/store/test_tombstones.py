@@ -1,7 +1,7 @@
 """Expired-key tombstones in the scripts (``Policy.expired_grace``), both stores, both backends.
 
-complete.lua with ``grace_ms`` writes ``{prefix}:{<d>}:gone``: the claim's fingerprint (16
-bytes) then the completion time in Unix ms, living retention + grace. claim.lua asked to read
+complete.lua with ``grace_ms`` writes ``{prefix}:{<d>}:gone``: the claim's whole fingerprint
+then the completion time in Unix ms (13 digits), living retention + grace. claim.lua asked to read
 it (``expired=True``) answers :class:`Expired` for the same fingerprint once the record is gone,
 :class:`Mismatch` for another, and writes nothing; a claim not asked ignores it.
 """
@@ -83,6 +83,25 @@ class TombstoneBehaviour:
         assert abs(decision.completed_at - time.time()) < 60
         assert await store.claim(store.record(), OTHER, owner="o3", expired=True) == Mismatch()
         assert await store.keys() == before  # nothing written: no claim, no lock
+
+    @pytest.mark.parametrize("fingerprint", [b"short", b"f" * 40, "a text fingerprint"])
+    async def test_a_fingerprint_of_any_length_is_answered_expired(
+        self, store: Both, fingerprint: bytes | str
+    ) -> None:
+        """store.claim takes any str or bytes: the tombstone keeps the whole fingerprint, so a
+        retry with the same one is told expired (not mismatch) whatever its length, and one
+        that only shares a prefix, or only extends it, is told mismatch."""
+        record = store.record()
+        assert isinstance(
+            await store.claim(record, fingerprint, owner="o1", heartbeat=False), Claimed
+        )
+        assert await store.complete(record, "o1", b"resp", ttl_ms=TTL_MS, grace_ms=GRACE_MS)
+        await store.delete(record.key)  # the record's own expiry, brought forward
+        decision = await store.claim(record, fingerprint, owner="o2", expired=True)
+        assert isinstance(decision, Expired)
+        assert abs(decision.completed_at - time.time()) < 60
+        for other in (fingerprint[:-1], fingerprint + fingerprint[:1], fingerprint[1:]):
+            assert await store.claim(record, other, owner="o3", expired=True) == Mismatch()
 
     async def test_a_claim_not_asked_ignores_the_tombstone(self, store: Both) -> None:
         key = await self.completed(store)
