@@ -30,6 +30,7 @@ from typing import Final, NamedTuple, cast
 
 import xxhash
 
+from ._origin import origin_text
 from .errors import InvalidKeyError, StoreError
 
 __all__ = [
@@ -156,11 +157,12 @@ def record_for(prefix: str, scope: str, method: str, route: str, key: str) -> Re
     )  # Record(digest, record_key, lock_key)
 
 
-def record_origin(scope: str, method: str, route: str) -> str:
-    """What a claim keeps of where its record comes from (field "i", see claim.lua): the
-    method, the route (or function name) and the scope, which the record's digest hides.
-    ``idemkey.store.status`` reads it back; the store prepends the claim's time."""
-    return f"{method} {route}\n{scope}"
+def record_origin(scope: str, method: str, route: str, key: str | None = None) -> str:
+    """What a claim keeps of where its record comes from (fields "i", "i1", ..., see
+    claim.lua): the method, the route (or function name), the scope and, unless ``key`` is
+    None, the key the client sent, escaped (:mod:`idemkey._origin`): what the record's digest
+    hides. ``idemkey.store.status`` reads it back; the store prepends the claim's time."""
+    return origin_text(scope, method, route, key)
 
 
 def fingerprint(

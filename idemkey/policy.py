@@ -160,6 +160,15 @@ class Policy:
     #: no body): a retry inside the grace is answered 410 ``key_expired`` instead of running
     #: again. 0 (default): no tombstone, no extra key or write. HTTP adapters only.
     expired_grace: float = 0.0
+    #: Keep the key a client sent, escaped, in the records that are not complete (in progress,
+    #: lapsed, released), beside the route, scope and claim time, so ``idemkey list``,
+    #: ``idemkey inspect`` and the console name them. False: records keep only their digest
+    #: (and the route, scope and time), never the key (docs/operators.md#what-records-keep).
+    keep_keys: bool = True
+    #: Keep that origin (the key, unless ``keep_keys=False``) in completed records too, for
+    #: the retention ``ttl``. Costs a completed record 64 bytes or more, past its memory goal
+    #: (384 B for a 100 B answer without it), so it is off by default. Read at completion.
+    keep_key_after_completion: bool = False
     #: ``lease`` and ``ttl`` in whole milliseconds, as the scripts take them (derived, computed
     #: once here rather than on every call).
     lease_ms: int = field(init=False, repr=False, compare=False)

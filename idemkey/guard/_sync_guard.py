@@ -92,7 +92,14 @@ class Guard(GuardState[T]):
         """Complete the record with the saved result, or release it when nothing was saved."""
         if saved is None:
             return self.store.release(self.record, owner)
-        return self.store.complete(self.record, owner, saved, ttl_ms=self.policy.ttl_ms)
+        policy = self.policy
+        return self.store.complete(
+            self.record,
+            owner,
+            saved,
+            ttl_ms=policy.ttl_ms,
+            keep_origin=policy.keep_key_after_completion,
+        )
 
 
 # Overloads so that ``result_type=Receipt`` gives a ``Call[Receipt]`` and no result_type a
