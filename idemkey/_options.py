@@ -229,6 +229,7 @@ _CONVERTERS: Final[dict[str, Callable[[object, str], Any]]] = {
     "expired_grace": _at_least_zero,
     "keep_keys": _flag,
     "keep_key_after_completion": _flag,
+    "mark_retryable": _flag,
 }
 
 
