@@ -30,7 +30,6 @@ from typing import Final, NamedTuple, cast
 
 import xxhash
 
-from ._origin import origin_text
 from .errors import InvalidKeyError, StoreError
 
 __all__ = [
@@ -160,8 +159,10 @@ def record_for(prefix: str, scope: str, method: str, route: str, key: str) -> Re
 def record_origin(scope: str, method: str, route: str, key: str | None = None) -> str:
     """What a claim keeps of where its record comes from (fields "i", "i1", ..., see
     claim.lua): the method, the route (or function name), the scope and, unless ``key`` is
-    None, the key the client sent, escaped (:mod:`idemkey._origin`): what the record's digest
+    None, the key the client sent, escaped (:mod:`idemkey.store._origin`): what the record's digest
     hides. ``idemkey.store.status`` reads it back; the store prepends the claim's time."""
+    from .store._origin import origin_text  # here: the store's package imports this module
+
     return origin_text(scope, method, route, key)
 
 
