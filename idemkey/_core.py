@@ -156,15 +156,18 @@ def record_for(prefix: str, scope: str, method: str, route: str, key: str) -> Re
     )  # Record(digest, record_key, lock_key)
 
 
-def record_origin(scope: str, method: str, route: str) -> str:
-    """What a claim keeps of where its record comes from (field "i", see claim.lua): the
-    method, the route (or function name) and the scope, which the record's digest hides.
-    ``idemkey.store.status`` reads it back; the store prepends the claim's time.
+def record_origin(scope: str, method: str, route: str, key: str | None = None) -> str:
+    """What a claim keeps of where its record comes from (fields "i", "i1", ..., see
+    claim.lua): the method, the route (or function name), the scope and, unless ``key`` is
+    None, the key the client sent, escaped (:mod:`idemkey.store._origin`): what the record's
+    digest hides. ``idemkey.store.status`` reads it back; the store prepends the claim's time.
 
-    Text only: a lone surrogate (a scope or route the caller made from bytes) is written
-    escaped, as the client's strict UTF-8 encoding could not send it (the record's name
-    encodes it with ``surrogatepass``, so the record itself is unchanged)."""
-    origin = f"{method} {route}\n{scope}"
+    Text only: a lone surrogate in the route or scope (made from bytes) is written escaped, as
+    the client's strict UTF-8 encoding could not send it (the record's name encodes it with
+    ``surrogatepass``, so the record itself is unchanged)."""
+    from .store._origin import origin_text  # here: the store's package imports this module
+
+    origin = origin_text(scope, method, route, key)
     if origin.isascii():
         return origin
     return origin.encode("utf-8", "backslashreplace").decode("utf-8")

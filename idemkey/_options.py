@@ -232,6 +232,9 @@ _CONVERTERS: Final[dict[str, Callable[[object, str], Any]]] = {
     "retention_header": _optional(_header),
     "mark_first_responses": _flag,
     "expired_grace": _at_least_zero,
+    "keep_keys": _flag,
+    "keep_key_after_completion": _flag,
+    "mark_retryable": _flag,
 }
 
 

@@ -4,6 +4,8 @@
 ``<!-- install [flask] uvicorn -->`` becomes the install lines, written once in
 docs/snippets/install.md: a checkout (``git clone`` of :data:`REPOSITORY`, then ``pip install -e
 '.[flask]' uvicorn``), and the published form for when it exists.
+``<!-- project-line -->`` becomes the version, the install line and the repository
+(:func:`project_line`).
 ``<!-- policy-fields -->`` becomes a table of every :class:`idemkey.Policy` option
 (``dataclasses.fields``: name, type, default; derived fields left out) with its meaning, the
 ``#:`` comment above the field in idemkey/policy.py. ``<!-- problem-codes -->`` becomes the
@@ -223,6 +225,32 @@ def on_config(config: Any, **_: Any) -> Any:
     return config
 
 
+def _toml_string(text: str, table: str, key: str) -> str | None:
+    """The string ``key = "..."`` in ``[table]`` of a TOML text, None when it has none."""
+    body = re.search(rf"^\[{re.escape(table)}\]\n(.*?)(?=^\[|\Z)", text, re.M | re.S)
+    found = body and re.search(rf'^{re.escape(key)}\s*=\s*"([^"]*)"', body[1], re.M)
+    return found[1] if found else None
+
+
+def project_line(pyproject: str | None = None) -> str:
+    """The home page's first facts: the version (pyproject.toml's, the one the package reports
+    once installed), the install line from a checkout, and the repository when
+    ``[project.urls]`` names one."""
+    text = (ROOT / "pyproject.toml").read_text("utf-8") if pyproject is None else pyproject
+    # Read with two patterns, not tomllib: the docs tests also run on Python 3.10.
+    name, version = (_toml_string(text, "project", key) for key in ("name", "version"))
+    if not (name and version):
+        raise ValueError("pyproject.toml names no [project] name and version")
+    urls = (_toml_string(text, "project.urls", k) for k in ("Repository", "Source", "Homepage"))
+    repository = next((url for url in urls if url), None)
+    where = f" · [repository]({repository})" if repository else ""
+    return (
+        f"**{name} {version}**{where} · install from a checkout: "
+        "`pip install -e '.[flask]'` (the extra for your framework; "
+        "[Getting started](getting-started.md#install))"
+    )
+
+
 OUTSIDE_DOCS = re.compile(r"\[([^\]]+)\]\(\.\./([^)#\s]+)(?:#[^)\s]*)?\)")
 
 
@@ -233,6 +261,8 @@ def on_page_markdown(markdown: str, **_: Any) -> str:
     markdown = expand_install(markdown)
     if "<!-- readme-pitch -->" in markdown:
         markdown = markdown.replace("<!-- readme-pitch -->", readme_pitch())
+    if "<!-- project-line -->" in markdown:
+        markdown = markdown.replace("<!-- project-line -->", project_line())
     if "<!-- policy-fields -->" in markdown:
         markdown = markdown.replace("<!-- policy-fields -->", policy_table())
     if "<!-- problem-codes -->" in markdown:

@@ -58,7 +58,9 @@ def timed_post(app: Flask, bound: float, unblock: Any) -> tuple[Any, float]:
 
 @pytest.mark.redis
 def test_stripe_errors_and_the_client_run_as_printed(private_redis_server: RedisServer) -> None:
-    answers, stripe, client = run_page("docs/behaviour.md", private_redis_server.url)
+    answers, sdks, stripe, client = run_page("docs/behaviour.md", private_redis_server.url)
+    # The generated-SDK section's policy: waits, and marks the retryable problems.
+    assert (sdks["policy"].wait, sdks["policy"].mark_retryable) == (5.0, True)
     store = RedisStore(client["client"], stripe["policy"])  # the page's client, its policy
     app = charges(store).test_client()
     try:
@@ -97,7 +99,7 @@ def test_the_page_client_gets_503_at_once_when_redis_refuses(
     private_redis_server: RedisServer,
 ) -> None:
     server = private_redis_server
-    _, _, client = run_page("docs/behaviour.md", server.url)
+    *_, client = run_page("docs/behaviour.md", server.url)
     server.stop()  # its port now refuses connections
     app = charges(client["store"])
     try:
@@ -115,7 +117,7 @@ def test_the_page_client_gets_503_in_about_a_second_when_redis_hangs(
     private_redis_server: RedisServer,
 ) -> None:
     server = private_redis_server
-    _, _, client = run_page("docs/behaviour.md", server.url)
+    *_, client = run_page("docs/behaviour.md", server.url)
     server.pause()  # accepts connections, never answers
     app = charges(client["store"])
     try:

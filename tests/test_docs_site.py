@@ -126,3 +126,38 @@ def test_the_reference_pages_render_every_entry_point_and_are_in_the_nav() -> No
     names = set(re.split(r"[\s,]+", rendered))
     shown = names | {name.rsplit(".", 1)[-1] for name in names}
     assert [name for name in ENTRY_POINTS if name not in shown] == []
+
+
+def test_the_home_page_names_the_version_the_install_line_and_the_repository() -> None:
+    pyproject = (ROOT / "pyproject.toml").read_text("utf-8")
+    version = re.search(r'^version = "(.+)"', pyproject, re.M)[1]  # type: ignore[index]
+    line = hooks.project_line()
+    assert f"**idemkey-redis {version}**" in line
+    assert "pip install -e '.[flask]'" in line
+    assert "<!-- project-line -->" in (ROOT / "docs/index.md").read_text("utf-8")
+    urls = '[project]\nname = "idemkey-redis"\nversion = "9.9"\n[project.urls]\n'
+    with_url = hooks.project_line(urls + 'Repository = "https://example.org/idemkey"\n')
+    assert "[repository](https://example.org/idemkey)" in with_url
+
+
+def _blocks(page: str, language: str) -> list[str]:
+    text = (ROOT / "docs" / page).read_text("utf-8")
+    return re.findall(rf"```{language}\n(.*?)```", text, re.S)
+
+
+def test_the_fastapi_sample_fits_its_box() -> None:
+    # Its longest line overflowed the code box at 1280 px (93 characters); 80 fit.
+    lines = [line for block in _blocks("fastapi.md", "python") for line in block.splitlines()]
+    assert max(map(len, lines)) <= 80
+
+
+def test_one_redis_version_and_a_loopback_server_on_every_page() -> None:
+    pages = sorted((ROOT / "docs").glob("*.md"))
+    for page in pages:
+        text = page.read_text("utf-8")
+        assert "6.2+" not in text, page.name  # the supported servers: Redis 7.0+ and Valkey 9
+        for block in _blocks(page.name, "bash"):
+            for line in block.splitlines():
+                if line.startswith("redis-server"):
+                    assert "--bind 127.0.0.1" in line, (page.name, line)
+                    assert "redis-cli -h 127.0.0.1 -p 6379 ping" in block, page.name

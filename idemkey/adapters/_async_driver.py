@@ -110,6 +110,7 @@ class AsyncDriver:
                     plan.stored,
                     ttl_ms=policy.ttl_ms,
                     grace_ms=policy.grace_ms,
+                    keep_origin=policy.keep_key_after_completion,
                 )
             else:
                 ok = await self.store.release(exchange.record, exchange.owner)

@@ -135,7 +135,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; returns the exit code (the console script exits with it)."""
     parser = build_parser()
     out = sys.stdout
-    argv = list(sys.argv[1:] if argv is None else argv)
+    argv = bench.suite_arguments(parser, list(sys.argv[1:] if argv is None else argv))
     try:
         args = parser.parse_args(argv)
     except UsageError as exc:

@@ -14,6 +14,7 @@ from ..guard import GUARD_METHOD
 from ..guard._failures import is_failure, read_failure
 from ..http._messages import Headers, Request
 from ..http._scope import NO_CREDENTIALS, credential_scope
+from ..store._origin import ORIGIN_FIELDS, decode_origin, escape_key
 from ..store.diagnostics import _text as text
 from ..store.status import lease_left_ms, server_ms
 from ._base import CliError
@@ -169,6 +170,10 @@ class RecordView:
     error: str = ""
     #: The finished steps (recovery points) a record in progress or released keeps.
     steps: list[str] = field(default_factory=list)
+    #: Where it comes from and the client's key (escaped), from the origin the claim kept;
+    #: "" when none was kept (docs/operators.md#what-records-keep).
+    origin: str = ""
+    client_key: str = ""
 
 
 def read_record(client: Any, record: Record, *, guard: bool | None = None) -> RecordView:
@@ -206,6 +211,12 @@ def read_record(client: Any, record: Record, *, guard: bool | None = None) -> Re
     if at.isdigit():
         stamp = datetime.fromtimestamp(int(at) / 1000, tz=timezone.utc)
         view.at = stamp.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    origin = decode_origin([get(name) for name in ORIGIN_FIELDS])
+    # Route and scope may come from a request (a path, a tenant header): printed escaped too.
+    view.origin = f"{escape_key(origin.method)} {escape_key(origin.route)}".strip()
+    if origin.scope:
+        view.origin += f" [{escape_key(origin.scope)}]"
+    view.client_key = origin.key + ("..." if origin.cut else "")
     stored = get("resp")
     if isinstance(stored, bytes) and stored:
         _decode_stored(view, stored, guard)
@@ -254,6 +265,10 @@ def _decode_stored(view: RecordView, stored: bytes, guard: bool | None) -> None:
 
 def show_record(view: RecordView, out: IO[str]) -> None:
     rows: list[tuple[str, str]] = [("record", view.record), ("state", view.state)]
+    if view.client_key:
+        rows.append(("key", view.client_key))
+    if view.origin:
+        rows.append(("origin", view.origin))
     rows.append(("owner", shorten(view.owner) if view.owner else "-"))
     rows.append(("fence", str(view.fence) if view.fence is not None else "-"))
     lease = "none (no live claim)" if view.lease_ms == -2 else duration(view.lease_ms) + " left"

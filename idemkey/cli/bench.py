@@ -71,6 +71,35 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("rest", nargs=argparse.REMAINDER, help="arguments for the suite")
 
 
+def _options(parser: argparse.ArgumentParser) -> dict[str, bool]:
+    """Each option string of ``parser`` -> whether it takes a value."""
+    return {
+        name: action.nargs != 0
+        for action in parser._actions  # argparse keeps no public list of them
+        for name in action.option_strings
+    }
+
+
+def suite_arguments(parser: argparse.ArgumentParser, argv: list[str]) -> list[str]:
+    """``argv`` with ``--`` put where the suite's arguments begin after ``bench``: at its first
+    argument that is none of bench's own options, so ``idemkey bench --quick`` is
+    ``idemkey bench -- --quick`` (argparse would refuse ``--quick`` as bench's own). Any other
+    command line comes back as it was."""
+    top, i = _options(parser), 0
+    while i < len(argv) and argv[i].startswith("-") and argv[i] != "--":
+        i += 2 if top.get(argv[i]) else 1  # a global option, and its value if it takes one
+    if i >= len(argv) or argv[i] != "bench":
+        return argv
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    own, j = _options(sub.choices["bench"]), i + 1
+    while j < len(argv) and argv[j] != "--":
+        name = argv[j].split("=", 1)[0]
+        if name not in own:
+            return [*argv[:j], "--", *argv[j:]]
+        j += 2 if own[name] and "=" not in argv[j] else 1
+    return argv
+
+
 def run(args: argparse.Namespace, out: IO[str]) -> int:
     root = checkout()
     if root is None:

@@ -9,12 +9,15 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
+import shlex
 from dataclasses import asdict
 from datetime import datetime, timezone
 from typing import IO, Any, Final
 
 from ..policy import Policy
 from ..store import STATES, RecordStatus, RedisStore
+from ..store._origin import escape_key
 from ..store.uncertain import UncertainEntry
 from ._base import CliError, print_json
 from ._format import compact_seconds
@@ -23,6 +26,10 @@ from .stats import _Progress as Progress
 
 HELP: Final = "list records with their state, lease, age and steps (SCAN, never KEYS)"
 SCAN_COUNT: Final = 1000
+#: How many keys per server the hint of other prefixes looks at, at most (a bounded SCAN).
+HINT_SCAN_KEYS: Final = 20_000
+#: A record's name: ``{prefix}:{<32 hex digits>}`` (not its locks, streams or tombstones).
+_RECORD_NAME: Final = re.compile(rb"(.+):\{[0-9a-f]{32}\}")
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -47,22 +54,31 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 COLUMNS: Final = (
     f"{'STATE':<12} {'AGE':>6} {'LEASE':>6} {'TTL':>6} {'FENCE':>16}  {'ORIGIN':<32} STEPS  RECORD"
+    "  KEY"
 )
 
 
 def row(status: RecordStatus) -> str:
-    """One line of ``idemkey list``: state, age, lease and TTL left, fence, origin, steps."""
-    origin = f"{status.method} {status.route}".strip() or "-"
+    """One line of ``idemkey list``: state, age, lease and TTL left, fence, origin, steps,
+    record digest and the client's key (escaped: printable, no white space), "-" when not
+    kept."""
+    # Route and scope may come from a request (a path, a tenant header): printed escaped.
+    origin = f"{escape_key(status.method)} {escape_key(status.route)}".strip() or "-"
     if status.scope:
-        origin += f" [{status.scope[:12]}]"
+        origin += f" [{escape_key(status.scope)[:12]}]"
     # A fence is the server clock in µs at least (16 digits): the column fits one.
     fence = str(status.fence) if status.fence is not None else "-"
     steps = ",".join(status.steps) or "-"
     age, lease, ttl = (compact_seconds(s) for s in (status.age, status.lease_left, status.ttl_left))
     return (
         f"{status.state:<12} {age:>6} {lease:>6} "
-        f"{ttl:>6} {fence:>16}  {origin:<32} {steps}  {status.digest}"
+        f"{ttl:>6} {fence:>16}  {origin:<32} {steps}  {status.digest}  {shown_key(status)}"
     )
+
+
+def shown_key(status: RecordStatus) -> str:
+    """The client's key as printed: escaped as kept, "..." after a cut one, "-" for none."""
+    return status.client_key + ("..." if status.key_cut else "") if status.client_key else "-"
 
 
 def _records(args: argparse.Namespace, store: RedisStore, progress: Progress) -> Any:
@@ -97,6 +113,35 @@ def show_uncertain(entries: list[UncertainEntry], prefix: str, out: IO[str]) -> 
         out.write(f"    means: {entry.meaning}\n    do: {entry.action}\n")
 
 
+def other_prefixes(nodes: list[tuple[str, Any]], prefix: str) -> list[str]:
+    """The prefixes other than ``prefix`` that hold records, sorted, from a SCAN of at most
+    :data:`HINT_SCAN_KEYS` keys per server (so a large keyspace may hide some)."""
+    found: set[str] = set()
+    for _, client in nodes:
+        cursor, seen = 0, 0
+        while True:
+            cursor, keys = client.scan(cursor, match="*:{*}", count=SCAN_COUNT)
+            seen += SCAN_COUNT
+            for key in keys:
+                name = _RECORD_NAME.fullmatch(key if isinstance(key, bytes) else key.encode())
+                if name is not None:
+                    found.add(name[1].decode("utf-8", "replace"))
+            if int(cursor) == 0 or seen >= HINT_SCAN_KEYS:
+                break
+    found.discard(prefix)
+    return sorted(found)
+
+
+def _hint(prefixes: list[str]) -> str:
+    if not prefixes:
+        return "no other prefix holds records either (SCAN of at most 20 000 keys per server)\n"
+    shown = ", ".join(json.dumps(p) for p in prefixes[:10])
+    more = f" and {len(prefixes) - 10} more" if len(prefixes) > 10 else ""
+    first = prefixes[0]  # stored data: printed quoted, no control character reaches a terminal
+    named = shlex.quote(first) if first.isprintable() else json.dumps(first)
+    return f"records are kept under other prefixes: {shown}{more} (idemkey --prefix {named} list)\n"
+
+
 def run(args: argparse.Namespace, out: IO[str]) -> int:
     if args.limit is not None and args.limit < 1:
         raise CliError("--limit must be >= 1", 2)
@@ -126,8 +171,15 @@ def run(args: argparse.Namespace, out: IO[str]) -> int:
                 out.write(row(status) + "\n")
             count += 1
         progress.done()
+        # Nothing under the prefix at all (no filter hid them): name the prefixes that hold
+        # records, as a Flask app's "payments" stays hidden behind the default prefix.
+        filtered = args.state or args.route or args.scope or args.method
+        hint = None if count or filtered else other_prefixes(server.nodes, args.prefix)
         if args.json:
-            out.write(f'{chr(10) if count else ""}], "count": {count}}}\n')
+            extra = "" if hint is None else f', "other_prefixes": {json.dumps(hint)}'
+            out.write(f'{chr(10) if count else ""}], "count": {count}{extra}}}\n')
         elif not count:
             out.write(f'no record under prefix "{args.prefix}" matches\n')
+            if hint is not None:
+                out.write(_hint(hint))
     return 0

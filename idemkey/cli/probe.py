@@ -163,6 +163,13 @@ def plan_from(args: argparse.Namespace) -> tuple[Target, Plan, str]:
             raise CliError("--edit must differ from the request body", 2)
     else:
         derived = derive_edit(body)
+        if derived is None and not body:
+            raise CliError(
+                "no request body was given: give -d BODY (or --data-file), the JSON a client "
+                "sends, and the probe derives the changed request for check 3 from it (or give "
+                "--edit BODY)",
+                2,
+            )
         if derived is None:
             raise CliError(
                 "give --edit BODY (a changed request for check 3): none can be derived from "

@@ -8,7 +8,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Final
 
 from ..store import STATES, RecordStatus, RedisStore
-from ..store.uncertain import UncertainEntry
+from ..store.uncertain import UncertainEntry, action_now
 
 __all__ = ["MAX_LISTED", "Snapshot", "snapshot"]
 
@@ -31,6 +31,20 @@ class Snapshot:
     stepped: list[RecordStatus] = field(default_factory=list)
     uncertain: list[UncertainEntry] = field(default_factory=list)
     truncated: bool = False
+    #: The state now of each uncertain entry's record (by digest; absent: gone).
+    now: dict[str, str] = field(default_factory=dict)
+
+    def state_now(self, entry: UncertainEntry) -> str:
+        """The entry's record's state now, "gone" when it expired or was forgotten."""
+        return self.now.get(entry.digest, "gone")
+
+    def _entry(self, e: UncertainEntry) -> dict[str, Any]:
+        now = {"action": self.action_now(e), "state_now": self.state_now(e)}
+        return {**asdict(e), "meaning": e.meaning, **now}
+
+    def action_now(self, entry: UncertainEntry) -> str:
+        """What to do about ``entry`` given its record's state now (``action_now``)."""
+        return action_now(entry.kind, self.now.get(entry.digest))
 
     @property
     def total(self) -> int:
@@ -45,9 +59,7 @@ class Snapshot:
             "routes": [{"route": route, "counts": counts} for route, counts in self.routes],
             "active": [asdict(s) for s in self.active],
             "released_with_steps": [asdict(s) for s in self.stepped],
-            "uncertain": [
-                {**asdict(e), "meaning": e.meaning, "action": e.action} for e in self.uncertain
-            ],
+            "uncertain": [self._entry(e) for e in self.uncertain],
             "truncated": self.truncated,
         }
 
@@ -67,7 +79,14 @@ def snapshot(store: RedisStore) -> Snapshot:
     active: list[RecordStatus] = []
     stepped: list[RecordStatus] = []
     truncated = False
+    # The uncertain entries first: the scan below also reads their records' states now, so
+    # their advice follows what happened since (a retry that completed one, say).
+    uncertain = store.uncertain(limit=MAX_UNCERTAIN)
+    wanted = {entry.digest for entry in uncertain}
+    now: dict[str, str] = {}
     for status in store.records():
+        if status.digest in wanted:
+            now[status.digest] = status.state
         counts[status.state] += 1
         by_route.setdefault(_origin(status), Counter())[status.state] += 1
         if status.state in ("in_progress", "lapsed"):
@@ -93,6 +112,7 @@ def snapshot(store: RedisStore) -> Snapshot:
         routes=routes,
         active=active,
         stepped=stepped,
-        uncertain=store.uncertain(limit=MAX_UNCERTAIN),
+        uncertain=uncertain,
         truncated=truncated,
+        now=now,
     )

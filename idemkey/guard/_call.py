@@ -424,7 +424,8 @@ class GuardState(Generic[T]):
     @property
     def origin(self) -> str:
         """Where the record comes from, kept in it for ``store.records()`` (record_origin)."""
-        return record_origin(self.scope, GUARD_METHOD, self.name)
+        key = self.key if self.policy.keep_keys else None
+        return record_origin(self.scope, GUARD_METHOD, self.name, key)
 
     def enter(self, decision: Decision, seconds: float) -> Call[T]:
         """The Call for a claim or a replay; raises for a mismatch or a request in flight."""

@@ -28,6 +28,7 @@ HTTP_ONLY_FIELDS: Final = (
     "retention_header",
     "mark_first_responses",
     "expired_grace",
+    "mark_retryable",
 )
 _DEFAULTS: Final = Policy()
 

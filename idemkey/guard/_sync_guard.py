@@ -100,7 +100,7 @@ class Guard(GuardState[T]):
         """Complete the record with the saved result, or release it when nothing was saved."""
         if saved is None:
             return self.store.release(self.record, owner)
-        call, effects = self.call, self.store.effects
+        call, effects, policy = self.call, self.store.effects, self.policy
         if effects is not None and call is not None and call._unrecorded:
             fence = call._unrecorded.get(None)
             if fence is not None:  # its fenced row committed before the result was saved
@@ -108,7 +108,13 @@ class Guard(GuardState[T]):
                     effects.record(self.record, None, fence, saved)
                 except StoreError as exc:  # Redis still gets it: only a later loss is exposed
                     logger.warning("idemkey: result not recorded with its effect: %s", exc)
-        return self.store.complete(self.record, owner, saved, ttl_ms=self.policy.ttl_ms)
+        return self.store.complete(
+            self.record,
+            owner,
+            saved,
+            ttl_ms=policy.ttl_ms,
+            keep_origin=policy.keep_key_after_completion,
+        )
 
 
 # Overloads so that ``result_type=Receipt`` gives a ``Call[Receipt]`` and no result_type a

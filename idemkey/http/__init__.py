@@ -218,6 +218,7 @@ class Exchange:
     __slots__ = (
         "_fingerprint",
         "_head",
+        "_key",
         "_limit",
         "_scope",
         "call",
@@ -237,6 +238,7 @@ class Exchange:
         self.policy = policy
         self.request = request
         self._scope = scope
+        self._key = key
         self.record: Record = record_for(
             policy.prefix, scope, request.method, request.route or request.path, key
         )
@@ -260,7 +262,8 @@ class Exchange:
     def origin(self) -> str:
         """Where the record comes from, kept in it for ``store.records()`` (record_origin)."""
         request = self.request
-        return record_origin(self._scope, request.method, request.route or request.path)
+        key = self._key if self.policy.keep_keys else None
+        return record_origin(self._scope, request.method, request.route or request.path, key)
 
     # Each transition looks up its (state, transition) pair once: ``TRANSITIONS.get(...) or
     # self._refuse(transition)`` gives the next state or raises, and the state moves only once

@@ -66,6 +66,15 @@ RETRY: Final[dict[str, RetryAdvice]] = {
 }
 
 
+#: The problems ``Policy.mark_retryable`` marks with :data:`SHOULD_RETRY`: the ones a retry
+#: with the same key resolves by itself (the first call finishes; the store comes back).
+MARKED_RETRYABLE: Final = frozenset({"in_flight", "store_unavailable"})
+#: The header Stainless-generated clients obey before their own status rules (which retry
+#: 408, 429 and 5xx, never a 409): ``true`` makes them retry after ``Retry-After``, with the
+#: same key.
+SHOULD_RETRY: Final = ("x-should-retry", "true")
+
+
 def retention_seconds(ttl: float) -> int:
     """``Policy.ttl`` as the ``retention`` member and header say it: whole seconds, rounded
     down, so a client never counts on a key longer than it is honoured."""
@@ -141,6 +150,9 @@ class Renders(Protocol):
     @property
     def retention_header(self) -> str | None: ...
 
+    @property
+    def mark_retryable(self) -> bool: ...
+
 
 def render(
     policy: Renders, status: int, code: str, detail: str, headers: Iterable[tuple[str, str]] = ()
@@ -152,6 +164,8 @@ def render(
     """
     renderer = policy.render_problem
     retention = retention_seconds(policy.ttl)
+    if policy.mark_retryable and code in MARKED_RETRYABLE:
+        headers = [*headers, SHOULD_RETRY]
     if policy.retention_header is not None:
         headers = [*headers, (policy.retention_header, str(retention))]
     if renderer is None:

@@ -14,10 +14,13 @@
 --                        {prefix}:{<digest>}:gone (KEYS[1] .. ":gone", the same slot), a string
 --                        of the whole fingerprint then the completion time (Unix ms, 13
 --                        digits), written by complete.lua; read only when the record is gone
--- ARGV[7]  origin        optional; "<claimed at, unix ms> <method> <route>\n<scope>", kept in
---                        field "i" from a fresh claim on (release leaves it, complete drops
---                        it), so store.records() can filter and age the records that are not
---                        complete, which their digest cannot name
+-- ARGV[7]  origin        optional; "<claimed at, unix ms> <method> <route>\n<scope>", then
+--                        "\nk:<escaped key>;" unless Policy(keep_keys=False) (idemkey/store/_origin.py),
+--                        kept in fields "i", "i1" ... "i15", 64 bytes each at most (a longer
+--                        value would make the hash a hash table for good; cut after 1 KiB),
+--                        from a fresh claim on (release leaves them, complete drops them
+--                        unless told to keep them), so store.records() can filter, age and
+--                        name the records, which their digest cannot
 --
 -- Wake-up: a fresh claim of a record that existed deletes {prefix}:{<digest>}:done
 --          (KEYS[1] .. ":done", the same slot), see complete.lua.
@@ -30,9 +33,11 @@
 -- server's clock), fence (below), f0 (the fence the record was created with: renew.lua and
 -- complete.lua tell by it a record claimed afresh after ours vanished), tk = 1
 -- when the claim took over a lapsed one (a re-sent claim must answer the same), and "ns" /
--- "s:<name>", the count and results of finished steps (checkpoint.lua), "i" the origin (ARGV[7]).
+-- "s:<name>", the count and results of finished steps (checkpoint.lua), "i", "i1", ... the
+-- origin (ARGV[7]).
 -- Released: fence and f0, plus fp and the steps when there are steps (the key stays bound to its
--- payload), and "ro", the releasing owner (release.lua). Complete (written by complete.lua): only resp, and fp followed by the 12-character
+-- payload), and "ro", the releasing owner (release.lua). Complete (written by complete.lua): only
+-- resp, and fp followed by the 12-character
 -- tag of the completing owner.
 -- Records written before 0.2 may hold a 32-hex fp, and state = "complete" with the full owner,
 -- fence, tk and "at": both are read here as before. Reading 0.1 records: remove in 0.4.
@@ -179,7 +184,19 @@ else
     fields[#fields + 1], fields[#fields + 2] = "f0", text
   end
   if ARGV[7] then
-    fields[#fields + 1], fields[#fields + 2] = "i", ARGV[7]
+    -- The origin in pieces of 64 bytes ("i", "i1", ...; idemkey/store/_origin.py). A record claimed
+    -- before drops the pieces of its earlier origin first, which may have been longer.
+    if record[2] then
+      redis.call("HDEL", KEYS[1], "i", "i1", "i2", "i3", "i4", "i5", "i6", "i7", "i8", "i9",
+        "i10", "i11", "i12", "i13", "i14", "i15")
+    end
+    for n = 0, 15 do
+      local piece = string.sub(ARGV[7], n * 64 + 1, n * 64 + 64)
+      if piece == "" then
+        break
+      end
+      fields[#fields + 1], fields[#fields + 2] = n == 0 and "i" or "i" .. n, piece
+    end
   end
   redis.call("HSET", KEYS[1], unpack(fields))
   redis.call("PEXPIRE", KEYS[1], tonumber(ARGV[4]))

@@ -15,6 +15,8 @@
 --                        (Policy.expired_grace; claim.lua answers it). pcall: a node serving
 --                        a migrating slot refuses a key it does not hold, and the response
 --                        must be stored all the same; a record completed then has none
+-- ARGV[7]  keep_origin   optional; "1": keep the origin claim.lua kept (fields "i", "i1" ...,
+--                        with the client's key; Policy.keep_key_after_completion)
 --
 -- Wake-up: when record field "w" is set, also writes the stream {prefix}:{<digest>}:done
 --          (KEYS[1] .. ":done", the same slot), see the end of this script.
@@ -30,9 +32,9 @@
 -- random bits of one of idemkey's owners. The claim's fields, the finished steps, the step
 -- attempt counts ("na", "a:<name>", attempt.lua) and the lease go: a replay needs only the
 -- response. Without "state", a record is complete when it has "resp".
--- "i", the origin claim.lua kept (when and where from), goes too: it would cost a completed
--- record 64 bytes, past its memory goal (docs/design.md), and an operator looks for the
--- records that are not complete.
+-- "i", "i1" ..., the origin claim.lua kept (when and where from, and the client's key), go too
+-- unless ARGV[7] says keep them: they would cost a completed record 64 bytes or more, past its
+-- memory goal (docs/design.md), and an operator looks for the records that are not complete.
 --
 -- The record is never deleted and created again (it keeps "fp" throughout): in a cluster slot
 -- being migrated, a script may only touch keys that exist, so re-creating it would fail
@@ -62,9 +64,15 @@ if record[1] == ARGV[1] and record[2] == "in_progress" then
   -- They go while the hash is still a small listpack: deleted after the response turned it into
   -- a hash table, they would leave that table at twice the slots, 32 bytes more per record, as
   -- Redis does not shrink it.
-  -- "w": the waiters' mark (below) goes with them, and "i", the claim's origin.
-  -- "f0" (claim.lua) and "ro" (release.lua) go with the fence.
-  redis.call("HDEL", KEYS[1], "state", "owner", "lease", "fence", "f0", "ro", "tk", "at", "w", "i")
+  -- "w": the waiters' mark (below) goes with them, and "i", "i1" ..., the claim's origin,
+  -- unless ARGV[7] says keep it. "f0" (claim.lua) and "ro" (release.lua) go with the fence.
+  if ARGV[7] == "1" then
+    redis.call("HDEL", KEYS[1], "state", "owner", "lease", "fence", "f0", "ro", "tk", "at", "w")
+  else
+    redis.call("HDEL", KEYS[1], "state", "owner", "lease", "fence", "f0", "ro", "tk", "at", "w",
+      "i", "i1", "i2", "i3", "i4", "i5", "i6", "i7", "i8", "i9", "i10", "i11", "i12", "i13", "i14",
+      "i15")
+  end
   if record[4] or record[6] then  -- finished steps, attempt counts: their fields go too
     local fields = redis.call("HKEYS", KEYS[1])
     for i = 1, #fields do

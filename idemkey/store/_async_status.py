@@ -58,7 +58,7 @@ async def read_statuses(client: Any, keys: Sequence[bytes | str]) -> list[Record
         rows.append((key, fields, int(ttl)))
         if fields[4] is not None:  # "ns": finished steps, named by their fields
             stepped.append(key)
-        if fields[0] == b"in_progress" and fields[6] is None:
+        if fields[0] == b"in_progress" and fields[5] is None:
             legacy.append(key)  # a claim written by 0.2 keeps its lease in a lock string
     names: dict[bytes | str, list[bytes]] = {}
     locks: dict[bytes | str, object] = {}
@@ -74,7 +74,7 @@ async def read_statuses(client: Any, keys: Sequence[bytes | str]) -> list[Record
         locks = dict(zip(legacy, more[len(stepped) :], strict=True))
     statuses = (
         decode_status(
-            key, fields, ttl, lease_left_ms(fields[6], locks.get(key), now_ms), names.get(key, ())
+            key, fields, ttl, lease_left_ms(fields[5], locks.get(key), now_ms), names.get(key, ())
         )
         for key, fields, ttl in rows
     )

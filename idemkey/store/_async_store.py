@@ -386,11 +386,14 @@ class AsyncRedisStore(AsyncHeartbeat):
         *,
         ttl_ms: int | None = None,
         grace_ms: int = 0,
+        keep_origin: bool | None = None,
     ) -> bool:
         """Store ``response``; False when the record is no longer ours: another owner took it
         over, or it was lost from Redis under the claim (evicted, deleted; see
         ``_record_lost``). Nothing is written then. ``grace_ms`` > 0: also write a tombstone
         that outlives the record by that long (``Policy.expired_grace``, complete.lua).
+        ``keep_origin``: keep the claim's origin (with the client's key) in the completed
+        record; None: as the store's ``Policy.keep_key_after_completion`` says.
 
         A failed write is retried for up to ``completion_retry`` seconds (a third of the lease
         at most) before StoreError.
@@ -409,8 +412,12 @@ class AsyncRedisStore(AsyncHeartbeat):
         fence = lease.fence if lease is not None else None
         if fence is not None:
             args += (fence,)
-        if grace_ms > 0:
-            args += (*(() if fence is not None else ("",)), grace_ms)
+        if keep_origin is None:
+            keep_origin = self.policy.keep_key_after_completion
+        if grace_ms > 0 or keep_origin:  # the optional arguments before, "" when unset
+            args += (*(() if fence is not None else ("",)), grace_ms or "")
+        if keep_origin:  # ARGV[7]: keep the claim's origin
+            args += (1,)
         # The deadline counts from the first attempt, but only a failed one computes it.
         started, deadline, delay = time.monotonic(), 0.0, 0.0
         while True:

@@ -3,10 +3,11 @@
 Sans-IO: the store reads a page of records (``HMGET`` of :data:`FIELDS`, two ``PTTL``, the
 server's ``TIME`` once and, for records with finished steps, ``HKEYS``) and
 :func:`decode_status` turns the replies into a :class:`RecordStatus`. A record's name is a
-one-way digest of scope, method, route and key, so the route, method and scope come from the origin
-a claim keeps in field ``"i"`` (claim.lua) until the record completes (complete.lua drops it: a
-completed record stays within its memory goal). A completed record, or one claimed before
-idemkey kept an origin, has them empty and no age.
+one-way digest of scope, method, route and key, so the route, method, scope and the client's key
+come from the origin a claim keeps in fields ``"i"``, ``"i1"`` ... (claim.lua,
+:mod:`idemkey.store._origin`) until the record completes (complete.lua drops it unless
+``Policy.keep_key_after_completion``: a completed record stays within its memory goal). A
+completed record, or one claimed before idemkey kept an origin, has them empty and no age.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import Final, Literal
 
+from ._origin import ORIGIN_FIELDS, decode_origin
 from .diagnostics import _text as text
 
 __all__ = [
@@ -39,7 +41,7 @@ STATES: Final[tuple[RecordState, ...]] = ("in_progress", "lapsed", "complete", "
 
 #: The hash fields one status needs, in the order :func:`decode_status` reads them.
 #: Not the stored answer (it may be large): a record with neither state nor fence is complete.
-FIELDS: Final = ("state", "fence", "owner", "tk", "ns", "i", "lease")
+FIELDS: Final = ("state", "fence", "owner", "tk", "ns", "lease", *ORIGIN_FIELDS)
 
 
 def _glob_escape(value: str) -> str:
@@ -63,7 +65,11 @@ class RecordStatus:
     fencing token (a completed record drops it: ``None``). ``method``, ``route`` and ``scope``
     are ``""`` for a completed record and for one whose claim kept no origin (idemkey before
     0.3, or a caller of ``store.claim`` that passed none): a ``route`` or ``scope`` filter
-    never matches them.
+    never matches them. ``client_key`` is the key the client sent, escaped
+    (:func:`idemkey.store._origin.escape_key`: printable, no white space; ``""`` when not kept:
+    ``Policy(keep_keys=False)``, a completed record without
+    ``Policy(keep_key_after_completion=True)``, or a record claimed before 0.3.1);
+    ``key_cut``: only its beginning was kept (the origin is cut after 1 KiB).
     """
 
     key: str
@@ -80,17 +86,8 @@ class RecordStatus:
     method: str = ""
     route: str = ""
     scope: str = ""
-
-
-def _origin(raw: object) -> tuple[float | None, str, str, str]:
-    """(claimed at, method, route, scope) from field "i": "<ms> <method> <route>\\n<scope>"."""
-    if not isinstance(raw, bytes):
-        return None, "", "", ""
-    head, _, scope = raw.decode("utf-8", "surrogateescape").partition("\n")
-    stamp, _, rest = head.partition(" ")
-    method, _, route = rest.partition(" ")
-    at = int(stamp) / 1000 if stamp.isdigit() else None
-    return at, method, route, scope
+    client_key: str = ""
+    key_cut: bool = False
 
 
 def decode_status(
@@ -106,7 +103,7 @@ def decode_status(
     there is no record (it expired since the SCAN, or the key is not an idemkey record's
     hash)."""
     name = text(key)
-    state_field, fence, owner, takeover, _steps, origin = fields[:6]
+    state_field, fence, owner, takeover = fields[:4]
     if ttl_ms == -2:
         return None
     state: RecordState
@@ -116,7 +113,10 @@ def decode_status(
         state = "released"  # a released record keeps its fence; complete.lua drops it
     else:
         state = "complete"  # "resp" and "fp" only (state "complete": written before 0.2)
-    at, method, route, scope = _origin(origin)
+    origin = decode_origin(fields[6:])
+    # A completed record kept its origin only when told (keep_key_after_completion): its
+    # claim's time is not its age.
+    at = origin.at if state != "complete" else None
     now = time.time() if now is None else now
     digest = name.rsplit("{", 1)[-1].rstrip("}")
     fence_text = text(fence)
@@ -132,9 +132,11 @@ def decode_status(
         steps=tuple(sorted(text(k)[2:] for k in hash_keys if k[:2] == b"s:")),
         takeover=takeover == b"1",
         owner=text(owner) if state in ("in_progress", "lapsed") else "",
-        method=method,
-        route=route,
-        scope=scope,
+        method=origin.method,
+        route=origin.route,
+        scope=origin.scope,
+        client_key=origin.key,
+        key_cut=origin.cut,
     )
 
 

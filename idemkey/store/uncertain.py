@@ -22,8 +22,10 @@ from .diagnostics import _text as text
 __all__ = [
     "MAX_ENTRIES",
     "MEANINGS",
+    "SINCE",
     "UncertainEntry",
     "UncertainKind",
+    "action_now",
     "decode_entry",
     "entry_fields",
     "uncertain_stream",
@@ -72,6 +74,26 @@ MEANINGS: Final[dict[str, tuple[str, str]]] = {
         "check what the previous executor did (its finished steps, listed, are resumed)",
     ),
 }
+
+#: What to do once the record moved on, by (kind, the record's state now): the stream says
+#: what was true when the entry was written, the record what is true now. A pair not here
+#: keeps the entry's own action.
+SINCE: Final[dict[tuple[str, str], str]] = {
+    ("released_with_steps", "complete"): "nothing: a retry with the same key has since resumed "
+    "after the finished steps and completed the operation",
+    ("released_with_steps", "in_progress"): "wait: a retry with the same key is running now, "
+    "resuming after the finished steps",
+    ("completion_failed", "complete"): "check the side effect did not happen twice: a retry has "
+    "since run the work again and completed the record",
+}
+
+
+def action_now(kind: str, state: str | None) -> str:
+    """What to do about an entry of ``kind`` whose record is in ``state`` now (None: gone,
+    expired or forgotten: the entry's own action, as nothing settled it)."""
+    default = MEANINGS.get(kind, ("", ""))[1]
+    return default if state is None else SINCE.get((kind, state), default)
+
 
 #: How many entries a stream keeps, about (MAXLEN ~ trims whole nodes, cheaply).
 MAX_ENTRIES: Final = 10_000

@@ -81,6 +81,40 @@ def test_store_unavailable_says_retry_with_the_same_key(
     assert members(charge(harness, "k"), 503, "store_unavailable") == (7200, "same_key")
 
 
+# ---- x-should-retry for generated SDKs ----------------------------------------------------------
+
+
+def test_mark_retryable_tells_generated_clients_to_retry_409_and_503_only(
+    make_harness: Callable[..., Harness],
+) -> None:
+    harness = make_harness(mark_retryable=True)
+    pool, first = in_thread(lambda: harness.request("POST", "/slow", headers=[key("x")]))
+    with pool:
+        wait_until(lambda: harness.executions["slow"] == 1, 10, "the first request to start")
+        busy = harness.request("POST", "/slow", headers=[key("x")])
+        assert_problem(busy, 409, "in_flight")
+        assert busy.header_all("x-should-retry") == ["true"]
+        assert (busy.header("Retry-After") or "").isdigit()
+        harness.gate.set()
+        assert first.result(15).status == 201
+    assert charge(harness, "y", amount=1).header("x-should-retry") is None  # a first answer
+    mismatch = charge(harness, "y", amount=2)
+    assert_problem(mismatch, 422, "key_reused")
+    assert mismatch.header("x-should-retry") is None  # not retryable: never marked
+    assert_problem(charge(harness, None), 400, "missing_key")
+    down = make_harness(redis_url=closed_port_url(), mark_retryable=True)
+    unavailable = charge(down, "z")
+    assert_problem(unavailable, 503, "store_unavailable")
+    assert unavailable.header_all("x-should-retry") == ["true"]
+
+
+def test_without_mark_retryable_no_problem_says_x_should_retry(
+    make_harness: Callable[..., Harness],
+) -> None:
+    down = make_harness(redis_url=closed_port_url())
+    assert charge(down, "z").header("x-should-retry") is None
+
+
 # ---- the retention header -----------------------------------------------------------------------
 
 

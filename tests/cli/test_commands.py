@@ -371,9 +371,16 @@ def test_bench_delegates_to_the_benchmarks_package(
     monkeypatch.setenv("IDEMKEY_REDIS_URL", "redis://production:6379/0")  # never benchmarked
     assert idemkey("bench", "--", "--quick", "-k", "replay").code == 0
     assert idemkey("--redis-url", "redis://127.0.0.1:1/0", "bench", "--", "--quick").code == 0
+    # Without "--" as well: the suite's arguments begin at the first one bench does not know.
+    assert idemkey("bench", "--quick", "-k", "replay").code == 0
+    assert idemkey("bench", "--redis-url", "redis://127.0.0.1:1/0", "--quick").code == 0
+    assert idemkey("--prefix", "bench", "bench", "-k", "bench").code == 0
     assert seen == [
         ["--quick", "-k", "replay"],
         ["--redis-url", "redis://127.0.0.1:1/0", "--quick"],
+        ["--quick", "-k", "replay"],
+        ["--redis-url", "redis://127.0.0.1:1/0", "--quick"],
+        ["-k", "bench"],
     ]
 
 

@@ -438,6 +438,16 @@ def test_bad_arguments_are_one_line(idemkey: CliRunner, argv: tuple[str, ...]) -
     assert "Traceback" not in run.err
 
 
+def test_a_probe_without_a_body_says_none_was_given(idemkey: CliRunner) -> None:
+    run = idemkey("probe", "http://127.0.0.1:1/x")
+    assert run.code == 2
+    assert run.err.startswith("idemkey probe: no request body was given: give -d BODY"), run.err
+    assert "this body" not in run.err
+    # A body given, but none the edit can be derived from: that message, as before.
+    given = idemkey("probe", "http://127.0.0.1:1/x", "-d", "[1, 2]")
+    assert "none can be derived from this body" in given.err
+
+
 def test_an_unreachable_endpoint_is_one_line_exit_3(idemkey: CliRunner) -> None:
     url = f"http://127.0.0.1:{free_port()}/charges"
     started = time.monotonic()

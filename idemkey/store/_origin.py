@@ -1,0 +1,113 @@
+"""The origin a claim keeps in its record: when, where from, and the key the client sent.
+
+Sans-IO. A record's name is a one-way digest of scope, method, route and key, so an operator
+could not tell records apart. The claim keeps its origin (claim.lua, ARGV[7]):
+
+    "<claimed at, unix ms> <method> <route>\\n<scope>[\\nk:<escaped key>;]"
+
+in hash fields of at most :data:`PIECE` bytes, ``"i"`` then ``"i1"`` ... ``"i15"``
+(:data:`ORIGIN_FIELDS`): one value longer than Redis's ``hash-max-listpack-value`` (64) would
+turn the record into a hash table for good, 32 bytes more once it completes. An origin longer
+than the 16 pieces is cut there (the key then shows "..." at its end, or is lost when the cut
+falls before it).
+
+The key is an opaque client token, possibly hostile. It is kept escaped (:func:`escape_key`):
+``%``, ``;``, white space and every character that is not printable (control characters,
+bidirectional overrides, lone surrogates) as ``%XX`` of its UTF-8 bytes, so it never contains
+a line break or the ``;`` that ends it, and the escaped form is what the CLI prints: no
+terminal escape sequence reaches an operator's terminal. The console prints it through Jinja's
+HTML autoescaping. :func:`decode_origin` reads it back as stored data: anything malformed
+decodes to empty fields, never an error.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Final
+from urllib.parse import unquote_to_bytes
+
+__all__ = [
+    "ORIGIN_FIELDS",
+    "PIECE",
+    "Origin",
+    "decode_origin",
+    "escape_key",
+    "origin_text",
+    "unescape_key",
+]
+
+#: The longest piece of the origin one hash field holds (``hash-max-listpack-value``).
+PIECE: Final = 64
+#: The fields that hold the origin, in order (claim.lua writes them, complete.lua drops them).
+ORIGIN_FIELDS: Final = ("i", *(f"i{n}" for n in range(1, 16)))
+#: What marks the key's line in the origin, and what ends the key.
+_KEY_MARK: Final = "\nk:"
+_KEY_END: Final = ";"
+_ALWAYS_ESCAPED: Final = frozenset("%;")
+
+
+def escape_key(key: str) -> str:
+    """``key`` with ``%``, ``;``, white space and every unprintable character as ``%XX`` of
+    its UTF-8 bytes (a lone surrogate as its surrogatepass bytes): one line of printable text."""
+    if key.isprintable() and " " not in key and not _ALWAYS_ESCAPED.intersection(key):
+        return key
+    out = []
+    for ch in key:
+        if ch.isprintable() and not ch.isspace() and ch not in _ALWAYS_ESCAPED:
+            out.append(ch)
+        else:
+            out.extend(f"%{b:02X}" for b in ch.encode("utf-8", "surrogatepass"))
+    return "".join(out)
+
+
+def unescape_key(escaped: str) -> str:
+    """The key :func:`escape_key` escaped (its bytes decoded as it encoded them)."""
+    return unquote_to_bytes(escaped).decode("utf-8", "surrogatepass")
+
+
+def origin_text(scope: str, method: str, route: str, key: str | None = None) -> str:
+    """The origin without its time (the store prepends it): method, route, scope and, unless
+    ``key`` is None (``Policy(keep_keys=False)``), the escaped key."""
+    if key is None:
+        return f"{method} {route}\n{scope}"
+    return f"{method} {route}\n{scope}{_KEY_MARK}{escape_key(key)}{_KEY_END}"
+
+
+@dataclass(frozen=True, slots=True)
+class Origin:
+    """An origin as read back: ``key`` is the escaped key ("" when none was kept), ``cut``
+    whether the key was cut at the origin's last piece."""
+
+    at: float | None = None
+    method: str = ""
+    route: str = ""
+    scope: str = ""
+    key: str = ""
+    cut: bool = False
+
+
+def decode_origin(pieces: Sequence[object]) -> Origin:
+    """The origin from the values of :data:`ORIGIN_FIELDS` (``HMGET``; a missing piece ends
+    it). Values that are not bytes, or not an origin, give an empty one."""
+    parts = []
+    for piece in pieces:
+        if not isinstance(piece, bytes):
+            break
+        parts.append(piece)
+    if not parts:
+        return Origin()
+    raw = b"".join(parts).decode("utf-8", "replace")
+    head, _, rest = raw.partition("\n")
+    stamp, _, where = head.partition(" ")
+    method, _, route = where.partition(" ")
+    at = int(stamp) / 1000 if stamp.isdigit() else None
+    scope, mark, tail = rest.rpartition(_KEY_MARK)
+    if not mark:
+        return Origin(at, method, route, rest)
+    key, end, _stale = tail.partition(_KEY_END)
+    # Escaped keys are printable and have no space; anything else was not written by
+    # escape_key (stored data is input): shown as no key.
+    if key and not (key.isprintable() and " " not in key):
+        key = ""
+    return Origin(at, method, route, scope, key, cut=bool(key) and not end)

@@ -1,0 +1,51 @@
+"""The origin a claim keeps: the client's key escaped so that no key, however hostile, breaks
+the origin's format or reaches a terminal or a page as anything but printable text; and what
+Redis hands back is read as input (a malformed origin is empty fields, never an error)."""
+
+from __future__ import annotations
+
+import pytest
+
+from idemkey.store._origin import PIECE, decode_origin, escape_key, origin_text, unescape_key
+
+HOSTILE = [
+    "plain-key_1.2~",
+    "a b\tc\nd\r\n",
+    "\x1b[2J\x1b]0;pwned\x07",  # terminal escape sequences
+    "\u202eevil\u202c",  # a bidirectional override
+    "%41;\nk:forged;",  # the origin's own delimiters
+    "\ud800lone surrogate",
+    "<script>alert(1)</script>&amp;",
+    "é" * 255,
+]
+
+
+@pytest.mark.parametrize("key", HOSTILE)
+def test_an_escaped_key_is_one_printable_token_and_reads_back(key: str) -> None:
+    escaped = escape_key(key)
+    assert escaped.isprintable()
+    assert not any(c.isspace() for c in escaped)
+    assert ";" not in escaped
+    assert "\n" not in escaped
+    assert unescape_key(escaped) == key
+    text = "1712345678901 " + origin_text("tenant\nwith a line", "POST", "/charges", key)
+    raw = text.encode("utf-8", "surrogatepass")
+    # As claim.lua keeps it: pieces of 64 bytes, read back with HMGET.
+    pieces = [raw[i : i + PIECE] for i in range(0, len(raw), PIECE)]
+    origin = decode_origin(pieces)
+    where = ("POST", "/charges", "tenant\nwith a line")
+    assert (origin.method, origin.route, origin.scope) == where
+    assert origin.key == escaped
+    assert not origin.cut
+    assert origin.at == 1712345678.901
+
+
+def test_no_key_a_cut_key_and_garbage() -> None:
+    assert decode_origin([b"1 GUARD f\nscope"]).key == ""
+    assert decode_origin([b"1 GUARD f\n\nk:abc"]).cut  # the end never came: cut
+    assert decode_origin([b"1 GUARD f\n\nk:abc;", None, b"stale"]).key == "abc"
+    assert decode_origin([b"1 GUARD f\n\nk:ab\x1bc;"]).key == ""  # not escape_key's output
+    assert decode_origin([None]).method == ""
+    assert decode_origin([b"\xff\xfe not an origin"]).at is None
+    # A stale piece after the key's end (a longer origin before) is not part of the key.
+    assert decode_origin([b"1 GUARD f\n\nk:abc;", b"def;"]).key == "abc"
