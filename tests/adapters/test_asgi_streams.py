@@ -325,10 +325,14 @@ def test_headers_given_as_a_generator_reach_the_client_and_the_record(
 
 
 def raised_in(log: Path) -> str:
-    """The file of the innermost frame of the last traceback the server logged."""
-    frames = [line for line in log.read_text().splitlines() if line.startswith('  File "')]
-    assert frames, log.read_text()
-    return frames[-1]
+    """The file of the innermost frame of the last traceback the server logged (waited for:
+    a server may write it after the client already has its answer)."""
+
+    def frames() -> list[str]:
+        return [line for line in log.read_text().splitlines() if line.startswith('  File "')]
+
+    wait_until(lambda: bool(frames()), 10, f"a traceback in {log}")
+    return frames()[-1]
 
 
 @pytest.mark.parametrize("value", ["ascii", "latin"])

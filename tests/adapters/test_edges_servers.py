@@ -37,7 +37,9 @@ SHORT_BODY: dict[str, tuple[str, object]] = {
     "granian-wsgi": ("problem", "incomplete_body"),
     "waitress-wsgi": CLOSED,  # waitress calls the app only once the whole body is in
     "uvicorn-asgi": CLOSED,
-    "hypercorn-asgi": CLOSED,
+    # hypercorn: closed, or (when h11 sees the end of the stream first) its own 400; seen both
+    # ways in one CI run.
+    "hypercorn-asgi": ("closed or server", 400),
     "daphne-asgi": CLOSED,
     "granian-asgi": ("server", 500),  # http.disconnect to the app, then granian's own 500
 }
@@ -99,6 +101,11 @@ def assert_outcome(server: Server, reply: Raw | None, expected: tuple[str, objec
     assert "Traceback" not in log, log
     if kind == "closed":
         assert reply is None, reply
+        return
+    if kind == "closed or server":
+        if reply is not None:
+            assert reply.status == value, reply
+            assert reply.header("Content-Type") != "application/problem+json", reply
         return
     assert reply is not None, f"no answer; expected {expected}"
     problem = reply.header("Content-Type") == "application/problem+json"

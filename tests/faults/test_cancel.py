@@ -155,12 +155,14 @@ async def test_a_block_its_caller_cancels_keeps_the_key_until_the_lease_lapses(
             charges.append("charged again")
     (entry,) = await async_wait_until(store.uncertain, 10, "the uncertain entry")
     assert entry.kind == "cancelled"
-    assert entry.fence == 1
+    first_fence = entry.fence
+    assert first_fence is not None
     # Not renewed any more: the lease lapses, and the retry after it is told it takes over.
     record = record_for(prefix, "", GUARD_METHOD, "", "order-7")
     await async_wait_until(lambda: _lapsed(real_async_client, record), 10, "the lease to lapse")
     async with aguard(store, "order-7", payload=b"p") as call:
         assert call.takeover
+        assert (call.fence or 0) > first_fence  # the cancelled run's fence is passed
         call.save("checked, not charged again")
     assert charges == ["charged"]
     await store.aclose()

@@ -61,7 +61,8 @@ def test_a_cancelled_owner_cannot_checkpoint_or_complete_and_the_next_run_resume
 
     with guard(store, "job", payload="p") as call:
         assert not call.takeover
-        assert call.fence > cancelled  # the stale owner's fence is refused downstream
+        assert cancelled is not None
+        assert call.fence > cancelled.fence  # the stale owner's fence is refused downstream
         assert call.resumed_steps == ("reserve",)
         call.step("reserve", ran.append, "again")  # finished: returned, not run
         call.step("charge", ran.append, "charge")
