@@ -119,14 +119,17 @@ class BodyError:
     detail: str
 
 
-def capture(environ: WSGIEnvironment, limit: int) -> bytes | BodyError:
+def capture(environ: WSGIEnvironment, limit: int, length: int | None = -1) -> bytes | BodyError:
     """Read the body (at most ``limit`` bytes count) and put it back for the app to read.
 
-    A body shorter than its ``CONTENT_LENGTH`` is returned as it is, with that length left in
-    place: :meth:`Exchange.received <idemkey.http.Exchange.received>` refuses it.
+    ``length``: the ``CONTENT_LENGTH`` already parsed (an Exchange's ``declared``, read from
+    this environ), or -1 to parse it here. A body shorter than it is returned as it is, with
+    that length left in place: :meth:`Exchange.received <idemkey.http.Exchange.received>`
+    refuses it.
     """
     stream = environ["wsgi.input"]
-    length = parse_content_length(environ.get("CONTENT_LENGTH"))
+    if length == -1:
+        length = parse_content_length(environ.get("CONTENT_LENGTH"))
     if length is not None:
         if length > limit:
             return BodyError("request_too_large", f"Content-Length {length} is over {limit}")
@@ -163,7 +166,8 @@ def read_body(environ: WSGIEnvironment, exchange: Exchange) -> bytes | Response:
         return rejected
     captured: bytes | BodyError | None = environ.pop(BODY_KEY, None)
     if captured is None:
-        captured = capture(environ, exchange.policy.max_request_bytes)
+        # declared: the environ's CONTENT_LENGTH, parsed by begin() (request_of's headers)
+        captured = capture(environ, exchange.policy.max_request_bytes, exchange.declared)
     if isinstance(captured, BodyError):
         if captured.code == "request_too_large":
             return exchange.reject_too_large()
