@@ -3,7 +3,10 @@
 For each adapter three cases: ``plain`` (the app alone), ``first`` (a new key every round:
 claim + complete) and ``replay`` (one key, replayed). In-process, the app is called through
 the WSGI or ASGI interface directly; over HTTP, gunicorn (gthread, one worker) or uvicorn (one
-worker) serves it and the suite sends keep-alive requests with ``http.client``.
+worker) serves it and the suite sends keep-alive requests with ``http.client``. Under a real
+server two more: ``floor.first`` and ``floor.replay``, the same app under the same server doing
+the floor's Redis work (http_apps: a bare claim, and a complete when it claimed), which the
+server's ``first`` and ``replay`` are compared with (issue 39).
 
 An adapter that cannot be imported, or answers wrongly in a check before timing, is skipped
 with the reason; nothing is ever measured in its place.
