@@ -57,6 +57,9 @@ class Case:
     ping: str | None = None
     #: The same work without idemkey (an HTTP app alone), to report the latency idemkey adds.
     baseline: str | None = None
+    #: A real-server HTTP case: the same app under the same server doing the floor's Redis
+    #: work (benchmarks/httpcases.py), the floor of what this case adds ("added x floor").
+    server_floor: str | None = None
     core: bool = False
     note: str = ""
     #: Cases that must each see an idemkey record to replay must be prepared first.

@@ -8,7 +8,9 @@ between them is idemkey's:
     /wsgi/plain   /wsgi/guarded    (idemkey.adapters.wsgi.IdempotencyMiddleware)
     /flask/plain  /flask/guarded   (idemkey.adapters.flask.Idemkey)
     /asgi/plain   /asgi/guarded    (idemkey.adapters.asgi.IdempotencyMiddleware)
-    /asgi/floor   the app plus bare EVALSHA claim and complete (the throughput floor)
+    /wsgi/floor   /flask/floor  /asgi/floor   the in-server floor: the same app plus bare
+                  EVALSHA claim, and complete when the claim claimed (a first call); the
+                  HTTP rows' floor and the throughput floor
     /asgi/glide   /asgi/glide-floor  the same two on a valkey-glide client (when installed)
 
 Servers build the apps from the environment: ``IDEMKEY_BENCH_REDIS_URL`` and
@@ -38,6 +40,7 @@ __all__ = [
     "BODY",
     "asgi_apps",
     "flask_apps",
+    "floor_wsgi",
     "make_asgi",
     "make_wsgi",
     "plain_asgi",
@@ -101,6 +104,15 @@ def flask_apps(store: RedisStore) -> WSGIApp:
 
     app.add_url_rule("/flask/plain", "plain", view, methods=["POST"])
     app.add_url_rule("/flask/guarded", "guarded", idem.idempotent(view), methods=["POST"])
+    claim, complete = _floor_calls(store)
+
+    def floor_view() -> tuple[bytes, int, dict[str, str]]:
+        record = claim(request.headers.get("Idempotency-Key", "").encode())
+        answer = view()
+        complete(record)
+        return answer
+
+    app.add_url_rule("/flask/floor", "floor", floor_view, methods=["POST"])
     return app  # type: ignore[return-value]
 
 
@@ -129,11 +141,12 @@ def make_wsgi() -> WSGIApp:
     try:
         plain, guarded = wsgi_apps(store)
         routes["/wsgi/plain"], routes["/wsgi/guarded"] = plain, guarded
+        routes["/wsgi/floor"] = floor_wsgi(store)
     except ImportError:
         pass
     try:
         flask_app = flask_apps(store)
-        routes["/flask/plain"] = routes["/flask/guarded"] = flask_app
+        routes["/flask/plain"] = routes["/flask/guarded"] = routes["/flask/floor"] = flask_app
     except ImportError:
         pass
 
@@ -143,33 +156,90 @@ def make_wsgi() -> WSGIApp:
     return dispatch
 
 
-def floor_asgi(client: Any, store: AsyncRedisStore) -> Any:
-    """The app alone plus the bare floor: claim before it, complete after its answer is sent.
+class _FloorArgs:
+    """The floor's arguments, every one but the key fixed in advance (one for all floors)."""
+
+    def __init__(self, store: RedisStore | AsyncRedisStore) -> None:
+        scripts = store._scripts
+        self.claim_sha, self.complete_sha = scripts["claim"].sha, scripts["complete"].sha
+        policy = store.policy
+        self.lease_ms, self.ttl_ms = policy.lease_ms, policy.ttl_ms
+        self.fp, self.owner = "f" * 32, "o" * 32
+        self.tag = owner_tag(self.owner)
+        status = (("content-type", "application/json"),)
+        self.stored = encode_response(StoredResponse(201, status, BODY))
+        self.prefix = policy.prefix.encode()
+
+    def claim(self, key: bytes) -> tuple[bytes, Any, Any, Any, Any]:
+        record = b"%b:floor:{%b}" % (self.prefix, key)
+        return record, self.fp, self.owner, self.lease_ms, self.ttl_ms
+
+    def complete(self, record: bytes) -> tuple[bytes, Any, Any, Any, Any]:
+        return record, self.owner, self.stored, self.ttl_ms, self.tag
+
+
+def _floor_calls(
+    store: RedisStore,
+) -> tuple[Callable[[bytes], bytes | None], Callable[[bytes | None], None]]:
+    """The sync floor's two steps: ``claim(key)`` -> the record when the claim claimed (a
+    first call) else None (a replay), and ``complete(record)``, which does nothing on None."""
+    client, scripts, args = store.client, store._scripts, _FloorArgs(store)
+
+    def evalsha(name: str, sha: str, call: tuple[Any, ...]) -> Any:
+        try:
+            return client.execute_command("EVALSHA", sha, 1, *call)
+        except NoScriptError:
+            return scripts[name](call[:1], call[1:])
+
+    def claim(key: bytes) -> bytes | None:
+        call = args.claim(key)
+        reply = evalsha("claim", args.claim_sha, call)
+        return call[0] if reply[0] == 1 else None
+
+    def complete(record: bytes | None) -> None:
+        if record is not None:
+            evalsha("complete", args.complete_sha, args.complete(record))
+
+    return claim, complete
+
+
+def floor_wsgi(store: RedisStore) -> WSGIApp:
+    """The WSGI app alone plus the bare floor, in the server that runs it: claim before it,
+    and complete after it when the claim claimed (a new key) - one claim for a replay.
 
     Bare ``EVALSHA`` of idemkey's own scripts with every argument but the key fixed in
-    advance: what any correct design must add to a request, without idemkey's code.
+    advance: what any correct design must add to a request, without idemkey's code, and what
+    a user would hand-write (answering the stored response is left out: the app answers).
     """
-    scripts = store._scripts
-    claim_sha, complete_sha = scripts["claim"].sha, scripts["complete"].sha
-    policy = store.policy
-    lease_ms, ttl_ms = policy.lease_ms, policy.ttl_ms
-    fp, owner = "f" * 32, "o" * 32
-    tag = owner_tag(owner)
-    stored = encode_response(StoredResponse(201, (("content-type", "application/json"),), BODY))
-    prefix = policy.prefix.encode()
+    claim, complete = _floor_calls(store)
 
-    async def evalsha(name: str, sha: str, *args: Any) -> None:
+    def app(environ: dict[str, Any], start_response: Any) -> list[bytes]:
+        record = claim(environ.get("HTTP_IDEMPOTENCY_KEY", "").encode())
+        body = plain_wsgi(environ, start_response)
+        complete(record)
+        return body
+
+    return app
+
+
+def floor_asgi(client: Any, store: AsyncRedisStore) -> Any:
+    """:func:`floor_wsgi` for ASGI: claim before the app, complete after its answer is sent
+    when the claim claimed."""
+    scripts, args = store._scripts, _FloorArgs(store)
+
+    async def evalsha(name: str, sha: str, call: tuple[Any, ...]) -> Any:
         try:
-            await client.execute_command("EVALSHA", sha, 1, *args)
+            return await client.execute_command("EVALSHA", sha, 1, *call)
         except NoScriptError:
-            await scripts[name](args[:1], args[1:])
+            return await scripts[name](call[:1], call[1:])
 
     async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
         key = next((v for k, v in scope["headers"] if k == b"idempotency-key"), b"")
-        record = b"%b:floor:{%b}" % (prefix, key)
-        await evalsha("claim", claim_sha, record, fp, owner, lease_ms, ttl_ms)
+        call = args.claim(key)
+        reply = await evalsha("claim", args.claim_sha, call)
         await plain_asgi(scope, receive, send)
-        await evalsha("complete", complete_sha, record, owner, stored, ttl_ms, tag)
+        if reply[0] == 1:
+            await evalsha("complete", args.complete_sha, args.complete(call[0]))
 
     return app
 
@@ -219,17 +289,18 @@ def glide_floor_asgi(client: Any, store: AsyncRedisStore) -> Any:
     stored = encode_response(StoredResponse(201, (("content-type", "application/json"),), BODY))
     prefix = policy.prefix.encode()
 
-    async def invoke(script: Any, *keys_and_args: Any) -> None:
+    async def invoke(script: Any, *keys_and_args: Any) -> Any:
         # Split as the store splits a call (SCRIPT_KEYS), so the floor follows the scripts.
         keys, args = keys_and_args[:SCRIPT_KEYS], keys_and_args[SCRIPT_KEYS:]
-        await client.invoke_script(script, keys=list(keys), args=list(args))
+        return await client.invoke_script(script, keys=list(keys), args=list(args))
 
     async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
         key = next((v for k, v in scope["headers"] if k == b"idempotency-key"), b"")
         record = b"%b:gfloor:{%b}" % (prefix, key)
-        await invoke(claim, record, fp, owner, lease_ms, ttl_ms)
+        reply = await invoke(claim, record, fp, owner, lease_ms, ttl_ms)
         await plain_asgi(scope, receive, send)
-        await invoke(complete, record, owner, stored, ttl_ms, tag)
+        if reply[0] == 1:  # claimed (as in floor_asgi)
+            await invoke(complete, record, owner, stored, ttl_ms, tag)
 
     return app
 

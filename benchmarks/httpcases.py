@@ -3,7 +3,10 @@
 For each adapter three cases: ``plain`` (the app alone), ``first`` (a new key every round:
 claim + complete) and ``replay`` (one key, replayed). In-process, the app is called through
 the WSGI or ASGI interface directly; over HTTP, gunicorn (gthread, one worker) or uvicorn (one
-worker) serves it and the suite sends keep-alive requests with ``http.client``.
+worker) serves it and the suite sends keep-alive requests with ``http.client``. Under a real
+server two more: ``floor.first`` and ``floor.replay``, the same app under the same server doing
+the floor's Redis work (http_apps: a bare claim, and a complete when it claimed), which the
+server's ``first`` and ``replay`` are compared with (issue 39).
 
 An adapter that cannot be imported, or answers wrongly in a check before timing, is skipped
 with the reason; nothing is ever measured in its place.
@@ -26,6 +29,8 @@ from .servers import HttpServer, ServerError
 __all__ = ["HttpBench", "asgi_scope", "call_asgi", "call_wsgi", "wsgi_environ"]
 
 REPLAYED = "idempotent-replayed"
+#: The group of the in-server floor rows (no target of their own: they are the reference).
+FLOOR_GROUP = "http-floor"
 
 
 def wsgi_environ(path: str, key: str, body: bytes = PAYLOAD) -> dict[str, Any]:
@@ -121,13 +126,32 @@ def _check(answers: list[tuple[int, dict[str, str]]]) -> str | None:
     return None
 
 
+def _server_checks(
+    post: Callable[[str, str], tuple[int, dict[str, str]]], paths: tuple[str, str], floor: str
+) -> list[tuple[int, dict[str, str]]]:
+    """(plain, first, replay) answers for :func:`_check`; the in-server floor must answer a
+    new key and a replayed one (``post`` raises unless 201) and leave the replay's record
+    complete before any timing."""
+    answers = [post(paths[0], "check"), post(paths[1], "check"), post(paths[1], "check")]
+    for key in ("check", "check", "replay"):
+        post(floor, key)
+    return answers
+
+
 def _trio(
     name: str, run: Callable[[str, str], Any], is_async: bool, paths: tuple[str, str],
-    ctx: Context, floors: tuple[str, str], note: str,
+    ctx: Context, floors: tuple[str, str], note: str, floor_path: str | None = None,
 ) -> list[Case]:  # fmt: skip
+    """plain, first and replay; with ``floor_path`` (a real server) also the in-server floor
+    rows ``<name>.floor.first`` / ``.floor.replay``, the floor's Redis work done by the same
+    app under the same server, which first and replay are divided by (``server_floor``)."""
     plain_path, guarded_path = paths
     keys = ctx.keys(name)
     plain_name = f"{name}.plain"
+    if floor_path is not None:
+        trio = _trio(name, run, is_async, paths, ctx, floors, note)
+        trio[1].server_floor, trio[2].server_floor = f"{name}.floor.first", f"{name}.floor.replay"
+        return trio + _floor_pair(name, run, floor_path, ctx, floors, note)
     if is_async:
 
         async def plain(i: int) -> None:
@@ -156,6 +180,28 @@ def _trio(
              baseline=plain_name, note=f"{note}, new key"),
         Case(f"{name}.replay", "http", replay, is_async=is_async, floor=floors[1],
              baseline=plain_name, note=f"{note}, replay"),
+    ]  # fmt: skip
+
+
+def _floor_pair(
+    name: str, run: Callable[[str, str], Any], path: str, ctx: Context,
+    floors: tuple[str, str], note: str,
+) -> list[Case]:  # fmt: skip
+    """The in-server floor of a real-server trio (sync: the suite's HTTP client is)."""
+    keys = ctx.keys(f"{name}.floor")
+
+    def first(i: int) -> None:
+        run(path, keys[i])
+
+    def replay(i: int) -> None:
+        run(path, "replay")
+
+    plain_name = f"{name}.plain"
+    return [
+        Case(f"{name}.floor.first", FLOOR_GROUP, first, floor=floors[0], baseline=plain_name,
+             note=f"{note}, the app + bare claim + complete in the server"),
+        Case(f"{name}.floor.replay", FLOOR_GROUP, replay, floor=floors[1], baseline=plain_name,
+             note=f"{note}, the app + one bare claim in the server"),
     ]  # fmt: skip
 
 
@@ -272,15 +318,14 @@ class HttpBench:
                 for name in wsgi_side:
                     paths = (f"/{name}/plain", f"/{name}/guarded")
                     try:
-                        answers = [post(paths[0], "check"), post(paths[1], "check"),
-                                   post(paths[1], "check")]  # fmt: skip
+                        answers = _server_checks(post, paths, f"/{name}/floor")
                     except (RuntimeError, OSError, http.client.HTTPException) as exc:
                         self.skipped[f"gunicorn.{name}"] = f"check request failed: {exc}"
                         continue
                     cases += self._checked(
                         f"gunicorn.{name}", answers,
                         _trio(f"gunicorn.{name}", post, False, paths, self.ctx, sync_floors,
-                              f"{name} under gunicorn, real HTTP"),
+                              f"{name} under gunicorn, real HTTP", f"/{name}/floor"),
                     )  # fmt: skip
         if "asgi" not in self.skipped:
             try:
@@ -292,15 +337,14 @@ class HttpBench:
                 post = self._http(server)
                 paths = ("/asgi/plain", "/asgi/guarded")
                 try:
-                    answers = [post(paths[0], "check"), post(paths[1], "check"),
-                               post(paths[1], "check")]  # fmt: skip
+                    answers = _server_checks(post, paths, "/asgi/floor")
                 except (RuntimeError, OSError, http.client.HTTPException) as exc:
                     self.skipped["uvicorn.asgi"] = f"check request failed: {exc}"
                 else:
                     cases += self._checked(
                         "uvicorn.asgi", answers,
                         _trio("uvicorn.asgi", post, False, paths, self.ctx, async_floors,
-                              "ASGI under uvicorn, real HTTP"),
+                              "ASGI under uvicorn, real HTTP", "/asgi/floor"),
                     )  # fmt: skip
         return cases
 

@@ -47,8 +47,8 @@ from idemkey._core import new_owner, owner_tag, record_for
 
 from .cases import Context
 from .extra import memory_per_record
-from .report import format_server_time, memory_table
 from .servers import RedisServer, ServerError
+from .tables import format_server_time, memory_table
 
 __all__ = ["FLOOR_SCRIPTS", "measure", "server_time"]
 

@@ -102,12 +102,18 @@ def environ_key(name: str) -> str:
     return key
 
 
+_new_object = object.__new__
+
+
 def request_of(environ: WSGIEnvironment, route: str = "") -> Request:
     """What idemkey sees of a WSGI request; ``route`` is the framework's template, if any."""
     path = environ.get("SCRIPT_NAME", "") + environ.get("PATH_INFO", "")
     query = environ.get("QUERY_STRING", "")
     method = environ["REQUEST_METHOD"].upper()
-    return Request(method, path or "/", query, EnvironHeaders(environ), route)
+    # EnvironHeaders(environ) without its __init__ frame (hot path: every keyed request).
+    headers = _new_object(EnvironHeaders)
+    headers._environ = environ
+    return Request(method, path or "/", query, headers, route)
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,14 +125,17 @@ class BodyError:
     detail: str
 
 
-def capture(environ: WSGIEnvironment, limit: int) -> bytes | BodyError:
+def capture(environ: WSGIEnvironment, limit: int, length: int | None = -1) -> bytes | BodyError:
     """Read the body (at most ``limit`` bytes count) and put it back for the app to read.
 
-    A body shorter than its ``CONTENT_LENGTH`` is returned as it is, with that length left in
-    place: :meth:`Exchange.received <idemkey.http.Exchange.received>` refuses it.
+    ``length``: the ``CONTENT_LENGTH`` already parsed (an Exchange's ``declared``, read from
+    this environ), or -1 to parse it here. A body shorter than it is returned as it is, with
+    that length left in place: :meth:`Exchange.received <idemkey.http.Exchange.received>`
+    refuses it.
     """
     stream = environ["wsgi.input"]
-    length = parse_content_length(environ.get("CONTENT_LENGTH"))
+    if length == -1:
+        length = parse_content_length(environ.get("CONTENT_LENGTH"))
     if length is not None:
         if length > limit:
             return BodyError("request_too_large", f"Content-Length {length} is over {limit}")
@@ -163,7 +172,8 @@ def read_body(environ: WSGIEnvironment, exchange: Exchange) -> bytes | Response:
         return rejected
     captured: bytes | BodyError | None = environ.pop(BODY_KEY, None)
     if captured is None:
-        captured = capture(environ, exchange.policy.max_request_bytes)
+        # declared: the environ's CONTENT_LENGTH, parsed by begin() (request_of's headers)
+        captured = capture(environ, exchange.policy.max_request_bytes, exchange.declared)
     if isinstance(captured, BodyError):
         if captured.code == "request_too_large":
             return exchange.reject_too_large()

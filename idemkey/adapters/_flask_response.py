@@ -7,6 +7,7 @@ Kept apart from ``flask.py``, whose ``_guard`` only takes a request through the 
 from __future__ import annotations
 
 from collections.abc import Callable
+from operator import itemgetter
 from typing import TYPE_CHECKING, Any
 
 from flask import current_app
@@ -19,6 +20,8 @@ if TYPE_CHECKING:
     from ..http import Response
 
 __all__ = ["render_view", "respond"]
+
+_NAME = itemgetter(0)
 
 
 def render_view(view: Callable[..., Any], args: Any, kwargs: Any) -> FlaskResponse:
@@ -38,7 +41,8 @@ def respond(answer: Response) -> ResponseReturnValue:
     # would parse the status twice.
     status = f"{answer.status} {answer.reason}" if answer.reason else answer.status
     response = current_app.response_class(answer.body, status, headers)
-    names = {name.lower() for name, _ in headers}
+    # The names, lower-cased, in C calls only (a set comprehension is a Python frame).
+    names = set(map(str.lower, map(_NAME, headers)))
     if "content-type" not in names:
         del response.headers["Content-Type"]  # exactly the stored headers: no default added
     if "content-length" not in names:  # nor a length the first answer did not have
