@@ -35,19 +35,15 @@ from ..errors import ConfigurationError, EffectCommittedError, StoreError
 from ..events import logger
 from ..policy import Policy
 from ._sync_status import read_statuses, scan_statuses
+from ._backend import SCRIPT_KEYS, _dropped_errors, _never_connected, _retry_delay, _slot_moving
 from ._base import (
     COMMITTED_ONLY,
-    SCRIPT_KEYS,
     Effects,
     _block_cap,
     _block_ms,
     _done_stream,
-    _dropped_errors,
-    _never_connected,
     _next_delay,
     _read_limit,
-    _retry_delay,
-    _slot_moving,
 )
 from ._concurrency._sync_heartbeat import Heartbeat
 from ._concurrency._sync_keeper import Keeper
@@ -110,7 +106,7 @@ class RedisStore(Heartbeat):
         #: one (see the ``redirect`` module beside the lean one); else None.
         self._route = route_for(client, self._scripts, self._errors, self._slot_moving_wait)
         #: How a script call is sent: that route, the lean path on a plain redis-py client,
-        #: glide's invoke_script on its facade, else the plain one (``_base.lean_eligible``).
+        #: glide's invoke_script on its facade, else the plain one (``_packing.lean_eligible``).
         #: All answer alike (tests/store/test_lean.py, tests/cluster/test_ask.py,
         #: tests/store/test_glide.py).
         self._evalsha = (
