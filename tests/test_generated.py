@@ -72,6 +72,7 @@ def test_the_pairs_are_found_from_their_markers() -> None:
         ("idemkey/client/_async.py", "idemkey/client/_sync.py"),
         ("idemkey/guard/_async_guard.py", "idemkey/guard/_sync_guard.py"),
         ("idemkey/guard/_async_steps.py", "idemkey/guard/_sync_steps.py"),
+        ("idemkey/store/_async_sender.py", "idemkey/store/_sync_sender.py"),
         ("idemkey/store/_async_status.py", "idemkey/store/_sync_status.py"),
         ("idemkey/store/_async_store.py", "idemkey/store/_sync_store.py"),
     ]

@@ -19,7 +19,8 @@ from ..policy import Policy
 from ..store import AsyncRedisStore
 from ..store._concurrency._async_runtime import Cancelled, detach
 from ._async_steps import AsyncSteps
-from ._call import Call, GuardState
+from ._call import Call
+from ._state import GuardState
 
 __all__ = ["AsyncGuard", "aguard"]
 

@@ -19,7 +19,8 @@ from ..policy import Policy
 from ..store import RedisStore
 from ..store._concurrency._sync_runtime import Cancelled, detach
 from ._sync_steps import Steps
-from ._call import Call, GuardState
+from ._call import Call
+from ._state import GuardState
 
 __all__ = ["Guard", "guard"]
 

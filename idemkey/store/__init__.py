@@ -7,7 +7,10 @@ lives there. One source serves both stores:
 * ``_sync_store.py``: RedisStore, generated from it by ``scripts/unasync.py``; never edited.
 * ``_concurrency/``: the hand-written pairs of what a task and a thread do differently
   (runtime, heartbeat, wake-up, shield), side by side.
-* ``_base.py``: what both share (client check, scripts, error classes, delays).
+* ``_base.py``: what both share (client check, scripts, policy, wait delays).
+* ``_backend.py``: the client's library told from its class: its error classes, the script
+  key count, the retry delay while a slot moves.
+* ``_packing.py``: the lean path's eligibility check and its ``EVALSHA`` packer.
 * ``_durable.py``, ``_server_check.py``: I/O-free decisions for ``Policy.durability`` and
   for ``check()``.
 * ``status.py``, ``_async_status.py`` (and its twin): ``records()`` and ``record()``, the

@@ -5,20 +5,18 @@ one from it (see ``idemkey/store/__init__.py``). What a thread does differently 
 event-loop task (sleeping, the heartbeat, one-connection pipelines) comes from the hand-written
 runtime and heartbeat modules imported below.
 
-Each method sends one script call and hands the reply to ``idemkey._core``; every decision
-lives there, in ``_durable`` and in ``_server_check``.
+Each method sends one script call (how: ``_async_sender``, its base class) and hands the reply
+to ``idemkey._core``; every decision lives there, in ``_durable`` and in ``_server_check``.
 """
 
 # unasync: generates _sync_store.py
 from __future__ import annotations
 
-import contextlib
 import time
 from collections.abc import AsyncIterator, Callable, Collection
 from typing import Any, Literal, overload
 
 from .._core import (
-    RECORD_LOST,
     Claimed,
     Decision,
     ExpiringDecision,
@@ -31,40 +29,17 @@ from .._core import (
     owner_tag,
     record_for,
 )
-from ..errors import ConfigurationError, EffectCommittedError, StoreError
+from ..errors import EffectCommittedError, StoreError
 from ..events import logger
 from ..policy import Policy
+from ._async_sender import AsyncSender
 from ._async_status import read_statuses, scan_statuses
-from ._base import (
-    COMMITTED_ONLY,
-    SCRIPT_KEYS,
-    AsyncEffects,
-    _block_cap,
-    _block_ms,
-    _done_stream,
-    _dropped_errors,
-    _never_connected,
-    _next_delay,
-    _read_limit,
-    _retry_delay,
-    _slot_moving,
-)
-from ._concurrency._async_heartbeat import AsyncHeartbeat
+from ._base import COMMITTED_ONLY, AsyncEffects, _next_delay
 from ._concurrency._async_keeper import AsyncKeeper
-from ._concurrency._async_lean import lean_for
-from ._concurrency._async_redirect import route_for
-from ._concurrency._async_runtime import (
-    LoopWatch,
-    discover,
-    drop_other_loops,
-    send_with_wait,
-    sleep,
-)
-from ._concurrency._async_wakeup import AsyncWakeups
-from ._durable import _DONE, _DURABLE, _LOAD_SCRIPT, _SEND_AGAIN, _UNCONFIRMED, _durable_outcome
-from ._server_check import _CONFIG_NAMES, _config_pairs, _info_settings, _report, server_warnings
+from ._concurrency._async_runtime import discover, drop_other_loops, sleep
+from ._server_check import _report, server_warnings
 from .operator import Cancelled, Forgotten, decode_cancel_reply, decode_forget_reply
-from .status import STATES, RecordStatus
+from .status import RecordStatus, _states
 from .uncertain import UncertainEntry, UncertainKind, decode_entry, entry_fields, uncertain_stream
 
 __all__ = ["AsyncRedisStore"]
@@ -73,18 +48,7 @@ __all__ = ["AsyncRedisStore"]
 CLOSE_DRAIN = 1.0
 
 
-def _states(state: str | Collection[str] | None) -> frozenset[str] | None:
-    """``records(state=...)`` as a set, every name checked: a typo must not list nothing."""
-    if state is None:
-        return None
-    states = frozenset((state,) if isinstance(state, str) else state)
-    unknown = sorted(states.difference(STATES))
-    if unknown:
-        raise ConfigurationError(f"unknown record state {unknown}: use one of {list(STATES)}")
-    return states
-
-
-class AsyncRedisStore(AsyncHeartbeat):
+class AsyncRedisStore(AsyncSender):
     """Idempotency records in Redis.
 
     ``client`` is a ``redis.asyncio.Redis``, ``redis.asyncio.RedisCluster`` or
@@ -96,137 +60,15 @@ class AsyncRedisStore(AsyncHeartbeat):
         self, client: Any, policy: Policy | None = None, *, effects: AsyncEffects | None = None
     ) -> None:
         super().__init__(client, policy)
-        client = self.client  # a valkey-glide client is wrapped by now (idemkey/store/_glide)
         #: Where committed results are found again (``idemkey.contrib.sqlalchemy``), or None.
         self.effects = effects
-        self._wakeups = AsyncWakeups(self._read_done, _read_limit(client))
-        self._block_cap = _block_cap(client)
-        self._dropped = _dropped_errors(client)
-        self._loops = LoopWatch()
-        self._keeper = AsyncKeeper(client)
-        lean = lean_for(client)
-        #: Where the cluster client's own ASK handling sends ASKING and the script on two
-        #: pooled connections (the asyncio ones), the store's own route, which sends them on
-        #: one (see the ``redirect`` module beside the lean one); else None.
-        self._route = route_for(client, self._scripts, self._errors, self._slot_moving_wait)
-        #: How a script call is sent: that route, the lean path on a plain redis-py client,
-        #: glide's invoke_script on its facade, else the plain one (``_base.lean_eligible``).
-        #: All answer alike (tests/store/test_lean.py, tests/cluster/test_ask.py,
-        #: tests/store/test_glide.py).
-        self._evalsha = (
-            self._route.evalsha
-            if self._route is not None
-            else lean.evalsha
-            if lean is not None
-            else getattr(client, "idemkey_evalsha", None) or self._plain_evalsha
-        )
-        if self.policy.durability is not None:
-            # Only with durability on: the plain _eval (the hot path) stays exactly as it is.
-            self._eval = self._eval_durable  # type: ignore[method-assign]
+        self._keeper = AsyncKeeper(self.client)
 
     async def aclose(self) -> None:
         """Stop the heartbeat, and give the uncertain outcomes being written up to a second
         (``CLOSE_DRAIN``) to land. The Redis client stays open: it belongs to the caller."""
         await super().aclose()
         await self._keeper.drain(CLOSE_DRAIN)
-
-    async def _eval(self, name: str, *keys_and_args: str | bytes | int) -> Any:
-        script = self._scripts[name]
-        if self._loops.moved():  # another event loop: its connections are of no use here
-            await drop_other_loops(self.client)
-        try:
-            try:
-                return await self._evalsha(script.sha, keys_and_args)
-            except self._noscript:
-                keys, args = keys_and_args[:SCRIPT_KEYS], keys_and_args[SCRIPT_KEYS:]
-                return await script(keys, args)
-        except self._errors as exc:
-            if _slot_moving(exc, self._moving):
-                return await self._eval_while_slot_moves(name, keys_and_args)
-            if isinstance(exc, self._dropped) and not _never_connected(exc):
-                return await self._eval_again(name, keys_and_args)
-            raise self._store_error(name, exc) from exc
-
-    async def _plain_evalsha(self, sha: str, keys_and_args: tuple[str | bytes | int, ...]) -> Any:
-        return await self.client.execute_command("EVALSHA", sha, SCRIPT_KEYS, *keys_and_args)
-
-    def _slot_moving_wait(self) -> float:
-        return self.slot_moving_wait  # read per call: a caller may change it on the store
-
-    async def _send_again(self, name: str, keys_and_args: tuple[str | bytes | int, ...]) -> Any:
-        """A script sent once more: through the store's own route where it has one (the
-        client's ASK handling is what it avoids), else the registered script, which loads it
-        on NOSCRIPT."""
-        script = self._scripts[name]
-        if self._route is not None:
-            return await self._route.evalsha(script.sha, keys_and_args)
-        return await script(keys_and_args[:SCRIPT_KEYS], keys_and_args[SCRIPT_KEYS:])
-
-    async def _eval_again(self, name: str, keys_and_args: tuple[str | bytes | int, ...]) -> Any:
-        """Send a script once more after its connection was dropped (a pooled connection the
-        server closed when it restarted: redis-py's asyncio pool hands it out unchecked, and
-        redis-py 5 retries no command, whatever ``retry=`` says). Safe: every script answers a
-        re-send by its owner as it answered the first."""
-        try:
-            return await self._send_again(name, keys_and_args)
-        except self._errors as exc:
-            raise self._store_error(name, exc) from exc
-
-    async def _eval_while_slot_moves(
-        self, name: str, keys_and_args: tuple[str | bytes | int, ...]
-    ) -> Any:
-        deadline, delay = time.monotonic() + self.slot_moving_wait, 0.0
-        while True:
-            await sleep(delay := _retry_delay(delay, deadline))
-            try:
-                return await self._send_again(name, keys_and_args)
-            except self._errors as exc:
-                if not _slot_moving(exc, self._moving) or time.monotonic() >= deadline:
-                    raise self._store_error(name, exc) from exc
-
-    async def _eval_durable(self, name: str, *keys_and_args: str | bytes | int) -> Any:
-        durability = self.policy.durability
-        if self._loops.moved():
-            await drop_other_loops(self.client)
-        if durability is None or name not in _DURABLE:
-            return await AsyncRedisStore._eval(self, name, *keys_and_args)
-        script = self._scripts[name]
-        deadline, delay = time.monotonic() + self.slot_moving_wait, 0.0
-        while True:
-            try:
-                replies = await send_with_wait(self.client, keys_and_args, script.sha, durability)
-                may_retry = time.monotonic() < deadline
-                outcome, value = _durable_outcome(
-                    name, replies, self._noscript, durability, may_retry
-                )
-                if outcome == _LOAD_SCRIPT:
-                    await self.client.script_load(script.script)
-            except self._errors as exc:
-                await self._refresh_topology()
-                raise self._store_error(name, exc) from exc
-            except StoreError:  # a failure in the replies (a dead node's pooled connection)
-                await self._refresh_topology()
-                raise
-            if outcome == _DONE:
-                return value
-            if outcome == _SEND_AGAIN:
-                await self._refresh_topology()
-                if not may_retry:
-                    raise value
-                await sleep(delay := _retry_delay(delay, deadline))
-            elif outcome == _UNCONFIRMED:
-                if name == "claim":  # free the key so a retry can run, if Redis lets us
-                    with contextlib.suppress(StoreError):
-                        key, _, owner, *_ = keys_and_args
-                        await AsyncRedisStore._eval(self, "release", key, owner)
-                raise value
-
-    async def _refresh_topology(self) -> None:
-        """After a redirect or a dead node, let a cluster client learn who serves what now."""
-        nodes = getattr(self.client, "nodes_manager", None)
-        if nodes is not None:
-            with contextlib.suppress(*self._errors):
-                await nodes.initialize()
 
     @overload
     async def claim(
@@ -308,60 +150,6 @@ class AsyncRedisStore(AsyncHeartbeat):
             return await self._recover(record, decision, ttl_ms)
         return decision
 
-    async def _wait_for_end(
-        self,
-        record: Record,
-        owner: str,
-        args: tuple[str | bytes | int, ...],
-        decision: InFlight,
-        wait: float,
-    ) -> ExpiringDecision:
-        """Claim again (``args``: the claim's, sent by ``owner``) each time the claim in flight
-        ends, for up to ``wait`` seconds.
-
-        The end (complete or release) posts to the record's done stream, which a blocking
-        XREAD shared by this store's waiters is watching; a lease that lapses with no end is
-        noticed when the read times out with it, and taken over. Where no read can be made
-        (too many records waited on, a read that failed), poll with backoff.
-        """
-        stream = _done_stream(record)
-        deadline, delay = time.monotonic() + wait, 0.0
-        answer: ExpiringDecision = decision
-        while type(answer) is InFlight:
-            block_ms = _block_ms(answer.lease_remaining, deadline, self._block_cap)
-            if block_ms == 0:
-                break
-            woken = await self._wakeups.wait(stream, block_ms)
-            if woken is None:  # no read could be made
-                if (delay := _next_delay(delay, deadline)) <= 0:
-                    break
-                await sleep(delay)
-            answer = decode_claim_reply(await self._eval("claim", *args), owner)
-            if woken and type(answer) is InFlight:
-                # Woken, yet in flight: another waiter claimed the record after a release
-                # (its claim dropped the stream), or an entry the claim could not drop. Back
-                # off as a poll would, so that an entry that stays cannot make a loop.
-                if (delay := _next_delay(delay, deadline)) <= 0:
-                    break
-                await sleep(delay)
-        return answer
-
-    async def _read_done(self, stream: str, block_ms: int) -> bool | None:
-        """XREAD BLOCK on a done stream from its start: True when it has an entry, False when
-        the block ended without one, None when the read failed."""
-        command = ("XREAD", "BLOCK", block_ms, "STREAMS", stream, "0-0")
-        if self._loops.moved():
-            await drop_other_loops(self.client)
-        try:
-            if hasattr(self.client, "get_node_from_key"):  # a cluster: no COMMAND GETKEYS
-                node = self.client.get_node_from_key(stream)
-                entries = await self.client.execute_command(*command, target_nodes=node)
-            else:
-                entries = await self.client.execute_command(*command)
-        except self._errors:
-            return None
-        return bool(entries)
-
     async def _recover(self, record: Record, claim: Claimed, ttl_ms: int) -> Decision:
         """A committed fenced result is the answer: complete the record with it and replay.
         A row committed with no result recorded: release and raise EffectCommittedError."""
@@ -440,13 +228,6 @@ class AsyncRedisStore(AsyncHeartbeat):
     async def renew(self, record: Record, owner: str, *, lease_ms: int | None = None) -> bool:
         """Extend the lease by ``lease_ms``; False when it is no longer ours."""
         return await self._renew(record, owner, lease_ms or self.policy.lease_ms, None) == 1
-
-    async def _renew(self, record: Record, owner: str, lease_ms: int, fence: int | None) -> int:
-        """renew.lua's reply: 1 renewed, 0 another owner's, RECORD_LOST (only with the claim's
-        ``fence``) the record was lost under the claim."""
-        args: tuple[str | int, ...] = (record.record_key, owner, lease_ms)
-        reply = await self._eval("renew", *(args if fence is None else (*args, fence)))
-        return 1 if reply == 1 else RECORD_LOST if reply == RECORD_LOST else 0
 
     async def checkpoint(
         self, record: Record, owner: str, field: str, result: bytes
@@ -610,18 +391,3 @@ class AsyncRedisStore(AsyncHeartbeat):
         except self._errors:  # the node list itself (a cluster that cannot be reached)
             pass
         return _report(labelled)
-
-    async def _settings(self, target: dict[str, Any]) -> dict[str, str]:
-        ask = self.client.execute_command
-        try:
-            settings: dict[str, str] = {}
-            for name in _CONFIG_NAMES:
-                settings.update(_config_pairs(await ask("CONFIG", "GET", name, **target)))
-            return settings
-        except self._errors:
-            pass
-        try:
-            memory = await ask("INFO", "memory", **target)
-            return _info_settings(memory, await ask("INFO", "persistence", **target))
-        except self._errors:
-            return {}

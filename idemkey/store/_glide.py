@@ -6,7 +6,7 @@ The store is written against redis-py's asyncio API (``execute_command``, pipeli
 those places, ``AsyncHeartbeat`` wraps a glide client in :class:`GlideFacade` (or
 :class:`GlideClusterFacade`) before the store sees it, and the store runs unchanged on it.
 Only this module imports ``glide``; it is imported only when a glide client is given
-(``_base.is_glide``), so ``idemkey`` works without the extra installed.
+(``_backend.is_glide``), so ``idemkey`` works without the extra installed.
 
 What differs from redis-py, and why:
 
@@ -30,7 +30,7 @@ from glide import GlideClusterClient
 
 from ..errors import ConfigurationError
 from ..policy import Policy
-from ._base import SCRIPT_KEYS
+from ._backend import SCRIPT_KEYS
 
 __all__ = [
     "BACKEND_ERRORS",
@@ -49,12 +49,12 @@ class GlideNoScript(Exception):
     a plain ``RequestError`` for every server error, and the store needs this one by class."""
 
 
-#: ``_base._backend_errors`` for the facade. No "slot is moving" class: glide's core retries
+#: ``_backend._backend_errors`` for the facade. No "slot is moving" class: glide's core retries
 #: TRYAGAIN and follows MOVED/ASK itself. The facade carries them (``idemkey_errors``), so
-#: ``_base``, which this module imports, imports nothing of it.
+#: ``_backend``, which this module imports, imports nothing of it.
 BACKEND_ERRORS: Final = ((glide.GlideError, GlideNoScript, OSError), GlideNoScript, ())
 
-#: ``_base._dropped_errors`` for the facade: a connection that closed under a command.
+#: ``_backend._dropped_errors`` for the facade: a connection that closed under a command.
 DROPPED_ERRORS: Final = (glide.ConnectionError, ConnectionError)
 
 

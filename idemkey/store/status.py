@@ -17,6 +17,7 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import Final, Literal
 
+from ..errors import ConfigurationError
 from ._origin import ORIGIN_FIELDS, decode_origin
 from .diagnostics import _text as text
 
@@ -38,6 +39,18 @@ __all__ = [
 #: (after the finished steps, if any).
 RecordState = Literal["in_progress", "lapsed", "complete", "released"]
 STATES: Final[tuple[RecordState, ...]] = ("in_progress", "lapsed", "complete", "released")
+
+
+def _states(state: str | Collection[str] | None) -> frozenset[str] | None:
+    """``records(state=...)`` as a set, every name checked: a typo must not list nothing."""
+    if state is None:
+        return None
+    states = frozenset((state,) if isinstance(state, str) else state)
+    unknown = sorted(states.difference(STATES))
+    if unknown:
+        raise ConfigurationError(f"unknown record state {unknown}: use one of {list(STATES)}")
+    return states
+
 
 #: The hash fields one status needs, in the order :func:`decode_status` reads them.
 #: Not the stored answer (it may be large): a record with neither state nor fence is complete.

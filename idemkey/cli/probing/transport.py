@@ -12,8 +12,8 @@ from dataclasses import dataclass
 from typing import Final
 from urllib.parse import urlsplit
 
+from .answers import Answer, NoResponse, Response
 from .session import Batch, Outgoing
-from .verdicts import Answer, NoResponse, Response
 
 __all__ = ["MAX_BODY_BYTES", "Target", "Unreachable", "parse_target", "send_batch"]
 

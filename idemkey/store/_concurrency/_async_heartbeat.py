@@ -15,7 +15,8 @@ from ..._core import RECORD_LOST, Record
 from ...errors import StoreError
 from ...events import logger
 from ...policy import Policy
-from .._base import _IDLE_SECONDS, StoreBase, is_glide
+from .._backend import is_glide
+from .._base import _IDLE_SECONDS, StoreBase
 from .._leases import Lease
 
 __all__ = ["AsyncHeartbeat"]

@@ -14,7 +14,7 @@ import time
 from typing import Any, Final
 
 from ...events import logger
-from .._base import _never_connected
+from .._backend import _never_connected
 from ..uncertain import MAX_ENTRIES
 
 __all__ = ["MAX_PENDING", "RETRY_SECONDS", "AsyncKeeper"]

@@ -4,7 +4,7 @@
 arguments into the packer, the observability hooks, the per-call closures. Here the command is
 packed in one call to hiredis (or, without it or with a client encoding that is not UTF-8, in
 Python with its static head, ``EVALSHA <sha> 2`` and the array length, packed once per script
-and argument count; see ``_base.evalsha_packer``), and sent on a
+and argument count; see ``_packing.evalsha_packer``), and sent on a
 connection taken from the client's pool with ``send_packed_command`` and read with its parser
 (``read_response``). What the plain path does around that is kept: the connection's retry
 policy (``conn.retry``, with the same disconnect between attempts), its health check (inside
@@ -26,7 +26,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from .._base import Packer, evalsha_packer, lean_eligible
+from .._packing import Packer, evalsha_packer, lean_eligible
 
 __all__ = ["Batched", "Lean", "lean_for"]
 

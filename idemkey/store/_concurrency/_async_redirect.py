@@ -33,7 +33,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from .._base import SCRIPT_KEYS, _retry_delay, client_module
+from .._backend import SCRIPT_KEYS, _retry_delay, client_module
 from ._async_runtime import sleep
 
 __all__ = ["ClusterRoute", "route_for"]
@@ -65,7 +65,7 @@ class ClusterRoute:
         # what this module avoids): TRYAGAIN goes to the store's slot-moving retry.
         self._raised: _Errors = (self._ask, self._moved, errors.TryAgainError)
         self._pipeline_command: Any = importlib.import_module(module).PipelineCommand
-        #: ``numkeys`` of the script calls sent (``_base.SCRIPT_KEYS``).
+        #: ``numkeys`` of the script calls sent (``_backend.SCRIPT_KEYS``).
         self.keys = SCRIPT_KEYS
 
     async def evalsha(self, sha: str, keys_and_args: tuple[str | bytes | int, ...]) -> Any:

@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 
 from ...events import logger
 from ...policy import Replicas
-from .._base import SCRIPT_KEYS, client_module
+from .._backend import SCRIPT_KEYS, client_module
 
 __all__ = [
     "Cancelled",

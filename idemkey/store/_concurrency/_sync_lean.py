@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .._base import Packer, evalsha_packer, lean_eligible
+from .._packing import Packer, evalsha_packer, lean_eligible
 
 __all__ = ["Lean", "lean_for"]
 

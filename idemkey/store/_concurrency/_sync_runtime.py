@@ -12,7 +12,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from ...policy import Replicas
-from .._base import SCRIPT_KEYS
+from .._backend import SCRIPT_KEYS
 
 __all__ = [
     "Cancelled",

@@ -1,4 +1,5 @@
-"""Sans-IO core: keys, record names, fingerprints, script arguments and replies.
+"""Sans-IO core: keys, record names, fingerprints, script arguments and replies (the
+``Idempotency-Key`` field's parser in ``_keys``, re-exported here).
 
 Nothing here does I/O, so the sync and async stores, the guards and the HTTP adapters share
 every decision, and tests cover them without a server.
@@ -23,14 +24,14 @@ from __future__ import annotations
 
 import hashlib
 import os
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Final, NamedTuple, cast
 
 import xxhash
 
-from .errors import InvalidKeyError, StoreError
+from ..errors import StoreError
+from ._keys import MAX_KEY_LENGTH, parse_key
 
 __all__ = [
     "MAX_KEY_LENGTH",
@@ -57,57 +58,6 @@ __all__ = [
     "record_state",
     "retry_after_seconds",
 ]
-
-MAX_KEY_LENGTH: Final = 255
-
-# RFC 8941 sf-string: printable ASCII, with only \" and \\ escaped. Spaces are allowed inside.
-_SF_STRING: Final = re.compile(r'"((?:[\x20\x21\x23-\x5b\x5d-\x7e]|\\["\\])*)"')
-_SF_ESCAPE: Final = re.compile(r'\\(["\\])')
-# Bare keys: visible ASCII but the comma, which only appears where a server joined several
-# field lines into one (PEP 3333 does), and several keys in one request are invalid.
-_BARE: Final = re.compile(r"[\x21-\x2b\x2d-\x7e]+")
-_OWS: Final = " \t"
-
-
-def parse_key(value: str, *, strict: bool = False) -> str:
-    """Return the key carried by one ``Idempotency-Key`` field value.
-
-    Accepts the RFC 8941 sf-string form (``"abc"``) and, unless ``strict``, the bare form
-    (``abc``); both give the same key. The key is 1 to 255 printable ASCII characters.
-    Anything else raises :class:`InvalidKeyError` with the rule it broke.
-    """
-    value = value.strip(_OWS)
-    if not value:
-        return _invalid("the key is empty")
-    if not value.isascii():
-        return _invalid("the key must be ASCII")
-    if value[0] == '"':
-        match = _SF_STRING.fullmatch(value)
-        if match is None:
-            return _invalid("the key is not a valid RFC 8941 string")
-        key = match.group(1)
-        if "\\" in key:
-            key = _SF_ESCAPE.sub(r"\1", key)
-        if "," in key:
-            # gunicorn and werkzeug join two field lines `"x` and `y"` into `"x,y"`, a valid
-            # sf-string: a comma is refused in both forms, so several lines never pass as one.
-            return _invalid("the key must not contain a comma (several field lines?)")
-    elif strict:
-        return _invalid('the key must be an RFC 8941 string in double quotes, like "abc"')
-    elif _BARE.fullmatch(value) is None:
-        return _invalid("the key must be visible ASCII characters, without spaces or commas")
-    else:
-        key = value
-    if not key:
-        return _invalid("the key is empty")
-    if len(key) > MAX_KEY_LENGTH:
-        return _invalid(f"the key is longer than {MAX_KEY_LENGTH} characters")
-    return key
-
-
-def _invalid(reason: str) -> str:
-    raise InvalidKeyError(reason)
-
 
 # Record, Claimed and Replay are built on every request: named tuples, so the hot path builds
 # them with tuple.__new__ (C) rather than a Python __init__ (a frozen dataclass's sets each
@@ -165,7 +115,7 @@ def record_origin(scope: str, method: str, route: str, key: str | None = None) -
     Text only: a lone surrogate in the route or scope (made from bytes) is written escaped, as
     the client's strict UTF-8 encoding could not send it (the record's name encodes it with
     ``surrogatepass``, so the record itself is unchanged)."""
-    from .store._origin import origin_text  # here: the store's package imports this module
+    from ..store._origin import origin_text  # here: the store's package imports this module
 
     origin = origin_text(scope, method, route, key)
     if origin.isascii():

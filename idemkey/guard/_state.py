@@ -1,0 +1,321 @@
+"""The I/O-free part of a guard: :class:`GuardState`, which record and fingerprint a guard
+names and what each decision means (a claim, a replay, a mismatch, a failed store call), and
+what leaving the block reports. Both guards (``_async_guard``, and ``_sync_guard`` generated
+from it) build on it; the :class:`~idemkey.guard._call.Call` it yields lives in ``_call``.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import time
+from collections.abc import Callable
+from functools import partial
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
+
+from .._codec import RESULT_NOT_KEPT, decode_value, encode_payload
+from .._core import (
+    PAYLOAD_DIGEST,
+    Claimed,
+    Decision,
+    InFlight,
+    Mismatch,
+    Record,
+    Replay,
+    record_for,
+    record_origin,
+)
+from .._options import seconds as duration
+from ..errors import (
+    ConfigurationError,
+    InvalidKeyError,
+    KeyReuseError,
+    LeaseLostError,
+    RequestInFlightError,
+    ResultNotStorableError,
+    StoreError,
+)
+from ..events import (
+    ALWAYS_LOGGED,
+    DEBUG,
+    RECORD_LOST_DETAIL,
+    TAKEN_OVER_DETAIL,
+    EventKind,
+    enabled_memo,
+    report,
+)
+from ._call import _CURRENT, GUARD_METHOD, Call
+from ._failures import FailureRules, is_failure, raise_failure, rules_for
+
+if TYPE_CHECKING:
+    from ..policy import Policy
+    from ..store.uncertain import UncertainKind
+    from ._async_steps import AsyncSteps
+    from ._sync_steps import Steps
+
+__all__ = ["GuardState"]
+
+T = TypeVar("T")
+
+
+def _closed(make: Callable[[], Steps | AsyncSteps]) -> Steps | AsyncSteps:
+    """Build the steps of a block that has exited, closed: no step may start."""
+    steps = make()
+    steps.book.close()
+    return steps
+
+
+class GuardState(Generic[T]):
+    """The I/O-free part of a guard: which record, which fingerprint, what a decision means.
+
+    A guard class names its store type and function (``store_type``, ``function``) and adds
+    the store calls; it needs no ``__init__`` of its own (one Python call less per guard).
+    """
+
+    __slots__ = (
+        "_current",
+        "call",
+        "claim",
+        "fingerprint",
+        "key",
+        "name",
+        "policy",
+        "record",
+        "remember",
+        "result_type",
+        "scope",
+        "seconds",
+        "store",
+    )
+    store_type: ClassVar[type[Any]]
+    function: ClassVar[str]
+
+    def __init__(
+        self,
+        store: Any,
+        key: str,
+        payload: object,
+        scope: str,
+        policy: Policy | None,
+        result_type: Any,
+        name: str = "",
+        cache_exceptions: object = (),
+        deadline: float | None = None,
+    ) -> None:
+        if not isinstance(store, self.store_type):
+            raise ConfigurationError(
+                f"{self.function}() takes a store of type {self.store_type.__name__}, "
+                f"got {type(store).__name__}"
+            )
+        self.store = store
+        store_policy: Policy = store.policy
+        if not isinstance(key, str) or not key:
+            raise InvalidKeyError("a guard key must be a non-empty string")
+        if not isinstance(scope, str):
+            raise ConfigurationError(f"a guard scope must be a str, got {type(scope).__name__}")
+        if policy is None or policy is store_policy:
+            self.policy = store_policy
+        else:
+            # Imported here: the HTTP exchange imports this module while policy loads (its
+            # default scope is idemkey.http's), so this module needs no policy at import.
+            from ..policy import Policy
+            from ._policy_check import check_guard_policy
+
+            if not isinstance(policy, Policy):
+                raise ConfigurationError(f"policy must be a Policy, got {type(policy).__name__}")
+            check_guard_policy(policy, store_policy)
+            self.policy = policy
+        self.key = key
+        self.scope = scope
+        self.name = name
+        # ``name`` (a decorated function's qualified name) takes the route's place: two
+        # functions never share a record, whatever their keys.
+        self.record: Record = record_for(self.policy.prefix, scope, GUARD_METHOD, name, key)
+        # payload_fingerprint(encode_payload(payload)), without their calls for bytes
+        self.fingerprint = PAYLOAD_DIGEST(
+            payload if type(payload) is bytes else encode_payload(payload)
+        )
+        self.result_type = result_type
+        #: The exceptions remembered as the outcome (``cache_exceptions=``), None: none.
+        self.remember: FailureRules | None = rules_for(cache_exceptions)
+        #: The whole job's deadline, seconds from the claim (``deadline=``), or None.
+        self.seconds = None if deadline is None else duration(deadline, "deadline=")
+        self.claim: Claimed | None = None
+        self.call: Call[T] | None = None
+        self._current: contextvars.Token[Call[Any] | None] | None = None
+
+    @property
+    def origin(self) -> str:
+        """Where the record comes from, kept in it for ``store.records()`` (record_origin)."""
+        key = self.key if self.policy.keep_keys else None
+        return record_origin(self.scope, GUARD_METHOD, self.name, key)
+
+    def enter(self, decision: Decision, seconds: float) -> Call[T]:
+        """The Call for a claim or a replay; raises for a mismatch or a request in flight."""
+        if type(decision) is Replay:
+            response = decision.response
+            if response == RESULT_NOT_KEPT:
+                self.notify("replayed", detail="result not kept", seconds=seconds)
+                raise ResultNotStorableError(self.key, "it could not be encoded on the first run")
+            if is_failure(response):
+                self.notify("replayed", detail="remembered failure", seconds=seconds)
+                raise raise_failure(response, self.remember)
+            self.notify("replayed", seconds=seconds)
+            return Call(replayed=True, result=decode_value(response, self.result_type))
+        if type(decision) is Claimed:
+            self.claim = decision
+            self.notify(
+                "takeover" if decision.takeover else "claimed", decision.fence, seconds=seconds
+            )
+            if decision.takeover:
+                # The steps the previous executor finished, as its lease_lost entry lists them:
+                # what an operator checks for this incident.
+                resumed = tuple(name for name, _ in decision.steps)
+                self.uncertain("takeover", decision.fence, steps=resumed)
+            call = self.call = Call(
+                replayed=False,
+                fence=decision.fence,
+                takeover=decision.takeover,
+                key=self.key,
+                record=self.record,
+                ttl_ms=self.policy.ttl_ms,
+                compress_at=self.policy.compress_at,
+            )
+            self._current = _CURRENT.set(call)
+            return call
+        if type(decision) is Mismatch:
+            self.notify("mismatch", seconds=seconds)
+            raise KeyReuseError()
+        assert isinstance(decision, InFlight)
+        self.notify("in_flight", seconds=seconds)
+        raise RequestInFlightError(decision.retry_after, decision.lease_remaining)
+
+    def claim_failed(self, error: StoreError) -> Call[T]:
+        """Redis failed before the work ran: raise it (``on_store_error="closed"``), or run
+        the work unprotected (``"open"``: nothing is claimed or stored, a retry runs again)."""
+        if self.policy.on_store_error == "open":
+            self.notify("unprotected", detail=str(error))
+            self.uncertain("unprotected", detail=str(error))
+            self.call = Call(replayed=False, key=self.key)
+            return self.call
+        self.notify("store_error", detail=str(error))
+        raise error
+
+    def job_deadline(self) -> tuple[float, float] | None:
+        """(``time.monotonic()`` the deadline passes at, its length), from now: the claim."""
+        seconds = self.seconds
+        return None if seconds is None else (time.monotonic() + seconds, seconds)
+
+    @property
+    def ttl_ms(self) -> int:
+        return self.policy.ttl_ms
+
+    def close_steps(self) -> None:
+        """The block has exited: no step may start any more."""
+        call = self.call
+        if call is None or call._steps is None:
+            return
+        steps = call._steps
+        if callable(steps):  # never used: stays unbuilt, and is closed once built
+            call._steps = partial(_closed, steps)
+        else:
+            steps.book.close()
+
+    def saved(self) -> bytes | None:
+        """The saved result, if any; the block is left, so it is no longer the current call."""
+        if self._current is not None:
+            _CURRENT.reset(self._current)
+            self._current = None
+        call = self.call
+        if call is None:
+            return None
+        # Untied (no fenced transaction): the saved value, without a call on the hot path.
+        return call._saved if call._ties is None else call._final()
+
+    def outcome(self, exc: BaseException | None) -> bytes | None:
+        """What the record completes with: the saved result, else a remembered failure (the
+        block raised a declared ``cache_exceptions`` exception), else None: release it."""
+        saved = self.saved()
+        if saved is None and exc is not None and self.remember is not None:
+            return self.remember.encode(exc)
+        return saved
+
+    def exited(
+        self, done: bool, completing: bool, exc: BaseException | None, seconds: float
+    ) -> None:
+        """Report how leaving the block went; a lost lease raises unless the block raised."""
+        fence = self.claim.fence if self.claim else None
+        why = TAKEN_OVER_DETAIL
+        if (
+            not done
+            and self.claim is not None
+            and self.store._record_lost(self.record, self.claim.owner)
+        ):
+            why = RECORD_LOST_DETAIL  # evicted or deleted under the claim, not taken over
+        if not completing:
+            if done:
+                self.notify("released", fence, seconds=seconds)
+                if steps := self.finished_steps():
+                    self.uncertain("released_with_steps", fence, str(exc or ""), steps)
+            else:
+                self.notify("lease_lost", fence, why)
+                self.uncertain("lease_lost", fence, why, self.finished_steps())
+        elif done:
+            self.notify("completed", fence, seconds=seconds)
+        else:
+            self.notify("lease_lost", fence, why)
+            self.uncertain("lease_lost", fence, why, self.finished_steps())
+            if exc is None:
+                raise LeaseLostError(fence)
+
+    def cancelled(self) -> None:
+        """The block was cancelled by its caller before saving a result (asyncio): the claim
+        is kept, unrenewed, until its lease lapses; an ``uncertain`` entry says so."""
+        fence = self.claim.fence if self.claim else None
+        lapses = f"the key is held until its lease lapses ({self.policy.lease_ms} ms)"
+        self.uncertain("cancelled", fence, lapses, self.finished_steps())
+
+    def store_failed(
+        self, error: StoreError, exc: BaseException | None, completing: bool = False
+    ) -> None:
+        """Redis failed while leaving the block: raise it, unless the block's own exception
+        is already on its way out (that one is what the caller must see; ours is logged).
+        ``completing``: the block's result was being stored (an uncertain outcome)."""
+        fence = self.claim.fence if self.claim else None
+        self.notify("store_error", fence, str(error))
+        if completing:
+            self.uncertain("completion_failed", fence, str(error), self.finished_steps())
+        if exc is None:
+            raise error
+
+    def finished_steps(self) -> tuple[str, ...]:
+        """The finished steps the record keeps: those this call saw finish or resumed."""
+        call = self.call
+        steps = call._steps if call is not None else None
+        if steps is None or callable(steps):  # never built: only what the claim resumed
+            return tuple(name for name, _ in self.claim.steps) if self.claim else ()
+        return steps.book.finished
+
+    def uncertain(
+        self,
+        kind: UncertainKind,
+        fence: int | None = None,
+        detail: str = "",
+        steps: tuple[str, ...] = (),
+    ) -> None:
+        """Keep an outcome an operator must check in the store's stream (never raises)."""
+        keep = getattr(self.store, "keep_uncertain", None)
+        if keep is not None:
+            keep(kind, self.record, self.scope, GUARD_METHOD, self.name, fence, detail, steps)
+
+    def notify(
+        self,
+        kind: EventKind,
+        fence: int | None = None,
+        detail: str = "",
+        seconds: float | None = None,
+    ) -> None:
+        hook = self.policy.on_event
+        if hook is None and kind not in ALWAYS_LOGGED and enabled_memo.get(DEBUG) is False:
+            return  # nobody listens: this one check is all an event costs
+        # Events name a decorated function where an HTTP event names its route.
+        report(hook, kind, self.record, self.scope, GUARD_METHOD, self.name, fence, detail, seconds)
