@@ -85,9 +85,13 @@ def test_doctor_all_ok_with_noeviction_and_aof(
     server = redis_server_factory(["--appendonly", "yes", "--maxmemory-policy", "noeviction"])
     run = idemkey("doctor", "--redis-url", server.url, "--json", "--pings", "3")
     assert run.code == 0
-    report = json.loads(run.out)
-    assert report["verdict"] == "OK", report
-    assert _checks(run.out)["persistence"]["detail"] == "AOF"
+    checks = _checks(run.out)
+    # Every check OK; the round trip may WARN on a box loaded by the other test workers (a
+    # median over 5 ms of three PINGs), which says nothing about the server's settings.
+    not_ok = {name: c for name, c in checks.items() if c["verdict"] != "OK"}
+    assert set(not_ok) <= {"round trip"}, not_ok
+    assert json.loads(run.out)["verdict"] == ("WARN" if not_ok else "OK")
+    assert checks["persistence"]["detail"] == "AOF"
 
 
 def test_doctor_fails_on_a_replica(
