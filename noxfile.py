@@ -424,10 +424,10 @@ NEWEST_REPORTED = (
     "uvicorn", "hypercorn", "gunicorn", "httpx",
 )  # fmt: skip
 #: What ``newest`` runs: the quick tier, and the integrations whose upstreams move fastest.
+# (Not the pages or the packaging tests: they build venvs and wheels, a minute of CI's 20, and
+# the main leg runs them.)
 NEWEST_TESTS = [
     *QUICK_TESTS,
-    "tests/test_pages.py",
-    "tests/test_packaging.py",
     "tests/contrib",
     "tests/sql",
     "tests/frameworks/test_fastapi.py",
