@@ -9,12 +9,12 @@ from typing import IO, Any, Final
 
 from .._codec import StoredResponse, decode_response, decode_value
 from .._core import OWNER_TAG_LENGTH, Record, parse_key, record_for, record_state
+from .._core._origin import ORIGIN_FIELDS, decode_origin, escape_key
 from ..errors import InvalidKeyError, RecordFormatError
 from ..guard import GUARD_METHOD
 from ..guard._failures import is_failure, read_failure
 from ..http._messages import Headers, Request
 from ..http._scope import NO_CREDENTIALS, credential_scope
-from ..store._origin import ORIGIN_FIELDS, decode_origin, escape_key
 from ..store.diagnostics import _text as text
 from ..store.status import lease_left_ms, server_ms
 from ._base import CliError

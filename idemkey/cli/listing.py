@@ -15,9 +15,9 @@ from dataclasses import asdict
 from datetime import datetime, timezone
 from typing import IO, Any, Final
 
+from .._core._origin import escape_key
 from ..policy import Policy
 from ..store import STATES, RecordStatus, RedisStore
-from ..store._origin import escape_key
 from ..store.uncertain import UncertainEntry
 from ._base import CliError, print_json
 from ._format import compact_seconds

@@ -15,7 +15,7 @@
 --                        of the whole fingerprint then the completion time (Unix ms, 13
 --                        digits), written by complete.lua; read only when the record is gone
 -- ARGV[7]  origin        optional; "<claimed at, unix ms> <method> <route>\n<scope>", then
---                        "\nk:<escaped key>;" unless Policy(keep_keys=False) (idemkey/store/_origin.py),
+--                        "\nk:<escaped key>;" unless Policy(keep_keys=False) (idemkey/_core/_origin.py),
 --                        kept in fields "i", "i1" ... "i15", 64 bytes each at most (a longer
 --                        value would make the hash a hash table for good; cut after 1 KiB),
 --                        from a fresh claim on (release leaves them, complete drops them
@@ -184,7 +184,7 @@ else
     fields[#fields + 1], fields[#fields + 2] = "f0", text
   end
   if ARGV[7] then
-    -- The origin in pieces of 64 bytes ("i", "i1", ...; idemkey/store/_origin.py). A record claimed
+    -- The origin in pieces of 64 bytes ("i", "i1", ...; idemkey/_core/_origin.py). A record claimed
     -- before drops the pieces of its earlier origin first, which may have been longer.
     if record[2] then
       redis.call("HDEL", KEYS[1], "i", "i1", "i2", "i3", "i4", "i5", "i6", "i7", "i8", "i9",

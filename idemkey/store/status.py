@@ -5,7 +5,7 @@ server's ``TIME`` once and, for records with finished steps, ``HKEYS``) and
 :func:`decode_status` turns the replies into a :class:`RecordStatus`. A record's name is a
 one-way digest of scope, method, route and key, so the route, method, scope and the client's key
 come from the origin a claim keeps in fields ``"i"``, ``"i1"`` ... (claim.lua,
-:mod:`idemkey.store._origin`) until the record completes (complete.lua drops it unless
+:mod:`idemkey._core._origin`) until the record completes (complete.lua drops it unless
 ``Policy.keep_key_after_completion``: a completed record stays within its memory goal). A
 completed record, or one claimed before idemkey kept an origin, has them empty and no age.
 """
@@ -17,8 +17,8 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import Final, Literal
 
+from .._core._origin import ORIGIN_FIELDS, decode_origin
 from ..errors import ConfigurationError
-from ._origin import ORIGIN_FIELDS, decode_origin
 from .diagnostics import _text as text
 
 __all__ = [
@@ -79,7 +79,7 @@ class RecordStatus:
     are ``""`` for a completed record and for one whose claim kept no origin (idemkey before
     0.3, or a caller of ``store.claim`` that passed none): a ``route`` or ``scope`` filter
     never matches them. ``client_key`` is the key the client sent, escaped
-    (:func:`idemkey.store._origin.escape_key`: printable, no white space; ``""`` when not kept:
+    (:func:`idemkey._core._origin.escape_key`: printable, no white space; ``""`` when not kept:
     ``Policy(keep_keys=False)``, a completed record without
     ``Policy(keep_key_after_completion=True)``, or a record claimed before 0.3.1);
     ``key_cut``: only its beginning was kept (the origin is cut after 1 KiB).

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from idemkey.store._origin import PIECE, decode_origin, escape_key, origin_text, unescape_key
+from idemkey._core._origin import PIECE, decode_origin, escape_key, origin_text, unescape_key
 
 HOSTILE = [
     "plain-key_1.2~",
