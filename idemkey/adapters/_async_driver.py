@@ -102,7 +102,8 @@ class AsyncDriver:
         started = perf_counter()
         try:
             if isinstance(plan, Complete):
-                await self._record(exchange, plan.stored)
+                if self.store.effects is not None:  # else no row can hold the response
+                    await self._record(exchange, plan.stored)
                 policy = exchange.policy
                 ok = await self.store.complete(
                     exchange.record,
@@ -126,7 +127,7 @@ class AsyncDriver:
         """A handler whose fenced transaction committed: its response goes into that row
         before Redis hears of it, so a retry after Redis forgot replays it from there."""
         call, effects = exchange.call, self.store.effects
-        fence = call._unrecorded.get(None) if call is not None and call._unrecorded else None
+        fence = call.unrecorded_fence() if call is not None else None
         if fence is None or effects is None:
             return
         try:

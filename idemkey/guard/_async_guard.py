@@ -102,8 +102,8 @@ class AsyncGuard(GuardState[T]):
         if saved is None:
             return await self.store.release(self.record, owner)
         call, effects, policy = self.call, self.store.effects, self.policy
-        if effects is not None and call is not None and call._unrecorded:
-            fence = call._unrecorded.get(None)
+        if effects is not None and call is not None:
+            fence = call.unrecorded_fence()
             if fence is not None:  # its fenced row committed before the result was saved
                 try:
                     await effects.record(self.record, None, fence, saved)

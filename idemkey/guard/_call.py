@@ -92,6 +92,13 @@ class Call(Generic[T]):
         # Built on first use (most calls run no step): a factory until then.
         self._steps: Steps | AsyncSteps | Callable[[], Steps | AsyncSteps] | None = None
 
+    def unrecorded_fence(self, step: str | None = None) -> int | None:
+        """The fence of a fenced transaction of this call that committed with no result for
+        ``step`` (None: the call's own result), whose row gets that result before Redis does
+        (``contrib.sqlalchemy``); None when there is none."""
+        unrecorded = self._unrecorded
+        return unrecorded.get(step) if unrecorded else None
+
     @property
     def result(self) -> T:
         """The stored result of the first run (only when ``replayed``), or what was saved."""

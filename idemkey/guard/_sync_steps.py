@@ -99,7 +99,8 @@ class Steps:
             except ConfigurationError as exc:
                 # Refused before it counts as finished: a retry runs the step again.
                 raise StepNotStorableError(self.key, name, str(exc.__cause__ or exc)) from exc
-            self._record(name, encoded)
+            if self.store.effects is not None:  # else no row can hold it: no call at all
+                self._record(name, encoded)
             stored = self._checkpoint(name, encoded)
         except BaseException:
             book.abandon(name)
@@ -134,7 +135,7 @@ class Steps:
     def _record(self, name: str, encoded: bytes) -> None:
         """A step whose fenced row committed records its result there before Redis hears."""
         call, effects = self.call, self.store.effects
-        fence = call._unrecorded.get(name) if call is not None and call._unrecorded else None
+        fence = call.unrecorded_fence(name) if call is not None else None
         if fence is None or effects is None:
             return
         try:
