@@ -32,7 +32,7 @@ import xxhash
 
 from ..errors import StoreError
 from ._keys import MAX_KEY_LENGTH, parse_key
-from ._origin import origin_text
+from ._origin import record_origin
 
 __all__ = [
     "MAX_KEY_LENGTH",
@@ -105,21 +105,6 @@ def record_for(prefix: str, scope: str, method: str, route: str, key: str) -> Re
     return _new_tuple(
         Record, (digest, name, name + ":lock")
     )  # Record(digest, record_key, lock_key)
-
-
-def record_origin(scope: str, method: str, route: str, key: str | None = None) -> str:
-    """What a claim keeps of where its record comes from (fields "i", "i1", ..., see
-    claim.lua): the method, the route (or function name), the scope and, unless ``key`` is
-    None, the key the client sent, escaped (:mod:`idemkey._core._origin`): what the record's
-    digest hides. ``idemkey.store.status`` reads it back; the store prepends the claim's time.
-
-    Text only: a lone surrogate in the route or scope (made from bytes) is written escaped, as
-    the client's strict UTF-8 encoding could not send it (the record's name encodes it with
-    ``surrogatepass``, so the record itself is unchanged)."""
-    origin = origin_text(scope, method, route, key)
-    if origin.isascii():
-        return origin
-    return origin.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 def fingerprint(

@@ -33,7 +33,7 @@ __all__ = [
     "Origin",
     "decode_origin",
     "escape_key",
-    "origin_text",
+    "record_origin",
     "unescape_key",
 ]
 
@@ -50,8 +50,6 @@ _ALWAYS_ESCAPED: Final = frozenset("%;")
 def escape_key(key: str) -> str:
     """``key`` with ``%``, ``;``, white space and every unprintable character as ``%XX`` of
     its UTF-8 bytes (a lone surrogate as its surrogatepass bytes): one line of printable text."""
-    if key.isprintable() and " " not in key and not _ALWAYS_ESCAPED.intersection(key):
-        return key
     out = []
     for ch in key:
         if ch.isprintable() and not ch.isspace() and ch not in _ALWAYS_ESCAPED:
@@ -66,12 +64,25 @@ def unescape_key(escaped: str) -> str:
     return unquote_to_bytes(escaped).decode("utf-8", "surrogatepass")
 
 
-def origin_text(scope: str, method: str, route: str, key: str | None = None) -> str:
-    """The origin without its time (the store prepends it): method, route, scope and, unless
-    ``key`` is None (``Policy(keep_keys=False)``), the escaped key."""
+def record_origin(scope: str, method: str, route: str, key: str | None = None) -> str:
+    """What a claim keeps of where its record comes from, without its time (the store
+    prepends it): the method, the route (or function name), the scope and, unless ``key`` is
+    None (``Policy(keep_keys=False)``), the key the client sent, escaped: what the record's
+    digest hides. :func:`decode_origin` reads it back.
+
+    Text only: a lone surrogate in the route or scope (made from bytes) is written escaped, as
+    the client's strict UTF-8 encoding could not send it (the record's name encodes it with
+    ``surrogatepass``, so the record itself is unchanged). One call on every claim: a key that
+    needs no escaping (the usual one) is tested here, without calling :func:`escape_key`."""
     if key is None:
-        return f"{method} {route}\n{scope}"
-    return f"{method} {route}\n{scope}{_KEY_MARK}{escape_key(key)}{_KEY_END}"
+        origin = f"{method} {route}\n{scope}"
+    else:
+        if not key.isprintable() or " " in key or not _ALWAYS_ESCAPED.isdisjoint(key):
+            key = escape_key(key)
+        origin = f"{method} {route}\n{scope}{_KEY_MARK}{key}{_KEY_END}"
+    if origin.isascii():
+        return origin
+    return origin.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 @dataclass(frozen=True, slots=True)

@@ -57,6 +57,7 @@ class TeeIterable:
         "body_started",
         "copy",
         "driver",
+        "ends_with_head",
         "environ",
         "exchange",
         "headers",
@@ -85,6 +86,7 @@ class TeeIterable:
         self.settled = False
         self.body_started = False  # a non-empty chunk went out: the head is the client's
         self.remaining: int | None = None  # bytes still due of the declared Content-Length
+        self.ends_with_head = False  # 204, 304 or Content-Length: 0: no body will follow
 
     def start_response(self, status: str, headers: list[tuple[str, str]], *exc_info: Any) -> Any:
         sent = self.exchange.first_headers(headers)  # None: as they are (the default)
@@ -93,7 +95,13 @@ class TeeIterable:
         )
         self.status, self.headers, self.reason = int(status[:3]), headers, status[4:]
         self.copy.start(headers)
-        self.remaining = _declared_length(headers)
+        remaining = None
+        for name, value in headers:  # the declared length, without a helper's call
+            if len(name) == 14 and name.lower() == "content-length":
+                remaining = parse_content_length(value)
+                break
+        self.remaining = remaining
+        self.ends_with_head = remaining == 0 or self.status in (204, 304)
         return self.write  # a bound method: no closure built per request
 
     def write(self, data: bytes) -> None:
@@ -136,9 +144,8 @@ class TeeIterable:
     def take_empty_body(self) -> None:
         """A head that ends the response (204, 304, ``Content-Length: 0``) is all the client
         gets, and a server may send it before it pulls the (empty) body: pull it now, and
-        complete, before the middleware hands the response to the server."""
-        if self.status not in (204, 304) and self.remaining != 0:
-            return
+        complete, before the middleware hands the response to the server. The middleware
+        calls it only when :attr:`ends_with_head` (one call less on every other response)."""
         try:
             blocks = list(self)  # through __next__: kept, counted, settled at its end
         except BaseException:
@@ -183,10 +190,3 @@ class TeeIterable:
             close = getattr(self.iterable, "close", None)
             if close is not None:
                 close()
-
-
-def _declared_length(headers: list[tuple[str, str]]) -> int | None:
-    for name, value in headers:
-        if len(name) == 14 and name.lower() == "content-length":
-            return parse_content_length(value)
-    return None

@@ -92,5 +92,6 @@ class IdempotencyMiddleware:
         except BaseException:
             self.driver.fail(exchange, "the handler raised")
             raise
-        tee.take_empty_body()
+        if tee.ends_with_head:
+            tee.take_empty_body()
         return tee

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from idemkey._core._origin import PIECE, decode_origin, escape_key, origin_text, unescape_key
+from idemkey._core._origin import PIECE, decode_origin, escape_key, record_origin, unescape_key
 
 HOSTILE = [
     "plain-key_1.2~",
@@ -28,7 +28,7 @@ def test_an_escaped_key_is_one_printable_token_and_reads_back(key: str) -> None:
     assert ";" not in escaped
     assert "\n" not in escaped
     assert unescape_key(escaped) == key
-    text = "1712345678901 " + origin_text("tenant\nwith a line", "POST", "/charges", key)
+    text = "1712345678901 " + record_origin("tenant\nwith a line", "POST", "/charges", key)
     raw = text.encode("utf-8", "surrogatepass")
     # As claim.lua keeps it: pieces of 64 bytes, read back with HMGET.
     pieces = [raw[i : i + PIECE] for i in range(0, len(raw), PIECE)]
