@@ -19,10 +19,10 @@ __all__ = [
     "DONE_HINT",
     "GONE_HINT",
     "LOCK_HINT",
-    "is_digest",
     "RECORD_NAME",
     "Record",
     "RecordName",
+    "is_digest",
     "parse_record_name",
     "record_for",
     "record_from_digest",
@@ -42,8 +42,8 @@ GONE_HINT: Final = ":gone"
 _DIGEST: Final = "[0-9a-f]{32}"
 _DIGEST_TEXT: Final = re.compile(_DIGEST)
 
-# Record and Claimed are built on every request: named tuples, so the hot path builds them
-# with tuple.__new__ (C) rather than a Python __init__.
+# A Record is built on every request: a named tuple, so the hot path builds it with
+# tuple.__new__ (C) rather than a Python __new__.
 _new_tuple = tuple.__new__
 
 
@@ -82,7 +82,7 @@ class Record(_Names):
     @property
     def lock(self) -> str:
         """The 0.2 name of :attr:`lock_key`."""
-        return self.record_key + LOCK_HINT
+        return self.lock_key
 
 
 def record_for(prefix: str, scope: str, method: str, route: str, key: str) -> Record:
