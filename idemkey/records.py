@@ -35,9 +35,10 @@ What is stored is bytes of your choosing; :class:`StoredResponse` with
 
 Names:
 
-* :class:`Record`, :func:`record_for`: the two Redis keys of one record, named from
-  ``(prefix, scope, method, route, key)``; ``method="GUARD"`` (:data:`GUARD_METHOD`) with
-  ``route=""`` is what ``guard(store, key, scope=scope)`` uses.
+* :class:`Record`, :func:`record_for`: the Redis name of one record (and, as a property,
+  0.2's lock string beside it), named from ``(prefix, scope, method, route, key)``;
+  ``method="GUARD"`` (:data:`GUARD_METHOD`) with ``route=""`` is what
+  ``guard(store, key, scope=scope)`` uses.
 * :func:`request_fingerprint` (an HTTP request) and :func:`payload_fingerprint` (bytes): what
   must match for a retry to be the same request, as 16 bytes (``claim`` takes any str or bytes).
 * :func:`parse_key`, :data:`MAX_KEY_LENGTH`: the ``Idempotency-Key`` header's rules.

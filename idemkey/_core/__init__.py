@@ -1,5 +1,6 @@
 """Sans-IO core: keys, record names, fingerprints, script arguments and replies (the
-``Idempotency-Key`` field's parser in ``_keys``, re-exported here).
+``Idempotency-Key`` field's parser in ``_keys`` and a record's names, built and parsed, in
+``_names``, re-exported here).
 
 Nothing here does I/O, so the sync and async stores, the guards and the HTTP adapters share
 every decision, and tests cover them without a server.
@@ -22,7 +23,6 @@ Invariants:
 
 from __future__ import annotations
 
-import hashlib
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -32,9 +32,20 @@ import xxhash
 
 from ..errors import StoreError
 from ._keys import MAX_KEY_LENGTH, parse_key
+from ._names import (
+    LOCK_HINT,
+    Record,
+    RecordName,
+    is_digest,
+    parse_record_name,
+    record_for,
+    record_from_digest,
+    record_pattern,
+)
 from ._origin import record_origin
 
 __all__ = [
+    "LOCK_HINT",
     "MAX_KEY_LENGTH",
     "Claimed",
     "Decision",
@@ -44,67 +55,31 @@ __all__ = [
     "Mismatch",
     "RECORD_LOST",
     "Record",
+    "RecordName",
     "Replay",
     "decode_claim_reply",
     "IN_FLIGHT_RETRY_AFTER",
     "fingerprint",
     "in_flight_retry_after",
+    "is_digest",
     "new_owner",
     "next_poll_delay",
     "owner_tag",
     "parse_key",
+    "parse_record_name",
     "payload_fingerprint",
     "record_for",
+    "record_from_digest",
     "record_origin",
+    "record_pattern",
     "record_state",
     "retry_after_seconds",
 ]
 
-# Record, Claimed and Replay are built on every request: named tuples, so the hot path builds
-# them with tuple.__new__ (C) rather than a Python __init__ (a frozen dataclass's sets each
-# field through object.__setattr__). Immutable, compared and hashed by value, as before.
+# Claimed and Replay are built on every request: named tuples, so the hot path builds them
+# with tuple.__new__ (C) rather than a Python __init__ (a frozen dataclass's sets each field
+# through object.__setattr__). Immutable, compared and hashed by value, as before.
 _new_tuple = tuple.__new__
-
-
-class Record(NamedTuple):
-    """The Redis names of one idempotency record; ``digest`` is what sits in the braces.
-
-    ``record_key`` names the record's hash. ``lock_key`` names the string where idemkey 0.2
-    kept a claim's lease (0.3 keeps it in the hash): read only to honour 0.2's live claims.
-    """
-
-    digest: str
-    record_key: str
-    lock_key: str
-
-    @property
-    def key(self) -> str:
-        """The 0.2 name of :attr:`record_key`."""
-        return self.record_key
-
-    @property
-    def lock(self) -> str:
-        """The 0.2 name of :attr:`lock_key`."""
-        return self.lock_key
-
-
-def record_for(prefix: str, scope: str, method: str, route: str, key: str) -> Record:
-    """Name the record for ``key`` used by ``scope`` on ``method route``.
-
-    Same key in another scope or on another route is another record.
-    """
-    s = scope.encode("utf-8", "surrogatepass")
-    m = method.encode()
-    r = route.encode("utf-8", "surrogatepass")
-    k = key.encode("utf-8", "surrogatepass")
-    # Each part as b"<length>:<bytes>", built in one formatting step (hot path: a generator
-    # join took longer than the hash).
-    material = b"%d:%b%d:%b%d:%b%d:%b" % (len(s), s, len(m), m, len(r), r, len(k), k)
-    digest = hashlib.blake2b(material, digest_size=16).hexdigest()
-    name = f"{prefix}:{{{digest}}}"
-    return _new_tuple(
-        Record, (digest, name, name + ":lock")
-    )  # Record(digest, record_key, lock_key)
 
 
 def fingerprint(

@@ -17,7 +17,8 @@
     idemkey --version                 the installed version
 
 One module per command (``idemkey/cli/<command>.py``, ``listing.py`` for ``list``: ``HELP``,
-``configure(parser)``, ``run(args, out)``); the demo app lives in :mod:`idemkey.cli.demo_app`.
+``configure(parser)``, ``run(args, out)``); the demo app lives in :mod:`idemkey.cli.demo_app`,
+and ``readable.py`` holds the formats the console's page shares (durations, sizes).
 
 Exit codes: 0 success; 1 a check failed (doctor FAIL, a probe check failed, a demo step
 misbehaved, no such record, forget refused); 2 bad arguments (and a change of records without

@@ -8,7 +8,15 @@ from datetime import datetime, timezone
 from typing import IO, Any, Final
 
 from .._codec import StoredResponse, decode_response, decode_value
-from .._core import OWNER_TAG_LENGTH, Record, parse_key, record_for, record_state
+from .._core import (
+    OWNER_TAG_LENGTH,
+    Record,
+    is_digest,
+    parse_key,
+    record_for,
+    record_from_digest,
+    record_state,
+)
 from .._core._origin import ORIGIN_FIELDS, decode_origin, escape_key
 from ..errors import InvalidKeyError, RecordFormatError
 from ..guard import GUARD_METHOD
@@ -18,7 +26,7 @@ from ..http._scope import NO_CREDENTIALS, credential_scope
 from ..store.diagnostics import _text as text
 from ..store.status import lease_left_ms, server_ms
 from ._base import CliError
-from ._format import PREVIEW_BYTES, duration, preview, shorten
+from .readable import PREVIEW_BYTES, duration, preview, shorten
 
 __all__ = [
     "NOT_SEARCHABLE",
@@ -119,12 +127,11 @@ def record_candidates(args: argparse.Namespace) -> list[Candidate]:
     prefix = args.prefix
     if args.digest:
         digest = args.digest.strip().lower()
-        if not (len(digest) == 32 and all(c in "0123456789abcdef" for c in digest)):
+        if not is_digest(digest):
             raise CliError("--digest must be the 32 hex digits inside the record's braces", 2)
         if args.key is not None:
             raise CliError("give either KEY or --digest, not both", 2)
-        name = f"{prefix}:{{{digest}}}"
-        return [Candidate(Record(digest, name, name + ":lock"), scope_note="?", method="?")]
+        return [Candidate(record_from_digest(prefix, digest), scope_note="?", method="?")]
     if args.key is None:
         raise CliError("give the idempotency KEY (or --digest D)", 2)
     if args.guard or not args.route:

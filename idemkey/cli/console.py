@@ -93,8 +93,7 @@ def run(args: argparse.Namespace, out: IO[str]) -> int:
     try:
         import uvicorn
 
-        from ..console import create_app
-        from ..console._guard import is_loopback
+        from ..console import create_app, is_loopback
     except ImportError as exc:
         raise CliError(
             f"the console needs Starlette, Jinja2 and uvicorn: {INSTALL} ({exc})", 2

@@ -13,10 +13,10 @@ from typing import IO, Final
 from ..policy import Policy
 from ..store import RedisStore
 from ._base import CliError, consent, print_json
-from ._format import duration
 from ._records import add_record_options, record_candidates
 from ._redis import connect
 from .inspect import find_one_held
+from .readable import duration
 
 HELP: Final = "delete one record"
 YES_HELP: Final = "act without asking (needed when stdin is not a terminal: cron, pipes, CI)"

@@ -9,27 +9,25 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import shlex
 from dataclasses import asdict
 from datetime import datetime, timezone
 from typing import IO, Any, Final
 
+from .._core import parse_record_name
 from .._core._origin import escape_key
 from ..policy import Policy
 from ..store import STATES, RecordStatus, RedisStore
 from ..store.uncertain import UncertainEntry
 from ._base import CliError, print_json
-from ._format import compact_seconds
+from ._progress import Progress
 from ._redis import connect
-from .stats import _Progress as Progress
+from .readable import compact_seconds
 
 HELP: Final = "list records with their state, lease, age and steps (SCAN, never KEYS)"
 SCAN_COUNT: Final = 1000
 #: How many keys per server the hint of other prefixes looks at, at most (a bounded SCAN).
 HINT_SCAN_KEYS: Final = 20_000
-#: A record's name: ``{prefix}:{<32 hex digits>}`` (not its locks, streams or tombstones).
-_RECORD_NAME: Final = re.compile(rb"(.+):\{[0-9a-f]{32}\}")
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -123,9 +121,9 @@ def other_prefixes(nodes: list[tuple[str, Any]], prefix: str) -> list[str]:
             cursor, keys = client.scan(cursor, match="*:{*}", count=SCAN_COUNT)
             seen += SCAN_COUNT
             for key in keys:
-                name = _RECORD_NAME.fullmatch(key if isinstance(key, bytes) else key.encode())
-                if name is not None:
-                    found.add(name[1].decode("utf-8", "replace"))
+                name = parse_record_name(key)
+                if name is not None and not name.hint:  # a record's hash, not a hint
+                    found.add(name.prefix)
             if int(cursor) == 0 or seen >= HINT_SCAN_KEYS:
                 break
     found.discard(prefix)

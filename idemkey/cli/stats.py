@@ -4,25 +4,21 @@ from __future__ import annotations
 
 import argparse
 import random
-import re
-import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import IO, Any, Final
 
+from .._core import LOCK_HINT, parse_record_name, record_pattern
 from ..store.diagnostics import _text as text
-from ..store.status import lease_left_ms, server_ms
+from ..store.status import NAMED_FIELDS, lease_left_ms, server_ms, status_fields
 from ._base import CliError, print_json
-from ._format import size
+from ._progress import Progress
 from ._redis import connect, redact
+from .readable import size
 
 HELP: Final = "records by state, memory and TTLs (SCAN, never KEYS)"
 
-#: stats prints progress on stderr when the database holds at least this many keys.
-PROGRESS_THRESHOLD = 10_000
-PROGRESS_EVERY = 10_000
-PROGRESS_LOG_SECONDS = 2.0
 SCAN_COUNT: Final = 1000
 #: When a prefix holds no record, stats looks for other prefixes in at most this many keys
 #: per primary (SCAN pages of SCAN_COUNT), so the hint costs a bounded scan, never a full one.
@@ -30,8 +26,6 @@ OTHER_PREFIXES_SCAN: Final = 10_000
 #: stats counts records per step name for at most this many names (names come from code, but a
 #: name built from data would make one per record).
 MAX_STEP_NAMES: Final = 50
-# A record's key, its lock or its wake-up stream: "<prefix>:{<32 hex digits>}[:lock|:done]".
-_RECORD_NAME: Final = re.compile(rb"^(.*):\{[0-9a-f]{32}\}(?::lock|:done)?$", re.DOTALL)
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -49,11 +43,6 @@ TTL_BUCKETS: Final = (
     ("> 24 h", None),
 )
 STATES: Final = ("complete", "in_progress", "released", "other")
-
-
-def glob_escape(text: str) -> str:
-    """``text`` as a literal inside a Redis MATCH pattern."""
-    return "".join("\\" + c if c in "*?[]\\" else c for c in text)
 
 
 @dataclass
@@ -122,40 +111,6 @@ def _bucket(ttl_ms: int) -> str:
     raise AssertionError("unreachable")  # pragma: no cover
 
 
-class _Progress:
-    """Progress lines on stderr, only for large keyspaces; ``\\r`` on a terminal."""
-
-    def __init__(self, total: int, enabled: bool, command: str = "stats") -> None:
-        self.enabled = enabled and total >= PROGRESS_THRESHOLD
-        self.total = total
-        self.command = command
-        self.scanned = self.records = 0
-        self.tty = sys.stderr.isatty()
-        self.next = PROGRESS_EVERY
-        self.last = -1e9
-
-    def update(self, scanned: int, records: int) -> None:
-        if not self.enabled or scanned < self.next:
-            return
-        now = time.monotonic()
-        if not self.tty and now - self.last < PROGRESS_LOG_SECONDS:
-            return  # a log file gets a line every few seconds, not one per SCAN page
-        self.next, self.last = scanned + PROGRESS_EVERY, now
-        line = f"idemkey {self.command}: scanned {scanned}/{self.total} keys, {records} records"
-        sys.stderr.write(("\r" + line) if self.tty else line + "\n")
-        sys.stderr.flush()
-
-    def keys(self, looked_at: int, records: int = 0) -> None:
-        """A SCAN page looked at ``looked_at`` keys and gave ``records`` records."""
-        self.scanned += looked_at
-        self.records += records
-        self.update(min(self.scanned, self.total), self.records)
-
-    def done(self) -> None:
-        if self.enabled and self.tty:
-            sys.stderr.write("\n")
-
-
 def collect_stats(
     nodes: Sequence[tuple[str, Any]],
     prefix: str,
@@ -170,10 +125,10 @@ def collect_stats(
     """
     rng = rng or random.Random()
     stats = Stats(prefix, nodes=len(nodes))
-    pattern = f"{glob_escape(prefix)}:{{*}}"
+    pattern = record_pattern(prefix)
     started = time.perf_counter()
     total = sum(int(client.dbsize()) for _, client in nodes)
-    meter = _Progress(total, progress)
+    meter = Progress(total, progress)
     scanned_keys = 0
     for _, client in nodes:
         reservoir: list[bytes] = []
@@ -209,7 +164,7 @@ def other_prefixes(
 ) -> tuple[dict[str, int], int]:
     """The prefixes of idemkey records among at most ``limit`` keys per primary (SCAN).
 
-    Names are all it reads: ``<prefix>:{<32 hex>}`` with an optional ``:lock`` or ``:done``.
+    Names are all it reads (``parse_record_name``): a record's hash and its hints.
     Returns the prefixes (most keys first) and the number of keys looked at.
     """
     found: dict[str, int] = {}
@@ -220,10 +175,9 @@ def other_prefixes(
             cursor, keys = client.scan(cursor, match="*:{*}*", count=SCAN_COUNT)
             here += SCAN_COUNT
             for key in keys:
-                match = _RECORD_NAME.match(key)
-                if match:
-                    name = match.group(1).decode("utf-8", "backslashreplace")
-                    found[name] = found.get(name, 0) + 1
+                name = parse_record_name(key)
+                if name is not None:
+                    found[name.prefix] = found.get(name.prefix, 0) + 1
             if cursor == 0:
                 break
         looked += min(here, int(client.dbsize()))
@@ -233,7 +187,7 @@ def other_prefixes(
 def _classify(client: Any, keys: Sequence[bytes], stats: Stats) -> None:
     pipe = client.pipeline(transaction=False)
     for key in keys:
-        pipe.hmget(key, "state", "fence", "fp", "ns", "lease")
+        pipe.hmget(key, *NAMED_FIELDS)  # not the origin: stats counts, it shows no record
         pipe.pttl(key)
     pipe.execute_command("TIME")  # the lease is a deadline on the server's clock (claim.lua)
     replies = pipe.execute(raise_on_error=False)
@@ -241,27 +195,28 @@ def _classify(client: Any, keys: Sequence[bytes], stats: Stats) -> None:
     in_progress: list[bytes] = []
     stepped: list[bytes] = []
     for i, key in enumerate(keys):
-        fields, ttl = replies[2 * i], replies[2 * i + 1]
-        if isinstance(fields, Exception) or isinstance(ttl, Exception):
+        reply, ttl = replies[2 * i], replies[2 * i + 1]
+        if isinstance(reply, Exception) or isinstance(ttl, Exception):
             stats.states["other"] += 1  # not a hash: a stranger's key under our prefix
             stats.scanned += 1
             continue
         if ttl == -2:
             continue  # expired between SCAN and now
         stats.scanned += 1
-        if fields[3] is not None:  # "ns": the count of finished steps (checkpoint.lua)
+        fields = status_fields(reply)
+        if fields.steps is not None:  # the count of finished steps (checkpoint.lua)
             stepped.append(key)
-        state = text(fields[0])
+        state = text(fields.state)
         # "complete": written by idemkey before 0.2; reading 0.1 records: remove in 0.4.
         if state in ("complete", "in_progress"):
             stats.states[state] += 1
-            if state == "in_progress" and fields[4] is not None:
-                stats.lease_lapsed += lease_left_ms(fields[4], -2, now_ms) <= 0
+            if state == "in_progress" and fields.lease is not None:
+                stats.lease_lapsed += lease_left_ms(fields.lease, -2, now_ms) <= 0
             elif state == "in_progress":
                 in_progress.append(key)  # a claim written by 0.2: its lease is a lock string
-        elif fields[1] is not None:
+        elif fields.fence is not None:
             stats.states["released"] += 1  # a released record keeps its fence
-        elif fields[2] is not None:
+        elif fields.fingerprint is not None:
             stats.states["complete"] += 1  # only fp and resp: no state, no fence
         else:
             stats.states["other"] += 1
@@ -269,7 +224,7 @@ def _classify(client: Any, keys: Sequence[bytes], stats: Stats) -> None:
     if in_progress:
         pipe = client.pipeline(transaction=False)
         for key in in_progress:  # reading 0.2 claims: remove in 0.4
-            pipe.exists(key + b":lock")
+            pipe.exists(key + LOCK_HINT.encode())
         stats.lease_lapsed += sum(1 for live in pipe.execute() if not live)
     if stepped:
         _count_steps(client, stepped, stats)

@@ -10,12 +10,14 @@ runs ``store.forget()``. It answers only requests whose ``Host`` names the addre
 (DNS rebinding), and a forget only with the page's ``Origin`` and this process's token
 (``_guard.py``).
 
-:func:`snapshot` is the view (one SCAN of the prefix), :func:`create_app` the Starlette app.
+:func:`snapshot` is the view (one SCAN of the prefix), :func:`create_app` the Starlette app,
+:func:`is_loopback` whether a ``--host`` keeps it on this machine.
 """
 
 from __future__ import annotations
 
 from ._app import create_app
+from ._guard import is_loopback
 from ._view import Snapshot, snapshot
 
-__all__ = ["Snapshot", "create_app", "snapshot"]
+__all__ = ["Snapshot", "create_app", "is_loopback", "snapshot"]

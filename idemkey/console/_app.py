@@ -10,7 +10,6 @@ script sends in ``X-Idemkey-Token``.
 
 from __future__ import annotations
 
-import re
 import secrets
 from collections.abc import Iterable
 from datetime import datetime, timezone
@@ -24,8 +23,8 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, Response
 from starlette.routing import Route
 
-from .._core import Record
-from ..cli._format import compact_seconds
+from .._core import is_digest, record_from_digest
+from ..cli.readable import compact_seconds
 from ..errors import StoreError
 from ..store import RedisStore
 from ._guard import HostCheck, problem, security_headers, served_hosts
@@ -35,7 +34,6 @@ __all__ = ["TOKEN_HEADER", "create_app"]
 
 #: The header the page's script sends its token in with a confirmed forget.
 TOKEN_HEADER: Final = "X-Idemkey-Token"
-_DIGEST: Final = re.compile(r"^[0-9a-f]{32}$")
 
 
 def _when(at: float) -> str:
@@ -115,18 +113,18 @@ def create_app(
         except ValueError:
             return problem(400, 'the body must be JSON: {"digest": "<32 hex digits>"}')
         digest = body.get("digest") if isinstance(body, dict) else None
-        if not isinstance(digest, str) or not _DIGEST.match(digest):
+        if not isinstance(digest, str) or not is_digest(digest):
             return problem(400, "digest must be the record's 32 hex digits")
-        name = f"{store.policy.prefix}:{{{digest}}}"
+        record = record_from_digest(store.policy.prefix, digest)
         try:
-            found = await run_in_threadpool(store.forget, Record(digest, name, name + ":lock"))
+            found = await run_in_threadpool(store.forget, record)
         except StoreError as exc:  # Redis failed: an answer, never a traceback
             return problem(503, f"Redis failed: {exc}")
         if found.held:
             return problem(409, "a live claim holds this record now; nothing deleted")
         if not found.forgotten:
             return problem(404, "no such record (forgotten already?)")
-        answer = {"record": name, "deleted": found.deleted, "state": found.state}
+        answer = {"record": record.record_key, "deleted": found.deleted, "state": found.state}
         return JSONResponse(answer, headers=security_headers(None))
 
     routes = [

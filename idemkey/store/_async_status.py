@@ -10,13 +10,16 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Callable, Collection, Sequence
 from typing import Any
 
+from .._core import LOCK_HINT
 from .status import (
     FIELDS,
     RecordStatus,
+    StatusFields,
     decode_status,
     lease_left_ms,
     record_pattern,
     server_ms,
+    status_fields,
     wanted,
 )
 
@@ -49,16 +52,17 @@ async def read_statuses(client: Any, keys: Sequence[bytes | str]) -> list[Record
     pipe.execute_command("TIME")
     replies = await pipe.execute(raise_on_error=False)
     now_ms = server_ms(replies[-1])
-    rows = []
+    rows: list[tuple[bytes | str, StatusFields, int]] = []
     stepped, legacy = [], []
     for i, key in enumerate(keys):
-        fields, ttl = replies[2 * i : 2 * i + 2]
-        if isinstance(fields, Exception) or isinstance(ttl, Exception):
+        reply, ttl = replies[2 * i : 2 * i + 2]
+        if isinstance(reply, Exception) or isinstance(ttl, Exception):
             continue  # not a hash: a stranger's key under the prefix
+        fields = status_fields(reply)
         rows.append((key, fields, int(ttl)))
-        if fields[4] is not None:  # "ns": finished steps, named by their fields
+        if fields.steps is not None:  # finished steps, named by their fields
             stepped.append(key)
-        if fields[0] == b"in_progress" and fields[5] is None:
+        if fields.state == b"in_progress" and fields.lease is None:
             legacy.append(key)  # a claim written by 0.2 keeps its lease in a lock string
     names: dict[bytes | str, list[bytes]] = {}
     locks: dict[bytes | str, object] = {}
@@ -74,7 +78,11 @@ async def read_statuses(client: Any, keys: Sequence[bytes | str]) -> list[Record
         locks = dict(zip(legacy, more[len(stepped) :], strict=True))
     statuses = (
         decode_status(
-            key, fields, ttl, lease_left_ms(fields[5], locks.get(key), now_ms), names.get(key, ())
+            key,
+            fields,
+            ttl,
+            lease_left_ms(fields.lease, locks.get(key), now_ms),
+            names.get(key, ()),
         )
         for key, fields, ttl in rows
     )
@@ -82,7 +90,8 @@ async def read_statuses(client: Any, keys: Sequence[bytes | str]) -> list[Record
 
 
 def _lock_name(key: bytes | str) -> bytes | str:
-    return key + b":lock" if isinstance(key, bytes) else key + ":lock"
+    """0.2's lock string of the record ``key`` as SCAN named it (``Record.lock_key``)."""
+    return key + LOCK_HINT.encode() if isinstance(key, bytes) else key + LOCK_HINT
 
 
 async def scan_statuses(

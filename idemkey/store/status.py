@@ -1,8 +1,10 @@
 """What ``store.records()`` and ``store.record()`` answer: one record's status, decoded.
 
-Sans-IO: the store reads a page of records (``HMGET`` of :data:`FIELDS`, two ``PTTL``, the
-server's ``TIME`` once and, for records with finished steps, ``HKEYS``) and
-:func:`decode_status` turns the replies into a :class:`RecordStatus`. A record's name is a
+Sans-IO: the store reads a page of records (per record ``HMGET`` of :data:`FIELDS` and the
+``PTTL`` of its hash, and the server's ``TIME`` once: the lease is a deadline on that clock),
+then, only where needed, ``HKEYS`` of records with finished steps and the ``PTTL`` of 0.2's lock
+string for a claim 0.2 wrote; :func:`status_fields` names the ``HMGET`` reply and
+:func:`decode_status` turns it into a :class:`RecordStatus`. A record's name is a
 one-way digest of scope, method, route and key, so the route, method, scope and the client's key
 come from the origin a claim keeps in fields ``"i"``, ``"i1"`` ... (claim.lua,
 :mod:`idemkey._core._origin`) until the record completes (complete.lua drops it unless
@@ -15,21 +17,25 @@ from __future__ import annotations
 import time
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
-from typing import Final, Literal
+from typing import Final, Literal, NamedTuple
 
+from .._core import parse_record_name, record_pattern
 from .._core._origin import ORIGIN_FIELDS, decode_origin
 from ..errors import ConfigurationError
 from .diagnostics import _text as text
 
 __all__ = [
     "FIELDS",
+    "NAMED_FIELDS",
     "STATES",
     "RecordState",
     "RecordStatus",
+    "StatusFields",
     "decode_status",
     "lease_left_ms",
     "record_pattern",
     "server_ms",
+    "status_fields",
     "wanted",
 ]
 
@@ -52,18 +58,36 @@ def _states(state: str | Collection[str] | None) -> frozenset[str] | None:
     return states
 
 
-#: The hash fields one status needs, in the order :func:`decode_status` reads them.
-#: Not the stored answer (it may be large): a record with neither state nor fence is complete.
-FIELDS: Final = ("state", "fence", "owner", "tk", "ns", "lease", *ORIGIN_FIELDS)
+class StatusFields(NamedTuple):
+    """The hash fields a status reads of one record, by name (values as ``HMGET`` answers
+    them: bytes, or None for a field the record lacks). Not the stored answer (it may be
+    large): a record with neither state nor fence is complete."""
+
+    state: object
+    fence: object
+    owner: object
+    #: ``tk``: 1 after a takeover.
+    takeover: object
+    #: ``ns``: how many steps finished (checkpoint.lua), named by their ``s:<name>`` fields.
+    steps: object
+    #: The lease's deadline on the server's clock (claim.lua); none for a claim 0.2 wrote.
+    lease: object
+    #: ``fp``: the fingerprint (a completed record's only field besides ``resp``).
+    fingerprint: object
+    #: The values of ``ORIGIN_FIELDS`` (empty when not read).
+    origin: tuple[object, ...] = ()
 
 
-def _glob_escape(value: str) -> str:
-    return "".join("\\" + c if c in "*?[]\\" else c for c in value)
+#: The hash field behind each of :class:`StatusFields`' names, in its order, but the origin.
+NAMED_FIELDS: Final = ("state", "fence", "owner", "tk", "ns", "lease", "fp")
+#: What a status reads (``HMGET key *FIELDS``): :data:`NAMED_FIELDS`, then the origin's pieces.
+FIELDS: Final = (*NAMED_FIELDS, *ORIGIN_FIELDS)
+_NAMED: Final = len(NAMED_FIELDS)
 
 
-def record_pattern(prefix: str) -> str:
-    """The SCAN MATCH pattern of the records under ``prefix`` (not their locks or streams)."""
-    return f"{_glob_escape(prefix)}:{{*}}"
+def status_fields(reply: Sequence[object]) -> StatusFields:
+    """The reply of ``HMGET key *FIELDS`` (or ``*NAMED_FIELDS``: no origin), by name."""
+    return StatusFields._make((*reply[:_NAMED], tuple(reply[_NAMED:])))
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,37 +129,37 @@ class RecordStatus:
 
 def decode_status(
     key: bytes | str,
-    fields: Sequence[object],
+    fields: StatusFields | Sequence[object],
     ttl_ms: int,
     lease_ms: int,
     hash_keys: Sequence[bytes] = (),
     now: float | None = None,
 ) -> RecordStatus | None:
-    """The status of the record at ``key`` from ``HMGET key *FIELDS``, its ``PTTL``, what is
-    left of its lease (:func:`lease_left_ms`) and (when it has steps) ``HKEYS``; ``None`` when
-    there is no record (it expired since the SCAN, or the key is not an idemkey record's
-    hash)."""
-    name = text(key)
-    state_field, fence, owner, takeover = fields[:4]
-    if ttl_ms == -2:
+    """The status of the record at ``key`` from its :class:`StatusFields` (or the reply of
+    ``HMGET key *FIELDS``), its ``PTTL``, what is left of its lease (:func:`lease_left_ms`)
+    and (when it has steps) ``HKEYS``; ``None`` when there is no record (it expired since the
+    SCAN, or the key is not an idemkey record's hash)."""
+    name = parse_record_name(key)
+    if ttl_ms == -2 or name is None or name.hint:
         return None
+    if not isinstance(fields, StatusFields):
+        fields = status_fields(fields)
     state: RecordState
-    if state_field == b"in_progress":
+    if fields.state == b"in_progress":
         state = "in_progress" if lease_ms > 0 else "lapsed"
-    elif fence is not None and state_field is None:
+    elif fields.fence is not None and fields.state is None:
         state = "released"  # a released record keeps its fence; complete.lua drops it
     else:
         state = "complete"  # "resp" and "fp" only (state "complete": written before 0.2)
-    origin = decode_origin(fields[6:])
+    origin = decode_origin(fields.origin)
     # A completed record kept its origin only when told (keep_key_after_completion): its
     # claim's time is not its age.
     at = origin.at if state != "complete" else None
     now = time.time() if now is None else now
-    digest = name.rsplit("{", 1)[-1].rstrip("}")
-    fence_text = text(fence)
+    fence_text = text(fields.fence)
     return RecordStatus(
-        key=name,
-        digest=digest,
+        key=text(key),
+        digest=name.digest,
         state=state,
         fence=int(fence_text) if fence_text.isdigit() else None,
         lease_left=lease_ms / 1000 if lease_ms > 0 else None,
@@ -143,8 +167,8 @@ def decode_status(
         age=max(0.0, now - at) if at is not None else None,
         claimed_at=at,
         steps=tuple(sorted(text(k)[2:] for k in hash_keys if k[:2] == b"s:")),
-        takeover=takeover == b"1",
-        owner=text(owner) if state in ("in_progress", "lapsed") else "",
+        takeover=fields.takeover == b"1",
+        owner=text(fields.owner) if state in ("in_progress", "lapsed") else "",
         method=origin.method,
         route=origin.route,
         scope=origin.scope,

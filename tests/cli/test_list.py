@@ -182,7 +182,7 @@ def test_list_uncertain_shows_what_each_entry_means(
 
 def test_list_and_console_columns_give_each_time_in_one_unit() -> None:
     """The text list and the console share one short form: one unit, ``-`` when unknown."""
-    from idemkey.cli._format import compact_seconds
+    from idemkey.cli.readable import compact_seconds
 
     assert [compact_seconds(v) for v in (None, 0, 59.94, 60, 3599, 3600, 86399, 86400)] == [
         "-", "0.0s", "59.9s", "1m", "60m", "1.0h", "24.0h", "1.0d",

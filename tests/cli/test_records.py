@@ -11,8 +11,8 @@ import redis
 
 from idemkey import Policy, RedisStore, guard
 from idemkey._codec import encode_value
-from idemkey._core import record_for
-from idemkey.cli import stats as stats_command
+from idemkey._core import record_for, record_pattern
+from idemkey.cli import _progress as progress
 from idemkey.guard import GUARD_METHOD
 from tests._lease import lapse, lease_holder
 from tests.cli.conftest import CliRunner, http_record
@@ -288,8 +288,8 @@ def test_stats_reports_progress_on_large_keyspaces(
 ) -> None:
     for i in range(30):
         http_record(store, f"order-{i}")
-    monkeypatch.setattr(stats_command, "PROGRESS_THRESHOLD", 1)
-    monkeypatch.setattr(stats_command, "PROGRESS_EVERY", 1)
+    monkeypatch.setattr(progress, "THRESHOLD", 1)
+    monkeypatch.setattr(progress, "EVERY", 1)
     run = idemkey("stats", "--json", "--sample", "5", *_at(redis_url, prefix))
     assert run.code == 0
     assert "idemkey stats: scanned" in run.err
@@ -301,7 +301,7 @@ def test_stats_reports_progress_on_large_keyspaces(
 
 
 def test_stats_escapes_glob_characters_in_the_prefix() -> None:
-    assert stats_command.glob_escape("a*b?[c]\\") == "a\\*b\\?\\[c\\]\\\\"
+    assert record_pattern("a*b?[c]\\") == "a\\*b\\?\\[c\\]\\\\:{*}"
 
 
 def test_inspect_stats_and_forget_read_records_written_by_0_1(

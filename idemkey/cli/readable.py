@@ -1,4 +1,5 @@
-"""Human-readable durations, sizes and previews for the commands' text output."""
+"""Human-readable durations, sizes and previews: the commands' text output, and the console's
+page (``compact_seconds``), so a lease reads the same in both."""
 
 from __future__ import annotations
 
