@@ -45,6 +45,7 @@ from ..events import (
 )
 from ._call import _CURRENT, GUARD_METHOD, Call
 from ._failures import FailureRules, is_failure, raise_failure, rules_for
+from ._steps import worked
 
 if TYPE_CHECKING:
     from ..policy import Policy
@@ -169,8 +170,7 @@ class GuardState(Generic[T]):
             if decision.takeover:
                 # The steps the previous executor finished, as its lease_lost entry lists them:
                 # what an operator checks for this incident.
-                resumed = tuple(name for name, _ in decision.steps)
-                self.uncertain("takeover", decision.fence, steps=resumed)
+                self.uncertain("takeover", decision.fence, steps=worked(decision.steps))
             call = self.call = Call(
                 replayed=False,
                 fence=decision.fence,
@@ -288,12 +288,13 @@ class GuardState(Generic[T]):
             raise error
 
     def finished_steps(self) -> tuple[str, ...]:
-        """The finished steps the record keeps: those this call saw finish or resumed."""
+        """The finished steps whose work the record keeps done: those this call saw finish or
+        resumed, but a remembered failure (it did no work an operator must check)."""
         call = self.call
         steps = call._steps if call is not None else None
         if steps is None or callable(steps):  # never built: only what the claim resumed
-            return tuple(name for name, _ in self.claim.steps) if self.claim else ()
-        return steps.book.finished
+            return worked(self.claim.steps) if self.claim else ()
+        return steps.book.worked
 
     def uncertain(
         self,

@@ -39,6 +39,7 @@ __all__ = [
     "step_field",
     "step_key",
     "stored_step",
+    "worked",
 ]
 
 #: Longest step name, in characters: names are code, not data.
@@ -88,6 +89,12 @@ def stored_step(stored: bytes, remember: FailureRules | None) -> Any:
     return decode_value(stored)
 
 
+def worked(finished: Iterable[tuple[str, bytes]]) -> tuple[str, ...]:
+    """Names of the finished steps whose work is done, from (name, stored result) pairs: a
+    remembered failure (a declined card) did none, so there is nothing of it to reconcile."""
+    return tuple(name for name, stored in finished if not is_failure(stored))
+
+
 def step_key(record_digest: str, name: str) -> str:
     """A key for the downstream call made inside step ``name`` of the record ``record_digest``.
 
@@ -118,6 +125,12 @@ class StepBook:
     def finished(self) -> tuple[str, ...]:
         """Names of every finished step the record keeps: resumed, and run by this call."""
         return tuple(self._done)
+
+    @property
+    def worked(self) -> tuple[str, ...]:
+        """Names of the finished steps whose work is done (not a remembered failure): what an
+        uncertain outcome lists for an operator to check."""
+        return worked(self._done.items())
 
     def begin(self, name: object) -> bytes | None:
         """Start step ``name``: its stored result if it is finished (do not run it), else None

@@ -6,6 +6,7 @@ import pytest
 
 from idemkey import ConfigurationError, LeaseLostError, StoreError
 from idemkey._core import Claimed, decode_checkpoint_reply, decode_claim_reply
+from idemkey.guard._failures import rules_for
 from idemkey.guard._steps import MAX_STEP_NAME, StepBook, check_step_name, step_field, step_key
 
 
@@ -17,6 +18,18 @@ def test_a_finished_step_is_returned_and_not_run_again() -> None:
     book.finish("charge", b"c")
     assert book.begin("charge") == b"c"
     assert book.resumed == ("reserve",)  # ours are not "resumed"
+
+
+def test_a_remembered_failure_is_finished_but_did_no_work() -> None:
+    rules = rules_for((ValueError,))
+    assert rules is not None
+    declined = rules.encode(ValueError("declined"))
+    assert declined is not None
+    book = StepBook(fence=2, finished=[("reserve", b"\x01r"), ("quote", declined)])
+    book.begin("charge")
+    book.finish("charge", declined)
+    assert book.finished == ("reserve", "quote", "charge")
+    assert book.worked == ("reserve",)
 
 
 def test_a_step_that_failed_may_run_again() -> None:
