@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import ast
+from pathlib import Path
+
 import pytest
 
 from idemkey import ConfigurationError, LeaseLostError, StoreError
 from idemkey._core import Claimed, decode_checkpoint_reply, decode_claim_reply
+from idemkey.guard import _steps
 from idemkey.guard._failures import rules_for
 from idemkey.guard._steps import MAX_STEP_NAME, StepBook, check_step_name, step_field, step_key
 
@@ -113,3 +117,19 @@ def test_a_checkpoint_reply_names_the_stored_result() -> None:
     assert decode_checkpoint_reply(0, b"ours") is None  # not our record
     with pytest.raises(StoreError):
         decode_checkpoint_reply([1], b"ours")
+
+
+def test_the_rules_module_does_no_io() -> None:
+    """``_steps`` is sans-IO, as its docstring says: the attempt runners (a task's, a thread's)
+    live in ``_async_attempt`` / ``_sync_attempt`` (63d3937 held both here)."""
+    tree = ast.parse(Path(_steps.__file__).read_text("utf-8"))
+    imported = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            imported.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            imported.add("." * node.level + (node.module or ""))
+    waits = {"asyncio", "time", "threading", "socket", "inspect"}
+    assert not imported & waits
+    assert not [name for name in imported if "store" in name or "_async_" in name]
+    assert not [node.name for node in ast.walk(tree) if isinstance(node, ast.AsyncFunctionDef)]
