@@ -6,9 +6,10 @@
 The asyncio file is the only source: the sync one is written from it line by line with the
 word-bounded replacements in RULES (the approach of encode/httpcore's scripts/unasync.py), then
 committed. What truly differs between a thread and a task lives in hand-written ``_async_<x>``
-/ ``_sync_<x>`` module pairs that export the same names (idemkey/store/_concurrency/, and the
-client's ``_async_attempt``); the ``_async_<name>`` rule points the generated file at the sync
-one. tests/test_generated.py runs the check.
+/ ``_sync_<x>`` module pairs that export the same names (idemkey/store/_concurrency/, the
+client's ``_async_attempt``, and the guard's, which runs one attempt of a step); the
+``_async_<name>`` rule points the generated file at the sync one. tests/test_generated.py runs
+the check.
 
 The pairs are found, not listed: a source says ``# unasync: generates <file>`` on a line of its
 own, the twin being ``<file>`` beside it; that line is left out of the twin. The script fails,

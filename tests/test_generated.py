@@ -75,6 +75,10 @@ def test_the_pairs_are_found_from_their_markers() -> None:
         ("idemkey/store/_async_sender.py", "idemkey/store/_sync_sender.py"),
         ("idemkey/store/_async_status.py", "idemkey/store/_sync_status.py"),
         ("idemkey/store/_async_store.py", "idemkey/store/_sync_store.py"),
+        (
+            "idemkey/store/_concurrency/_async_append.py",
+            "idemkey/store/_concurrency/_sync_append.py",
+        ),
     ]
     assert unasync.check_tree(unasync.find_pairs()) == []
     assert unasync.check_pyproject(unasync.find_pairs()) == []

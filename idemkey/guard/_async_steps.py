@@ -1,8 +1,9 @@
 """AsyncSteps: the I/O shell of recovery points (``call.step``) under aguard.
 
 One text for both guards: the async file is the source, and scripts/unasync.py writes the sync
-one (``Steps``, for guard) from it. Every rule is in :class:`idemkey._steps.StepBook`; this
-moves bytes between it, the step function and the store.
+one (``Steps``, for guard) from it. Every rule is in :class:`idemkey.guard._steps.StepBook`;
+this moves bytes between it, the step function and the store. One attempt of a step function
+runs in the hand-written ``_async_attempt`` (the generated file imports ``_sync_attempt``).
 """
 
 # unasync: generates _sync_steps.py
@@ -26,9 +27,10 @@ from ..events import logger
 from ..store import AsyncRedisStore
 from ..store._base import COMMITTED_ONLY
 from ..store._concurrency._async_runtime import sleep, uncancellable
+from ._async_attempt import run_attempt
 from ._failures import FailureRules
 from ._retry import StepRetry
-from ._steps import StepBook, _async_attempt, attempt_field, step_field, step_key, stored_step
+from ._steps import StepBook, attempt_field, step_field, step_key, stored_step
 
 __all__ = ["AsyncSteps"]
 
@@ -197,9 +199,9 @@ class AsyncSteps:
         timeout: float | None,
     ) -> Any:
         if self.deadline is None:
-            return await _async_attempt(name, fn, args, kwargs, timeout)
+            return await run_attempt(name, fn, args, kwargs, timeout)
         try:
-            return await _async_attempt(name, fn, args, kwargs, self._time_left(timeout))
+            return await run_attempt(name, fn, args, kwargs, self._time_left(timeout))
         except TimeoutError as exc:  # cut by the guard's deadline, not by its own timeout
             if time.monotonic() >= self.deadline[0]:
                 raise JobDeadlineError(self.key, self.deadline[1]) from exc

@@ -7,6 +7,7 @@ generated from it) build on it, and only the store calls differ.
 from __future__ import annotations
 
 import contextvars
+import enum
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Final, Generic, TypeVar
 
@@ -24,6 +25,7 @@ __all__ = [
     "GUARD_METHOD",
     "Call",
     "Tie",
+    "TieState",
     "current_call",
     "leave_current",
     "run_as_current",
@@ -42,6 +44,7 @@ class Call(Generic[T]):
         "_compress_at",
         "_kept",
         "_key",
+        "_make_steps",
         "_result",
         "_saved",
         "_steps",
@@ -88,9 +91,11 @@ class Call(Generic[T]):
         # Fenced rows (step name, None for the call's) that committed with no result in them,
         # and their fence: the result is recorded there before Redis completes (None: none).
         self._unrecorded: dict[str | None, int] | None = None
-        # Set by guard / aguard on a call that runs: runs its steps against the store.
-        # Built on first use (most calls run no step): a factory until then.
-        self._steps: Steps | AsyncSteps | Callable[[], Steps | AsyncSteps] | None = None
+        # How to build this call's steps: set by guard / aguard on a call that runs; None for
+        # a call without steps (a replay, an HTTP handler's). Built on first use into
+        # ``_steps`` (most calls run no step, and building costs two Python calls).
+        self._make_steps: Callable[[], Steps | AsyncSteps] | None = None
+        self._steps: Steps | AsyncSteps | None = None
 
     def unrecorded_fence(self, step: str | None = None) -> int | None:
         """The fence of a fenced transaction of this call that committed with no result for
@@ -170,9 +175,10 @@ class Call(Generic[T]):
         return f"{what} needs a guard() or @idempotent call: this call has no steps"
 
     def _runner(self) -> Steps | AsyncSteps | None:
+        """This call's steps, built now if they were not yet; None: it has none."""
         steps = self._steps
-        if callable(steps):
-            steps = self._steps = steps()
+        if steps is None and self._make_steps is not None:
+            steps = self._steps = self._make_steps()
         return steps
 
     def save(self, value: T) -> None:
@@ -219,9 +225,9 @@ class Call(Generic[T]):
             self._saved, self._result = None, _UNSET
 
     def _ended(self, tie: Tie, committed: bool) -> None:
-        if tie.state is _ENDED:
+        if tie.state is TieState.ENDED:
             return  # reported twice (a failed COMMIT, then its connection's rollback)
-        tie.state = _ENDED
+        tie.state = TieState.ENDED
         if self._ties is not None and tie in self._ties:
             self._ties.remove(tie)
         if committed:
@@ -232,7 +238,7 @@ class Call(Generic[T]):
     def _resolve(self) -> None:
         """COMMITs that were sent and did not fail have returned by now: they committed."""
         assert self._ties is not None
-        for tie in [tie for tie in self._ties if tie.state is _COMMITTING]:
+        for tie in [tie for tie in self._ties if tie.state is TieState.COMMITTING]:
             self._ended(tie, True)
 
     def _final(self) -> bytes | None:
@@ -245,9 +251,14 @@ class Call(Generic[T]):
         return None if self._ties else self._saved
 
 
-_OPEN: Final = "open"
-_COMMITTING: Final = "committing"
-_ENDED: Final = "ended"
+class TieState(enum.Enum):
+    """Where a tied transaction is (members compare by identity)."""
+
+    OPEN = "open"
+    #: Its COMMIT was sent: committed from the call's next step on, unless it fails first.
+    COMMITTING = "committing"
+    #: Committed or rolled back, and reported: the call no longer waits for it.
+    ENDED = "ended"
 
 
 class Tie:
@@ -261,11 +272,11 @@ class Tie:
 
     def __init__(self, call: Call[Any]) -> None:
         self.call = call
-        self.state: str = _OPEN
+        self.state = TieState.OPEN
 
     def committing(self) -> None:
-        if self.state is _OPEN:
-            self.state = _COMMITTING
+        if self.state is TieState.OPEN:
+            self.state = TieState.COMMITTING
 
     def committed(self) -> None:
         self.call._ended(self, True)

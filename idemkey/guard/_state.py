@@ -45,6 +45,7 @@ from ..events import (
 )
 from ._call import _CURRENT, GUARD_METHOD, Call
 from ._failures import FailureRules, is_failure, raise_failure, rules_for
+from ._steps import worked
 
 if TYPE_CHECKING:
     from ..policy import Policy
@@ -169,8 +170,7 @@ class GuardState(Generic[T]):
             if decision.takeover:
                 # The steps the previous executor finished, as its lease_lost entry lists them:
                 # what an operator checks for this incident.
-                resumed = tuple(name for name, _ in decision.steps)
-                self.uncertain("takeover", decision.fence, steps=resumed)
+                self.uncertain("takeover", decision.fence, steps=worked(decision.steps))
             call = self.call = Call(
                 replayed=False,
                 fence=decision.fence,
@@ -209,22 +209,23 @@ class GuardState(Generic[T]):
     def ttl_ms(self) -> int:
         return self.policy.ttl_ms
 
-    def close_steps(self) -> None:
-        """The block has exited: no step may start any more."""
-        call = self.call
-        if call is None or call._steps is None:
-            return
-        steps = call._steps
-        if callable(steps):  # never used: stays unbuilt, and is closed once built
-            call._steps = partial(_closed, steps)
-        else:
-            steps.book.close()
-
-    def saved(self) -> bytes | None:
-        """The saved result, if any; the block is left, so it is no longer the current call."""
+    def leave(self) -> None:
+        """The block has exited: its call is no longer the current one, and no step of it may
+        start any more."""
         if self._current is not None:
             _CURRENT.reset(self._current)
             self._current = None
+        call = self.call
+        if call is None:
+            return
+        steps = call._steps
+        if steps is not None:
+            steps.book.close()
+        elif call._make_steps is not None:  # never used: stays unbuilt, and is closed once built
+            call._make_steps = partial(_closed, call._make_steps)
+
+    def saved(self) -> bytes | None:
+        """The result saved in the block, if any (a query: changes nothing)."""
         call = self.call
         if call is None:
             return None
@@ -288,12 +289,13 @@ class GuardState(Generic[T]):
             raise error
 
     def finished_steps(self) -> tuple[str, ...]:
-        """The finished steps the record keeps: those this call saw finish or resumed."""
+        """The finished steps whose work the record keeps done: those this call saw finish or
+        resumed, but a remembered failure (it did no work an operator must check)."""
         call = self.call
         steps = call._steps if call is not None else None
-        if steps is None or callable(steps):  # never built: only what the claim resumed
-            return tuple(name for name, _ in self.claim.steps) if self.claim else ()
-        return steps.book.finished
+        if steps is None:  # never built: only what the claim resumed
+            return worked(self.claim.steps) if self.claim else ()
+        return steps.book.worked
 
     def uncertain(
         self,

@@ -7,7 +7,8 @@ finished steps with its claim and gets their results back instead of running the
 
 :class:`StepBook` owns the rules for one claimed call; the shells, ``AsyncSteps`` in
 ``guard/_async_steps.py`` and ``Steps`` generated from it, only move bytes between it, the step
-function and the store:
+function and the store, and run one attempt of a step through the hand-written pair
+``_async_attempt`` / ``_sync_attempt`` (what a task and a thread do differently):
 
 * a name is validated before anything runs (:func:`check_step_name`);
 * a finished step (ours or an earlier executor's) is never run again: its stored result is
@@ -19,17 +20,13 @@ function and the store:
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
-import inspect
-import time
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from typing import Any, Final
 
 from .._codec import decode_value
 from ..errors import ConfigurationError, LeaseLostError, UsageError
 from ._failures import FailureRules, is_failure, raise_failure
-from ._retry import _DEADLINE, attempt_deadline
 
 __all__ = [
     "MAX_STEP_NAME",
@@ -39,6 +36,7 @@ __all__ = [
     "step_field",
     "step_key",
     "stored_step",
+    "worked",
 ]
 
 #: Longest step name, in characters: names are code, not data.
@@ -88,6 +86,12 @@ def stored_step(stored: bytes, remember: FailureRules | None) -> Any:
     return decode_value(stored)
 
 
+def worked(finished: Iterable[tuple[str, bytes]]) -> tuple[str, ...]:
+    """Names of the finished steps whose work is done, from (name, stored result) pairs: a
+    remembered failure (a declined card) did none, so there is nothing of it to reconcile."""
+    return tuple(name for name, stored in finished if not is_failure(stored))
+
+
 def step_key(record_digest: str, name: str) -> str:
     """A key for the downstream call made inside step ``name`` of the record ``record_digest``.
 
@@ -118,6 +122,12 @@ class StepBook:
     def finished(self) -> tuple[str, ...]:
         """Names of every finished step the record keeps: resumed, and run by this call."""
         return tuple(self._done)
+
+    @property
+    def worked(self) -> tuple[str, ...]:
+        """Names of the finished steps whose work is done (not a remembered failure): what an
+        uncertain outcome lists for an operator to check."""
+        return worked(self._done.items())
 
     def begin(self, name: object) -> bytes | None:
         """Start step ``name``: its stored result if it is finished (do not run it), else None
@@ -153,62 +163,3 @@ class StepBook:
     def close(self) -> None:
         """The guard's block has exited."""
         self._closed = True
-
-
-# What a step function returned, as a result: the one difference between the asyncio runner
-# (guard/_async_steps.py) and the generated sync one, which scripts/unasync.py points from
-# ``_async_result`` to ``_sync_result``.
-
-
-async def _async_result(name: str, value: Any) -> Any:
-    """Under aguard a step function may be a coroutine function: await what it returned."""
-    return await value if inspect.isawaitable(value) else value
-
-
-async def _async_attempt(
-    name: str,
-    fn: Callable[..., Any],
-    args: tuple[Any, ...],
-    kwargs: dict[str, Any],
-    timeout: float | None,
-) -> Any:
-    """One attempt of a step under aguard: with a ``timeout``, a coroutine step is cancelled
-    when it runs out (``TimeoutError``), and ``step_deadline()`` tells it how long it has."""
-    if timeout is None:
-        return await _async_result(name, fn(*args, **kwargs))
-    token = attempt_deadline(time.monotonic() + timeout)
-    try:
-        return await asyncio.wait_for(_async_result(name, fn(*args, **kwargs)), timeout)
-    except asyncio.TimeoutError as exc:  # not the builtin TimeoutError before Python 3.11
-        raise TimeoutError(f"an attempt of step {name!r} ran out of {timeout:g} s") from exc
-    finally:
-        _DEADLINE.reset(token)
-
-
-def _sync_attempt(
-    name: str,
-    fn: Callable[..., Any],
-    args: tuple[Any, ...],
-    kwargs: dict[str, Any],
-    timeout: float | None,
-) -> Any:
-    """One attempt of a step under guard: a ``timeout`` is a cooperative deadline, which the
-    step reads with ``step_deadline()``; nothing interrupts a thread (see docs/steps.md)."""
-    if timeout is None:
-        return _sync_result(name, fn(*args, **kwargs))
-    token = attempt_deadline(time.monotonic() + timeout)
-    try:
-        return _sync_result(name, fn(*args, **kwargs))
-    finally:
-        _DEADLINE.reset(token)
-
-
-def _sync_result(name: str, value: Any) -> Any:
-    """Under guard nothing can await a step's coroutine: refuse it (closed, so Python does not
-    warn that it was never awaited)."""
-    if inspect.isawaitable(value):
-        close = getattr(value, "close", None)
-        if close is not None:
-            close()
-        raise UsageError(f"step {name!r} returned an awaitable: use aguard for async steps")
-    return value

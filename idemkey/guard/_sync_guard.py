@@ -61,7 +61,7 @@ class Guard(GuardState[T]):
                 return call
         # A partial (C), not a lambda: no closure cells built per call.
         steps = (self.store, self.record, self.claim, self.key)
-        call._steps = partial(Steps, *steps, self.job_deadline(), call)
+        call._make_steps = partial(Steps, *steps, self.job_deadline(), call)
         return call
 
     def __exit__(
@@ -72,7 +72,7 @@ class Guard(GuardState[T]):
     ) -> None:
         if self.call is None:
             return  # a replay: nothing was claimed, nothing is current, nothing to settle
-        self.close_steps()
+        self.leave()
         claim, saved, started = self.claim, self.outcome(exc), perf_counter()
         if claim is None:
             return

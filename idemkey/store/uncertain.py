@@ -21,7 +21,9 @@ from .diagnostics import _text as text
 
 __all__ = [
     "MAX_ENTRIES",
+    "MAX_PENDING",
     "MEANINGS",
+    "RETRY_SECONDS",
     "SINCE",
     "UncertainEntry",
     "UncertainKind",
@@ -97,6 +99,11 @@ def action_now(kind: str, state: str | None) -> str:
 
 #: How many entries a stream keeps, about (MAXLEN ~ trims whole nodes, cheaply).
 MAX_ENTRIES: Final = 10_000
+#: How many entries a store holds not yet written (waiting, being written or tried again), at
+#: most, for either store: more are dropped, never queued without bound behind a slow Redis.
+MAX_PENDING: Final = 64
+#: How long an entry whose connection could not be made is tried again (Redis restarting).
+RETRY_SECONDS: Final = 10.0
 
 
 def uncertain_stream(prefix: str) -> str:

@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import ast
+from pathlib import Path
+
 import pytest
 
 from idemkey import ConfigurationError, LeaseLostError, StoreError
 from idemkey._core import Claimed, decode_checkpoint_reply, decode_claim_reply
+from idemkey.guard import _steps
+from idemkey.guard._failures import rules_for
 from idemkey.guard._steps import MAX_STEP_NAME, StepBook, check_step_name, step_field, step_key
 
 
@@ -17,6 +22,18 @@ def test_a_finished_step_is_returned_and_not_run_again() -> None:
     book.finish("charge", b"c")
     assert book.begin("charge") == b"c"
     assert book.resumed == ("reserve",)  # ours are not "resumed"
+
+
+def test_a_remembered_failure_is_finished_but_did_no_work() -> None:
+    rules = rules_for((ValueError,))
+    assert rules is not None
+    declined = rules.encode(ValueError("declined"))
+    assert declined is not None
+    book = StepBook(fence=2, finished=[("reserve", b"\x01r"), ("quote", declined)])
+    book.begin("charge")
+    book.finish("charge", declined)
+    assert book.finished == ("reserve", "quote", "charge")
+    assert book.worked == ("reserve",)
 
 
 def test_a_step_that_failed_may_run_again() -> None:
@@ -100,3 +117,19 @@ def test_a_checkpoint_reply_names_the_stored_result() -> None:
     assert decode_checkpoint_reply(0, b"ours") is None  # not our record
     with pytest.raises(StoreError):
         decode_checkpoint_reply([1], b"ours")
+
+
+def test_the_rules_module_does_no_io() -> None:
+    """``_steps`` is sans-IO, as its docstring says: the attempt runners (a task's, a thread's)
+    live in ``_async_attempt`` / ``_sync_attempt`` (63d3937 held both here)."""
+    tree = ast.parse(Path(_steps.__file__).read_text("utf-8"))
+    imported = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            imported.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            imported.add("." * node.level + (node.module or ""))
+    waits = {"asyncio", "time", "threading", "socket", "inspect"}
+    assert not imported & waits
+    assert not [name for name in imported if "store" in name or "_async_" in name]
+    assert not [node.name for node in ast.walk(tree) if isinstance(node, ast.AsyncFunctionDef)]

@@ -195,6 +195,37 @@ def test_a_step_remembers_its_failure_across_releases(store: RedisStore) -> None
     assert ran == ["reserve", "charge"]
 
 
+def declined_after(store: RedisStore, key: str, steps: tuple[str, ...] = ()) -> None:
+    """The steps ``steps``, then a charge whose step remembers the card declined; the guard
+    declares another failure, so the record is released."""
+
+    def charge() -> None:
+        raise CardDeclined("expired_card", 9)
+
+    with guard(store, key, cache_exceptions=(Transient,)) as call:
+        for name in steps:
+            call.step(name, lambda: 1)
+        call.step("charge", charge, cache_exceptions=DECLARED)
+
+
+def test_a_remembered_step_failure_is_no_finished_step_to_reconcile(store: RedisStore) -> None:
+    """A declined card remembered by its step did no work: releasing the record after it is
+    no uncertain outcome (2ba1d64 kept a ``released_with_steps`` entry on every retry), and a
+    real step before it is still listed, alone."""
+    for key, steps in (("declined", ()), ("reserved", ("reserve",))):
+        for _ in range(3):
+            with pytest.raises(CardDeclined):
+                declined_after(store, key, steps)
+    store._keeper.drain(10)
+    kept = store.uncertain()
+    assert [(entry.kind, entry.steps) for entry in kept] == [
+        ("released_with_steps", ("reserve",))
+    ] * 3
+    assert {entry.digest for entry in kept} == {
+        record_for(store.policy.prefix, "", GUARD_METHOD, "", "reserved").digest
+    }
+
+
 async def test_aguard_replays_a_declared_failure(
     async_client: redis.asyncio.Redis, prefix: str
 ) -> None:

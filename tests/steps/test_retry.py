@@ -36,7 +36,7 @@ from idemkey._core import Record, record_for
 from idemkey.guard import GUARD_METHOD
 from idemkey.guard import _retry as guard_retry
 from idemkey.guard import _state as guard_state
-from idemkey.guard import _steps as guard_steps
+from idemkey.guard import _sync_attempt as sync_attempt
 from idemkey.guard import _sync_steps as sync_steps
 from tests._lease import lapse
 
@@ -287,7 +287,7 @@ def test_no_step_starts_after_the_guard_deadline_and_a_retry_resumes(
     ran: list[str] = []
     now = [1000.0]
     clock = types.SimpleNamespace(monotonic=lambda: now[0])
-    for module in (guard_state, sync_steps, guard_retry, guard_steps):  # the guard's clock only
+    for module in (guard_state, sync_steps, guard_retry, sync_attempt):  # the guard's clock only
         monkeypatch.setattr(module, "time", clock)
     with pytest.raises(JobDeadlineError) as late, guard(store, "k", deadline=5) as call:  # noqa: PT012
         call.step("reserve", ran.append, "reserve")

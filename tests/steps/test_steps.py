@@ -25,6 +25,7 @@ from idemkey import (
     StepNotStorableError,
     UsageError,
     aguard,
+    current_call,
     guard,
 )
 from idemkey._core import Record, record_for, record_state
@@ -366,3 +367,16 @@ def test_a_step_after_the_block_exited_is_refused_even_if_none_ran_inside() -> N
             call.step("late", lambda: 1)
     finally:
         store.close()
+
+
+def test_reading_the_saved_result_leaves_the_call_current(store: RedisStore) -> None:
+    """GuardState.saved() is a query; leaving the block is what ends the current call (on
+    63d3937 reading it inside the block made current_call() raise)."""
+    state = guard(store, "k")
+    with state as call:
+        call.save("done")
+        assert state.saved() == state.saved() is not None
+        assert current_call() is call
+    with pytest.raises(LookupError):
+        current_call()
+    assert state.saved() is not None

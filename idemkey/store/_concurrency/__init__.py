@@ -9,4 +9,6 @@ hand-written ``_sync_<x>`` twin that exports the same names. A generated sync fi
   tasks / threads that wait on it.
 * ``_async_shield`` / ``_sync_shield``: a settling write that outlives a cancelled request, or
   runs at once where nothing is cancelled.
+
+``_async_append`` is no such pair: the keepers' one retry loop, its sync twin generated.
 """

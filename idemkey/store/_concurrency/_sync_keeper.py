@@ -1,11 +1,10 @@
 """Appending uncertain outcomes off the request's path, in one writer thread; twin of
 ``_async_keeper``.
 
-The request that caused an entry never waits for it: entries go to a queue of at most
-:data:`MAX_PENDING` (a slow or down Redis: entries past that are dropped), which a daemon
-thread of the store writes. A write that could not connect (nothing reached Redis, so sending
-it again cannot make two entries) is tried again for up to :data:`RETRY_SECONDS`; any other
-failure is logged at debug level and the entry forgotten.
+The request that caused an entry never waits for it: entries go to a queue, which a daemon
+thread of the store writes with ``_sync_append`` (the retry loop both keepers share), at most
+:data:`~idemkey.store.uncertain.MAX_PENDING` of them not yet written, the one being written
+included (a slow or down Redis: entries past that are dropped).
 """
 
 from __future__ import annotations
@@ -19,15 +18,11 @@ import weakref
 from typing import Any, Final
 
 from ...events import logger
-from .._backend import _never_connected
-from ..uncertain import MAX_ENTRIES
+from ..uncertain import MAX_PENDING
+from ._sync_append import append
 
-__all__ = ["MAX_PENDING", "RETRY_SECONDS", "Keeper"]
+__all__ = ["Keeper"]
 
-#: Entries waiting to be written, at most; more are dropped.
-MAX_PENDING: Final = 64
-#: How long an entry whose connection could not be made is tried again (Redis restarting).
-RETRY_SECONDS: Final = 10.0
 #: A writer with nothing to write for this long ends (a store need not be closed for it).
 IDLE_SECONDS: Final = 5.0
 
@@ -65,11 +60,13 @@ if hasattr(os, "register_at_fork"):
 class Keeper:
     """Writes stream entries for one store, from a thread started on the first entry."""
 
-    __slots__ = ("__weakref__", "_lock", "_queue", "_thread", "client")
+    __slots__ = ("__weakref__", "_lock", "_pending", "_queue", "_thread", "client")
 
     def __init__(self, client: Any) -> None:
         self.client = client
-        self._queue: queue.Queue[_Entry] = queue.Queue(MAX_PENDING)
+        self._queue: queue.Queue[_Entry] = queue.Queue()
+        # Entries kept and not yet written (queued, or the writer's own), under the lock.
+        self._pending = 0
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
         _keepers.add(self)
@@ -78,25 +75,27 @@ class Keeper:
         """In a forked child, at fork: a lock, queue and writer of its own (the parent's
         entries are the parent's to write)."""
         self._lock = threading.Lock()
-        self._queue = queue.Queue(MAX_PENDING)
+        self._queue = queue.Queue()
+        self._pending = 0
         self._thread = None
 
     def keep(self, stream: str, fields: dict[str, str], ttl_ms: int) -> None:
         """Append ``fields`` to ``stream`` soon; returns at once, never raises."""
-        try:
-            self._queue.put_nowait((stream, fields, ttl_ms))
-        except queue.Full:
-            logger.debug("idemkey dropped an uncertain-outcome entry: %d pending", MAX_PENDING)
-            return
-        # After the put: a writer that found the queue empty and left is replaced (it clears
-        # _thread under the lock before it leaves, so an entry is never stranded).
         with self._lock:
-            if self._thread is None:
-                self._thread = threading.Thread(
-                    target=self._run, name="idemkey-uncertain", daemon=True
-                )
-                self._thread.start()
-                _running.add(self)
+            full = self._pending >= MAX_PENDING
+            if not full:
+                self._pending += 1
+                self._queue.put_nowait((stream, fields, ttl_ms))
+                # A writer that found the queue empty and left cleared _thread under this lock
+                # first: it is replaced, so an entry is never stranded.
+                if self._thread is None:
+                    self._thread = threading.Thread(
+                        target=self._run, name="idemkey-uncertain", daemon=True
+                    )
+                    self._thread.start()
+                    _running.add(self)
+        if full:
+            logger.debug("idemkey dropped an uncertain-outcome entry: %d pending", MAX_PENDING)
 
     def _run(self) -> None:
         while True:
@@ -109,25 +108,11 @@ class Keeper:
                         return
                 continue
             try:
-                self._write(*entry)
+                append(self.client, *entry)
             finally:
+                with self._lock:
+                    self._pending -= 1
                 self._queue.task_done()
-
-    def _write(self, stream: str, fields: dict[str, str], ttl_ms: int) -> None:
-        deadline, delay = time.monotonic() + RETRY_SECONDS, 0.05
-        while True:
-            try:
-                pipe = self.client.pipeline(transaction=False)
-                pipe.xadd(stream, fields, maxlen=MAX_ENTRIES, approximate=True)
-                pipe.pexpire(stream, ttl_ms)
-                pipe.execute()
-                return
-            except Exception as exc:  # the request it describes went on, whatever happens here
-                if not _never_connected(exc) or time.monotonic() + delay > deadline:
-                    logger.debug("idemkey could not keep an uncertain outcome: %s", exc)
-                    return
-            time.sleep(delay)
-            delay = min(delay * 2, 1.0)
 
     def drain(self, timeout: float) -> None:
         """Wait up to ``timeout`` seconds for the entries being written (a store closing)."""
