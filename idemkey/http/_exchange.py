@@ -138,8 +138,8 @@ class Exchange:
 
     def announced(self) -> Response | None:
         """Before reading: the 413 to send when the declared length is over the limit."""
-        if self.state is not State.READING:
-            self._refuse("reject")
+        if (self.state, "announce") not in TRANSITIONS:  # READING stays READING
+            self._refuse("announce")
         if self.declared is not None and self.declared > self._limit:
             return self.reject_too_large()
         return None
@@ -214,10 +214,10 @@ class Exchange:
 
     def store_failed(self, exc: StoreError) -> Response | None:
         """The claim failed in Redis: the 503 to send, or None to run the app unprotected."""
-        if self.state is not State.CLAIMING:
-            self._refuse("answer")
+        transition = "run_unprotected" if self.policy.on_store_error == "open" else "answer"
+        target = TRANSITIONS.get((self.state, transition)) or self._refuse(transition)
         answer = self._failed(exc)
-        self._move("answer" if answer is not None else "run_unprotected")
+        self.state = target
         self.unprotected = answer is None
         return answer
 
@@ -225,8 +225,6 @@ class Exchange:
         """The key's fenced transaction committed, but its response was never recorded (the
         process stopped between the COMMIT and the write): the handler does not run again, and
         every retry gets this 409 (no Retry-After: retrying cannot help)."""
-        if self.state is not State.CLAIMING:
-            self._refuse("answer")
         self._move("answer")
         self.notify("store_error", detail=RESPONSE_LOST)
         return response_lost(self.policy)
