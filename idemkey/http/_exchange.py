@@ -8,7 +8,6 @@ each step reports (events, uncertain outcomes). The answers it sends are built i
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from .._codec import decode_response
@@ -18,22 +17,13 @@ from .._core import (
     ExpiringDecision,
     InFlight,
     Mismatch,
-    Record,
     Replay,
     new_owner,
     record_for,
     record_origin,
 )
 from ..errors import ProtocolError, RecordFormatError, StoreError
-from ..events import (
-    ALWAYS_LOGGED,
-    DEBUG,
-    RECORD_LOST_DETAIL,
-    TAKEN_OVER_DETAIL,
-    EventKind,
-    enabled_memo,
-    report,
-)
+from ..events import RECORD_LOST_DETAIL, TAKEN_OVER_DETAIL, Reporter
 from ..guard._call import Call, leave_current, run_as_current
 from ._answers import (
     RESPONSE_LOST,
@@ -57,12 +47,11 @@ from .routes import ROUTE_UNKNOWN
 
 if TYPE_CHECKING:
     from ..policy import Policy
-    from ..store.uncertain import UncertainKind
 
 __all__ = ["Exchange"]
 
 
-class Exchange:
+class Exchange(Reporter):
     """One keyed request, from its body to its settled record. No I/O: the driver does that.
 
     One object in h11's shape: it makes every decision and owns their order. Each public
@@ -71,7 +60,9 @@ class Exchange:
     request is, ``owner`` the claim's owner token (set by :meth:`claiming`), ``declared`` the
     request's Content-Length, ``call`` the claimed call while the app runs (what
     ``idemkey.current_call()`` returns), ``unprotected`` whether the store failed and the
-    policy said run anyway, ``plan`` what the record is settled with.
+    policy said run anyway, ``plan`` what the record is settled with. As a
+    :class:`~idemkey.events.Reporter`, it reports its events and uncertain outcomes (``keep``:
+    the driver's ``store.keep_uncertain``).
     """
 
     __slots__ = (
@@ -79,15 +70,12 @@ class Exchange:
         "_head",
         "_key",
         "_limit",
-        "_scope",
         "call",
         "claim",
         "declared",
-        "keep",
         "owner",
         "plan",
         "policy",
-        "record",
         "request",
         "state",
         "unprotected",
@@ -96,19 +84,23 @@ class Exchange:
     def __init__(self, policy: Policy, request: Request, key: str, scope: str) -> None:
         self.policy = policy
         self.request = request
-        self._scope = scope
         self._key = key
-        self.record: Record = record_for(
-            policy.prefix, scope, request.method, request.route or request.path, key
-        )
+        # The Reporter's attributes, set here: its __init__ would be one more call.
+        self.hook = policy.on_event
+        self.scope = scope
+        method = self.method = request.method
+        template = request.route
+        route = self.route = template or request.path
+        # The template, never the concrete path: a metric label must stay bounded.
+        self.label = template or ROUTE_UNKNOWN
+        self.record = record_for(policy.prefix, scope, method, route, key)
         self.claim: Claimed | None = None
         self.state = State.READING
         # content_length(headers), without its call
         values = request.headers.get_all("content-length")
         self.declared = parse_content_length(values[0]) if values else None
         self.unprotected = False
-        #: Where uncertain outcomes go (the driver's ``store.keep_uncertain``), or None.
-        self.keep: Callable[..., None] | None = None
+        self.keep = None  # the driver's store.keep_uncertain, once it claims
         # The limit, read once: the body is checked against it twice.
         self._limit = policy.max_request_bytes
         self.owner = ""
@@ -120,9 +112,8 @@ class Exchange:
     @property
     def origin(self) -> str:
         """Where the record comes from, kept in it for ``store.records()`` (record_origin)."""
-        request = self.request
         key = self._key if self.policy.keep_keys else None
-        return record_origin(self._scope, request.method, request.route or request.path, key)
+        return record_origin(self.scope, self.method, self.route, key)
 
     # Each transition looks up its (state, transition) pair once: ``TRANSITIONS.get(...) or
     # self._refuse(transition)`` gives the next state or raises, and the state moves only once
@@ -373,25 +364,3 @@ class Exchange:
         self.notify("store_error", fence, detail)
         if isinstance(self.plan, Complete):
             self.uncertain("completion_failed", fence, detail)
-
-    def uncertain(self, kind: UncertainKind, fence: int | None, detail: str = "") -> None:
-        """Keep an outcome an operator must check in the store's stream (never raises)."""
-        if self.keep is not None:
-            request = self.request
-            route = request.route or request.path
-            self.keep(kind, self.record, self._scope, request.method, route, fence, detail)
-
-    def notify(
-        self,
-        kind: EventKind,
-        fence: int | None = None,
-        detail: str = "",
-        seconds: float | None = None,
-    ) -> None:
-        hook = self.policy.on_event
-        if hook is None and kind not in ALWAYS_LOGGED and enabled_memo.get(DEBUG) is False:
-            return  # nobody listens: this one check is all an event costs
-        request = self.request
-        # The template, never the concrete path: a metric label must stay bounded.
-        route = request.route or ROUTE_UNKNOWN
-        report(hook, kind, self.record, self._scope, request.method, route, fence, detail, seconds)

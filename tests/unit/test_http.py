@@ -142,7 +142,7 @@ def test_the_default_scope_ignores_header_order_ordinary_headers_and_the_key() -
     custom = Policy(header="X-Request-Key")
     a = exchange(custom, headers=[("X-Request-Key", "k1"), ("X-Auth-Token", "t")])
     b = exchange(custom, headers=[("X-Request-Key", "k2"), ("X-Auth-Token", "t")])
-    assert a._scope == b._scope
+    assert a.scope == b.scope
     ordinary = [("Sec-WebSocket-Key", "w"), ("X-Idempotency-Key", "x"), ("Content-Type", "a/b")]
     assert credential_scope(request(headers=ordinary)) == credential_scope(request(headers=[]))
 
