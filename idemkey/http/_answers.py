@@ -146,9 +146,10 @@ def too_large(policy: Policy) -> Response:
 
 def key_reused(policy: Policy) -> Response:
     """The answer (422 by default, ``mismatch_status``) to a key sent with another request."""
+    status = policy.mismatch_status
     return render(
         policy,
-        policy.mismatch_status,
+        status,
         "key_reused",
         "this key was already used with a different request: resend the identical "
         "request for a retry; use a new key only for a new operation",
