@@ -2,6 +2,7 @@
 
 An event names the record by digests only: the raw idempotency key and the request body are
 client input (they may carry secrets) and never leave the library in an event or a log line.
+A :class:`Reporter` reports one request's (or one guard's) events and uncertain outcomes.
 """
 
 from __future__ import annotations
@@ -14,6 +15,10 @@ from typing import TYPE_CHECKING, Literal
 
 if TYPE_CHECKING:
     from ._core import Record
+    from .store.uncertain import UncertainKind
+
+    #: Where uncertain outcomes go: a store's ``keep_uncertain``.
+    Keep = Callable[[UncertainKind, "Reporter", int | None, str, tuple[str, ...]], None]
 
 __all__ = [
     "ALWAYS_LOGGED",
@@ -21,6 +26,7 @@ __all__ = [
     "Event",
     "EventKind",
     "RECORD_LOST_DETAIL",
+    "Reporter",
     "TAKEN_OVER_DETAIL",
     "emit",
     "enabled_memo",
@@ -127,6 +133,80 @@ def emit(hook: Callable[[Event], None] | None, event: Event) -> None:
         logger.exception("idemkey on_event hook raised; the request goes on")
 
 
+class Reporter:
+    """What one request (or one guard) reports: its events, to ``hook`` and the logger, and its
+    uncertain outcomes, to ``keep`` (a store's ``keep_uncertain``; None: not kept).
+
+    It holds where they come from once: the ``record``, the ``scope``, the ``method``, the
+    ``route`` the record is named by, and the ``label`` an event names it by (an HTTP event
+    says a route template or ``<unknown>``, never a concrete path: a metric label must stay
+    bounded). :class:`~idemkey.http.Exchange` and the guards' ``GuardState`` are reporters and
+    set these attributes in their own ``__init__``: one Python call less per request.
+    """
+
+    __slots__ = ("hook", "keep", "label", "method", "record", "route", "scope")
+
+    hook: Callable[[Event], None] | None
+    keep: Keep | None
+    label: str
+    method: str
+    record: Record
+    route: str
+    scope: str
+
+    def __init__(
+        self,
+        hook: Callable[[Event], None] | None,
+        record: Record,
+        scope: str = "",
+        method: str = "",
+        route: str = "",
+        keep: Keep | None = None,
+    ) -> None:
+        self.hook = hook
+        self.record = record
+        self.scope = scope
+        self.method = method
+        self.route = self.label = route
+        self.keep = keep
+
+    def notify(
+        self,
+        kind: EventKind,
+        fence: int | None = None,
+        detail: str = "",
+        seconds: float | None = None,
+    ) -> None:
+        """Build and emit an event, unless nobody listens (the hot path then costs one check).
+
+        ``seconds`` is the time the Redis call behind the event took, when there was one.
+        """
+        hook = self.hook
+        if hook is None and kind not in _WARNINGS and enabled_memo.get(DEBUG) is False:
+            return  # nobody listens: this one check is all an event costs
+        if kind not in _WARNINGS and quiet(hook):
+            return
+        scope_digest = hashlib.blake2b(
+            self.scope.encode("utf-8", "surrogatepass"), digest_size=6
+        ).hexdigest()
+        record = self.record.digest
+        emit(
+            hook, Event(kind, record, self.label, self.method, scope_digest, fence, seconds, detail)
+        )
+
+    def uncertain(
+        self,
+        kind: UncertainKind,
+        fence: int | None = None,
+        detail: str = "",
+        steps: tuple[str, ...] = (),
+    ) -> None:
+        """Keep an outcome an operator must check in the store's stream (never raises)."""
+        keep = self.keep
+        if keep is not None:
+            keep(kind, self, fence, detail, steps)
+
+
 def report(
     hook: Callable[[Event], None] | None,
     kind: EventKind,
@@ -138,13 +218,8 @@ def report(
     detail: str = "",
     seconds: float | None = None,
 ) -> None:
-    """Build and emit an event, unless nobody listens (the hot path then costs one check).
-
-    ``seconds`` is the time the Redis call behind the event took, when there was one.
-    """
+    """Build and emit one event, unless nobody listens: :meth:`Reporter.notify` for an event
+    with no reporter of its own (the heartbeat's ``record_lost``)."""
     if kind not in _WARNINGS and quiet(hook):
         return
-    scope_digest = hashlib.blake2b(
-        scope.encode("utf-8", "surrogatepass"), digest_size=6
-    ).hexdigest()
-    emit(hook, Event(kind, record.digest, route, method, scope_digest, fence, seconds, detail))
+    Reporter(hook, record, scope, method, route).notify(kind, fence, detail, seconds)

@@ -34,22 +34,13 @@ from ..errors import (
     ResultNotStorableError,
     StoreError,
 )
-from ..events import (
-    ALWAYS_LOGGED,
-    DEBUG,
-    RECORD_LOST_DETAIL,
-    TAKEN_OVER_DETAIL,
-    EventKind,
-    enabled_memo,
-    report,
-)
+from ..events import RECORD_LOST_DETAIL, TAKEN_OVER_DETAIL, Reporter
 from ._call import _CURRENT, GUARD_METHOD, Call
 from ._failures import FailureRules, is_failure, raise_failure, rules_for
 from ._steps import worked
 
 if TYPE_CHECKING:
     from ..policy import Policy
-    from ..store.uncertain import UncertainKind
     from ._async_steps import AsyncSteps
     from ._sync_steps import Steps
 
@@ -65,11 +56,12 @@ def _closed(make: Callable[[], Steps | AsyncSteps]) -> Steps | AsyncSteps:
     return steps
 
 
-class GuardState(Generic[T]):
+class GuardState(Reporter, Generic[T]):
     """The I/O-free part of a guard: which record, which fingerprint, what a decision means.
 
     A guard class names its store type and function (``store_type``, ``function``) and adds
-    the store calls; it needs no ``__init__`` of its own (one Python call less per guard).
+    the store calls; it needs no ``__init__`` of its own (one Python call less per guard). As
+    a :class:`~idemkey.events.Reporter`, it reports its events and uncertain outcomes.
     """
 
     __slots__ = (
@@ -80,10 +72,8 @@ class GuardState(Generic[T]):
         "key",
         "name",
         "policy",
-        "record",
         "remember",
         "result_type",
-        "scope",
         "seconds",
         "store",
     )
@@ -131,6 +121,12 @@ class GuardState(Generic[T]):
         # ``name`` (a decorated function's qualified name) takes the route's place: two
         # functions never share a record, whatever their keys.
         self.record: Record = record_for(self.policy.prefix, scope, GUARD_METHOD, name, key)
+        # The Reporter's attributes, set here: its __init__ would be one more call. Events and
+        # entries name a decorated function where an HTTP exchange names its route.
+        self.hook = self.policy.on_event
+        self.method = GUARD_METHOD
+        self.route = self.label = name
+        self.keep = store.keep_uncertain
         # payload_fingerprint(encode_payload(payload)), without their calls for bytes
         self.fingerprint = PAYLOAD_DIGEST(
             payload if type(payload) is bytes else encode_payload(payload)
@@ -296,28 +292,3 @@ class GuardState(Generic[T]):
         if steps is None:  # never built: only what the claim resumed
             return worked(self.claim.steps) if self.claim else ()
         return steps.book.worked
-
-    def uncertain(
-        self,
-        kind: UncertainKind,
-        fence: int | None = None,
-        detail: str = "",
-        steps: tuple[str, ...] = (),
-    ) -> None:
-        """Keep an outcome an operator must check in the store's stream (never raises)."""
-        keep = getattr(self.store, "keep_uncertain", None)
-        if keep is not None:
-            keep(kind, self.record, self.scope, GUARD_METHOD, self.name, fence, detail, steps)
-
-    def notify(
-        self,
-        kind: EventKind,
-        fence: int | None = None,
-        detail: str = "",
-        seconds: float | None = None,
-    ) -> None:
-        hook = self.policy.on_event
-        if hook is None and kind not in ALWAYS_LOGGED and enabled_memo.get(DEBUG) is False:
-            return  # nobody listens: this one check is all an event costs
-        # Events name a decorated function where an HTTP event names its route.
-        report(hook, kind, self.record, self.scope, GUARD_METHOD, self.name, fence, detail, seconds)

@@ -9,11 +9,16 @@ one entry of a table, and a transition asked in the wrong state raises
 
     READING --received(ok)--> READY --claiming--> CLAIMING --decide(Claimed)--> RUNNING
        |  received(413/400), unreadable, client_left |  decide(replay, 409, 422)     |
-       +--------------------------------------> DONE <-- store_failed (closed)       |
+       +--------------------------------------> DONE <-- response_lost, store_failed (closed)
                                                      |  store_failed (open) -> UNPROTECTED
     RUNNING --started--> SENDING --finish--> SETTLING --settled/settle_failed--> DONE
     RUNNING, SENDING --fail--> SETTLING;   CLAIMING --interrupted--> SETTLING (a release)
     RUNNING --cancelled--> DONE (the app cancelled before its head: the claim is kept to lapse)
+    READING --announced--> READING (the declared length is within the limit; over it: 413, DONE)
+
+The table alone says what is allowed: no method compares its state by hand. A step that only
+checks (``announced``) is an entry back to its own state, and one whose next state depends on
+the policy (``store_failed``: a 503, or running unprotected) names its transition first.
 
 The one rule of order rather than of content: once the response's status and
 headers went out (``started``), the key is never released by a failure. ``fail`` then completes
@@ -47,6 +52,7 @@ class State(enum.Enum):
 _S = State
 # (state, transition) -> next state. A transition missing here is out of order.
 TRANSITIONS: Final[dict[tuple[State, str], State]] = {
+    (_S.READING, "announce"): _S.READING,  # the declared length, checked before reading
     (_S.READING, "receive"): _S.READY,
     (_S.READING, "reject"): _S.DONE,
     (_S.READING, "client_left"): _S.DONE,

@@ -30,7 +30,7 @@ from .._core import (
     record_for,
 )
 from ..errors import EffectCommittedError, StoreError
-from ..events import logger
+from ..events import Reporter, logger
 from ..policy import Policy
 from ._sync_sender import Sender
 from ._sync_status import read_statuses, scan_statuses
@@ -312,20 +312,21 @@ class RedisStore(Sender):
     def keep_uncertain(
         self,
         kind: UncertainKind,
-        record: Record,
-        scope: str,
-        method: str,
-        route: str,
+        source: Reporter,
         fence: int | None = None,
         detail: str = "",
         steps: tuple[str, ...] = (),
     ) -> None:
         """Append an uncertain outcome to its prefix's stream (see ``idemkey.store.uncertain``),
         off the caller's path: returns at once and never raises; a write that fails is lost.
-        The guards and adapters call it; the stream lives as long as the store's records."""
+        The guards and adapters call it, each the ``source`` that names its record, scope,
+        method and route; the stream lives as long as the store's records."""
         try:
+            record = source.record
             prefix = record.record_key.rpartition(":{")[0]
-            fields = entry_fields(kind, record.digest, scope, method, route, fence, detail, steps)
+            fields = entry_fields(
+                kind, record.digest, source.scope, source.method, source.route, fence, detail, steps
+            )
             self._keeper.keep(uncertain_stream(prefix), fields, self.policy.ttl_ms)
         except Exception as exc:  # never the request's problem
             logger.debug("idemkey could not keep an uncertain outcome: %s", exc)

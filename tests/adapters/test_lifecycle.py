@@ -19,7 +19,7 @@ from idemkey._codec import decode_response
 from idemkey._core import Claimed, InFlight, Replay
 from idemkey.errors import ProtocolError
 from idemkey.http import Complete, Exchange, Headers, Release, Request, Response, begin
-from idemkey.http._transitions import State
+from idemkey.http._transitions import TRANSITIONS, State
 
 BODY = b'{"amount": 1}'
 
@@ -101,6 +101,29 @@ def test_a_step_out_of_order_raises_and_changes_nothing(state: State, step: str)
     assert (lc.state, lc.owner, lc.plan) == before
     assert raised.value.state == state.value
     assert isinstance(raised.value, IdemkeyError)
+
+
+@pytest.mark.parametrize("state", list(State), ids=lambda s: s.name)
+def test_the_table_alone_decides_what_is_allowed(state: State) -> None:
+    """With the transition table emptied, every step in every state is refused before it
+    reports anything: no method checks its state by hand beside the table."""
+    events: list[Event] = []
+    kept: list[tuple[Any, ...]] = []
+    table = dict(TRANSITIONS)
+    try:
+        for step in STEPS:
+            lc = reach(state, Policy(on_store_error="open", on_event=events.append))
+            lc.keep = lambda *entry: kept.append(entry)
+            events.clear()
+            TRANSITIONS.clear()
+            try:
+                with pytest.raises(ProtocolError):
+                    STEPS[step](lc)
+            finally:
+                TRANSITIONS.update(table)
+            assert (events, kept) == ([], []), step
+    finally:
+        TRANSITIONS.update(table)
 
 
 def test_a_committed_effect_without_its_response_is_a_final_409() -> None:

@@ -27,6 +27,7 @@ from werkzeug.test import Client
 from idemkey import AsyncRedisStore, LeaseLostError, Policy, RedisStore, aguard, guard
 from idemkey._core import PAYLOAD_DIGEST, record_for, record_origin
 from idemkey.adapters.wsgi import IdempotencyMiddleware
+from idemkey.events import Reporter
 from idemkey.store import uncertain as uncertain_module
 from idemkey.store.uncertain import UncertainEntry
 from tests._lease import lapse, lease_left
@@ -216,12 +217,12 @@ def test_keeping_an_entry_never_waits_for_a_paused_redis(
 ) -> None:
     client = private_redis_server.client(retry=no_retry(), socket_timeout=1)
     store = RedisStore(client, Policy(prefix=prefix))
-    record = record_for(prefix, "", "GUARD", "", "k")
+    source = Reporter(None, record_for(prefix, "", "GUARD", "", "k"), "", "GUARD", "")
     try:
         private_redis_server.pause()
         started = time.monotonic()
         for _ in range(uncertain_module.MAX_ENTRIES // 50):  # past the writer's queue
-            store.keep_uncertain("takeover", record, "", "GUARD", "", 2)
+            store.keep_uncertain("takeover", source, 2)
         assert time.monotonic() - started < 0.5
     finally:
         private_redis_server.resume()

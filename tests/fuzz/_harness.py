@@ -37,6 +37,7 @@ from idemkey.http import (
     begin,
     content_length,
 )
+from idemkey.http._answers import plan_for
 
 __all__ = ["Exchange", "Input", "policy_for", "run_exchange"]
 
@@ -136,7 +137,7 @@ def run_exchange(data: Input) -> str:
     declared = content_length(headers)
     limit = policy.max_request_bytes
     if (declared is not None and declared > limit) or len(data.body) > limit:
-        check_response(step._too_large(), {413})
+        check_response(step.reject_too_large(), {413})
         return "too_large"
 
     fingerprint = step.fingerprint(data.body)
@@ -175,7 +176,7 @@ def run_exchange(data: Input) -> str:
 
     # The app answered: store it or release the key, and replay it byte for byte.
     status = data.status
-    plan = step._plan(status, app_headers, data.response_body)
+    plan = plan_for(policy, status, app_headers, data.response_body)
     if isinstance(plan, Release):
         assert status >= 500 or status in policy.release_statuses
         return "released"

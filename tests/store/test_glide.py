@@ -21,6 +21,7 @@ import redis.asyncio
 
 from idemkey import AsyncRedisStore, Policy, RedisStore, aguard
 from idemkey.errors import ConfigurationError, StoreError
+from idemkey.events import Reporter
 from idemkey.policy import Replicas
 from idemkey.records import Claimed, InFlight, Replay, record_for
 from tests._servers import RedisServer, async_wait_until
@@ -131,7 +132,7 @@ async def test_records_record_uncertain_and_acheck_read_through_glide(
     assert status.lease_left is not None
     assert await store.record(_record(prefix, "none")) is None
 
-    store.keep_uncertain("lease_lost", running, "tenant", "POST", "/charges", fence=1)
+    store.keep_uncertain("lease_lost", Reporter(None, running, "tenant", "POST", "/charges"), 1)
 
     async def kept() -> list[Any]:
         return await store.uncertain()

@@ -27,6 +27,7 @@ from idemkey.http import (
     content_length,
     problem,
 )
+from idemkey.http._answers import plan_for
 from idemkey.policy import credential_scope
 from idemkey.records import Claimed, InFlight, Mismatch, Replay, decode_response, encode_response
 
@@ -141,7 +142,7 @@ def test_the_default_scope_ignores_header_order_ordinary_headers_and_the_key() -
     custom = Policy(header="X-Request-Key")
     a = exchange(custom, headers=[("X-Request-Key", "k1"), ("X-Auth-Token", "t")])
     b = exchange(custom, headers=[("X-Request-Key", "k2"), ("X-Auth-Token", "t")])
-    assert a._scope == b._scope
+    assert a.scope == b.scope
     ordinary = [("Sec-WebSocket-Key", "w"), ("X-Idempotency-Key", "x"), ("Content-Type", "a/b")]
     assert credential_scope(request(headers=ordinary)) == credential_scope(request(headers=[]))
 
@@ -323,12 +324,12 @@ def test_a_store_error_fails_closed_or_open() -> None:
     ],
 )
 def test_finish_stores_outcomes_and_releases_the_rest(status: int, stored: bool) -> None:
-    plan = exchange()._plan(status, [("Content-Type", "text/plain")], b"body")
+    plan = plan_for(Policy(), status, [("Content-Type", "text/plain")], b"body")
     assert isinstance(plan, Complete if stored else Release)
 
 
 def test_store_server_errors_keeps_5xx() -> None:
-    plan = exchange(Policy(store_server_errors=True))._plan(503, [], b"down")
+    plan = plan_for(Policy(store_server_errors=True), 503, [], b"down")
     assert isinstance(plan, Complete)
     assert decode_response(plan.stored).status == 503
 
@@ -342,17 +343,17 @@ def test_finish_drops_hop_by_hop_date_and_set_cookie_headers() -> None:
         ("Transfer-Encoding", "chunked"),
         ("X-Id", "1"),
     ]
-    plan = exchange()._plan(201, headers, b"{}")
+    plan = plan_for(Policy(), 201, headers, b"{}")
     assert isinstance(plan, Complete)
     kept = decode_response(plan.stored)
     assert kept.headers == (("Content-Type", "application/json"), ("X-Id", "1"))
-    allow = exchange(Policy(header_allowlist=frozenset({"X-ID"})))._plan(201, headers, b"{}")
+    allow = plan_for(Policy(header_allowlist=frozenset({"X-ID"})), 201, headers, b"{}")
     assert isinstance(allow, Complete)
     assert decode_response(allow.stored).headers == (("X-Id", "1"),)
 
 
 def test_finish_without_a_body_stores_status_and_headers_only() -> None:
-    plan = exchange()._plan(201, [("Content-Type", "text/csv")], None)
+    plan = plan_for(Policy(), 201, [("Content-Type", "text/csv")], None)
     assert isinstance(plan, Complete)
     assert decode_response(plan.stored) == StoredResponse(
         201, (("Content-Type", "text/csv"),), b"", body_kept=False

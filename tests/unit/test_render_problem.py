@@ -80,7 +80,7 @@ def test_key_reuse_keeps_the_configured_status(status: int) -> None:
 
 
 def test_too_large_is_413() -> None:
-    stripe_body(exchange()._too_large(), 413, "request_too_large")
+    stripe_body(exchange().reject_too_large(), 413, "request_too_large")
 
 
 def test_store_errors_are_503_with_the_policy_retry_after() -> None:

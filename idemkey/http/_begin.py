@@ -1,0 +1,52 @@
+"""The request's entry: :func:`begin` looks at a request and gives its :class:`Exchange`.
+
+Cheap and without I/O: the method and the key header decide whether the request passes
+through, is refused (400: no key, or not a valid one) or is guarded, and the scope names
+whose key it is. The body and its fingerprint come later (``Exchange.received``).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from .._core import parse_key
+from ..errors import ConfigurationError, InvalidKeyError
+from ._exchange import Exchange
+from ._messages import Request, Response
+from ._problems import render
+from ._scope import credential_scope, default_scope
+from ._switch import switch
+
+if TYPE_CHECKING:
+    from ..policy import Policy
+
+__all__ = ["begin"]
+
+
+def begin(policy: Policy, request: Request) -> Exchange | Response | None:
+    """First look at a request: ``None`` passes it through, a ``Response`` rejects it.
+
+    Otherwise the :class:`Exchange` that guards it. Cheap: no body, no I/O. While
+    :func:`idemkey.testing.disabled` is active, always ``None``.
+    """
+    if request.method not in policy.methods or switch.disabled:
+        return None
+    values = request.headers.get_all(policy.header)
+    if not values:
+        if not policy.require_key:
+            return None
+        return render(policy, 400, "missing_key", f"{policy.header} is required for this request")
+    if len(values) > 1:
+        return render(policy, 400, "invalid_key", f"send exactly one {policy.header} field line")
+    try:
+        key = parse_key(values[0], strict=policy.strict_header)
+    except InvalidKeyError as exc:
+        return render(policy, 400, "invalid_key", exc.reason)
+    scope_of = policy.scope
+    if scope_of is credential_scope:  # the default: it must leave the key header out
+        scope = default_scope(request, policy.header)
+    else:
+        scope = scope_of(request)
+        if not isinstance(scope, str):
+            raise ConfigurationError(f"Policy.scope must return a str, got {type(scope).__name__}")
+    return Exchange(policy, request, key, scope)
