@@ -33,6 +33,8 @@ import xxhash
 from ..errors import StoreError
 from ._keys import MAX_KEY_LENGTH, parse_key
 from ._names import (
+    DONE_HINT,
+    GONE_HINT,
     LOCK_HINT,
     Record,
     RecordName,
@@ -45,6 +47,8 @@ from ._names import (
 from ._origin import record_origin
 
 __all__ = [
+    "DONE_HINT",
+    "GONE_HINT",
     "LOCK_HINT",
     "MAX_KEY_LENGTH",
     "Claimed",

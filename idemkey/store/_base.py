@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Final, Protocol
 if TYPE_CHECKING:
     from .._core import Record
 
-from .._core import RECORD_LOST, next_poll_delay
+from .._core import DONE_HINT, RECORD_LOST, next_poll_delay
 from ..errors import ConfigurationError, StoreError
 from ..events import RECORD_LOST_DETAIL, logger, report
 from ..policy import Policy
@@ -107,7 +107,7 @@ _LAPSE_MARGIN: Final = 0.002
 
 def _done_stream(record: Record) -> str:
     """The stream complete.lua and release.lua post to when waiters marked the record."""
-    return record.record_key + ":done"
+    return record.record_key + DONE_HINT
 
 
 def _socket_timeout(client: Any) -> float | None:
