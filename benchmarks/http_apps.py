@@ -159,19 +159,27 @@ def make_wsgi() -> WSGIApp:
 class _FloorArgs:
     """The floor's arguments, every one but the key fixed in advance (one for all floors)."""
 
-    def __init__(self, store: RedisStore | AsyncRedisStore) -> None:
+    def __init__(
+        self, store: RedisStore | AsyncRedisStore, label: bytes = b"floor", text: bool = False
+    ) -> None:
+        """``label`` names the floor's records; ``text``: the numbers as strings (glide takes
+        no int argument)."""
         scripts = store._scripts
         self.claim_sha, self.complete_sha = scripts["claim"].sha, scripts["complete"].sha
         policy = store.policy
-        self.lease_ms, self.ttl_ms = policy.lease_ms, policy.ttl_ms
+        self.lease_ms: int | str = policy.lease_ms
+        self.ttl_ms: int | str = policy.ttl_ms
+        if text:
+            self.lease_ms, self.ttl_ms = str(self.lease_ms), str(self.ttl_ms)
         self.fp, self.owner = "f" * 32, "o" * 32
         self.tag = owner_tag(self.owner)
         status = (("content-type", "application/json"),)
         self.stored = encode_response(StoredResponse(201, status, BODY))
         self.prefix = policy.prefix.encode()
+        self.label = label
 
     def claim(self, key: bytes) -> tuple[bytes, Any, Any, Any, Any]:
-        record = b"%b:floor:{%b}" % (self.prefix, key)
+        record = b"%b:%b:{%b}" % (self.prefix, self.label, key)
         return record, self.fp, self.owner, self.lease_ms, self.ttl_ms
 
     def complete(self, record: bytes) -> tuple[bytes, Any, Any, Any, Any]:
@@ -282,25 +290,20 @@ def glide_floor_asgi(client: Any, store: AsyncRedisStore) -> Any:
     import glide
 
     claim, complete = glide.Script(SCRIPTS["claim"]), glide.Script(SCRIPTS["complete"])
-    policy = store.policy
-    lease_ms, ttl_ms = str(policy.lease_ms), str(policy.ttl_ms)
-    fp, owner = "f" * 32, "o" * 32
-    tag = owner_tag(owner)
-    stored = encode_response(StoredResponse(201, (("content-type", "application/json"),), BODY))
-    prefix = policy.prefix.encode()
+    args = _FloorArgs(store, label=b"gfloor", text=True)
 
-    async def invoke(script: Any, *keys_and_args: Any) -> Any:
+    async def invoke(script: Any, call: tuple[Any, ...]) -> Any:
         # Split as the store splits a call (SCRIPT_KEYS), so the floor follows the scripts.
-        keys, args = keys_and_args[:SCRIPT_KEYS], keys_and_args[SCRIPT_KEYS:]
-        return await client.invoke_script(script, keys=list(keys), args=list(args))
+        keys, rest = call[:SCRIPT_KEYS], call[SCRIPT_KEYS:]
+        return await client.invoke_script(script, keys=list(keys), args=list(rest))
 
     async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
         key = next((v for k, v in scope["headers"] if k == b"idempotency-key"), b"")
-        record = b"%b:gfloor:{%b}" % (prefix, key)
-        reply = await invoke(claim, record, fp, owner, lease_ms, ttl_ms)
+        call = args.claim(key)
+        reply = await invoke(claim, call)
         await plain_asgi(scope, receive, send)
         if reply[0] == 1:  # claimed (as in floor_asgi)
-            await invoke(complete, record, owner, stored, ttl_ms, tag)
+            await invoke(complete, args.complete(call[0]))
 
     return app
 
