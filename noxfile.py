@@ -380,7 +380,7 @@ def pages(session: nox.Session) -> None:
     """Every documentation page's samples as a newcomer runs them: twice against one Redis,
     and every page of tests/test_pages_fresh.py in a fresh venv from the page's install line
     (CI's pytest runs one page per integration that way)."""
-    session.install("-e", ".[test]")
+    session.install("-c", LOCK, "-e", ".[test]")
     session.env["IDEMKEY_FRESH_PAGES"] = "all"
     session.run("pytest", *(session.posargs or PAGE_TESTS))
 

@@ -249,17 +249,13 @@ def convert(name: str, value: object, label: str) -> Any:
 _POLICY_LABEL: Final = keyword("Policy")
 
 
-def _fields() -> tuple[str, ...]:
-    """Policy's fields: one converter each (tests/unit/test_options.py holds them equal)."""
-    return _FIELDS
-
-
+#: Policy's fields: one converter each (tests/unit/test_options.py holds them equal).
 _FIELDS: Final = tuple(_CONVERTERS)
 
 
 def unknown(name: str, label: Label, aliases: bool = True) -> ConfigurationError:
     """The error for an option that is no Policy field, with the nearest one if one is."""
-    names = (*_fields(), *ALIASES) if aliases else _fields()
+    names = (*_FIELDS, *ALIASES) if aliases else _FIELDS
     near = difflib.get_close_matches(name.lower(), names, n=1)
     hint = f"did you mean {label(near[0])}?" if near else f"the fields are {', '.join(names)}"
     return ConfigurationError(f"{label(name)}: not a Policy field; {hint}")
@@ -268,7 +264,7 @@ def unknown(name: str, label: Label, aliases: bool = True) -> ConfigurationError
 def policy_fields(options: Iterable[str], label: Label, aliases: bool = True) -> None:
     """Refuse a name in ``options`` that is no Policy field (nor, with ``aliases``, an alias
     of one)."""
-    fields = _fields()
+    fields = _FIELDS
     for name in options:
         if (ALIASES.get(name, name) if aliases else name) not in fields:
             raise unknown(name, label, aliases)
