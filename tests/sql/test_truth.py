@@ -30,23 +30,14 @@ from idemkey.contrib.sqlalchemy import AsyncEffects, Effects, afenced, fenced
 from idemkey.errors import StoreError
 from idemkey.events import Event
 from tests._servers import RedisServer
-from tests.sql.conftest import async_url
+from tests.sql.conftest import CHARGES, async_url
 
 pytestmark = pytest.mark.redis
-
-CHARGES = sa.table("charges", sa.column("key"), sa.column("fence"), sa.column("worker"))
 
 
 @pytest.fixture
 def server(redis_server_factory: Callable[..., RedisServer]) -> RedisServer:
     return redis_server_factory()  # --save "" --appendonly no: a restart forgets every key
-
-
-@pytest.fixture
-def engine(db_url: str) -> Iterator[sa.Engine]:
-    engine = sa.create_engine(db_url)
-    yield engine
-    engine.dispose()
 
 
 @pytest.fixture
