@@ -307,8 +307,7 @@ class IdempotentTools:
         async def wrapper(**kwargs: Any) -> CallToolResult:
             ctx: Context[Any, Any, Any] = kwargs[wrapper_ctx]
             principal = self.scope(ctx)
-            # What the tool gets: the key only when it declares it, the Context only when it
-            # asked for one; what the key derives from: the same, never a Context.
+            # The tool gets the key and a Context only when it declares them; no Context is hashed.
             call_kwargs = dict(kwargs)
             if own_ctx:
                 del call_kwargs[wrapper_ctx]
