@@ -307,12 +307,13 @@ class IdempotentTools:
         async def wrapper(**kwargs: Any) -> CallToolResult:
             ctx: Context[Any, Any, Any] = kwargs[wrapper_ctx]
             principal = self.scope(ctx)
-            arguments = {k: v for k, v in kwargs.items() if k != wrapper_ctx}
-            if self.argument is not None and not passes_key:
-                arguments.pop(self.argument, None)
-            call_kwargs = {k: v for k, v in kwargs.items() if not (own_ctx and k == wrapper_ctx)}
+            # The tool gets the key and a Context only when it declares them; no Context is hashed.
+            call_kwargs = dict(kwargs)
+            if own_ctx:
+                del call_kwargs[wrapper_ctx]
             if self.argument is not None and not passes_key:
                 call_kwargs.pop(self.argument, None)
+            arguments = {k: v for k, v in call_kwargs.items() if k != wrapper_ctx}
             args = {k: plain(v) for k, v in arguments.items() if k != self.argument}
             key = self._key(kwargs, ctx, principal, tool_name, args)
             fingerprint = {"tool": tool_name, "arguments": args}

@@ -79,10 +79,6 @@ __all__ = [
     "fenced",
 ]
 
-_row_key = row_key
-_default_table = default_table
-_now = now
-
 
 def _call_parts(call: Call[Any]) -> tuple[Record, int]:
     record, fence = getattr(call, "record", None), call.fence
@@ -106,13 +102,13 @@ def _upsert(dialect: str, table: Table, row: str, fence: int, ttl_ms: int) -> An
     insert = inserts.get(dialect)
     if insert is None:
         raise ConfigurationError(f"fenced() supports PostgreSQL and SQLite, not {dialect}")
-    now = _now()
+    created = now()
     stmt = insert(table).values(
         record=row,
         fence=fence,
         result=None,
-        created_at=now,
-        expires_at=now + timedelta(milliseconds=ttl_ms),
+        created_at=created,
+        expires_at=created + timedelta(milliseconds=ttl_ms),
     )
     current = table.c
     # A committed result is final; a newer fence has taken over. One fenced transaction per
@@ -124,9 +120,9 @@ def _upsert(dialect: str, table: Table, row: str, fence: int, ttl_ms: int) -> An
             "fence": stmt.excluded.fence,
             "expires_at": stmt.excluded.expires_at,
             # A fresh period after expiry starts without the old result.
-            "result": _case_result(current, now),
+            "result": _case_result(current, created),
         },
-        where=ours | (current.expires_at < now),
+        where=ours | (current.expires_at < created),
     ).returning(current.fence)
 
 
@@ -173,8 +169,8 @@ def fenced(
     """
     record, fence = _call_parts(call)
     fence_ = _tie(db, call)  # first: a failing flush inside the upsert rolls back tied
-    table = table if table is not None else _default_table()
-    row = _row_key(record, step)
+    table = table if table is not None else default_table()
+    row = row_key(record, step)
     stmt = _upsert(_dialect(db), table, row, fence, _ttl_ms(call, ttl_ms))
     if db.execute(stmt).first() is None:
         fence_.refused()
@@ -194,8 +190,8 @@ async def afenced(
     record, fence = _call_parts(call)
     sync = db.sync_session if hasattr(db, "sync_session") else db.sync_connection
     fence_ = _tie(sync, call)
-    table = table if table is not None else _default_table()
-    row = _row_key(record, step)
+    table = table if table is not None else default_table()
+    row = row_key(record, step)
     stmt = _upsert(_dialect(db), table, row, fence, _ttl_ms(call, ttl_ms))
     if (await db.execute(stmt)).first() is None:
         fence_.refused()

@@ -23,7 +23,7 @@ from ..errors import (
     StepNotStorableError,
     StoreError,
 )
-from ..events import logger
+from ..events import Reporter, logger
 from ..store import AsyncRedisStore
 from ..store._base import COMMITTED_ONLY
 from ..store._concurrency._async_runtime import sleep, uncancellable
@@ -39,7 +39,7 @@ class AsyncSteps:
     """Runs the steps of one call: claimed (checkpointed), or unprotected (``claim`` None:
     Redis failed and ``on_store_error="open"`` runs the block anyway, storing nothing)."""
 
-    __slots__ = ("book", "call", "deadline", "key", "owner", "record", "store")
+    __slots__ = ("book", "call", "deadline", "key", "owner", "record", "reporter", "store")
 
     def __init__(
         self,
@@ -49,8 +49,11 @@ class AsyncSteps:
         key: str,
         deadline: tuple[float, float] | None = None,
         call: Any = None,
+        reporter: Reporter | None = None,
     ) -> None:
         self.store = store
+        #: The guard: reports what the steps could not store (None: logged only).
+        self.reporter = reporter
         #: The Call whose steps these are (``_call`` imports this module: not typed here);
         #: its fenced rows say where a step's result is recorded.
         self.call = call
@@ -143,7 +146,11 @@ class AsyncSteps:
         try:
             await effects.record(self.record, name, fence, encoded)
         except StoreError as exc:  # Redis still gets it: only a later loss is exposed
-            logger.warning("idemkey: step result not recorded with its effect: %s", exc)
+            detail = f"step {name!r} result not recorded with its effect: {exc}"
+            if self.reporter is not None:
+                self.reporter.notify("store_error", fence, detail)
+            else:
+                logger.warning("idemkey: %s", detail)
 
     async def _checkpoint(self, name: str, encoded: bytes) -> bytes | None:
         """Store a finished step's result (or remembered failure); None: the record is not

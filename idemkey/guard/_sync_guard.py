@@ -14,7 +14,6 @@ from typing import Any, ClassVar, TypeVar, overload
 
 from .._core import new_owner
 from ..errors import StoreError
-from ..events import logger
 from ..policy import Policy
 from ..store import RedisStore
 from ..store._concurrency._sync_runtime import Cancelled, detach
@@ -61,7 +60,7 @@ class Guard(GuardState[T]):
                 return call
         # A partial (C), not a lambda: no closure cells built per call.
         steps = (self.store, self.record, self.claim, self.key)
-        call._make_steps = partial(Steps, *steps, self.job_deadline(), call)
+        call._make_steps = partial(Steps, *steps, self.job_deadline(), call, self)
         return call
 
     def __exit__(
@@ -108,7 +107,8 @@ class Guard(GuardState[T]):
                 try:
                     effects.record(self.record, None, fence, saved)
                 except StoreError as exc:  # Redis still gets it: only a later loss is exposed
-                    logger.warning("idemkey: result not recorded with its effect: %s", exc)
+                    # An event, as the HTTP driver's: on_event hooks see it, not only logs.
+                    self.notify("store_error", fence, f"result not recorded with its effect: {exc}")
         return self.store.complete(
             self.record,
             owner,

@@ -16,7 +16,7 @@ import pytest
 pytest.importorskip("mcp")
 import redis.asyncio
 from mcp import ClientSession
-from mcp.server.fastmcp import FastMCP
+from mcp.server.fastmcp import Context, FastMCP
 from mcp.shared.memory import create_connected_server_and_client_session
 from mcp.types import (
     CallToolRequest,
@@ -197,3 +197,29 @@ def test_conflicting_options_are_refused_by_name(store: AsyncRedisStore) -> None
         IdempotentTools(store, operation="order_id")
     with pytest.raises(ConfigurationError, match="needs an argument"):
         IdempotentTools(store, argument=None, meta_field=None, params_field=None)
+
+
+async def test_a_tool_that_declares_the_key_and_a_context_gets_both(
+    store: AsyncRedisStore,
+) -> None:
+    """A tool may take the key argument and a Context itself: it gets them, and neither is part
+    of the fingerprint (the same key and arguments replay; other arguments are refused)."""
+    seen: list[tuple[str, str, bool]] = []
+    server = FastMCP("payments")
+
+    @IdempotentTools(store).tool(server)
+    async def pay(order_id: str, idempotency_key: str, ctx: Context[Any, Any, Any]) -> str:
+        """Pay an order."""
+        seen.append((order_id, idempotency_key, isinstance(ctx, Context)))
+        return f"paid {order_id}"
+
+    args = {"order_id": "1001", "idempotency_key": "pay-1001"}
+    async with create_connected_server_and_client_session(server) as session:
+        first = await session.call_tool("pay", args)
+        again = await session.call_tool("pay", args)
+        other = await session.call_tool("pay", {**args, "order_id": "1002"})
+    assert not first.isError, text(first)
+    assert replayed(again)
+    assert text(again).startswith("paid 1001")
+    assert text(other).startswith("Error executing tool pay: idempotency_key_reused: ")
+    assert seen == [("1001", "pay-1001", True)]

@@ -24,6 +24,9 @@ CHARGES_DDL = (
     "CREATE TABLE charges (key VARCHAR(200) NOT NULL, fence BIGINT, worker BIGINT)"
     # deliberately no unique constraint on key: only the fence keeps one row per key
 )
+#: The business table as the tests write it (CHARGES_DDL); its row count per key is the
+#: count of committed runs.
+CHARGES = sa.table("charges", sa.column("key"), sa.column("fence"), sa.column("worker"))
 
 
 @pytest.fixture(scope="session")
@@ -76,3 +79,11 @@ def async_url(url: str) -> str:
     if url.startswith("sqlite"):
         return url.replace("sqlite://", "sqlite+aiosqlite://", 1)
     return url  # psycopg 3 speaks both
+
+
+@pytest.fixture
+def engine(db_url: str) -> Iterator[sa.Engine]:
+    """A sync engine on ``db_url``, disposed after the test."""
+    engine = sa.create_engine(db_url)
+    yield engine
+    engine.dispose()

@@ -38,13 +38,12 @@ from idemkey.errors import ConfigurationError, StoreError
 from idemkey.records import Claimed, payload_fingerprint, record_for
 from tests._lease import lapse, lease_left
 from tests._servers import wait_until
-from tests.sql.conftest import async_url
+from tests.sql.conftest import CHARGES, async_url
 
 pytestmark = pytest.mark.redis
 
 ROOT = Path(__file__).resolve().parents[2]
 LEASE = 0.3
-CHARGES = sa.table("charges", sa.column("key"), sa.column("fence"), sa.column("worker"))
 
 
 def rows(url: str, key: str | None = None) -> list[tuple[Any, ...]]:
@@ -57,13 +56,6 @@ def rows(url: str, key: str | None = None) -> list[tuple[Any, ...]]:
             return [tuple(row) for row in conn.execute(query)]
     finally:
         engine.dispose()
-
-
-@pytest.fixture
-def engine(db_url: str) -> Iterator[sa.Engine]:
-    engine = sa.create_engine(db_url)
-    yield engine
-    engine.dispose()
 
 
 @pytest.fixture

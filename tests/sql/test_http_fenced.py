@@ -8,7 +8,6 @@ once with the claim's fence, a replay does not run it, and no call stays current
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from typing import Any
 
 import httpx
@@ -25,18 +24,11 @@ from idemkey.adapters.asgi import IdempotencyMiddleware as AsgiMiddleware
 from idemkey.adapters.flask import Idemkey
 from idemkey.adapters.wsgi import IdempotencyMiddleware as WsgiMiddleware
 from idemkey.contrib.sqlalchemy import fenced
+from tests.sql.conftest import CHARGES
 
 pytestmark = pytest.mark.redis
 
-CHARGES = sa.table("charges", sa.column("key"), sa.column("fence"), sa.column("worker"))
 KEYED = {"Idempotency-Key": "http-1", "Content-Type": "application/json"}
-
-
-@pytest.fixture
-def engine(db_url: str) -> Iterator[sa.Engine]:
-    engine = sa.create_engine(db_url)
-    yield engine
-    engine.dispose()
 
 
 def charge(engine: sa.Engine) -> bytes:

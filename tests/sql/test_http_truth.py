@@ -24,11 +24,11 @@ import sqlalchemy as sa
 from werkzeug.test import Client
 
 from tests._servers import RedisServer, free_port, wait_until
+from tests.sql.conftest import CHARGES
 
 pytestmark = pytest.mark.redis
 
 ROOT = Path(__file__).resolve().parents[2]
-CHARGES = sa.table("charges", sa.column("key"), sa.column("fence"), sa.column("worker"))
 KEYED = {"Idempotency-Key": "order-1", "Content-Type": "application/json"}
 LEASE = 1.0
 

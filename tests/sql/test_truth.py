@@ -27,24 +27,17 @@ from idemkey import (
     idempotent,
 )
 from idemkey.contrib.sqlalchemy import AsyncEffects, Effects, afenced, fenced
+from idemkey.errors import StoreError
+from idemkey.events import Event
 from tests._servers import RedisServer
-from tests.sql.conftest import async_url
+from tests.sql.conftest import CHARGES, async_url
 
 pytestmark = pytest.mark.redis
-
-CHARGES = sa.table("charges", sa.column("key"), sa.column("fence"), sa.column("worker"))
 
 
 @pytest.fixture
 def server(redis_server_factory: Callable[..., RedisServer]) -> RedisServer:
     return redis_server_factory()  # --save "" --appendonly no: a restart forgets every key
-
-
-@pytest.fixture
-def engine(db_url: str) -> Iterator[sa.Engine]:
-    engine = sa.create_engine(db_url)
-    yield engine
-    engine.dispose()
 
 
 @pytest.fixture
@@ -230,3 +223,51 @@ def test_a_step_committed_without_its_result_is_never_run_again(
         assert raised.value.step == "charge"
     assert ran == ["charge"]
     assert business_rows(engine, "job-2:charge") == 1
+
+
+class UnwritableEffects(Effects):
+    """Effects whose write of a result into a committed row fails (the database went away
+    between the COMMIT and that write)."""
+
+    def record(self, record: Any, step: str | None, fence: int, result: bytes) -> bool:
+        raise StoreError("the effects row could not be written")
+
+
+def test_a_result_not_recorded_with_its_effect_is_an_event_as_over_http(
+    server: RedisServer, prefix: str, engine: sa.Engine
+) -> None:
+    """When the result cannot go into its committed row, the guard still completes in Redis,
+    and says so as a ``store_error`` event (the HTTP driver does): an ``on_event`` hook, not
+    only the log, learns that a later loss of the Redis record would be exposed."""
+    events: list[Event] = []
+    client = server.client()
+    policy = Policy(prefix=prefix, on_event=events.append)
+    store = RedisStore(client, policy, effects=UnwritableEffects(engine))
+
+    def fenced_step(call: Any, name: str) -> dict[str, str]:
+        with Session(engine) as session, session.begin():
+            session.execute(sa.insert(CHARGES).values(key=f"u-1:{name}", fence=call.fence))
+            fenced(session, call, step=name)
+        return {"step": name}
+
+    try:
+        with guard(store, "u-1") as call:
+            charged = call.step("charge", fenced_step, call, "charge")
+            with Session(engine) as session, session.begin():
+                session.execute(sa.insert(CHARGES).values(key="u-1", fence=call.fence))
+                fenced(session, call)
+            call.save(charged)
+        with guard(store, "u-1") as again:
+            assert (again.replayed, again.result) == (True, {"step": "charge"})
+    finally:
+        store.close()
+        client.close()
+    unrecorded = [e for e in events if e.kind == "store_error"]
+    assert [(e.fence, e.detail) for e in unrecorded] == [
+        (
+            call.fence,
+            "step 'charge' result not recorded with its effect: "
+            "the effects row could not be written",
+        ),
+        (call.fence, "result not recorded with its effect: the effects row could not be written"),
+    ]
