@@ -192,7 +192,7 @@ def _steps(stored: str) -> tuple[str, ...]:
     if stored.startswith("["):
         try:
             names = json.loads(stored)
-        except ValueError:
+        except (ValueError, RecursionError):  # nested past the parser's depth: not ours
             names = None
         if isinstance(names, list) and all(isinstance(name, str) for name in names):
             return tuple(names)

@@ -41,3 +41,8 @@ def test_a_fence_or_deadline_that_is_no_number_is_none(raw: bytes) -> None:
 def test_an_uncertain_entry_with_no_numbers(raw: bytes) -> None:
     entry = decode_entry(raw + b"-0", {b"fence": raw, b"kind": b"complete"})
     assert (entry.at, entry.fence, entry.kind) == (0.0, None, "complete")
+
+
+def test_an_uncertain_entry_whose_steps_nest_deeper_than_json_reads() -> None:
+    entry = decode_entry(b"1-0", {b"steps": b"[" * 100_000})
+    assert entry.steps == ("[" * 100_000,)
