@@ -27,6 +27,8 @@ from dataclasses import dataclass
 from typing import Final
 from urllib.parse import unquote_to_bytes
 
+from ._stored import stored_int
+
 __all__ = [
     "ORIGIN_FIELDS",
     "PIECE",
@@ -112,7 +114,8 @@ def decode_origin(pieces: Sequence[object]) -> Origin:
     head, _, rest = raw.partition("\n")
     stamp, _, where = head.partition(" ")
     method, _, route = where.partition(" ")
-    at = int(stamp) / 1000 if stamp.isdigit() else None
+    millis = stored_int(stamp)
+    at = millis / 1000 if millis is not None else None
     scope, mark, tail = rest.rpartition(_KEY_MARK)
     if not mark:
         return Origin(at, method, route, rest)

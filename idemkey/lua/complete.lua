@@ -47,10 +47,12 @@
 -- fence "first" (claim.lua's f0), is on a record created after the claim of fence "ours": the
 -- record ours held vanished (evicted, deleted, lost in a restart or a failover) and was
 -- created afresh. A record without f0 (written before 0.3) tells it by a fence not above ours,
--- as fences then counted claims. As in renew.lua.
+-- as fences then counted claims; so does one whose f0 is no number (stored bytes are input).
+-- As in renew.lua.
 local function lost_under(current, first, ours)
+  first = tonumber(first)
   if first then
-    return tonumber(first) > ours
+    return first > ours
   end
   return (tonumber(current) or 0) <= ours
 end

@@ -44,9 +44,11 @@ end
 local fence = tonumber(ARGV[3])
 if fence then
   if record[2] == "in_progress" and record[1] ~= ARGV[1] then
+    -- A first fence that is no number (stored bytes are input) is read as none.
     local lost
-    if record[4] then
-      lost = tonumber(record[4]) > fence
+    local first = tonumber(record[4])
+    if first then
+      lost = first > fence
     else
       lost = (tonumber(record[3]) or 0) <= fence
     end

@@ -21,6 +21,7 @@ from typing import Final, Literal, NamedTuple
 
 from .._core import parse_record_name, record_pattern
 from .._core._origin import ORIGIN_FIELDS, decode_origin
+from .._core._stored import stored_int
 from ..errors import ConfigurationError
 from .diagnostics import _text as text
 
@@ -156,12 +157,11 @@ def decode_status(
     # claim's time is not its age.
     at = origin.at if state != "complete" else None
     now = time.time() if now is None else now
-    fence_text = text(fields.fence)
     return RecordStatus(
         key=text(key),
         digest=name.digest,
         state=state,
-        fence=int(fence_text) if fence_text.isdigit() else None,
+        fence=stored_int(text(fields.fence)),
         lease_left=lease_ms / 1000 if lease_ms > 0 else None,
         ttl_left=ttl_ms / 1000 if ttl_ms >= 0 else None,
         age=max(0.0, now - at) if at is not None else None,
@@ -191,9 +191,9 @@ def lease_left_ms(deadline: object, legacy_pttl: object, now_ms: int | None) -> 
     "lease" (the deadline on the server's clock, claim.lua) and the server's clock. A claim
     written by 0.2 has no such field and keeps its lease in the lock string instead, whose
     ``PTTL`` is ``legacy_pttl`` (reading 0.2 claims: remove in 0.4)."""
-    raw = text(deadline)
-    if raw.isdigit() and now_ms is not None:
-        left = int(raw) - now_ms
+    at = stored_int(text(deadline))
+    if at is not None and now_ms is not None:
+        left = at - now_ms
     else:
         left = int(legacy_pttl) if isinstance(legacy_pttl, int) else -2
     return left if left > 0 else -2

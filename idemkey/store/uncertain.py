@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Final, Literal
 
+from .._core._stored import stored_int
 from .diagnostics import _text as text
 
 __all__ = [
@@ -167,18 +168,17 @@ def decode_entry(entry_id: bytes | str, fields: Mapping[bytes, bytes]) -> Uncert
     """An entry read back with XRANGE or XREVRANGE."""
     get = {text(k): text(v) for k, v in fields.items()}.get
     name = text(entry_id)
-    millis = get("at", "") or name.partition("-")[0]
-    fence = get("fence", "")
+    millis = stored_int(get("at", "") or name.partition("-")[0])
     steps = get("steps", "")
     return UncertainEntry(
         id=name,
         kind=get("kind", ""),
-        at=int(millis) / 1000 if millis.isdigit() else 0.0,
+        at=millis / 1000 if millis is not None else 0.0,
         digest=get("record", ""),
         method=get("method", ""),
         route=get("route", ""),
         scope=get("scope", ""),
-        fence=int(fence) if fence.isdigit() else None,
+        fence=stored_int(get("fence", "")),
         steps=_steps(steps),
         detail=get("detail", ""),
     )
@@ -192,7 +192,7 @@ def _steps(stored: str) -> tuple[str, ...]:
     if stored.startswith("["):
         try:
             names = json.loads(stored)
-        except ValueError:
+        except (ValueError, RecursionError):  # nested past the parser's depth: not ours
             names = None
         if isinstance(names, list) and all(isinstance(name, str) for name in names):
             return tuple(names)

@@ -12,6 +12,8 @@ import signal
 import sys
 import threading
 import warnings
+from collections.abc import Iterator
+from contextlib import AbstractContextManager
 
 import pytest
 import redis
@@ -42,6 +44,27 @@ def _in_child(work: object) -> None:  # pragma: no cover - runs in the forked ch
         os._exit(code)
 
 
+@contextlib.contextmanager
+def _held_by_another_thread(lock: AbstractContextManager[object]) -> Iterator[None]:
+    """``lock`` held by another thread for the block: a child forked in it inherits the lock
+    taken by a thread that does not exist there, so nothing would ever release it."""
+    held, let_go = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        with lock:
+            held.set()
+            let_go.wait(10)
+
+    busy = threading.Thread(target=hold)
+    busy.start()
+    try:
+        assert held.wait(10)
+        yield
+    finally:
+        let_go.set()
+        busy.join(10)
+
+
 def _exit_code(pid: int) -> int:
     """Wait (with a deadline) for the child; kill it if it hangs."""
 
@@ -63,35 +86,24 @@ def test_a_child_forked_while_the_heartbeat_holds_its_lock_can_claim(
     real_client: redis.Redis, prefix: str
 ) -> None:
     store = RedisStore(real_client, Policy(prefix=prefix))
-    held, let_go = threading.Event(), threading.Event()
-
-    def heartbeat_busy() -> None:
-        # Stand-in for the heartbeat thread caught inside its critical section at fork time:
-        # that thread does not exist in the child, so the lock it held is never released there.
-        with store._wakeup:
-            held.set()
-            let_go.wait(10)
-
     try:
         with guard(store, "parent") as call:
-            busy = threading.Thread(target=heartbeat_busy)
-            busy.start()
-            assert held.wait(10)
-            sys.stdout.flush()
-            pid = _fork()
-            if pid == 0:  # pragma: no cover - the child
+            # Stand-in for the heartbeat thread caught inside its critical section at fork
+            # time: that thread does not exist in the child, so the lock it held is never
+            # released there.
+            with _held_by_another_thread(store._wakeup):
+                sys.stdout.flush()
+                pid = _fork()
+                if pid == 0:  # pragma: no cover - the child
 
-                def claim_in_child() -> None:
-                    with guard(store, "child") as child_call:
-                        child_call.save("from the child")
+                    def claim_in_child() -> None:
+                        with guard(store, "child") as child_call:
+                            child_call.save("from the child")
 
-                _in_child(claim_in_child)
-            let_go.set()
-            busy.join(10)
+                    _in_child(claim_in_child)
             assert _exit_code(pid) == 0
             call.save("from the parent")
     finally:
-        let_go.set()
         store.close()
     with guard(store, "child") as again:
         assert again.result == "from the child"
@@ -148,36 +160,25 @@ def test_a_child_forked_while_the_uncertain_writer_holds_its_lock_keeps_its_outc
     crashed = store.claim(record, payload_fingerprint(b""), heartbeat=False)
     assert isinstance(crashed, Claimed)
     assert lapse(real_client, record) == 1
-    held, let_go = threading.Event(), threading.Event()
-
-    def writer_busy() -> None:
-        with store._keeper._lock:
-            held.set()
-            let_go.wait(10)
-
-    busy = threading.Thread(target=writer_busy)
     try:
-        busy.start()
-        assert held.wait(10)
-        sys.stdout.flush()
-        pid = _fork()
-        if pid == 0:  # pragma: no cover - the child
+        with _held_by_another_thread(store._keeper._lock):
+            sys.stdout.flush()
+            pid = _fork()
+            if pid == 0:  # pragma: no cover - the child
 
-            def take_over_in_child() -> None:
-                with guard(store, "job") as call:
-                    assert call.takeover
-                    call.save("from the child")
-                wait_until(
-                    lambda: [e.kind for e in store.uncertain()] == ["takeover"],
-                    timeout=5,
-                    message="the child's takeover entry",
-                )
+                def take_over_in_child() -> None:
+                    with guard(store, "job") as call:
+                        assert call.takeover
+                        call.save("from the child")
+                    wait_until(
+                        lambda: [e.kind for e in store.uncertain()] == ["takeover"],
+                        timeout=5,
+                        message="the child's takeover entry",
+                    )
 
-            _in_child(take_over_in_child)
-        assert _exit_code(pid) == 0
+                _in_child(take_over_in_child)
+            assert _exit_code(pid) == 0
     finally:
-        let_go.set()
-        busy.join(10)
         store.close()
     with guard(store, "job") as again:
         assert again.result == "from the child"

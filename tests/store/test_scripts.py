@@ -331,6 +331,17 @@ class ScriptBehaviour:
         assert await store.renew_reply(completed, "o1", LEASE_MS, fence=fence) == 0
         assert await store.complete_reply(completed, "o1", b"resp", fence=fence) == 1  # re-sent
 
+    async def test_a_first_fence_that_is_no_number_is_read_as_none(self, store: Both) -> None:
+        # Stored bytes are input: a damaged f0 falls back to the fences' comparison (a
+        # takeover's fence is above ours: not lost) instead of failing the script.
+        record = store.record()
+        first = await store.claim(record, "fp1", owner="o1", heartbeat=False)
+        await store.expire_lock(record)
+        await store.claim(record, "fp1", owner="o2", heartbeat=False)
+        await _resolve(store.client.hset(record.key, mapping={"f0": "x"}))
+        assert await store.renew_reply(record, "o1", LEASE_MS, fence=first.fence) == 0
+        assert await store.complete_reply(record, "o1", b"late", fence=first.fence) == 0
+
     async def test_a_completion_whose_record_vanished_writes_nothing(self, store: Both) -> None:
         # No half record: the fingerprint and fence went with the record, so a record made
         # from what the completion knows would refuse the client's retry or fence it wrongly.

@@ -173,6 +173,33 @@ async def test_a_release_wakes_the_waiters_and_one_takes_the_claim(
     assert outcomes == [Replay(b"second")] * 9
 
 
+async def test_a_forced_forget_wakes_the_waiters_and_one_claims_afresh(
+    private_redis_server: RedisServer, admin: redis.Redis
+) -> None:
+    # forget.lua deletes a live claim's record (force): its waiters must not sleep out their
+    # wait on a stream nobody will post to.
+    client = private_redis_server.async_client()
+    store = AsyncRedisStore(client, Policy(prefix="w"))
+    rec = record("w")
+    try:
+        first = await store.claim(rec, "fp")
+        assert isinstance(first, Claimed)
+        waiter = asyncio.create_task(store.claim(rec, "fp", wait=10))
+        await async_wait_until(
+            lambda: blocked(admin), timeout=10, message="the waiter's read blocked"
+        )
+        assert (await store.forget(rec, force=True)).forgotten
+        forgotten = time.monotonic()
+        second = await asyncio.wait_for(waiter, 10)
+        assert time.monotonic() - forgotten < WAKE_BOUND
+        assert isinstance(second, Claimed)
+        assert (second.fence > first.fence, second.takeover) == (True, False)
+        assert await store.complete(rec, second.owner, b"second")
+    finally:
+        await store.aclose()
+        await client.aclose()
+
+
 @pytest.mark.parametrize("kind", ["sync", "async"])
 async def test_a_lease_that_lapses_without_an_end_is_taken_over(
     private_redis_server: RedisServer, admin: redis.Redis, kind: str
