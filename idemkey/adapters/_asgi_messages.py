@@ -123,14 +123,18 @@ def _text(value: object) -> str:
 
 class TeeSend:
     """``send`` for the app: forwards every message while a bounded copy is kept, and settles
-    the record once the final body message has been sent."""
+    the record once the client may hold the whole answer: the body message reaching the
+    declared ``Content-Length`` has been sent (an app may send its final, empty message later,
+    as Starlette's ``StreamingResponse`` does after its generator's last ``yield``: the WSGI
+    tee completes at the same point), else the final body message has."""
 
-    __slots__ = ("copy", "driver", "exchange", "finished", "real")
+    __slots__ = ("copy", "driver", "exchange", "finished", "real", "remaining")
 
     def __init__(self, driver: AsyncDriver, exchange: Exchange, real: Send) -> None:
         self.driver, self.exchange, self.real = driver, exchange, real
         self.copy = BodyCopy(exchange.policy.max_response_bytes)
         self.finished = False
+        self.remaining: int | None = None  # bytes still due of the declared Content-Length
 
     async def send(self, message: Message) -> None:
         kind = message["type"]
@@ -145,13 +149,26 @@ class TeeSend:
             # Sent: from here on the client may hold the answer, so the key is never released.
             exchange.started(status, headers)
             self.copy.start(headers or ())
+            for name, value in headers or ():  # the declared length, without a helper's call
+                if len(name) == 14 and name.lower() == "content-length":
+                    digits = value.strip(" \t")  # as parse_content_length reads it
+                    if digits.isascii() and digits.isdigit():
+                        self.remaining = int(digits)
+                    break
             return
         if self.finished or exchange.state is not State.SENDING:
             await self.real(message)  # not ours to keep: the server judges it
             return
         if kind == "http.response.body":
-            self.finished = not message.get("more_body", False)
-            self.copy.add(message.get("body", b""))
+            chunk = message.get("body", b"")
+            self.copy.add(chunk)
+            remaining = self.remaining
+            if remaining is not None:
+                remaining -= len(chunk)
+                self.remaining = remaining
+            self.finished = not message.get("more_body", False) or (
+                remaining is not None and remaining <= 0
+            )
         elif kind == "http.response.pathsend":
             self.copy.drop()  # a file sent by the server: too large to keep
             self.finished = True

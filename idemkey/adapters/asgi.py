@@ -8,8 +8,9 @@ This module moves bytes: the order of the steps is the driver's (``_async_driver
 decision :mod:`idemkey.http`'s. The request body is read (bounded by ``max_request_bytes``)
 before the claim, because the fingerprint covers it, and is replayed to the app. The response
 is forwarded to the client as it streams, with a copy kept up to ``max_response_bytes``; the
-record is completed once the final body message has been *sent*, not when the app returns, so
-a background task that fails afterwards cannot release a response the client already has.
+record is completed once the final body message, or the one reaching the declared
+``Content-Length``, has been *sent*, not when the app returns, so a background task that fails
+afterwards cannot release a response the client already has.
 
 Once the response has started (``http.response.start`` went out with a status the policy
 stores), the key is never released: if the client leaves, times out, or the app fails before

@@ -7,8 +7,6 @@ true across processes: every key must have run exactly once.
 
 from __future__ import annotations
 
-import os
-import subprocess
 import sys
 import textwrap
 from collections import defaultdict
@@ -20,9 +18,13 @@ import httpx
 import pytest
 import redis
 
-from tests._servers import free_port, wait_until
+from tests._servers import AppServer
 
 pytestmark = pytest.mark.redis
+
+#: The servers run from the checkout, as the fixtures did before AppServer: ``idemkey`` is
+#: importable there without PYTHONPATH.
+ROOT = Path(__file__).resolve().parents[2]
 
 CLIENTS, KEYS, SENDS = 32, 50, 4
 STARTUP_DEADLINE = 20.0
@@ -69,59 +71,18 @@ APP = textwrap.dedent(
 def server(tmp_path: Path, redis_url: str, prefix: str) -> Iterator[str]:
     """uvicorn with 2 workers serving APP on a free port; yields its base URL."""
     (tmp_path / "idemkey_asgi_app.py").write_text(APP)
-    port = free_port()
-    env = {
-        **os.environ,
-        "IDEMKEY_TEST_REDIS_URL": redis_url,
-        "IDEMKEY_TEST_PREFIX": prefix,
-    }
-    log = (tmp_path / "uvicorn.log").open("wb")
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "uvicorn",
-            "idemkey_asgi_app:app",
-            "--app-dir",
-            str(tmp_path),
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-            "--workers",
-            "2",
-            "--log-level",
-            "warning",
-        ],
-        env=env,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        stdin=subprocess.DEVNULL,
-    )
-    base = f"http://127.0.0.1:{port}"
-    try:
 
-        def healthy() -> bool:
-            assert proc.poll() is None, (tmp_path / "uvicorn.log").read_text()
-            return httpx.get(f"{base}/health", timeout=1.0).status_code == 200
+    def command(port: int) -> list[str]:
+        return [
+            sys.executable, "-m", "uvicorn", "idemkey_asgi_app:app", "--app-dir", str(tmp_path),
+            "--host", "127.0.0.1", "--port", str(port), "--workers", "2", "--log-level", "warning",
+        ]  # fmt: skip
 
-        wait_until(healthy, STARTUP_DEADLINE, "uvicorn to answer", ignore=(httpx.HTTPError,))
-        yield base
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        log.close()
-        client = redis.Redis.from_url(redis_url)
-        try:
-            keys = list(client.scan_iter(match=f"{prefix}*", count=1000))
-            if keys:
-                client.unlink(*keys)
-        finally:
-            client.close()
+    with AppServer(
+        command, log=tmp_path / "uvicorn.log", cwd=ROOT, redis_url=redis_url, prefix=prefix,
+        name="uvicorn", timeout=STARTUP_DEADLINE,
+    ) as served:  # fmt: skip
+        yield served.url
 
 
 def test_each_key_runs_once_under_concurrent_retries(

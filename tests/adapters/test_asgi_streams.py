@@ -16,7 +16,6 @@ from __future__ import annotations
 import contextlib
 import os
 import socket
-import subprocess
 import sys
 import textwrap
 from collections.abc import Iterator
@@ -30,7 +29,7 @@ import redis
 import idemkey
 from idemkey import Policy
 from idemkey.http import Exchange, Headers, Request, begin
-from tests._servers import free_port, wait_until
+from tests._servers import AppServer, wait_until
 
 pytestmark = pytest.mark.redis
 
@@ -171,41 +170,14 @@ def served(
 ) -> Iterator[Served]:
     """The app above under a real server on a free port."""
     (tmp_path / "idemkey_stream_app.py").write_text(APP)
-    port = free_port()
     path = os.pathsep.join(p for p in (str(tmp_path), os.environ.get("PYTHONPATH", "")) if p)
-    env = {
-        **os.environ,
-        "PYTHONPATH": path,
-        "IDEMKEY_TEST_REDIS_URL": redis_url,
-        "IDEMKEY_TEST_PREFIX": prefix,
-    }
     log_path = tmp_path / "server.log"
-    with log_path.open("wb") as log:
-        proc = subprocess.Popen(
-            _command(request.param, port, tmp_path), cwd=tmp_path, env=env, stdout=log,
-            stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-        )  # fmt: skip
-    base = f"http://127.0.0.1:{port}"
-    try:
-
-        def healthy() -> bool:
-            assert proc.poll() is None, log_path.read_text()
-            return httpx.get(f"{base}/health", timeout=1.0).status_code == 200
-
-        wait_until(healthy, STARTUP_DEADLINE, "the server to answer", ignore=(httpx.HTTPError,))
-        yield Served(request.param, base, log_path)
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        client = redis.Redis.from_url(redis_url)
-        with contextlib.closing(client):
-            keys = list(client.scan_iter(match=f"{prefix}*", count=1000))
-            if keys:
-                client.unlink(*keys)
+    with AppServer(
+        lambda port: _command(request.param, port, tmp_path), log=log_path, cwd=tmp_path,
+        redis_url=redis_url, prefix=prefix, env={"PYTHONPATH": path}, name=request.param,
+        timeout=STARTUP_DEADLINE,
+    ) as server:  # fmt: skip
+        yield Served(request.param, server.url, log_path)
 
 
 @pytest.fixture

@@ -9,8 +9,6 @@ gets its answer while its completion is refused with the cause named.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import sys
 import textwrap
 import threading
@@ -23,10 +21,14 @@ import pytest
 import redis
 
 from idemkey.records import Record
-from tests._servers import RedisServer, free_port, wait_until
+from tests._servers import AppServer, RedisServer, wait_until
 from tests.faults._eviction import evict_every_key_with_a_ttl, evicting_server
 
 pytestmark = pytest.mark.redis
+
+#: The servers run from the checkout, as the fixtures did before AppServer: ``idemkey`` is
+#: importable there without PYTHONPATH.
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture
@@ -88,41 +90,25 @@ def uvicorn_app(
 ) -> Iterator[tuple[str, Path, Path]]:
     """uvicorn serving APP on the evicting server: (base URL, events file, server log)."""
     (tmp_path / "idemkey_evict_app.py").write_text(APP)
-    events, log_path, port = tmp_path / "events.jsonl", tmp_path / "uvicorn.log", free_port()
+    events, log_path = tmp_path / "events.jsonl", tmp_path / "uvicorn.log"
     kwargs = evicting.connection_pool.connection_kwargs
     env = {
-        **os.environ,
         "IDEMKEY_TEST_REDIS_URL": f"redis://{kwargs['host']}:{kwargs['port']}/0",
         "IDEMKEY_TEST_PREFIX": prefix,
         "IDEMKEY_TEST_EVENTS": str(events),
     }
-    command = [sys.executable, "-m", "uvicorn", "idemkey_evict_app:app", "--app-dir"]
-    command += [str(tmp_path), "--host", "127.0.0.1", "--port", str(port)]
-    with log_path.open("wb") as log:
-        proc = subprocess.Popen(
-            [*command, "--log-level", "warning"],
-            env=env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-        )
-    base = f"http://127.0.0.1:{port}"
-    try:
 
-        def healthy() -> bool:
-            assert proc.poll() is None, log_path.read_text()
-            return httpx.get(f"{base}/health", timeout=1.0).status_code == 200
+    def command(port: int) -> list[str]:
+        return [
+            sys.executable, "-m", "uvicorn", "idemkey_evict_app:app", "--app-dir", str(tmp_path),
+            "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning",
+        ]  # fmt: skip
 
-        wait_until(healthy, 20, "uvicorn to answer", ignore=(httpx.HTTPError,))
-        yield base, events, log_path
-    finally:
-        evicting.rpush(f"{prefix}:go", "go")  # never leave the first run blocked
-        proc.terminate()
+    with AppServer(command, log=log_path, cwd=ROOT, env=env, name="uvicorn", timeout=20) as app:
         try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+            yield app.url, events, log_path
+        finally:
+            evicting.rpush(f"{prefix}:go", "go")  # never leave the first run blocked
 
 
 def read_events(path: Path, kind: str) -> list[dict[str, Any]]:
