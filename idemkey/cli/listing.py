@@ -132,7 +132,8 @@ def other_prefixes(nodes: list[tuple[str, Any]], prefix: str) -> list[str]:
 
 def _hint(prefixes: list[str]) -> str:
     if not prefixes:
-        return "no other prefix holds records either (SCAN of at most 20 000 keys per server)\n"
+        at_most = f"{HINT_SCAN_KEYS:,}".replace(",", " ")  # the bound the SCAN keeps
+        return f"no other prefix holds records either (SCAN of at most {at_most} keys per server)\n"
     shown = ", ".join(json.dumps(p) for p in prefixes[:10])
     more = f" and {len(prefixes) - 10} more" if len(prefixes) > 10 else ""
     first = prefixes[0]  # stored data: printed quoted, no control character reaches a terminal
