@@ -14,11 +14,11 @@ from dataclasses import asdict
 from datetime import datetime, timezone
 from typing import IO, Any, Final
 
-from .._core import parse_record_name
 from .._core._origin import escape_key
 from ..policy import Policy
 from ..store import STATES, RecordStatus, RedisStore
 from ..store.uncertain import UncertainEntry
+from . import stats
 from ._base import CliError, print_json
 from ._progress import Progress
 from ._redis import connect
@@ -114,19 +114,8 @@ def show_uncertain(entries: list[UncertainEntry], prefix: str, out: IO[str]) -> 
 def other_prefixes(nodes: list[tuple[str, Any]], prefix: str) -> list[str]:
     """The prefixes other than ``prefix`` that hold records, sorted, from a SCAN of at most
     :data:`HINT_SCAN_KEYS` keys per server (so a large keyspace may hide some)."""
-    found: set[str] = set()
-    for _, client in nodes:
-        cursor, seen = 0, 0
-        while True:
-            cursor, keys = client.scan(cursor, match="*:{*}", count=SCAN_COUNT)
-            seen += SCAN_COUNT
-            for key in keys:
-                name = parse_record_name(key)
-                if name is not None and not name.hint:  # a record's hash, not a hint
-                    found.add(name.prefix)
-            if int(cursor) == 0 or seen >= HINT_SCAN_KEYS:
-                break
-    found.discard(prefix)
+    found, _ = stats.other_prefixes(nodes, HINT_SCAN_KEYS, hints=False)
+    found.pop(prefix, None)
     return sorted(found)
 
 

@@ -165,12 +165,15 @@ def test_an_empty_prefix_names_the_prefixes_that_hold_records(
     with guard(store, "k1") as call:
         if not call.replayed:
             call.save(1)
+    # A prefix holding only a hint (a 0.2 lock string) holds no record: not named.
+    real_client.set(f"{prefix}-lockonly:{{{'0' * 32}}}:lock", b"owner", px=60_000)
     empty = prefix + "-empty"
     run = idemkey("--redis-url", redis_url, "--prefix", empty, "--json", "list")
     answer: dict[str, Any] = json.loads(run.out)
     assert answer["count"] == 0
     assert prefix + "-payments" in answer["other_prefixes"]
     assert empty not in answer["other_prefixes"]
+    assert prefix + "-lockonly" not in answer["other_prefixes"]
     text = idemkey("--redis-url", redis_url, "--prefix", empty, "list").out
     assert f'no record under prefix "{empty}" matches\n' in text
     assert "records are kept under other prefixes: " in text
