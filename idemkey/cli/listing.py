@@ -14,10 +14,11 @@ from dataclasses import asdict
 from datetime import datetime, timezone
 from typing import IO, Any, Final
 
+from .._core import record_from_digest
 from .._core._origin import escape_key
 from ..policy import Policy
 from ..store import STATES, RecordStatus, RedisStore
-from ..store.uncertain import UncertainEntry
+from ..store.uncertain import UncertainEntry, action_now
 from . import stats
 from ._base import CliError, print_json
 from ._progress import Progress
@@ -96,7 +97,20 @@ def _when(at: float) -> str:
     return stamp.isoformat(timespec="seconds").replace("+00:00", "Z")
 
 
-def show_uncertain(entries: list[UncertainEntry], prefix: str, out: IO[str]) -> None:
+def states_now(store: RedisStore, entries: list[UncertainEntry]) -> dict[str, str]:
+    """The state now of each entry's record, by digest (absent: gone), so the advice follows
+    what happened since the entry was written, as the console's does (``action_now``)."""
+    now: dict[str, str] = {}
+    for digest in dict.fromkeys(entry.digest for entry in entries):
+        status = store.record(record_from_digest(store.policy.prefix, digest))
+        if status is not None:
+            now[digest] = status.state
+    return now
+
+
+def show_uncertain(
+    entries: list[UncertainEntry], prefix: str, out: IO[str], now: dict[str, str]
+) -> None:
     if not entries:
         out.write(f'no uncertain outcome under prefix "{prefix}"\n')
         return
@@ -108,7 +122,8 @@ def show_uncertain(entries: list[UncertainEntry], prefix: str, out: IO[str]) -> 
             out.write(f"    steps: {', '.join(entry.steps)}\n")
         if entry.detail:
             out.write(f"    detail: {entry.detail}\n")
-        out.write(f"    means: {entry.meaning}\n    do: {entry.action}\n")
+        action = action_now(entry.kind, now.get(entry.digest))
+        out.write(f"    means: {entry.meaning}\n    do: {action}\n")
 
 
 def other_prefixes(nodes: list[tuple[str, Any]], prefix: str) -> list[str]:
@@ -137,11 +152,16 @@ def run(args: argparse.Namespace, out: IO[str]) -> int:
         with connect(args.redis_url) as server:
             store = RedisStore(server.client, Policy(prefix=args.prefix))
             entries = store.uncertain(limit=args.limit or 100)
+            now = states_now(store, entries)
         if args.json:
-            rows = [{**asdict(e), "meaning": e.meaning, "action": e.action} for e in entries]
+            rows = [
+                {**asdict(e), "meaning": e.meaning, "action": action_now(e.kind, now.get(e.digest)),
+                 "state_now": now.get(e.digest, "gone")}
+                for e in entries
+            ]  # fmt: skip
             print_json({"prefix": args.prefix, "uncertain": rows}, out)
         else:
-            show_uncertain(entries, args.prefix, out)
+            show_uncertain(entries, args.prefix, out, now)
         return 0
     with connect(args.redis_url) as server:
         store = RedisStore(server.client, Policy(prefix=args.prefix))

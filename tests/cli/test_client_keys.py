@@ -206,3 +206,27 @@ def test_the_consoles_advice_follows_the_records_state_now(
     assert "completed the operation" in page
     assert "compensate" not in page
     store.close()
+
+
+def test_list_uncertain_advice_follows_the_records_state_now(
+    real_client: redis.Redis, prefix: str, redis_url: str, idemkey: CliRunner
+) -> None:
+    """``idemkey list --uncertain`` gives the console's advice (``action_now``), not the one
+    the entry was written with, in text and in JSON."""
+    store = RedisStore(real_client, Policy(prefix=prefix))
+    with contextlib.suppress(RuntimeError), guard(store, "order-6") as call:
+        call.step("reserve", lambda: 1)
+        raise RuntimeError("card declined")  # released with a finished step: uncertain
+    argv = ("--redis-url", redis_url, "--prefix", prefix, "list", "--uncertain")
+    before = idemkey(*argv).out
+    assert "compensate the finished steps" in before
+    with guard(store, "order-6") as call:  # the retry resumes after "reserve" and completes
+        call.step("reserve", lambda: 1)
+        call.save({"id": "o_6"})
+    text = idemkey(*argv).out
+    assert "compensate" not in text
+    assert "completed the operation" in text
+    (row,) = json.loads(idemkey(*argv[:4], "--json", *argv[4:]).out)["uncertain"]
+    assert row["state_now"] == "complete"
+    assert "completed the operation" in row["action"]
+    store.close()
