@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import os
 import re
-import socket
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -21,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from tests._pages import PAGES, ROOT, blocks, run_page, run_twice, write_page
-from tests._servers import RedisServer, free_port, user_environ, wait_until
+from tests._servers import RedisServer, free_port, user_environ
 
 
 @pytest.mark.parametrize("page", PAGES)
@@ -123,29 +122,13 @@ def test_effects_page(
 @pytest.fixture
 def demo_server(url: str, tmp_path: Path) -> Iterator[str]:
     """``idemkey serve`` on a free port, its records in the test's redis-server."""
+    pytest.importorskip("httpx")  # serving() waits with it; the other pages need no httpx
+    from tests.frameworks.test_docs_pages import serving
+
     port = free_port()
-    log = (tmp_path / "serve.log").open("wb")
-    server = subprocess.Popen(
-        [sys.executable, "-m", "idemkey", "serve", "--port", str(port), "--redis-url", url],
-        cwd=ROOT,
-        env=os.environ,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-    )
-    base = f"http://127.0.0.1:{port}"
-
-    def answers() -> bool:
-        assert server.poll() is None, (tmp_path / "serve.log").read_text()
-        with socket.socket() as probe:
-            return probe.connect_ex(("127.0.0.1", port)) == 0
-
-    try:
-        wait_until(answers, timeout=20, message="idemkey serve to listen")
+    serve = [sys.executable, "-m", "idemkey", "serve", "--port", str(port), "--redis-url", url]
+    with serving(serve, tmp_path, port) as base:
         yield base
-    finally:
-        server.terminate()
-        server.wait(timeout=10)
-        log.close()
 
 
 @pytest.mark.redis

@@ -20,7 +20,6 @@ from __future__ import annotations
 import os
 import re
 import shlex
-import socket
 import subprocess
 import sys
 import venv
@@ -30,7 +29,7 @@ import pytest
 
 from idemkey.http._scope import NO_CREDENTIALS
 from scripts.mkdocs_hooks import REPOSITORY, expand_install
-from tests._servers import HOST, RedisServer, free_port, user_environ, wait_until
+from tests._servers import HOST, RedisServer, free_port, user_environ
 from tests.frameworks.test_docs_pages import (
     page,
     printed,
@@ -159,21 +158,9 @@ def test_the_page_in_a_fresh_venv_from_its_install_line_twice(
         served_twice(bin_dir, name, url, tmp_path)
     elif name == "client.md":
         port = free_port()
-        log = (tmp_path / "serve.log").open("wb")
-        server = subprocess.Popen(
-            [str(bin_dir / "idemkey"), "serve", "--port", str(port), "--redis-url", url],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
-        try:
-
-            def listening() -> bool:
-                log_text = (tmp_path / "serve.log").read_text(errors="replace")
-                assert server.poll() is None, log_text  # it cannot run (a missing package?)
-                with socket.socket() as probe:
-                    return probe.connect_ex(("127.0.0.1", port)) == 0
-
-            wait_until(listening, timeout=30, message="idemkey serve to start")
+        serve = [str(bin_dir / "idemkey"), "serve", "--port", str(port), "--redis-url", url]
+        (tmp_path / "serve").mkdir()
+        with serving(serve, tmp_path / "serve", port, pythonpath=()):
             first, second = run_blocks(
                 bin_dir,
                 name,
@@ -181,10 +168,6 @@ def test_the_page_in_a_fresh_venv_from_its_install_line_twice(
                 tmp_path / "run",
                 f"http://127.0.0.1:8000=http://127.0.0.1:{port}",
             )
-        finally:
-            server.terminate()
-            server.wait(timeout=10)
-            log.close()
         assert first[-2].startswith("paid: ")
         assert first[-1].startswith("already paid: ")
         assert second[-1] == first[-1]  # the earlier run's payment, refused as a replay

@@ -13,6 +13,7 @@ __all__ = [
     "CliError",
     "Parser",
     "UsageError",
+    "YES_HELP",
     "confirm",
     "consent",
     "print_json",
@@ -20,6 +21,8 @@ __all__ = [
 
 URL_ENV: Final = "IDEMKEY_REDIS_URL"
 DEBUG_ENV: Final = "IDEMKEY_DEBUG"
+#: The help of ``--yes``, the option of every command that asks for :func:`consent`.
+YES_HELP: Final = "act without asking (needed when stdin is not a terminal: cron, pipes, CI)"
 
 
 class CliError(Exception):

@@ -12,13 +12,10 @@ from __future__ import annotations
 import argparse
 from typing import IO, Final
 
-from ..policy import Policy
-from ..store import RedisStore
-from ._base import CliError, consent, print_json
-from ._records import add_record_options, record_candidates
-from ._redis import connect
-from .forget import YES_HELP
-from .inspect import find_one_held
+from .._core import Record
+from ._base import YES_HELP, CliError, print_json
+from ._records import RecordView, add_record_options
+from .inspect import change_one
 
 HELP: Final = "cancel an in-progress or half-done record (its owner can no longer complete it)"
 
@@ -33,23 +30,23 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--yes", "-y", action="store_true", help=YES_HELP)
 
 
+def _ask(args: argparse.Namespace, record: Record, view: RecordView) -> str:
+    if view.state == "complete":
+        raise CliError(
+            f"record {record.record_key} is complete: nothing to cancel (forget deletes it)"
+        )
+    what = "cancel and abandon" if args.abandon else "cancel"
+    return f"{what} {view.state} record {record.record_key}?"
+
+
 def run(args: argparse.Namespace, out: IO[str]) -> int:
-    candidates = record_candidates(args)
-    with connect(args.redis_url) as server:
-        held, view = find_one_held(server.client, args, candidates, nothing="nothing cancelled")
-        record = held.record
-        if view.state == "complete":
-            raise CliError(
-                f"record {record.record_key} is complete: nothing to cancel (forget deletes it)"
-            )
-        what = "cancel and abandon" if args.abandon else "cancel"
-        question = f"{what} {view.state} record {record.record_key}?"
-        consent(args.yes, question, verb="cancel", nothing="nothing cancelled")
-        store = RedisStore(server.client, Policy(prefix=args.prefix))
-        try:
-            cancelled = store.cancel(record, abandon=args.abandon)
-        finally:
-            store.close()
+    record, view, cancelled = change_one(
+        args,
+        verb="cancel",
+        nothing="nothing cancelled",
+        ask=lambda record, view: _ask(args, record, view),
+        act=lambda store, record: store.cancel(record, abandon=args.abandon),
+    )
     if cancelled is None:
         raise CliError(
             f"nothing to cancel in record {record.record_key} ({view.state or 'released'} "

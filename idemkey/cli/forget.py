@@ -10,16 +10,15 @@ from __future__ import annotations
 import argparse
 from typing import IO, Final
 
-from ..policy import Policy
-from ..store import RedisStore
-from ._base import CliError, consent, print_json
-from ._records import add_record_options, record_candidates
-from ._redis import connect
-from .inspect import find_one_held
+from .._core import Record
+from ._base import YES_HELP, CliError, print_json
+from ._records import RecordView, add_record_options
+from .inspect import change_one
 from .readable import duration
 
+__all__ = ["HELP", "YES_HELP", "configure", "run"]  # YES_HELP: where cancel imported it from
+
 HELP: Final = "delete one record"
-YES_HELP: Final = "act without asking (needed when stdin is not a terminal: cron, pipes, CI)"
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -38,23 +37,23 @@ def _refused(lease_ms: int) -> CliError:
     )
 
 
+def _ask(args: argparse.Namespace, record: Record, view: RecordView) -> str:
+    state = view.state
+    if state == "in_progress" and view.lease_ms == -2:
+        state = "lapsed"
+    if state == "in_progress" and not args.force:
+        raise _refused(view.lease_ms)  # before asking: the answer could not change it
+    return f"forget {state} record {record.record_key}?"
+
+
 def run(args: argparse.Namespace, out: IO[str]) -> int:
-    candidates = record_candidates(args)
-    with connect(args.redis_url) as server:
-        held, view = find_one_held(server.client, args, candidates, nothing="nothing deleted")
-        record = held.record
-        state = view.state
-        if state == "in_progress" and view.lease_ms == -2:
-            state = "lapsed"
-        if state == "in_progress" and not args.force:
-            raise _refused(view.lease_ms)  # before asking: the answer could not change it
-        question = f"forget {state} record {record.record_key}?"
-        consent(args.yes, question, verb="forget", nothing="nothing deleted")
-        store = RedisStore(server.client, Policy(prefix=args.prefix))
-        try:
-            found = store.forget(record, force=args.force)
-        finally:
-            store.close()
+    record, _, found = change_one(
+        args,
+        verb="forget",
+        nothing="nothing deleted",
+        ask=lambda record, view: _ask(args, record, view),
+        act=lambda store, record: store.forget(record, force=args.force),
+    )
     if found.held:
         raise CliError("the record was claimed meanwhile; nothing deleted (--force deletes it)")
     if not found.forgotten:

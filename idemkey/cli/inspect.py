@@ -11,11 +11,15 @@ empty scope (unless ``--scope`` or ``-H`` says), each ``--route`` given, and wit
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 from dataclasses import asdict
-from typing import IO, Any, Final
+from typing import IO, Any, Final, TypeVar
 
+from .._core import Record
 from ..guard import GUARD_METHOD
-from ._base import CliError, print_json
+from ..policy import Policy
+from ..store import RedisStore
+from ._base import CliError, consent, print_json
 from ._records import (
     NOT_SEARCHABLE,
     Candidate,
@@ -29,6 +33,8 @@ from ._records import (
 from ._redis import connect
 
 HELP: Final = "show one record, decoded (or say which names were tried)"
+
+T = TypeVar("T")
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -68,6 +74,28 @@ def find_one_held(
             f"to name one; {nothing}"
         )
     return held[0]
+
+
+def change_one(
+    args: argparse.Namespace,
+    *,
+    verb: str,
+    nothing: str,
+    ask: Callable[[Record, RecordView], str],
+    act: Callable[[RedisStore, Record], T],
+) -> tuple[Record, RecordView, T]:
+    """What ``forget`` and ``cancel`` share: find the one record holding the key, ask
+    ``ask(record, view)`` (which raises a CliError to refuse before asking), go on only with
+    :func:`consent`, then ``act(store, record)`` with a store on the same connection."""
+    candidates = record_candidates(args)
+    with connect(args.redis_url) as server:
+        held, view = find_one_held(server.client, args, candidates, nothing=nothing)
+        consent(args.yes, ask(held.record, view), verb=verb, nothing=nothing)
+        store = RedisStore(server.client, Policy(prefix=args.prefix))
+        try:
+            return held.record, view, act(store, held.record)
+        finally:
+            store.close()
 
 
 def run(args: argparse.Namespace, out: IO[str]) -> int:

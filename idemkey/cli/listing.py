@@ -14,11 +14,12 @@ from dataclasses import asdict
 from datetime import datetime, timezone
 from typing import IO, Any, Final
 
-from .._core import parse_record_name
+from .._core import record_from_digest
 from .._core._origin import escape_key
 from ..policy import Policy
 from ..store import STATES, RecordStatus, RedisStore
-from ..store.uncertain import UncertainEntry
+from ..store.uncertain import UncertainEntry, action_now
+from . import stats
 from ._base import CliError, print_json
 from ._progress import Progress
 from ._redis import connect
@@ -96,7 +97,20 @@ def _when(at: float) -> str:
     return stamp.isoformat(timespec="seconds").replace("+00:00", "Z")
 
 
-def show_uncertain(entries: list[UncertainEntry], prefix: str, out: IO[str]) -> None:
+def states_now(store: RedisStore, entries: list[UncertainEntry]) -> dict[str, str]:
+    """The state now of each entry's record, by digest (absent: gone), so the advice follows
+    what happened since the entry was written, as the console's does (``action_now``)."""
+    now: dict[str, str] = {}
+    for digest in dict.fromkeys(entry.digest for entry in entries):
+        status = store.record(record_from_digest(store.policy.prefix, digest))
+        if status is not None:
+            now[digest] = status.state
+    return now
+
+
+def show_uncertain(
+    entries: list[UncertainEntry], prefix: str, out: IO[str], now: dict[str, str]
+) -> None:
     if not entries:
         out.write(f'no uncertain outcome under prefix "{prefix}"\n')
         return
@@ -108,31 +122,22 @@ def show_uncertain(entries: list[UncertainEntry], prefix: str, out: IO[str]) -> 
             out.write(f"    steps: {', '.join(entry.steps)}\n")
         if entry.detail:
             out.write(f"    detail: {entry.detail}\n")
-        out.write(f"    means: {entry.meaning}\n    do: {entry.action}\n")
+        action = action_now(entry.kind, now.get(entry.digest))
+        out.write(f"    means: {entry.meaning}\n    do: {action}\n")
 
 
 def other_prefixes(nodes: list[tuple[str, Any]], prefix: str) -> list[str]:
     """The prefixes other than ``prefix`` that hold records, sorted, from a SCAN of at most
     :data:`HINT_SCAN_KEYS` keys per server (so a large keyspace may hide some)."""
-    found: set[str] = set()
-    for _, client in nodes:
-        cursor, seen = 0, 0
-        while True:
-            cursor, keys = client.scan(cursor, match="*:{*}", count=SCAN_COUNT)
-            seen += SCAN_COUNT
-            for key in keys:
-                name = parse_record_name(key)
-                if name is not None and not name.hint:  # a record's hash, not a hint
-                    found.add(name.prefix)
-            if int(cursor) == 0 or seen >= HINT_SCAN_KEYS:
-                break
-    found.discard(prefix)
+    found, _ = stats.other_prefixes(nodes, HINT_SCAN_KEYS, hints=False)
+    found.pop(prefix, None)
     return sorted(found)
 
 
 def _hint(prefixes: list[str]) -> str:
     if not prefixes:
-        return "no other prefix holds records either (SCAN of at most 20 000 keys per server)\n"
+        at_most = f"{HINT_SCAN_KEYS:,}".replace(",", " ")  # the bound the SCAN keeps
+        return f"no other prefix holds records either (SCAN of at most {at_most} keys per server)\n"
     shown = ", ".join(json.dumps(p) for p in prefixes[:10])
     more = f" and {len(prefixes) - 10} more" if len(prefixes) > 10 else ""
     first = prefixes[0]  # stored data: printed quoted, no control character reaches a terminal
@@ -147,11 +152,16 @@ def run(args: argparse.Namespace, out: IO[str]) -> int:
         with connect(args.redis_url) as server:
             store = RedisStore(server.client, Policy(prefix=args.prefix))
             entries = store.uncertain(limit=args.limit or 100)
+            now = states_now(store, entries)
         if args.json:
-            rows = [{**asdict(e), "meaning": e.meaning, "action": e.action} for e in entries]
+            rows = [
+                {**asdict(e), "meaning": e.meaning, "action": action_now(e.kind, now.get(e.digest)),
+                 "state_now": now.get(e.digest, "gone")}
+                for e in entries
+            ]  # fmt: skip
             print_json({"prefix": args.prefix, "uncertain": rows}, out)
         else:
-            show_uncertain(entries, args.prefix, out)
+            show_uncertain(entries, args.prefix, out, now)
         return 0
     with connect(args.redis_url) as server:
         store = RedisStore(server.client, Policy(prefix=args.prefix))

@@ -160,23 +160,25 @@ def collect_stats(
 
 
 def other_prefixes(
-    nodes: Sequence[tuple[str, Any]], limit: int = OTHER_PREFIXES_SCAN
+    nodes: Sequence[tuple[str, Any]], limit: int = OTHER_PREFIXES_SCAN, *, hints: bool = True
 ) -> tuple[dict[str, int], int]:
     """The prefixes of idemkey records among at most ``limit`` keys per primary (SCAN).
 
-    Names are all it reads (``parse_record_name``): a record's hash and its hints.
+    Names are all it reads (``parse_record_name``): a record's hash and, unless not
+    ``hints`` (``idemkey list``, which names prefixes that hold records), its hints.
     Returns the prefixes (most keys first) and the number of keys looked at.
     """
     found: dict[str, int] = {}
     looked = 0
+    match = "*:{*}*" if hints else "*:{*}"
     for _, client in nodes:
         cursor, here = 0, 0
         while here < limit:
-            cursor, keys = client.scan(cursor, match="*:{*}*", count=SCAN_COUNT)
+            cursor, keys = client.scan(cursor, match=match, count=SCAN_COUNT)
             here += SCAN_COUNT
             for key in keys:
                 name = parse_record_name(key)
-                if name is not None:
+                if name is not None and (hints or not name.hint):
                     found[name.prefix] = found.get(name.prefix, 0) + 1
             if cursor == 0:
                 break

@@ -5,7 +5,8 @@ DNS rebinding). Read-only unless ``allow_forget``: then ``POST /api/forget`` run
 ``store.forget()`` (forget.lua) on a record no live claim holds (lapsed, released or complete),
 and only for a request from the page itself: an ``Origin`` among the console's own, and the
 token this app was made with (fresh per process), which the page carries in a meta tag and its
-script sends in ``X-Idemkey-Token``.
+script sends in ``X-Idemkey-Token``. ``HostCheck`` asks both of every request but a GET or
+HEAD, whatever its path, so no route here checks them itself.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from __future__ import annotations
 import secrets
 from collections.abc import Iterable
 from datetime import datetime, timezone
-from typing import Any, Final
+from typing import Any
 
 from jinja2 import Environment, PackageLoader, select_autoescape
 from starlette.applications import Starlette
@@ -27,13 +28,10 @@ from .._core import is_digest, record_from_digest
 from ..cli.readable import compact_seconds
 from ..errors import StoreError
 from ..store import RedisStore
-from ._guard import HostCheck, problem, security_headers, served_hosts
+from ._guard import TOKEN_HEADER, HostCheck, problem, security_headers, served_hosts
 from ._view import MAX_LISTED, snapshot
 
 __all__ = ["TOKEN_HEADER", "create_app"]
-
-#: The header the page's script sends its token in with a confirmed forget.
-TOKEN_HEADER: Final = "X-Idemkey-Token"
 
 
 def _when(at: float) -> str:
@@ -100,14 +98,7 @@ def create_app(
             return JSONResponse({"error": error}, status_code=503, headers=security_headers(None))
         return JSONResponse(shot.as_dict(), headers=security_headers(None))
 
-    async def forget(request: Request) -> Response:
-        if not allow_forget:
-            return problem(403, "forget is off: start the console with --allow-forget")
-        if request.headers.get("origin") not in origins:
-            return problem(403, "a forget must come from the console's own page (Origin)")
-        sent = request.headers.get(TOKEN_HEADER, "").encode()
-        if not secrets.compare_digest(sent, token.encode()):
-            return problem(403, f"a forget needs this console's token ({TOKEN_HEADER})")
+    async def forget(request: Request) -> Response:  # HostCheck asked for Origin and token
         try:
             body = await request.json()
         except ValueError:
@@ -133,4 +124,7 @@ def create_app(
         Route("/api/status", status),
         Route("/api/forget", forget, methods=["POST"]),
     ]
-    return Starlette(routes=routes, middleware=[Middleware(HostCheck, hosts=hosts)])
+    gate = Middleware(
+        HostCheck, hosts=hosts, origins=origins, token=token if allow_forget else None
+    )
+    return Starlette(routes=routes, middleware=[gate])

@@ -9,18 +9,22 @@ Hosts it serves (:class:`HostCheck`, around every route, reads included, as Djan
 ``ALLOWED_HOSTS`` and Starlette's ``TrustedHostMiddleware`` do), a state-changing request must
 come from one of their origins (compared with the configured ones, never with one built from
 the request's own Host), and it carries a token made afresh for each console process, which
-only a page read from the console holds (Jupyter's token).
+only a page read from the console holds (Jupyter's token). Both are checked here, for every
+method but GET and HEAD on every path, so a route added later cannot forget them.
 """
 
 from __future__ import annotations
 
 import ipaddress
+import secrets
 from collections.abc import Awaitable, Callable, Iterable, MutableMapping
 from typing import Any, Final
 
 from starlette.responses import JSONResponse, Response
 
 __all__ = [
+    "READS",
+    "TOKEN_HEADER",
     "HostCheck",
     "LOOPBACK_NAMES",
     "is_loopback",
@@ -28,6 +32,11 @@ __all__ = [
     "security_headers",
     "served_hosts",
 ]
+
+#: The header the page's script sends its token in with a confirmed forget.
+TOKEN_HEADER: Final = "X-Idemkey-Token"
+#: The methods that change nothing: the only ones answered without the page's Origin and token.
+READS: Final = frozenset({"GET", "HEAD"})
 
 #: The names of the loopback interface a browser on this machine uses for the console.
 LOOPBACK_NAMES: Final = ("127.0.0.1", "localhost", "[::1]")
@@ -105,22 +114,43 @@ def problem(status: int, detail: str) -> Response:
 
 class HostCheck:
     """ASGI middleware: an HTTP request whose ``Host`` is not one of ``hosts`` gets a 400
-    problem and never reaches the app (a request without a Host too). Other scopes (lifespan)
-    pass through; the console serves no websocket."""
+    problem and never reaches the app (a request without a Host too). Any method but GET and
+    HEAD, on any path, also needs an ``Origin`` among ``origins`` and ``token`` in
+    :data:`TOKEN_HEADER`, else a 403; with no ``token`` (a read-only console) it is refused
+    outright. Other scopes (lifespan) pass through; the console serves no websocket."""
 
-    def __init__(self, app: _App, hosts: frozenset[str]) -> None:
+    def __init__(
+        self, app: _App, hosts: frozenset[str], origins: frozenset[str], token: str | None
+    ) -> None:
         self.app = app
         self.hosts = hosts
+        self.origins = origins
+        self.token = token.encode() if token else None
+
+    def _refusal(self, scope: _Scope) -> Response | None:
+        # Reversed, so a repeated header keeps its first value, the one Starlette reads.
+        headers = dict(reversed(scope["headers"]))
+        host = headers.get(b"host", b"").decode("latin-1").lower()
+        if host not in self.hosts:
+            return problem(
+                400,
+                f"this console answers only to Host {' or '.join(sorted(self.hosts))}, "
+                f"not {host[:100]!r} (a DNS rebinding?); a name of your own: --allow-host",
+            )
+        if scope["method"] in READS:
+            return None
+        if self.token is None:
+            return problem(403, "forget is off: start the console with --allow-forget")
+        if headers.get(b"origin", b"").decode("latin-1") not in self.origins:
+            return problem(403, "a forget must come from the console's own page (Origin)")
+        if not secrets.compare_digest(headers.get(TOKEN_HEADER.lower().encode(), b""), self.token):
+            return problem(403, f"a forget needs this console's token ({TOKEN_HEADER})")
+        return None
 
     async def __call__(self, scope: _Scope, receive: _Receive, send: _Send) -> None:
         if scope["type"] == "http":
-            found = next((v for k, v in scope["headers"] if k == b"host"), b"")
-            host = found.decode("latin-1").lower()
-            if host not in self.hosts:
-                detail = (
-                    f"this console answers only to Host {' or '.join(sorted(self.hosts))}, "
-                    f"not {host[:100]!r} (a DNS rebinding?); a name of your own: --allow-host"
-                )
-                await problem(400, detail)(scope, receive, send)
+            refused = self._refusal(scope)
+            if refused is not None:
+                await refused(scope, receive, send)
                 return
         await self.app(scope, receive, send)

@@ -11,11 +11,9 @@ import contextlib
 import http.client
 import json
 import os
-import sys
 import threading
 import urllib.request
-from collections.abc import Callable, Iterator
-from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -32,31 +30,9 @@ from tests.faults.test_url_clients import readme_flask_app
 
 pytestmark = pytest.mark.redis
 
-ROOT = Path(__file__).resolve().parents[2]
 #: A key a hostile client could send: markup, the origin's own delimiters, a percent sign.
 HOSTILE = '<b>x</b>%;"k:1'
 ESCAPED = '<b>x</b>%25%3B"k:1'
-
-
-@pytest.fixture
-def console(redis_url: str, tmp_path: Path) -> Iterator[Callable[[str], AppServer]]:
-    servers: list[AppServer] = []
-
-    def start(prefix: str) -> AppServer:
-        def command(port: int) -> list[str]:
-            return [sys.executable, "-m", "idemkey", "--redis-url", redis_url, "--prefix",
-                    prefix, "console", "--port", str(port), "--refresh", "0.5"]  # fmt: skip
-
-        server = AppServer(command, log=tmp_path / "console.log", cwd=ROOT, redis_url=redis_url,
-                           prefix=prefix, name="the console", health="/api/status")  # fmt: skip
-        servers.append(server)
-        return server
-
-    try:
-        yield start
-    finally:
-        for server in servers:
-            server.close()
 
 
 def _get(url: str) -> str:
@@ -65,7 +41,7 @@ def _get(url: str) -> str:
 
 
 def test_list_and_the_console_show_the_key_of_a_request_in_flight(
-    redis_url: str, prefix: str, idemkey: CliRunner, console: Callable[[str], AppServer]
+    redis_url: str, prefix: str, idemkey: CliRunner, console: Callable[..., AppServer]
 ) -> None:
     release = threading.Event()
     app = readme_flask_app(redis_url, prefix, view=lambda: release.wait(30))
@@ -97,7 +73,7 @@ def test_list_and_the_console_show_the_key_of_a_request_in_flight(
         assert line.endswith("  " + ESCAPED), line
         assert "POST /charges" in line
 
-        shown = console(prefix)
+        shown = console()
         status = json.loads(_get(shown.url + "/api/status"))
         assert [s["client_key"] for s in status["active"]] == [ESCAPED]
         page = _get(shown.url + "/fragment")
@@ -189,12 +165,15 @@ def test_an_empty_prefix_names_the_prefixes_that_hold_records(
     with guard(store, "k1") as call:
         if not call.replayed:
             call.save(1)
+    # A prefix holding only a hint (a 0.2 lock string) holds no record: not named.
+    real_client.set(f"{prefix}-lockonly:{{{'0' * 32}}}:lock", b"owner", px=60_000)
     empty = prefix + "-empty"
     run = idemkey("--redis-url", redis_url, "--prefix", empty, "--json", "list")
     answer: dict[str, Any] = json.loads(run.out)
     assert answer["count"] == 0
     assert prefix + "-payments" in answer["other_prefixes"]
     assert empty not in answer["other_prefixes"]
+    assert prefix + "-lockonly" not in answer["other_prefixes"]
     text = idemkey("--redis-url", redis_url, "--prefix", empty, "list").out
     assert f'no record under prefix "{empty}" matches\n' in text
     assert "records are kept under other prefixes: " in text
@@ -202,13 +181,13 @@ def test_an_empty_prefix_names_the_prefixes_that_hold_records(
 
 
 def test_the_consoles_advice_follows_the_records_state_now(
-    real_client: redis.Redis, prefix: str, console: Callable[[str], AppServer]
+    real_client: redis.Redis, prefix: str, console: Callable[..., AppServer]
 ) -> None:
     store = RedisStore(real_client, Policy(prefix=prefix))
     with contextlib.suppress(RuntimeError), guard(store, "order-5") as call:
         call.step("reserve", lambda: 1)
         raise RuntimeError("card declined")  # released with a finished step: uncertain
-    shown = console(prefix)
+    shown = console()
 
     def entry() -> dict[str, Any]:
         found: list[dict[str, Any]] = json.loads(_get(shown.url + "/api/status"))["uncertain"]
@@ -226,4 +205,28 @@ def test_the_consoles_advice_follows_the_records_state_now(
     page = _get(shown.url + "/fragment")
     assert "completed the operation" in page
     assert "compensate" not in page
+    store.close()
+
+
+def test_list_uncertain_advice_follows_the_records_state_now(
+    real_client: redis.Redis, prefix: str, redis_url: str, idemkey: CliRunner
+) -> None:
+    """``idemkey list --uncertain`` gives the console's advice (``action_now``), not the one
+    the entry was written with, in text and in JSON."""
+    store = RedisStore(real_client, Policy(prefix=prefix))
+    with contextlib.suppress(RuntimeError), guard(store, "order-6") as call:
+        call.step("reserve", lambda: 1)
+        raise RuntimeError("card declined")  # released with a finished step: uncertain
+    argv = ("--redis-url", redis_url, "--prefix", prefix, "list", "--uncertain")
+    before = idemkey(*argv).out
+    assert "compensate the finished steps" in before
+    with guard(store, "order-6") as call:  # the retry resumes after "reserve" and completes
+        call.step("reserve", lambda: 1)
+        call.save({"id": "o_6"})
+    text = idemkey(*argv).out
+    assert "compensate" not in text
+    assert "completed the operation" in text
+    (row,) = json.loads(idemkey(*argv[:4], "--json", *argv[4:]).out)["uncertain"]
+    assert row["state_now"] == "complete"
+    assert "completed the operation" in row["action"]
     store.close()

@@ -192,3 +192,57 @@ def test_unsafe_expose_says_it_is_unauthenticated_and_still_checks_the_host(
     assert ask(server, "/api/status", own(server))[0] == 200
     assert ask(server, "/api/status", f"box.example:{server.port}")[0] == 200
     assert ask(server, "/api/status", f"{EVIL}:{server.port}")[0] == 400
+
+
+@pytest.mark.parametrize("allow_forget", [True, False])
+def test_a_route_added_later_gets_the_same_guard(store: RedisStore, allow_forget: bool) -> None:
+    """The Host, Origin and token are asked by the middleware, for every method but GET and
+    HEAD on every path, not by each route: a state-changing route added to the app later is
+    guarded without a line of its own."""
+    import asyncio
+
+    import httpx
+    from starlette.requests import Request
+    from starlette.responses import PlainTextResponse
+    from starlette.routing import Route
+
+    from idemkey.console import create_app
+
+    ran: list[str] = []
+
+    def later(request: Request) -> PlainTextResponse:
+        ran.append(request.method)
+        return PlainTextResponse("done")
+
+    token = "t" * 43
+    app = create_app(store, port=8089, allow_forget=allow_forget, token=token)
+    app.router.routes.append(Route("/api/later", later, methods=["GET", "POST", "PUT", "DELETE"]))
+    home = "127.0.0.1:8089"
+
+    async def drive() -> int:
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url=f"http://{home}") as client:
+            for method in ("POST", "PUT", "DELETE"):
+                for headers in (
+                    {},
+                    {"X-Idemkey-Token": token},  # no Origin
+                    {"Origin": f"http://{EVIL}:8089", "X-Idemkey-Token": token},
+                    {"Origin": f"http://{home}"},  # no token
+                    {"Origin": f"http://{home}", "X-Idemkey-Token": token[:-1]},
+                ):
+                    answer = await client.request(method, "/api/later", headers=headers)
+                    assert answer.status_code == 403, (method, headers, answer.text)
+                # A foreign Host, even with the right Origin and token: the rebinding itself.
+                rebound = {"Host": f"{EVIL}:8089", "Origin": f"http://{home}"}
+                rebound["X-Idemkey-Token"] = token
+                answer = await client.request(method, "/api/later", headers=rebound)
+                assert answer.status_code == 400, answer.text
+            assert ran == []
+            foreign = await client.get("/api/later", headers={"Host": f"{EVIL}:8089"})
+            assert foreign.status_code == 400
+            assert (await client.get("/api/later")).text == "done"  # a read needs the Host only
+            own = {"Origin": "http://localhost:8089", "X-Idemkey-Token": token}
+            return (await client.post("/api/later", headers=own)).status_code
+
+    assert asyncio.run(drive()) == (200 if allow_forget else 403)
+    assert ran == (["GET", "POST"] if allow_forget else ["GET"])

@@ -187,3 +187,13 @@ def test_list_and_console_columns_give_each_time_in_one_unit() -> None:
     assert [compact_seconds(v) for v in (None, 0, 59.94, 60, 3599, 3600, 86399, 86400)] == [
         "-", "0.0s", "59.9s", "1m", "60m", "1.0h", "24.0h", "1.0d",
     ]  # fmt: skip
+
+
+def test_the_no_other_prefix_line_names_the_bound_the_scan_keeps(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from idemkey.cli import listing
+
+    assert "at most 20 000 keys per server" in listing._hint([])
+    monkeypatch.setattr(listing, "HINT_SCAN_KEYS", 5_000)
+    assert "at most 5 000 keys per server" in listing._hint([])
