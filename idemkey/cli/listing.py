@@ -23,7 +23,7 @@ from . import stats
 from ._base import CliError, print_json
 from ._progress import Progress
 from ._redis import connect
-from .readable import compact_seconds
+from .readable import compact_seconds, shown
 
 HELP: Final = "list records with their state, lease, age and steps (SCAN, never KEYS)"
 SCAN_COUNT: Final = 1000
@@ -115,13 +115,16 @@ def show_uncertain(
         out.write(f'no uncertain outcome under prefix "{prefix}"\n')
         return
     for entry in entries:
-        origin = f"{entry.method} {entry.route}".strip() or "-"
+        # Every field is stored data (a route may be a raw path, a detail an error's text):
+        # printed through shown(), so no escape sequence reaches the operator's terminal.
+        origin = shown(f"{entry.method} {entry.route}".strip()) or "-"
         fence = f" fence {entry.fence}" if entry.fence is not None else ""
-        out.write(f"{_when(entry.at)}  {entry.kind:<20} {origin}{fence}  {entry.digest}\n")
+        kind, digest = shown(entry.kind), shown(entry.digest)
+        out.write(f"{_when(entry.at)}  {kind:<20} {origin}{fence}  {digest}\n")
         if entry.steps:
-            out.write(f"    steps: {', '.join(entry.steps)}\n")
+            out.write(f"    steps: {shown(', '.join(entry.steps))}\n")
         if entry.detail:
-            out.write(f"    detail: {entry.detail}\n")
+            out.write(f"    detail: {shown(entry.detail)}\n")
         action = action_now(entry.kind, now.get(entry.digest))
         out.write(f"    means: {entry.meaning}\n    do: {action}\n")
 

@@ -5,7 +5,15 @@ from __future__ import annotations
 
 from typing import Final
 
-__all__ = ["PREVIEW_BYTES", "compact_seconds", "duration", "preview", "shorten", "size"]
+__all__ = [
+    "PREVIEW_BYTES",
+    "compact_seconds",
+    "duration",
+    "preview",
+    "shown",
+    "shorten",
+    "size",
+]
 
 PREVIEW_BYTES: Final = 120
 
@@ -57,6 +65,16 @@ def preview(body: bytes, limit: int = PREVIEW_BYTES) -> str:
     else:
         text = text.encode("unicode_escape").decode("ascii") if not text.isprintable() else text
     return text + ("..." if len(body) > limit else "")
+
+
+def shown(text: str) -> str:
+    """Stored text as a terminal may print it: a character that is not printable (an escape
+    sequence, a line break, a bidirectional override) as its Python escape, spaces kept."""
+    if text.isprintable():
+        return text
+    return "".join(
+        c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in text
+    )
 
 
 def shorten(owner: str) -> str:

@@ -197,3 +197,29 @@ def test_the_no_other_prefix_line_names_the_bound_the_scan_keeps(
     assert "at most 20 000 keys per server" in listing._hint([])
     monkeypatch.setattr(listing, "HINT_SCAN_KEYS", 5_000)
     assert "at most 5 000 keys per server" in listing._hint([])
+
+
+def test_list_uncertain_prints_stored_text_without_terminal_escapes(
+    idemkey: CliRunner, redis_url: str, store: RedisStore
+) -> None:
+    """An uncertain entry is stored data: one written with raw redis-py (a route from a raw
+    path, a detail from an error's text) puts no control character on the operator's screen."""
+    from idemkey.store.uncertain import uncertain_stream
+
+    prefix = store.policy.prefix
+    hostile = "\x1b]0;owned\x07\x1b[2J"
+    client = redis.Redis.from_url(redis_url)
+    try:
+        client.xadd(uncertain_stream(prefix), {
+            "kind": "lease_lost" + hostile, "at": "1712345678901", "digest": "0" * 32 + hostile,
+            "method": "POST", "route": "/charges/" + hostile, "scope": hostile,
+            "steps": json.dumps(["charge" + hostile]), "detail": "card\ndeclined" + hostile,
+        })  # fmt: skip
+    finally:
+        client.close()
+    text = idemkey("--redis-url", redis_url, "--prefix", prefix, "list", "--uncertain").out
+    assert "/charges/" in text
+    assert "card" in text
+    assert not any(ch in text for ch in "\x1b\x07"), repr(text)
+    assert "\\x1b]0;owned\\x07" in text  # shown escaped, not dropped
+    assert "card\\ndeclined" in text
