@@ -18,6 +18,7 @@ from .._core import (
     record_state,
 )
 from .._core._origin import ORIGIN_FIELDS, decode_origin, escape_key
+from .._core._stored import stored_int
 from ..errors import InvalidKeyError, RecordFormatError
 from ..guard import GUARD_METHOD
 from ..guard._failures import is_failure, read_failure
@@ -211,13 +212,16 @@ def read_record(client: Any, record: Record, *, guard: bool | None = None) -> Re
         # A completed record keeps a 12-character tag of its owner after the fingerprint.
         view.owner = text(fp[-OWNER_TAG_LENGTH:])
     view.steps = sorted(name[2:] for name in map(text, fields) if name.startswith("s:"))
-    fence = text(get("fence"))
-    view.fence = int(fence) if fence.isdigit() else None
+    view.fence = stored_int(text(get("fence")))
     # The last claim or completion: written by idemkey before 0.2 only; remove in 0.4.
-    at = text(get("at"))
-    if at.isdigit():
-        stamp = datetime.fromtimestamp(int(at) / 1000, tz=timezone.utc)
-        view.at = stamp.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    at = stored_int(text(get("at")))
+    if at is not None:
+        try:
+            stamp = datetime.fromtimestamp(at / 1000, tz=timezone.utc)
+        except (OverflowError, OSError, ValueError):  # stored data: past what a date holds
+            stamp = None
+        if stamp is not None:
+            view.at = stamp.isoformat(timespec="milliseconds").replace("+00:00", "Z")
     origin = decode_origin([get(name) for name in ORIGIN_FIELDS])
     # Route and scope may come from a request (a path, a tenant header): printed escaped too.
     view.origin = f"{escape_key(origin.method)} {escape_key(origin.route)}".strip()

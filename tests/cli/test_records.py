@@ -333,3 +333,22 @@ def test_inspect_stats_and_forget_read_records_written_by_0_1(
     for key in ("old-job", "new-job"):
         forgot = idemkey("forget", key, "--yes", *at)
         assert json.loads(forgot.out)["state"] == "complete"
+
+
+@pytest.mark.parametrize("number", ["\u00b2", "9" * 19, "9" * 5000, "-1"])
+def test_inspect_reads_stored_numbers_as_data(
+    idemkey: CliRunner, redis_url: str, prefix: str, number: str
+) -> None:
+    """A fence or claim time that is no number a record holds (written with raw redis-py) is
+    shown as unknown: inspect answers, it does not fail on a stored value."""
+    record = record_for(prefix, "", "GUARD", "", "odd")
+    client = redis.Redis.from_url(redis_url)
+    try:
+        client.hset(record.record_key, mapping={"state": "in_progress", "fence": number,
+                                                 "at": number, "owner": "o" * 32})  # fmt: skip
+    finally:
+        client.close()
+    run = idemkey("inspect", "--digest", record.digest, "--json", *_at(redis_url, prefix))
+    assert run.code == 0, run.err
+    view = json.loads(run.out)
+    assert view["fence"] == (int(number) if number == "9" * 19 else None)
