@@ -208,3 +208,19 @@ def test_length_prefixing_keeps_field_boundaries() -> None:
     # "ab"+"c" and "a"+"bc" must not name the same record.
     assert record_for("p", "ab", "POST", "c", "k") != record_for("p", "a", "POST", "bc", "k")
     assert record_for("p", "s", "POST", "/r:", "k") != record_for("p", "s", "POST", "/r", ":k")
+
+
+@pytest.mark.parametrize("codepoint", range(0x180))
+def test_a_bare_key_is_visible_ascii_without_a_comma(codepoint: int) -> None:
+    # The bare form's grammar, [\x21-\x2b\x2d-\x7e]+, checked without a regex engine: every
+    # character alone, between two letters and repeated answers as the grammar says.
+    char = chr(codepoint)
+    allowed = 0x21 <= codepoint <= 0x7E and char != ","
+    for value in (char, f"a{char}b", char * 3):
+        if value.strip(" \t").startswith('"'):
+            continue  # the quoted form: its own tests
+        if allowed and value.strip(" \t"):
+            assert parse_key(value) == value.strip(" \t")
+        else:
+            with pytest.raises(InvalidKeyError):
+                parse_key(value)
