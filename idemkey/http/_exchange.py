@@ -23,7 +23,7 @@ from .._core import (
     record_origin,
 )
 from ..errors import ProtocolError, RecordFormatError, StoreError
-from ..events import RECORD_LOST_DETAIL, TAKEN_OVER_DETAIL, Reporter
+from ..events import DEBUG, RECORD_LOST_DETAIL, TAKEN_OVER_DETAIL, Reporter, enabled_memo
 from ..guard._call import Call, leave_current, run_as_current
 from ._answers import (
     RESPONSE_LOST,
@@ -96,9 +96,17 @@ class Exchange(Reporter):
         self.record = record_for(policy.prefix, scope, method, route, key)
         self.claim: Claimed | None = None
         self.state = State.READING
-        # content_length(headers), without its call
+        # content_length(headers), without its calls where the value is plain digits
         values = request.headers.get_all("content-length")
-        self.declared = parse_content_length(values[0]) if values else None
+        if not values:
+            self.declared = None
+        else:
+            length = values[0]
+            self.declared = (
+                int(length)
+                if length.isdigit() and length.isascii()
+                else parse_content_length(length)
+            )
         self.unprotected = False
         self.keep = None  # the driver's store.keep_uncertain, once it claims
         # The limit, read once: the body is checked against it twice.
@@ -247,7 +255,7 @@ class Exchange(Reporter):
             if decision.takeover:
                 self.notify("takeover", decision.fence, seconds=seconds)
                 self.uncertain("takeover", decision.fence)
-            else:
+            elif self.hook is not None or enabled_memo.get(DEBUG) is not False:
                 self.notify("claimed", decision.fence, seconds=seconds)
             return decision
         if kind is Replay:
@@ -257,7 +265,8 @@ class Exchange(Reporter):
             except RecordFormatError as exc:
                 self.notify("store_error", detail=str(exc))
                 return record_unreadable(self.policy, str(exc))
-            self.notify("replayed", seconds=seconds)
+            if self.hook is not None or enabled_memo.get(DEBUG) is not False:  # events.quiet
+                self.notify("replayed", seconds=seconds)
             return replayed(self.policy, response)
         if kind is Expired:
             assert isinstance(decision, Expired)

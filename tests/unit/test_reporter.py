@@ -71,3 +71,26 @@ def test_the_exchange_and_the_guard_are_reporters_of_their_own_names() -> None:
         ("<unknown>", "POST", digest("tenant")),
         ("charge", "GUARD", digest("tenant")),
     ]
+
+
+def test_debug_logging_alone_hears_the_claim_and_the_replay(caplog: Any) -> None:
+    # No hook: the exchange's inlined "is anybody listening" check must still send the two
+    # events of the hot path (claimed, replayed) to the idemkey logger at DEBUG.
+    from werkzeug.test import Client
+
+    from idemkey.adapters.wsgi import IdempotencyMiddleware
+
+    def app(environ: dict[str, Any], start_response: Any) -> list[bytes]:
+        start_response("201 Created", [("Content-Type", "text/plain")])
+        return [b"made"]
+
+    guarded = IdempotencyMiddleware(app, fake_store(Policy(scope=lambda request: "tenant")))
+    with caplog.at_level("DEBUG", logger="idemkey"):
+        for _ in range(2):
+            answer = Client(guarded).post(
+                "/orders", data=b"{}", headers={"Idempotency-Key": "k1"}, buffered=True
+            )
+            assert answer.status_code == 201
+    heard = [r.idemkey_event for r in caplog.records if hasattr(r, "idemkey_event")]
+    assert heard[:1] == ["claimed"], heard
+    assert "replayed" in heard, heard
