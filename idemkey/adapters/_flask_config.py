@@ -1,4 +1,5 @@
-"""The Flask extension's configuration: ``IDEMKEY_*`` config keys and per-view overrides.
+"""The Flask extension's configuration: ``IDEMKEY_*`` config keys and per-view overrides,
+and the WSGI layer that captures a keyed body by them.
 
 Kept apart from ``flask.py``, which only translates requests and responses; nothing here
 imports Flask.
@@ -7,17 +8,22 @@ imports Flask.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .._options import derive, keyword, policy_options
 from ..errors import ConfigurationError
 from ..policy import Policy
 from ..store import RedisStore
 from ..store._url import client_from_url
-from ._environ import environ_key
+from ._environ import BODY_KEY, capture, environ_key
 from ._sync_driver import Driver
 
-__all__ = ["AppState", "app_state", "view_overrides"]
+if TYPE_CHECKING:
+    from collections.abc import Iterable
+
+    from _typeshed.wsgi import StartResponse, WSGIApplication, WSGIEnvironment
+
+__all__ = ["AppState", "BodyCapture", "app_state", "view_overrides"]
 
 _PREFIX = "IDEMKEY_"
 #: Config keys of the Redis client idemkey builds (``IDEMKEY_REDIS_URL``), not Policy fields.
@@ -35,17 +41,6 @@ class AppState:
     views: dict[int, Policy] = dataclasses.field(default_factory=dict)
     rule: tuple[frozenset[str], frozenset[str], int] | None = None
     rule_from: int = -1
-
-    def capture_limit(self, overrides: list[dict[str, Any]], environ: Any) -> int | None:
-        """The byte limit to capture a request's body with before Flask sees it; None: no
-        guarded view could take it as keyed (another method, no key header)."""
-        rule = self.rule
-        if rule is None or self.rule_from != len(overrides):  # capture_rule's test, inline
-            rule = self.capture_rule(overrides)
-        methods, keys, limit = rule
-        if environ.get("REQUEST_METHOD") in methods and not keys.isdisjoint(environ):
-            return limit
-        return None
 
     def capture_rule(
         self, overrides: list[dict[str, Any]]
@@ -66,6 +61,32 @@ class AppState:
         if policy is None:  # first request to this view in this app: derive once, then reuse
             policy = self.views[view] = derive(self.policy, overrides, _VIEW)
         return policy
+
+
+class BodyCapture:
+    """The WSGI layer ``init_app`` puts around ``app.wsgi_app``: it captures a keyed request's
+    body (:func:`~._environ.capture`) before Flask runs a hook that may consume it.
+
+    A request is keyed when some guarded view could take it as keyed (its method, a key
+    header); the test and the capture are inline here, one Python call a request costs.
+    """
+
+    __slots__ = ("app", "overrides", "state")
+
+    def __init__(
+        self, app: WSGIApplication, state: AppState, overrides: list[dict[str, Any]]
+    ) -> None:
+        self.app, self.state, self.overrides = app, state, overrides
+
+    def __call__(self, environ: WSGIEnvironment, start_response: StartResponse) -> Iterable[bytes]:
+        state = self.state
+        rule = state.rule
+        if rule is None or state.rule_from != len(self.overrides):  # capture_rule's test
+            rule = state.capture_rule(self.overrides)
+        methods, keys, limit = rule
+        if environ.get("REQUEST_METHOD") in methods and not keys.isdisjoint(environ):
+            environ[BODY_KEY] = capture(environ, limit)
+        return self.app(environ, start_response)
 
 
 def app_state(config: Any, store: RedisStore | None, policy: Policy | None) -> AppState:

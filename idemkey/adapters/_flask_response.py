@@ -2,50 +2,104 @@
 answers (a problem, a replay) as Flask responses carrying exactly the stored headers.
 
 Kept apart from ``flask.py``, whose ``_guard`` only takes a request through the exchange.
+Both run on every guarded request, so they cost as few Python calls as werkzeug allows: a
+replay is one Redis round trip, and building its response the usual way (werkzeug checks
+and copies each header in Python, then sets the length and deletes the defaults again) cost
+more than the rest of idemkey's work on it.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from operator import itemgetter
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 
-from flask import current_app
+from werkzeug.datastructures import Headers
 from werkzeug.exceptions import HTTPException
+from werkzeug.wrappers import Response as WerkzeugResponse
 
 if TYPE_CHECKING:
+    from flask import Flask
     from flask import Response as FlaskResponse
-    from flask.typing import ResponseReturnValue
 
     from ..http import Response
 
-__all__ = ["render_view", "respond"]
+__all__ = ["body_of", "render_view", "respond"]
 
-_NAME = itemgetter(0)
+_NAME: Final = itemgetter(0)
+_VALUE: Final = itemgetter(1)
+_NEWLINE: Final = re.compile(r"[\r\n]")  # werkzeug's test of a header value, in one search
+_SET_DATA: Final = WerkzeugResponse.set_data
+_new_headers = Headers.__new__
 
 
-def render_view(view: Callable[..., Any], args: Any, kwargs: Any) -> FlaskResponse:
+def render_view(app: Flask, view: Callable[..., Any], args: Any, kwargs: Any) -> FlaskResponse:
     """The view's answer as ``make_response`` builds it; ``abort(402)`` is an answer too."""
     try:
-        return current_app.make_response(view(*args, **kwargs))
+        return app.make_response(view(*args, **kwargs))
     except HTTPException as exc:  # render it as Flask would
-        rendered = current_app.handle_user_exception(exc)
+        rendered = app.handle_user_exception(exc)
         if isinstance(rendered, HTTPException):  # no error handler: werkzeug's own page
             rendered = rendered.get_response()
-        return current_app.make_response(rendered)
+        return app.make_response(rendered)
 
 
-def respond(answer: Response) -> ResponseReturnValue:
-    headers = answer.headers
+def body_of(response: FlaskResponse) -> bytes | None:
+    """The whole body, as ``get_data()`` joins it; None for a streamed response.
+
+    A list of bytes (what ``make_response`` and ``set_data`` leave) is joined here: werkzeug's
+    ``is_streamed`` and ``get_data`` would take six Python calls to do the same.
+    """
+    data = response.response
+    if type(data) is list:
+        try:
+            return b"".join(data)
+        except TypeError:  # str chunks: werkzeug encodes them
+            pass
+    if response.is_streamed:
+        return None
+    return response.get_data()
+
+
+def respond(app: Flask, answer: Response) -> FlaskResponse:
+    """One of idemkey's answers as ``app.response_class``, with exactly its headers.
+
+    The same response as ``response_class(answer.body, status, answer.headers)`` with the
+    default ``Content-Type`` and a ``Content-Length`` the answer has not got deleted again
+    (as this function did until it was made cheaper); a header value with a line break
+    raises werkzeug's ``ValueError`` as that did.
+    """
+    headers = list(answer.headers)
+    if _NEWLINE.search("".join(map(_VALUE, headers))) is not None:
+        raise ValueError("Header values must not contain newline characters.")
+    names = list(map(str.lower, map(_NAME, headers)))  # in C calls only, no frame
+    body = answer.body
+    response_class = app.response_class
+    stores_as_werkzeug = response_class.set_data is _SET_DATA
+    lengths = names.count("content-length")
+    if stores_as_werkzeug and lengths == 1 and response_class.automatically_set_content_length:
+        # What set_data does to a single Content-Length: this body's length, under werkzeug's
+        # spelling of the name, where the header stood.
+        headers[names.index("content-length")] = ("Content-Length", str(len(body)))
+    # The checked list as werkzeug's own Headers (what Headers(headers) would hold, without
+    # two Python calls per header); the constructor keeps a Headers object as it is.
+    checked = _new_headers(Headers)
+    checked._list = headers
     # "201 Charged OK", the phrase as first sent, given to the constructor: setting it after
     # would parse the status twice.
     status = f"{answer.status} {answer.reason}" if answer.reason else answer.status
-    response = current_app.response_class(answer.body, status, headers)
-    # The names, lower-cased, in C calls only (a set comprehension is a Python frame).
-    names = set(map(str.lower, map(_NAME, headers)))
+    if stores_as_werkzeug:  # set_data(body), without its calls: the length is set above
+        response = response_class(None, status, checked)
+        response.response = [body]
+        if lengths > 1 and response.automatically_set_content_length:
+            response.headers["Content-Length"] = str(len(body))  # one left, as set_data does
+    else:  # the class stores a body its own way: let it
+        response = response_class(body, status, checked)
+        if not lengths:
+            del response.headers["Content-Length"]
+    if not lengths:  # no length the first answer did not have
+        response.automatically_set_content_length = False
     if "content-type" not in names:
         del response.headers["Content-Type"]  # exactly the stored headers: no default added
-    if "content-length" not in names:  # nor a length the first answer did not have
-        del response.headers["Content-Length"]
-        response.automatically_set_content_length = False
     return response

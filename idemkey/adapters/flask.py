@@ -47,9 +47,9 @@ from flask import current_app, g, request
 
 from ..errors import ConfigurationError
 from ..http import Response, begin
-from ._environ import BodyCapture, read_werkzeug_body, request_of
-from ._flask_config import AppState, app_state, view_overrides
-from ._flask_response import render_view, respond
+from ._environ import BODY_KEY, read_body, read_werkzeug_body, request_of
+from ._flask_config import AppState, BodyCapture, app_state, view_overrides
+from ._flask_response import body_of, render_view, respond
 
 if TYPE_CHECKING:
     from flask import Flask
@@ -88,9 +88,8 @@ class Idemkey:
         chosen = store if store is not None else self.store
         app.extensions["idemkey"] = state = app_state(app.config, chosen, self.policy)
         # Capture a keyed body before Flask runs a hook that may consume it (request.form).
-        limit_for = functools.partial(state.capture_limit, self._overrides)
         state.capture_rule(self._overrides)  # every view's policy derived now: a bad one fails here
-        app.wsgi_app = BodyCapture(app.wsgi_app, limit_for)  # type: ignore[method-assign]
+        app.wsgi_app = BodyCapture(app.wsgi_app, state, self._overrides)  # type: ignore[method-assign]
 
     @overload
     def idempotent(self, view: F, /) -> F: ...
@@ -109,11 +108,12 @@ class Idemkey:
         def decorate(view: F) -> F:
             @functools.wraps(view)
             def guarded(*args: Any, **kwargs: Any) -> ResponseReturnValue:
-                state: AppState | None = current_app.extensions.get("idemkey")
+                app = current_app._get_current_object()  # type: ignore[attr-defined]
+                state: AppState | None = app.extensions.get("idemkey")
                 if state is None:
                     raise ConfigurationError("Idemkey.init_app(app) was not called for this app")
                 policy = state.policy_for(id(guarded), overrides) if overrides else state.policy
-                return _guard(state.driver, policy, view, args, kwargs)
+                return _guard(app, state.driver, policy, view, args, kwargs)
 
             return guarded  # type: ignore[return-value]
 
@@ -121,44 +121,48 @@ class Idemkey:
 
 
 def _guard(
-    driver: Driver, policy: Policy, view: Callable[..., Any], args: Any, kwargs: Any
+    app: Flask, driver: Driver, policy: Policy, view: Callable[..., Any], args: Any, kwargs: Any
 ) -> ResponseReturnValue:
     req = request._get_current_object()  # type: ignore[attr-defined]  # one proxy lookup
     if req.method not in policy.methods:
         return _unclaimed(view, args, kwargs)
+    environ = req.environ
     rule = req.url_rule
-    exchange = begin(policy, request_of(req.environ, rule.rule if rule is not None else ""))
+    exchange = begin(policy, request_of(environ, rule.rule if rule is not None else ""))
     if exchange is None:
         return _unclaimed(view, args, kwargs)
     if isinstance(exchange, Response):
-        return respond(exchange)
-    body = read_werkzeug_body(req, exchange)  # what the client sent, whatever a hook read
+        return respond(app, exchange)
+    # Captured by the layer init_app put around wsgi_app: read_body takes it as it is;
+    # without it, read_werkzeug_body first checks that nothing consumed the stream.
+    body = (
+        read_body(environ, exchange) if BODY_KEY in environ else read_werkzeug_body(req, exchange)
+    )
     if isinstance(body, Response):
-        return respond(body)
+        return respond(app, body)
     answer = driver.claim(exchange)
     if answer is not None:
-        return respond(answer)
+        return respond(app, answer)
     if exchange.unprotected:
         return _unclaimed(view, args, kwargs)
-    g.idemkey = exchange
+    g._get_current_object().idemkey = exchange  # one proxy lookup
     try:
         try:
-            response = render_view(view, args, kwargs)
+            response = render_view(app, view, args, kwargs)
         except Exception as exc:
             # An exception the app has an answer for (an errorhandler, an HTTPException) gets
             # it here rather than after the view: that answer is what the client receives, so
             # it is the outcome, stored by the same status rules as a returned response (as
             # Starlette's and Django's handlers do before a middleware sees them). Without one,
             # Flask re-raises it: the key is released.
-            response = current_app.make_response(current_app.handle_user_exception(exc))
+            response = app.make_response(app.handle_user_exception(exc))
     except BaseException:
         driver.fail(exchange, "the handler raised")
         raise
-    kept: bytes | None = None
-    if not response.is_streamed:
-        data = response.get_data()
-        kept = data if len(data) <= policy.max_response_bytes else None
-    headers = response.headers.to_wsgi_list()
+    data = body_of(response)
+    kept = data if data is not None and len(data) <= policy.max_response_bytes else None
+    # The (name, value) pairs, as to_wsgi_list() copies them, with one Python call less.
+    headers = list(iter(response.headers))
     exchange.started(response.status_code, headers, response.status[4:])
     driver.finish(exchange, kept)
     sent = exchange.first_headers(headers)
@@ -170,5 +174,5 @@ def _guard(
 
 def _unclaimed(view: Callable[..., Any], args: Any, kwargs: Any) -> ResponseReturnValue:
     """Run a guarded view without a claim: ``g.idemkey`` is None, never missing."""
-    g.idemkey = None
+    g._get_current_object().idemkey = None
     return view(*args, **kwargs)  # type: ignore[no-any-return]
