@@ -9,7 +9,7 @@ refused (400 ``incomplete_body``), one the server could not read (a malformed or
 chunked upload) too (400 ``invalid_body``): never run on, never a 500.
 
 The Flask extension captures the body in a WSGI layer around ``app.wsgi_app``
-(:class:`BodyCapture`), before Flask runs any ``before_request`` hook: a hook that parses
+(``_flask_config.BodyCapture``), before Flask runs any ``before_request`` hook: a hook that parses
 ``request.form`` (CSRF protection does) consumes the stream, and a fingerprint taken after it
 would cover ``b""``, so two different operations would share one. The bytes wait in
 ``environ["idemkey.body"]`` for :func:`read_body`.
@@ -18,7 +18,7 @@ would cover ``b""``, so two different operations would share one. The bytes wait
 from __future__ import annotations
 
 import io
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar, Final
 
@@ -28,14 +28,13 @@ if TYPE_CHECKING:
     from collections.abc import Iterable
 
     from _typeshed import WriteableBuffer
-    from _typeshed.wsgi import StartResponse, WSGIApplication, WSGIEnvironment
+    from _typeshed.wsgi import WSGIEnvironment
     from werkzeug import Request as WerkzeugRequest
 
     from ..http import Exchange, Response
 
 __all__ = [
     "BODY_KEY",
-    "BodyCapture",
     "BodyError",
     "EnvironHeaders",
     "capture",
@@ -165,8 +164,8 @@ def capture(environ: WSGIEnvironment, limit: int, length: int | None = -1) -> by
 
 
 def read_body(environ: WSGIEnvironment, exchange: Exchange) -> bytes | Response:
-    """The body the client sent (captured earlier by :class:`BodyCapture`, or now), or the
-    problem to answer instead."""
+    """The body the client sent (captured earlier by the Flask extension's ``BodyCapture``, or
+    now), or the problem to answer instead."""
     rejected = exchange.announced()
     if rejected is not None:
         return rejected
@@ -186,7 +185,7 @@ def read_body(environ: WSGIEnvironment, exchange: Exchange) -> bytes | Response:
 def read_werkzeug_body(request: WerkzeugRequest, exchange: Exchange) -> bytes | Response:
     """:func:`read_body` for a werkzeug (Flask) request.
 
-    Without the :class:`BodyCapture` layer (``app.wsgi_app`` replaced after ``init_app``), a
+    Without the ``BodyCapture`` layer (``app.wsgi_app`` replaced after ``init_app``), a
     stream something already consumed (``get_data``, ``form``, ``stream``) cannot be
     fingerprinted: what is left would make different operations one, so it is refused.
     """
@@ -199,26 +198,6 @@ def read_werkzeug_body(request: WerkzeugRequest, exchange: Exchange) -> bytes | 
             "puts around app.wsgi_app",
         )
     return read_body(request.environ, exchange)
-
-
-class BodyCapture:
-    """A WSGI layer that captures a keyed request's body before the framework sees it.
-
-    ``limit_for(environ)`` says whether the request is keyed (None: pass it through untouched)
-    and with which byte limit.
-    """
-
-    def __init__(
-        self, app: WSGIApplication, limit_for: Callable[[WSGIEnvironment], int | None]
-    ) -> None:
-        self.app = app
-        self.limit_for = limit_for
-
-    def __call__(self, environ: WSGIEnvironment, start_response: StartResponse) -> Iterable[bytes]:
-        limit = self.limit_for(environ)
-        if limit is not None:
-            environ[BODY_KEY] = capture(environ, limit)
-        return self.app(environ, start_response)
 
 
 class _Rejoined(io.RawIOBase):
