@@ -357,7 +357,8 @@ class Exchange(Reporter):
             self.notify("lease_lost", fence, why)
             self.uncertain("lease_lost", fence, why)
         elif isinstance(plan, Complete):
-            self.notify("completed", fence, seconds=seconds)
+            if self.hook is not None or enabled_memo.get(DEBUG) is not False:  # events.quiet
+                self.notify("completed", fence, seconds=seconds)
         else:
             assert plan is not None
             self.notify("released", fence, plan.reason, seconds)

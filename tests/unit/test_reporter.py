@@ -73,9 +73,9 @@ def test_the_exchange_and_the_guard_are_reporters_of_their_own_names() -> None:
     ]
 
 
-def test_debug_logging_alone_hears_the_claim_and_the_replay(caplog: Any) -> None:
+def test_debug_logging_alone_hears_the_claim_the_completion_and_the_replay(caplog: Any) -> None:
     # No hook: the exchange's inlined "is anybody listening" check must still send the two
-    # events of the hot path (claimed, replayed) to the idemkey logger at DEBUG.
+    # events of the hot path (claimed, completed, replayed) to the idemkey logger at DEBUG.
     from werkzeug.test import Client
 
     from idemkey.adapters.wsgi import IdempotencyMiddleware
@@ -92,5 +92,5 @@ def test_debug_logging_alone_hears_the_claim_and_the_replay(caplog: Any) -> None
             )
             assert answer.status_code == 201
     heard = [r.idemkey_event for r in caplog.records if hasattr(r, "idemkey_event")]
-    assert heard[:1] == ["claimed"], heard
+    assert heard[:2] == ["claimed", "completed"], heard
     assert "replayed" in heard, heard
