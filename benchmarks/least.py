@@ -1,0 +1,168 @@
+"""Where a WSGI replay's time goes: idemkey's replay against the least a correct one must do.
+
+``python -m benchmarks.least`` (a private ``redis-server``, or ``--redis-url``) times, in one
+interleaved run with the same cache disturbance before every call (1 MiB touched, some
+unrelated Python), so every row is equally cold:
+
+* ``floor``: the bare floor, one ``execute_command("EVALSHA", claim, ...)``;
+* ``plain``: the WSGI app alone (it reads the body and answers);
+* ``idemkey``: the same app behind :class:`~idemkey.adapters.wsgi.IdempotencyMiddleware`,
+  replaying one record;
+* ``least``: a hand-written WSGI replay of the same record that does only what no correct
+  replay can skip: read the key and the body, name the record (``record_for``: BLAKE2b),
+  fingerprint the request (``fingerprint``: xxh3), send the claim on the store's own lean
+  path, decode the stored response (msgspec) and send it marked ``Idempotent-Replayed``. No
+  key validation, no scope, no state machine, no events, no origin, no CORS: not a product,
+  a measure.
+
+Each is printed as "added over the app alone x floor", the suite's HTTP column. What
+``idemkey`` costs over ``least`` is idemkey's own structure (the checks and the layers a
+replay passes through), not Redis, the network or the work a replay needs: benchmarks/
+RESULTS.md quotes it for issue 39.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import random
+import statistics
+import sys
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import msgspec
+import redis
+
+from idemkey import Policy, RedisStore
+from idemkey._codec import StoredResponse
+from idemkey._core import fingerprint, new_owner, record_for
+from idemkey.adapters.wsgi import IdempotencyMiddleware
+from idemkey.http._scope import NO_CREDENTIALS
+
+from .servers import redis_url
+
+__all__ = ["main"]
+
+PAYLOAD = b'{"invoice":"inv_42","amount":1999,"currency":"eur","customer":"cus_9"}'
+BODY = b'{"id":"ch_3Mtw","status":"succeeded","amount":1999}'
+_HEADERS = [("Content-Type", "application/json"), ("Content-Length", str(len(BODY)))]
+_PREFIX = "least"
+_DECODER = msgspec.msgpack.Decoder(StoredResponse)
+_REPLAY = 2  # claim.lua's tag of a replay
+
+
+def _environ(key: str) -> dict[str, Any]:
+    return {
+        "REQUEST_METHOD": "POST", "SCRIPT_NAME": "", "PATH_INFO": "/orders",
+        "QUERY_STRING": "", "SERVER_NAME": "bench", "SERVER_PORT": "80",
+        "SERVER_PROTOCOL": "HTTP/1.1", "CONTENT_TYPE": "application/json",
+        "CONTENT_LENGTH": str(len(PAYLOAD)), "HTTP_IDEMPOTENCY_KEY": key,
+        "wsgi.version": (1, 0), "wsgi.url_scheme": "http", "wsgi.input": io.BytesIO(PAYLOAD),
+        "wsgi.errors": sys.stderr, "wsgi.multithread": False, "wsgi.multiprocess": False,
+        "wsgi.run_once": False,
+    }  # fmt: skip
+
+
+def _start_response(status: str, headers: list[tuple[str, str]], exc_info: Any = None) -> Any:
+    return None
+
+
+def _call(app: Callable[..., Any]) -> None:
+    for _ in app(_environ("seed"), _start_response):
+        pass
+
+
+def plain(environ: dict[str, Any], start_response: Any) -> list[bytes]:
+    environ["wsgi.input"].read(int(environ.get("CONTENT_LENGTH") or 0))
+    start_response("201 Created", _HEADERS)
+    return [BODY]
+
+
+def least_for(store: RedisStore) -> Callable[..., list[bytes]]:
+    """The least replay, on ``store``'s own script call (the lean path on redis-py)."""
+    sha, evalsha = store._scripts["claim"].sha, store._evalsha
+    lease_ms, ttl_ms = store.policy.lease_ms, store.policy.ttl_ms
+
+    def least(environ: dict[str, Any], start_response: Any) -> list[bytes]:
+        key = environ["HTTP_IDEMPOTENCY_KEY"]
+        body = environ["wsgi.input"].read(int(environ["CONTENT_LENGTH"]))
+        record = record_for(_PREFIX, NO_CREDENTIALS, "POST", "/orders", key)
+        sent = fingerprint("POST", "/orders", "", environ["CONTENT_TYPE"], body)
+        reply = evalsha(sha, (record.record_key, sent, new_owner(), lease_ms, ttl_ms, 0, 0, "0"))
+        if reply[0] != _REPLAY:
+            raise SystemExit(f"least: the claim did not replay: {reply!r:.100}")
+        stored = _DECODER.decode(memoryview(reply[1])[1:])
+        start_response(
+            f"{stored.status} Created", [*stored.headers, ("Idempotent-Replayed", "true")]
+        )
+        return [stored.body]
+
+    return least
+
+
+_JUNK = bytearray(1 << 20)
+
+
+def _disturb() -> None:
+    junk = _JUNK
+    for i in range(0, len(junk), 64):
+        junk[i] = (junk[i] + 1) & 255
+    sorted(str(i) for i in range(500))
+
+
+def measure(url: str, rounds: int, seed: int) -> dict[str, float]:
+    """p50 us of each row, ``rounds`` interleaved rounds after 100 untimed ones."""
+    client = redis.Redis.from_url(url)
+    store = RedisStore(client, Policy(prefix=_PREFIX, ttl=900.0, lease=30.0))
+    guarded = IdempotencyMiddleware(plain, store)
+    _call(guarded)  # the record the rows replay
+    sha = store._scripts["claim"].sha
+    rows: dict[str, Callable[[], object]] = {
+        "floor": lambda: client.execute_command(
+            "EVALSHA", sha, 1, f"{_PREFIX}:floor", "fp", "owner", 30000, 900000
+        ),
+        "plain": lambda: _call(plain),
+        "idemkey": lambda: _call(guarded),
+    }
+    least = least_for(store)
+    rows["least"] = lambda: _call(least)
+    samples: dict[str, list[int]] = {name: [] for name in rows}
+    order = list(rows)
+    rng = random.Random(seed)
+    clock = time.perf_counter_ns
+    for r in range(100 + rounds):
+        rng.shuffle(order)
+        for name in order:
+            _disturb()
+            t0 = clock()
+            rows[name]()
+            elapsed = clock() - t0
+            if r >= 100:
+                samples[name].append(elapsed)
+    store.close()
+    return {name: statistics.median(values) / 1000 for name, values in samples.items()}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(
+        prog="python -m benchmarks.least", description=__doc__.split("\n")[0]
+    )
+    p.add_argument("--redis-url", help="use this Redis (default: start a private redis-server)")
+    p.add_argument("--rounds", type=int, default=2000)
+    p.add_argument("--runs", type=int, default=3)
+    args = p.parse_args(argv)
+    with redis_url(args.redis_url) as url:
+        print("| run | floor us | app alone us | idemkey: added x floor | least: added x floor |")
+        print("|---:|---:|---:|---:|---:|")
+        for run in range(1, args.runs + 1):
+            p50 = measure(url, args.rounds, run)
+            floor, alone = p50["floor"], p50["plain"]
+            print(f"| {run} | {floor:.1f} | {alone:.1f} | {(p50['idemkey'] - alone) / floor:.2f} "
+                  f"| {(p50['least'] - alone) / floor:.2f} |")  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
