@@ -43,24 +43,30 @@ ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 async def respond(send: Send, response: Response) -> None:
     """Send one of idemkey's own answers (a problem, a replay)."""
-    headers = [(n.encode("latin-1"), v.encode("latin-1")) for n, v in response.headers]
+    # A loop, not a list comprehension: no frame of its own (before Python 3.12) to call.
+    headers = []
+    for name, value in response.headers:
+        headers.append((name.encode("latin-1"), value.encode("latin-1")))
     await send({"type": "http.response.start", "status": response.status, "headers": headers})
     await send({"type": "http.response.body", "body": response.body, "more_body": False})
 
 
-async def read_body(receive: Receive, limit: int) -> bytes | None:
-    """The request body, stopping once it is over ``limit``; None if the client went away."""
+async def read_body(receive: Receive, limit: int, message: Message) -> bytes | None:
+    """The request body, stopping once it is over ``limit``; None if the client went away.
+
+    ``message`` is the first message, already received (the caller takes a body that comes
+    whole in it without this call)."""
     chunks: list[bytes] = []
     size = 0
-    while size <= limit:
-        message = await receive()
+    while True:
         if message["type"] == "http.disconnect":
             return None
         chunk = message.get("body", b"")
         chunks.append(chunk)
         size += len(chunk)
-        if not message.get("more_body", False):
+        if not message.get("more_body", False) or size > limit:
             break
+        message = await receive()
     return b"".join(chunks)
 
 
