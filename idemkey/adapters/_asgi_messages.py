@@ -102,19 +102,18 @@ def head_of(message: Message) -> tuple[Message, int, list[tuple[str, str]] | Non
     status = message.get("status")
     if type(status) is not int:
         return message, 0, None
-    # The usual case, all bytes, decoded in place (two calls less per header); anything else
-    # goes through _text, which gives the same text for bytes (tests/adapters keep them equal).
+    # The usual case, all bytes, decoded in place (two calls less per header) by a loop (no
+    # list comprehension frame before Python 3.12); anything else goes through _text, which
+    # gives the same text for bytes (tests/adapters keep them equal).
     try:
-        fast = [
-            (name.decode("latin-1"), value.decode("latin-1"))
-            for name, value in raw
-            if type(name) is bytes is type(value)
-        ]
-        if len(fast) == len(raw):
-            return message, status, fast
-        return message, status, [(_text(name), _text(value)) for name, value in raw]
+        text = []
+        for name, value in raw:
+            if type(name) is not bytes or type(value) is not bytes:
+                return message, status, [(_text(name), _text(value)) for name, value in raw]
+            text.append((name.decode("latin-1"), value.decode("latin-1")))
     except (TypeError, ValueError):  # not a pair, or not a header a server would send
         return message, status, None
+    return message, status, text
 
 
 def _text(value: object) -> str:
@@ -154,13 +153,19 @@ class TeeSend:
             await self.real(message)
             # Sent: from here on the client may hold the answer, so the key is never released.
             exchange.started(status, headers)
-            self.copy.start(headers or ())
-            for name, value in headers or ():  # the declared length, without a helper's call
+            # The Content-Length field, looked for once (BodyCopy.start looks for the same).
+            declared: tuple[tuple[str, str], ...] = ()
+            for field in headers or ():
+                name = field[0]
                 if len(name) == 14 and name.lower() == "content-length":
-                    digits = value.strip(" \t")  # as parse_content_length reads it
+                    declared = (field,)
+                    digits = field[1].strip(" \t")  # as parse_content_length reads it
                     if digits.isascii() and digits.isdigit():
                         self.remaining = int(digits)
                     break
+            # Whether the response declared its length is all BodyCopy.start reads of the
+            # headers: given that field alone (or none), it does not look through them again.
+            self.copy.start(declared)
             return
         if self.finished or exchange.state is not State.SENDING:
             await self.real(message)  # not ours to keep: the server judges it
