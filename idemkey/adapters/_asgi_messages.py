@@ -43,24 +43,30 @@ ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 async def respond(send: Send, response: Response) -> None:
     """Send one of idemkey's own answers (a problem, a replay)."""
-    headers = [(n.encode("latin-1"), v.encode("latin-1")) for n, v in response.headers]
+    # A loop, not a list comprehension: no frame of its own (before Python 3.12) to call.
+    headers = []
+    for name, value in response.headers:
+        headers.append((name.encode("latin-1"), value.encode("latin-1")))
     await send({"type": "http.response.start", "status": response.status, "headers": headers})
     await send({"type": "http.response.body", "body": response.body, "more_body": False})
 
 
-async def read_body(receive: Receive, limit: int) -> bytes | None:
-    """The request body, stopping once it is over ``limit``; None if the client went away."""
+async def read_body(receive: Receive, limit: int, message: Message) -> bytes | None:
+    """The request body, stopping once it is over ``limit``; None if the client went away.
+
+    ``message`` is the first message, already received (the caller takes a body that comes
+    whole in it without this call)."""
     chunks: list[bytes] = []
     size = 0
-    while size <= limit:
-        message = await receive()
+    while True:
         if message["type"] == "http.disconnect":
             return None
         chunk = message.get("body", b"")
         chunks.append(chunk)
         size += len(chunk)
-        if not message.get("more_body", False):
+        if not message.get("more_body", False) or size > limit:
             break
+        message = await receive()
     return b"".join(chunks)
 
 
@@ -96,19 +102,18 @@ def head_of(message: Message) -> tuple[Message, int, list[tuple[str, str]] | Non
     status = message.get("status")
     if type(status) is not int:
         return message, 0, None
-    # The usual case, all bytes, decoded in place (two calls less per header); anything else
-    # goes through _text, which gives the same text for bytes (tests/adapters keep them equal).
+    # The usual case, all bytes, decoded in place (two calls less per header) by a loop (no
+    # list comprehension frame before Python 3.12); anything else goes through _text, which
+    # gives the same text for bytes (tests/adapters keep them equal).
     try:
-        fast = [
-            (name.decode("latin-1"), value.decode("latin-1"))
-            for name, value in raw
-            if type(name) is bytes is type(value)
-        ]
-        if len(fast) == len(raw):
-            return message, status, fast
-        return message, status, [(_text(name), _text(value)) for name, value in raw]
+        text = []
+        for name, value in raw:
+            if type(name) is not bytes or type(value) is not bytes:
+                return message, status, [(_text(name), _text(value)) for name, value in raw]
+            text.append((name.decode("latin-1"), value.decode("latin-1")))
     except (TypeError, ValueError):  # not a pair, or not a header a server would send
         return message, status, None
+    return message, status, text
 
 
 def _text(value: object) -> str:
@@ -148,13 +153,19 @@ class TeeSend:
             await self.real(message)
             # Sent: from here on the client may hold the answer, so the key is never released.
             exchange.started(status, headers)
-            self.copy.start(headers or ())
-            for name, value in headers or ():  # the declared length, without a helper's call
+            # The Content-Length field, looked for once (BodyCopy.start looks for the same).
+            declared: tuple[tuple[str, str], ...] = ()
+            for field in headers or ():
+                name = field[0]
                 if len(name) == 14 and name.lower() == "content-length":
-                    digits = value.strip(" \t")  # as parse_content_length reads it
+                    declared = (field,)
+                    digits = field[1].strip(" \t")  # as parse_content_length reads it
                     if digits.isascii() and digits.isdigit():
                         self.remaining = int(digits)
                     break
+            # Whether the response declared its length is all BodyCopy.start reads of the
+            # headers: given that field alone (or none), it does not look through them again.
+            self.copy.start(declared)
             return
         if self.finished or exchange.state is not State.SENDING:
             await self.real(message)  # not ours to keep: the server judges it
