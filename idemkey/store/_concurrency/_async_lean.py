@@ -98,25 +98,9 @@ class Batched(Lean):
         if state.loop is not loop:
             state = self._state = _LoopState(loop)
         if not state.in_flight:
-            # Lean.evalsha, written out here: awaited, it would be one more coroutine to
-            # create and to pass through each time the call resumes.
             state.in_flight += 1
             try:
-                command = self._pack(sha, keys_and_args)
-                pool = self._pool
-                conn = await pool.get_connection()
-
-                async def send() -> Any:
-                    await conn.send_packed_command(command)
-                    return await conn.read_response()
-
-                async def failed(error: BaseException, failure_count: int) -> None:
-                    await conn.disconnect(error=error, failure_count=failure_count)
-
-                try:
-                    return await conn.retry.call_with_retry(send, failed, with_failure_count=True)
-                finally:
-                    await pool.release(conn)
+                return await Lean.evalsha(self, sha, keys_and_args)
             finally:
                 state.in_flight -= 1
         waiter: asyncio.Future[Any] = loop.create_future()
