@@ -24,10 +24,8 @@ RESULTS.md quotes it for issue 39.
 from __future__ import annotations
 
 import argparse
-import io
 import random
 import statistics
-import sys
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -41,28 +39,15 @@ from idemkey._core import fingerprint, new_owner, record_for
 from idemkey.adapters.wsgi import IdempotencyMiddleware
 from idemkey.http._scope import NO_CREDENTIALS
 
+from .http_apps import plain_wsgi as plain
+from .httpcases import wsgi_environ
 from .servers import redis_url
 
 __all__ = ["main"]
 
-PAYLOAD = b'{"invoice":"inv_42","amount":1999,"currency":"eur","customer":"cus_9"}'
-BODY = b'{"id":"ch_3Mtw","status":"succeeded","amount":1999}'
-_HEADERS = [("Content-Type", "application/json"), ("Content-Length", str(len(BODY)))]
 _PREFIX = "least"
 _DECODER = msgspec.msgpack.Decoder(StoredResponse)
 _REPLAY = 2  # claim.lua's tag of a replay
-
-
-def _environ(key: str) -> dict[str, Any]:
-    return {
-        "REQUEST_METHOD": "POST", "SCRIPT_NAME": "", "PATH_INFO": "/orders",
-        "QUERY_STRING": "", "SERVER_NAME": "bench", "SERVER_PORT": "80",
-        "SERVER_PROTOCOL": "HTTP/1.1", "CONTENT_TYPE": "application/json",
-        "CONTENT_LENGTH": str(len(PAYLOAD)), "HTTP_IDEMPOTENCY_KEY": key,
-        "wsgi.version": (1, 0), "wsgi.url_scheme": "http", "wsgi.input": io.BytesIO(PAYLOAD),
-        "wsgi.errors": sys.stderr, "wsgi.multithread": False, "wsgi.multiprocess": False,
-        "wsgi.run_once": False,
-    }  # fmt: skip
 
 
 def _start_response(status: str, headers: list[tuple[str, str]], exc_info: Any = None) -> Any:
@@ -70,14 +55,8 @@ def _start_response(status: str, headers: list[tuple[str, str]], exc_info: Any =
 
 
 def _call(app: Callable[..., Any]) -> None:
-    for _ in app(_environ("seed"), _start_response):
+    for _ in app(wsgi_environ("/orders", "seed"), _start_response):
         pass
-
-
-def plain(environ: dict[str, Any], start_response: Any) -> list[bytes]:
-    environ["wsgi.input"].read(int(environ.get("CONTENT_LENGTH") or 0))
-    start_response("201 Created", _HEADERS)
-    return [BODY]
 
 
 def least_for(store: RedisStore) -> Callable[..., list[bytes]]:
