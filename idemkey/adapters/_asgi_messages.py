@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import TYPE_CHECKING, Any
 
-from ..http import BodyCopy, Response
+from ..http import BodyCopy, Response, parse_content_length
 from ..http._transitions import State
 
 if TYPE_CHECKING:
@@ -153,19 +153,9 @@ class TeeSend:
             await self.real(message)
             # Sent: from here on the client may hold the answer, so the key is never released.
             exchange.started(status, headers)
-            # The Content-Length field, looked for once (BodyCopy.start looks for the same).
-            declared: tuple[tuple[str, str], ...] = ()
-            for field in headers or ():
-                name = field[0]
-                if len(name) == 14 and name.lower() == "content-length":
-                    declared = (field,)
-                    digits = field[1].strip(" \t")  # as parse_content_length reads it
-                    if digits.isascii() and digits.isdigit():
-                        self.remaining = int(digits)
-                    break
-            # Whether the response declared its length is all BodyCopy.start reads of the
-            # headers: given that field alone (or none), it does not look through them again.
-            self.copy.start(declared)
+            declared = self.copy.start(headers or ())  # the Content-Length value, if any
+            if declared is not None:
+                self.remaining = parse_content_length(declared)
             return
         if self.finished or exchange.state is not State.SENDING:
             await self.real(message)  # not ours to keep: the server judges it

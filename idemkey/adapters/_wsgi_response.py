@@ -94,12 +94,8 @@ class TeeIterable:
             status, headers if sent is None else sent, *exc_info
         )
         self.status, self.headers, self.reason = int(status[:3]), headers, status[4:]
-        self.copy.start(headers)
-        remaining = None
-        for name, value in headers:  # the declared length, without a helper's call
-            if len(name) == 14 and name.lower() == "content-length":
-                remaining = parse_content_length(value)
-                break
+        declared = self.copy.start(headers)  # the Content-Length value, if any
+        remaining = parse_content_length(declared) if declared is not None else None
         self.remaining = remaining
         self.ends_with_head = remaining == 0 or self.status in (204, 304)
         return self.write  # a bound method: no closure built per request

@@ -27,14 +27,16 @@ class BodyCopy:
         self._size = 0
         self._sized = False
 
-    def start(self, headers: Iterable[tuple[str, str]]) -> None:
-        """The response's headers: whether it declared its length."""
+    def start(self, headers: Iterable[tuple[str, str]]) -> str | None:
+        """The response's headers: whether it declared its length. Returns the (first)
+        Content-Length value as sent, None without one, so an adapter need not look again."""
         # A loop, not any(generator): no generator resumed per header.
-        for name, _ in headers:
+        for name, value in headers:
             if len(name) == 14 and name.lower() == "content-length":
                 self._sized = True
-                return
+                return value
         self._sized = False
+        return None
 
     def add(self, chunk: bytes) -> None:
         self._size += len(chunk)  # counted even once dropped: a drain stops on too_large
