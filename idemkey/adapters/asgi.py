@@ -46,8 +46,6 @@ from ._async_driver import AsyncDriver
 
 __all__ = ["ASGIApp", "IdempotencyMiddleware", "Message", "Receive", "Scope", "Send"]
 
-_new_object = object.__new__
-
 
 class IdempotencyMiddleware:
     """Run each keyed request once; answer retries with the stored response.
@@ -87,18 +85,7 @@ class IdempotencyMiddleware:
                 await self.app(scope, receive, send)
                 return
             policy, route = selected.policy, selected.route
-        # Headers(decoded pairs) as Headers.__init__ builds it (names lower-cased, in order,
-        # a repeated name's values in one list), in this frame: no list comprehension and no
-        # __init__ to call, two C calls less per header (Headers' own loop is setdefault, append).
-        fields: dict[str, list[str]] = {}
-        for raw_name, raw_value in scope["headers"]:
-            name = raw_name.decode("latin-1").lower()
-            if name in fields:
-                fields[name].append(raw_value.decode("latin-1"))
-            else:
-                fields[name] = [raw_value.decode("latin-1")]
-        headers = _new_object(Headers)
-        headers._values = fields
+        headers = Headers.from_latin1(scope["headers"])
         query = scope.get("query_string", b"").decode("latin-1")
         exchange = begin(policy, Request(scope["method"], scope["path"], query, headers, route))
         if exchange is None:

@@ -22,6 +22,7 @@ __all__ = [
 ]
 
 T = TypeVar("T")
+_new_object = object.__new__
 
 
 class Headers(Mapping[str, str]):
@@ -34,6 +35,17 @@ class Headers(Mapping[str, str]):
         for name, value in items:
             values.setdefault(name.lower(), []).append(value)
         self._values = values
+
+    @classmethod
+    def from_latin1(cls, items: Iterable[tuple[bytes, bytes]]) -> Headers:
+        """Headers of raw ``(name, value)`` byte pairs (an ASGI scope's), decoded as latin-1:
+        what ``Headers(decoded pairs)`` holds, without building the decoded list first."""
+        values: dict[str, list[str]] = {}
+        for name, value in items:
+            values.setdefault(name.decode("latin-1").lower(), []).append(value.decode("latin-1"))
+        headers = _new_object(cls)
+        headers._values = values
+        return headers
 
     #: Whether :meth:`raw_names` are PEP 3333 environ keys (``HTTP_X_AUTH_TOKEN``) rather
     #: than lower-case field names.

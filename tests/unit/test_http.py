@@ -411,3 +411,13 @@ def test_the_body_copy_counts_size_after_it_is_dropped() -> None:
     for _ in range(4):
         stream.add(b"1234")  # dropped as a stream at the second block, still measured
     assert stream.too_large  # so a drain of an endless body stops
+
+
+def test_headers_from_latin1_hold_what_decoded_pairs_give() -> None:
+    raw = [(b"Content-Type", b"a/b"), (b"Cookie", b"c=1"), (b"cookie", b"\xe9=2"), (b"X-K", b"")]
+    built = Headers.from_latin1(raw)
+    assert isinstance(built, Headers)
+    decoded = Headers([(n.decode("latin-1"), v.decode("latin-1")) for n, v in raw])
+    assert dict(built.items()) == dict(decoded.items())
+    assert built.get_all("COOKIE") == ["c=1", "\xe9=2"] == decoded.get_all("cookie")
+    assert list(built.raw_names()) == list(decoded.raw_names()) == ["content-type", "cookie", "x-k"]
