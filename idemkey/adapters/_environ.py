@@ -166,13 +166,16 @@ def capture(environ: WSGIEnvironment, limit: int, length: int | None = -1) -> by
 def read_body(environ: WSGIEnvironment, exchange: Exchange) -> bytes | Response:
     """The body the client sent (captured earlier by the Flask extension's ``BodyCapture``, or
     now), or the problem to answer instead."""
-    rejected = exchange.announced()
-    if rejected is not None:
-        return rejected
     captured: bytes | BodyError | None = environ.pop(BODY_KEY, None)
     if captured is None:
-        # declared: the environ's CONTENT_LENGTH, parsed by begin() (request_of's headers)
+        # declared: the environ's CONTENT_LENGTH, parsed by begin() (request_of's headers).
+        # capture refuses a declared length over the limit before it reads, as announced()
+        # would (one call less on every keyed request).
         captured = capture(environ, exchange.policy.max_request_bytes, exchange.declared)
+    else:
+        rejected = exchange.announced()
+        if rejected is not None:
+            return rejected
     if isinstance(captured, BodyError):
         if captured.code == "request_too_large":
             return exchange.reject_too_large()
