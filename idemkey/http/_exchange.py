@@ -58,7 +58,8 @@ class Exchange(Reporter):
     method is a transition of :data:`~._transitions.TRANSITIONS`; one asked in the wrong state
     raises :class:`~idemkey.errors.ProtocolError` and changes nothing. ``state`` is where the
     request is, ``owner`` the claim's owner token (set by :meth:`claiming`), ``declared`` the
-    request's Content-Length, ``call`` the claimed call while the app runs (what
+    request's Content-Length, ``origin`` what the claim keeps of where its record comes from
+    (set by :meth:`claiming`), ``call`` the claimed call while the app runs (what
     ``idemkey.current_call()`` returns), ``unprotected`` whether the store failed and the
     policy said run anyway, ``plan`` what the record is settled with. As a
     :class:`~idemkey.events.Reporter`, it reports its events and uncertain outcomes (``keep``:
@@ -73,6 +74,7 @@ class Exchange(Reporter):
         "call",
         "claim",
         "declared",
+        "origin",
         "owner",
         "plan",
         "policy",
@@ -111,17 +113,11 @@ class Exchange(Reporter):
         self.keep = None  # the driver's store.keep_uncertain, once it claims
         # The limit, read once: the body is checked against it twice.
         self._limit = policy.max_request_bytes
-        self.owner = ""
+        self.owner = self.origin = ""
         self.plan: Complete | Release | None = None
         self.call: Call[Any] | None = None
         self._fingerprint = b""
         self._head: tuple[int, list[tuple[str, str]], str] | None = None
-
-    @property
-    def origin(self) -> str:
-        """Where the record comes from, kept in it for ``store.records()`` (record_origin)."""
-        key = self._key if self.policy.keep_keys else None
-        return record_origin(self.scope, self.method, self.route, key)
 
     # Each transition looks up its (state, transition) pair once: ``TRANSITIONS.get(...) or
     # self._refuse(transition)`` gives the next state or raises, and the state moves only once
@@ -182,34 +178,61 @@ class Exchange(Reporter):
     # READY, CLAIMING: the claim and what it means.
 
     def claiming(self) -> bytes:
-        """The claim goes out now: returns the request's fingerprint; sets :attr:`owner`."""
+        """The claim goes out now: returns the request's fingerprint; sets :attr:`owner` and
+        :attr:`origin` (where the record comes from, kept in it for ``store.records()``)."""
         self.state = TRANSITIONS.get((self.state, "claim")) or self._refuse("claim")
         self.owner = new_owner()
+        key = self._key if self.policy.keep_keys else None
+        self.origin = record_origin(self.scope, self.method, self.route, key)
         return self._fingerprint
 
     def decide(self, decision: ExpiringDecision, seconds: float | None = None) -> Response | None:
         """The claim's answer: None to run the app (RUNNING), or the Response to send.
 
-        ``seconds``: how long the claim took in Redis, for the events.
+        ``seconds``: how long the claim took in Redis, for the events. The state moves once
+        the answer is built. A replay and a claim are decided here, without another frame
+        (one of them is every keyed request's answer); the refusals in :meth:`_refusal`.
         """
-        transition = "claimed" if type(decision) is Claimed else "answer"
-        target = TRANSITIONS.get((self.state, transition)) or self._refuse(transition)
-        answer = self._answer(decision, seconds)
+        kind = type(decision)
+        if kind is Replay:
+            target = TRANSITIONS.get((self.state, "answer")) or self._refuse("answer")
+            assert isinstance(decision, Replay)
+            try:
+                response = decode_response(decision.response)
+            except RecordFormatError as exc:
+                self.notify("store_error", detail=str(exc))
+                self.state = target
+                return record_unreadable(self.policy, str(exc))
+            if self.hook is not None or enabled_memo.get(DEBUG) is not False:  # events.quiet
+                self.notify("replayed", seconds=seconds)
+            answer = replayed(self.policy, response)
+            self.state = target
+            return answer
+        if kind is not Claimed:
+            target = TRANSITIONS.get((self.state, "answer")) or self._refuse("answer")
+            answer = self._refusal(decision, seconds)
+            self.state = target
+            return answer
+        target = TRANSITIONS.get((self.state, "claimed")) or self._refuse("claimed")
+        assert isinstance(decision, Claimed)
+        self.claim = decision
+        if decision.takeover:
+            self.notify("takeover", decision.fence, seconds=seconds)
+            self.uncertain("takeover", decision.fence)
+        elif self.hook is not None or enabled_memo.get(DEBUG) is not False:
+            self.notify("claimed", decision.fence, seconds=seconds)
         self.state = target
-        if type(answer) is Claimed:
-            # The handler reaches its fence through idemkey.current_call() (a fenced SQL
-            # transaction, a downstream write); no longer current once the response settles.
-            self.call = Call(
-                replayed=False,
-                fence=answer.fence,
-                takeover=answer.takeover,
-                record=self.record,
-                ttl_ms=self.policy.ttl_ms,
-            )
-            run_as_current(self.call)
-            return None
-        assert not isinstance(answer, Claimed)
-        return answer
+        # The handler reaches its fence through idemkey.current_call() (a fenced SQL
+        # transaction, a downstream write); no longer current once the response settles.
+        self.call = Call(
+            replayed=False,
+            fence=decision.fence,
+            takeover=decision.takeover,
+            record=self.record,
+            ttl_ms=self.policy.ttl_ms,
+        )
+        run_as_current(self.call)
+        return None
 
     def store_failed(self, exc: StoreError) -> Response | None:
         """The claim failed in Redis: the 503 to send, or None to run the app unprotected."""
@@ -244,30 +267,9 @@ class Exchange(Reporter):
         self.notify("store_error", detail=str(exc))
         return store_unavailable(self.policy)
 
-    def _answer(
-        self, decision: ExpiringDecision, seconds: float | None = None
-    ) -> Response | Claimed:
-        """What the claim means: run the handler (``Claimed``) or answer with a Response."""
+    def _refusal(self, decision: ExpiringDecision, seconds: float | None) -> Response:
+        """What an expired, reused or in-flight key answers (409, 422, or the expired 409)."""
         kind = type(decision)
-        if kind is Claimed:
-            assert isinstance(decision, Claimed)
-            self.claim = decision
-            if decision.takeover:
-                self.notify("takeover", decision.fence, seconds=seconds)
-                self.uncertain("takeover", decision.fence)
-            elif self.hook is not None or enabled_memo.get(DEBUG) is not False:
-                self.notify("claimed", decision.fence, seconds=seconds)
-            return decision
-        if kind is Replay:
-            assert isinstance(decision, Replay)
-            try:
-                response = decode_response(decision.response)
-            except RecordFormatError as exc:
-                self.notify("store_error", detail=str(exc))
-                return record_unreadable(self.policy, str(exc))
-            if self.hook is not None or enabled_memo.get(DEBUG) is not False:  # events.quiet
-                self.notify("replayed", seconds=seconds)
-            return replayed(self.policy, response)
         if kind is Expired:
             assert isinstance(decision, Expired)
             self.notify("expired")

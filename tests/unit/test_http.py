@@ -30,6 +30,7 @@ from idemkey.http import (
 from idemkey.http._answers import plan_for
 from idemkey.policy import credential_scope
 from idemkey.records import Claimed, InFlight, Mismatch, Replay, decode_response, encode_response
+from tests._exchanges import decided
 
 
 def request(
@@ -224,8 +225,11 @@ def test_the_fingerprint_covers_body_path_query_and_content_type() -> None:
 def test_claimed_runs_the_handler() -> None:
     step = exchange()
     claimed = Claimed("owner", 3, False)
-    assert step._answer(claimed) is claimed
+    assert decided(step, claimed) is None
     assert step.claim is claimed
+    assert step.call is not None
+    assert step.call.fence == 3
+    step.fail("the test ends here")  # the claim's call is no longer current
 
 
 def test_a_replay_is_byte_identical_with_recomputed_length_and_a_marker() -> None:
@@ -234,7 +238,7 @@ def test_a_replay_is_byte_identical_with_recomputed_length_and_a_marker() -> Non
         (("Content-Type", "application/json"), ("Content-Length", "99"), ("X-Charge-Id", "ch_1")),
         b'{"id":"ch_1"}',
     )
-    answer = exchange()._answer(Replay(encode_response(stored)))
+    answer = decided(exchange(), Replay(encode_response(stored)))
     assert isinstance(answer, Response)
     assert answer.status == 201
     assert answer.body == b'{"id":"ch_1"}'
@@ -248,7 +252,7 @@ def test_a_replay_is_byte_identical_with_recomputed_length_and_a_marker() -> Non
 
 def test_a_replay_adds_no_content_length_the_first_answer_lacked() -> None:
     stored = StoredResponse(204, (("X-Run", "1"),), b"", reason="Done")
-    answer = exchange()._answer(Replay(encode_response(stored)))
+    answer = decided(exchange(), Replay(encode_response(stored)))
     assert isinstance(answer, Response)
     assert answer.headers == [("X-Run", "1"), (REPLAYED_HEADER, "true")]
     assert answer.reason == "Done"
@@ -256,7 +260,7 @@ def test_a_replay_adds_no_content_length_the_first_answer_lacked() -> None:
 
 def test_a_replay_without_its_body_says_so() -> None:
     stored = StoredResponse(201, (("Content-Length", "5000000"),), b"", body_kept=False)
-    answer = exchange()._answer(Replay(encode_response(stored)))
+    answer = decided(exchange(), Replay(encode_response(stored)))
     assert isinstance(answer, Response)
     assert answer.body == b""
     assert (BODY_NOT_KEPT_HEADER, "true") in answer.headers
@@ -264,7 +268,7 @@ def test_a_replay_without_its_body_says_so() -> None:
 
 
 def test_an_unreadable_stored_record_is_a_503_not_a_crash() -> None:
-    answer = exchange()._answer(Replay(b"\x7fgarbage"))
+    answer = decided(exchange(), Replay(b"\x7fgarbage"))
     assert isinstance(answer, Response)
     assert answer.status == 503
     assert problem_body(answer)["code"] == "record_unreadable"
@@ -272,7 +276,7 @@ def test_an_unreadable_stored_record_is_a_503_not_a_crash() -> None:
 
 @pytest.mark.parametrize("status", [422, 400])
 def test_a_mismatch_is_the_policy_status(status: int) -> None:
-    answer = exchange(Policy(mismatch_status=status))._answer(Mismatch())
+    answer = decided(exchange(Policy(mismatch_status=status)), Mismatch())
     assert isinstance(answer, Response)
     assert answer.status == status
     assert problem_body(answer)["code"] == "key_reused"
@@ -280,7 +284,7 @@ def test_a_mismatch_is_the_policy_status(status: int) -> None:
 
 @pytest.mark.parametrize(("left", "header"), [(29.9, "1"), (0.2, "1"), (0.0, "1")])
 def test_in_flight_is_409_with_retry_after(left: float, header: str) -> None:
-    answer = exchange()._answer(InFlight(left))
+    answer = decided(exchange(), InFlight(left))
     assert isinstance(answer, Response)
     assert answer.status == 409
     assert dict(answer.headers)["Retry-After"] == header

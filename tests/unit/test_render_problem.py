@@ -16,6 +16,7 @@ import pytest
 from idemkey import Policy, StoreError
 from idemkey._core import InFlight, Mismatch, Replay
 from idemkey.http import Exchange, Headers, Problem, Request, Response, begin
+from tests._exchanges import decided
 
 SEEN: list[Problem] = []
 
@@ -64,7 +65,7 @@ def test_missing_and_invalid_keys_are_400_in_the_api_shape() -> None:
 
 def test_in_flight_is_409_and_keeps_retry_after() -> None:
     SEEN.clear()
-    answer = exchange()._answer(InFlight(5.0))
+    answer = decided(exchange(), InFlight(5.0))
     assert isinstance(answer, Response)
     stripe_body(answer, 409, "in_flight")
     assert dict(answer.headers)["Retry-After"] == "1"
@@ -74,7 +75,7 @@ def test_in_flight_is_409_and_keeps_retry_after() -> None:
 
 @pytest.mark.parametrize("status", [400, 422])
 def test_key_reuse_keeps_the_configured_status(status: int) -> None:
-    answer = exchange(STRIPE.replace(mismatch_status=status))._answer(Mismatch())
+    answer = decided(exchange(STRIPE.replace(mismatch_status=status)), Mismatch())
     assert isinstance(answer, Response)
     stripe_body(answer, status, "key_reused")
 
@@ -88,7 +89,7 @@ def test_store_errors_are_503_with_the_policy_retry_after() -> None:
     assert isinstance(answer, Response)
     stripe_body(answer, 503, "store_unavailable")
     assert dict(answer.headers)["Retry-After"] == "7"
-    unreadable = exchange()._answer(Replay(b"not a record"))
+    unreadable = decided(exchange(), Replay(b"not a record"))
     assert isinstance(unreadable, Response)
     stripe_body(unreadable, 503, "record_unreadable")
     assert dict(unreadable.headers)["Retry-After"] == "1"
@@ -114,7 +115,7 @@ def test_a_broken_renderer_falls_back_to_rfc_9457_and_is_logged(
     renderer: Any, caplog: pytest.LogCaptureFixture
 ) -> None:
     with caplog.at_level(logging.ERROR, logger="idemkey"):
-        answer = exchange(Policy(render_problem=renderer))._answer(InFlight(1.0))
+        answer = decided(exchange(Policy(render_problem=renderer)), InFlight(1.0))
     assert isinstance(answer, Response)
     assert answer.status == 409
     assert dict(answer.headers)["Retry-After"] == "1"
