@@ -8,8 +8,9 @@ The request view (:class:`Headers`, :class:`Request`), the answer an adapter sen
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import dataclass
 from typing import ClassVar, TypeVar, overload
+
+import msgspec
 
 __all__ = [
     "Complete",
@@ -86,8 +87,14 @@ class Headers(Mapping[str, str]):
         return len(self._values)
 
 
-@dataclass(frozen=True, slots=True)
-class Request:
+# The four values below are frozen msgspec Structs, not frozen dataclasses: a Struct is built
+# in C (about 0.1 us), a frozen dataclass through object.__setattr__ per field (about 0.9 us
+# warm, and much more between network calls, caches cold), and every keyed request builds a
+# Request and a Response or Complete. Immutable, compared and printed as dataclasses are;
+# msgspec.structs.replace copies one with changes.
+
+
+class Request(msgspec.Struct, frozen=True):
     """What idemkey sees of a request; ``Policy.scope`` receives it.
 
     ``route`` is the route template when the framework or the middleware's routes know it
@@ -103,8 +110,7 @@ class Request:
     route: str = ""
 
 
-@dataclass(frozen=True, slots=True)
-class Response:
+class Response(msgspec.Struct, frozen=True):
     """A complete answer an adapter sends as it is: status, headers (latin-1 text), body.
 
     ``reason``: the reason phrase to send (a replay's, as the first client got it); ``""``
@@ -117,15 +123,13 @@ class Response:
     reason: str = ""
 
 
-@dataclass(frozen=True, slots=True)
-class Complete:
+class Complete(msgspec.Struct, frozen=True):
     """Store this encoded response and complete the record."""
 
     stored: bytes
 
 
-@dataclass(frozen=True, slots=True)
-class Release:
+class Release(msgspec.Struct, frozen=True):
     """Free the key: the request never began (or failed), so a retry may run again."""
 
     reason: str
