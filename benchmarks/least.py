@@ -19,6 +19,12 @@ Each is printed as "added over the app alone x floor", the suite's HTTP column. 
 ``idemkey`` costs over ``least`` is idemkey's own structure (the checks and the layers a
 replay passes through), not Redis, the network or the work a replay needs: benchmarks/
 RESULTS.md quotes it for issue 39.
+
+``--stages`` adds, in the same run, the least replay with one piece of idemkey's before it
+(``request_of``: the request view; ``scope``: it and the default scope; ``record_for``: a
+second record name; ``exchange``: the view and an Exchange; ``fingerprint``: the view and
+``request_fingerprint``; ``begin``: the view and ``begin``), each printed as what it adds to
+the least replay x floor: the cold cost of that piece alone.
 """
 
 from __future__ import annotations
@@ -36,8 +42,11 @@ import redis
 from idemkey import Policy, RedisStore
 from idemkey._codec import StoredResponse
 from idemkey._core import fingerprint, new_owner, record_for
+from idemkey.adapters._environ import request_of
 from idemkey.adapters.wsgi import IdempotencyMiddleware
-from idemkey.http._scope import NO_CREDENTIALS
+from idemkey.http import Exchange, begin
+from idemkey.http._fingerprint import request_fingerprint
+from idemkey.http._scope import NO_CREDENTIALS, credential_scope
 
 from .http_apps import plain_wsgi as plain
 from .httpcases import wsgi_environ
@@ -91,10 +100,35 @@ def _disturb() -> None:
     sorted(str(i) for i in range(500))
 
 
-def measure(url: str, rounds: int, seed: int) -> dict[str, float]:
+def stages(policy: Policy) -> dict[str, Callable[[dict[str, Any]], object]]:
+    """The pieces ``--stages`` puts before the least replay, one row each."""
+    return {
+        "request_of": lambda environ: request_of(environ),
+        "scope": lambda environ: credential_scope(request_of(environ)),
+        "record_for": lambda environ: record_for(
+            "stage", "scope", "POST", "/orders", environ["HTTP_IDEMPOTENCY_KEY"]
+        ),
+        "exchange": lambda environ: Exchange(
+            policy, request_of(environ), environ["HTTP_IDEMPOTENCY_KEY"], "scope"
+        ),
+        "fingerprint": lambda environ: request_fingerprint(policy, request_of(environ), b"{}"),
+        "begin": lambda environ: begin(policy, request_of(environ)),
+    }
+
+
+def _after(piece: Callable[[dict[str, Any]], object], app: Callable[..., Any]) -> Any:
+    def staged(environ: dict[str, Any], start_response: Any) -> Any:
+        piece(environ)
+        return app(environ, start_response)
+
+    return staged
+
+
+def measure(url: str, rounds: int, seed: int, with_stages: bool = False) -> dict[str, float]:
     """p50 us of each row, ``rounds`` interleaved rounds after 100 untimed ones."""
     client = redis.Redis.from_url(url)
-    store = RedisStore(client, Policy(prefix=_PREFIX, ttl=900.0, lease=30.0))
+    policy = Policy(prefix=_PREFIX, ttl=900.0, lease=30.0)
+    store = RedisStore(client, policy)
     guarded = IdempotencyMiddleware(plain, store)
     _call(guarded)  # the record the rows replay
     sha = store._scripts["claim"].sha
@@ -107,6 +141,10 @@ def measure(url: str, rounds: int, seed: int) -> dict[str, float]:
     }
     least = least_for(store)
     rows["least"] = lambda: _call(least)
+    if with_stages:
+        for name, piece in stages(policy).items():
+            staged = _after(piece, least)
+            rows[f"+{name}"] = lambda staged=staged: _call(staged)
     samples: dict[str, list[int]] = {name: [] for name in rows}
     order = list(rows)
     rng = random.Random(seed)
@@ -131,15 +169,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--redis-url", help="use this Redis (default: start a private redis-server)")
     p.add_argument("--rounds", type=int, default=2000)
     p.add_argument("--runs", type=int, default=3)
+    p.add_argument("--stages", action="store_true", help="also time each piece alone")
     args = p.parse_args(argv)
+    pieces = list(stages(Policy())) if args.stages else []
     with redis_url(args.redis_url) as url:
-        print("| run | floor us | app alone us | idemkey: added x floor | least: added x floor |")
-        print("|---:|---:|---:|---:|---:|")
+        print("| run | floor us | app alone us | idemkey: added x floor | least: added x floor |"
+              + "".join(f" +{name} |" for name in pieces))  # fmt: skip
+        print("|---:|---:|---:|---:|---:|" + "---:|" * len(pieces))
         for run in range(1, args.runs + 1):
-            p50 = measure(url, args.rounds, run)
-            floor, alone = p50["floor"], p50["plain"]
+            p50 = measure(url, args.rounds, run, args.stages)
+            floor, alone, least = p50["floor"], p50["plain"], p50["least"]
+            added = "".join(f" {(p50['+' + name] - least) / floor:.3f} |" for name in pieces)
             print(f"| {run} | {floor:.1f} | {alone:.1f} | {(p50['idemkey'] - alone) / floor:.2f} "
-                  f"| {(p50['least'] - alone) / floor:.2f} |")  # fmt: skip
+                  f"| {(least - alone) / floor:.2f} |{added}")  # fmt: skip
     return 0
 
 
