@@ -268,7 +268,7 @@ class Exchange(Reporter):
         return store_unavailable(self.policy)
 
     def _refusal(self, decision: ExpiringDecision, seconds: float | None) -> Response:
-        """What an expired, reused or in-flight key answers (409, 422, or the expired 409)."""
+        """What an expired, reused or in-flight key answers: 410, 422 (``mismatch_status``), 409."""
         kind = type(decision)
         if kind is Expired:
             assert isinstance(decision, Expired)
