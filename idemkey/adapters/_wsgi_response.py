@@ -38,14 +38,15 @@ EXCHANGE_KEY: Final = "idemkey.exchange"
 #: client left), measured between blocks: a sync worker serves nobody else meanwhile.
 DRAIN_SECONDS: Final = 1.0
 
+#: The standard reason phrase of each status: ``HTTPStatus(status)`` is an Enum call, dozens
+#: of Python steps for every answer sent without a phrase of its own (each 409, 422, 503).
+_PHRASES: Final = {status.value: status.phrase for status in HTTPStatus}
+
 
 def send(start_response: StartResponse, response: Response) -> list[bytes]:
     reason = response.reason  # a replay's own phrase ("201 Charged OK"), else the standard one
     if not reason:
-        try:
-            reason = HTTPStatus(response.status).phrase
-        except ValueError:
-            reason = "Unknown"
+        reason = _PHRASES.get(response.status, "Unknown")
     start_response(f"{response.status} {reason}", response.headers)
     return [response.body]
 
