@@ -11,11 +11,10 @@ from typing import TYPE_CHECKING
 
 from .._core import parse_key
 from ..errors import ConfigurationError, InvalidKeyError
-from . import _scope
 from ._exchange import Exchange
 from ._messages import Request, Response
 from ._problems import render
-from ._scope import NO_CREDENTIALS, credential_scope
+from ._scope import credential_scope, default_scope
 from ._switch import switch
 
 if TYPE_CHECKING:
@@ -45,10 +44,7 @@ def begin(policy: Policy, request: Request) -> Exchange | Response | None:
         return render(policy, 400, "invalid_key", exc.reason)
     scope_of = policy.scope
     if scope_of is credential_scope:  # the default: it must leave the key header out
-        # _scope.default_scope, without its frame (every keyed request comes this way)
-        scope = credential_scope(request, policy.header)
-        if scope is NO_CREDENTIALS and not _scope.warned:
-            _scope.warn_once(request)
+        scope = default_scope(request, policy.header)
     else:
         scope = scope_of(request)
         if not isinstance(scope, str):
