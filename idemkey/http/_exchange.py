@@ -194,8 +194,9 @@ class Exchange(Reporter):
         (one of them is every keyed request's answer); the refusals in :meth:`_refusal`.
         """
         kind = type(decision)
+        transition = "claimed" if kind is Claimed else "answer"
+        target = TRANSITIONS.get((self.state, transition)) or self._refuse(transition)
         if kind is Replay:
-            target = TRANSITIONS.get((self.state, "answer")) or self._refuse("answer")
             assert isinstance(decision, Replay)
             try:
                 response = decode_response(decision.response)
@@ -209,11 +210,9 @@ class Exchange(Reporter):
             self.state = target
             return answer
         if kind is not Claimed:
-            target = TRANSITIONS.get((self.state, "answer")) or self._refuse("answer")
             answer = self._refusal(decision, seconds)
             self.state = target
             return answer
-        target = TRANSITIONS.get((self.state, "claimed")) or self._refuse("claimed")
         assert isinstance(decision, Claimed)
         self.claim = decision
         if decision.takeover:
