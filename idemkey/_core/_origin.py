@@ -67,10 +67,11 @@ def unescape_key(escaped: str) -> str:
 
 
 def record_origin(scope: str, method: str, route: str, key: str | None = None) -> str:
-    """What a claim keeps of where its record comes from, without its time (the store
-    prepends it): the method, the route (or function name), the scope and, unless ``key`` is
-    None (``Policy(keep_keys=False)``), the key the client sent, escaped: what the record's
-    digest hides. :func:`decode_origin` reads it back.
+    """What a claim keeps of where its record comes from, without its time (claim.lua puts
+    its server's clock before it, the clock of the lease and the fence): the method, the route
+    (or function name), the scope and, unless ``key`` is None (``Policy(keep_keys=False)``),
+    the key the client sent, escaped: what the record's digest hides. :func:`decode_origin`
+    reads it back.
 
     Text only: a lone surrogate in the route or scope (made from bytes) is written escaped, as
     the client's strict UTF-8 encoding could not send it (the record's name encodes it with

@@ -14,9 +14,11 @@
 --                        {prefix}:{<digest>}:gone (KEYS[1] .. ":gone", the same slot), a string
 --                        of the whole fingerprint then the completion time (Unix ms, 13
 --                        digits), written by complete.lua; read only when the record is gone
--- ARGV[7]  origin        optional; "<claimed at, unix ms> <method> <route>\n<scope>", then
---                        "\nk:<escaped key>;" unless Policy(keep_keys=False) (idemkey/_core/_origin.py),
---                        kept in fields "i", "i1" ... "i15", 64 bytes each at most (a longer
+-- ARGV[7]  origin        optional; "<method> <route>\n<scope>", then "\nk:<escaped key>;"
+--                        unless Policy(keep_keys=False) (idemkey/_core/_origin.py), kept after
+--                        the claim's time as "<server clock, Unix ms> <origin>" (the clock the
+--                        lease, the fence and a completion's time are on: no client clock),
+--                        in fields "i", "i1" ... "i15", 64 bytes each at most (a longer
 --                        value would make the hash a hash table for good; cut after 1 KiB),
 --                        from a fresh claim on (release leaves them, complete drops them
 --                        unless told to keep them), so store.records() can filter, age and
@@ -190,8 +192,9 @@ else
       redis.call("HDEL", KEYS[1], "i", "i1", "i2", "i3", "i4", "i5", "i6", "i7", "i8", "i9",
         "i10", "i11", "i12", "i13", "i14", "i15")
     end
+    local origin = string.format("%d ", now) .. ARGV[7]
     for n = 0, 15 do
-      local piece = string.sub(ARGV[7], n * 64 + 1, n * 64 + 64)
+      local piece = string.sub(origin, n * 64 + 1, n * 64 + 64)
       if piece == "" then
         break
       end

@@ -125,20 +125,36 @@ class AsyncRedisStore(AsyncSender):
         owner = owner or new_owner()
         lease_ms = lease_ms or self.policy.lease_ms
         ttl_ms = ttl_ms or self.policy.ttl_ms
-        args: tuple[str | bytes | int, ...] = (
-            record.record_key,
-            fingerprint,
-            owner,
-            lease_ms,
-            ttl_ms,
-        )
-        if wait > 0 or expired or origin:
-            # ARGV[5] "I will wait": the claim's end then wakes us; ARGV[6] "expired": read the
-            # tombstone; ARGV[7] the origin, kept for store.records().
-            args = (*args, 1 if wait > 0 else 0, 1 if expired else 0)
-            if origin:
-                args = (*args, f"{int(time.time() * 1000)} {origin}")
+        # The script's arguments built once (an adapter's claim is on every keyed request):
+        # ARGV[5] "I will wait": the claim's end then wakes us; ARGV[6] "expired": read the
+        # tombstone; ARGV[7] the origin, kept for store.records().
+        args: tuple[str | bytes | int, ...]
+        if origin:
+            args = (
+                record.record_key,
+                fingerprint,
+                owner,
+                lease_ms,
+                ttl_ms,
+                1 if wait > 0 else 0,
+                1 if expired else 0,
+                origin,  # the script puts its clock's time before it
+            )
+        elif wait > 0 or expired:
+            args = (
+                record.record_key,
+                fingerprint,
+                owner,
+                lease_ms,
+                ttl_ms,
+                1 if wait > 0 else 0,
+                1 if expired else 0,
+            )
+        else:
+            args = (record.record_key, fingerprint, owner, lease_ms, ttl_ms)
         decision = decode_claim_reply(await self._eval("claim", *args), owner)
+        if type(decision) is Replay:  # the usual retry: nothing more to do
+            return decision
         if wait > 0 and type(decision) is InFlight:
             decision = await self._wait_for_end(record, owner, args, decision, wait)
         if heartbeat and type(decision) is Claimed:

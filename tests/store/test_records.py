@@ -133,6 +133,28 @@ async def test_async_records_and_record(
         await store.aclose()
 
 
+def test_a_claim_is_timed_by_the_server_clock(
+    real_client: redis.Redis, prefix: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The origin's time is the claim script's (the clock of the lease and the fence): a client
+    whose clock is a day off still shows the record's true age, and a claim formats no time."""
+    store = RedisStore(real_client, Policy(prefix=prefix))
+    try:
+        record = record_for(prefix, "acct_1", "POST", "/charges", "late-clock")
+        with monkeypatch.context() as patched:
+            patched.setattr(time, "time", lambda: 1_700_000_000.0 - 86_400)
+            store.claim(record, "fp", heartbeat=False, origin=record_origin("acct_1", "POST", "/c"))
+        seconds, micros = real_client.time()
+        stamped = int(real_client.hget(record.record_key, "i").split(b" ", 1)[0])
+        assert abs(stamped - (seconds * 1000 + micros // 1000)) < 60_000
+        listed = store.record("late-clock", scope="acct_1", method="POST", route="/charges")
+        assert listed is not None
+        assert listed.age is not None
+        assert 0 <= listed.age < 60
+    finally:
+        store.close()
+
+
 def test_store_down_is_a_store_error(prefix: str) -> None:
     client = redis.Redis(port=1, socket_connect_timeout=0.5, retry=no_retry())
     store = RedisStore(client, Policy(prefix=prefix))
