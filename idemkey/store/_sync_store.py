@@ -30,7 +30,7 @@ from .._core import (
     record_for,
 )
 from ..errors import EffectCommittedError, StoreError
-from ..events import Reporter, logger
+from ..events import Reporting, logger
 from ..policy import Policy
 from ._sync_sender import Sender
 from ._sync_status import read_statuses, scan_statuses
@@ -125,33 +125,14 @@ class RedisStore(Sender):
         owner = owner or new_owner()
         lease_ms = lease_ms or self.policy.lease_ms
         ttl_ms = ttl_ms or self.policy.ttl_ms
-        # The script's arguments built once (an adapter's claim is on every keyed request):
-        # ARGV[5] "I will wait": the claim's end then wakes us; ARGV[6] "expired": read the
-        # tombstone; ARGV[7] the origin, kept for store.records().
-        args: tuple[str | bytes | int, ...]
-        if origin:
-            args = (
-                record.record_key,
-                fingerprint,
-                owner,
-                lease_ms,
-                ttl_ms,
-                1 if wait > 0 else 0,
-                1 if expired else 0,
-                origin,  # the script puts its clock's time before it
-            )
-        elif wait > 0 or expired:
-            args = (
-                record.record_key,
-                fingerprint,
-                owner,
-                lease_ms,
-                ttl_ms,
-                1 if wait > 0 else 0,
-                1 if expired else 0,
-            )
-        else:
-            args = (record.record_key, fingerprint, owner, lease_ms, ttl_ms)
+        # The script's arguments, built once: ARGV[5] "I will wait" (the claim's end then wakes
+        # us), ARGV[6] "expired" (read the tombstone), ARGV[7] the origin, kept for records().
+        key, waits, tombstone = record.record_key, 1 if wait > 0 else 0, 1 if expired else 0
+        args: tuple[str | bytes | int, ...] = (key, fingerprint, owner, lease_ms, ttl_ms)
+        if origin:  # the script puts its clock's time before it
+            args = (key, fingerprint, owner, lease_ms, ttl_ms, waits, tombstone, origin)
+        elif waits or tombstone:
+            args = (key, fingerprint, owner, lease_ms, ttl_ms, waits, tombstone)
         decision = decode_claim_reply(self._eval("claim", *args), owner)
         if type(decision) is Replay:  # the usual retry: nothing more to do
             return decision
@@ -328,7 +309,7 @@ class RedisStore(Sender):
     def keep_uncertain(
         self,
         kind: UncertainKind,
-        source: Reporter,
+        source: Reporting,
         fence: int | None = None,
         detail: str = "",
         steps: tuple[str, ...] = (),
