@@ -22,9 +22,9 @@ RESULTS.md quotes it for issue 39.
 
 ``--stages`` adds, in the same run, the least replay with one piece of idemkey's before it
 (``request_of``: the request view; ``scope``: it and the default scope; ``record_for``: a
-second record name; ``exchange``: the view and an Exchange; ``fingerprint``: the view and
-``request_fingerprint``; ``begin``: the view and ``begin``), each printed as what it adds to
-the least replay x floor: the cold cost of that piece alone.
+second record name; ``fingerprint``: the view and ``request_fingerprint``; ``begin``: the view
+and ``begin``, which builds the Exchange), each printed as what it adds to the least replay x
+floor: the cold cost of that piece alone.
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ from idemkey._codec import StoredResponse
 from idemkey._core import fingerprint, new_owner, record_for
 from idemkey.adapters._environ import request_of
 from idemkey.adapters.wsgi import IdempotencyMiddleware
-from idemkey.http import Exchange, begin
+from idemkey.http import begin
 from idemkey.http._fingerprint import request_fingerprint
 from idemkey.http._scope import NO_CREDENTIALS, credential_scope
 
@@ -107,9 +107,6 @@ def stages(policy: Policy) -> dict[str, Callable[[dict[str, Any]], object]]:
         "scope": lambda environ: credential_scope(request_of(environ)),
         "record_for": lambda environ: record_for(
             "stage", "scope", "POST", "/orders", environ["HTTP_IDEMPOTENCY_KEY"]
-        ),
-        "exchange": lambda environ: Exchange(
-            policy, request_of(environ), environ["HTTP_IDEMPOTENCY_KEY"], "scope"
         ),
         "fingerprint": lambda environ: request_fingerprint(policy, request_of(environ), b"{}"),
         "begin": lambda environ: begin(policy, request_of(environ)),

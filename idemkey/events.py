@@ -2,7 +2,8 @@
 
 An event names the record by digests only: the raw idempotency key and the request body are
 client input (they may carry secrets) and never leave the library in an event or a log line.
-A :class:`Reporter` reports one request's (or one guard's) events and uncertain outcomes.
+A :class:`Reporting` (a :class:`Reporter`, an HTTP exchange) reports one request's (or one
+guard's) events and uncertain outcomes.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ if TYPE_CHECKING:
     from .store.uncertain import UncertainKind
 
     #: Where uncertain outcomes go: a store's ``keep_uncertain``.
-    Keep = Callable[[UncertainKind, "Reporter", int | None, str, tuple[str, ...]], None]
+    Keep = Callable[[UncertainKind, "Reporting", int | None, str, tuple[str, ...]], None]
 
 __all__ = [
     "ALWAYS_LOGGED",
@@ -27,6 +28,7 @@ __all__ = [
     "EventKind",
     "RECORD_LOST_DETAIL",
     "Reporter",
+    "Reporting",
     "TAKEN_OVER_DETAIL",
     "emit",
     "enabled_memo",
@@ -133,18 +135,18 @@ def emit(hook: Callable[[Event], None] | None, event: Event) -> None:
         logger.exception("idemkey on_event hook raised; the request goes on")
 
 
-class Reporter:
-    """What one request (or one guard) reports: its events, to ``hook`` and the logger, and its
+class Reporting:
+    """What reports one request's (or one guard's) events, to ``hook`` and the logger, and its
     uncertain outcomes, to ``keep`` (a store's ``keep_uncertain``; None: not kept).
 
     It holds where they come from once: the ``record``, the ``scope``, the ``method``, the
     ``route`` the record is named by, and the ``label`` an event names it by (an HTTP event
     says a route template or ``<unknown>``, never a concrete path: a metric label must stay
-    bounded). :class:`~idemkey.http.Exchange` and the guards' ``GuardState`` are reporters and
-    set these attributes in their own ``__init__``: one Python call less per request.
+    bounded). The methods only: :class:`Reporter` keeps the attributes in slots (the guards'
+    ``GuardState`` is one), :class:`~idemkey.http.Exchange` in its Struct's fields.
     """
 
-    __slots__ = ("hook", "keep", "label", "method", "record", "route", "scope")
+    __slots__ = ()
 
     hook: Callable[[Event], None] | None
     keep: Keep | None
@@ -153,22 +155,6 @@ class Reporter:
     record: Record
     route: str
     scope: str
-
-    def __init__(
-        self,
-        hook: Callable[[Event], None] | None,
-        record: Record,
-        scope: str = "",
-        method: str = "",
-        route: str = "",
-        keep: Keep | None = None,
-    ) -> None:
-        self.hook = hook
-        self.record = record
-        self.scope = scope
-        self.method = method
-        self.route = self.label = route
-        self.keep = keep
 
     def notify(
         self,
@@ -205,6 +191,30 @@ class Reporter:
         keep = self.keep
         if keep is not None:
             keep(kind, self, fence, detail, steps)
+
+
+class Reporter(Reporting):
+    """A :class:`Reporting` with its attributes in slots: the guards' ``GuardState`` is one
+    (it sets them in its own ``__init__``: one Python call less per guard), and an event with
+    no request of its own (the heartbeat's ``record_lost``) is reported through one."""
+
+    __slots__ = ("hook", "keep", "label", "method", "record", "route", "scope")
+
+    def __init__(
+        self,
+        hook: Callable[[Event], None] | None,
+        record: Record,
+        scope: str = "",
+        method: str = "",
+        route: str = "",
+        keep: Keep | None = None,
+    ) -> None:
+        self.hook = hook
+        self.record = record
+        self.scope = scope
+        self.method = method
+        self.route = self.label = route
+        self.keep = keep
 
 
 def report(

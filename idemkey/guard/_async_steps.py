@@ -23,7 +23,7 @@ from ..errors import (
     StepNotStorableError,
     StoreError,
 )
-from ..events import Reporter, logger
+from ..events import Reporting, logger
 from ..store import AsyncRedisStore
 from ..store._base import COMMITTED_ONLY
 from ..store._concurrency._async_runtime import sleep, uncancellable
@@ -49,7 +49,7 @@ class AsyncSteps:
         key: str,
         deadline: tuple[float, float] | None = None,
         call: Any = None,
-        reporter: Reporter | None = None,
+        reporter: Reporting | None = None,
     ) -> None:
         self.store = store
         #: The guard: reports what the steps could not store (None: logged only).

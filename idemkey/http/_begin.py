@@ -9,13 +9,14 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from .._core import parse_key
+from .._core import parse_key, record_for
 from ..errors import ConfigurationError, InvalidKeyError
 from ._exchange import Exchange
-from ._messages import Request, Response
+from ._messages import Request, Response, parse_content_length
 from ._problems import render
 from ._scope import credential_scope, default_scope
 from ._switch import switch
+from .routes import ROUTE_UNKNOWN
 
 if TYPE_CHECKING:
     from ..policy import Policy
@@ -49,4 +50,28 @@ def begin(policy: Policy, request: Request) -> Exchange | Response | None:
         scope = scope_of(request)
         if not isinstance(scope, str):
             raise ConfigurationError(f"Policy.scope must return a str, got {type(scope).__name__}")
-    return Exchange(policy, request, key, scope)
+    method = request.method
+    template = request.route
+    route = template or request.path
+    # content_length(headers), without its calls where the value is plain digits
+    values = request.headers.get_all("content-length")
+    if not values:
+        declared = None
+    else:
+        length = values[0]
+        declared = (
+            int(length) if length.isdigit() and length.isascii() else parse_content_length(length)
+        )
+    return Exchange(
+        policy,
+        request,
+        key,
+        scope,
+        method,
+        route,
+        template or ROUTE_UNKNOWN,  # the label: never a concrete path (a bounded metric label)
+        record_for(policy.prefix, scope, method, route, key),
+        policy.on_event,
+        declared,
+        policy.max_request_bytes,
+    )

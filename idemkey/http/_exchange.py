@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, NoReturn
 
+import msgspec
+
 from .._codec import decode_response
 from .._core import (
     Claimed,
@@ -19,11 +21,10 @@ from .._core import (
     Mismatch,
     Replay,
     new_owner,
-    record_for,
     record_origin,
 )
 from ..errors import ProtocolError, RecordFormatError, StoreError
-from ..events import DEBUG, RECORD_LOST_DETAIL, TAKEN_OVER_DETAIL, Reporter, enabled_memo
+from ..events import DEBUG, RECORD_LOST_DETAIL, TAKEN_OVER_DETAIL, Reporting, enabled_memo
 from ..guard._call import Call, leave_current, run_as_current
 from ._answers import (
     RESPONSE_LOST,
@@ -40,18 +41,21 @@ from ._answers import (
     too_large,
 )
 from ._fingerprint import request_fingerprint
-from ._messages import Complete, Release, Request, Response, parse_content_length
+from ._messages import Complete, Release, Request, Response
 from ._problems import render
 from ._transitions import TRANSITIONS, State
-from .routes import ROUTE_UNKNOWN
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from .._core import Record
+    from ..events import Event, Keep
     from ..policy import Policy
 
 __all__ = ["Exchange"]
 
 
-class Exchange(Reporter):
+class Exchange(msgspec.Struct, Reporting, eq=False, repr_omit_defaults=True):
     """One keyed request, from its body to its settled record. No I/O: the driver does that.
 
     One object in h11's shape: it makes every decision and owns their order. Each public
@@ -62,62 +66,38 @@ class Exchange(Reporter):
     (set by :meth:`claiming`), ``call`` the claimed call while the app runs (what
     ``idemkey.current_call()`` returns), ``unprotected`` whether the store failed and the
     policy said run anyway, ``plan`` what the record is settled with. As a
-    :class:`~idemkey.events.Reporter`, it reports its events and uncertain outcomes (``keep``:
-    the driver's ``store.keep_uncertain``).
+    :class:`~idemkey.events.Reporting`, it reports its events and uncertain outcomes
+    (``keep``: the driver's ``store.keep_uncertain``).
+
+    Built by :func:`~idemkey.http.begin`, which works its fields out of the request: a Struct
+    (compared by identity), so its fields are set in C, the defaults included, where an
+    ``__init__`` would set each one in a Python step on every keyed request.
     """
 
-    __slots__ = (
-        "_fingerprint",
-        "_head",
-        "_key",
-        "_limit",
-        "call",
-        "claim",
-        "declared",
-        "origin",
-        "owner",
-        "plan",
-        "policy",
-        "request",
-        "state",
-        "unprotected",
-    )
-
-    def __init__(self, policy: Policy, request: Request, key: str, scope: str) -> None:
-        self.policy = policy
-        self.request = request
-        self._key = key
-        # The Reporter's attributes, set here: its __init__ would be one more call.
-        self.hook = policy.on_event
-        self.scope = scope
-        method = self.method = request.method
-        template = request.route
-        route = self.route = template or request.path
-        # The template, never the concrete path: a metric label must stay bounded.
-        self.label = template or ROUTE_UNKNOWN
-        self.record = record_for(policy.prefix, scope, method, route, key)
-        self.claim: Claimed | None = None
-        self.state = State.READING
-        # content_length(headers), without its calls where the value is plain digits
-        values = request.headers.get_all("content-length")
-        if not values:
-            self.declared = None
-        else:
-            length = values[0]
-            self.declared = (
-                int(length)
-                if length.isdigit() and length.isascii()
-                else parse_content_length(length)
-            )
-        self.unprotected = False
-        self.keep = None  # the driver's store.keep_uncertain, once it claims
-        # The limit, read once: the body is checked against it twice.
-        self._limit = policy.max_request_bytes
-        self.owner = self.origin = ""
-        self.plan: Complete | Release | None = None
-        self.call: Call[Any] | None = None
-        self._fingerprint = b""
-        self._head: tuple[int, list[tuple[str, str]], str] | None = None
+    policy: Policy
+    request: Request
+    _key: str
+    scope: str
+    method: str
+    #: The route the record is named by: the template, else the concrete path.
+    route: str
+    #: The template, never the concrete path: a metric label must stay bounded.
+    label: str
+    record: Record
+    hook: Callable[[Event], None] | None
+    declared: int | None
+    #: The body's limit, read once: the body is checked against it twice.
+    _limit: int
+    keep: Keep | None = None  # the driver's store.keep_uncertain, once it claims
+    state: State = State.READING
+    claim: Claimed | None = None
+    unprotected: bool = False
+    owner: str = ""
+    origin: str = ""
+    plan: Complete | Release | None = None
+    call: Call[Any] | None = None
+    _fingerprint: bytes = b""
+    _head: tuple[int, list[tuple[str, str]], str] | None = None
 
     # Each transition looks up its (state, transition) pair once: ``TRANSITIONS.get(...) or
     # self._refuse(transition)`` gives the next state or raises, and the state moves only once

@@ -8,7 +8,7 @@ from typing import Any
 
 from idemkey import Event, Policy
 from idemkey._core import record_for
-from idemkey.events import Reporter, report
+from idemkey.events import Reporter, Reporting, report
 from idemkey.guard._sync_guard import Guard
 from idemkey.http import Exchange, Headers, Request, begin
 from idemkey.testing import fake_store
@@ -50,14 +50,14 @@ def test_the_exchange_and_the_guard_are_reporters_of_their_own_names() -> None:
     request = Request("POST", "/charges/7", "", Headers([("Idempotency-Key", "k1")]))
     exchange = begin(policy, request)
     assert isinstance(exchange, Exchange)
-    assert isinstance(exchange, Reporter)
+    assert isinstance(exchange, Reporting)
     # No route template: the event says <unknown> (a bounded label), the entry the path.
     assert (exchange.method, exchange.route, exchange.label) == ("POST", "/charges/7", "<unknown>")
     assert exchange.record == record_for(policy.prefix, "tenant", "POST", "/charges/7", "k1")
 
     store = fake_store(Policy(on_event=events.append))
     state = Guard(store, "k1", b"p", "tenant", None, None, "charge")
-    assert isinstance(state, Reporter)
+    assert isinstance(state, Reporting)
     assert (state.method, state.route, state.label, state.scope) == (
         "GUARD",
         "charge",
