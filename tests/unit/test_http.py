@@ -428,6 +428,21 @@ def test_headers_from_latin1_hold_what_decoded_pairs_give() -> None:
     assert list(built.raw_names()) == list(decoded.raw_names()) == ["content-type", "cookie", "x-k"]
 
 
+def test_an_exchange_is_its_own_request_not_a_value() -> None:
+    # A Struct since 0.4 (its fields set in C by begin), but compared and hashed as the one
+    # request it is: two exchanges of the same request are two, and an adapter may key by one.
+    first, second = begin(Policy(), request()), begin(Policy(), request())
+    assert isinstance(first, Exchange)
+    assert isinstance(second, Exchange)
+    assert first != second
+    assert first == first
+    assert len({first, second, first}) == 2
+    assert (first.record, first.declared, first.label) == (second.record, None, "<unknown>")
+    first.state = first.state  # mutable: every transition moves it
+    assert "policy=" in repr(first)
+    assert "plan=" not in repr(first)  # the unset ones are left out
+
+
 def test_the_request_and_its_answers_are_frozen_values() -> None:
     # Frozen msgspec Structs since 0.4 (built in C; a frozen dataclass cost ~0.9 us each):
     # what Policy.scope receives and what an adapter sends still cannot change under it.
