@@ -20,7 +20,10 @@ Each is printed as "added over the app alone x floor", the suite's HTTP column. 
 replay passes through), not Redis, the network or the work a replay needs: benchmarks/
 RESULTS.md quotes it for issue 39.
 
-``--stages`` adds, in the same run, the least replay with one piece of idemkey's before it
+``--stages`` adds, in the same run, ``checks`` (:func:`checks_for`: idemkey's replay without
+its layers, every check through idemkey's own function in one function: what ``idemkey`` costs
+over it is the Exchange, its transitions, the driver and ``store.claim``), and the least replay
+with one piece of idemkey's before it
 (``request_of``: the request view; ``scope``: it and the default scope; ``record_for``: a
 second record name; ``fingerprint``: the view and ``request_fingerprint``; ``begin``: the view
 and ``begin``, which builds the Exchange), each printed as what it adds to the least replay x
@@ -40,13 +43,23 @@ import msgspec
 import redis
 
 from idemkey import Policy, RedisStore
-from idemkey._codec import StoredResponse
-from idemkey._core import fingerprint, new_owner, record_for
-from idemkey.adapters._environ import request_of
+from idemkey._codec import StoredResponse, decode_response
+from idemkey._core import (
+    Replay,
+    decode_claim_reply,
+    fingerprint,
+    new_owner,
+    parse_key,
+    record_for,
+    record_origin,
+)
+from idemkey.adapters._environ import capture, request_of
+from idemkey.adapters._wsgi_response import send
 from idemkey.adapters.wsgi import IdempotencyMiddleware
 from idemkey.http import begin
+from idemkey.http._answers import replayed
 from idemkey.http._fingerprint import request_fingerprint
-from idemkey.http._scope import NO_CREDENTIALS, credential_scope
+from idemkey.http._scope import NO_CREDENTIALS, credential_scope, default_scope
 
 from .http_apps import plain_wsgi as plain
 from .httpcases import wsgi_environ
@@ -91,6 +104,37 @@ def least_for(store: RedisStore) -> Callable[..., list[bytes]]:
 
 
 _JUNK = bytearray(1 << 20)
+
+
+def checks_for(store: RedisStore) -> Callable[..., list[bytes]]:
+    """idemkey's replay without its layers: every check the middleware makes on a replay,
+    each through idemkey's own function (the key's grammar, the default scope, the record's
+    name, the bounded body, the fingerprint as the policy says, the owner and the origin, the
+    claim reply's and the stored response's decoding, the replay's headers, the WSGI status
+    line), written as one function: no ``Exchange``, no transitions, no driver, no
+    ``store.claim``. What ``idemkey`` costs over it is the layers'; what it costs over
+    ``least`` is the checks'."""
+    policy, evalsha, sha = store.policy, store._evalsha, store._scripts["claim"].sha
+    header, strict, limit = policy.header, policy.strict_header, policy.max_request_bytes
+
+    def checks(environ: dict[str, Any], start_response: Any) -> list[bytes]:
+        request = request_of(environ)
+        key = parse_key(request.headers.get_all(header)[0], strict=strict)
+        scope = default_scope(request, header)
+        record = record_for(policy.prefix, scope, request.method, request.path, key)
+        body = capture(environ, limit)
+        if not isinstance(body, bytes):
+            raise SystemExit(f"checks: the body was refused: {body!r}")
+        sent = request_fingerprint(policy, request, body)
+        owner = new_owner()
+        origin = record_origin(scope, request.method, request.path, key)
+        args = (record.record_key, sent, owner, policy.lease_ms, policy.ttl_ms, 0, 0, origin)
+        decision = decode_claim_reply(evalsha(sha, args), owner)
+        if not isinstance(decision, Replay):
+            raise SystemExit(f"checks: the claim did not replay: {decision!r:.100}")
+        return send(start_response, replayed(policy, decode_response(decision.response)))
+
+    return checks
 
 
 def _disturb() -> None:
@@ -139,6 +183,8 @@ def measure(url: str, rounds: int, seed: int, with_stages: bool = False) -> dict
     least = least_for(store)
     rows["least"] = lambda: _call(least)
     if with_stages:
+        checks = checks_for(store)
+        rows["checks"] = lambda: _call(checks)
         for name, piece in stages(policy).items():
             staged = _after(piece, least)
             rows[f"+{name}"] = lambda staged=staged: _call(staged)
@@ -170,13 +216,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = p.parse_args(argv)
     pieces = list(stages(Policy())) if args.stages else []
     with redis_url(args.redis_url) as url:
+        checks = " checks: added x floor |" if args.stages else ""
         print("| run | floor us | app alone us | idemkey: added x floor | least: added x floor |"
-              + "".join(f" +{name} |" for name in pieces))  # fmt: skip
-        print("|---:|---:|---:|---:|---:|" + "---:|" * len(pieces))
+              + checks + "".join(f" +{name} |" for name in pieces))  # fmt: skip
+        print("|---:|---:|---:|---:|---:|" + "---:|" * (len(pieces) + bool(checks)))
         for run in range(1, args.runs + 1):
             p50 = measure(url, args.rounds, run, args.stages)
             floor, alone, least = p50["floor"], p50["plain"], p50["least"]
             added = "".join(f" {(p50['+' + name] - least) / floor:.3f} |" for name in pieces)
+            if checks:
+                added = f" {(p50['checks'] - alone) / floor:.2f} |" + added
             print(f"| {run} | {floor:.1f} | {alone:.1f} | {(p50['idemkey'] - alone) / floor:.2f} "
                   f"| {(least - alone) / floor:.2f} |{added}")  # fmt: skip
     return 0
