@@ -55,7 +55,7 @@ if TYPE_CHECKING:
 __all__ = ["Exchange"]
 
 
-class Exchange(msgspec.Struct, Reporting, eq=False, repr_omit_defaults=True):
+class Exchange(msgspec.Struct, Reporting, eq=False):
     """One keyed request, from its body to its settled record. No I/O: the driver does that.
 
     One object in h11's shape: it makes every decision and owns their order. Each public
@@ -98,6 +98,11 @@ class Exchange(msgspec.Struct, Reporting, eq=False, repr_omit_defaults=True):
     call: Call[Any] | None = None
     _fingerprint: bytes = b""
     _head: tuple[int, list[tuple[str, str]], str] | None = None
+
+    def __repr__(self) -> str:
+        # Not the Struct's field-by-field repr: the key and the request's headers (credentials
+        # among them) are client input, and never leave idemkey in a log line.
+        return f"<Exchange {self.method} {self.label} {self.record.digest}: {self.state.value}>"
 
     # Each transition looks up its (state, transition) pair once: ``TRANSITIONS.get(...) or
     # self._refuse(transition)`` gives the next state or raises, and the state moves only once
