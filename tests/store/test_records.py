@@ -141,8 +141,9 @@ def test_a_claim_is_timed_by_the_server_clock(
     store = RedisStore(real_client, Policy(prefix=prefix))
     try:
         record = record_for(prefix, "acct_1", "POST", "/charges", "late-clock")
+        day_behind = time.time() - 86_400
         with monkeypatch.context() as patched:
-            patched.setattr(time, "time", lambda: 1_700_000_000.0 - 86_400)
+            patched.setattr(time, "time", lambda: day_behind)
             store.claim(record, "fp", heartbeat=False, origin=record_origin("acct_1", "POST", "/c"))
         seconds, micros = real_client.time()
         stamped = int(real_client.hget(record.record_key, "i").split(b" ", 1)[0])
