@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 from .._core import parse_key, record_for
 from ..errors import ConfigurationError, InvalidKeyError
 from ._exchange import Exchange
-from ._messages import Request, Response, parse_content_length
+from ._messages import Request, Response, content_length
 from ._problems import render
 from ._scope import credential_scope, default_scope
 from ._switch import switch
@@ -53,15 +53,6 @@ def begin(policy: Policy, request: Request) -> Exchange | Response | None:
     method = request.method
     template = request.route
     route = template or request.path
-    # content_length(headers), without its calls where the value is plain digits
-    values = request.headers.get_all("content-length")
-    if not values:
-        declared = None
-    else:
-        length = values[0]
-        declared = (
-            int(length) if length.isdigit() and length.isascii() else parse_content_length(length)
-        )
     return Exchange(
         policy,
         request,
@@ -72,6 +63,5 @@ def begin(policy: Policy, request: Request) -> Exchange | Response | None:
         template or ROUTE_UNKNOWN,  # the label: never a concrete path (a bounded metric label)
         record_for(policy.prefix, scope, method, route, key),
         policy.on_event,
-        declared,
-        policy.max_request_bytes,
+        content_length(request.headers),
     )
