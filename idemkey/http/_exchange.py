@@ -86,8 +86,6 @@ class Exchange(msgspec.Struct, Reporting, eq=False):
     record: Record
     hook: Callable[[Event], None] | None
     declared: int | None
-    #: The body's limit, read once: the body is checked against it twice.
-    _limit: int
     keep: Keep | None = None  # the driver's store.keep_uncertain, once it claims
     state: State = State.READING
     claim: Claimed | None = None
@@ -120,7 +118,7 @@ class Exchange(msgspec.Struct, Reporting, eq=False):
         """Before reading: the 413 to send when the declared length is over the limit."""
         if (self.state, "announce") not in TRANSITIONS:  # READING stays READING
             self._refuse("announce")
-        if self.declared is not None and self.declared > self._limit:
+        if self.declared is not None and self.declared > self.policy.max_request_bytes:
             return self.reject_too_large()
         return None
 
@@ -129,7 +127,7 @@ class Exchange(msgspec.Struct, Reporting, eq=False):
         the 413 (over the limit) or 400 (shorter than its Content-Length) to send instead.
         Never run on half a body: its fingerprint would match no honest retry."""
         ready = TRANSITIONS.get((self.state, "receive")) or self._refuse("receive")
-        if len(body) > self._limit:
+        if len(body) > self.policy.max_request_bytes:
             return self.reject_too_large()
         declared = self.declared
         if declared is not None and len(body) < declared:
