@@ -130,9 +130,9 @@ class AsyncRedisStore(AsyncSender):
         key, waits, tombstone = record.record_key, 1 if wait > 0 else 0, 1 if expired else 0
         args: tuple[str | bytes | int, ...] = (key, fingerprint, owner, lease_ms, ttl_ms)
         if origin:  # the script puts its clock's time before it
-            args = (key, fingerprint, owner, lease_ms, ttl_ms, waits, tombstone, origin)
+            args += (waits, tombstone, origin)
         elif waits or tombstone:
-            args = (key, fingerprint, owner, lease_ms, ttl_ms, waits, tombstone)
+            args += (waits, tombstone)
         decision = decode_claim_reply(await self._eval("claim", *args), owner)
         if type(decision) is Replay:  # the usual retry: nothing more to do
             return decision
