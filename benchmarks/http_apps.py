@@ -17,6 +17,8 @@ Servers build the apps from the environment: ``IDEMKEY_BENCH_REDIS_URL`` and
 ``IDEMKEY_BENCH_PREFIX`` (``gunicorn 'benchmarks.http_apps:make_wsgi()'``,
 ``uvicorn --factory benchmarks.http_apps:make_asgi``). ``IDEMKEY_BENCH_UNBATCHED=1`` makes the
 ASGI store send each script call alone (the lean path before batching), to measure the batch.
+``IDEMKEY_BENCH_PROBE=short`` answers the WSGI and ASGI replays through ``short_probe``'s
+bound instead of the middleware's layers (issue 39).
 """
 
 from __future__ import annotations
@@ -35,6 +37,8 @@ from idemkey._codec import StoredResponse, encode_response
 from idemkey._core import owner_tag
 from idemkey.store import SCRIPTS
 from idemkey.store._base import SCRIPT_KEYS
+
+from .short_probe import asgi_probe, probing, wsgi_probe
 
 __all__ = [
     "BODY",
@@ -86,7 +90,10 @@ def wsgi_apps(store: RedisStore) -> tuple[WSGIApp, WSGIApp]:
     """(plain, guarded) WSGI apps; raises ImportError when the adapter is missing."""
     from idemkey.adapters.wsgi import IdempotencyMiddleware
 
-    return plain_wsgi, IdempotencyMiddleware(plain_wsgi, store)  # type: ignore[arg-type]
+    guarded = IdempotencyMiddleware(plain_wsgi, store)  # type: ignore[arg-type]
+    if probing(os.environ):
+        guarded = wsgi_probe(store, guarded)
+    return plain_wsgi, guarded
 
 
 def flask_apps(store: RedisStore) -> WSGIApp:
@@ -120,7 +127,10 @@ def asgi_apps(store: AsyncRedisStore) -> tuple[Any, Any]:
     """(plain, guarded) ASGI apps; raises ImportError when the adapter is missing."""
     from idemkey.adapters.asgi import IdempotencyMiddleware
 
-    return plain_asgi, IdempotencyMiddleware(plain_asgi, store)
+    guarded = IdempotencyMiddleware(plain_asgi, store)
+    if probing(os.environ):
+        guarded = asgi_probe(store, guarded)
+    return plain_asgi, guarded
 
 
 def _health_wsgi(environ: dict[str, Any], start_response: Any) -> list[bytes]:

@@ -1,0 +1,106 @@
+"""An upper bound for a replay answered before the ``Exchange`` exists (issue 39's way forward).
+
+``IDEMKEY_BENCH_PROBE=short python -m benchmarks`` puts one of these in front of the WSGI and
+ASGI middlewares, in process and inside gunicorn and uvicorn (``http_apps``): a replay is
+answered by idemkey's own checks written as one function (``least.checks_for``'s, the ASGI
+twin beside it), with no ``Exchange``, no transitions, no driver and no ``store.claim``; any
+other answer of the claim releases it and hands the request to the middleware, so first calls
+are slower under the probe (a claim and a release more) and are not what it measures.
+
+It is a bound, not a design: it sends the script without the store's handling of a dropped
+connection or a moving slot (NOSCRIPT only: the store loads the script), does not refuse a
+body shorter than its Content-Length, and assumes a whole ASGI body in one message. What a
+real short path costs lies between it and the middleware.
+"""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Mapping
+from typing import Any
+
+from redis.exceptions import NoScriptError
+
+from idemkey import AsyncRedisStore, RedisStore
+from idemkey._codec import decode_response
+from idemkey._core import Replay, decode_claim_reply, new_owner, parse_key, record_for
+from idemkey._core import record_origin as origin_of
+from idemkey.adapters._asgi_messages import ReplayReceive, respond
+from idemkey.adapters._environ import capture, request_of
+from idemkey.adapters._wsgi_response import send
+from idemkey.http import Headers, Request
+from idemkey.http._answers import replayed
+from idemkey.http._fingerprint import request_fingerprint
+from idemkey.http._scope import default_scope
+
+__all__ = ["PROBE_ENV", "asgi_probe", "probing", "wsgi_probe"]
+
+#: ``short``: the HTTP benchmark's guarded WSGI and ASGI apps answer replays through the probe.
+PROBE_ENV = "IDEMKEY_BENCH_PROBE"
+
+
+def probing(environ: Mapping[str, str]) -> bool:
+    return environ.get(PROBE_ENV) == "short"
+
+
+def wsgi_probe(store: RedisStore, middleware: Any) -> Any:
+    """``middleware``'s WSGI app, a replay answered in one function."""
+    policy, evalsha, sha = store.policy, store._evalsha, store._scripts["claim"].sha
+    header, strict, limit = policy.header, policy.strict_header, policy.max_request_bytes
+
+    def probe(environ: dict[str, Any], start_response: Any) -> Any:
+        request = request_of(environ)
+        key = parse_key(request.headers.get_all(header)[0], strict=strict)
+        scope = default_scope(request, header)
+        record = record_for(policy.prefix, scope, request.method, request.path, key)
+        body = capture(environ, limit)
+        if not isinstance(body, bytes):
+            return middleware(environ, start_response)
+        sent = request_fingerprint(policy, request, body)
+        owner = new_owner()
+        origin = origin_of(scope, request.method, request.path, key)
+        args = (record.record_key, sent, owner, policy.lease_ms, policy.ttl_ms, 0, 0, origin)
+        try:
+            reply = evalsha(sha, args)
+        except NoScriptError:  # a server that never saw the script: the store loads it
+            reply = store._eval("claim", *args)
+        decision = decode_claim_reply(reply, owner)
+        if type(decision) is not Replay:
+            store.release(record, owner)
+            environ["wsgi.input"] = io.BytesIO(body)
+            return middleware(environ, start_response)
+        return send(start_response, replayed(policy, decode_response(decision.response)))
+
+    return probe
+
+
+def asgi_probe(store: AsyncRedisStore, middleware: Any) -> Any:
+    """``middleware``'s ASGI app, a replay answered in one coroutine."""
+    policy, sha = store.policy, store._scripts["claim"].sha
+    header, strict = policy.header, policy.strict_header
+
+    async def probe(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        headers = Headers.from_latin1(scope["headers"])
+        query = scope.get("query_string", b"").decode("latin-1")
+        request = Request(scope["method"], scope["path"], query, headers, "")
+        key = parse_key(headers.get_all(header)[0], strict=strict)
+        whose = default_scope(request, header)
+        record = record_for(policy.prefix, whose, request.method, request.path, key)
+        message = await receive()
+        body = message.get("body", b"")
+        sent = request_fingerprint(policy, request, body)
+        owner = new_owner()
+        origin = origin_of(whose, request.method, request.path, key)
+        args = (record.record_key, sent, owner, policy.lease_ms, policy.ttl_ms, 0, 0, origin)
+        try:
+            reply = await store._evalsha(sha, args)
+        except NoScriptError:
+            reply = await store._eval("claim", *args)
+        decision = decode_claim_reply(reply, owner)
+        if type(decision) is not Replay:
+            await store.release(record, owner)
+            await middleware(scope, ReplayReceive(body, receive), send)
+            return
+        await respond(send, replayed(policy, decode_response(decision.response)))
+
+    return probe

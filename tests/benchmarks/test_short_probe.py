@@ -1,0 +1,79 @@
+"""The short-path probe (``benchmarks.short_probe``) answers as the middleware does: a first
+call goes through the middleware (the probe's own claim released first, not a 409), and a
+replay answers the stored response, marked replayed, without it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import redis
+import redis.asyncio
+
+from benchmarks.http_apps import asgi_apps, plain_asgi, plain_wsgi, wsgi_apps
+from benchmarks.httpcases import call_asgi, wsgi_environ
+from benchmarks.short_probe import PROBE_ENV, asgi_probe, probing, wsgi_probe
+from idemkey import AsyncRedisStore, Policy, RedisStore
+from idemkey.adapters.asgi import IdempotencyMiddleware as AsgiMiddleware
+from idemkey.adapters.wsgi import IdempotencyMiddleware as WsgiMiddleware
+
+
+def test_the_probe_is_off_unless_asked_for(monkeypatch: pytest.MonkeyPatch) -> None:
+    store = RedisStore(redis.Redis(), Policy(prefix="probe-off"))
+    monkeypatch.delenv(PROBE_ENV, raising=False)
+    assert isinstance(wsgi_apps(store)[1], WsgiMiddleware)
+    monkeypatch.setenv(PROBE_ENV, "short")
+    assert probing({PROBE_ENV: "short"})
+    assert not isinstance(wsgi_apps(store)[1], WsgiMiddleware)
+
+
+def test_the_wsgi_probe_runs_a_first_call_once_and_replays_it(redis_url: str, prefix: str) -> None:
+    calls: list[int] = []
+
+    def app(environ: dict[str, Any], start_response: Any) -> Any:
+        calls.append(1)
+        return plain_wsgi(environ, start_response)
+
+    store = RedisStore(redis.Redis.from_url(redis_url), Policy(prefix=prefix))
+    probe = wsgi_probe(store, WsgiMiddleware(app, store))
+    answers: list[tuple[str, list[tuple[str, str]]]] = []
+
+    def start_response(status: str, headers: list[tuple[str, str]], exc_info: Any = None) -> Any:
+        answers.append((status, headers))
+
+    try:
+        first = b"".join(probe(wsgi_environ("/o", "k"), start_response))
+        again = b"".join(probe(wsgi_environ("/o", "k"), start_response))
+    finally:
+        store.close()
+    assert calls == [1]
+    assert again == first
+    (status, headers), (replay_status, replay_headers) = answers
+    assert status == replay_status == "201 Created"
+    assert replay_headers == [*headers, ("Idempotent-Replayed", "true")]
+
+
+async def test_the_asgi_probe_runs_a_first_call_once_and_replays_it(
+    redis_url: str, prefix: str
+) -> None:
+    calls: list[int] = []
+
+    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        calls.append(1)
+        await plain_asgi(scope, receive, send)
+
+    client = redis.asyncio.Redis.from_url(redis_url)
+    store = AsyncRedisStore(client, Policy(prefix=prefix))
+    probe = asgi_probe(store, AsgiMiddleware(app, store))
+    try:
+        status, headers = await call_asgi(probe, "/o", "k")
+        replay_status, replay_headers = await call_asgi(probe, "/o", "k")
+        _, unguarded = asgi_apps(store)
+    finally:
+        await store.aclose()
+        await client.aclose()
+    assert calls == [1]
+    assert status == replay_status == 201
+    assert "idempotent-replayed" not in headers
+    assert replay_headers == {**headers, "idempotent-replayed": "true"}
+    assert isinstance(unguarded, AsgiMiddleware)
