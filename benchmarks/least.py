@@ -43,27 +43,22 @@ import msgspec
 import redis
 
 from idemkey import Policy, RedisStore
-from idemkey._codec import StoredResponse, decode_response
+from idemkey._codec import StoredResponse
 from idemkey._core import (
-    Replay,
-    decode_claim_reply,
     fingerprint,
     new_owner,
-    parse_key,
     record_for,
-    record_origin,
 )
-from idemkey.adapters._environ import capture, request_of
-from idemkey.adapters._wsgi_response import send
+from idemkey.adapters._environ import request_of
 from idemkey.adapters.wsgi import IdempotencyMiddleware
 from idemkey.http import begin
-from idemkey.http._answers import replayed
 from idemkey.http._fingerprint import request_fingerprint
-from idemkey.http._scope import NO_CREDENTIALS, credential_scope, default_scope
+from idemkey.http._scope import NO_CREDENTIALS, credential_scope
 
 from .http_apps import plain_wsgi as plain
 from .httpcases import wsgi_environ
 from .servers import redis_url
+from .short_probe import wsgi_probe
 
 __all__ = ["main"]
 
@@ -114,27 +109,11 @@ def checks_for(store: RedisStore) -> Callable[..., list[bytes]]:
     line), written as one function: no ``Exchange``, no transitions, no driver, no
     ``store.claim``. What ``idemkey`` costs over it is the layers'; what it costs over
     ``least`` is the checks'."""
-    policy, evalsha, sha = store.policy, store._evalsha, store._scripts["claim"].sha
-    header, strict, limit = policy.header, policy.strict_header, policy.max_request_bytes
+    return wsgi_probe(store, _not_a_replay)
 
-    def checks(environ: dict[str, Any], start_response: Any) -> list[bytes]:
-        request = request_of(environ)
-        key = parse_key(request.headers.get_all(header)[0], strict=strict)
-        scope = default_scope(request, header)
-        record = record_for(policy.prefix, scope, request.method, request.path, key)
-        body = capture(environ, limit)
-        if not isinstance(body, bytes):
-            raise SystemExit(f"checks: the body was refused: {body!r}")
-        sent = request_fingerprint(policy, request, body)
-        owner = new_owner()
-        origin = record_origin(scope, request.method, request.path, key)
-        args = (record.record_key, sent, owner, policy.lease_ms, policy.ttl_ms, 0, 0, origin)
-        decision = decode_claim_reply(evalsha(sha, args), owner)
-        if not isinstance(decision, Replay):
-            raise SystemExit(f"checks: the claim did not replay: {decision!r:.100}")
-        return send(start_response, replayed(policy, decode_response(decision.response)))
 
-    return checks
+def _not_a_replay(environ: dict[str, Any], start_response: Any) -> list[bytes]:
+    raise SystemExit("checks: the request did not replay (its body refused, or its claim won)")
 
 
 def _disturb() -> None:

@@ -2,10 +2,11 @@
 
 ``IDEMKEY_BENCH_PROBE=short python -m benchmarks`` puts one of these in front of the WSGI and
 ASGI middlewares, in process and inside gunicorn and uvicorn (``http_apps``): a replay is
-answered by idemkey's own checks written as one function (``least.checks_for``'s, the ASGI
-twin beside it), with no ``Exchange``, no transitions, no driver and no ``store.claim``; any
-other answer of the claim releases it and hands the request to the middleware, so first calls
-are slower under the probe (a claim and a release more) and are not what it measures.
+answered by idemkey's own checks written as one function (:func:`wsgi_probe`, which is also
+``least.checks_for`` with nothing behind it, and its ASGI twin), with no ``Exchange``, no
+transitions, no driver and no ``store.claim``; any other answer of the claim releases it and
+hands the request to the middleware, so first calls are slower under the probe (a claim and
+a release more) and are not what it measures.
 
 It is a bound, not a design: it sends the script without the store's handling of a dropped
 connection or a moving slot (NOSCRIPT only: the store loads the script), does not refuse a
