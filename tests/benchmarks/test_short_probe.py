@@ -1,6 +1,6 @@
 """The short-path probe (``benchmarks.short_probe``) answers as the middleware does: a first
 call goes through the middleware (the probe's own claim released first, not a 409), and a
-replay answers the stored response, marked replayed, without it."""
+replay answers the stored response, marked replayed, without it (never handed on)."""
 
 from __future__ import annotations
 
@@ -35,7 +35,14 @@ def test_the_wsgi_probe_runs_a_first_call_once_and_replays_it(redis_url: str, pr
         return plain_wsgi(environ, start_response)
 
     store = RedisStore(redis.Redis.from_url(redis_url), Policy(prefix=prefix))
-    probe = wsgi_probe(store, WsgiMiddleware(app, store))
+    middleware = WsgiMiddleware(app, store)
+    handed: list[int] = []
+
+    def behind(environ: dict[str, Any], start_response: Any) -> Any:
+        handed.append(1)  # the replay must not get here: the probe answers it
+        return middleware(environ, start_response)
+
+    probe = wsgi_probe(store, behind)
     answers: list[tuple[str, list[tuple[str, str]]]] = []
 
     def start_response(status: str, headers: list[tuple[str, str]], exc_info: Any = None) -> Any:
@@ -46,7 +53,7 @@ def test_the_wsgi_probe_runs_a_first_call_once_and_replays_it(redis_url: str, pr
         again = b"".join(probe(wsgi_environ("/o", "k"), start_response))
     finally:
         store.close()
-    assert calls == [1]
+    assert calls == handed == [1]
     assert again == first
     (status, headers), (replay_status, replay_headers) = answers
     assert status == replay_status == "201 Created"
@@ -64,7 +71,14 @@ async def test_the_asgi_probe_runs_a_first_call_once_and_replays_it(
 
     client = redis.asyncio.Redis.from_url(redis_url)
     store = AsyncRedisStore(client, Policy(prefix=prefix))
-    probe = asgi_probe(store, AsgiMiddleware(app, store))
+    middleware = AsgiMiddleware(app, store)
+    handed: list[int] = []
+
+    async def behind(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        handed.append(1)
+        await middleware(scope, receive, send)
+
+    probe = asgi_probe(store, behind)
     try:
         status, headers = await call_asgi(probe, "/o", "k")
         replay_status, replay_headers = await call_asgi(probe, "/o", "k")
@@ -72,7 +86,7 @@ async def test_the_asgi_probe_runs_a_first_call_once_and_replays_it(
     finally:
         await store.aclose()
         await client.aclose()
-    assert calls == [1]
+    assert calls == handed == [1]
     assert status == replay_status == 201
     assert "idempotent-replayed" not in headers
     assert replay_headers == {**headers, "idempotent-replayed": "true"}
