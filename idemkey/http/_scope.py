@@ -174,7 +174,7 @@ def _field(name: bytes, values: list[str]) -> bytes:
 
 
 _logger = logging.getLogger("idemkey")
-_warned = False
+warned = False  # default_scope's WARNING was logged
 _warn_lock = threading.Lock()
 
 
@@ -182,17 +182,18 @@ def default_scope(request: Request, key_header: str) -> str:
     """:func:`credential_scope`, for a policy that set no scope: the first request that
     carries no credential it recognises logs a WARNING (once per process)."""
     scope = credential_scope(request, key_header)
-    if scope is NO_CREDENTIALS and not _warned:
-        _warn_once(request)
+    if scope is NO_CREDENTIALS and not warned:
+        warn_once(request)
     return scope
 
 
-def _warn_once(request: Request) -> None:
-    global _warned
+def warn_once(request: Request) -> None:
+    """Log :func:`default_scope`'s WARNING, unless it was logged already."""
+    global warned
     with _warn_lock:
-        if _warned:
+        if warned:
             return
-        _warned = True
+        warned = True
     _logger.warning(
         "idemkey: a keyed %s request carried no credential header the default scope "
         "recognises (Authorization, Proxy-Authorization, Cookie, or a name containing %s): "
