@@ -92,7 +92,7 @@ def _wsgi_scenario(store: RedisStore) -> tuple[list[Answer], list[int]]:
 
 
 def _summary(answers: list[Answer]) -> list[tuple[int, bool, str]]:
-    return [(status, replayed, json.loads(body).get("id", "")) for status, replayed, body in answers]
+    return [(status, again, json.loads(body).get("id", "")) for status, again, body in answers]
 
 
 EXPECTED = [(201, False, "ch_1"), (201, True, "ch_1"), (422, False, ""), (409, False, "")]
