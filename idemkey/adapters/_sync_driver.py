@@ -21,15 +21,14 @@ from __future__ import annotations
 from time import perf_counter
 from typing import TYPE_CHECKING
 
-from .._core import Claimed, decode_claim_reply
 from ..errors import EffectCommittedError, StoreError
 from ..http import Complete
-from ..store import RedisStore
 from ..store._concurrency._sync_runtime import Cancelled, detach
 from ..store._concurrency._sync_shield import settle_later
 
 if TYPE_CHECKING:
     from ..http import Exchange, Release, Response
+    from ..store import RedisStore
 
 __all__ = ["Driver"]
 
@@ -37,45 +36,29 @@ __all__ = ["Driver"]
 class Driver:
     """Claims and settles records in ``store`` for the adapters; one per middleware."""
 
-    __slots__ = ("own_claim", "store")
+    __slots__ = ("store",)
 
     def __init__(self, store: RedisStore) -> None:
         self.store = store
-        #: Whether :meth:`claim` may send the claim script itself, for a policy that neither
-        #: waits nor keeps tombstones and a store without effects (their recovery runs in
-        #: ``store.claim``): the store's ``claim`` is the library's own (a subclass may wrap
-        #: it). tests/adapters/test_driver_claim.py holds the two paths alike.
-        self.own_claim = type(store).claim is RedisStore.claim
 
     def claim(self, exchange: Exchange) -> Response | None:
         """Claim the record: None to run the app, or the Response to send instead (a replay,
         409, 422, 503). None with ``exchange.unprotected``: the store failed open."""
         fingerprint = exchange.claiming()
-        store = self.store
-        exchange.keep = store.keep_uncertain
+        exchange.keep = self.store.keep_uncertain
         policy = exchange.policy
-        record, owner = exchange.record, exchange.owner
         started = perf_counter()
         try:
-            if self.own_claim and store.effects is None and not policy.wait and not policy.grace_ms:
-                # store.claim without its frame (every keyed request's, replays included):
-                # the same script and arguments, and a won claim renewed by the heartbeat.
-                args = (record.record_key, fingerprint, owner, policy.lease_ms, policy.ttl_ms)
-                reply = store._eval("claim", *args, 0, 0, exchange.origin)
-                decision = decode_claim_reply(reply, owner)
-                if type(decision) is Claimed:
-                    store._watch(record, owner, policy.lease_ms, decision.fence)
-            else:  # waiting, a tombstone, the effects' recovery: the store's whole claim
-                decision = store.claim(
-                    record,
-                    fingerprint,
-                    owner=owner,
-                    lease_ms=policy.lease_ms,
-                    ttl_ms=policy.ttl_ms,
-                    wait=policy.wait,
-                    expired=policy.grace_ms > 0,
-                    origin=exchange.origin,
-                )
+            decision = self.store.claim(
+                exchange.record,
+                fingerprint,
+                owner=exchange.owner,
+                lease_ms=policy.lease_ms,
+                ttl_ms=policy.ttl_ms,
+                wait=policy.wait,
+                expired=policy.grace_ms > 0,
+                origin=exchange.origin,
+            )
         except StoreError as exc:
             return exchange.store_failed(exc)
         except EffectCommittedError:
