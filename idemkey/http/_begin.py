@@ -11,11 +11,10 @@ from typing import TYPE_CHECKING
 
 from .._core import parse_key, record_for
 from ..errors import ConfigurationError, InvalidKeyError
-from . import _scope
 from ._exchange import Exchange
-from ._messages import Request, Response, parse_content_length
+from ._messages import Request, Response, content_length
 from ._problems import render
-from ._scope import NO_CREDENTIALS, credential_scope
+from ._scope import credential_scope, default_scope
 from ._switch import switch
 from .routes import ROUTE_UNKNOWN
 
@@ -46,16 +45,13 @@ def begin(policy: Policy, request: Request) -> Exchange | Response | None:
         return render(policy, 400, "invalid_key", exc.reason)
     scope_of = policy.scope
     if scope_of is credential_scope:  # the default: it must leave the key header out
-        scope = credential_scope(request, policy.header)
-        if scope is NO_CREDENTIALS and not _scope.warned:  # _scope.default_scope, inline
-            _scope.warn_once(request)
+        scope = default_scope(request, policy.header)
     else:
         scope = scope_of(request)
         if not isinstance(scope, str):
             raise ConfigurationError(f"Policy.scope must return a str, got {type(scope).__name__}")
     method = request.method
     template = request.route
-    lengths = request.headers.get_all("content-length")  # content_length(), inline
     route = template or request.path
     return Exchange(
         policy,
@@ -67,5 +63,5 @@ def begin(policy: Policy, request: Request) -> Exchange | Response | None:
         template or ROUTE_UNKNOWN,  # the label: never a concrete path (a bounded metric label)
         record_for(policy.prefix, scope, method, route, key),
         policy.on_event,
-        parse_content_length(lengths[0]) if lengths else None,
+        content_length(request.headers),
     )

@@ -174,7 +174,7 @@ def _field(name: bytes, values: list[str]) -> bytes:
 
 
 _logger = logging.getLogger("idemkey")
-warned = False  # default_scope's WARNING was logged
+_warned = False
 _warn_lock = threading.Lock()
 
 
@@ -182,18 +182,17 @@ def default_scope(request: Request, key_header: str) -> str:
     """:func:`credential_scope`, for a policy that set no scope: the first request that
     carries no credential it recognises logs a WARNING (once per process)."""
     scope = credential_scope(request, key_header)
-    if scope is NO_CREDENTIALS and not warned:
-        warn_once(request)
+    if scope is NO_CREDENTIALS and not _warned:
+        _warn_once(request)
     return scope
 
 
-def warn_once(request: Request) -> None:
-    """Log :func:`default_scope`'s WARNING, unless it was logged already."""
-    global warned
+def _warn_once(request: Request) -> None:
+    global _warned
     with _warn_lock:
-        if warned:
+        if _warned:
             return
-        warned = True
+        _warned = True
     _logger.warning(
         "idemkey: a keyed %s request carried no credential header the default scope "
         "recognises (Authorization, Proxy-Authorization, Cookie, or a name containing %s): "
