@@ -18,7 +18,8 @@ Servers build the apps from the environment: ``IDEMKEY_BENCH_REDIS_URL`` and
 ``uvicorn --factory benchmarks.http_apps:make_asgi``). ``IDEMKEY_BENCH_UNBATCHED=1`` makes the
 ASGI store send each script call alone (the lean path before batching), to measure the batch.
 ``IDEMKEY_BENCH_PROBE=short`` answers the WSGI and ASGI replays through ``short_probe``'s
-bound instead of the middleware's layers (issue 39).
+bound instead of the middleware's layers (issue 39); ``store`` and ``exchange`` put back, in
+the probe, the store's claim and the ``Exchange``'s decision (``short_probe.LEVELS``).
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ from idemkey._core import owner_tag
 from idemkey.store import SCRIPTS
 from idemkey.store._base import SCRIPT_KEYS
 
-from .short_probe import asgi_probe, probing, wsgi_probe
+from .short_probe import asgi_probe, probe_level, wsgi_probe
 
 __all__ = [
     "BODY",
@@ -91,8 +92,9 @@ def wsgi_apps(store: RedisStore) -> tuple[WSGIApp, WSGIApp]:
     from idemkey.adapters.wsgi import IdempotencyMiddleware
 
     guarded = IdempotencyMiddleware(plain_wsgi, store)  # type: ignore[arg-type]
-    if probing(os.environ):
-        guarded = wsgi_probe(store, guarded)
+    level = probe_level(os.environ)
+    if level is not None:
+        guarded = wsgi_probe(store, guarded, level)
     return plain_wsgi, guarded
 
 
@@ -128,8 +130,9 @@ def asgi_apps(store: AsyncRedisStore) -> tuple[Any, Any]:
     from idemkey.adapters.asgi import IdempotencyMiddleware
 
     guarded = IdempotencyMiddleware(plain_asgi, store)
-    if probing(os.environ):
-        guarded = asgi_probe(store, guarded)
+    level = probe_level(os.environ)
+    if level is not None:
+        guarded = asgi_probe(store, guarded, level)
     return plain_asgi, guarded
 
 
