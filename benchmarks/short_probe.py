@@ -107,23 +107,13 @@ def wsgi_probe(store: RedisStore, middleware: Any, level: str = "short") -> Any:
         if level == "exchange":
             declared = parse_content_length(environ.get("CONTENT_LENGTH"))
             # The Exchange the middleware holds once its claim went out.
+            # fmt: off
             exchange = Exchange(
-                policy,
-                request,
-                key,
-                scope,
-                request.method,
-                request.path,
-                ROUTE_UNKNOWN,
-                record,
-                policy.on_event,
-                declared,
-                keep=keep,
-                state=State.CLAIMING,
-                owner=owner,
-                origin=origin,
-                _fingerprint=sent,
+                policy, request, key, scope, request.method, request.path, ROUTE_UNKNOWN, record,
+                policy.on_event, declared,
+                keep=keep, state=State.CLAIMING, owner=owner, origin=origin, _fingerprint=sent,
             )
+            # fmt: on
             answer = exchange.decide(decision, seconds)
             assert answer is not None  # a replay's answer
             return send(start_response, answer)
@@ -177,23 +167,13 @@ def asgi_probe(store: AsyncRedisStore, middleware: Any, level: str = "short") ->
         if level == "exchange":
             declared = parse_content_length(headers.get("content-length"))
             # The Exchange the middleware holds once its claim went out.
+            # fmt: off
             exchange = Exchange(
-                policy,
-                request,
-                key,
-                whose,
-                request.method,
-                request.path,
-                ROUTE_UNKNOWN,
-                record,
-                policy.on_event,
-                declared,
-                keep=keep,
-                state=State.CLAIMING,
-                owner=owner,
-                origin=origin,
-                _fingerprint=sent,
+                policy, request, key, whose, request.method, request.path, ROUTE_UNKNOWN, record,
+                policy.on_event, declared,
+                keep=keep, state=State.CLAIMING, owner=owner, origin=origin, _fingerprint=sent,
             )
+            # fmt: on
             answer = exchange.decide(decision, seconds)
             assert answer is not None  # a replay's answer
             await respond(send, answer)
