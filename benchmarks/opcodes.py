@@ -4,12 +4,15 @@
 
     python -m benchmarks.opcodes wsgi.replay            # one path, its app alone beside it
     python -m benchmarks.opcodes wsgi.replay --top 10
+    python -m benchmarks.opcodes asgi.replay.exchange   # the replay through short_probe's level
 
 ``benchmarks.calls`` counts calls; a call's cost is the bytecode it runs, so this counts the
 bytecodes of one request of a path (``sys.settrace`` opcode events, after a warm-up, on the
 same in-process client) per Python function, and what idemkey adds over the path's app
 alone (``<adapter>.plain``). Each function's own count, not its callees'. The profile of
-every HTTP row in benchmarks/RESULTS.md ("Stop 48") is this tool's output.
+every HTTP row in benchmarks/RESULTS.md ("Stop 48") is this tool's output, and so are the
+bytecodes of stop 49's ladder: ``wsgi.replay.<level>`` and ``asgi.replay.<level>`` are the
+replay answered by ``benchmarks.short_probe`` at each of its levels (:func:`probe_paths`).
 """
 
 from __future__ import annotations
@@ -21,9 +24,23 @@ from collections.abc import Sequence
 from types import FrameType
 from typing import Any
 
-from benchmarks.calls import Request, _run, _stop_heartbeats, paths
+from benchmarks.calls import (
+    _LOOP,
+    AsyncFakeClient,
+    FakeClient,
+    Request,
+    _call_asgi,
+    _call_wsgi,
+    _run,
+    _stop_heartbeats,
+    paths,
+    plain_asgi,
+    plain_wsgi,
+)
+from benchmarks.short_probe import LEVELS, asgi_probe, wsgi_probe
+from idemkey import AsyncRedisStore, Policy, RedisStore
 
-__all__ = ["main", "opcodes"]
+__all__ = ["main", "opcodes", "probe_paths"]
 
 
 def opcodes(request: Request, is_async: bool) -> collections.Counter[str]:
@@ -46,12 +63,42 @@ def opcodes(request: Request, is_async: bool) -> collections.Counter[str]:
     return counts
 
 
+def probe_paths() -> dict[str, tuple[Request, bool]]:
+    """``wsgi.replay.<level>`` and ``asgi.replay.<level>``: the replay of ``benchmarks.calls``
+    answered by the short-path probe at each of its levels, the middleware behind it."""
+    from idemkey.adapters.asgi import IdempotencyMiddleware as AsgiMiddleware
+    from idemkey.adapters.wsgi import IdempotencyMiddleware as WsgiMiddleware
+
+    policy = Policy(prefix="calls", ttl=900.0, lease=30.0)
+    seeded = FakeClient()
+    _call_wsgi(WsgiMiddleware(plain_wsgi, RedisStore(seeded, policy)), "seed")
+    aseeded = AsyncFakeClient()
+    aseed = AsgiMiddleware(plain_asgi, AsyncRedisStore(aseeded, policy))
+    _LOOP.run_until_complete(_call_asgi(aseed, "seed"))
+    out: dict[str, tuple[Request, bool]] = {}
+    for level in LEVELS:
+        store = RedisStore(FakeClient(seeded.completed), policy)
+        wsgi = wsgi_probe(store, WsgiMiddleware(plain_wsgi, store), level)
+        astore = AsyncRedisStore(AsyncFakeClient(aseeded.completed), policy)
+        asgi = asgi_probe(astore, AsgiMiddleware(plain_asgi, astore), level)
+
+        async def asgi_replay(i: int, app: Any = asgi) -> None:
+            await _call_asgi(app, "seed")
+
+        out[f"wsgi.replay.{level}"] = (lambda i, app=wsgi: _call_wsgi(app, "seed"), False)
+        out[f"asgi.replay.{level}"] = (asgi_replay, True)
+    return out
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m benchmarks.opcodes")
-    p.add_argument("path", help="a path of benchmarks.calls (wsgi.replay, flask.first, ...)")
+    p.add_argument(
+        "path", help="a path of benchmarks.calls (wsgi.replay, flask.first, ...) or of probe_paths"
+    )
     p.add_argument("--top", type=int, default=40, help="functions listed (default 40)")
     args = p.parse_args(argv)
     table = paths()
+    table.update(probe_paths())
     counts = opcodes(*table[args.path])
     plain = args.path.split(".")[0] + ".plain"
     alone = opcodes(*table[plain]) if plain in table and plain != args.path else None
