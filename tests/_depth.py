@@ -1,5 +1,6 @@
 """How far the suite's long-form tests go: a short form by default, the long one with
-``IDEMKEY_DEEP=1`` (CI's ``.ci/run`` and ``nox -s deep`` set it).
+``IDEMKEY_DEEP=1`` (``nox -s deep`` sets it; CI's ``.ci/run`` too, where the box is fast enough
+for the long forms in its 20 minutes).
 
 The long forms test nothing the short ones do not: the same requests, faults and checks, only
 more of them. The soak races for 25 s instead of one round of keys, the fuzz tests draw four
