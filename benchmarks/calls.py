@@ -39,7 +39,7 @@ from typing import Any
 from idemkey import AsyncRedisStore, Policy, RedisStore, aguard, guard
 from idemkey.store import SCRIPTS
 
-__all__ = ["main", "measure"]
+__all__ = ["POLICY", "main", "measure"]
 
 PAYLOAD = b'{"invoice":"inv_42","amount":1999,"currency":"eur","customer":"cus_9"}'
 RESULT: dict[str, Any] = {"id": "ch_3Mtw", "status": "succeeded", "amount": 1999}
@@ -181,12 +181,16 @@ def _flask(store: RedisStore) -> tuple[Any, Any]:
     return plain, app
 
 
+#: The policy of every path (and of ``benchmarks.opcodes``' probe paths).
+POLICY = Policy(prefix="calls", ttl=900.0, lease=30.0)
+
+
 def paths() -> dict[str, tuple[Request, bool]]:
     """name -> (request i, is_async)."""
     from idemkey.adapters.asgi import IdempotencyMiddleware as AsgiMiddleware
     from idemkey.adapters.wsgi import IdempotencyMiddleware as WsgiMiddleware
 
-    policy = Policy(prefix="calls", ttl=900.0, lease=30.0)
+    policy = POLICY
 
     def sync_pair(wrap: Callable[[RedisStore], Any]) -> tuple[Any, Any]:
         """(first app, replay app): the replay store replays what the first one stored."""

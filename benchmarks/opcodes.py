@@ -26,6 +26,7 @@ from typing import Any
 
 from benchmarks.calls import (
     _LOOP,
+    POLICY,
     AsyncFakeClient,
     FakeClient,
     Request,
@@ -38,7 +39,7 @@ from benchmarks.calls import (
     plain_wsgi,
 )
 from benchmarks.short_probe import LEVELS, asgi_probe, wsgi_probe
-from idemkey import AsyncRedisStore, Policy, RedisStore
+from idemkey import AsyncRedisStore, RedisStore
 
 __all__ = ["main", "opcodes", "probe_paths"]
 
@@ -69,7 +70,7 @@ def probe_paths() -> dict[str, tuple[Request, bool]]:
     from idemkey.adapters.asgi import IdempotencyMiddleware as AsgiMiddleware
     from idemkey.adapters.wsgi import IdempotencyMiddleware as WsgiMiddleware
 
-    policy = Policy(prefix="calls", ttl=900.0, lease=30.0)
+    policy = POLICY
     seeded = FakeClient()
     _call_wsgi(WsgiMiddleware(plain_wsgi, RedisStore(seeded, policy)), "seed")
     aseeded = AsyncFakeClient()
