@@ -4,7 +4,7 @@
     nox -s tests            # the test suite on every Python 3.10-3.13 that actually runs here
     nox -s tests-3.11       # one interpreter
     nox -s quick            # the inner loop, under 90 s; `pytest` stays the whole suite
-    nox -s deep             # the whole suite in its long form (IDEMKEY_DEEP=1), as CI runs it
+    nox -s deep             # the whole suite in its long form (IDEMKEY_DEEP=1)
     nox -s bench -- --quick # arguments after -- go to `python -m benchmarks`
     nox -s build            # sdist + wheel, then check the wheel ships the Lua scripts
     nox -s lock             # constraints.txt again from pyproject.toml (uv pip compile)
@@ -233,7 +233,8 @@ def tests(session: nox.Session) -> None:
 
 @nox.session(python=CURRENT)
 def deep(session: nox.Session) -> None:
-    """The whole suite in its long form, as CI runs it (IDEMKEY_DEEP=1, tests/_depth.py): the
+    """The whole suite in its long form (IDEMKEY_DEEP=1, tests/_depth.py; CI runs it for the
+    tests that have one, `-m "hypothesis or long_form"`, when it has the minutes): the
     soak races for 25 s, the fuzz tests draw four times their default examples and every other
     hypothesis test 500. Extra arguments go to pytest."""
     session.install("-c", LOCK, "-e", ".[test]", "build")

@@ -1,6 +1,8 @@
 """How far the suite's long-form tests go: a short form by default, the long one with
-``IDEMKEY_DEEP=1`` (``nox -s deep`` sets it; CI's ``.ci/run`` too, where the box is fast enough
-for the long forms in its 20 minutes).
+``IDEMKEY_DEEP=1`` (``nox -s deep`` sets it; CI's ``.ci/run`` too, for the tests that have a long
+form, ``-m "hypothesis or long_form"``, when the run so far leaves it the minutes). A test that
+reads ``DEEP`` and is not a hypothesis test carries the ``long_form`` marker
+(tests/test_ci_steps.py checks it).
 
 The long forms test nothing the short ones do not: the same requests, faults and checks, only
 more of them. The soak races for 25 s instead of one round of keys, the fuzz tests draw four

@@ -34,7 +34,7 @@ from idemkey.store.status import lease_left_ms, server_ms
 from tests._depth import DEEP
 from tests._servers import wait_until
 
-pytestmark = [pytest.mark.slow, pytest.mark.redis]
+pytestmark = [pytest.mark.slow, pytest.mark.long_form, pytest.mark.redis]
 
 ROOT = Path(__file__).resolve().parents[2]
 RACERS = 4
