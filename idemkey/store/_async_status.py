@@ -12,7 +12,7 @@ from typing import Any
 
 from .._core import LOCK_HINT
 from .status import (
-    FIELDS,
+    WIRE_FIELDS,
     RecordStatus,
     StatusFields,
     decode_status,
@@ -45,7 +45,7 @@ async def read_statuses(client: Any, keys: Sequence[bytes | str]) -> list[Record
     only for records with finished steps, or claims written by 0.2)."""
     pipe = client.pipeline(transaction=False)
     for key in keys:
-        pipe.hmget(key, *FIELDS)
+        pipe.hmget(key, *WIRE_FIELDS)
         pipe.pttl(key)
     # The lease is a deadline on the server's clock (claim.lua). In a cluster, TIME is asked of
     # the client's default node: the nodes' clocks are as close as their PX expiries need.

@@ -29,6 +29,7 @@ __all__ = [
     "FIELDS",
     "NAMED_FIELDS",
     "STATES",
+    "WIRE_FIELDS",
     "RecordState",
     "RecordStatus",
     "StatusFields",
@@ -83,6 +84,9 @@ class StatusFields(NamedTuple):
 NAMED_FIELDS: Final = ("state", "fence", "owner", "tk", "ns", "lease", "fp")
 #: What a status reads (``HMGET key *FIELDS``): :data:`NAMED_FIELDS`, then the origin's pieces.
 FIELDS: Final = (*NAMED_FIELDS, *ORIGIN_FIELDS)
+#: :data:`FIELDS` as a page's pipeline sends them: redis-py passes bytes on without encoding
+#: each again (23 per record, and a listing may read 100 000 records).
+WIRE_FIELDS: Final = tuple(name.encode() for name in FIELDS)
 _NAMED: Final = len(NAMED_FIELDS)
 
 
