@@ -128,6 +128,8 @@ def connect(
             server.wait(timeout=10)
         for log in logs:
             log.close()  # type: ignore[attr-defined]
+        if logs:  # pytest shows it only for a failed test: which request the server refused
+            print((tmp_path / "uvicorn.log").read_text(errors="replace")[-20000:])
 
 
 def runs(redis_url: str, prefix: str) -> int:
