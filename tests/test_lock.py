@@ -8,16 +8,16 @@ version nobody ran.
 
 from __future__ import annotations
 
-import re
 import sys
 from pathlib import Path
 
 import pytest
 
 packaging = pytest.importorskip("packaging")
-from packaging.markers import Marker  # noqa: E402
 from packaging.requirements import Requirement  # noqa: E402
 from packaging.utils import canonicalize_name  # noqa: E402
+
+from scripts.lock_drift import locked_versions  # noqa: E402
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -29,20 +29,6 @@ LOCK = ROOT / "constraints.txt"
 # The extras the lock covers (noxfile.LOCKED_EXTRAS): the README's two commands, CI's docs
 # build and the tools.
 LOCKED_EXTRAS = ("demo", "test", "docs", "dev")
-PIN = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)==([^\s;]+)\s*(?:;\s*(.+))?$")
-
-
-def _pins(text: str) -> dict[str, str]:
-    """Name -> pinned version, for the lines whose marker holds on this interpreter."""
-    pins: dict[str, str] = {}
-    for line in text.splitlines():
-        match = PIN.match(line.strip())
-        if match is None:
-            continue
-        name, version, marker = match.groups()
-        if marker is None or Marker(marker).evaluate():
-            pins[canonicalize_name(name)] = version
-    return pins
 
 
 def _wanted() -> list[Requirement]:
@@ -60,7 +46,7 @@ def _wanted() -> list[Requirement]:
 
 
 def test_the_lock_pins_every_requirement_within_its_range() -> None:
-    pins = _pins(LOCK.read_text("utf-8"))
+    pins = locked_versions(LOCK.read_text("utf-8"))
     problems = []
     for requirement in _wanted():
         name = canonicalize_name(requirement.name)
@@ -73,7 +59,7 @@ def test_the_lock_pins_every_requirement_within_its_range() -> None:
 
 def test_the_check_reads_a_stale_lock_as_stale() -> None:
     """The check above can fail: a lock that lacks a package, or pins outside a range."""
-    pins = _pins("redis==5.0.0\nflask==3.1.0 ; python_version < '3'\n")
+    pins = locked_versions("redis==5.0.0\nflask==3.1.0 ; python_version < '3'\n")
     assert pins == {"redis": "5.0.0"}
     assert not Requirement("redis>=5.0.1").specifier.contains(pins["redis"])
 
