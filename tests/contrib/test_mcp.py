@@ -76,6 +76,17 @@ def connect(
     """``connect(wait)(principal)``: a ClientSession to the server, as ``principal``."""
     servers: list[subprocess.Popen[bytes]] = []
     logs: list[object] = []
+    refused: list[str] = []
+
+    async def note_refusal(response: httpx.Response) -> None:
+        # The SDK raises HTTPStatusError without the server's reason; keep it, and what was sent
+        if response.status_code >= 400:
+            await response.aread()
+            sent = response.request
+            refused.append(
+                f"{sent.method} {sent.url} {dict(sent.headers)} {sent.content[:2000]!r}"
+                f" -> {response.status_code} {response.text[:2000]}"
+            )
 
     def start(wait: float) -> Connect:
         env = environment(redis_url, prefix, wait)
@@ -105,7 +116,8 @@ def connect(
         @asynccontextmanager
         async def over_http(principal: str = "alice") -> AsyncIterator[ClientSession]:
             headers = {"Authorization": f"Bearer {principal}"}
-            async with httpx.AsyncClient(headers=headers, timeout=30) as http:
+            hooks = {"response": [note_refusal]}
+            async with httpx.AsyncClient(headers=headers, timeout=30, event_hooks=hooks) as http:
                 url = f"http://127.0.0.1:{port}/mcp"
                 async with (
                     streamable_http_client(url, http_client=http) as (
@@ -130,6 +142,7 @@ def connect(
             log.close()  # type: ignore[attr-defined]
         if logs:  # pytest shows it only for a failed test: which request the server refused
             print((tmp_path / "uvicorn.log").read_text(errors="replace")[-20000:])
+            print("refused:", *refused, sep="\n")
 
 
 def runs(redis_url: str, prefix: str) -> int:
