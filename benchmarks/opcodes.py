@@ -64,6 +64,16 @@ def opcodes(request: Request, is_async: bool) -> collections.Counter[str]:
     return counts
 
 
+def app_alone(path: str) -> str:
+    """The path of the same adapter's app without idemkey: ``wsgi.replay`` -> ``wsgi.plain``."""
+    return path.split(".")[0] + ".plain"
+
+
+def added_over_app(table: dict[str, tuple[Request, bool]], path: str) -> int:
+    """idemkey's bytecodes per request of ``path`` over its app alone (:func:`app_alone`)."""
+    return sum(opcodes(*table[path]).values()) - sum(opcodes(*table[app_alone(path)]).values())
+
+
 def probe_paths() -> dict[str, tuple[Request, bool]]:
     """``wsgi.replay.<level>`` and ``asgi.replay.<level>``: the replay of ``benchmarks.calls``
     answered by the short-path probe at each of its levels, the middleware behind it."""
@@ -101,10 +111,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     table = paths()
     table.update(probe_paths())
     counts = opcodes(*table[args.path])
-    plain = args.path.split(".")[0] + ".plain"
-    alone = opcodes(*table[plain]) if plain in table and plain != args.path else None
-    total = sum(counts.values())
-    added = f", {total - sum(alone.values())} over {plain}" if alone is not None else ""
+    total, plain = sum(counts.values()), app_alone(args.path)
+    over = plain in table and plain != args.path
+    added = f", {added_over_app(table, args.path)} over {plain}" if over else ""
     print(f"{args.path}: {total} bytecodes per request{added}")
     for where, n in counts.most_common(args.top):
         print(f"{n:6d}  {where}")

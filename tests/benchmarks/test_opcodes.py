@@ -74,11 +74,9 @@ BUDGETS = {
 _COUNT = """
 import json, sys
 from benchmarks.calls import paths
-from benchmarks.opcodes import opcodes
+from benchmarks.opcodes import added_over_app
 table = paths()
-def total(path):
-    return sum(opcodes(*table[path]).values())
-print(json.dumps({p: total(p) - total(p.split(".")[0] + ".plain") for p in sys.argv[1:]}))
+print(json.dumps({p: added_over_app(table, p) for p in sys.argv[1:]}))
 """
 
 
