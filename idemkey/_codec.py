@@ -59,6 +59,16 @@ RESULT_NOT_KEPT: Final = _VERSION_BYTE + b"\xc1"
 _UNENCODABLE: Final = (TypeError, OverflowError, msgspec.EncodeError)
 
 
+# What a replay may put on the wire, checked as the record is decoded (in msgspec's C code,
+# no Python step): a stored record is input, and one written by anything but idemkey could
+# otherwise split the response (a CR or LF in a header, or a name with a colon in it) or fail
+# as the server encodes it (past latin-1). A header name is an RFC 9110 token; a value or a
+# reason phrase is any latin-1 text but CR, LF and NUL, no stricter than the servers that sent
+# the first answer, so a record idemkey wrote from a served answer stays readable.
+_HeaderName = Annotated[str, msgspec.Meta(pattern=r"\A[!#$%&'*+\-.^_`|~0-9A-Za-z]+\Z")]
+_HeaderText = Annotated[str, msgspec.Meta(pattern=r"\A[^\r\n\x00\u0100-\U0010ffff]*\Z")]
+
+
 class StoredResponse(msgspec.Struct, frozen=True, array_like=True):
     """An HTTP response as stored: status, headers in order (latin-1 text), body bytes.
 
@@ -70,10 +80,10 @@ class StoredResponse(msgspec.Struct, frozen=True, array_like=True):
     """
 
     status: Annotated[int, msgspec.Meta(ge=100, le=599)]
-    headers: tuple[tuple[str, str], ...]
+    headers: tuple[tuple[_HeaderName, _HeaderText], ...]
     body: bytes
     body_kept: bool = True
-    reason: str = ""
+    reason: _HeaderText = ""
 
 
 _encoder: Final = msgspec.msgpack.Encoder()
@@ -136,7 +146,7 @@ def decode_value(data: bytes, type: type[T] | Any = Any) -> T:
             result: T = _any_decoder.decode(packed)
             return result
         return msgspec.msgpack.decode(packed, type=type)
-    except msgspec.DecodeError as exc:
+    except (msgspec.DecodeError, RecursionError) as exc:  # RecursionError: nested too deep
         raise RecordFormatError(f"stored result is unreadable: {exc}") from exc
     except TypeError as exc:  # a type msgspec cannot decode into
         raise ConfigurationError(f"cannot decode a result as {type!r}: {exc}") from exc

@@ -26,8 +26,15 @@ class DataReceipt:
     amount: int
 
 
+TOKEN = "!#$%&'*+-.^_`|~0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
+#: What a header value or reason phrase may hold: latin-1 but CR, LF and NUL.
+FIELD_TEXT = "".join(chr(c) for c in range(256) if chr(c) not in "\r\n\x00")
 headers = st.lists(
-    st.tuples(st.text(min_size=1, max_size=20), st.text(max_size=40)), max_size=5
+    st.tuples(
+        st.text(st.sampled_from(TOKEN), min_size=1, max_size=20),
+        st.text(st.sampled_from(FIELD_TEXT), max_size=40),
+    ),
+    max_size=5,
 ).map(tuple)
 
 
@@ -40,6 +47,36 @@ def test_responses_round_trip_byte_for_byte(
     assert data[0] == FORMAT_VERSION
     assert decode_response(data) == response
     assert decode_response(data).body == body
+
+
+@given(
+    st.text(min_size=1, max_size=20).filter(lambda t: not set(t) <= set(TOKEN)),
+    st.text(max_size=40).filter(lambda t: not set(t) <= set(FIELD_TEXT)),
+    st.sampled_from(["name", "value", "reason"]),
+)
+def test_a_head_a_replay_could_not_send_as_it_is_is_refused(
+    bad_name: str, bad_text: str, where: str
+) -> None:
+    """A stored record is input: a header name that is no token, or a value or reason with a
+    CR, LF, NUL or a character past latin-1, would split or break the replay."""
+    name, value, reason = "X-A", "1", "Created"
+    if where == "name":
+        name = bad_name
+    elif where == "value":
+        value = bad_text
+    else:
+        reason = bad_text
+    data = encode_response(StoredResponse(201, ((name, value),), b"{}", reason=reason))
+    with pytest.raises(RecordFormatError, match="unreadable"):
+        decode_response(data)
+
+
+def test_values_nested_past_the_decoders_depth_are_unreadable_not_a_recursion_error() -> None:
+    deep = bytes([FORMAT_VERSION]) + b"\x91" * 10_000 + b"\xc0"
+    with pytest.raises(RecordFormatError, match="unreadable"):
+        decode_value(deep)
+    with pytest.raises(RecordFormatError, match="unreadable"):
+        decode_value(deep, list)
 
 
 def test_body_kept_defaults_to_true() -> None:
