@@ -158,7 +158,7 @@ def read_failure(stored: bytes) -> StoredFailure:
     string); :class:`RecordFormatError` when it is unreadable."""
     try:
         return _decoder.decode(memoryview(stored)[1:])
-    except msgspec.DecodeError as exc:
+    except (msgspec.DecodeError, RecursionError) as exc:  # RecursionError: nested too deep
         raise RecordFormatError(f"stored failure is unreadable: {exc}") from exc
 
 

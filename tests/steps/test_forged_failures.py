@@ -28,6 +28,7 @@ from idemkey import (
     ConfigurationError,
     LeaseLostError,
     Policy,
+    RecordFormatError,
     RedisStore,
     StoredFailureError,
     aguard,
@@ -297,3 +298,22 @@ async def test_aguard_steps_raise_no_undeclared_class(
             await call.step("charge", pytest.fail, "ran", cache_exceptions=DECLARED)
     assert raised.value.type_path == "subprocess:CalledProcessError"
     await store.aclose()
+
+
+@pytest.mark.parametrize("what", ["failure", "result"])
+def test_a_value_nested_past_the_decoders_depth_is_refused_not_a_recursion_error(
+    store: RedisStore, real_client: redis.Redis, prefix: str, what: str
+) -> None:
+    # About 1 KiB of MessagePack: ten thousand one-element arrays, then nil.
+    deep = b"\x91" * 10_000 + b"\xc0"
+    declined_record(store, "k", declare=what == "failure")
+    if what == "failure":
+        real_client.hset(record_key(prefix, "k"), "resp", forged(DECLINED_PATH, "x", code=[]))
+        stored = real_client.hget(record_key(prefix, "k"), "resp")
+        assert stored is not None
+        real_client.hset(record_key(prefix, "k"), "resp", stored[:-1] + deep)  # code=<deep>
+        assert "does not decode" in retry(store, "k").reason
+    else:
+        real_client.hset(record_key(prefix, "k"), "resp", b"\x01" + deep)
+        with pytest.raises(RecordFormatError), guard(store, "k"):
+            pytest.fail("the block ran: an unreadable record decided the outcome")
