@@ -8,7 +8,7 @@ The request view (:class:`Headers`, :class:`Request`), the answer an adapter sen
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Mapping
-from typing import ClassVar, TypeVar, overload
+from typing import ClassVar, Final, TypeVar, overload
 
 import msgspec
 
@@ -148,4 +148,18 @@ def parse_content_length(value: str | None) -> int | None:
     digits = value.strip(" \t") if value is not None else ""
     if not digits.isascii() or not digits.isdigit():
         return None
-    return int(digits)
+    try:
+        return int(digits)
+    except ValueError:  # past the digits int() converts (4 300 by default): a client's number
+        return _long_length(digits)
+
+
+#: What a Content-Length of more digits than int() converts reads as: past any body a request
+#: or an answer carries (an exabyte), so past every limit.
+_PAST_ANY_LENGTH: Final = 10**18
+
+
+def _long_length(digits: str) -> int:
+    """A length of many digits, leading zeros and all."""
+    significant = digits.lstrip("0")
+    return _PAST_ANY_LENGTH if len(significant) > 18 else int(significant or "0")

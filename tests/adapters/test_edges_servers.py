@@ -79,6 +79,19 @@ CONTROL_KEY: dict[str, tuple[str, object]] = {
     "granian-asgi": ("server", 400),
 }
 
+#: A Content-Length of 5 000 digits, past what int() converts (4 300 by default).
+LONG_LENGTH: dict[str, tuple[str, object]] = {
+    "gunicorn": ("server", 400),
+    "werkzeug": ("problem", "request_too_large"),  # a length past every limit: 413
+    "waitress": CLOSED,  # waitress's own int() raises; it logs it and closes
+    "granian": ("server", 400),
+    "uvicorn": ("server", 400),
+    "hypercorn": ("server", 400),
+    "daphne": CLOSED,
+}
+#: The status of a problem an outcome names, when it is not 400.
+PROBLEM_STATUS = {"request_too_large": 413}
+
 WSGI_APPS = [p for p in WSGI_SERVED if p.values[0][1] == "wsgi"]
 EVERY_SERVER = [*WSGI_APPS, *ASGI_SERVED]
 FORM = [("Content-Type", "application/x-www-form-urlencoded")]
@@ -111,7 +124,7 @@ def assert_outcome(server: Server, reply: Raw | None, expected: tuple[str, objec
     assert reply is not None, f"no answer; expected {expected}"
     problem = reply.header("Content-Type") == "application/problem+json"
     if kind == "problem":
-        assert (reply.status, problem) == (400, True), reply
+        assert (reply.status, problem) == (PROBLEM_STATUS.get(str(value), 400), True), reply
         assert json.loads(reply.body)["code"] == value
     elif kind == "server":
         assert (reply.status, problem) == (value, False), reply
@@ -177,3 +190,19 @@ def test_a_key_with_a_control_character_never_runs(
     reply = server.post("/charges", b"amount=10", [("Idempotency-Key", "k\x01x"), *FORM])
     assert_outcome(server, reply, CONTROL_KEY[key_of(where)])
     assert server.runs("k\x01x") == 0
+
+
+@pytest.mark.parametrize("where", [*WSGI_SERVED, *ASGI_SERVED])
+def test_a_content_length_of_thousands_of_digits_never_runs(
+    servers: Callable[[str, str], Server], where: tuple[str, str]
+) -> None:
+    server = servers(*where)
+    key = new_key()
+    head = (
+        "POST /charges HTTP/1.1\r\nHost: t\r\nConnection: close\r\n"
+        f"Idempotency-Key: {key}\r\nContent-Type: application/x-www-form-urlencoded\r\n"
+        f"Content-Length: {'9' * 5000}\r\n\r\n"
+    ).encode()
+    reply = send(server, head + b"amount=10", close_write=True)
+    assert_outcome(server, reply, LONG_LENGTH[where[0]])
+    assert server.runs(key) == 0

@@ -60,14 +60,16 @@ def test_each_probe_level_runs_less_than_the_middleware_and_more_than_the_bound(
 #: idemkey's bytecodes per request over the app alone (``python -m benchmarks.opcodes PATH``),
 #: counted on CPython 3.11 with the lock's packages, on stop 48's code. Issue 39's rows in a
 #: form no box changes: a change that makes a request do more fails here. Lower a budget with
-#: the cut that earns it; raise one only with the reason in the commit message.
+#: the cut that earns it; raise one only with the reason in the commit message. Stop 52: +1
+#: per Content-Length read (the ``try`` around its ``int()``, for a length of thousands of
+#: digits).
 BUDGETS = {
-    "wsgi.replay": 1263,
-    "asgi.replay": 1337,
-    "flask.replay": 859,
-    "wsgi.first": 2268,
-    "asgi.first": 2334,
-    "flask.first": 2145,
+    "wsgi.replay": 1264,
+    "asgi.replay": 1338,
+    "flask.replay": 861,
+    "wsgi.first": 2270,
+    "asgi.first": 2336,
+    "flask.first": 2147,
 }
 # In a fresh interpreter: the suite's other tests leave process-wide state behind (a cache of
 # header names filled by the fuzz tests' policies would add bytecodes to every lookup).

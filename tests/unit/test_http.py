@@ -187,6 +187,13 @@ def test_a_scope_that_is_not_a_string_is_a_configuration_error() -> None:
     [
         ("12", 12),
         (" 12\t", 12),
+        ("9" * 18, 999_999_999_999_999_999),
+        ("1" + "0" * 30, 10**30),
+        # Past the digits int() converts (4 300 by default): a length past every limit
+        # (10**18), not int()'s ValueError; leading zeros are digits too.
+        ("9" * 5000, 10**18),
+        ("0" * 5000 + "5", 5),
+        ("0" * 5000, 0),
         ("", None),
         ("-1", None),
         ("1e3", None),
