@@ -84,7 +84,12 @@ class BodyCapture:
         if rule is None or state.rule_from != len(self.overrides):  # capture_rule's test
             rule = state.capture_rule(self.overrides)
         methods, keys, limit = rule
-        if environ.get("REQUEST_METHOD") in methods and not keys.isdisjoint(environ):
+        # werkzeug upper-cases the method it routes on ("post" reaches a POST view), so the
+        # capture does too, past the usual spelling.
+        if not keys.isdisjoint(environ) and (
+            environ.get("REQUEST_METHOD") in methods
+            or str(environ.get("REQUEST_METHOD", "")).upper() in methods
+        ):
             environ[BODY_KEY] = capture(environ, limit)
         return self.app(environ, start_response)
 

@@ -89,6 +89,14 @@ LONG_LENGTH: dict[str, tuple[str, object]] = {
     "hypercorn": ("server", 400),
     "daphne": CLOSED,
 }
+#: A keyed ``post`` (the method in lower case) to the Flask extension's ``/form``, whose
+#: before_request hook parses the form: run once and replayed, or refused by the server first.
+LOWER_CASE_METHOD: dict[str, tuple[str, object]] = {
+    "gunicorn": ("server", 400),
+    "werkzeug": RAN,  # werkzeug routes "post" to the POST view
+    "waitress": ("server", 400),
+    "granian": RAN,
+}
 #: The status of a problem an outcome names, when it is not 400.
 PROBLEM_STATUS = {"request_too_large": 413}
 
@@ -206,3 +214,28 @@ def test_a_content_length_of_thousands_of_digits_never_runs(
     reply = send(server, head + b"amount=10", close_write=True)
     assert_outcome(server, reply, LONG_LENGTH[where[0]])
     assert server.runs(key) == 0
+
+
+@pytest.mark.parametrize("server_name", ["gunicorn", "werkzeug", "waitress", "granian"])
+def test_a_lower_case_method_is_guarded_as_its_server_routes_it(
+    servers: Callable[[str, str], Server], server_name: str
+) -> None:
+    server = servers(server_name, "flask")
+    key = new_key()
+    request = (
+        "post /form HTTP/1.1\r\nHost: t\r\nConnection: close\r\n"
+        f"Idempotency-Key: {key}\r\nContent-Type: application/x-www-form-urlencoded\r\n"
+        "Content-Length: 9\r\n\r\namount=10"
+    ).encode()
+    expected = LOWER_CASE_METHOD[server_name]
+    first = send(server, request, close_write=False)
+    assert_outcome(server, first, expected)
+    if expected == RAN:
+        assert first is not None
+        again = send(server, request, close_write=False)
+        assert again is not None
+        assert (again.status, again.header("Idempotent-Replayed")) == (201, "true"), again
+        assert again.body == first.body
+        assert server.runs(key) == 1
+    else:
+        assert server.runs(key) == 0
