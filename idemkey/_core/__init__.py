@@ -30,7 +30,7 @@ from typing import Final, NamedTuple, cast
 
 import xxhash
 
-from ..errors import StoreError
+from ..errors import RecordFormatError, StoreError
 from ._keys import MAX_KEY_LENGTH, parse_key
 from ._names import (
     DONE_HINT,
@@ -292,10 +292,13 @@ def _steps_of(reply: list[object]) -> tuple[tuple[str, bytes], ...]:
     names, results = reply[3::2], reply[4::2]
     if not all(isinstance(item, bytes) for item in (*names, *results)):
         raise StoreError(f"unexpected steps in a claim reply: {reply!r:.200}")
-    return tuple(
-        (cast(bytes, name).decode("utf-8", "surrogatepass"), cast(bytes, result))
-        for name, result in zip(names, results, strict=True)
-    )
+    try:
+        return tuple(
+            (cast(bytes, name).decode("utf-8", "surrogatepass"), cast(bytes, result))
+            for name, result in zip(names, results, strict=True)
+        )
+    except UnicodeDecodeError as exc:  # idemkey writes every name from a str
+        raise RecordFormatError(f"a step's name in the record is not UTF-8: {exc}") from exc
 
 
 def decode_checkpoint_reply(reply: object, result: bytes) -> bytes | None:

@@ -242,6 +242,11 @@ class Exchange(msgspec.Struct, Reporting, eq=False):
 
     def _failed(self, exc: StoreError) -> Response | None:
         """Redis failed before the handler ran: 503 (fail closed) or ``None`` to run it open."""
+        if isinstance(exc, RecordFormatError):
+            # Redis answered, with a record idemkey cannot read (the claim gave it back): as a
+            # replay's unreadable record, never a run beside it, whatever on_store_error says.
+            self.notify("store_error", detail=str(exc))
+            return record_unreadable(self.policy, str(exc))
         if self.policy.on_store_error == "open":
             self.notify("unprotected", detail=str(exc))
             self.uncertain("unprotected", None, str(exc))

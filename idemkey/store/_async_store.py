@@ -29,7 +29,7 @@ from .._core import (
     owner_tag,
     record_for,
 )
-from ..errors import EffectCommittedError, StoreError
+from ..errors import EffectCommittedError, RecordFormatError, StoreError
 from ..events import Reporting, logger
 from ..policy import Policy
 from ._async_sender import AsyncSender
@@ -133,11 +133,18 @@ class AsyncRedisStore(AsyncSender):
             args += (waits, tombstone, origin)
         elif waits or tombstone:
             args += (waits, tombstone)
-        decision = decode_claim_reply(await self._eval("claim", *args), owner)
-        if type(decision) is Replay:  # the usual retry: nothing more to do
-            return decision
-        if wait > 0 and type(decision) is InFlight:
-            decision = await self._wait_for_end(record, owner, args, decision, wait)
+        try:
+            decision = decode_claim_reply(await self._eval("claim", *args), owner)
+            if type(decision) is Replay:  # the usual retry: nothing more to do
+                return decision
+            if wait > 0 and type(decision) is InFlight:
+                decision = await self._wait_for_end(record, owner, args, decision, wait)
+        except RecordFormatError:
+            # The script claimed a record that holds what idemkey never wrote (a step name
+            # that is not UTF-8): give the claim back, as an attempt that failed would, and
+            # say so, as for any unreadable record.
+            await self._eval("release", record.record_key, owner)
+            raise
         if heartbeat and type(decision) is Claimed:
             self._watch(record, owner, lease_ms, decision.fence)
         if self.effects is not None and type(decision) is Claimed:

@@ -81,3 +81,31 @@ def test_a_forged_head_is_a_503_problem_and_nothing_of_it_is_sent(
     assert all("forged" not in name + value for name, value in reply.headers)
     assert harness.executions["matrix"] == 1
     assert client.hgetall(record) == written
+
+
+@on_every_adapter
+@pytest.mark.parametrize("on_store_error", ["closed", "open"])
+def test_a_forged_step_name_is_a_503_problem_and_never_a_run(
+    make_harness: Callable[..., Harness],
+    base_policy: Policy,
+    client: redis.Redis,
+    on_store_error: str,
+) -> None:
+    # A released record (the app answered 500, not stored) with a step field whose name is
+    # not UTF-8: the claim script claims it, its reply cannot be read, the claim is given
+    # back. Redis answered, so this is no store failure: "open" does not run the app beside
+    # the record.
+    harness = make_harness(on_store_error=on_store_error)
+    key = uuid.uuid4().hex
+    before = set(client.scan_iter(match=f"{base_policy.prefix}:*"))
+    headers = [("Idempotency-Key", key), ("Content-Type", "application/json")]
+    assert harness.request("POST", "/fail500", headers=headers, body=b"{}").status == 500
+    (record,) = set(client.scan_iter(match=f"{base_policy.prefix}:*")) - before
+    client.hset(record, mapping={"ns": "1", b"s:\xff": b"\x01\x01"})  # "ns": steps to read
+
+    for _ in range(2):
+        reply = harness.request("POST", "/fail500", headers=headers, body=b"{}")
+        body = assert_problem(reply, 503, "record_unreadable")
+        assert "not UTF-8" in body["detail"]
+    assert harness.executions["fail500"] == 1
+    assert client.hget(record, "owner") is None  # each claim given back

@@ -62,14 +62,15 @@ def test_each_probe_level_runs_less_than_the_middleware_and_more_than_the_bound(
 #: form no box changes: a change that makes a request do more fails here. Lower a budget with
 #: the cut that earns it; raise one only with the reason in the commit message. Stop 52: +1
 #: per Content-Length read (the ``try`` around its ``int()``, for a length of thousands of
-#: digits).
+#: digits), +1 (replay) and +2 (first call) for the ``try`` in ``store.claim`` that gives back
+#: a claim whose record cannot be read.
 BUDGETS = {
-    "wsgi.replay": 1264,
-    "asgi.replay": 1338,
-    "flask.replay": 861,
-    "wsgi.first": 2270,
-    "asgi.first": 2336,
-    "flask.first": 2147,
+    "wsgi.replay": 1265,
+    "asgi.replay": 1339,
+    "flask.replay": 862,
+    "wsgi.first": 2272,
+    "asgi.first": 2338,
+    "flask.first": 2149,
 }
 # In a fresh interpreter: the suite's other tests leave process-wide state behind (a cache of
 # header names filled by the fuzz tests' policies would add bytecodes to every lookup).

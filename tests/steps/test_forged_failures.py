@@ -317,3 +317,31 @@ def test_a_value_nested_past_the_decoders_depth_is_refused_not_a_recursion_error
         real_client.hset(record_key(prefix, "k"), "resp", b"\x01" + deep)
         with pytest.raises(RecordFormatError), guard(store, "k"):
             pytest.fail("the block ran: an unreadable record decided the outcome")
+
+
+def test_a_step_name_that_is_not_utf8_is_refused_and_the_record_left_as_it_was(
+    store: RedisStore, real_client: redis.Redis, prefix: str
+) -> None:
+    # idemkey writes every step name from a str: one that does not decode was forged. The claim
+    # script has claimed the record by the time its reply is read; the claim is given back.
+    def crash_after_a_step() -> None:  # released, the finished step kept
+        with guard(store, "k") as call:
+            call.step("charge", lambda: 1)
+            raise RuntimeError("the crash after a finished step")
+
+    with pytest.raises(RuntimeError):
+        crash_after_a_step()
+    key = record_key(prefix, "k")
+    real_client.hset(key, b"s:\xff", b"\x01\x01")
+    forged_record = real_client.hgetall(key)
+    # What a claim and its release rewrite, as for any attempt that ended without a result:
+    # the origin's time, the last owner, the takeover count; the fence only grows.
+    rewritten = {b"i", b"ro", b"tk", b"fence"}
+    for _ in range(2):  # and again: the first refusal left no claim in the way
+        with pytest.raises(RecordFormatError, match="not UTF-8"), guard(store, "k"):
+            pytest.fail("the block ran on a record idemkey cannot read")
+        after = real_client.hgetall(key)
+        assert {k: v for k, v in after.items() if k not in rewritten} == {
+            k: v for k, v in forged_record.items() if k not in rewritten
+        }
+        assert int(after[b"fence"]) > int(forged_record[b"fence"])
