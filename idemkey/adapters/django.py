@@ -37,6 +37,13 @@ idemkey's own (a replay, 400, 409, 422, 503) is returned without calling the vie
 the view runs under the claim and the response it returns is stored. A streamed response
 completes the record without its body. It is a synchronous middleware: under ASGI, Django runs
 it in its thread pool, as it does any sync middleware.
+
+The body of a request that some guarded view may take as keyed (its method, a key header) is
+read in ``__call__``, before any middleware's ``process_view``: ``CsrfViewMiddleware`` reads
+``request.POST`` there, which consumes a multipart stream, so idemkey reads ``request.body``
+first (bounded by the largest ``max_request_bytes``) and Django parses the form from the bytes
+it keeps. A body the server cannot read (a malformed chunked upload, a reset connection) is
+``400 invalid_body``, as under the WSGI middleware; nothing is claimed.
 """
 
 from __future__ import annotations
@@ -51,18 +58,20 @@ from typing import TYPE_CHECKING, Any, TypeVar, overload
 
 from django.conf import settings
 from django.core.exceptions import RequestDataTooBig
-from django.http import HttpResponse
+from django.http import HttpResponse, RawPostDataException, UnreadablePostError
+from django.urls import get_resolver
 
 from .._options import derive, keyword, policy_options
-from ..http import Response, begin
+from ..http import Response, begin, parse_content_length
 from ..http._scope import default_scope
 from ..http.routes import ROUTE_UNKNOWN
 from ..policy import Policy, credential_scope
 from ._django_config import configure
-from ._environ import EnvironHeaders
+from ._environ import BodyError, EnvironHeaders, capture, environ_key
 from ._sync_driver import Driver
 
 if TYPE_CHECKING:
+    from _typeshed import WriteableBuffer
     from django.http import HttpRequest, HttpResponseBase
 
     from ..http import Exchange, Request
@@ -75,6 +84,15 @@ _current: contextvars.ContextVar[HttpRequest] = contextvars.ContextVar("idemkey_
 #: The attribute the decorators set on a view (as ``csrf_exempt`` sets ``csrf_exempt``).
 OPTIONS_ATTRIBUTE = "idemkey_options"
 EXEMPT_ATTRIBUTE = "idemkey_exempt"
+#: Where ``__call__`` leaves the failure of a body it could not read, for ``process_view``.
+UNREADABLE_ATTRIBUTE = "_idemkey_unreadable"
+
+#: The Policy fields that decide which requests are keyed, and how much of a body to read.
+_CAPTURE_FIELDS = ("methods", "header", "max_request_bytes")
+#: Each distinct set of those fields some ``@idempotent(...)`` set, in the order seen: the
+#: middleware reads the body of any request one of them may take as keyed. A list (appended
+#: to, read by slicing), so a view decorated in another thread never breaks an iteration.
+_CAPTURE_CHANGES: list[tuple[tuple[str, Any], ...]] = []
 
 
 @overload
@@ -87,6 +105,9 @@ def idempotent(view: F | None = None, /, **options: Any) -> F | Callable[[F], F]
     ``options`` are Policy fields for this view (``required`` is ``require_key``).
     """
     changes = policy_options(options, keyword("@idempotent"))
+    captured = tuple((name, changes[name]) for name in _CAPTURE_FIELDS if name in changes)
+    if captured and captured not in _CAPTURE_CHANGES:
+        _CAPTURE_CHANGES.append(captured)
 
     def decorate(view: F) -> F:
         return _marked(view, OPTIONS_ATTRIBUTE, changes)
@@ -159,8 +180,25 @@ class IdempotencyMiddleware:
         self._views: weakref.WeakKeyDictionary[Callable[..., Any], Policy | None] = (
             weakref.WeakKeyDictionary()
         )
+        # Which requests get their body read in __call__ (see _capture_rule): one tuple, set
+        # at once, so a request in another thread never sees half of a new rule.
+        self._rule: tuple[frozenset[str], tuple[str, ...], int] = (frozenset(), (), 0)
+        self._rule_from = -1  # len(_CAPTURE_CHANGES) when the rule was made; -1: not yet
 
     def __call__(self, request: HttpRequest) -> HttpResponseBase:
+        if self._rule_from != len(_CAPTURE_CHANGES):  # the first request, or views decorated since
+            self._capture_rule(request)
+        methods, keys, limit = self._rule
+        if request.method in methods:  # an unkeyed request costs this test and a lookup a key
+            meta = request.META
+            for key in keys:
+                if key in meta:
+                    # Read now, before any process_view (CSRF's reads request.POST, consuming
+                    # a multipart stream): Django keeps the bytes, and parses the form from them.
+                    taken = _take_body(request, limit)
+                    if isinstance(taken, BodyError) and taken.code == "invalid_body":
+                        setattr(request, UNREADABLE_ATTRIBUTE, taken)
+                    break
         try:
             response = self.get_response(request)
         except BaseException:
@@ -221,6 +259,24 @@ class IdempotencyMiddleware:
         request._idemkey = exchange  # settled in __call__, with the view's response
         return None
 
+    def _capture_rule(self, request: HttpRequest) -> None:
+        """The methods, the META keys of the key headers, and the byte limit of every policy a
+        guarded view may have: the middleware's and each ``@idempotent(...)``'s changes."""
+        if self._rule_from < 0:
+            # Load the URLconf (Django does, next, to resolve this request): its views are
+            # decorated as it imports them, so their options are known before this request.
+            get_resolver(getattr(request, "urlconf", None)).url_patterns  # noqa: B018
+        seen = _CAPTURE_CHANGES[:]
+        policy = self.policy
+        methods, keys, limit = set(policy.methods), {policy.header}, policy.max_request_bytes
+        for changes in seen:
+            fields = dict(changes)
+            methods.update(fields.get("methods", policy.methods))
+            keys.add(fields.get("header", policy.header))
+            limit = max(limit, fields.get("max_request_bytes", limit))
+        self._rule = (frozenset(methods), tuple(sorted({environ_key(k) for k in keys})), limit)
+        self._rule_from = len(seen)
+
     def _policy_for(self, view: Callable[..., Any]) -> Policy | None:
         """The view's policy (derived once per view), or None when it is not guarded."""
         try:
@@ -261,25 +317,72 @@ def _read_body(request: HttpRequest, exchange: Exchange) -> bytes | Response:
     rejected = exchange.announced()
     if rejected is not None:
         return rejected
-    if exchange.declared is None and request.META.get("wsgi.input_terminated"):
-        # A chunked body under WSGI: Django reads no body without a Content-Length, so read it
-        # here (bounded) and hand it to Django as the request's stream, as the WSGI middleware
-        # hands it to the app.
-        limit = exchange.policy.max_request_bytes
-        chunked: bytes = request.META["wsgi.input"].read(limit + 1)
-        rejected = exchange.received(chunked)
-        if rejected is not None:
-            return rejected
-        request.META["CONTENT_LENGTH"] = str(len(chunked))
-        request._stream = io.BytesIO(chunked)
-        request._read_started = False
-        return chunked
-    try:
-        body: bytes = request.body
-    except RequestDataTooBig:  # over Django's own DATA_UPLOAD_MAX_MEMORY_SIZE
-        return exchange.reject_too_large()
+    body = request.__dict__.pop(UNREADABLE_ATTRIBUTE, None) or _take_body(
+        request, exchange.policy.max_request_bytes
+    )
+    if isinstance(body, BodyError):
+        if body.code == "request_too_large":
+            return exchange.reject_too_large()
+        # invalid_body: the client's upload broke (400, same_key); body_unavailable: something
+        # read the stream before idemkey's __call__ (500: the app's order, not the client).
+        status = 500 if body.code == "body_unavailable" else 400
+        return exchange.unreadable(status, body.code, body.detail)
     rejected = exchange.received(body)
     return rejected if rejected is not None else body
+
+
+def _take_body(request: HttpRequest, limit: int) -> bytes | BodyError:
+    """The body as ``request.body`` (Django keeps it for the view and parses ``request.POST``
+    from it), at most ``limit`` bytes, or why it cannot be fingerprinted.
+
+    A body over ``limit`` or over Django's ``DATA_UPLOAD_MAX_MEMORY_SIZE`` is left unread (a
+    chunked one readable again), so a view that is not guarded, or guarded with a larger
+    limit, still gets it. A stream that fails keeps failing: a view that is not guarded meets
+    the error Django would have raised without idemkey.
+    """
+    meta = request.META
+    length = parse_content_length(meta.get("CONTENT_LENGTH"))
+    if length is not None and length > limit:
+        return BodyError("request_too_large", f"Content-Length {length} is over {limit}")
+    if length is None and meta.get("wsgi.input_terminated"):
+        # A chunked body under WSGI: Django reads no body without a Content-Length, so read it
+        # here, as the WSGI middleware does (bounded, every part, a failing read refused), and
+        # hand it to Django as the request's stream, its length in CONTENT_LENGTH.
+        chunked = capture(meta, limit, None)
+        if isinstance(chunked, BodyError):
+            return chunked
+        request._stream = io.BytesIO(chunked)
+        request._read_started = False
+    try:
+        body: bytes = request.body
+    except RequestDataTooBig:  # over Django's own DATA_UPLOAD_MAX_MEMORY_SIZE, checked unread
+        return BodyError("request_too_large", "over DATA_UPLOAD_MAX_MEMORY_SIZE")
+    except RawPostDataException:
+        return BodyError(
+            "body_unavailable",
+            "the request body was read before idemkey saw it; list "
+            "IdempotencyMiddleware before the middleware that reads request.POST",
+        )
+    except Exception as exc:  # UnreadablePostError (the server's OSError), or its own type
+        error = exc.__cause__ if isinstance(exc, UnreadablePostError) and exc.__cause__ else exc
+        if request._read_started:  # the stream failed: it fails again for whoever reads next
+            request._stream = _Failing(error)
+            request._read_started = False
+        return BodyError("invalid_body", f"the body could not be read ({type(error).__name__})")
+    return body
+
+
+class _Failing(io.RawIOBase):
+    """A request stream that raises what the server's stream raised, at every read."""
+
+    def __init__(self, error: BaseException) -> None:
+        self.error = error
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: WriteableBuffer) -> int:
+        raise self.error
 
 
 def _respond(answer: Response) -> HttpResponse:

@@ -9,12 +9,16 @@ project's settings with ``override_settings``.
 from __future__ import annotations
 
 import contextlib
+import io
 import json
+import socket
 import sys
 import threading
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
 
 import httpx
 import pytest
@@ -22,6 +26,10 @@ import redis
 
 from idemkey import Event
 from tests._servers import AppServer, wait_until
+from tests.adapters.edge_servers import read_response
+
+if TYPE_CHECKING:
+    from _typeshed import WriteableBuffer
 
 pytestmark = pytest.mark.redis
 
@@ -62,6 +70,11 @@ def post(client: Any, path: str, key: str | None, body: object = None, **extra: 
     return client.post(path, data=data, content_type=JSON, headers=headers)
 
 
+def records(client: redis.Redis, prefix: str) -> list[bytes]:
+    """The keys idemkey wrote under ``prefix`` (the views' run counters left out)."""
+    return [k for k in client.scan_iter(match=f"{prefix}*") if b":runs:" not in k]
+
+
 def test_a_decorated_view_is_guarded_through_the_test_client(
     project: dict[str, Any], real_client: redis.Redis, prefix: str
 ) -> None:
@@ -94,6 +107,278 @@ def test_a_custom_reason_phrase_is_replayed(project: dict[str, Any]) -> None:
     assert (first.status_code, first.reason_phrase) == (201, "Charged OK")
     assert again.headers["Idempotent-Replayed"] == "true"
     assert (again.status_code, again.reason_phrase) == (201, "Charged OK")
+
+
+# ---- bodies the server cannot read -----------------------------------------------------------
+
+
+class Upload(io.RawIOBase):
+    """A server's ``wsgi.input``: ``parts``, one a read (as a dechunking reader returns them),
+    then the end, or ``error`` raised (the server could not read the rest)."""
+
+    def __init__(self, parts: list[bytes], error: Exception | None = None) -> None:
+        self.parts, self.error = list(parts), error
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: WriteableBuffer) -> int:
+        if not self.parts:
+            if self.error is not None:
+                raise self.error
+            return 0
+        part = self.parts.pop(0)
+        memoryview(buffer).cast("B")[: len(part)] = part
+        return len(part)
+
+
+class InvalidChunkSize(Exception):
+    """What gunicorn raises for a malformed chunk size: not an OSError."""
+
+
+#: A chunked request, as a WSGI server hands it over: no Content-Length, the stream ends it.
+CHUNKED = {"CONTENT_LENGTH": "", "HTTP_TRANSFER_ENCODING": "chunked", "wsgi.input_terminated": True}
+
+#: case -> (environ, the stream's parts, what it raises after them)
+UNREADABLE = {
+    "chunked-bad-chunk-size": (CHUNKED, [], InvalidChunkSize("Invalid chunk size: b'zz'")),
+    "chunked-cut-off": (CHUNKED, [b'{"amount": 5'], OSError("Invalid chunk header")),
+    "content-length-reset": ({}, [], ConnectionResetError(104, "Connection reset by peer")),
+}
+
+
+@pytest.mark.parametrize("case", UNREADABLE)
+def test_a_body_the_server_cannot_read_is_400_invalid_body(
+    project: dict[str, Any], real_client: redis.Redis, prefix: str, case: str
+) -> None:
+    """As the WSGI middleware answers it: never a 500, nothing claimed, the honest retry runs."""
+    from django.test import Client
+
+    environ, parts, error = UNREADABLE[case]
+    client = Client()
+    broken = client.post(
+        "/charges", data=b'{"amount": 5}', content_type=JSON,
+        headers={"Idempotency-Key": "u1"}, **{**environ, "wsgi.input": Upload(parts, error)},
+    )  # fmt: skip
+    assert broken.status_code == 400, broken.content
+    assert broken.headers["Content-Type"] == "application/problem+json"
+    assert broken.json()["code"] == "invalid_body"
+    assert broken.json()["retry"] == "same_key"
+    assert runs(real_client, prefix, "charges") == 0
+    assert records(real_client, prefix) == []  # nothing claimed, nothing stored
+    retry = post(client, "/charges", "u1")
+    assert retry.status_code == 201
+    assert runs(real_client, prefix, "charges") == 1
+
+
+def test_a_chunked_body_is_read_to_its_end(
+    project: dict[str, Any], real_client: redis.Redis, prefix: str
+) -> None:
+    """A dechunking reader returns a chunk a read: the view and the fingerprint get them all."""
+    from django.test import Client
+
+    def chunked(*parts: bytes) -> Any:
+        return Client().post(
+            "/charges", data=b"", content_type=JSON, headers={"Idempotency-Key": "c1"},
+            **{**CHUNKED, "wsgi.input": Upload(list(parts))},
+        )  # fmt: skip
+
+    first = chunked(b'{"amount": 1', b"00}")
+    assert first.status_code == 201, first.content
+    assert first.json()["amount"] == 100
+    other = chunked(b'{"amount": 1', b"99}")  # the same first chunk, another body
+    assert other.status_code == 422
+    assert other.json()["code"] == "key_reused"
+    assert runs(real_client, prefix, "charges") == 1
+
+
+def test_a_view_idemkey_does_not_guard_meets_djangos_own_error(project: dict[str, Any]) -> None:
+    """idemkey reads a keyed body before it knows the view; a view it does not guard still
+    gets the error Django gives without idemkey, not one of idemkey's making."""
+    from django.http import UnreadablePostError
+    from django.test import Client
+
+    reset = ConnectionResetError(104, "Connection reset by peer")
+    with pytest.raises(UnreadablePostError, match="reset"):
+        Client().post(
+            "/login", data=b'{"amount": 5}', content_type=JSON,
+            headers={"Idempotency-Key": "n1"}, **{"wsgi.input": Upload([], reset)},
+        )  # fmt: skip
+
+
+# ---- CSRF-protected views: browser forms ----------------------------------------------------
+
+SECRET = "a" * 32  # a CSRF secret, as the csrftoken cookie carries it
+FORM = "application/x-www-form-urlencoded"
+#: The project's two form views and the header each is keyed by.
+FORM_VIEWS = [("/forms", "Idempotency-Key"), ("/forms-by-request-id", "Request-Id")]
+
+
+@pytest.fixture
+def csrf(project: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    """The project with CsrfViewMiddleware listed before idemkey's, as docs/django.md's "CSRF"
+    has a browser view: protected, its page sending the token in X-CSRFToken."""
+    from django.test.utils import override_settings
+
+    from tests.frameworks.djangoproject import settings as project_settings
+
+    with override_settings(MIDDLEWARE=project_settings.CSRF_MIDDLEWARE):
+        yield project
+
+
+def browser(client_class: Any = None) -> Any:
+    from django.test import Client
+
+    client = (client_class or Client)(enforce_csrf_checks=True)
+    client.cookies["csrftoken"] = SECRET
+    return client
+
+
+def receipt(size: int = 4) -> Any:
+    from django.core.files.uploadedfile import SimpleUploadedFile
+
+    return SimpleUploadedFile("receipt.txt", b"x" * size, content_type="text/plain")
+
+
+@pytest.mark.parametrize("form", ["multipart", "urlencoded"])
+@pytest.mark.parametrize(("path", "header"), FORM_VIEWS)
+def test_a_csrf_protected_view_takes_a_keyed_form(
+    csrf: dict[str, Any], real_client: redis.Redis, prefix: str, form: str, path: str, header: str
+) -> None:
+    """CsrfViewMiddleware reads request.POST before the view, which consumes a multipart
+    stream; idemkey has read the body first, so the form and its fingerprint are whole."""
+    client = browser()
+
+    def send(amount: str, key: str = "f1", token: str | None = SECRET) -> Any:
+        headers = {header: key, **({"X-CSRFToken": token} if token else {})}
+        if form == "multipart":
+            data = {"amount": amount, "receipt": receipt()}
+            return client.post(path, data, headers=headers)
+        return client.post(path, f"amount={amount}", content_type=FORM, headers=headers)
+
+    first = send("10")
+    assert first.status_code == 201, first.content
+    size = 4 if form == "multipart" else None
+    assert first.json() == {"run": 1, "amount": "10", "receipt": size}
+    again = send("10")
+    assert again.headers["Idempotent-Replayed"] == "true"
+    assert again.content == first.content
+    reused = send("11")  # the same key, another form: fingerprinted, not an empty body
+    assert reused.status_code == 422
+    assert reused.json()["code"] == "key_reused"
+    refused = send("12", key="f2", token=None)
+    assert refused.status_code == 403  # CSRF's answer: the view never began, nothing stored
+    fixed = send("12", key="f2")  # the same key with the token runs
+    assert fixed.status_code == 201
+    assert fixed.json()["run"] == 2
+    assert runs(real_client, prefix, path.strip("/")) == 2
+
+
+async def test_asgi_django_takes_a_keyed_multipart_form_on_a_csrf_protected_view(
+    csrf: dict[str, Any], real_client: redis.Redis, prefix: str
+) -> None:
+    from django.test import AsyncClient
+
+    client = browser(AsyncClient)
+    for path, header in FORM_VIEWS:
+        headers = {header: "a1", "X-CSRFToken": SECRET}
+        first = await client.post(path, {"amount": "10", "receipt": receipt()}, headers=headers)
+        assert first.status_code == 201, first.content
+        assert first.json() == {"run": 1, "amount": "10", "receipt": 4}
+        again = await client.post(path, {"amount": "10", "receipt": receipt()}, headers=headers)
+        assert again.headers["Idempotent-Replayed"] == "true"
+        other = await client.post(path, {"amount": "10", "receipt": receipt(5)}, headers=headers)
+        assert other.status_code == 422
+        assert runs(real_client, prefix, path.strip("/")) == 1
+
+
+def test_a_view_with_a_larger_limit_takes_a_form_over_the_default_one(
+    csrf: dict[str, Any], real_client: redis.Redis, prefix: str
+) -> None:
+    """The body is read before the view is known, up to the largest limit a view has."""
+    client = browser()
+    size = 1_500_000  # over the default max_request_bytes (1 MiB), under the view's 2 MB
+    headers = {"Request-Id": "big", "X-CSRFToken": SECRET}
+    big = client.post("/forms-by-request-id", {"receipt": receipt(size)}, headers=headers)
+    assert big.status_code == 201, big.content[:300]
+    assert big.json()["receipt"] == size
+    headers = {"Idempotency-Key": "big", "X-CSRFToken": SECRET}
+    refused = client.post("/forms", {"receipt": receipt(size)}, headers=headers)
+    assert refused.status_code == 413  # /forms keeps the default limit
+    assert refused.json()["code"] == "request_too_large"
+    assert runs(real_client, prefix, "forms") == 0
+
+
+LATE_URLCONF = """
+from django.urls import path
+
+from idemkey.adapters.django import idempotent
+from tests.frameworks.djangoproject.views import _form
+
+
+@idempotent(header="{header}")
+def late(request):
+    return _form(request, "late")
+
+
+urlpatterns = [path("late", late)]
+"""
+
+
+def test_the_first_request_knows_the_views_of_a_urlconf_not_yet_loaded(
+    csrf: dict[str, Any],
+    real_client: redis.Redis,
+    prefix: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A process's first request loads the URLconf, which decorates its views: the first
+    request must already be read as keyed for a view keyed by its own header."""
+    from django.test.utils import override_settings
+
+    header = f"Late-{uuid.uuid4().hex[:8]}"  # a header no view of this process has yet
+    module = f"idemkey_late_urls_{uuid.uuid4().hex[:8]}"
+    (tmp_path / f"{module}.py").write_text(LATE_URLCONF.replace("{header}", header))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, module, raising=False)
+    with override_settings(ROOT_URLCONF=module):
+        client = browser()  # a new handler: a new middleware, and its first request
+        data = {"amount": "10", "receipt": receipt()}
+        first = client.post("/late", data, headers={header: "l1", "X-CSRFToken": SECRET})
+    assert first.status_code == 201, first.content
+    assert first.json() == {"run": 1, "amount": "10", "receipt": 4}
+
+
+class ReadsFormFirst:
+    """An app's middleware that reads request.POST in its ``__call__``, listed before
+    idemkey's: a multipart stream is consumed before idemkey can read it."""
+
+    def __init__(self, get_response: Any) -> None:
+        self.get_response = get_response
+
+    def __call__(self, request: Any) -> Any:
+        request.POST  # noqa: B018
+        return self.get_response(request)
+
+
+def test_a_form_read_before_idemkey_is_a_problem_not_a_traceback(
+    project: dict[str, Any], real_client: redis.Redis, prefix: str
+) -> None:
+    from django.test import Client
+    from django.test.utils import override_settings
+
+    from tests.frameworks.djangoproject import settings as project_settings
+
+    first, *rest = project_settings.MIDDLEWARE
+    with override_settings(MIDDLEWARE=[first, f"{__name__}.ReadsFormFirst", *rest]):
+        data = {"amount": "10", "receipt": receipt()}
+        answer = Client().post("/forms", data, headers={"Idempotency-Key": "r1"})
+    assert answer.status_code == 500
+    assert answer.headers["Content-Type"] == "application/problem+json"
+    assert answer.json()["code"] == "body_unavailable"
+    assert "IdempotencyMiddleware before" in answer.json()["detail"]
+    assert runs(real_client, prefix, "forms") == 0
+    assert records(real_client, prefix) == []
 
 
 def test_undecorated_and_exempt_views_are_not_guarded(
@@ -207,12 +492,14 @@ async def test_asgi_django_through_the_async_test_client(
 
 
 @contextlib.contextmanager
-def serving(command: list[str], redis_url: str, prefix: str, log: Path) -> Iterator[str]:
+def serving(
+    command: list[str], redis_url: str, prefix: str, log: Path, **env: str
+) -> Iterator[str]:
     def argv(port: int) -> list[str]:
         return [sys.executable, "-m", *[part.replace("PORT", str(port)) for part in command]]
 
     with AppServer(
-        argv, log=log, cwd=ROOT, env={"DJANGO_SETTINGS_MODULE": f"{PROJECT}.settings"},
+        argv, log=log, cwd=ROOT, env={"DJANGO_SETTINGS_MODULE": f"{PROJECT}.settings", **env},
         redis_url=redis_url, prefix=prefix,
     ) as server:  # fmt: skip
         yield server.url
@@ -264,6 +551,89 @@ def test_a_real_server_sees_replays_409_and_422(
             assert duplicate.json()["code"] == "in_flight"
             assert [r.status_code for r in results] == [200]
             assert runs(real_client, prefix, "slow") == 1
+
+
+CHUNKED_HEAD = (
+    "POST /charges HTTP/1.1\r\nHost: t\r\nConnection: close\r\nIdempotency-Key: {key}\r\n"
+    "Content-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n"
+)
+#: case -> (bytes after the head, half-close after sending): broken as in test_edges_servers
+BROKEN_CHUNKS = {
+    "bad-size": (b'zz\r\n{"amount": 5}\r\n0\r\n\r\n', False),
+    "no-terminator": (b'd\r\n{"amount": 5}XX0\r\n\r\n', False),
+    "closed-mid-chunk": (b'20\r\n{"amount": 5}', True),
+}
+
+
+def test_gunicorn_answers_a_broken_chunked_body_400_invalid_body(
+    redis_url: str, prefix: str, real_client: redis.Redis, tmp_path: Path
+) -> None:
+    """gunicorn's reader raises on a broken chunked body (InvalidChunkSize, NoMoreData): the
+    answer is the WSGI middleware's on the same server, and the honest retry runs."""
+    log = tmp_path / "server.log"
+    with (
+        serving(SERVERS["gunicorn-wsgi"], redis_url, prefix, log) as base,
+        httpx.Client(base_url=base, timeout=20) as http,
+    ):
+        port = urlsplit(base).port
+        for n, (case, (chunks, close_write)) in enumerate(BROKEN_CHUNKS.items()):
+            key = f"g{n}"
+            with socket.create_connection(("127.0.0.1", port or 0), timeout=20) as sock:
+                sock.sendall(CHUNKED_HEAD.format(key=key).encode() + chunks)
+                if close_write:
+                    sock.shutdown(socket.SHUT_WR)
+                reply = read_response(sock)
+            assert reply.status == 400, (case, reply)
+            assert reply.header("Content-Type") == "application/problem+json", (case, reply)
+            assert json.loads(reply.body)["code"] == "invalid_body", (case, reply)
+            assert runs(real_client, prefix, "charges") == n, case  # never ran on it
+            headers = {"Idempotency-Key": key, "Content-Type": JSON}
+            full = http.post("/charges", content=b'{"amount": 5}', headers=headers)
+            assert full.status_code == 201, (case, full.text)  # nothing stored: it runs
+            assert runs(real_client, prefix, "charges") == n + 1, case
+    assert "Traceback" not in log.read_text(errors="replace")
+
+
+def multipart(amount: str, receipt: bytes) -> tuple[bytes, str]:
+    """A form as a browser's FormData sends it, with a fixed boundary (so a retry is the
+    same bytes): the body and its Content-Type."""
+    boundary = "idemkey-test-boundary"
+    head = (
+        f'--{boundary}\r\nContent-Disposition: form-data; name="amount"\r\n\r\n{amount}\r\n'
+        f'--{boundary}\r\nContent-Disposition: form-data; name="receipt"; '
+        'filename="receipt.txt"\r\nContent-Type: text/plain\r\n\r\n'
+    )
+    body = head.encode() + receipt + f"\r\n--{boundary}--\r\n".encode()
+    return body, f"multipart/form-data; boundary={boundary}"
+
+
+@pytest.mark.parametrize("server", list(SERVERS))
+def test_a_real_server_takes_a_keyed_multipart_form_on_a_csrf_protected_view(
+    server: str, redis_url: str, prefix: str, real_client: redis.Redis, tmp_path: Path
+) -> None:
+    log = tmp_path / "server.log"
+    with (
+        serving(SERVERS[server], redis_url, prefix, log, IDEMKEY_TEST_CSRF="1") as base,
+        httpx.Client(base_url=base, timeout=20) as http,
+    ):
+        for path, header in FORM_VIEWS:
+            body, content_type = multipart("10", b"paid")
+            headers = {
+                header: "m1", "Content-Type": content_type, "X-CSRFToken": SECRET,
+                "Cookie": f"csrftoken={SECRET}",
+            }  # fmt: skip
+            first = http.post(path, content=body, headers=headers)
+            assert first.status_code == 201, (path, first.text)
+            assert first.json() == {"run": 1, "amount": "10", "receipt": 4}
+            again = http.post(path, content=body, headers=headers)
+            assert again.headers["Idempotent-Replayed"] == "true", path
+            other, _ = multipart("11", b"paid")
+            reused = http.post(path, content=other, headers=headers)
+            assert reused.status_code == 422, (path, reused.text)
+            no_token = {k: v for k, v in headers.items() if k != "X-CSRFToken"}
+            assert http.post(path, content=other, headers=no_token).status_code == 403
+            assert runs(real_client, prefix, path.strip("/")) == 1
+    assert "Traceback" not in log.read_text(errors="replace")
 
 
 def make_client() -> redis.Redis:

@@ -18,6 +18,11 @@ MIDDLEWARE = [
     "tests.frameworks.djangoproject.views.TokenUserMiddleware",
     "idemkey.adapters.django.IdempotencyMiddleware",
 ]
+#: A new project's CSRF protection, listed before idemkey's middleware (as a new project has
+#: it, with idemkey's appended): the servers run it when IDEMKEY_TEST_CSRF is set.
+CSRF_MIDDLEWARE = [MIDDLEWARE[0], "django.middleware.csrf.CsrfViewMiddleware", *MIDDLEWARE[1:]]
+if os.environ.get("IDEMKEY_TEST_CSRF"):
+    MIDDLEWARE = CSRF_MIDDLEWARE
 REDIS_URL = os.environ.get("IDEMKEY_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
 IDEMKEY = {
     "REDIS_URL": REDIS_URL,

@@ -14,4 +14,6 @@ urlpatterns = [
     path("login", views.login),
     path("webhook", views.webhook),
     path("slow", views.slow),
+    path("forms", views.forms),
+    path("forms-by-request-id", views.forms_by_request_id),
 ]

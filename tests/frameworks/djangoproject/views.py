@@ -92,6 +92,30 @@ def webhook(request: HttpRequest) -> HttpResponse:
     return JsonResponse({"run": _run("webhook")})
 
 
+def _form(request: HttpRequest, name: str) -> HttpResponse:
+    """What the form carried: its amount, and its receipt's size (None without a file)."""
+    run = _run(name)
+    receipt = request.FILES.get("receipt")
+    size = len(receipt.read()) if receipt is not None else None
+    return JsonResponse(
+        {"run": run, "amount": request.POST.get("amount"), "receipt": size}, status=201
+    )
+
+
+@idempotent
+def forms(request: HttpRequest) -> HttpResponse:
+    """A browser's form (multipart or urlencoded): CSRF-protected where CsrfViewMiddleware is
+    listed (never ``csrf_exempt``), read as ``request.POST`` and ``request.FILES``."""
+    return _form(request, "forms")
+
+
+@idempotent(header="Request-Id", max_request_bytes=2_000_000)
+def forms_by_request_id(request: HttpRequest) -> HttpResponse:
+    """The same form, keyed by another header (with a larger limit): the middleware must know
+    it before the URLconf is loaded by the first request."""
+    return _form(request, "forms-by-request-id")
+
+
 @idempotent
 def slow(request: HttpRequest) -> HttpResponse:
     """Waits (10 s at most) until the test sets ``{prefix}:gate``; marks ``{prefix}:started``."""
