@@ -18,12 +18,13 @@
 
 One module per command (``idemkey/cli/<command>.py``, ``listing.py`` for ``list``: ``HELP``,
 ``configure(parser)``, ``run(args, out)``); the demo app lives in :mod:`idemkey.cli.demo_app`,
-and ``readable.py`` holds the formats the console's page shares (durations, sizes).
+and ``readable.py`` holds the formats the console's page shares (durations, sizes, times).
 
 Exit codes: 0 success; 1 a check failed (doctor FAIL, a probe check failed, a demo step
-misbehaved, no such record, forget refused); 2 bad arguments (and a change of records without
-``--yes`` when stdin is not a terminal, a console port in use or a non-loopback ``--host``
-without ``--unsafe-expose``); 3 Redis (or, for probe, the
+misbehaved, no such record, forget refused); 2 bad arguments (a ``--prefix`` Policy refuses,
+a ``--redis-url`` that cannot be parsed, and a change of records without ``--yes`` when stdin
+is not a terminal, a console port in use or a non-loopback ``--host`` without
+``--unsafe-expose``); 3 Redis (or, for probe, the
 endpoint) unreachable or erroring; 4 a probe was inconclusive (no check failed, but one could
 not tell a replay from a second execution); 70 a bug in idemkey (``IDEMKEY_DEBUG=1`` shows
 its traceback); 130 interrupted (143 for bench: SIGTERM). Every error is one line on stderr,
@@ -42,7 +43,8 @@ from types import ModuleType
 from typing import IO, Final
 
 from .. import _DISTRIBUTION, __version__
-from ..errors import IdemkeyError
+from ..errors import ConfigurationError, IdemkeyError
+from ..policy import Policy
 from . import bench, cancel, console, demo, doctor, forget, inspect, listing, probe, serve, stats
 from ._base import DEBUG_ENV, URL_ENV, CliError, Parser, UsageError
 from ._redis import explain_redis_error, redact
@@ -107,7 +109,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser = Parser(
         prog="idemkey",
         description="Idempotency keys backed by Redis: demo, probe and operator tools.",
-        epilog="exit codes: 0 ok, 1 check failed, 2 bad arguments, 3 Redis (or endpoint) error",
+        epilog="exit codes: 0 ok, 1 check failed, 2 bad arguments (a --prefix or --redis-url "
+        "that cannot work too), 3 Redis (or the probed endpoint) unreachable or erroring, "
+        "4 probe inconclusive, 70 a bug in idemkey, 130 interrupted",
     )
     parser.add_argument(
         "--version",
@@ -149,6 +153,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _error(command, str(exc), 2, as_json="--json" in argv, prefixed=True)
     except SystemExit as exc:  # --help
         return exc.code if isinstance(exc.code, int) else 0
+    try:
+        # Checked once, here, by Policy's own converter: every command that takes a prefix
+        # (stats, doctor and inspect --digest build no Policy, and read nothing under a bad one).
+        Policy(prefix=args.prefix)
+    except ConfigurationError as exc:
+        return _error(args.command, f"bad --prefix: {exc}", 2, as_json=args.json)
     if args.redis_url is None and args.command not in NO_REDIS_FROM_ENV:
         args.redis_url = os.environ.get(URL_ENV) or None
     return _run(args, out)
@@ -186,6 +196,8 @@ def _run(args: argparse.Namespace, out: IO[str]) -> int:
     except (redis.RedisError, OSError) as exc:
         where = redact(args.redis_url) if args.redis_url else "Redis"
         return fail(f"{where}: {explain_redis_error(exc)}", 3)
+    except ConfigurationError as exc:  # an option that cannot work: a bad argument, not Redis
+        return fail(f"{type(exc).__name__}: {exc}", 2)
     except IdemkeyError as exc:
         return fail(f"{type(exc).__name__}: {exc}", 3)
     except KeyboardInterrupt:

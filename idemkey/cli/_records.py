@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
 from typing import IO, Any, Final
 
 from .._codec import StoredResponse, decode_response, decode_value
@@ -27,7 +26,7 @@ from ..http._scope import NO_CREDENTIALS, credential_scope
 from ..store.diagnostics import _text as text
 from ..store.status import lease_left_ms, server_ms
 from ._base import CliError
-from .readable import PREVIEW_BYTES, duration, preview, shorten
+from .readable import PREVIEW_BYTES, duration, preview, shorten, shown, utc_time
 
 __all__ = [
     "NOT_SEARCHABLE",
@@ -184,11 +183,15 @@ class RecordView:
     client_key: str = ""
 
 
-def read_record(client: Any, record: Record, *, guard: bool | None = None) -> RecordView:
+def read_record(
+    client: Any, record: Record, *, guard: bool | None = None, value: bool = True
+) -> RecordView:
     """Read one record (hash, PTTLs, lease, server clock) in one pipeline and decode what it stores.
 
     ``guard``: True for a guard() record (msgpack value), False for an HTTP response, None to
-    try the response format first (when only the digest is known).
+    try the response format first (when only the digest is known). ``value=False`` leaves the
+    stored value undecoded: ``forget`` and ``cancel`` need the state and the lease only, and an
+    unreadable value must never keep an operator from removing its record (the remedy for it).
     """
     pipe = client.pipeline(transaction=False)
     pipe.hgetall(record.record_key)
@@ -215,13 +218,9 @@ def read_record(client: Any, record: Record, *, guard: bool | None = None) -> Re
     view.fence = stored_int(text(get("fence")))
     # The last claim or completion: written by idemkey before 0.2 only; remove in 0.4.
     at = stored_int(text(get("at")))
-    if at is not None:
-        try:
-            stamp = datetime.fromtimestamp(at / 1000, tz=timezone.utc)
-        except (OverflowError, OSError, ValueError):  # stored data: past what a date holds
-            stamp = None
-        if stamp is not None:
-            view.at = stamp.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    stamp = utc_time(at / 1000) if at is not None else None  # None: past what a date holds
+    if stamp is not None:
+        view.at = stamp.isoformat(timespec="milliseconds").replace("+00:00", "Z")
     origin = decode_origin([get(name) for name in ORIGIN_FIELDS])
     # Route and scope may come from a request (a path, a tenant header): printed escaped too.
     view.origin = f"{escape_key(origin.method)} {escape_key(origin.route)}".strip()
@@ -229,7 +228,7 @@ def read_record(client: Any, record: Record, *, guard: bool | None = None) -> Re
         view.origin += f" [{escape_key(origin.scope)}]"
     view.client_key = origin.key + ("..." if origin.cut else "")
     stored = get("resp")
-    if isinstance(stored, bytes) and stored:
+    if value and isinstance(stored, bytes) and stored:
         _decode_stored(view, stored, guard)
     return view
 
@@ -260,8 +259,9 @@ def _decode_stored(view: RecordView, stored: bytes, guard: bool | None) -> None:
         view.kind = "failure"
         view.body_size = len(stored) - 1
         fields = f" {failure.fields!r}" if failure.fields else ""
-        shown = f"{failure.type}: {failure.message}{fields}"
-        view.preview = shown[:PREVIEW_BYTES] + ("..." if len(shown) > PREVIEW_BYTES else "")
+        # Type and message are stored text (a message may quote what a customer typed):
+        # escaped as a preview is, so no escape sequence or line break reaches a terminal.
+        view.preview = _cut(shown(f"{failure.type}: {failure.message}{fields}"))
         return
     try:
         value: object = decode_value(stored)
@@ -270,8 +270,11 @@ def _decode_stored(view: RecordView, stored: bytes, guard: bool | None) -> None:
         return
     view.kind = "result"
     view.body_size = len(stored) - 1
-    shown = repr(value)
-    view.preview = shown[:PREVIEW_BYTES] + ("..." if len(shown) > PREVIEW_BYTES else "")
+    view.preview = _cut(repr(value))
+
+
+def _cut(text: str) -> str:
+    return text[:PREVIEW_BYTES] + ("..." if len(text) > PREVIEW_BYTES else "")
 
 
 def show_record(view: RecordView, out: IO[str]) -> None:
@@ -300,11 +303,14 @@ def show_record(view: RecordView, out: IO[str]) -> None:
         rows.append(("steps", f"{len(view.steps)} finished: {', '.join(view.steps)}"))
     if view.error:
         rows.append(("stored", f"unreadable: {view.error}"))
+    # Owner, steps, headers and the reason a value is unreadable are stored text too (any
+    # writer's): escaped, as the preview is, so no escape sequence or line break reaches the
+    # terminal (a forged row, a cleared screen).
     for name, value in rows:
-        out.write(f"{name:<9} {value}\n")
+        out.write(f"{name:<9} {shown(value)}\n")
     if view.kind == "response":
         out.write(f"{'headers':<9} {len(view.headers)}\n")
         for name, value in view.headers:
-            out.write(f"  {name}: {value}\n")
+            out.write(f"  {shown(name)}: {shown(value)}\n")
     if view.preview:
-        out.write(f"preview   {view.preview}\n")
+        out.write(f"preview   {shown(view.preview)}\n")

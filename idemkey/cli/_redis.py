@@ -6,7 +6,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import urlsplit
 
 from ..store.diagnostics import _text as text
 from ._base import URL_ENV, CliError
@@ -15,17 +15,25 @@ __all__ = ["Server", "connect", "explain_redis_error", "info", "redact"]
 
 
 def redact(url: str) -> str:
-    """``url`` with its password replaced by ``***``, for printing."""
+    """``url`` with its password (``user:password@``, or redis-py's ``?password=``) replaced
+    by ``***``, for printing. Never raises: a port that is no port (``:99999``, ``:abc``) is a
+    bad argument, printed as given once the password is gone."""
     try:
         parts = urlsplit(url)
     except ValueError:
         return "<unparsable url>"
-    if parts.password is None:
-        return url
-    user = parts.username or ""
-    host = parts.hostname or ""
-    netloc = f"{user}:***@{host}" + (f":{parts.port}" if parts.port else "")
-    return urlunsplit(parts._replace(netloc=netloc))
+    pairs = parts.query.split("&")
+    hidden = ["password=***" if p.partition("=")[0] == "password" else p for p in pairs]
+    if parts.password is None and hidden == pairs:
+        return url  # nothing to hide: as given
+    netloc = parts.netloc
+    if parts.password is not None:
+        # Host and port as written, not parsed (``parts.port`` raises on a bad one): the
+        # netloc after its last "@", where the user information, and so the password, ends.
+        netloc = f"{parts.username or ''}:***@{netloc.rpartition('@')[2]}"
+    query = f"?{'&'.join(hidden)}" if parts.query else ""
+    fragment = f"#{parts.fragment}" if parts.fragment else ""
+    return f"{parts.scheme}://{netloc}{parts.path}{query}{fragment}"  # "//" kept: unix:///p
 
 
 @dataclass

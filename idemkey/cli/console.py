@@ -14,10 +14,12 @@ import socket
 import sys
 from typing import IO, Final
 
+from ..errors import ConfigurationError
 from ..policy import Policy
 from ..store import RedisStore
 from ._base import CliError
 from ._redis import connect, redact
+from ._refresh import MAX_REFRESH, MIN_REFRESH, refresh_seconds
 
 HELP: Final = "serve a read-only web page of the records and uncertain outcomes (127.0.0.1)"
 DESCRIPTION: Final = (
@@ -43,7 +45,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--port", type=int, default=8089, help="port (default: 8089)")
     parser.add_argument(
-        "--refresh", type=float, default=3.0, help="seconds between refreshes (default: 3)"
+        "--refresh",
+        type=float,
+        default=3.0,
+        help=f"seconds between refreshes, {MIN_REFRESH:g} to {MAX_REFRESH:g} (a day; default: 3)",
     )
     parser.add_argument(
         "--allow-forget",
@@ -88,8 +93,10 @@ def _bind(host: str, port: int) -> socket.socket:
 def run(args: argparse.Namespace, out: IO[str]) -> int:
     if not 0 < args.port <= 65535:
         raise CliError("--port must be between 1 and 65535", 2)
-    if not args.refresh >= 0.5:
-        raise CliError("--refresh must be at least 0.5 seconds", 2)
+    try:
+        refresh = refresh_seconds(args.refresh, "--refresh")
+    except ConfigurationError as exc:
+        raise CliError(str(exc), 2) from None
     try:
         import uvicorn
 
@@ -114,7 +121,7 @@ def run(args: argparse.Namespace, out: IO[str]) -> int:
             store = RedisStore(server.client, Policy(prefix=args.prefix))
             app = create_app(
                 store,
-                refresh=args.refresh,
+                refresh=refresh,
                 allow_forget=args.allow_forget,
                 host=args.host,
                 port=args.port,

@@ -41,8 +41,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
     add_record_options(parser)
 
 
-def find(client: Any, candidates: list[Candidate]) -> list[tuple[Candidate, RecordView]]:
-    """Read every candidate (one EXISTS round trip for all, then the ones that exist)."""
+def find(
+    client: Any, candidates: list[Candidate], *, values: bool = True
+) -> list[tuple[Candidate, RecordView]]:
+    """Read every candidate (one EXISTS round trip for all, then the ones that exist);
+    ``values=False``: without decoding their stored values (see :func:`read_record`)."""
     pipe = client.pipeline(transaction=False)
     for candidate in candidates:
         pipe.exists(candidate.record.record_key)
@@ -51,7 +54,10 @@ def find(client: Any, candidates: list[Candidate]) -> list[tuple[Candidate, Reco
         present = candidates  # one name: show it even when empty, as before
     # The stored value is a guard() result or an HTTP response; by digest, try both.
     decode = {GUARD_METHOD: True, "?": None}
-    return [(c, read_record(client, c.record, guard=decode.get(c.method, False))) for c in present]
+    return [
+        (c, read_record(client, c.record, guard=decode.get(c.method, False), value=values))
+        for c in present
+    ]
 
 
 def find_one_held(
@@ -61,7 +67,9 @@ def find_one_held(
 
     ``nothing`` ends the message when more than one record holds the key ("nothing deleted").
     """
-    held = [(c, view) for c, view in find(client, candidates) if view.exists]
+    # The state and the lease decide; the stored value is not read: one that does not decode
+    # must not keep its record from being forgotten (the remedy for it) or cancelled.
+    held = [(c, view) for c, view in find(client, candidates, values=False) if view.exists]
     if not held:
         if len(candidates) == 1 and names_one_record(args):
             raise CliError(f"no record {candidates[0].record.record_key}")

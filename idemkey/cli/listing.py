@@ -11,7 +11,6 @@ import argparse
 import json
 import shlex
 from dataclasses import asdict
-from datetime import datetime, timezone
 from typing import IO, Any, Final
 
 from .._core import record_from_digest
@@ -23,7 +22,7 @@ from . import stats
 from ._base import CliError, print_json
 from ._progress import Progress
 from ._redis import connect
-from .readable import compact_seconds, shown
+from .readable import NOT_A_DATE, compact_seconds, shown, utc_time
 
 HELP: Final = "list records with their state, lease, age and steps (SCAN, never KEYS)"
 SCAN_COUNT: Final = 1000
@@ -93,7 +92,11 @@ def _records(args: argparse.Namespace, store: RedisStore, progress: Progress) ->
 
 
 def _when(at: float) -> str:
-    stamp = datetime.fromtimestamp(at, tz=timezone.utc)
+    """An entry's time (stored data) as ISO 8601 UTC, or :data:`NOT_A_DATE` padded to its
+    width, past what a date holds (``--json`` keeps the number)."""
+    stamp = utc_time(at)
+    if stamp is None:
+        return f"{NOT_A_DATE:<20}"
     return stamp.isoformat(timespec="seconds").replace("+00:00", "Z")
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import secrets
 from pathlib import Path
@@ -134,7 +135,19 @@ def _body(args: argparse.Namespace) -> bytes:
             return Path(args.data_file).read_bytes()
         except OSError as exc:
             raise CliError(f"cannot read --data-file {args.data_file}: {exc.strerror}", 2) from None
-    return (args.data or "").encode()
+    return _argument_bytes(args.data or "", "--data")
+
+
+def _argument_bytes(text: str, option: str) -> bytes:
+    """A body given on the command line as the bytes the shell passed, as ``curl -d`` sends
+    them: Python decodes argv with ``surrogateescape``, so a byte that is not UTF-8 (latin-1
+    form data, say) arrives as a lone surrogate, and ``os.fsencode`` gives the byte back
+    (``sys.argv``'s documented inverse); ``str.encode`` refused it with a traceback."""
+    try:
+        return os.fsencode(text)
+    except UnicodeEncodeError as exc:  # from Python: a str no command line gives ("\ud800")
+        bad = exc.object[exc.start : exc.end]
+        raise CliError(f"{option} holds {bad!r}, which the locale cannot encode", 2) from None
 
 
 def plan_from(args: argparse.Namespace) -> tuple[Target, Plan, str]:
@@ -158,7 +171,7 @@ def plan_from(args: argparse.Namespace) -> tuple[Target, Plan, str]:
         tenant = _header(args.other_tenant_header, "--other-tenant-header")
     body = _body(args)
     if args.edit is not None:
-        edited, how = args.edit.encode(), "given with --edit"
+        edited, how = _argument_bytes(args.edit, "--edit"), "given with --edit"
         if edited == body:
             raise CliError("--edit must differ from the request body", 2)
     else:

@@ -1,11 +1,14 @@
-"""Human-readable durations, sizes and previews: the commands' text output, and the console's
-page (``compact_seconds``), so a lease reads the same in both."""
+"""Human-readable durations, sizes, times and previews: the commands' text output, and the
+console's page (``compact_seconds``, ``utc_time``), so a lease reads the same in both and a
+stored time past what a date holds fails neither."""
 
 from __future__ import annotations
 
+from datetime import datetime, timezone
 from typing import Final
 
 __all__ = [
+    "NOT_A_DATE",
     "PREVIEW_BYTES",
     "compact_seconds",
     "duration",
@@ -13,9 +16,12 @@ __all__ = [
     "shown",
     "shorten",
     "size",
+    "utc_time",
 ]
 
 PREVIEW_BYTES: Final = 120
+#: How a stored time past what a date holds is shown (the JSON keeps the number).
+NOT_A_DATE: Final = "(not a date)"
 
 
 def duration(ms: int) -> str:
@@ -45,6 +51,16 @@ def compact_seconds(value: float | None) -> str:
     if value < 86400:
         return f"{value / 3600:.1f}h"
     return f"{value / 86400:.1f}d"
+
+
+def utc_time(seconds: float) -> datetime | None:
+    """Unix ``seconds`` as a UTC datetime; None past what a date holds. A time read back from
+    Redis (a journal entry's ``at``, a record's) is stored data, any 19 digits: the one guarded
+    conversion the commands and the console's page share (``datetime`` stops at year 9999)."""
+    try:
+        return datetime.fromtimestamp(seconds, tz=timezone.utc)
+    except (OverflowError, OSError, ValueError):
+        return None
 
 
 def size(n: float) -> str:

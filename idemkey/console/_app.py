@@ -13,19 +13,20 @@ from __future__ import annotations
 
 import secrets
 from collections.abc import Iterable
-from datetime import datetime, timezone
 from typing import Any
 
 from jinja2 import Environment, PackageLoader, select_autoescape
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
+from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, Response
 from starlette.routing import Route
 
 from .._core import is_digest, record_from_digest
-from ..cli.readable import compact_seconds
+from ..cli._refresh import refresh_seconds
+from ..cli.readable import NOT_A_DATE, compact_seconds, utc_time
 from ..errors import StoreError
 from ..store import RedisStore
 from ._guard import TOKEN_HEADER, HostCheck, problem, security_headers, served_hosts
@@ -35,7 +36,9 @@ __all__ = ["TOKEN_HEADER", "create_app"]
 
 
 def _when(at: float) -> str:
-    return datetime.fromtimestamp(at, tz=timezone.utc).strftime("%Y-%m-%d %H:%M:%S")
+    """An uncertain entry's time (stored data), or :data:`NOT_A_DATE` past what a date holds."""
+    stamp = utc_time(at)
+    return stamp.strftime("%Y-%m-%d %H:%M:%S") if stamp is not None else NOT_A_DATE
 
 
 def create_app(
@@ -51,7 +54,10 @@ def create_app(
     """The console for the records under ``store``'s prefix, refreshed every ``refresh`` s,
     served on ``host``:``port``: it answers only requests whose ``Host`` names that address
     (the loopback names, ``host``, ``allow_hosts``; see ``_guard.served_hosts``). A forget
-    needs ``allow_forget`` and ``token`` (made here when None, fresh for each app)."""
+    needs ``allow_forget`` and ``token`` (made here when None, fresh for each app).
+    ``refresh`` out of 0.5 s to a day is a :class:`~idemkey.errors.ConfigurationError`
+    (``refresh_seconds``: a browser's timer overflows past 24.8 days and fires at once)."""
+    refresh_ms = round(refresh_seconds(refresh) * 1000)
     hosts = served_hosts(host, port, allow_hosts)
     origins = frozenset(f"http://{name}" for name in hosts)
     token = token or secrets.token_urlsafe(32)
@@ -82,7 +88,7 @@ def create_app(
             error=error,
             nonce=nonce,
             token=token if allow_forget else "",
-            refresh_ms=int(refresh * 1000),
+            refresh_ms=refresh_ms,
             prefix=store.policy.prefix,
         )
         return HTMLResponse(html, headers=security_headers(nonce))
@@ -101,7 +107,7 @@ def create_app(
     async def forget(request: Request) -> Response:  # HostCheck asked for Origin and token
         try:
             body = await request.json()
-        except ValueError:
+        except (ValueError, RecursionError):  # RecursionError: nested past what json reads
             return problem(400, 'the body must be JSON: {"digest": "<32 hex digits>"}')
         digest = body.get("digest") if isinstance(body, dict) else None
         if not isinstance(digest, str) or not is_digest(digest):
@@ -118,6 +124,19 @@ def create_app(
         answer = {"record": record.record_key, "deleted": found.deleted, "state": found.state}
         return JSONResponse(answer, headers=security_headers(None))
 
+    async def refused(request: Request, exc: Exception) -> Response:
+        # The router's own answers (a path it does not serve, a method a route does not take)
+        # are problems with the security headers too, not Starlette's bare text/plain.
+        assert isinstance(exc, HTTPException)
+        where = repr(request.url.path[:100])
+        allow = (exc.headers or {}).get("Allow")
+        if not allow:
+            return problem(exc.status_code, f"no page {where} here")
+        allow = ", ".join(sorted(allow.split(", ")))  # Starlette joins a set: one order
+        answer = problem(exc.status_code, f"{where} answers {allow} only")
+        answer.headers["Allow"] = allow  # a 405 names the methods the path takes (RFC 9110)
+        return answer
+
     routes = [
         Route("/", page),
         Route("/fragment", fragment),
@@ -127,4 +146,6 @@ def create_app(
     gate = Middleware(
         HostCheck, hosts=hosts, origins=origins, token=token if allow_forget else None
     )
-    return Starlette(routes=routes, middleware=[gate])
+    return Starlette(
+        routes=routes, middleware=[gate], exception_handlers={404: refused, 405: refused}
+    )

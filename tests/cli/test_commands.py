@@ -150,6 +150,56 @@ def test_bad_arguments_are_one_line(idemkey: CliRunner, argv: tuple[str, ...]) -
     assert "Traceback" not in run.err
 
 
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ("list",),
+        ("list", "--uncertain"),
+        ("stats",),
+        ("doctor", "--pings", "1"),
+        ("inspect", "--digest", "0" * 32),
+        ("inspect", "k", "--guard"),
+        ("forget", "k", "--guard", "--yes"),
+        ("cancel", "k", "--guard", "--yes"),
+        ("console", "--port", "PORT"),  # a free port: the check comes before any serving
+    ],
+)
+@pytest.mark.parametrize("prefix", ["a{b", "}", ""])
+def test_a_prefix_policy_refuses_is_a_bad_argument_everywhere(
+    idemkey: CliRunner, redis_url: str, argv: tuple[str, ...], prefix: str
+) -> None:
+    """Not "Redis unreachable or erroring" (exit 3, as list and console said), and not 0
+    records read under a name no record can have (stats, doctor, inspect --digest)."""
+    argv = tuple(str(free_port()) if arg == "PORT" else arg for arg in argv)
+    run = idemkey(*argv, "--redis-url", redis_url, "--prefix", prefix)
+    assert (run.code, run.out) == (2, "")
+    assert run.err == (
+        f"idemkey {argv[0]}: bad --prefix: Policy(prefix=...): expected a non-empty string with "
+        f"no '{{' or '}}', got the string {prefix!r}\n"
+    )
+    as_json = json.loads(idemkey("--json", *argv, "--redis-url", redis_url, "--prefix", prefix).err)
+    assert as_json["exit_code"] == 2
+    assert as_json["error"].startswith("bad --prefix: Policy(prefix=...)")
+
+
+def test_a_configuration_error_is_a_bad_argument_not_a_redis_error(
+    idemkey: CliRunner, redis_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A ConfigurationError is an option that cannot work: exit 2, never 3, which says Redis
+    is unreachable or erroring."""
+    from idemkey.errors import ConfigurationError
+
+    def refused(*args: object, **kwargs: object) -> None:
+        raise ConfigurationError("Policy(x=...): expected y")
+
+    monkeypatch.setattr(stats_command, "collect_stats", refused)
+    run = idemkey("stats", "--redis-url", redis_url)
+    assert (run.code, run.err) == (
+        2,
+        "idemkey stats: ConfigurationError: Policy(x=...): expected y\n",
+    )
+
+
 def test_a_bare_idemkey_prints_its_usage(idemkey: CliRunner) -> None:
     """Nothing to run: the commands offered, then the error, exit status 2 (as argparse)."""
     for argv in ((), ("--prefix", "p")):
@@ -178,6 +228,32 @@ def test_passwords_are_not_printed(idemkey: CliRunner) -> None:
     assert run.code == 3
     assert "s3cret" not in run.err
     assert "user:***@127.0.0.1" in run.err
+
+
+@pytest.mark.parametrize(
+    ("url", "shown", "why"),
+    [
+        ("redis://u:s3cret@127.0.0.1:99999/0", "redis://u:***@127.0.0.1:99999/0", "Port out of"),
+        ("redis://u:s3cret@127.0.0.1:abc/0", "redis://u:***@127.0.0.1:abc/0", "Port could not"),
+        ("redis://:s3cret@[::1]:-1/0", "redis://:***@[::1]:-1/0", "Port"),
+        ("redis://127.0.0.1:99999/0?password=s3cret", "?password=***", "Port out of"),
+    ],
+)
+@pytest.mark.parametrize("command", ["list", "stats", "inspect", "console"])
+def test_a_url_with_a_password_and_a_bad_port_is_a_bad_argument(
+    idemkey: CliRunner, url: str, shown: str, why: str, command: str
+) -> None:
+    """The port is no port: a bad --redis-url (exit 2) as without a password, not an internal
+    error (70) from printing it; and the password is never printed."""
+    port = str(free_port())  # the console binds it, then fails on the URL, before serving
+    argv = {"inspect": ("inspect", "k", "--guard"), "console": ("console", "--port", port)}
+    run = idemkey(*argv.get(command, (command,)), "--redis-url", url)
+    assert run.code == 2, run.err
+    assert run.err.startswith(f"idemkey {command}: bad --redis-url ")
+    assert shown in run.err
+    assert why in run.err
+    assert "s3cret" not in run.err
+    assert len(run.err.splitlines()) == 1
 
 
 def test_a_bug_is_one_line_unless_debugging(

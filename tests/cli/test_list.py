@@ -223,3 +223,29 @@ def test_list_uncertain_prints_stored_text_without_terminal_escapes(
     assert not any(ch in text for ch in "\x1b\x07"), repr(text)
     assert "\\x1b]0;owned\\x07" in text  # shown escaped, not dropped
     assert "card\\ndeclined" in text
+
+
+def test_list_uncertain_shows_a_time_past_what_a_date_holds_as_no_date(
+    idemkey: CliRunner, redis_url: str, store: RedisStore
+) -> None:
+    """An entry's ``at`` is stored data: 19 digits of milliseconds (a year past 9999) are no
+    date, shown as such, and the entry still listed, not an internal error (exit 70)."""
+    from idemkey.store.uncertain import uncertain_stream
+
+    client = redis.Redis.from_url(redis_url)
+    try:
+        for at in ("1712345678901", "9" * 19):
+            client.xadd(uncertain_stream(store.policy.prefix), {
+                "kind": "lease_lost", "at": at, "record": "0" * 32, "method": "POST",
+                "route": "/charges", "fence": "7",
+            })  # fmt: skip
+    finally:
+        client.close()
+    base = ("--redis-url", redis_url, "--prefix", store.policy.prefix, "list", "--uncertain")
+    run = idemkey(*base)
+    assert run.code == 0, run.err
+    first, second = (line for line in run.out.splitlines() if "lease_lost" in line)
+    assert first.startswith("(not a date)          lease_lost ")  # newest first, one column
+    assert second.startswith("2024-04-05T19:34:38Z  lease_lost ")
+    listed = json.loads(idemkey(*base, "--json").out)["uncertain"]
+    assert [e["at"] for e in listed] == [9999999999999999.999, 1712345678.901]

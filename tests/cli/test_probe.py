@@ -558,3 +558,32 @@ def test_https_verifies_the_certificate(
         server.server_close()
     assert trusted.code == 1, trusted.out + trusted.err
     assert "an edited retry was replayed" in _line(trusted, 3)
+
+
+def test_a_body_that_is_not_utf8_is_sent_as_the_bytes_given(tmp_path: Path) -> None:
+    """``-d`` and ``--edit`` with a byte that is not UTF-8 (latin-1 form data): Python hands
+    argv over with the byte as a lone surrogate; the probe sends the byte itself, as ``curl -d``
+    does and as ``--data-file`` would, rather than failing with an internal error (exit 70)."""
+    seen: list[bytes] = []
+
+    def app(environ: WSGIEnvironment, start_response: StartResponse) -> Iterable[bytes]:
+        seen.append(environ["wsgi.input"].read(int(environ.get("CONTENT_LENGTH") or 0)))
+        start_response("201 Created", [("Content-Type", "application/json")])
+        return [b'{"id": "ch_1"}']
+
+    server = make_server("127.0.0.1", 0, app, threaded=True)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.socket.getsockname()[1]}/charges"
+        env = {k: v for k, v in os.environ.items() if k != "IDEMKEY_REDIS_URL"}
+        result = subprocess.run(
+            [sys.executable, "-m", "idemkey", "probe", url, "-d", b"amount=10&name=Ren\xe9e",
+             "--edit", b"amount=11&name=Ren\xe9e"],
+            capture_output=True, timeout=60, cwd=ROOT, env=env, check=False,
+        )  # fmt: skip
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert result.returncode == 1, result.stderr  # this endpoint runs every retry: check 2 fails
+    assert b"Traceback" not in result.stderr
+    assert set(seen) == {b"amount=10&name=Ren\xe9e", b"amount=11&name=Ren\xe9e"}

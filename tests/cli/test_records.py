@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import sys
@@ -10,7 +11,7 @@ import pytest
 import redis
 
 from idemkey import Policy, RedisStore, guard
-from idemkey._codec import encode_value
+from idemkey._codec import StoredResponse, encode_response, encode_value
 from idemkey._core import record_for, record_pattern
 from idemkey.cli import _progress as progress
 from idemkey.guard import GUARD_METHOD
@@ -352,3 +353,131 @@ def test_inspect_reads_stored_numbers_as_data(
     assert run.code == 0, run.err
     view = json.loads(run.out)
     assert view["fence"] == (int(number) if number == "9" * 19 else None)
+
+
+# ---- stored text and values are input -----------------------------------------------------
+
+#: What a customer may type into a field an error message quotes: a screen clear, red text, a
+#: carriage return and a line break that would forge a row of inspect's own.
+HOSTILE = "4242\x1b[2J\x1b[31mFAKE\rforged line\nreleased  OK\x07"
+
+
+class CardDeclined(Exception):
+    pass
+
+
+def test_inspect_prints_stored_text_escaped(
+    idemkey: CliRunner, store: RedisStore, real_client: redis.Redis, redis_url: str, prefix: str
+) -> None:
+    """A remembered failure's message, a response's headers, an owner and step names are
+    stored text (any writer's): inspect prints them escaped, as it prints previews, so nothing
+    clears the screen, colours it or forges a row."""
+    with (
+        contextlib.suppress(CardDeclined),
+        guard(store, "order-2", cache_exceptions=(CardDeclined,)),
+    ):
+        raise CardDeclined(f"declined card {HOSTILE}")
+    response = record_for(prefix, "acct_1", "POST", "/charges", "order-3")
+    claimed = store.claim(response, "fp", heartbeat=False)
+    stored = StoredResponse(201, (("X-Note", HOSTILE.replace("\r", "").replace("\n", "")),), b"ok")
+    assert store.complete(response, claimed.owner, encode_response(stored))  # type: ignore[union-attr]
+    forged = record_for(prefix, "", GUARD_METHOD, "", "order-4")
+    real_client.hset(forged.key, mapping={
+        "state": "in_progress", "owner": HOSTILE, "fence": "1", f"s:{HOSTILE}": encode_value(1),
+    })  # fmt: skip
+
+    failure = idemkey("inspect", "order-2", "--guard", *_at(redis_url, prefix))
+    headers = idemkey("inspect", "--digest", response.digest, *_at(redis_url, prefix))
+    owner = idemkey("inspect", "order-4", "--guard", *_at(redis_url, prefix))
+    for run in (failure, headers, owner):
+        assert run.code == 0, run.err
+        assert not any(c in run.out for c in "\x1b\r\x07"), repr(run.out)
+        assert not any(line.startswith("released") for line in run.out.splitlines())
+        assert "\\x1b[2J\\x1b[31mFAKE" in run.out  # shown escaped, not dropped
+    assert ":CardDeclined: declined card 4242\\x1b[2J\\x1b[31mFAKE\\rforged" in failure.out
+    assert "\\rforged line\\nreleased  OK\\x07" in failure.out
+    assert "  X-Note: 4242\\x1b[2J\\x1b[31mFAKEforged linereleased  OK\\x07\n" in headers.out
+    assert "owner     4242\\x1b[2J...\n" in owner.out  # shortened to 8 characters, escaped
+    assert "steps     1 finished: 4242\\x1b[2J" in owner.out
+    # --json: the same escaped preview (as a response's), not the raw message.
+    view = idemkey("inspect", "order-2", "--guard", "--json", *_at(redis_url, prefix))
+    assert json.loads(view.out)["preview"] == failure.out.split("preview   ")[1].rstrip("\n")
+
+
+@pytest.mark.parametrize("depth", [1_000, 100_000])
+@pytest.mark.parametrize("kind", ["result", "failure", "response"])
+def test_a_value_nested_too_deep_is_unreadable_and_forget_removes_it(
+    idemkey: CliRunner,
+    store: RedisStore,
+    real_client: redis.Redis,
+    redis_url: str,
+    prefix: str,
+    depth: int,
+    kind: str,
+) -> None:
+    """A stored value nested past what msgpack decodes (written by anything but idemkey): inspect
+    says the record is unreadable, and forget, the remedy for an unreadable record, deletes it,
+    by key and by digest, even one a live claim holds (--force)."""
+    nested = b"\x91" * depth + b"\xc0"  # [[[...[nil]...]]]
+    value = {
+        "result": b"\x01" + nested,
+        "failure": b"\x03\x93\xa1t\xa1m\x81\xa1f" + nested,  # ["t", "m", {"f": nested}]
+        "response": b"\x01\x93" + nested + b"\x90\xc4\x00",  # a status of [[...]]: no response
+    }[kind]
+    for key in ("deep-1", "deep-2"):
+        with guard(store, key) as call:
+            call.save({"x": 1})
+        record = record_for(prefix, "", GUARD_METHOD, "", key)
+        if kind == "response":  # an HTTP record's
+            record = http_record(store, key)
+        real_client.hset(record.key, "resp", value)
+
+    by_key = ("--guard",) if kind != "response" else ("--scope", "acct_1", "--route", "/charges")
+    shown = idemkey("inspect", "deep-1", *by_key, *_at(redis_url, prefix))
+    assert shown.code == 0, shown.err
+    assert f"stored    unreadable: stored {kind} is unreadable: " in shown.out
+    if kind != "response":  # a response's status is no list: refused before any depth
+        assert "maximum recursion depth" in shown.out
+
+    forgot = idemkey("forget", "deep-1", *by_key, "--yes", "--force", *_at(redis_url, prefix))
+    assert forgot.code == 0, forgot.err
+    assert real_client.exists(record_for(prefix, *_name(kind), "deep-1").key) == 0
+    digest = record_for(prefix, *_name(kind), "deep-2").digest
+    forgot = idemkey("forget", "--digest", digest, "--yes", *_at(redis_url, prefix))
+    assert forgot.code == 0, forgot.err
+    assert real_client.exists(record_for(prefix, *_name(kind), "deep-2").key) == 0
+
+
+def _name(kind: str) -> tuple[str, str, str]:
+    """(scope, method, route) of the records the test above writes."""
+    return ("acct_1", "POST", "/charges") if kind == "response" else ("", GUARD_METHOD, "")
+
+
+def test_forget_and_cancel_never_decode_the_stored_value(
+    idemkey: CliRunner,
+    store: RedisStore,
+    real_client: redis.Redis,
+    redis_url: str,
+    prefix: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Whatever a value's decoding does (raise, for a format this version does not read, or a
+    bug), forget and cancel need the state and the lease only: it never keeps an operator from
+    removing a record."""
+    from idemkey.cli import _records
+
+    def broken(*args: object) -> None:
+        raise RecursionError("maximum recursion depth exceeded while deserializing an object")
+
+    monkeypatch.setattr(_records, "_decode_stored", broken)
+    record = http_record(store, "order-5")
+    inspected = idemkey("inspect", "--digest", record.digest, *_at(redis_url, prefix))
+    assert inspected.code == 70  # inspect decodes, and fails as told
+    run = idemkey("forget", "--digest", record.digest, "--yes", *_at(redis_url, prefix))
+    assert run.code == 0, run.err
+    assert real_client.exists(record.key) == 0
+    with contextlib.suppress(RuntimeError), guard(store, "job-5") as call:
+        call.step("reserve", lambda: 1)
+        raise RuntimeError("after a step")  # released with a step: something to cancel
+    run = idemkey("cancel", "job-5", "--guard", "--yes", *_at(redis_url, prefix))
+    assert run.code == 0, run.err
