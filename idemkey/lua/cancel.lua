@@ -17,15 +17,46 @@
 --                    dropped as asked, the fence raised;
 --        {0}         nothing to cancel: no record, a completed one (use forget), or a
 --                    released one without steps (a retry runs afresh anyway). Nothing written.
+--        error       "idemkey: record field fence is not an integer ...": the stored fence is
+--                    not one HINCRBY adds 1 to (stored bytes are input). Nothing written: the
+--                    claim stays its owner's (redis-py raises ResponseError, the store
+--                    StoreError).
 --
--- Invariants: reads and checks first, writes last. The fence only grows (as release keeps it).
+-- Invariants: reads and checks first, writes last: the fence is checked before the first
+-- write, as HINCRBY failing after the HDEL would leave a live claim without its owner. The
+-- fence only grows (as release keeps it).
 -- Sent twice, the second finds a released record: with steps kept it answers 2 again (and
 -- raises the fence once more, which only grows), abandoned it answers 0.
 
-local record = redis.call("HMGET", KEYS[1], "state", "resp", "ns", "na", "w")
+-- Whether HINCRBY adds 1 to a stored field: absent (it counts from 0), or an integer as Redis
+-- reads one (digits after an optional "-", no leading zero, nothing else) within 64 bits and
+-- below their maximum (one more would overflow). As in checkpoint.lua and attempt.lua.
+local function counter(value)
+  if not value or value == "0" then
+    return true
+  end
+  local minus, digits = string.match(value, "^(%-?)([1-9]%d*)$")
+  if not digits or #digits > 19 then
+    return false
+  end
+  if #digits < 19 then
+    return true
+  end
+  -- 19 digits: compared as text, which orders digit strings of one length as numbers.
+  if minus == "-" then
+    return digits <= "9223372036854775808"
+  end
+  return digits < "9223372036854775807"
+end
+
+local record = redis.call("HMGET", KEYS[1], "state", "resp", "ns", "na", "w", "fence")
 local state, steps = record[1], record[3]
 if record[2] or (state ~= "in_progress" and not steps) then
   return {0}
+end
+if not counter(record[6]) then
+  return redis.error_reply("idemkey: record field fence is not an integer Redis can add 1 to: "
+    .. "nothing cancelled, the record is unchanged")
 end
 local reply = state == "in_progress" and 1 or 2
 redis.pcall("DEL", KEYS[1] .. ":lock")  -- a claim written by 0.2: remove in 0.4

@@ -202,3 +202,28 @@ def test_the_command_abandons_with_json(
         assert "nothing to cancel" in json.loads(capsys.readouterr().err)["error"]
     finally:
         store.close()
+
+
+def test_the_command_refuses_a_fence_that_is_no_integer_and_changes_nothing(
+    real_client: redis.Redis, redis_url: str, prefix: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Stored bytes are input: cancel.lua checks the fence before its first write. Before, it
+    removed the live claim's owner and lease, then failed on HINCRBY: the command said Redis
+    failed, and the owner's completion was refused."""
+    store = RedisStore(real_client, Policy(prefix=prefix, lease=30))
+    record = guard_record(prefix, "job-9")
+    at = ["--redis-url", redis_url, "--prefix", prefix]
+    try:
+        with guard(store, "job-9") as call:
+            real_client.hset(record.key, "fence", "not-a-number")
+            before = real_client.hgetall(record.key)
+            assert main(["cancel", "job-9", "--guard", "--yes", *at]) == 3
+            assert real_client.hgetall(record.key) == before  # still the owner's live claim
+            err = capsys.readouterr().err
+            assert err.startswith("idemkey cancel: StoreError: ")
+            assert "fence is not an integer" in err
+            assert "nothing cancelled, the record is unchanged" in err
+            call.save("done")  # its owner completes it
+        assert real_client.hget(record.key, "resp") is not None
+    finally:
+        store.close()
