@@ -12,11 +12,13 @@ from __future__ import annotations
 from mcp.server.fastmcp.exceptions import ToolError
 
 from ..errors import (
+    ConfigurationError,
     IdemkeyError,
     InvalidKeyError,
     JobDeadlineError,
     KeyReuseError,
     LeaseLostError,
+    RecordFormatError,
     RequestInFlightError,
     ResultNotStorableError,
     StepAttemptsExhaustedError,
@@ -26,6 +28,7 @@ from ..errors import (
 __all__ = [
     "MAY_HAVE_RUN",
     "NOTHING_RAN",
+    "ArgumentsUnsupportedToolError",
     "IdempotencyToolError",
     "OutcomeUnknownToolError",
     "ResultNotKeptToolError",
@@ -33,6 +36,7 @@ __all__ = [
     "InFlightToolError",
     "InvalidKeyToolError",
     "KeyReusedToolError",
+    "RecordUnreadableToolError",
     "StoreUnavailableToolError",
 ]
 
@@ -79,6 +83,21 @@ class StoreUnavailableToolError(IdempotencyToolError):
     problem = "store_unavailable"
 
 
+class RecordUnreadableToolError(IdempotencyToolError):
+    """The key's stored result cannot be read by this server (a newer release wrote it, or it
+    is damaged): the call with this key ran before; retry with the same key later."""
+
+    code = "idempotency_record_unreadable"
+    problem = "record_unreadable"
+
+
+class ArgumentsUnsupportedToolError(IdempotencyToolError):
+    """The arguments cannot be fingerprinted (an integer beyond 64 bits): nothing ran, and the
+    same arguments are refused under any key."""
+
+    code = "idempotency_arguments_unsupported"
+
+
 class OutcomeUnknownToolError(IdempotencyToolError):
     """The tool ran, but its outcome was not recorded (Redis failed when its result was being
     stored, or another executor took the call over): retry with the same key later."""
@@ -122,6 +141,15 @@ def tool_error(exc: IdemkeyError, ran: bool) -> IdempotencyToolError | None:
         return InvalidKeyToolError(exc.reason)
     if isinstance(exc, LeaseLostError):
         return OutcomeUnknownToolError(f"another executor took this call over; {MAY_HAVE_RUN}")
+    if isinstance(exc, RecordFormatError) and not ran:
+        # A record Redis holds, which this server cannot read: Redis did not fail, and the
+        # call with this key ran before, so "nothing ran" would invite a new key.
+        return RecordUnreadableToolError(
+            "the stored result of this idempotency key cannot be read by this server (written "
+            "by a newer release, or damaged); the tool did not run now, but the call with this "
+            "key ran before: retry with the same idempotency key later, never with a new key "
+            "(that would run it again)"
+        )
     if isinstance(exc, StoreError):
         if ran:
             return OutcomeUnknownToolError(
@@ -132,6 +160,15 @@ def tool_error(exc: IdemkeyError, ran: bool) -> IdempotencyToolError | None:
         return StepsExhaustedToolError(
             f"{exc}; the finished steps are kept: retry with the same idempotency key to resume "
             "when the cause is fixed, never with a new key"
+        )
+    if isinstance(exc, ConfigurationError) and not ran and isinstance(exc.__cause__, OverflowError):
+        # The fingerprint (msgpack) holds integers of 64 bits: one beyond is valid JSON and
+        # valid for the tool's schema, so it is the caller's input, not the server's setup.
+        # msgspec raises OverflowError for nothing else (idemkey._codec.encode_payload).
+        return ArgumentsUnsupportedToolError(
+            "an integer in the arguments is beyond 64 bits (-2**63 to 2**64 - 1), which the "
+            "idempotency fingerprint cannot hold; nothing ran, and the same arguments are "
+            "refused under any idempotency key: send integers within 64 bits"
         )
     if isinstance(exc, ResultNotStorableError):
         return ResultNotKeptToolError(

@@ -4,9 +4,13 @@ a replay marked as one, and a call that outlives its host's cancel."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from typing import Any
 
 from mcp.types import CallToolResult, TextContent
+from pydantic import ValidationError
+
+from ..errors import RecordFormatError
 
 __all__ = ["REPLAY_META", "REPLAY_TEXT", "as_result", "mark", "outlive_cancel", "plain", "replay"]
 
@@ -43,8 +47,25 @@ def mark(result: CallToolResult, *, replayed: bool) -> CallToolResult:
     return result.model_copy(update={"meta": meta})
 
 
-def replay(stored: Any) -> CallToolResult:
-    result = mark(CallToolResult.model_validate(stored), replayed=True)
+def replay(stored: Any, convert: Callable[[Any], Any]) -> CallToolResult:
+    """The stored result, marked as a replay. Stored bytes are input: a value that is not a
+    ``CallToolResult``, or not one the tool returns (``convert``, FastMCP's ``convert_result``,
+    checks its ``structuredContent`` against the output schema, as FastMCP does after the tool
+    returns), raises :class:`~idemkey.errors.RecordFormatError`, never pydantic's error."""
+    try:
+        result = CallToolResult.model_validate(stored)
+        convert(result)
+    except ValidationError as exc:
+        # Named without the stored value (pydantic's text quotes it): stored bytes may be
+        # anything, and the message reaches logs.
+        first = exc.errors(include_url=False, include_context=False, include_input=False)[0]
+        where = ".".join(str(part) for part in first["loc"]) or "the top"
+        more = exc.error_count() - 1
+        raise RecordFormatError(
+            f"stored tool result is not one this tool returns: {first['msg']} at {where}"
+            + (f" (and {more} more errors)" if more else "")
+        ) from exc
+    result = mark(result, replayed=True)
     content = [*result.content, TextContent(type="text", text=REPLAY_TEXT)]
     return result.model_copy(update={"content": content})
 

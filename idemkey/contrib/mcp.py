@@ -62,11 +62,13 @@ from ..guard import aguard
 from ..policy import Policy
 from ..store import AsyncRedisStore
 from ._mcp_errors import (
+    ArgumentsUnsupportedToolError,
     IdempotencyToolError,
     InFlightToolError,
     InvalidKeyToolError,
     KeyReusedToolError,
     OutcomeUnknownToolError,
+    RecordUnreadableToolError,
     ResultNotKeptToolError,
     StepsExhaustedToolError,
     StoreUnavailableToolError,
@@ -95,12 +97,14 @@ from ._mcp_results import (
 __all__ = [
     "REPLAY_META",
     "REPLAY_TEXT",
+    "ArgumentsUnsupportedToolError",
     "IdempotencyToolError",
     "IdempotentTools",
     "InFlightToolError",
     "InvalidKeyToolError",
     "KeyReusedToolError",
     "OutcomeUnknownToolError",
+    "RecordUnreadableToolError",
     "ResultNotKeptToolError",
     "StepsExhaustedToolError",
     "StoreUnavailableToolError",
@@ -273,27 +277,20 @@ class IdempotentTools:
             fn, skip_names=[ctx_name] if ctx_name else [], structured_output=structured_output
         )
         passes_key = self.argument is not None and self.argument in signature.parameters
-        extra: list[inspect.Parameter] = []
-        if self.argument is not None and not passes_key:
-            # Optional to the SDK, so that a missing key reaches the tool's own refusal
-            # (idempotency_key_invalid) rather than the SDK's "Field required"; the schema
-            # still says a string.
-            extra.append(
-                inspect.Parameter(
-                    self.argument,
-                    inspect.Parameter.KEYWORD_ONLY,
-                    annotation=KeyArgument,
-                    default=None,
-                )
-            )
+        # The key argument is optional to the SDK, so that a missing key reaches the tool's own
+        # refusal (idempotency_key_invalid) rather than pydantic's "Field required"; the schema
+        # still says a string. A function that declares it (``idempotency_key: str``) gets the
+        # key in use, checked, whichever way it came: its own annotation is not the SDK's.
+        only = inspect.Parameter.KEYWORD_ONLY
+        key_param = inspect.Parameter(
+            self.argument or "key", only, annotation=KeyArgument, default=None
+        )
+        params = [key_param if p.name == self.argument else p for p in params]
+        extra = [key_param] if self.argument is not None and not passes_key else []
         own_ctx = ctx_name is None
         wrapper_ctx = ctx_name or "idemkey_ctx"
         if own_ctx:
-            extra.append(
-                inspect.Parameter(
-                    wrapper_ctx, inspect.Parameter.KEYWORD_ONLY, annotation=Context, default=None
-                )
-            )
+            extra.append(inspect.Parameter(wrapper_ctx, only, annotation=Context, default=None))
         # keyword-only parameters after the function's own (keep defaults last among them)
         positional = [p for p in params if p.kind is not inspect.Parameter.KEYWORD_ONLY]
         keyword = [p for p in params if p.kind is inspect.Parameter.KEYWORD_ONLY]
@@ -316,6 +313,8 @@ class IdempotentTools:
             arguments = {k: v for k, v in call_kwargs.items() if k != wrapper_ctx}
             args = {k: plain(v) for k, v in arguments.items() if k != self.argument}
             key = self._key(kwargs, ctx, principal, tool_name, args)
+            if passes_key and self.argument is not None:
+                call_kwargs[self.argument] = key  # checked, wherever it came from
             fingerprint = {"tool": tool_name, "arguments": args}
             if is_async:
                 body: Callable[[], Awaitable[Any]] = functools.partial(fn, **call_kwargs)
@@ -352,7 +351,7 @@ class IdempotentTools:
                 self.store, key, payload=fingerprint, scope=f"mcp:{principal}", policy=self.policy
             ) as call:
                 if call.replayed:
-                    return replay(call.result)
+                    return replay(call.result, convert)
                 ran = True
                 result = as_result(convert(await body()))
                 call.save(result.model_dump(mode="json", by_alias=True, exclude_none=True))

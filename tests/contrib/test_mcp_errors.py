@@ -22,6 +22,7 @@ from idemkey import AsyncRedisStore, Policy
 from idemkey.contrib._mcp_errors import tool_error
 from idemkey.contrib.mcp import IdempotentTools
 from idemkey.errors import JobDeadlineError, ResultNotStorableError, StoreError
+from idemkey.records import GUARD_METHOD, encode_value, record_for
 
 pytestmark = pytest.mark.redis
 
@@ -123,3 +124,108 @@ async def test_a_sync_tool_runs_in_a_worker_thread(
     assert text(result) == "exported q3"
     assert threads
     assert threads[0] is not threading.main_thread()
+
+
+#: Stored results a replay cannot give back: not a CallToolResult, or not one this tool
+#: returns (its output schema wants structuredContent {"result": str}).
+UNREADABLE = {
+    "a list": [1, 2],
+    "content not a list": {"content": "x"},
+    "a content block of no type": {"content": [{"text": "x"}]},
+    "no structured content": {"content": [{"type": "text", "text": "charged 5"}]},
+    "structured content of another shape": {
+        "content": [{"type": "text", "text": "charged 5"}],
+        "structuredContent": {"result": 5},
+    },
+}
+
+
+@pytest.mark.parametrize("stored", UNREADABLE.values(), ids=UNREADABLE.keys())
+async def test_a_stored_result_of_the_wrong_shape_is_an_unreadable_record(
+    client: redis.asyncio.Redis, prefix: str, stored: object
+) -> None:
+    """Stored bytes are input: a result that decodes but is no CallToolResult of this tool
+    is a RecordFormatError, told as idempotency_record_unreadable; the record is left as it
+    is and the tool does not run again. Before, pydantic's ValidationError text reached the
+    agent ("1 validation error for CallToolResult"), with no code."""
+    store = AsyncRedisStore(client, Policy(prefix=prefix))
+    server, charged = FastMCP("charges"), []
+
+    @IdempotentTools(store).tool(server)
+    async def charge(amount: int) -> str:
+        """Charge the card."""
+        charged.append("charged")
+        return f"charged {amount}"
+
+    record = record_for(prefix, "mcp:anonymous", GUARD_METHOD, "", "e-1")
+    args = {"amount": 5, "idempotency_key": "e-1"}
+    try:
+        async with create_connected_server_and_client_session(server) as session:
+            first = await session.call_tool("charge", args)
+            assert not first.isError, text(first)
+            await client.hset(record.key, "resp", encode_value(stored))
+            before = await client.hgetall(record.key)
+            again = await session.call_tool("charge", args)
+    finally:
+        await store.aclose()
+    assert await client.hgetall(record.key) == before
+    assert charged == ["charged"]
+    assert again.isError
+    assert text(again).startswith("Error executing tool charge: idempotency_record_unreadable: ")
+    assert "never with a new key" in text(again)
+    assert "validation error" not in text(again)
+
+
+def test_an_unreadable_record_has_its_code_before_the_tool_ran() -> None:
+    from idemkey.errors import RecordFormatError
+
+    unreadable = tool_error(RecordFormatError("stored result is unreadable"), ran=False)
+    assert unreadable is not None
+    assert (unreadable.code, unreadable.problem) == (
+        "idempotency_record_unreadable",
+        "record_unreadable",
+    )
+    # Once the tool's body started, a store error is an unknown outcome, whatever it was.
+    ran = tool_error(RecordFormatError("stored step is unreadable"), ran=True)
+    assert ran is not None
+    assert ran.code == "idempotency_outcome_unknown"
+
+
+BEYOND_64_BITS = {"2**64": 2**64, "-2**63 - 1": -(2**63) - 1, "nested": [1, 2**70]}
+
+
+@pytest.mark.parametrize("derive", [False, True], ids=["the model's key", "a derived key"])
+@pytest.mark.parametrize("cents", BEYOND_64_BITS.values(), ids=BEYOND_64_BITS.keys())
+async def test_an_integer_beyond_64_bits_is_refused_with_a_code_and_nothing_runs(
+    client: redis.asyncio.Redis, prefix: str, derive: bool, cents: object
+) -> None:
+    """JSON and the tool's schema allow it, but a fingerprint holds integers of 64 bits: the
+    caller's input, refused as idempotency_arguments_unsupported (nothing ran, and the same
+    arguments are refused under any key). Before, an uncoded ConfigurationError ("cannot
+    fingerprint a payload ... pass bytes (payload=)") told the agent to fix the server."""
+    store = AsyncRedisStore(client, Policy(prefix=prefix))
+    server, credited = FastMCP("credits"), []
+
+    @IdempotentTools(store, derive=derive).tool(server)
+    async def credit(account: str, cents: int | list[int]) -> str:
+        """Credit an account."""
+        credited.append(cents)
+        return "credited"
+
+    args: dict[str, Any] = {"account": "a", "cents": cents}
+    if not derive:
+        args["idempotency_key"] = "c-1"
+    try:
+        async with create_connected_server_and_client_session(server) as session:
+            refused = await session.call_tool("credit", args)
+    finally:
+        await store.aclose()
+    assert credited == []
+    assert await client.keys(f"{prefix}*") == []  # nothing claimed
+    assert refused.isError
+    assert text(refused).startswith(
+        "Error executing tool credit: idempotency_arguments_unsupported: "
+    )
+    assert "nothing ran" in text(refused)
+    assert "64 bits" in text(refused)
+    assert "payload=" not in text(refused)

@@ -223,3 +223,55 @@ async def test_a_tool_that_declares_the_key_and_a_context_gets_both(
     assert text(again).startswith("paid 1001")
     assert text(other).startswith("Error executing tool pay: idempotency_key_reused: ")
     assert seen == [("1001", "pay-1001", True)]
+
+
+DECLARED_REFUSED = {"missing": None, "a number": 5, "null": "null"}
+
+
+@pytest.mark.parametrize("key", DECLARED_REFUSED.values(), ids=DECLARED_REFUSED.keys())
+async def test_a_tool_that_declares_the_key_as_a_str_still_refuses_with_the_code(
+    store: AsyncRedisStore, key: object
+) -> None:
+    """The function's own ``idempotency_key: str`` is not what the SDK checks: every refusal,
+    a missing key included, is idempotency_key_invalid. Before, pydantic answered first
+    ("Field required", "Input should be a valid string")."""
+    paid: list[str] = []
+    server = FastMCP("payments")
+
+    @IdempotentTools(store).tool(server)
+    async def pay(order_id: str, idempotency_key: str) -> str:
+        """Pay an order."""
+        paid.append(idempotency_key)
+        return f"paid {order_id}"
+
+    args: dict[str, Any] = {"order_id": "1001"}
+    if key is not None:
+        args["idempotency_key"] = None if key == "null" else key
+    async with create_connected_server_and_client_session(server) as session:
+        (tool,) = (await session.list_tools()).tools
+        refused = await session.call_tool("pay", args)
+    assert "idempotency_key" in tool.inputSchema["required"]
+    assert tool.inputSchema["properties"]["idempotency_key"]["type"] == "string"
+    assert refused.isError
+    assert text(refused).startswith("Error executing tool pay: idempotency_key_invalid: ")
+    assert paid == []
+
+
+async def test_a_tool_that_declares_the_key_gets_the_key_in_use(store: AsyncRedisStore) -> None:
+    """Whichever way the key came (the argument, or the host's ``_meta`` when the argument is
+    absent), the function that declares it gets that key, checked."""
+    seen: list[str] = []
+    server = FastMCP("payments")
+
+    @IdempotentTools(store).tool(server)
+    async def pay(order_id: str, idempotency_key: str) -> str:
+        """Pay an order."""
+        seen.append(idempotency_key)
+        return f"paid {order_id}"
+
+    async with create_connected_server_and_client_session(server) as session:
+        by_argument = await session.call_tool("pay", {"order_id": "1", "idempotency_key": "k-1"})
+        by_meta = await session.call_tool("pay", {"order_id": "2"}, meta={"idempotencyKey": "k-2"})
+    assert not by_argument.isError, text(by_argument)
+    assert not by_meta.isError, text(by_meta)
+    assert seen == ["k-1", "k-2"]
