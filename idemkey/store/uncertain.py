@@ -123,19 +123,32 @@ def entry_fields(
     steps: tuple[str, ...],
 ) -> dict[str, str]:
     """The stream fields of one entry; ``at``: when it happened, in Unix ms (the stream id is
-    when it was written, later by the writer's delay)."""
+    when it was written, later by the writer's delay).
+
+    Text only, as a record's origin keeps it (``idemkey._core.record_origin``): a lone
+    surrogate in the scope, route, method or detail (text made from undecodable bytes, which
+    the record's name accepts) is written escaped (``\\udcff``), since the client encodes
+    the fields as strict UTF-8 and the entry would otherwise be lost in the writer."""
     return {
         "kind": kind,
         "at": str(int(time.time() * 1000)),
         "record": digest,
-        "method": method,
-        "route": route,
-        "scope": scope,
+        "method": _text_only(method),
+        "route": _text_only(route),
+        "scope": _text_only(scope),
         "fence": "" if fence is None else str(fence),
-        # A JSON list: a step name may hold a comma ("charge, then ship").
-        "steps": json.dumps(list(steps), ensure_ascii=False) if steps else "",
-        "detail": detail[:500],
+        # A JSON list: a step name may hold a comma ("charge, then ship"). Step names are
+        # printable (idemkey.guard._steps), so never a lone surrogate.
+        "steps": _text_only(json.dumps(list(steps), ensure_ascii=False)) if steps else "",
+        "detail": _text_only(detail[:500]),
     }
+
+
+def _text_only(value: str) -> str:
+    """``value`` with each lone surrogate as its backslash escape, as record_origin keeps it."""
+    if value.isascii():
+        return value
+    return value.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 @dataclass(frozen=True, slots=True)

@@ -12,6 +12,7 @@ Keeping an entry never delays or fails the request: a paused Redis costs the cal
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import subprocess
@@ -150,6 +151,44 @@ def test_a_step_then_a_failure_leaves_a_released_with_steps(
         with contextlib.suppress(RuntimeError), guard(store, "order-2"):
             raise RuntimeError("before any step")
         assert len(entries(store, 1)) == 1
+    finally:
+        store.close()
+
+
+def test_a_scope_with_a_lone_surrogate_keeps_its_entry_escaped(
+    real_client: redis.Redis, redis_url: str, prefix: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A scope made from undecodable bytes (a lone surrogate) names its record (encoded with
+    surrogatepass) and is kept in its origin escaped: its uncertain entry is kept the same way,
+    so an operator sees it. Before, the strict UTF-8 encoding of the entry failed in the
+    writer and the entry was dropped, logged at debug level only."""
+    from idemkey.cli import main
+
+    store = RedisStore(real_client, Policy(prefix=prefix))
+    try:
+        scope = "tenant-\udcff"
+        with contextlib.suppress(RuntimeError), guard(store, "order-2", scope=scope) as call:
+            call.step("reserve", lambda: 1)
+            raise RuntimeError("after a step \udcfe")
+        store._keeper.drain(5)
+        (entry,) = store.uncertain()
+        (status,) = store.records()
+        assert status.scope == "tenant-\\udcff"  # the record's own origin, escaped
+        assert (entry.kind, entry.scope, entry.steps) == (
+            "released_with_steps",
+            "tenant-\\udcff",
+            ("reserve",),
+        )
+        assert entry.digest == record_for(prefix, scope, "GUARD", "", "order-2").digest
+        assert "after a step \\udcfe" in entry.detail
+        argv = ["--redis-url", redis_url, "--prefix", prefix, "list", "--uncertain", "--json"]
+        assert main(argv) == 0
+        (row,) = json.loads(capsys.readouterr().out)["uncertain"]
+        assert (row["scope"], row["steps"], row["state_now"]) == (
+            "tenant-\\udcff",
+            ["reserve"],
+            "released",
+        )
     finally:
         store.close()
 
