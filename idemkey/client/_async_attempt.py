@@ -3,7 +3,8 @@
 httpx's timeouts bound each network operation, not a response: a server that sends a byte
 now and then never lets a read time out. So the whole attempt (pool, connect, send, the head
 and every read of the body) runs under a cancel scope that ends with the deadline; the
-cancellation closes the connection. Both modules export :func:`exchange` and :func:`overdue`.
+cancellation closes the connection. Both modules export :func:`exchange`, :func:`overdue` and
+:func:`drain`.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from collections.abc import Awaitable, Callable
 import anyio
 import httpx
 
-__all__ = ["exchange", "overdue"]
+__all__ = ["drain", "exchange", "overdue"]
 
 
 def overdue(request: httpx.Request, seconds: float) -> httpx.TimeoutException:
@@ -32,9 +33,14 @@ async def exchange(
     """``start(request)`` (a response not read yet), read and closed, within ``seconds``."""
     with anyio.move_on_after(seconds):
         response = await start(request)
-        try:
-            await response.aread()
-        finally:
-            await response.aclose()
+        await drain(response)
         return response
     raise overdue(request, seconds)
+
+
+async def drain(response: httpx.Response) -> None:
+    """Read ``response`` to its end, and close it."""
+    try:
+        await response.aread()
+    finally:
+        await response.aclose()

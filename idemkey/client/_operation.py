@@ -15,7 +15,7 @@ from typing import Any, Final
 import httpx
 
 from .._core import parse_key
-from ..errors import ConfigurationError
+from ..errors import ConfigurationError, InvalidKeyError
 
 __all__ = [
     "DEFAULT_HEADER",
@@ -48,10 +48,17 @@ class Operation:
     def from_request(
         cls, request: httpx.Request, header: str = DEFAULT_HEADER, key: str | None = None
     ) -> Operation:
-        """Freeze ``request``: read its body once, and give it ``key`` (or its own, or a UUID)."""
+        """Freeze ``request``: read its body once, and give it ``key`` (or its own, or a UUID).
+
+        A key is given as the server reads the header: bare (``order-42``) or in RFC 8941
+        quotes (``"order-42"``), and sent in the form given; ``Operation.key`` is the key
+        itself (``order-42``), the one the server stores under.
+        """
         if key is None:
-            key = request.headers.get(header) or str(uuid.uuid4())
-        key = parse_key(key)  # an InvalidKeyError now beats a 400 invalid_key from the server
+            given = request.headers.get(header)
+            # An empty header is a key the caller set, and an invalid one: not a call for a UUID.
+            key = str(uuid.uuid4()) if given is None else given
+        key, field = _key_and_field(key)
         if not isinstance(request.stream, Iterable):
             raise ConfigurationError(
                 "an idempotent call must be re-sent byte for byte: pass bytes, json=, data= or "
@@ -59,7 +66,7 @@ class Operation:
             )
         content = request.read()
         headers = request.headers.copy()
-        headers[header] = key
+        headers[header] = field
         # The body is bytes now: frame it with a length, whatever the stream was.
         headers.pop("Transfer-Encoding", None)
         headers["Content-Length"] = str(len(content))
@@ -82,6 +89,28 @@ class Operation:
             stream=httpx.ByteStream(self.content),
             extensions={"timeout": timeout},
         )
+
+
+def _key_and_field(value: object) -> tuple[str, str]:
+    """The key that the field value ``value`` carries, and ``value`` as sent; or InvalidKeyError
+    (before anything is sent, rather than a 400 ``invalid_key`` from the server)."""
+    if not isinstance(value, str):
+        raise InvalidKeyError(f"the key must be a string, not {type(value).__name__}")
+    key = parse_key(value)
+    field = value.strip(" \t")  # what the server strips; a header value cannot start with a space
+    if field != key:
+        # The quoted form. Its key must be one the bare form carries too: operation.key is
+        # passed back as idempotency_key= to resume a call, and `a b` unquoted is invalid.
+        try:
+            bare = parse_key(key) == key
+        except InvalidKeyError:
+            bare = False
+        if not bare:
+            raise InvalidKeyError(
+                "a key in quotes must be valid unquoted too (visible ASCII characters, without "
+                "spaces or commas), to be passed back as idempotency_key="
+            )
+    return key, field
 
 
 @dataclass(frozen=True, slots=True)

@@ -24,6 +24,7 @@ __all__ = [
     "describe",
     "fraction",
     "header_name",
+    "http_timeout",
     "invalid",
     "method_names",
     "refuse_unknown",
@@ -150,16 +151,28 @@ def check_http_options(
         raise ConfigurationError(
             f"{where}({names}): not an option of {where} nor of httpx.{factory.__name__}"
         )
-    if "timeout" in options and options["timeout"] is not None:
-        import httpx  # here, so that the sans-IO schedule that imports this module needs none
+    if "timeout" in options:
+        http_timeout(where, "timeout", options["timeout"])
 
-        timeout = options["timeout"]
-        expected = "seconds >= 0, None or an httpx.Timeout"
-        try:
-            parts = httpx.Timeout(timeout).as_dict()  # type: ignore[arg-type]
-        except (TypeError, ValueError):
-            raise invalid(where, "timeout", expected, timeout) from None
-        for part in parts.values():
-            number = _number(part)
-            if part is not None and (number is None or not number >= 0):
-                raise invalid(where, "timeout", expected, timeout)
+
+def http_timeout(where: str, field: str, value: T) -> T:
+    """An httpx timeout: seconds ``>= 0``, None, a tuple of them or an ``httpx.Timeout``.
+
+    The same check for ``Client(timeout=...)`` and ``client.prepare(timeout=...)``: httpx
+    itself lets -1 through to the first read (or to a connect that fails on every attempt),
+    and ``nan`` to a ValueError there.
+    """
+    import httpx  # here, so that the sans-IO schedule that imports this module needs none
+
+    if value is None or value is httpx.USE_CLIENT_DEFAULT:
+        return value
+    expected = "seconds >= 0, None or an httpx.Timeout"
+    try:
+        parts = httpx.Timeout(value).as_dict()  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        raise invalid(where, field, expected, value) from None
+    for part in parts.values():
+        number = _number(part)
+        if part is not None and (number is None or not number >= 0):
+            raise invalid(where, field, expected, value)
+    return value

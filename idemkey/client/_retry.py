@@ -32,6 +32,7 @@ a 422 ``key_reused`` or a 400 would fail the same way again.
 from __future__ import annotations
 
 import json
+import math
 import random
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -56,6 +57,10 @@ __all__ = [
 
 #: Problem documents idemkey's server side answers with (``urn:idemkey:problem:key_reused``).
 PROBLEM_TYPE_PREFIX: Final = "urn:idemkey:problem:"
+
+#: The most digits of a delta-seconds ``Retry-After`` read as a number: more exceed a float
+#: (1.8e308) and, past 4 300, what ``int()`` converts.
+_RETRY_AFTER_DIGITS: Final = 308
 
 #: Why an attempt got no response. Every kind retries: with the key, a retry is always safe.
 FailureKind = Literal["connect", "timeout", "network", "protocol"]
@@ -101,7 +106,15 @@ class RetryPolicy:
 
     def backoff_for(self, retry: int, draw: float) -> float:
         """The wait before retry number ``retry`` (1-based), ``draw`` in [0, 1) for the jitter."""
-        ceiling = min(self.backoff_cap, self.backoff * 2.0 ** (retry - 1))
+        doublings = retry - 1
+        if self.backoff == 0.0:
+            ceiling = 0.0
+        # The cap first: past the doublings that reach it (fewer than 2 100, a float's whole
+        # range) the wait is the cap, where 2.0 ** 1024 would raise OverflowError.
+        elif doublings < math.log2(self.backoff_cap) - math.log2(self.backoff):
+            ceiling = min(self.backoff_cap, math.ldexp(self.backoff, doublings))
+        else:
+            ceiling = self.backoff_cap
         return ceiling * (1.0 - self.jitter * draw)
 
 
@@ -152,16 +165,21 @@ def parse_retry_after(value: str | None, wall_now: float) -> float | None:
     """``Retry-After`` in seconds from now (RFC 9110 10.2.3), or None when absent or unreadable.
 
     Delta-seconds (``"2"``) or an HTTP-date, read against ``wall_now`` (Unix time); a date in
-    the past means "now" (0.0).
+    the past means "now" (0.0). Delta-seconds of any length are a wait: more digits than a
+    float holds are ``math.inf``, longer than any deadline (the schedule gives up at once, as
+    for ``"99999999999999999999"``). What is neither (``"1e9"``, ``"-1"``, a date with a year
+    no ``datetime`` holds, such as ``10000`` or twenty digits) is unreadable: None.
     """
     if value is None:
         return None
     value = value.strip()
     if value.isascii() and value.isdigit():
-        return float(int(value))
+        digits = value.lstrip("0") or "0"
+        return float(int(digits)) if len(digits) <= _RETRY_AFTER_DIGITS else math.inf
     try:
         when = parsedate_to_datetime(value)
-    except (TypeError, ValueError, IndexError):
+        # OverflowError: a year past a C long (a year past 9999 is a ValueError).
+    except (TypeError, ValueError, IndexError, OverflowError):
         return None
     if when.tzinfo is None:  # an HTTP-date is GMT; parsedate leaves "-0000" naive
         return None
@@ -175,7 +193,9 @@ def read_problem(headers: Mapping[str, str], body: bytes) -> Mapping[str, object
         return None
     try:
         document = json.loads(body)
-    except ValueError:  # UnicodeDecodeError is a ValueError too
+    # UnicodeDecodeError is a ValueError too; RecursionError: arrays or objects nested deeper
+    # than the interpreter's recursion limit (`[` * 100 000), not a problem document either.
+    except (ValueError, RecursionError):
         return None
     return document if isinstance(document, dict) else None
 

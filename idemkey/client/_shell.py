@@ -15,7 +15,7 @@ import httpx
 
 from ._errors import RefusedError, RetriesExhaustedError, UnexpectedReplayError
 from ._operation import DEFAULT_HEADER, IdempotentResponse, Operation, RetryEvent, RetryHook
-from ._options import invalid
+from ._options import http_timeout, invalid
 from ._retry import Done, FailureKind, GiveUp, Refused, Retry, RetryPolicy, Step
 
 __all__ = [
@@ -25,6 +25,7 @@ __all__ = [
     "check_replay",
     "failure_kind",
     "logger",
+    "redirect_to_follow",
     "replay_check",
     "settle",
 ]
@@ -57,14 +58,48 @@ class Preparing:
         """Build and serialise the request once, and fix its key; nothing is sent yet.
 
         The key is ``idempotency_key`` if given (say, derived from a job id, or persisted from
-        an earlier run), else a random UUID. Persist ``operation.key`` before :meth:`send` if a
-        process restart must resume the same call rather than start a new one.
+        an earlier run; bare, or in RFC 8941 quotes, and sent as given), else a random UUID.
+        Persist ``operation.key`` before :meth:`send` if a process restart must resume the same
+        call rather than start a new one.
         """
+        http_timeout(f"{type(self).__name__}.prepare", "timeout", timeout)
         request = self.http.build_request(
             method, url, content=content, data=data, files=files, json=json,
             params=params, headers=headers, timeout=timeout,
         )  # fmt: skip
         return Operation.from_request(request, self.header, idempotency_key)
+
+
+def redirect_to_follow(
+    http: httpx.Client | httpx.AsyncClient, origin: httpx.URL, response: httpx.Response
+) -> httpx.Request | None:
+    """The redirect an attempt follows from ``response``, or None: ``response`` is its answer.
+
+    A redirect is followed as the httpx client says (``follow_redirects``), but only within
+    ``origin``, the call's: httpx follows one anywhere with every header but Authorization and
+    Cookie (and on 307 and 308 with the body), so the key, possibly a secret, and the write
+    itself would reach another server, one that shares no record with this one. A redirect to
+    another origin is the call's answer, as httpx returns it with ``follow_redirects=False``
+    (its ``next_request`` built, not sent).
+    """
+    after = response.next_request
+    if after is None or not http.follow_redirects:
+        return None
+    if _origin(after.url) != _origin(origin):
+        # The URLs without their query (it may carry tokens), and never the key.
+        logger.warning(
+            "%s %s answered %d to another origin (%s): not followed, a keyed call stays on "
+            "its origin",
+            response.request.method, response.request.url.copy_with(query=None),
+            response.status_code, after.url.copy_with(path="/", query=None, fragment=None),
+        )  # fmt: skip
+        return None
+    return after
+
+
+def _origin(url: httpx.URL) -> tuple[str, str, int | None]:
+    """RFC 6454's origin of ``url``: scheme, host and port (the scheme's own when not given)."""
+    return url.scheme, url.host, url.port or {"http": 80, "https": 443}.get(url.scheme)
 
 
 def failure_kind(exc: httpx.TransportError) -> FailureKind | None:

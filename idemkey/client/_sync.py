@@ -17,7 +17,7 @@ import httpx
 
 from ..errors import ConfigurationError
 from ..store._concurrency._sync_runtime import sleep
-from ._sync_attempt import exchange
+from ._sync_attempt import drain, exchange
 from ._operation import DEFAULT_HEADER, IdempotentResponse, Operation, RetryHook
 from ._options import (
     check_hook,
@@ -34,6 +34,7 @@ from ._shell import (
     ReplayCheck,
     check_replay,
     failure_kind,
+    redirect_to_follow,
     replay_check,
     settle,
 )
@@ -81,7 +82,8 @@ class Client(Preparing):
 
     Wrap your own (``Client(httpx.Client(base_url=..., auth=...))``) or let this one
     build it from httpx options (``Client(base_url=..., timeout=2.0)``); ``client.http`` is the
-    httpx client, for every call that needs no key.
+    httpx client, for every call that needs no key. With ``follow_redirects=True`` a keyed call
+    follows redirects on its own origin only: one to another origin is the call's answer.
     """
 
     http: httpx.Client
@@ -121,7 +123,21 @@ class Client(Preparing):
         return check_replay(self.on_replay, reply)
 
     def _start(self, request: httpx.Request) -> httpx.Response:
-        return self.http.send(request, stream=True)
+        """One attempt's response, not read yet; redirects followed on the call's own origin
+        only (:func:`~idemkey.client._shell.redirect_to_follow`), else as httpx does."""
+        origin = request.url
+        history: list[httpx.Response] = []
+        while True:
+            response = self.http.send(request, stream=True, follow_redirects=False)
+            after = redirect_to_follow(self.http, origin, response)
+            if after is None:
+                response.history = history
+                return response
+            drain(response)
+            if len(history) >= self.http.max_redirects:  # httpx's limit, counted as httpx does
+                raise httpx.TooManyRedirects("Exceeded maximum allowed redirects.", request=after)
+            history.append(response)
+            request = after
 
     def post(self, url: httpx.URL | str, **kwargs: Any) -> IdempotentResponse:
         """``send(prepare("POST", url, **kwargs))``: takes ``json=``, ``idempotency_key=``..."""
@@ -151,10 +167,12 @@ class Client(Preparing):
 class IdempotentTransport(httpx.BaseTransport):
     """Mount on an ``httpx.Client``: POST/PATCH get a key (unless they carry one) and retries.
 
-    ``httpx.Client(transport=IdempotentTransport())``. It raises only httpx errors:
-    a refusal comes back as its response, and giving up returns the last response or raises
-    the last httpx error. The key is on ``response.request.headers``; set the header yourself
-    to know (and persist) it before the first attempt.
+    ``httpx.Client(transport=IdempotentTransport())``. It raises only httpx errors
+    (and ``InvalidKeyError``, before sending, for an invalid key set on the request): a refusal
+    comes back as its response, and giving up returns the last response or raises the last
+    httpx error. The key is on ``response.request.headers``; set the header yourself to know
+    (and persist) it before the first attempt. httpx follows redirects above a transport,
+    where it cannot see them: keep ``follow_redirects`` off (httpx's default) on its client.
     """
 
     def __init__(
@@ -186,7 +204,7 @@ class IdempotentTransport(httpx.BaseTransport):
         operation = Operation.from_request(request, self.header)
         # httpx reports this request on the response (response.request): let it carry the key
         # every attempt sent, for the caller's logs, as an auth flow leaves its header there.
-        request.headers[self.header] = operation.key
+        request.headers[self.header] = operation.headers[self.header]
         reply = run(
             self.transport.handle_request, operation, self.retry, self.on_retry,
             transport=True,

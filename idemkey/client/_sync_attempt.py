@@ -26,7 +26,7 @@ import httpx
 
 from ._async_attempt import overdue
 
-__all__ = ["exchange", "overdue"]
+__all__ = ["drain", "exchange", "overdue"]
 
 
 def exchange(
@@ -65,10 +65,7 @@ class _Attempt:
         try:
             response = self.start(self.request)
             self._watch(response.extensions.get("network_stream"))
-            try:
-                response.read()
-            finally:
-                response.close()
+            drain(response)
             self._response = response
         except BaseException as exc:  # handed to the caller, who raises it (or gave up)
             self._error = exc
@@ -96,6 +93,14 @@ class _Attempt:
             raise self._error
         assert self._response is not None
         return self._response
+
+
+def drain(response: httpx.Response) -> None:
+    """Read ``response`` to its end, and close it."""
+    try:
+        response.read()
+    finally:
+        response.close()
 
 
 def _shut(stream: Any) -> None:

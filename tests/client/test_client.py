@@ -84,11 +84,12 @@ def test_the_callers_key_wins() -> None:
     assert first.key != second.key  # one key per logical call
 
 
-@pytest.mark.parametrize("key", ["", "a b", "é", "x" * 256, "a,b"])
-def test_an_invalid_key_is_refused_before_sending(key: str) -> None:
+@pytest.mark.parametrize("key", ["", "a b", "é", "x" * 256, "a,b", 42, b"job-42"])
+def test_an_invalid_key_is_refused_before_sending(key: object) -> None:
+    """A key that is not a string too: it was a bare AttributeError or TypeError."""
     handler, seen = scripted(httpx.Response(201))
     with client(handler) as api, pytest.raises(InvalidKeyError):
-        api.prepare("POST", "/charges", json={}, idempotency_key=key)
+        api.prepare("POST", "/charges", json={}, idempotency_key=key)  # type: ignore[arg-type]
     assert seen == []
 
 

@@ -132,3 +132,26 @@ def test_the_methods_given_are_the_ones_keyed(server: SlowServer) -> None:
     put, post = server.seen
     assert "idempotency-key" in put
     assert "idempotency-key" not in post
+
+
+PREPARE_BAD = [(-1, "got -1"), (math.nan, "got nan"), ("2", "got the string '2'"),
+               (httpx.Timeout(5.0, connect=-1.0), "got Timeout Timeout(")]  # fmt: skip
+
+
+@pytest.mark.parametrize(("timeout", "got"), PREPARE_BAD, ids=["-1", "nan", "str", "connect"])
+async def test_prepare_checks_its_timeout_as_the_constructor_does(
+    server: SlowServer, timeout: object, got: str
+) -> None:
+    """``prepare(timeout=-1)`` was a bare ValueError in Client, and in AsyncClient spent the
+    whole deadline retrying "connect" without reaching the server."""
+    expected = "prepare(timeout=...): expected seconds >= 0, None or an httpx.Timeout, " + got
+    with Client(base_url=server.url) as client:
+        with pytest.raises(ConfigurationError, match="^Client." + re.escape(expected)):
+            client.prepare("POST", "/charges", json={}, timeout=timeout)
+        # What Client(timeout=...) takes, prepare takes too.
+        for good in (None, 2.0, httpx.Timeout(2.0), (2.0, 2.0, 2.0, 2.0), httpx.USE_CLIENT_DEFAULT):
+            client.send(client.prepare("POST", "/charges", json={}, timeout=good))
+    async with AsyncClient(base_url=server.url) as aclient:
+        with pytest.raises(ConfigurationError, match="^AsyncClient." + re.escape(expected)):
+            aclient.prepare("POST", "/charges", json={}, timeout=timeout)
+    assert len(server.seen) == 5  # the good ones only

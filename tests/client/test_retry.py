@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from datetime import datetime, timezone
 from email.utils import format_datetime
 
@@ -19,6 +20,7 @@ from idemkey.client import (
     Step,
     parse_retry_after,
 )
+from idemkey.client._retry import read_problem
 from idemkey.errors import ConfigurationError
 
 WALL = 1_800_000_000.0  # a fixed Unix time for HTTP-dates
@@ -56,6 +58,34 @@ def test_retry_after_http_date_counts_from_the_wall_clock() -> None:
     assert parse_retry_after(earlier, WALL) == 0.0  # a date in the past means now
 
 
+#: An HTTP-date whose year no datetime holds (parsedate_to_datetime raised OverflowError).
+HUGE_YEAR = "Mon, 01 Jan 99999999999999999999 00:00:00 GMT"
+
+
+@pytest.mark.parametrize(
+    ("value", "seconds"),
+    [("9" * 20, 1e20),  # a float: a wait past any deadline
+     ("9" * 400, math.inf),  # past a float (float(int()) raised OverflowError)
+     ("9" * 5000, math.inf),  # past int()'s 4 300 digits (ValueError)
+     ("0" * 5000 + "2", 2.0),  # leading zeros are no digits of the number
+     ("1e9", None),  # not delta-seconds
+     ("Mon, 01 Jan 10000 00:00:00 GMT", None),  # a year past 9999: no datetime
+     (HUGE_YEAR, None)],
+)  # fmt: skip
+def test_retry_after_of_any_length(value: str, seconds: float | None) -> None:
+    assert parse_retry_after(value, WALL) == seconds
+
+
+@pytest.mark.parametrize("value", ["9" * 20, "9" * 400, "9" * 5000])
+def test_a_retry_after_past_the_deadline_gives_up_at_once(value: str) -> None:
+    assert answer(Schedule(FAST, 0.0), 503, {"retry-after": value}) == GiveUp("deadline", "503", 1)
+
+
+@pytest.mark.parametrize("value", ["1e9", "Mon, 01 Jan 10000 00:00:00 GMT", HUGE_YEAR])
+def test_an_unreadable_retry_after_leaves_the_backoff(value: str) -> None:
+    assert answer(Schedule(FAST, 0.0), 503, {"retry-after": value}) == Retry(0.1, "503", 1, None)
+
+
 # ---- backoff ------------------------------------------------------------------------------
 
 
@@ -83,6 +113,34 @@ def test_the_schedule_draws_its_jitter() -> None:
     assert first.delay == 1.0
     assert isinstance(second, Retry)
     assert second.delay == pytest.approx(1.0)
+
+
+def test_the_cap_comes_before_the_power() -> None:
+    """2.0 ** 1024 overflows: retry 1 025 under a 1 ms cap raised OverflowError."""
+    policy = RetryPolicy(max_attempts=5000, backoff=0.001, backoff_cap=0.001, jitter=0.0)
+    assert [policy.backoff_for(n, 0.0) for n in (1, 1024, 1025, 5000, 10**6, 10**400)] == [
+        0.001
+    ] * 6
+    # A float's whole range, doubling from the least backoff to the greatest cap.
+    wide = RetryPolicy(backoff=5e-324, backoff_cap=1.7e308, jitter=0.0)
+    waits = [wide.backoff_for(n, 0.0) for n in range(1, 2200)]
+    assert waits == sorted(waits)
+    assert (waits[0], waits[1074], waits[-1]) == (5e-324, 1.0, 1.7e308)  # 2**-1074 * 2**1074
+    assert RetryPolicy(backoff=0.0, backoff_cap=0.0).backoff_for(10**6, 0.5) == 0.0
+
+
+def test_a_schedule_retries_past_a_thousand_attempts() -> None:
+    """What Client met against a server that answers 503 at once, without the network."""
+    policy = RetryPolicy(max_attempts=5000, deadline=60.0, backoff=0.001, backoff_cap=0.001)
+    schedule = Schedule(policy, 0.0, draw=lambda: 0.0)
+    now = 0.0
+    for _ in range(4999):
+        schedule.send(now)
+        step = schedule.answered(503, {}, b"", now, WALL)
+        assert isinstance(step, Retry)
+        now += step.delay
+    schedule.send(now)
+    assert schedule.answered(503, {}, b"", now, WALL) == GiveUp("attempts", "503", 5000)
 
 
 @pytest.mark.parametrize(
@@ -155,6 +213,23 @@ def test_idemkey_refusals_never_retry(code: str, status: int) -> None:
 def test_other_answers_are_the_callers(status: int, headers: dict[str, str], body: bytes) -> None:
     """The app's own answers (even 4xx problems that are not idemkey's) are returned."""
     assert answer(Schedule(FAST, 0.0), status, headers, body) == Done()
+
+
+#: JSON nested past the interpreter's recursion limit: json.loads raised RecursionError.
+NESTED = [b"[" * 100_000 + b"]" * 100_000, b'{"a":' * 100_000 + b"1" + b"}" * 100_000]
+
+
+@pytest.mark.parametrize("body", NESTED, ids=["arrays", "objects"])
+@pytest.mark.parametrize(
+    ("status", "step"), [(409, Done()), (422, Done()), (503, Retry(0.1, "503", 1, None))]
+)
+def test_a_body_nested_too_deep_is_no_problem_document(
+    body: bytes, status: int, step: Step
+) -> None:
+    """Read as any other body that is not one: 409 and 422 returned, 503 retried."""
+    headers = {"content-type": "application/problem+json"}
+    assert read_problem(headers, body) is None
+    assert answer(Schedule(FAST, 0.0), status, headers, body) == step
 
 
 # ---- when to stop -------------------------------------------------------------------------

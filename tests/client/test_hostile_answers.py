@@ -1,0 +1,96 @@
+"""A hostile server's answer ends a call as documented, in every shell, over a real socket.
+
+Never an untyped exception: a retry, ``RetriesExhaustedError`` (a transport returns the last
+response instead), or the response returned as it is. Each case was a bare ``OverflowError``,
+``ValueError`` or ``RecursionError`` from ``Client``, ``AsyncClient`` and both transports.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import httpx
+import pytest
+
+from idemkey.client import (
+    AsyncClient,
+    AsyncIdempotentTransport,
+    Client,
+    IdempotentTransport,
+    RetriesExhaustedError,
+    RetryPolicy,
+)
+
+from ._scripted_server import ScriptedServer, answer
+
+CLIENTS = ["client", "async-client"]
+SHELLS = [*CLIENTS, "transport", "async-transport"]
+
+#: Two attempts, 10 ms apart: a retry is seen, and the call ends soon.
+TWO = RetryPolicy(max_attempts=2, deadline=10.0, backoff=0.01, backoff_cap=0.01)
+
+HUGE_YEAR = "Mon, 01 Jan 99999999999999999999 00:00:00 GMT"
+NESTED = b"[" * 100_000 + b"]" * 100_000
+
+
+def post(shell: str, url: str) -> httpx.Response:
+    """One POST through ``shell``: the response it ends with, or what it raises."""
+    if shell == "client":
+        with Client(base_url=url, timeout=2.0, retry=TWO) as client:
+            return client.post("/charges", json={"amount": 1}).response
+    if shell == "transport":
+        with httpx.Client(base_url=url, transport=IdempotentTransport(retry=TWO)) as http:
+            return http.post("/charges", json={"amount": 1})
+
+    async def main() -> httpx.Response:
+        if shell == "async-client":
+            async with AsyncClient(base_url=url, timeout=2.0, retry=TWO) as client:
+                return (await client.post("/charges", json={"amount": 1})).response
+        transport = AsyncIdempotentTransport(retry=TWO)
+        async with httpx.AsyncClient(base_url=url, transport=transport) as http:
+            return await http.post("/charges", json={"amount": 1})
+
+    return asyncio.run(main())
+
+
+def gives_up(shell: str, url: str, reason: str, attempts: int) -> httpx.Response:
+    """The last response: ``RetriesExhaustedError``'s from a client, a transport's own."""
+    if shell not in CLIENTS:
+        return post(shell, url)
+    with pytest.raises(RetriesExhaustedError) as gave_up:
+        post(shell, url)
+    assert (gave_up.value.reason, gave_up.value.attempts) == (reason, attempts)
+    assert gave_up.value.response is not None
+    return gave_up.value.response
+
+
+@pytest.mark.parametrize("shell", SHELLS)
+@pytest.mark.parametrize("value", ["9" * 20, "9" * 400, "9" * 5000], ids=["20", "400", "5000"])
+def test_a_retry_after_past_any_deadline_ends_the_call_at_once(shell: str, value: str) -> None:
+    with ScriptedServer(lambda _: answer(503, [("Retry-After", value)])) as server:
+        assert gives_up(shell, server.url, "deadline", 1).status_code == 503
+    assert len(server.seen) == 1
+
+
+@pytest.mark.parametrize("shell", SHELLS)
+@pytest.mark.parametrize(
+    "value", ["1e9", "Mon, 01 Jan 10000 00:00:00 GMT", HUGE_YEAR], ids=["1e9", "10000", "huge"]
+)
+def test_an_unreadable_retry_after_retries_on_the_backoff(shell: str, value: str) -> None:
+    with ScriptedServer(lambda _: answer(503, [("Retry-After", value)])) as server:
+        assert gives_up(shell, server.url, "attempts", 2).status_code == 503
+    assert len(server.seen) == 2
+
+
+@pytest.mark.parametrize("shell", SHELLS)
+@pytest.mark.parametrize("status", [409, 422, 503])
+def test_a_problem_body_nested_too_deep_is_the_apps_answer(shell: str, status: int) -> None:
+    """409 and 422 returned as they are, 503 retried: as any body that is no idemkey problem."""
+    problem = [("Content-Type", "application/problem+json")]
+    with ScriptedServer(lambda _: answer(status, problem, NESTED)) as server:
+        if status == 503:
+            response = gives_up(shell, server.url, "attempts", 2)
+        else:
+            response = post(shell, server.url)
+    assert (response.status_code, response.content) == (status, NESTED)
+    assert len(server.seen) == (2 if status == 503 else 1)
