@@ -1,4 +1,5 @@
-"""The store's side of fenced effects: find a key's committed row, record a result into it.
+"""The statements on ``idemkey_effects``: fenced()'s upsert and its commit's write of the
+result, the store's lookup of a key's committed row and its late record of a result into it.
 
 ``Effects`` (sync engine) and ``AsyncEffects`` (``AsyncEngine``) are what
 ``RedisStore(effects=...)`` and ``AsyncRedisStore(effects=...)`` take. The store asks
@@ -11,18 +12,30 @@ in Redis. Both are one indexed statement on the primary key.
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
+from collections.abc import Callable
+from datetime import datetime, timedelta, timezone
 from typing import TYPE_CHECKING, Any, Final
 
-from ..errors import StoreError
+from ..errors import ConfigurationError, StoreError
 
 if TYPE_CHECKING:
     from sqlalchemy import Engine, Table
     from sqlalchemy.ext.asyncio import AsyncEngine
 
     from .._core import Record
+    from ..guard import Call
 
-__all__ = ["COMMITTED", "AsyncEffects", "Effects", "default_table", "effects_table", "row_key"]
+__all__ = [
+    "COMMITTED",
+    "AsyncEffects",
+    "Effects",
+    "default_table",
+    "effects_table",
+    "failed",
+    "row_key",
+    "upsert",
+    "writer",
+]
 
 TABLE_NAME: Final = "idemkey_effects"
 #: ``result`` of a row whose transaction committed with nothing saved (yet): the effect is
@@ -87,7 +100,100 @@ def _record(table: Table, record: Record, step: str | None, fence: int, result: 
     )
 
 
-def _failed(what: str, exc: Exception) -> StoreError:
+def upsert(dialect: str, table: Table, row: str, fence: int, ttl_ms: int) -> Any:
+    """INSERT ... ON CONFLICT DO UPDATE ... WHERE, RETURNING the row when it is ours.
+
+    The update applies only while the stored row belongs to no newer claim and holds no
+    committed result; an expired row (past the retention) never counts.
+    """
+    from sqlalchemy.dialects import postgresql, sqlite
+
+    inserts: dict[str, Callable[[Table], Any]] = {
+        "postgresql": postgresql.insert,
+        "sqlite": sqlite.insert,
+    }
+    insert = inserts.get(dialect)
+    if insert is None:
+        raise ConfigurationError(f"fenced() supports PostgreSQL and SQLite, not {dialect}")
+    created = now()
+    stmt = insert(table).values(
+        record=row,
+        fence=fence,
+        result=None,
+        created_at=created,
+        expires_at=created + timedelta(milliseconds=ttl_ms),
+    )
+    current = table.c
+    # A committed result is final; a newer fence has taken over. One fenced transaction per
+    # call (or per step), then.
+    ours = (current.fence <= stmt.excluded.fence) & current.result.is_(None)
+    return stmt.on_conflict_do_update(
+        index_elements=[current.record],
+        set_={
+            "fence": stmt.excluded.fence,
+            "expires_at": stmt.excluded.expires_at,
+            # A fresh period after expiry starts without the old result.
+            "result": _case_result(current, created),
+        },
+        where=ours | (current.expires_at < created),
+    ).returning(current.fence)
+
+
+def _case_result(current: Any, now: datetime) -> Any:
+    from sqlalchemy import case, null
+
+    return case((current.expires_at < now, null()), else_=current.result)
+
+
+def _save_statement(table: Table, row: str, fence: int, result: bytes) -> Any:
+    from sqlalchemy import update
+
+    c = table.c
+    return update(table).where(c.record == row, c.fence == fence).values(result=result)
+
+
+def writer(
+    call: Call[Any], step: str | None, table: Table, row: str, fence: int
+) -> Callable[[Any], bool]:
+    """The commit's write of the saved result (read then) into the row; False when the
+    database has no such row (a savepoint rolled the upsert back): the effect is not there.
+
+    With nothing saved (a step, an HTTP handler, a block that saves after its commit) the row
+    is marked committed all the same: no other claim may commit an effect after it, and a
+    lookup finds no result to replay.
+
+    At commit, not at ``save()``: the result may be saved before or after ``fenced()``, and an
+    asyncio session can only run SQL from inside its own commit (SQLAlchemy runs the event
+    there, in its greenlet).
+    """
+
+    def write(db: Any) -> bool:
+        saved = _saved(call) if step is None else None
+        if not db.execute(_save_statement(table, row, fence, saved or COMMITTED)).rowcount:
+            return False
+        if saved is None:  # the result is recorded after the commit (Effects.record)
+            _unrecorded(call, step, fence)
+        return True
+
+    return write
+
+
+def _unrecorded(call: Call[Any], step: str | None, fence: int) -> None:
+    """The row of ``step`` (None: the call's) commits with no result: the guard, the step
+    runner or the HTTP driver records it there before completing in Redis."""
+    rows = call._unrecorded
+    if rows is None:
+        call._unrecorded = {step: fence}
+    else:
+        rows[step] = fence
+
+
+def _saved(call: Call[Any]) -> bytes | None:
+    saved = getattr(call, "_saved", None)
+    return saved if isinstance(saved, bytes) else None
+
+
+def failed(what: str, exc: Exception) -> StoreError:
     return StoreError(f"effects {what} failed: {type(exc).__name__}: {exc}")
 
 
@@ -109,7 +215,7 @@ class Effects:
             with self.engine.connect() as conn:
                 found = conn.execute(_find(self.table, record, step)).first()
         except Exception as exc:  # the database's own errors, whatever the driver
-            raise _failed("lookup", exc) from exc
+            raise failed("lookup", exc) from exc
         return None if found is None else bytes(found[0])
 
     def lookup(self, record: Record) -> bytes | None:
@@ -123,7 +229,7 @@ class Effects:
             with self.engine.begin() as conn:
                 written = conn.execute(_record(self.table, record, step, fence, result))
         except Exception as exc:
-            raise _failed("write", exc) from exc
+            raise failed("write", exc) from exc
         return bool(written.rowcount)
 
 
@@ -145,7 +251,7 @@ class AsyncEffects:
             async with self.engine.connect() as conn:
                 found = (await conn.execute(_find(self.table, record, step))).first()
         except Exception as exc:
-            raise _failed("lookup", exc) from exc
+            raise failed("lookup", exc) from exc
         return None if found is None else bytes(found[0])
 
     async def lookup(self, record: Record) -> bytes | None:
@@ -159,5 +265,5 @@ class AsyncEffects:
             async with self.engine.begin() as conn:
                 written = await conn.execute(_record(self.table, record, step, fence, result))
         except Exception as exc:
-            raise _failed("write", exc) from exc
+            raise failed("write", exc) from exc
         return bool(written.rowcount)

@@ -47,19 +47,19 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Callable
-from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, Final
 
 from ..errors import ConfigurationError, LeaseLostError
 from ._sql_effects import (
-    COMMITTED,
     TABLE_NAME,  # noqa: F401  (re-exported, as before)
     AsyncEffects,
     Effects,
     default_table,
     effects_table,
-    now,
+    failed,
     row_key,
+    upsert,
+    writer,
 )
 
 if TYPE_CHECKING:
@@ -87,62 +87,6 @@ def _call_parts(call: Call[Any]) -> tuple[Record, int]:
     return record, fence
 
 
-def _upsert(dialect: str, table: Table, row: str, fence: int, ttl_ms: int) -> Any:
-    """INSERT ... ON CONFLICT DO UPDATE ... WHERE, RETURNING the row when it is ours.
-
-    The update applies only while the stored row belongs to no newer claim and holds no
-    committed result; an expired row (past the retention) never counts.
-    """
-    from sqlalchemy.dialects import postgresql, sqlite
-
-    inserts: dict[str, Callable[[Table], Any]] = {
-        "postgresql": postgresql.insert,
-        "sqlite": sqlite.insert,
-    }
-    insert = inserts.get(dialect)
-    if insert is None:
-        raise ConfigurationError(f"fenced() supports PostgreSQL and SQLite, not {dialect}")
-    created = now()
-    stmt = insert(table).values(
-        record=row,
-        fence=fence,
-        result=None,
-        created_at=created,
-        expires_at=created + timedelta(milliseconds=ttl_ms),
-    )
-    current = table.c
-    # A committed result is final; a newer fence has taken over. One fenced transaction per
-    # call (or per step), then.
-    ours = (current.fence <= stmt.excluded.fence) & current.result.is_(None)
-    return stmt.on_conflict_do_update(
-        index_elements=[current.record],
-        set_={
-            "fence": stmt.excluded.fence,
-            "expires_at": stmt.excluded.expires_at,
-            # A fresh period after expiry starts without the old result.
-            "result": _case_result(current, created),
-        },
-        where=ours | (current.expires_at < created),
-    ).returning(current.fence)
-
-
-def _case_result(current: Any, now: datetime) -> Any:
-    from sqlalchemy import case, null
-
-    return case((current.expires_at < now, null()), else_=current.result)
-
-
-def _save_statement(table: Table, row: str, fence: int, result: bytes) -> Any:
-    from sqlalchemy import update
-
-    c = table.c
-    return update(table).where(c.record == row, c.fence == fence).values(result=result)
-
-
-def _lost(fence: int) -> LeaseLostError:
-    return LeaseLostError(fence)
-
-
 def _ttl_ms(call: Call[Any], ttl_ms: int | None) -> int:
     return ttl_ms if ttl_ms is not None else int(getattr(call, "ttl_ms", 86_400_000))
 
@@ -162,20 +106,30 @@ def fenced(
     result passed to ``call.save()`` before the commit is written into the row by the commit.
     ``step`` fences one recovery point instead of the whole call.
 
-    From here on ``call``'s saved result belongs to this transaction: if it rolls back (this
-    refusal, a failed flush or COMMIT, any exception), a value saved before the rollback is
-    dropped and the guard releases the key instead of completing it with a result that never
-    happened; the guard completes with it only once the transaction committed.
+    From here on ``call``'s saved result belongs to this transaction (to the savepoint it runs
+    in, then to the one that savepoint is released into): if that rolls back (this refusal, a
+    failed flush or COMMIT, any exception), a value saved before the rollback is dropped and the
+    guard releases the key instead of completing it with a result that never happened; the
+    guard completes with it only once the transaction committed with the row in it.
+
+    ``ConfigurationError``: ``db`` is no ``Session`` bound to an engine or connection, nor a
+    ``Connection``. ``StoreError``: the database refused the upsert (the effects table missing
+    or of another schema, the database down), as ``Effects`` reports the same table.
     """
+    from sqlalchemy.exc import DBAPIError
+
     record, fence = _call_parts(call)
-    fence_ = _tie(db, call)  # first: a failing flush inside the upsert rolls back tied
     table = table if table is not None else default_table()
     row = row_key(record, step)
-    stmt = _upsert(_dialect(db), table, row, fence, _ttl_ms(call, ttl_ms))
-    if db.execute(stmt).first() is None:
-        fence_.refused()
-        raise _lost(fence)
-    fence_.write = _writer(call, step, table, row, fence)
+    stmt = _statement(db, db, call, table, row, fence, ttl_ms)
+    fence_ = _tie(db, call)  # first: a failing flush rolls back tied
+    if getattr(db, "autoflush", False):
+        db.flush()  # what execute() flushes first: a failure there is the caller's own
+    try:
+        ours = db.execute(stmt).first()
+    except DBAPIError as exc:
+        raise _upsert_failed(fence_, exc) from exc
+    _upserted(fence_, ours, call, step, table, row, fence)
 
 
 async def afenced(
@@ -187,69 +141,87 @@ async def afenced(
     table: Table | None = None,
 ) -> None:
     """:func:`fenced` for an ``AsyncSession`` or ``AsyncConnection``."""
+    from sqlalchemy.exc import DBAPIError
+
     record, fence = _call_parts(call)
-    sync = db.sync_session if hasattr(db, "sync_session") else db.sync_connection
-    fence_ = _tie(sync, call)
+    sync = getattr(db, "sync_session", None)
+    sync = sync if sync is not None else getattr(db, "sync_connection", None)
     table = table if table is not None else default_table()
     row = row_key(record, step)
-    stmt = _upsert(_dialect(db), table, row, fence, _ttl_ms(call, ttl_ms))
-    if (await db.execute(stmt)).first() is None:
+    stmt = _statement(sync, db, call, table, row, fence, ttl_ms)
+    fence_ = _tie(sync, call)
+    if getattr(sync, "autoflush", False):
+        await db.flush()  # type: ignore[union-attr]  # an AsyncSession's (as fenced())
+    try:
+        ours = (await db.execute(stmt)).first()
+    except DBAPIError as exc:
+        raise _upsert_failed(fence_, exc) from exc
+    _upserted(fence_, ours, call, step, table, row, fence)
+
+
+def _statement(
+    db: Any, given: Any, call: Call[Any], table: Table, row: str, fence: int, ttl: int | None
+) -> Any:
+    """The upsert for ``db`` (a sync Session or Connection; for afenced, the sync twin of the
+    async one ``given``), checked before anything is tied or sent: a misuse saves nothing (the
+    key is released)."""
+    try:
+        return upsert(_dialect(db, given), table, row, fence, _ttl_ms(call, ttl))
+    except ConfigurationError:
+        call._refused()  # a value saved for this transaction is void
+        raise
+
+
+def _dialect(db: Any, given: Any) -> str:
+    from sqlalchemy.engine import Connection
+    from sqlalchemy.exc import UnboundExecutionError
+    from sqlalchemy.orm import Session
+
+    name = "fenced" if db is given else "afenced"
+    if isinstance(db, Session):
+        try:
+            return str(db.get_bind().dialect.name)
+        except UnboundExecutionError as exc:  # Session() with no bind, or binds= only
+            raise ConfigurationError(
+                f"{name}() needs a Session bound to an engine or a connection: {exc}"
+            ) from exc
+    if isinstance(db, Connection):
+        return str(db.engine.dialect.name)
+    raise ConfigurationError(
+        "fenced() takes a SQLAlchemy Session or Connection, afenced() an AsyncSession or "
+        f"AsyncConnection; {name}() was given {type(given).__name__}"
+    )
+
+
+def _upsert_failed(fence_: _Fence, exc: Exception) -> Exception:
+    """The database refused the upsert: nothing is the call's; ``StoreError`` as Effects says
+    of the same table (a missing or other table, the database down: its errors tell no more)."""
+    fence_.refused()
+    return failed("upsert", exc)
+
+
+def _upserted(
+    fence_: _Fence, ours: Any, call: Call[Any], step: str | None, table: Table, row: str, fence: int
+) -> None:
+    if ours is None:
         fence_.refused()
-        raise _lost(fence)
-    fence_.write = _writer(call, step, table, row, fence)
-
-
-def _dialect(db: Any) -> str:
-    """The dialect's name, for a (sync or async) Session or Connection."""
-    bind = db.get_bind() if hasattr(db, "get_bind") else db.engine
-    return str(bind.dialect.name)
-
-
-def _writer(call: Call[Any], step: str | None, table: Table, row: str, fence: int) -> Any:
-    """The statement the commit runs to write the saved result (read then) into the row.
-
-    With nothing saved (a step, an HTTP handler, a block that saves after its commit) the row
-    is marked committed all the same: no other claim may commit an effect after it, and a
-    lookup finds no result to replay.
-
-    At commit, not at ``save()``: the result may be saved before or after ``fenced()``, and an
-    asyncio session can only run SQL from inside its own commit (SQLAlchemy runs the event
-    there, in its greenlet).
-    """
-
-    def write() -> Any:
-        saved = _saved(call) if step is None else None
-        if saved is None:  # the result is recorded after the commit (Effects.record)
-            _unrecorded(call, step, fence)
-        return _save_statement(table, row, fence, saved or COMMITTED)
-
-    return write
-
-
-def _unrecorded(call: Call[Any], step: str | None, fence: int) -> None:
-    """The row of ``step`` (None: the call's) commits with no result: the guard, the step
-    runner or the HTTP driver records it there before completing in Redis."""
-    rows = call._unrecorded
-    if rows is None:
-        call._unrecorded = {step: fence}
-    else:
-        rows[step] = fence
-
-
-def _saved(call: Call[Any]) -> bytes | None:
-    saved = getattr(call, "_saved", None)
-    return saved if isinstance(saved, bytes) else None
+        raise LeaseLostError(fence)
+    fence_.write = writer(call, step, table, row, fence)
 
 
 class _Fence:
-    """One fenced() call on one transaction: its tie to the call, and the row write of its
-    commit (None until the upsert made the row the call's; a refused one writes nothing)."""
+    """One fenced() call on one transaction: its tie to the call, the savepoints its row was
+    written under (innermost first: a Session's nested transactions, a Connection's savepoint
+    names), and its commit's row write (None until the upsert made the row the call's; a refused
+    one writes nothing) with whether that write found the row."""
 
-    __slots__ = ("tie", "write")
+    __slots__ = ("savepoints", "tie", "write", "written")
 
-    def __init__(self, tie: Tie) -> None:
+    def __init__(self, tie: Tie, savepoints: tuple[Any, ...]) -> None:
         self.tie = tie
-        self.write: Callable[[], Any] | None = None
+        self.savepoints = savepoints
+        self.write: Callable[[Any], bool] | None = None
+        self.written = False
 
     def refused(self) -> None:
         self.tie.call._refused()
@@ -258,21 +230,31 @@ class _Fence:
 class _Fences:
     """The fences of one Session's or Connection's current transaction."""
 
-    __slots__ = ("committing", "open")
+    __slots__ = ("committing", "open", "released")
 
     def __init__(self) -> None:
         self.open: list[_Fence] = []
         self.committing: list[_Fence] = []
+        self.released: Any = None  # a Session's savepoint whose RELEASE returned
 
     def commit_rows(self, db: Any) -> None:
         for fence in self.open:
-            if fence.write is not None:
-                db.execute(fence.write())
+            fence.written = fence.write is not None and fence.write(db)
 
-    def end(self, committed: bool) -> None:
-        fences, self.open = self.open, []
-        for fence in fences:
-            (fence.tie.committed if committed else fence.tie.rolled_back)()
+    def end(self, committed: bool, savepoint: Any = None) -> list[_Fence]:
+        """End the open fences (``savepoint``: those written under it, which rolled back).
+        Those the commit wrote no row for did not commit: they end rolled back, first (a value
+        they drop is not kept by a tie ending committed); the others are returned."""
+        if savepoint is None:
+            ended, self.open = self.open, []
+        else:
+            ended = [fence for fence in self.open if savepoint in fence.savepoints]
+            self.open = [fence for fence in self.open if savepoint not in fence.savepoints]
+        kept = [fence for fence in ended if committed and fence.written]
+        for fence in ended:
+            if fence not in kept:
+                fence.tie.rolled_back()
+        return kept
 
 
 _INFO_KEY: Final = "idemkey.fences"
@@ -284,15 +266,17 @@ def _tie(db: Any, call: Call[Any]) -> _Fence:
     """Tie ``call``'s saved result to ``db``'s transaction (listeners set once per object).
 
     A Session reports its outcome exactly: ``after_commit`` of the root transaction, then
-    ``after_transaction_end`` (a rollback, a failed flush or COMMIT, a close). A Connection has
-    no after-commit event: its ``commit`` event comes before the COMMIT is sent, and the
-    engine's ``handle_error`` reports a COMMIT that failed.
+    ``after_transaction_end`` (a rollback, a failed flush or COMMIT, a close); a savepoint's
+    ``after_commit`` is its RELEASE, and its ``after_transaction_end`` without one a rollback.
+    A Connection has no after-commit event: its ``commit`` event comes before the COMMIT is
+    sent, and the engine's ``handle_error`` reports a COMMIT that failed; ``rollback_savepoint``
+    names the savepoint rolled back.
     """
     from sqlalchemy import event
     from sqlalchemy.orm import Session
 
     if isinstance(db, Session):
-        fence = _Fence(call._tie())
+        fence = _Fence(call._tie(), _session_savepoints(db))
         fences = db.info.get(_INFO_KEY)
         if fences is None:
             fences = db.info[_INFO_KEY] = _Fences()
@@ -301,15 +285,14 @@ def _tie(db: Any, call: Call[Any]) -> _Fence:
             event.listen(db, "after_transaction_end", _session_after_end)
         fences.open.append(fence)
         return fence
-    if db is None or not hasattr(db, "in_transaction") or not hasattr(db, "engine"):
-        raise ConfigurationError("fenced() needs a SQLAlchemy Session or Connection")
-    fence = _Fence(call._tie())
+    fence = _Fence(call._tie(), _connection_savepoints(db))
     fences = _CONNECTIONS.get(db)
     if fences is None:
         fences = _CONNECTIONS[db] = _Fences()
         event.listen(db, "begin", _connection_begin)
         event.listen(db, "commit", _connection_commit)
         event.listen(db, "rollback", _connection_rollback)
+        event.listen(db, "rollback_savepoint", _connection_rollback_savepoint)
         engine = db.engine
         if engine not in _ENGINES:
             _ENGINES.add(engine)
@@ -318,19 +301,49 @@ def _tie(db: Any, call: Call[Any]) -> _Fence:
     return fence
 
 
+def _session_savepoints(session: Session) -> tuple[Any, ...]:
+    found, transaction = [], session.get_nested_transaction()
+    while transaction is not None:
+        if transaction.nested:  # not a subtransaction (a flush's)
+            found.append(transaction)
+        transaction = transaction.parent
+    return tuple(found)
+
+
+def _connection_savepoints(conn: Any) -> tuple[Any, ...]:
+    # The names rollback_savepoint gives: SQLAlchemy keeps them in NestedTransaction._savepoint
+    # and chains the open ones by _previous_nested (since 1.4; there is no public accessor).
+    # Should they go, the fence counts as the transaction's, and the commit's UPDATE finding no
+    # row still tells that a savepoint rolled the effect back.
+    found, nested = [], conn.get_nested_transaction()
+    while nested is not None:
+        found.append(getattr(nested, "_savepoint", None))
+        nested = getattr(nested, "_previous_nested", None)
+    return tuple(found)
+
+
 def _session_before_commit(session: Session) -> None:
     if not session.in_nested_transaction():  # a savepoint's commit is not the commit
         session.info[_INFO_KEY].commit_rows(session)
 
 
 def _session_after_commit(session: Session) -> None:
-    if not session.in_nested_transaction():
-        session.info[_INFO_KEY].end(committed=True)
+    fences = session.info[_INFO_KEY]
+    if session.in_nested_transaction():  # RELEASE returned: its fences go on with its parent
+        fences.released = session.get_nested_transaction()
+        return
+    for fence in fences.end(committed=True):
+        fence.tie.committed()
 
 
 def _session_after_end(session: Session, transaction: Any) -> None:
+    fences = session.info[_INFO_KEY]
     if transaction.parent is None:  # the root: whatever is still open did not commit
-        session.info[_INFO_KEY].end(committed=False)
+        fences.end(committed=False)
+    elif transaction.nested:  # a savepoint: released (above), or rolled back with its fences
+        if transaction is not fences.released:
+            fences.end(committed=False, savepoint=transaction)
+        fences.released = None
 
 
 def _connection_begin(conn: Any) -> None:
@@ -340,13 +353,17 @@ def _connection_begin(conn: Any) -> None:
 def _connection_commit(conn: Any) -> None:
     fences = _CONNECTIONS[conn]
     fences.commit_rows(conn)
-    fences.committing, fences.open = fences.open, []
+    fences.committing = fences.end(committed=True)
     for fence in fences.committing:
         fence.tie.committing()
 
 
 def _connection_rollback(conn: Any) -> None:
     _CONNECTIONS[conn].end(committed=False)
+
+
+def _connection_rollback_savepoint(conn: Any, name: str, _: Any) -> None:
+    _CONNECTIONS[conn].end(committed=False, savepoint=name)
 
 
 def _connection_error(context: Any) -> None:
