@@ -57,7 +57,12 @@ map onto Celery's own:
 
 * ``idempotency_cache_exceptions`` are added to the task's ``dont_autoretry_for``: a
   remembered failure is final, so Celery does not send it again (unless the task passes its
-  own ``dont_autoretry_for=`` to the decorator, which then wins, as in Celery);
+  own ``dont_autoretry_for=`` to the decorator, which then wins, as in Celery). A remembered
+  class broader than one in ``autoretry_for`` is left out (``Exception`` remembered,
+  ``ConnectionError`` autoretried): the narrower declaration wins. Celery's own control flow
+  (``Retry``, from ``self.retry()`` or autoretry, ``Ignore``, ``Reject``) is never
+  remembered, whatever the classes cover: it releases the key, as any unremembered
+  exception does, and the retry's delivery resumes after the finished steps;
 * the task's soft time limit (``soft_time_limit``, or the one the message carries) is the
   guard's ``deadline=`` unless ``idempotency_deadline`` names another: no step starts past it,
   on every pool (Celery enforces time limits on prefork only);
@@ -74,7 +79,7 @@ from collections.abc import Callable
 from typing import Any
 
 from celery import Task  # type: ignore[import-untyped]
-from celery.exceptions import Retry  # type: ignore[import-untyped]
+from celery.exceptions import Retry, TaskPredicate  # type: ignore[import-untyped]
 
 from .._codec import encode_payload
 from ..errors import (
@@ -128,7 +133,8 @@ class IdempotentTask(Task):  # type: ignore[misc]
     idempotency_store_retry_max: float = 30.0
     #: Deterministic failures (exception classes, or a mapping of class to field names):
     #: the first one the task raises is stored as its outcome, and every redelivery or
-    #: retry of the same call raises it again without running the body.
+    #: retry of the same call raises it again without running the body. Celery's control
+    #: flow (``Retry``, ``Ignore``, ``Reject``) is never remembered, even under ``Exception``.
     idempotency_cache_exceptions: object = ()
     #: Seconds from the claim after which no step starts (the guard's ``deadline=``); None:
     #: the soft time limit of the message or the task, if any.
@@ -146,11 +152,19 @@ class IdempotentTask(Task):  # type: ignore[misc]
     def __init_subclass__(cls, **kwargs: Any) -> None:
         # Celery's autoretry reads dont_autoretry_for when it wraps the task, after the class
         # is made: a remembered failure is final, so it must never be sent again.
+        # A remembered class broader than one autoretry_for names (Exception, with
+        # ConnectionError retried) stays out: Celery would otherwise retry nothing at all, so
+        # the narrower declaration wins, and the retry (Celery's Retry) is never remembered.
         super().__init_subclass__(**kwargs)
         remembered = rules_for(cls.__dict__.get("idempotency_cache_exceptions", ()))
         if remembered is not None:
             own = tuple(getattr(cls, "dont_autoretry_for", ()))
-            cls.dont_autoretry_for = own + tuple(t for t in remembered.types if t not in own)
+            retried = tuple(getattr(cls, "autoretry_for", ()))
+            cls.dont_autoretry_for = own + tuple(
+                t
+                for t in remembered.types
+                if t not in own and not any(r is not t and issubclass(r, t) for r in retried)
+            )
 
     @property
     def idempotent_call(self) -> Call[Any]:
@@ -166,6 +180,7 @@ class IdempotentTask(Task):  # type: ignore[misc]
         key, payload = self._identify(args, kwargs)
         scope, policy = f"celery:{self.name}", self.idempotency_policy
         began = False
+        signal: TaskPredicate | None = None
         try:
             remember = type(self).idempotency_cache_exceptions
             deadline = self._deadline()
@@ -185,10 +200,18 @@ class IdempotentTask(Task):  # type: ignore[misc]
                 setattr(self.request, _REQUEST_ATTRIBUTE, call)
                 try:
                     result = self.run(*args, **kwargs)
+                except TaskPredicate as raised:
+                    # self.retry() (autoretry_for's too), Ignore, Reject: Celery's control flow,
+                    # never the call's outcome, whatever cache_exceptions covers (Exception
+                    # covers them all). The block is left without a result, which releases the
+                    # key (finished steps kept): the retry's delivery resumes after them.
+                    signal = raised
                 finally:
                     setattr(self.request, _REQUEST_ATTRIBUTE, None)
-                call.save(result)
-                return self._outcome(result, False)
+                if signal is None:
+                    call.save(result)
+                    return self._outcome(result, False)
+            raise signal  # outside any except clause: its own context is kept
         except RequestInFlightError as exc:
             countdown = min(exc.retry_after, self.idempotency_retry_max)
             # The error Celery logs and stores with the retry names the countdown it has.
@@ -199,6 +222,10 @@ class IdempotentTask(Task):  # type: ignore[misc]
             # one stored; a retry returns it.
             raise self._retry_later(0.1, exc) from exc
         except StoreError as exc:
+            if signal is not None:
+                # The release failed: the key stays claimed until its lease lapses, and the
+                # retry Celery already sent waits for that (in flight), then takes it over.
+                raise signal from exc
             if began or isinstance(exc, RecordFormatError):
                 raise  # the body ran (or a record this version cannot read): not ours to redo
             # The claim never reached Redis: nothing ran, so sending the task again is safe.

@@ -13,6 +13,7 @@ from typing import Any
 
 import redis
 from celery import Celery
+from celery.exceptions import Ignore
 
 from idemkey import Policy, RedisStore, StepRetry
 from idemkey.contrib.celery import IdempotentTask
@@ -178,6 +179,64 @@ def make_app(url: str, prefix: str, store_url: str | None = None) -> Celery:
         """charge_card under Celery's autoretry: Celery sends a transient failure again, never
         a remembered one (IdempotentTask adds it to dont_autoretry_for)."""
         return charge(order_id, card)
+
+    def retried_once(task: IdempotentTask, order_id: str) -> dict[str, Any]:
+        """What the retried tasks below run: a step, then their body, counted in
+        ``{prefix}:runs:{order_id}`` (the step in ``{prefix}:side:reserve``)."""
+        redis_client = client()
+        call = task.idempotent_call
+        call.step("reserve", side_effect, redis_client, prefix, "reserve", call.fence)
+        return {"order": order_id, "runs": redis_client.incr(f"{prefix}:runs:{order_id}")}
+
+    @app.task(
+        base=IdempotentTask,
+        shared=False,
+        bind=True,
+        name="tests.retry_self",
+        idempotency_store=make_store,
+        idempotency_cache_exceptions=(Exception,),
+    )
+    def retry_self(self: IdempotentTask, order_id: str) -> dict[str, Any]:
+        """Remembers every Exception, and asks Celery for a retry (``self.retry()``) on its
+        first run, after its step."""
+        done = retried_once(self, order_id)
+        if done["runs"] == 1:
+            raise self.retry(countdown=0.1)
+        return done
+
+    @app.task(
+        base=IdempotentTask,
+        shared=False,
+        bind=True,
+        name="tests.retry_auto",
+        idempotency_store=make_store,
+        idempotency_cache_exceptions=(Exception,),
+        autoretry_for=(ConnectionError,),
+        max_retries=3,
+        default_retry_delay=0.1,
+    )
+    def retry_auto(self: IdempotentTask, order_id: str) -> dict[str, Any]:
+        """Remembers every Exception but the ConnectionError Celery's autoretry sends again,
+        which it raises on its first run, after its step."""
+        done = retried_once(self, order_id)
+        if done["runs"] == 1:
+            raise ConnectionError("the PSP timed out")
+        return done
+
+    @app.task(
+        base=IdempotentTask,
+        shared=False,
+        bind=True,
+        name="tests.ignore_once",
+        idempotency_store=make_store,
+        idempotency_cache_exceptions=(Exception,),
+    )
+    def ignore_once(self: IdempotentTask, order_id: str) -> dict[str, Any]:
+        """Remembers every Exception, and raises Celery's Ignore on its first run."""
+        done = retried_once(self, order_id)
+        if done["runs"] == 1:
+            raise Ignore()
+        return done
 
     @app.task(
         base=IdempotentTask,

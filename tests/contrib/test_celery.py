@@ -34,7 +34,7 @@ from celery import Celery
 from idemkey import StoreError
 from idemkey.contrib.celery import IdempotentTask
 from tests._servers import RedisServer, free_port, wait_until
-from tests.contrib._celery_app import STEPS, make_app
+from tests.contrib._celery_app import STEPS, CardDeclined, make_app
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.redis
@@ -208,8 +208,6 @@ def test_sigkill_during_a_retried_step_on_prefork_the_redelivery_continues_its_a
 def test_a_remembered_failure_fails_every_delivery_alike_and_a_transient_one_runs_again(
     app: Celery, prefix: str, client: redis.Redis, start_worker: StartWorker
 ) -> None:
-    from tests.contrib._celery_app import CardDeclined
-
     task = app.tasks["tests.charge_card"]
     start_worker("prefork")
     for _ in range(3):
@@ -226,8 +224,6 @@ def test_a_remembered_failure_fails_every_delivery_alike_and_a_transient_one_run
 def test_celery_autoretry_sends_a_transient_failure_again_but_never_a_remembered_one(
     app: Celery, prefix: str, client: redis.Redis, start_worker: StartWorker
 ) -> None:
-    from tests.contrib._celery_app import CardDeclined
-
     task = app.tasks["tests.charge_card_autoretry"]
     assert CardDeclined in task.dont_autoretry_for
     start_worker("prefork")
@@ -239,6 +235,46 @@ def test_celery_autoretry_sends_a_transient_failure_again_but_never_a_remembered
     flaky = task.delay("o-f", "flaky")
     assert flaky.get(timeout=30) == {"order": "o-f", "runs": 2}  # Celery sent it again
     assert flaky.retries == 1
+
+
+@pytest.mark.parametrize("name", ["tests.retry_self", "tests.retry_auto"])
+def test_a_celery_retry_is_never_remembered_even_when_every_exception_is(
+    app: Celery, prefix: str, client: redis.Redis, start_worker: StartWorker, name: str
+) -> None:
+    # idempotency_cache_exceptions=(Exception,) covers Celery's own Retry (self.retry(), or
+    # autoretry_for's): it is control flow, so it releases the key, and the retry's delivery
+    # runs the task again, after its finished step.
+    task = app.tasks[name]
+    start_worker()
+    result = task.delay("o-1")
+    value = result.get(timeout=30)
+    assert value == {"order": "o-1", "runs": 2}
+    assert (result.state, result.retries) == ("SUCCESS", 1)
+    assert client.get(f"{prefix}:side:reserve") == b"1"  # the retry resumed after the step
+    # The result is stored: a later send replays it, nothing runs.
+    assert task.delay("o-1").get(timeout=30) == value
+    assert client.get(f"{prefix}:runs:o-1") == b"2"
+
+
+def test_autoretry_for_a_narrower_class_than_the_remembered_one_still_retries() -> None:
+    # Exception is remembered, ConnectionError autoretried: the narrower declaration wins, so
+    # Exception must not join dont_autoretry_for (Celery would then never retry at all). A
+    # class remembered exactly, or a narrower one, still does (test above: CardDeclined).
+    app = make_app("redis://127.0.0.1:1/0", "unused")
+    assert app.tasks["tests.retry_auto"].dont_autoretry_for == ()
+    assert app.tasks["tests.retry_self"].dont_autoretry_for == (Exception,)
+    assert app.tasks["tests.charge_card_autoretry"].dont_autoretry_for == (CardDeclined,)
+
+
+def test_celery_ignore_releases_the_key_even_when_every_exception_is_remembered(
+    app: Celery, prefix: str, client: redis.Redis, start_worker: StartWorker
+) -> None:
+    task = app.tasks["tests.ignore_once"]
+    start_worker()
+    task.delay("o-i")  # raises Ignore: Celery records no state for it
+    # Sent again (one pool process: after the first ended), it runs: the key was released.
+    assert task.delay("o-i").get(timeout=20) == {"order": "o-i", "runs": 2}
+    assert client.get(f"{prefix}:side:reserve") == b"1"
 
 
 def test_a_task_delivered_while_the_idemkey_redis_is_down_is_retried_and_then_runs_once(
