@@ -28,22 +28,27 @@ of its routes (options: Policy fields such as ``ttl``, ``wait``, ``methods``; ``
 :class:`IdempotentRoute` runs the guarded routes through the ASGI
 :class:`~idemkey.adapters.asgi.IdempotencyMiddleware`, so they behave exactly as under it; it
 survives ``include_router`` (the record's route and the events' label are the full template,
-``/v1/refunds/{charge_id}``). A guard declared on a route that is not an ``IdempotentRoute``
-raises :class:`~idemkey.errors.ConfigurationError` on its first request instead of silently
-guarding nothing.
+``/v1/refunds/{charge_id}``; inside a Starlette ``Mount``, relative to the mount, as in the
+Starlette adapter). A guard declared on a route that is not an ``IdempotentRoute`` raises
+:class:`~idemkey.errors.ConfigurationError` on its first request instead of silently guarding
+nothing.
 
 OpenAPI: each guarded operation documents the ``Idempotency-Key`` header parameter (required
 or optional as configured), the problem responses idemkey may answer (400, 409, 413, the
 key-reuse status and 503) as ``application/problem+json`` (with ``Policy.render_problem``, as
 ``Idempotency(problem_media_type=...)``, by default ``application/json``), and the
 ``Idempotent-Replayed`` header on its success response, whether the guard is declared on the
-route, on its ``APIRouter`` or by ``include_router(dependencies=...)``.
+route, on its ``APIRouter`` or by ``include_router(dependencies=...)``. An operation is guarded
+when the policy's ``methods`` name its method: a GET on a guarded router documents nothing.
+FastAPI builds every method's operation of one route from one ``openapi_extra``, so a route
+whose policy guards some of its methods only is refused (``ConfigurationError``): its
+operations could not be documented as they run.
 """
 
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Callable, Collection, Coroutine, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final
 
@@ -151,9 +156,10 @@ class IdempotentRoute(APIRoute):
         if guards:
             idem, options = _merged(guards)
             policy = derive(idem.policy, options, f"idem.guard(...) on route {path!r}")
-            self.openapi_extra = document(
-                self.openapi_extra, idem.problem_media_type, policy, self.status_code
-            )
+            if _documented(path, self.methods, policy):
+                self.openapi_extra = document(
+                    self.openapi_extra, idem.problem_media_type, policy, self.status_code
+                )
 
     def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
         """FastAPI's handler, with a guard added by ``include_router(dependencies=...)``
@@ -174,10 +180,12 @@ class IdempotentRoute(APIRoute):
                 idem, options = _merged(guards)
                 where = f"idem.guard(...) on route {context.path_format!r}"
                 policy = derive(idem.policy, options, where)
-                extra = document(
-                    context.openapi_extra, idem.problem_media_type, policy, context.status_code
-                )
-                context.openapi_extra = extra
+                methods = getattr(context, "methods", None) or self.methods
+                if _documented(context.path_format, methods, policy):
+                    extra = document(
+                        context.openapi_extra, idem.problem_media_type, policy, context.status_code
+                    )
+                    context.openapi_extra = extra
         return handler
 
     async def handle(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -214,6 +222,30 @@ class IdempotentRoute(APIRoute):
         if context is not None and getattr(context, "original_route", None) is self:
             return context.path_format, context.dependencies
         return self.path_format, self.dependencies
+
+
+def _documented(path: str, methods: Collection[str] | None, policy: Policy) -> bool:
+    """Whether a guarded route's operations document the guard: yes when its policy guards
+    every method of the route, no when it guards none of them (a GET on a guarded router).
+
+    FastAPI builds every method's operation of one route with the route's one
+    ``openapi_extra``, so a route whose policy guards some of its methods only could not be
+    documented as it runs: it is refused, naming the split that fixes it.
+    """
+    declared = set(methods or ())
+    guarded = declared & policy.methods
+    if guarded == declared:
+        return bool(declared)
+    if not guarded:
+        return False
+    names = ", ".join(sorted(guarded))
+    raise ConfigurationError(
+        f"route {path!r} ({', '.join(sorted(declared))}): its policy guards {names}, not "
+        f"{', '.join(sorted(declared - guarded))}, and FastAPI documents every method of one "
+        f"route alike, so /openapi.json could not say which need the {policy.header}. "
+        f"Declare {names} on a route of its own (a second decorator on the same function), "
+        "or guard every method with idem.guard(methods=[...])"
+    )
 
 
 def _guards(dependencies: Sequence[params.Depends]) -> list[_Guard]:

@@ -281,3 +281,165 @@ def test_openapi_documents_retention_retry_and_the_opt_in_headers() -> None:
     assert headers["Idempotent-Replayed"]["schema"]["enum"] == ["true", "false"]
     assert headers["Idempotency-Retention"]["schema"] == {"type": "integer", "minimum": 0}
     assert "application/problem+json" in opted["responses"]["410"]["content"]
+
+
+@pytest.fixture
+async def recorded(redis_url: str, prefix: str) -> Any:
+    """A store on the real Redis and the events it reports; closed after the test."""
+    client = redis.asyncio.Redis.from_url(redis_url)
+    events: list[Event] = []
+    store = AsyncRedisStore(client, Policy(prefix=prefix, on_event=events.append))
+    yield store, events
+    await store.aclose()
+    await client.aclose()
+
+
+def _key_parameters(operation: dict[str, Any]) -> list[bool]:
+    """The ``required`` of each Idempotency-Key header parameter the operation documents."""
+    return [
+        p["required"]
+        for p in operation.get("parameters", [])
+        if (p["name"], p["in"]) == ("Idempotency-Key", "header")
+    ]
+
+
+def _documents_the_guard(operation: dict[str, Any]) -> bool:
+    documented = bool(_key_parameters(operation))
+    problems = {"400", "409", "413", "503"} & set(operation["responses"])
+    headers = operation["responses"].get("200", {}).get("headers", {})
+    # All of it or none of it: the header, the problems and the replay header go together.
+    assert documented is bool(problems) is ("Idempotent-Replayed" in headers), operation
+    return documented
+
+
+# One route with two methods has one operation id: FastAPI warns, as it would without idemkey.
+@pytest.mark.filterwarnings("ignore:Duplicate Operation ID:UserWarning")
+async def test_openapi_documents_the_guard_only_on_the_methods_it_guards(recorded: Any) -> None:
+    # The default policy guards POST and PATCH: a PUT or GET route that declares the guard,
+    # or sits on a guarded router, runs unguarded, and its operation says nothing of a key.
+    store, _ = recorded
+    idem = Idempotency(store)
+    app = FastAPI()
+    app.router.route_class = IdempotentRoute
+
+    @app.put("/accounts/{account_id}/deposit", dependencies=[idem.guard()])
+    async def deposit(account_id: str) -> dict[str, str]:
+        return {"deposit": account_id}
+
+    @app.put("/accounts/{account_id}/close", dependencies=[idem.guard(methods=["PUT"])])
+    async def close(account_id: str) -> dict[str, str]:
+        return {"closed": account_id}
+
+    @app.api_route("/both", methods=["POST", "PATCH"], dependencies=[idem.guard()])
+    async def both() -> dict[str, str]:
+        return {"ok": "yes"}
+
+    orders = idem.router(prefix="/orders")
+
+    @orders.get("")
+    async def list_orders() -> list[str]:
+        return []
+
+    @orders.post("")
+    async def create_order() -> dict[str, str]:
+        return {"id": "o_1"}
+
+    plain = APIRouter(route_class=IdempotentRoute)
+
+    @plain.get("/payouts")
+    async def list_payouts() -> list[str]:
+        return []
+
+    app.include_router(orders)
+    app.include_router(plain, prefix="/v2", dependencies=[idem.guard()])
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://t") as http:
+        paths = (await http.get("/openapi.json")).json()["paths"]
+        # What runs matches: a keyless PUT, GET or guarded POST as each operation says.
+        assert (await http.put("/accounts/a1/deposit")).status_code == 200
+        assert (await http.put("/accounts/a1/close")).status_code == 400
+        assert (await http.get("/orders")).status_code == 200
+        assert (await http.post("/orders")).status_code == 400
+        assert (await http.get("/v2/payouts")).status_code == 200
+    documented = {
+        (method, path): _documents_the_guard(operation)
+        for path, operations in paths.items()
+        for method, operation in operations.items()
+    }
+    assert documented == {
+        ("put", "/accounts/{account_id}/deposit"): False,
+        ("put", "/accounts/{account_id}/close"): True,
+        ("post", "/both"): True,
+        ("patch", "/both"): True,
+        ("get", "/orders"): False,
+        ("post", "/orders"): True,
+        ("get", "/v2/payouts"): False,
+    }
+    assert _key_parameters(paths["/orders"]["post"]) == [True]
+
+
+def test_a_route_with_guarded_and_unguarded_methods_is_refused_when_declared() -> None:
+    # FastAPI documents every method of one route alike (one openapi_extra): a route whose
+    # policy guards some of its methods only could not be documented as it runs.
+    from idemkey.testing import fake_async_store
+
+    idem = Idempotency(fake_async_store())
+    app = FastAPI()
+    app.router.route_class = IdempotentRoute
+    with pytest.raises(ConfigurationError, match=r"GET, POST, PUT.*guards POST"):
+
+        @app.api_route("/multi", methods=["POST", "PUT", "GET"], dependencies=[idem.guard()])
+        async def multi() -> dict[str, str]:
+            return {}
+
+    mixed = APIRouter(route_class=IdempotentRoute)
+
+    @mixed.api_route("/forms", methods=["GET", "POST"])
+    async def form() -> dict[str, str]:
+        return {}
+
+    def include() -> None:
+        app.include_router(mixed, prefix="/v3", dependencies=[idem.guard()])
+        app.openapi()  # recent FastAPI builds an inclusion's routes when first used
+
+    with pytest.raises(ConfigurationError, match=r"/v3/forms"):
+        include()
+
+
+def _mounted_app(idem: Idempotency, runs: list[str]) -> FastAPI:
+    """One FastAPI sub-app, whose guarded route the test mounts at several paths."""
+    sub = FastAPI()
+    sub.router.route_class = IdempotentRoute
+
+    @sub.post("/things", dependencies=[idem.guard()])
+    async def thing(request: Request) -> dict[str, Any]:
+        runs.append(request.url.path)
+        return {"path": request.url.path, "run": len(runs)}
+
+    return sub
+
+
+async def test_one_key_on_two_mounts_of_one_app_is_refused_never_replayed(recorded: Any) -> None:
+    """Inside a Mount the route is relative to it (as in the Starlette adapter): one key sent
+    to /a and then /b names one record, and the second request is another request (its path
+    is in the fingerprint): 422, never the first mount's answer (docs/fastapi.md)."""
+    store, events = recorded
+    idem = Idempotency(store)
+    runs: list[str] = []
+    sub = _mounted_app(idem, runs)
+    app = FastAPI()
+    app.mount("/a", sub)
+    app.mount("/b", sub)
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://t") as http:
+        key = {"Idempotency-Key": "same"}
+        first = await http.post("/a/things", headers=key)
+        other = await http.post("/b/things", headers=key)
+        again = await http.post("/a/things", headers=key)
+    assert first.status_code == 200, first.text
+    assert other.status_code == 422, other.text
+    assert other.json()["code"] == "key_reused"
+    assert again.headers.get("Idempotent-Replayed") == "true"
+    assert again.json() == first.json()
+    assert runs == ["/a/things"]
+    assert {e.route for e in events} == {"/things"}
