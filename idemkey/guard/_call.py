@@ -42,6 +42,7 @@ class Call(Generic[T]):
 
     __slots__ = (
         "_compress_at",
+        "_exited",
         "_kept",
         "_key",
         "_make_steps",
@@ -56,6 +57,10 @@ class Call(Generic[T]):
         "takeover",
         "ttl_ms",
     )
+
+    #: True once the guard's block has exited (set by ``GuardState.leave``); unset until then,
+    #: so that building a call (an HTTP handler's, on every first request) costs nothing more.
+    _exited: bool
 
     def __init__(
         self,
@@ -187,9 +192,16 @@ class Call(Generic[T]):
 
         A value msgspec cannot encode raises :class:`ResultNotStorableError`, and the record
         then completes as "result not kept": the work has run, so it must not run again.
+        After the guard's block has exited (the record was completed or released as it did)
+        ``save()`` raises :class:`UsageError`: the value could no longer be stored.
         """
         if self.replayed:
             raise UsageError("cannot save() on a replayed call")
+        if getattr(self, "_exited", False):
+            raise UsageError(
+                "call.save() after the guard's block has exited: the record was settled as it "
+                "exited, and nothing saved now would be stored; save() inside the block"
+            )
         if self._ties:
             self._resolve()
         self._kept = False

@@ -118,6 +118,9 @@ def idempotent(
     every record, so two functions never share one, whatever their keys. Pass the old name
     when you rename or move a function whose records must still be replayed.
 
+    A generator function (sync or async) raises :class:`ConfigurationError` here: calling it
+    only makes the generator, whose body runs later, as it is iterated, outside the guard.
+
     ``outcome=True``: the function returns an :class:`Outcome` instead, the result with
     whether it was a replay (an awaitable of one for an async function).
     ``cache_exceptions`` (classes, or a mapping of class to field names) are deterministic
@@ -130,6 +133,15 @@ def idempotent(
     rules_for(cache_exceptions)  # a bad declaration fails at decoration, not at the first call
 
     def decorate(func: F) -> F:
+        kind = _generator_kind(func)
+        if kind is not None:
+            # Calling one only makes the generator: its body runs later, as it is iterated,
+            # outside the guard, and the generator itself is no result to store.
+            raise ConfigurationError(
+                f"@idempotent cannot guard {kind} function ({func.__qualname__}): its body "
+                "runs only as the generator is iterated, after the guard has ended; return a "
+                "list instead, or iterate it inside guard()/aguard()"
+            )
         signature = inspect.signature(func)
         leave_out = _bound_receiver(signature)
         record_name = name if name is not None else f"{func.__module__}.{func.__qualname__}"
@@ -185,6 +197,16 @@ def idempotent(
         return cast(F, run)
 
     return decorate
+
+
+def _generator_kind(func: Callable[..., Any]) -> str | None:
+    """Which kind of generator function ``func`` is ("a generator", "an async generator"), or
+    None for any other function."""
+    if inspect.isasyncgenfunction(func):
+        return "an async generator"
+    if inspect.isgeneratorfunction(func):
+        return "a generator"
+    return None
 
 
 def _bound_receiver(signature: inspect.Signature) -> str | None:

@@ -150,7 +150,8 @@ class StepBook:
         self._done[name] = result
 
     def abandon(self, name: str) -> None:
-        """``name`` raised, or its result could not be stored: not finished, may run again."""
+        """``name`` raised, or its result could not be stored: not finished, may run again.
+        A step already finished stays so (its checkpoint was cut off by a cancel)."""
         self._running.discard(name)
 
     def lose(self, name: str) -> LeaseLostError:

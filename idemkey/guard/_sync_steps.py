@@ -26,7 +26,7 @@ from ..errors import (
 from ..events import Reporting, logger
 from ..store import RedisStore
 from ..store._base import COMMITTED_ONLY
-from ..store._concurrency._sync_runtime import sleep, uncancellable
+from ..store._concurrency._sync_runtime import Cancelled, sleep, uncancellable
 from ._sync_attempt import run_attempt
 from ._failures import FailureRules
 from ._retry import StepRetry
@@ -160,9 +160,17 @@ class Steps:
             return encoded
         # The step's work is done: a cancelled caller must not keep its checkpoint from
         # Redis (a retry would run it again).
-        return uncancellable(
-            lambda: self.store.checkpoint(self.record, owner, field, encoded)
-        )
+        try:
+            return uncancellable(
+                lambda: self.store.checkpoint(self.record, owner, field, encoded)
+            )
+        except Cancelled:
+            # The checkpoint goes on in a task of its own, and the step's outcome is known:
+            # it is finished for this call too, so the guard's ``cancelled`` entry lists it
+            # and a second call.step of the name (a block that catches the cancel) returns
+            # it rather than running the step again.
+            self.book.finish(name, encoded)
+            raise
 
     def _retried(
         self,

@@ -66,7 +66,9 @@ class AsyncRedisStore(AsyncSender):
 
     async def aclose(self) -> None:
         """Stop the heartbeat, and give the uncertain outcomes being written up to a second
-        (``CLOSE_DRAIN``) to land. The Redis client stays open: it belongs to the caller."""
+        (``CLOSE_DRAIN``) to land. The Redis client stays open: it belongs to the caller. A
+        guard still open keeps its lease renewed until it exits; a later claim starts the
+        heartbeat again (``AsyncHeartbeat.aclose``): the store stays usable."""
         await super().aclose()
         await self._keeper.drain(CLOSE_DRAIN)
 
@@ -120,7 +122,8 @@ class AsyncRedisStore(AsyncSender):
         (then the answer is its replay), woken by its completion or release. A ``Claimed``
         record is renewed by the store's heartbeat until it is completed or released (unless
         ``heartbeat=False``). ``origin`` (:func:`idemkey._core.record_origin`) is kept in the
-        record, for :meth:`records` to filter by route and scope and to tell its age.
+        record, for :meth:`records` to filter by route and scope and to tell its age. A reply
+        :class:`RecordFormatError` refuses (a step name not UTF-8) gives the claim back first.
         """
         owner = owner or new_owner()
         lease_ms = lease_ms or self.policy.lease_ms
@@ -139,10 +142,7 @@ class AsyncRedisStore(AsyncSender):
                 return decision
             if wait > 0 and type(decision) is InFlight:
                 decision = await self._wait_for_end(record, owner, args, decision, wait)
-        except RecordFormatError:
-            # The script claimed a record that holds what idemkey never wrote (a step name
-            # that is not UTF-8): give the claim back, as an attempt that failed would, and
-            # say so, as for any unreadable record.
+        except RecordFormatError:  # claimed, but holding what idemkey never writes: give back
             await self._eval("release", record.record_key, owner)
             raise
         if heartbeat and type(decision) is Claimed:

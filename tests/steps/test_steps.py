@@ -8,6 +8,7 @@ record with finished steps stays bound to its payload.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 from typing import Any
 
@@ -31,6 +32,7 @@ from idemkey import (
 from idemkey._core import Record, record_for, record_state
 from idemkey.guard import GUARD_METHOD
 from tests._lease import lapse
+from tests._servers import async_wait_until
 
 
 class Boom(Exception):
@@ -314,6 +316,100 @@ async def test_async_a_stale_owner_cannot_checkpoint(
                 await stale.step("two", str, "2")
             assert await fresh.step("two", str, "fresh") == "fresh"
             fresh.save("done")
+
+
+class SlowCheckpointReplies(AsyncRedisStore):
+    """Every checkpoint reaches Redis, then its caller waits (cancellably) for the reply until
+    ``reply`` is set: a cancel that comes meanwhile cuts off a checkpoint already applied."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.applied = asyncio.Event()
+        self.reply = asyncio.Event()
+
+    async def checkpoint(self, *args: Any, **kwargs: Any) -> bytes | None:
+        stored = await super().checkpoint(*args, **kwargs)
+        self.applied.set()
+        await self.reply.wait()  # the reply is on its way: the caller is cancelled here
+        return stored
+
+
+async def cancel_at_checkpoint(store: SlowCheckpointReplies, task: asyncio.Future[Any]) -> None:
+    """Cancel ``task`` once its step's checkpoint is applied and its reply not yet read."""
+    await asyncio.wait_for(store.applied.wait(), 10)
+    task.cancel()
+    store.reply.set()
+
+
+async def test_async_a_step_whose_checkpoint_reply_a_cancel_cuts_off_stays_finished(
+    async_client: redis.asyncio.Redis, prefix: str
+) -> None:
+    """The step's function returned; its caller is cancelled while the checkpoint is on its way
+    (sent again in a task of its own: it lands). The work is done, so the ``cancelled`` entry
+    lists the step, as the record keeps it (before: no step listed, and the record held
+    ``s:charge``)."""
+    store = SlowCheckpointReplies(async_client, Policy(prefix=prefix, lease=10))
+    record, run = guard_record(prefix, "order-1"), Counter()
+
+    async def job() -> None:
+        async with aguard(store, "order-1") as call:
+            await call.step("charge", run, "charge")
+            call.save("done")
+
+    task = asyncio.ensure_future(job())
+    try:
+        await cancel_at_checkpoint(store, task)
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        (entry,) = await async_wait_until(store.uncertain, 10, "the cancelled entry")
+        assert (entry.kind, entry.steps) == ("cancelled", ("charge",))
+        assert await async_client.hget(record.key, "s:charge") is not None
+        assert run.calls == ["charge"]
+    finally:
+        await store.aclose()
+
+
+class Declined(Exception):
+    pass
+
+
+@pytest.mark.parametrize("outcome", ["result", "remembered failure"])
+async def test_async_a_step_cut_off_at_its_checkpoint_is_not_run_again_in_the_same_call(
+    async_client: redis.asyncio.Redis, prefix: str, outcome: str
+) -> None:
+    """A block that catches the CancelledError of a step cut off at its checkpoint and calls
+    the step again gets its first outcome back (docs/steps.md: a name runs once per record).
+    Before, the step function ran a second time."""
+    store = SlowCheckpointReplies(async_client, Policy(prefix=prefix, lease=10))
+    run = Counter()
+    seen: list[Any] = []
+
+    def charge(name: str) -> Any:
+        result = run(name)
+        if outcome == "remembered failure":  # a declined card: stored as the step's outcome
+            raise Declined(name)
+        return result
+
+    async def job() -> None:
+        async with aguard(store, "order-1") as call:
+            for _ in range(2):  # the second call.step of the name comes after the cancel
+                try:
+                    seen.append(
+                        await call.step("charge", charge, "charge", cache_exceptions=Declined)
+                    )
+                except (asyncio.CancelledError, Declined) as exc:
+                    seen.append(type(exc))
+            call.save("done")
+
+    task = asyncio.ensure_future(job())
+    try:
+        await cancel_at_checkpoint(store, task)
+        await task
+        assert run.calls == ["charge"]
+        again = {"step": "charge", "value": None} if outcome == "result" else Declined
+        assert seen == [asyncio.CancelledError, again]
+    finally:
+        await store.aclose()
 
 
 def test_a_resent_checkpoint_keeps_the_first_result(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
 import fakeredis
@@ -18,11 +19,13 @@ from idemkey import (
     InvalidKeyError,
     KeyReuseError,
     LeaseLostError,
+    NoResultError,
     Outcome,
     Policy,
     RedisStore,
     RequestInFlightError,
     StoreError,
+    UsageError,
     guard,
     idempotent,
 )
@@ -81,6 +84,24 @@ class GuardBehaviour:
             assert again.result == {"charge": "ch_1", "amount": 4200}
             with pytest.raises(RuntimeError, match="replayed"):
                 again.save("other")
+
+    async def test_save_after_the_block_is_refused_and_changes_nothing(self, store: Both) -> None:
+        """The record was settled as the block exited (released, completed): a later value
+        would be lost. Before, save() took it silently and call.result reported it."""
+        async with store.guard("released") as released:
+            pass
+        async with store.guard("completed") as completed:
+            completed.save("first")
+        for call in (released, completed):
+            with pytest.raises(UsageError, match=r"call\.save\(\) after the guard's block has"):
+                call.save("late")
+        with pytest.raises(NoResultError):
+            _ = released.result
+        assert completed.result == "first"
+        async with store.guard("released") as again:
+            assert not again.replayed  # released: nothing was stored for it
+        async with store.guard("completed") as again:
+            assert again.result == "first"
 
     async def test_an_exception_releases_and_a_retry_runs_again(self, store: Both) -> None:
         with pytest.raises(Boom) as boom:
@@ -402,6 +423,28 @@ def test_idempotent_refuses_a_store_of_the_wrong_kind() -> None:
         idempotent(store, key=lambda: "k")(async_job)
     with pytest.raises(ConfigurationError, match="RedisStore"):
         idempotent(astore, key=lambda: "k")(sync_job)
+
+
+def send_mails(user: str) -> Iterator[str]:
+    yield f"mail to {user}"
+
+
+async def asend_mails(user: str) -> AsyncIterator[str]:
+    yield f"mail to {user}"
+
+
+@pytest.mark.parametrize(
+    ("kind", "func"), [("generator", send_mails), ("async generator", asend_mails)]
+)
+def test_idempotent_refuses_a_generator_function(kind: str, func: Callable[..., Any]) -> None:
+    """Calling one only makes a generator: its body runs later, as it is iterated, outside the
+    guard. Before, the generator object was saved as the result, could not be encoded, and
+    the key was completed as "result not kept" although the body never ran."""
+    client = fakeredis.FakeRedis()
+    for store in (RedisStore(client), AsyncRedisStore(fakeredis.FakeAsyncRedis())):
+        with pytest.raises(ConfigurationError, match=f"cannot guard an? {kind} function"):
+            idempotent(store, key=lambda user: user)(func)
+    assert client.keys() == []
 
 
 def test_call_result_before_save_is_an_attribute_error() -> None:

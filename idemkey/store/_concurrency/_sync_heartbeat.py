@@ -2,11 +2,13 @@
 hand-written, twin of ``_async_heartbeat``.
 
 The thread ends after ``heartbeat_idle_exit`` seconds without a claim, so an idle store can be
-garbage-collected; the next claim starts another. A forked child starts afresh.
+garbage-collected, and as soon as no claim is left to renew once ``close()`` was called; the
+next claim starts another. A forked child starts afresh.
 """
 
 from __future__ import annotations
 
+import math
 import os
 import threading
 import time
@@ -17,7 +19,7 @@ from ...errors import StoreError
 from ...events import logger
 from ...policy import Policy
 from .._base import _IDLE_SECONDS, StoreBase
-from .._leases import Lease
+from .._leases import Lease, LeaseTable
 
 __all__ = ["Heartbeat"]
 
@@ -55,18 +57,29 @@ class Heartbeat(StoreBase):
         # it has no lease); 0.0 while it is not waiting, as it then rereads the table anyway.
         self._sleeping_until = 0.0
         self._pid = os.getpid()
-        self._closed = False
+        # close() was called while the thread ran: it ends as soon as no claim is left to
+        # renew, and resets this (so it is only ever True while a thread runs).
+        self._closing = False
+        #: (record key, owner) of each claim whose guard block still runs: the guard adds it
+        #: as it enters and removes it as it leaves (``GuardState``); close() keeps these.
+        self._guarded: set[tuple[str, str]] = set()
         _live.add(self)
 
     def _renew(self, record: Record, owner: str, lease_ms: int, fence: int | None) -> int:
         raise NotImplementedError  # the store's
 
     def close(self) -> None:
-        """Stop the heartbeat. The Redis client stays open: it belongs to the caller."""
+        """Stop the heartbeat thread: at once when no guard's block runs, else once the last
+        one has exited. Each guard still open keeps its lease renewed until then: stopped, it
+        would lapse while the block ran, and another executor could take the key over. Any
+        other claim (an HTTP request's, one made with ``store.claim()``) is no longer renewed,
+        and lapses unless settled first. A later claim starts a thread again, as after an idle
+        exit. The Redis client stays open: it belongs to the caller."""
         with self._condition():
-            self._closed = True
-            self._leases.clear()
-            self._wakeup.notify_all()
+            _keep_only(self._leases, self._guarded)
+            if self._heartbeat is not None:
+                self._closing = True
+                self._wakeup.notify_all()
 
     def _condition(self) -> threading.Condition:
         """The heartbeat's condition, checked for a fork before anyone takes it.
@@ -81,10 +94,11 @@ class Heartbeat(StoreBase):
         return self._wakeup
 
     def _forked(self) -> None:
-        self._pid, self._heartbeat = os.getpid(), None
+        self._pid, self._heartbeat, self._closing = os.getpid(), None, False
         self._lock = threading.RLock()
         self._wakeup = threading.Condition(self._lock)
         self._leases.clear()
+        self._guarded.clear()
         self._records_lost.clear()
         self._sleeping_until = 0.0
 
@@ -92,7 +106,7 @@ class Heartbeat(StoreBase):
         # No fork check: a forked child's stores were reset at fork (_after_fork_in_child).
         with self._lock:
             due = self._leases.add(record, owner, lease_ms, time.monotonic(), fence)
-            if self._heartbeat is None and not self._closed:
+            if self._heartbeat is None:
                 self._heartbeat = threading.Thread(
                     target=self._beat, name="idemkey-heartbeat", daemon=True
                 )
@@ -112,11 +126,16 @@ class Heartbeat(StoreBase):
         while True:
             with self._wakeup:
                 due = self._leases.due(time.monotonic())
-                while not due and not self._closed:
+                while not due:
                     next_due = self._leases.next_due()
                     now = time.monotonic()
                     if next_due is not None:
                         idle_since = None
+                    elif self._closing:
+                        # close() was called, and the claims open then have ended: end now
+                        # (the next claim starts a new thread, under this same lock).
+                        self._heartbeat, self._closing = None, False
+                        return
                     elif idle_since is None:
                         idle_since = now
                     elif now - idle_since >= self.heartbeat_idle_exit:
@@ -133,8 +152,6 @@ class Heartbeat(StoreBase):
                     self._wakeup.wait(max(0.0, wake - now))
                     self._sleeping_until = 0.0
                     due = self._leases.due(time.monotonic())
-                if self._closed:
-                    return
             for lease in due:
                 reply: int | None
                 try:
@@ -147,3 +164,10 @@ class Heartbeat(StoreBase):
                     lost = self._leases.answered(lease, ours, time.monotonic())
                 if lost:
                     self._lease_lost(lease, reply == RECORD_LOST)
+
+
+def _keep_only(leases: LeaseTable, guarded: set[tuple[str, str]]) -> None:
+    """Stop renewing every lease but those of guards whose blocks still run (close())."""
+    for lease in leases.due(math.inf):
+        if (lease.record.record_key, lease.owner) not in guarded:
+            leases.remove(lease.record, lease.owner)
