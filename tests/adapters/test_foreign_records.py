@@ -69,7 +69,7 @@ def test_a_forged_head_is_a_503_problem_and_nothing_of_it_is_sent(
     assert stored is not None
     first = decode_response(stored)
     headers, reason = FORGED[forged]
-    # msgspec checks a Struct's constraints when it decodes one, not when it is built.
+    # encode_response stores what it is given: the check is on the way out, as a record is read.
     bad = StoredResponse(201, (*first.headers, *headers), first.body, reason=reason)
     client.hset(record, "resp", encode_response(bad))
     written = client.hgetall(record)
