@@ -16,15 +16,12 @@ from __future__ import annotations
 
 import contextlib
 import socket
-import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from types import TracebackType
+
+from ._loopback import LoopbackServer
 
 __all__ = ["Seen", "ScriptedServer", "answer"]
-
-_TICK = 0.05
-_JOIN = 2.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,43 +41,12 @@ def answer(status: int, headers: Iterable[tuple[str, str]] = (), body: bytes = b
     return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + body
 
 
-class ScriptedServer:
+class ScriptedServer(LoopbackServer):
     def __init__(self, respond: Callable[[Seen], bytes]) -> None:
         self.respond = respond
-        self._listener = socket.create_server(("127.0.0.1", 0))
-        self._listener.settimeout(_TICK)
-        self.url = f"http://127.0.0.1:{self._listener.getsockname()[1]}"
-        self._stop = threading.Event()
-        self._lock = threading.Lock()
-        self._threads: list[threading.Thread] = []
         #: Every request that fully arrived, in order.
         self.seen: list[Seen] = []
-        self._acceptor = threading.Thread(target=self._accept, name="scripted-server", daemon=True)
-        self._acceptor.start()
-
-    def _accept(self) -> None:
-        while not self._stop.is_set():
-            try:
-                conn, _ = self._listener.accept()
-            except TimeoutError:
-                continue
-            except OSError:
-                return
-            conn.settimeout(_TICK)
-            thread = threading.Thread(target=self._serve, args=(conn,), daemon=True)
-            with self._lock:
-                self._threads.append(thread)
-            thread.start()
-
-    def _recv(self, conn: socket.socket) -> bytes:
-        while not self._stop.is_set():
-            try:
-                return conn.recv(65536)
-            except TimeoutError:
-                continue
-            except OSError:
-                return b""
-        return b""
+        super().__init__("scripted-server")
 
     def _serve(self, conn: socket.socket) -> None:
         data = b""
@@ -112,24 +78,3 @@ class ScriptedServer:
                     conn.sendall(self.respond(seen))
                 except OSError:
                     return
-
-    def close(self) -> None:
-        self._stop.set()
-        with contextlib.suppress(OSError):
-            self._listener.close()
-        self._acceptor.join(_JOIN)
-        with self._lock:
-            threads = list(self._threads)
-        for thread in threads:
-            thread.join(_JOIN)
-
-    def __enter__(self) -> ScriptedServer:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()

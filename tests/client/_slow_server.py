@@ -17,48 +17,24 @@ from __future__ import annotations
 
 import contextlib
 import socket
-import threading
 import time
-from types import TracebackType
 from typing import Literal
+
+from ._loopback import LoopbackServer
 
 __all__ = ["SlowServer"]
 
 Mode = Literal["body", "head", "fast"]
 
-_TICK = 0.05
-_JOIN = 2.0
 
-
-class SlowServer:
+class SlowServer(LoopbackServer):
     def __init__(self, mode: Mode, *, interval: float = 0.1, size: int = 100) -> None:
         self.mode, self.interval, self.size = mode, interval, size
-        self._listener = socket.create_server(("127.0.0.1", 0))
-        self._listener.settimeout(_TICK)
-        self.url = f"http://127.0.0.1:{self._listener.getsockname()[1]}"
-        self._stop = threading.Event()
-        self._lock = threading.Lock()
-        self._threads: list[threading.Thread] = []
         #: The headers of each request that fully arrived (names in lower case).
         self.seen: list[dict[str, str]] = []
         #: time.monotonic() when a client went away before the whole answer was sent.
         self.left: list[float] = []
-        self._acceptor = threading.Thread(target=self._accept, name="slow-server", daemon=True)
-        self._acceptor.start()
-
-    def _accept(self) -> None:
-        while not self._stop.is_set():
-            try:
-                conn, _ = self._listener.accept()
-            except TimeoutError:
-                continue
-            except OSError:
-                return
-            conn.settimeout(_TICK)
-            thread = threading.Thread(target=self._serve, args=(conn,), daemon=True)
-            with self._lock:
-                self._threads.append(thread)
-            thread.start()
+        super().__init__("slow-server")
 
     def _read_request(self, conn: socket.socket) -> dict[str, str] | None:
         data = b""
@@ -78,16 +54,6 @@ class SlowServer:
                 return None
             body += chunk
         return headers
-
-    def _recv(self, conn: socket.socket) -> bytes:
-        while not self._stop.is_set():
-            try:
-                return conn.recv(65536)
-            except TimeoutError:
-                continue
-            except OSError:
-                return b""
-        return b""
 
     def _serve(self, conn: socket.socket) -> None:
         with contextlib.closing(conn):
@@ -110,24 +76,3 @@ class SlowServer:
                     with self._lock:
                         self.left.append(time.monotonic())
                     return
-
-    def close(self) -> None:
-        self._stop.set()
-        with contextlib.suppress(OSError):
-            self._listener.close()
-        self._acceptor.join(_JOIN)
-        with self._lock:
-            threads = list(self._threads)
-        for thread in threads:
-            thread.join(_JOIN)
-
-    def __enter__(self) -> SlowServer:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
