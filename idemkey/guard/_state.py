@@ -206,9 +206,8 @@ class GuardState(Reporter, Generic[T]):
         return self.policy.ttl_ms
 
     def leave(self) -> None:
-        """The block has exited: its call is no longer the current one, nothing of it may be
-        saved nor any step of it start any more, and the store's close() no longer keeps its
-        claim renewed (see the guard's ``__aenter__``)."""
+        """The block has exited: its call is no longer the current one, and nothing of it may
+        be saved nor any step of it start any more."""
         if self._current is not None:
             _CURRENT.reset(self._current)
             self._current = None
@@ -216,8 +215,6 @@ class GuardState(Reporter, Generic[T]):
         if call is None:
             return
         call._exited = True
-        if self.claim is not None:
-            self.store._guarded.discard((self.record.record_key, self.claim.owner))
         steps = call._steps
         if steps is not None:
             steps.book.close()

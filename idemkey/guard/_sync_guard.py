@@ -36,10 +36,6 @@ class Guard(GuardState[T]):
 
     def __enter__(self) -> Call[T]:
         policy, started, owner = self.policy, perf_counter(), new_owner()
-        # A claim whose block runs: the store's close() keeps renewing it until leave(). Named
-        # before the claim is sent, so that a close() while it is on its way keeps it too.
-        guarded = (self.record.record_key, owner)
-        self.store._guarded.add(guarded)
         try:
             decision = self.store.claim(
                 self.record,
@@ -62,9 +58,6 @@ class Guard(GuardState[T]):
             call = self.enter(decision, perf_counter() - started)
             if call.replayed:
                 return call
-        finally:
-            if self.claim is None:  # nothing claimed (refused, replayed, failed): none to keep
-                self.store._guarded.discard(guarded)
         # A partial (C), not a lambda: no closure cells built per call.
         steps = (self.store, self.record, self.claim, self.key)
         call._make_steps = partial(Steps, *steps, self.job_deadline(), call, self)

@@ -66,9 +66,9 @@ class AsyncRedisStore(AsyncSender):
 
     async def aclose(self) -> None:
         """Stop the heartbeat, and give the uncertain outcomes being written up to a second
-        (``CLOSE_DRAIN``) to land. The Redis client stays open: it belongs to the caller. A
-        guard still open keeps its lease renewed until it exits; a later claim starts the
-        heartbeat again (``AsyncHeartbeat.aclose``): the store stays usable."""
+        (``CLOSE_DRAIN``) to land. The Redis client stays open: it belongs to the caller. No
+        claim is renewed after it, an open guard's neither; a later claim starts the heartbeat
+        again (``AsyncHeartbeat.aclose``): the store stays usable."""
         await super().aclose()
         await self._keeper.drain(CLOSE_DRAIN)
 

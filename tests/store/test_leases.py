@@ -16,7 +16,6 @@ import threading
 import time
 from collections.abc import Awaitable, Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 import redis
@@ -32,7 +31,7 @@ from idemkey import (
     guard,
 )
 from idemkey._core import OWNER_TAG_LENGTH
-from idemkey.records import GUARD_METHOD, Claimed, Record, record_for
+from idemkey.records import GUARD_METHOD, Record, record_for
 from tests._lease import lease_holder, lease_left
 from tests._servers import async_wait_until, wait_until
 
@@ -345,99 +344,3 @@ async def test_a_claim_on_an_aclosed_store_is_renewed(
 
 async def _later(deadline: Awaitable[int], than: int) -> bool:
     return await deadline > than
-
-
-def test_a_guard_open_when_its_store_closes_keeps_its_lease_until_it_exits(
-    real_client: redis.Redis, prefix: str
-) -> None:
-    """close() while a block runs (a shutdown hook, another thread): the block's lease is
-    renewed until it exits, then the heartbeat ends. Before, close() dropped every lease: the
-    block ran on unrenewed, and could be taken over mid-run. A claim no block holds (made with
-    store.claim() and never settled) is let go, as before: it lapses."""
-    store = RedisStore(real_client, Policy(prefix=prefix, lease=LEASE))
-    rival = RedisStore(real_client, Policy(prefix=prefix))
-    record, loose = (record_for(prefix, "", GUARD_METHOD, "", key) for key in ("job", "loose"))
-    try:
-        assert isinstance(store.claim(loose, "fp"), Claimed)  # due first, renewed with the job
-        with guard(store, "job") as call:
-            heartbeat = store._heartbeat
-            assert heartbeat is not None
-            store.close()
-            closed_at = lease_deadline(real_client, record)
-            loose_at = lease_deadline(real_client, loose)
-            wait_until(
-                lambda: lease_deadline(real_client, record) > closed_at,
-                10,
-                "the open guard's lease to be renewed after close()",
-            )
-            assert lease_deadline(real_client, loose) == loose_at  # no longer renewed
-            with pytest.raises(RequestInFlightError), guard(rival, "job"):
-                pytest.fail("a duplicate ran while the open guard held the key")
-            assert heartbeat.is_alive()
-            call.save("done")  # completes: the claim was never lost
-        wait_until(lambda: not heartbeat.is_alive(), 10, "the heartbeat to end after the guard")
-        assert store._heartbeat is None
-    finally:
-        store.close()
-        rival.close()
-
-
-async def test_a_guard_open_when_its_async_store_closes_keeps_its_lease_until_it_exits(
-    real_async_client: redis.asyncio.Redis, prefix: str
-) -> None:
-    store = AsyncRedisStore(real_async_client, Policy(prefix=prefix, lease=LEASE))
-    rival = AsyncRedisStore(real_async_client, Policy(prefix=prefix))
-    record, loose = (record_for(prefix, "", GUARD_METHOD, "", key) for key in ("job", "loose"))
-    try:
-        assert isinstance(await store.claim(loose, "fp"), Claimed)
-        async with aguard(store, "job") as call:
-            heartbeat = store._heartbeat
-            assert heartbeat is not None
-            await store.aclose()
-            closed_at = await alease_deadline(real_async_client, record)
-            loose_at = await alease_deadline(real_async_client, loose)
-            await async_wait_until(
-                lambda: _later(alease_deadline(real_async_client, record), closed_at),
-                10,
-                "the open guard's lease to be renewed after aclose()",
-            )
-            assert await alease_deadline(real_async_client, loose) == loose_at
-            with pytest.raises(RequestInFlightError):
-                async with aguard(rival, "job"):
-                    pytest.fail("a duplicate ran while the open guard held the key")
-            assert not heartbeat.done()
-            call.save("done")  # completes: the claim was never lost
-        await async_wait_until(heartbeat.done, 10, "the heartbeat to end after the guard")
-    finally:
-        await store.aclose()
-        await rival.aclose()
-
-
-class ClosedWhileClaiming(RedisStore):
-    """close() runs (another thread's shutdown hook) after the claim is made and before the
-    guard has its answer."""
-
-    def claim(self, *args: Any, **kwargs: Any) -> Any:
-        decision = super().claim(*args, **kwargs)
-        self.close()
-        return decision
-
-
-def test_a_close_while_a_guard_claims_keeps_its_lease(
-    real_client: redis.Redis, prefix: str
-) -> None:
-    """The guard names its claim as one a block holds before sending it: a close() that comes
-    before the answer keeps it renewed too."""
-    store = ClosedWhileClaiming(real_client, Policy(prefix=prefix, lease=LEASE))
-    record = record_for(prefix, "", GUARD_METHOD, "", "job")
-    try:
-        with guard(store, "job") as call:
-            claimed = lease_deadline(real_client, record)
-            wait_until(
-                lambda: lease_deadline(real_client, record) > claimed,
-                10,
-                "the claim to be renewed after the close() that came with it",
-            )
-            call.save("done")
-    finally:
-        store.close()

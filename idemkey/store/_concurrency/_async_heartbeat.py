@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import math
 import time
 
 from ..._core import RECORD_LOST, Record
@@ -18,7 +17,7 @@ from ...events import logger
 from ...policy import Policy
 from .._backend import is_glide
 from .._base import _IDLE_SECONDS, StoreBase
-from .._leases import Lease, LeaseTable
+from .._leases import Lease
 
 __all__ = ["AsyncHeartbeat"]
 
@@ -39,29 +38,21 @@ class AsyncHeartbeat(StoreBase):
         self._wakeup: asyncio.Event | None = None
         # While the heartbeat task waits: the monotonic time it wakes at by itself; else 0.0.
         self._sleeping_until = 0.0
-        #: (record key, owner) of each claim whose guard block still runs: the guard adds it
-        #: as it enters and removes it as it leaves (``GuardState``); aclose() keeps these.
-        self._guarded: set[tuple[str, str]] = set()
 
     async def _renew(self, record: Record, owner: str, lease_ms: int, fence: int | None) -> int:
         raise NotImplementedError  # the store's
 
     async def aclose(self) -> None:
-        """Stop the heartbeat task: at once when no guard's block runs, else once the last
-        one has exited (the task then ends by itself, idle). Each guard still open keeps its
-        lease renewed until then: stopped, it would lapse while the block ran, and another
-        executor could take the key over. Any other claim (an HTTP request's, one made with
-        ``store.claim()``) is no longer renewed, and lapses unless settled first. A later
-        claim starts a task again, as on a new event loop. The Redis client stays open: it
-        belongs to the caller."""
-        _keep_only(self._leases, self._guarded)
-        task = self._heartbeat
-        if task is None or task.done() or self._leases:
-            return
-        self._heartbeat = None
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
+        """Stop renewing every claim (an open guard's too: its lease then lapses while its
+        block runs, so close a store after its work), and stop the heartbeat task. The store
+        stays usable: a later claim starts a task again, as on a new event loop. The Redis
+        client stays open: it belongs to the caller."""
+        self._leases.clear()
+        task, self._heartbeat = self._heartbeat, None
+        if task is not None and not task.done():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
 
     def _watch(self, record: Record, owner: str, lease_ms: int, fence: int) -> None:
         due = self._leases.add(record, owner, lease_ms, time.monotonic(), fence)
@@ -111,10 +102,3 @@ class AsyncHeartbeat(StoreBase):
         except StoreError as exc:
             logger.warning("idemkey heartbeat could not renew a lease: %s", exc)
             return None
-
-
-def _keep_only(leases: LeaseTable, guarded: set[tuple[str, str]]) -> None:
-    """Stop renewing every lease but those of guards whose blocks still run (aclose())."""
-    for lease in leases.due(math.inf):
-        if (lease.record.record_key, lease.owner) not in guarded:
-            leases.remove(lease.record, lease.owner)

@@ -8,7 +8,6 @@ next claim starts another. A forked child starts afresh.
 
 from __future__ import annotations
 
-import math
 import os
 import threading
 import time
@@ -19,7 +18,7 @@ from ...errors import StoreError
 from ...events import logger
 from ...policy import Policy
 from .._base import _IDLE_SECONDS, StoreBase
-from .._leases import Lease, LeaseTable
+from .._leases import Lease
 
 __all__ = ["Heartbeat"]
 
@@ -60,23 +59,19 @@ class Heartbeat(StoreBase):
         # close() was called while the thread ran: it ends as soon as no claim is left to
         # renew, and resets this (so it is only ever True while a thread runs).
         self._closing = False
-        #: (record key, owner) of each claim whose guard block still runs: the guard adds it
-        #: as it enters and removes it as it leaves (``GuardState``); close() keeps these.
-        self._guarded: set[tuple[str, str]] = set()
         _live.add(self)
 
     def _renew(self, record: Record, owner: str, lease_ms: int, fence: int | None) -> int:
         raise NotImplementedError  # the store's
 
     def close(self) -> None:
-        """Stop the heartbeat thread: at once when no guard's block runs, else once the last
-        one has exited. Each guard still open keeps its lease renewed until then: stopped, it
-        would lapse while the block ran, and another executor could take the key over. Any
-        other claim (an HTTP request's, one made with ``store.claim()``) is no longer renewed,
-        and lapses unless settled first. A later claim starts a thread again, as after an idle
-        exit. The Redis client stays open: it belongs to the caller."""
+        """Stop renewing every claim (an open guard's too: its lease then lapses while its
+        block runs, so close a store after its work), and end the heartbeat thread. The store
+        stays usable: a later claim starts a thread again, as after an idle exit (a worker
+        that closes its store after each job). The Redis client stays open: it belongs to
+        the caller."""
         with self._condition():
-            _keep_only(self._leases, self._guarded)
+            self._leases.clear()
             if self._heartbeat is not None:
                 self._closing = True
                 self._wakeup.notify_all()
@@ -98,7 +93,6 @@ class Heartbeat(StoreBase):
         self._lock = threading.RLock()
         self._wakeup = threading.Condition(self._lock)
         self._leases.clear()
-        self._guarded.clear()
         self._records_lost.clear()
         self._sleeping_until = 0.0
 
@@ -132,8 +126,8 @@ class Heartbeat(StoreBase):
                     if next_due is not None:
                         idle_since = None
                     elif self._closing:
-                        # close() was called, and the claims open then have ended: end now
-                        # (the next claim starts a new thread, under this same lock).
+                        # close() was called: end now (the next claim starts a new thread,
+                        # under this same lock).
                         self._heartbeat, self._closing = None, False
                         return
                     elif idle_since is None:
@@ -164,10 +158,3 @@ class Heartbeat(StoreBase):
                     lost = self._leases.answered(lease, ours, time.monotonic())
                 if lost:
                     self._lease_lost(lease, reply == RECORD_LOST)
-
-
-def _keep_only(leases: LeaseTable, guarded: set[tuple[str, str]]) -> None:
-    """Stop renewing every lease but those of guards whose blocks still run (close())."""
-    for lease in leases.due(math.inf):
-        if (lease.record.record_key, lease.owner) not in guarded:
-            leases.remove(lease.record, lease.owner)
