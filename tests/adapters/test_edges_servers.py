@@ -144,18 +144,23 @@ def key_of(where: tuple[str, str]) -> str:
     return f"{where[0]}-{where[1]}"
 
 
+def form_head(key: str, length: object, method: str = "POST", path: str = "/charges") -> bytes:
+    """A keyed form request's head, sent raw: its method and Content-Length as given."""
+    return (
+        f"{method} {path} HTTP/1.1\r\nHost: t\r\nConnection: close\r\n"
+        f"Idempotency-Key: {key}\r\nContent-Type: application/x-www-form-urlencoded\r\n"
+        f"Content-Length: {length}\r\n\r\n"
+    ).encode()
+
+
 @pytest.mark.parametrize("where", EVERY_SERVER)
 def test_a_short_body_never_runs_and_its_full_retry_does(
     servers: Callable[[str, str], Server], where: tuple[str, str]
 ) -> None:
     server = servers(*where)
     key = new_key()
-    head = (
-        "POST /charges HTTP/1.1\r\nHost: t\r\nConnection: close\r\n"
-        f"Idempotency-Key: {key}\r\nContent-Type: application/x-www-form-urlencoded\r\n"
-        "Content-Length: 24\r\n\r\n"
-    ).encode()
-    reply = send(server, head + b"amount=10&currency=eu", close_write=True)  # 21 of 24
+    body = b"amount=10&currency=eu"  # 21 of the 24 bytes announced
+    reply = send(server, form_head(key, 24) + body, close_write=True)
     assert_outcome(server, reply, SHORT_BODY[key_of(where)])
     assert server.runs(key) == 0
     # The honest full retry runs: nothing was stored for the short one.
@@ -206,12 +211,7 @@ def test_a_content_length_of_thousands_of_digits_never_runs(
 ) -> None:
     server = servers(*where)
     key = new_key()
-    head = (
-        "POST /charges HTTP/1.1\r\nHost: t\r\nConnection: close\r\n"
-        f"Idempotency-Key: {key}\r\nContent-Type: application/x-www-form-urlencoded\r\n"
-        f"Content-Length: {'9' * 5000}\r\n\r\n"
-    ).encode()
-    reply = send(server, head + b"amount=10", close_write=True)
+    reply = send(server, form_head(key, "9" * 5000) + b"amount=10", close_write=True)
     assert_outcome(server, reply, LONG_LENGTH[where[0]])
     assert server.runs(key) == 0
 
@@ -222,11 +222,7 @@ def test_a_lower_case_method_is_guarded_as_its_server_routes_it(
 ) -> None:
     server = servers(server_name, "flask")
     key = new_key()
-    request = (
-        "post /form HTTP/1.1\r\nHost: t\r\nConnection: close\r\n"
-        f"Idempotency-Key: {key}\r\nContent-Type: application/x-www-form-urlencoded\r\n"
-        "Content-Length: 9\r\n\r\namount=10"
-    ).encode()
+    request = form_head(key, 9, method="post", path="/form") + b"amount=10"
     expected = LOWER_CASE_METHOD[server_name]
     first = send(server, request, close_write=False)
     assert_outcome(server, first, expected)
