@@ -86,6 +86,15 @@ __all__ = [
 _new_tuple = tuple.__new__
 
 
+def _by_name(pair: str) -> str:
+    # Sorted by name alone, and stably: a repeated name's values keep their order, which the
+    # app reads (`?sort=price&sort=date` is not `?sort=date&sort=price`). The "=" stays in the
+    # key so that pairs of distinct names sort exactly as whole pairs did before, and
+    # fingerprints stored by earlier versions still match.
+    name, eq, _ = pair.partition("=")
+    return name + eq
+
+
 def fingerprint(
     method: str,
     target: str,
@@ -97,13 +106,13 @@ def fingerprint(
     """Fingerprint an HTTP request; two requests with one key must match it to be one request.
 
     ``target`` is the concrete path (not the route template), so one key cannot be replayed
-    against another resource on the same route. The query is compared as a sorted set of
-    ``name=value`` pairs, so parameter order does not matter. ``body`` is the bytes sent or a
-    canonical form of them (:mod:`idemkey._canonical`); ``content_encoding`` (gzip, ...) is
-    part of the request: the same bytes sent encoded and not encoded are two requests.
+    against another resource on the same route. The query's parameters are compared by name
+    in any order, but the values of a repeated name in the order sent. ``body`` is the bytes
+    sent or a canonical form of them (:mod:`idemkey._canonical`); ``content_encoding`` (gzip,
+    ...) is part of the request: the same bytes sent encoded and not encoded are two requests.
     """
     if "&" in query:
-        query = "&".join(sorted(query.split("&")))
+        query = "&".join(sorted(query.split("&"), key=_by_name))
     m = method.encode()
     t = target.encode("utf-8", "surrogatepass")
     q = query.encode("utf-8", "surrogatepass")

@@ -146,6 +146,15 @@ def test_key_reused_on_another_query_is_422(harness: Harness) -> None:
     assert harness.executions["charges"] == 1
 
 
+def test_a_repeated_query_name_in_another_order_is_422(harness: Harness) -> None:
+    # The app reads a repeated name as a list: its values in another order are another request.
+    charge(harness, "k", path="/charges?sort=price&sort=date&currency=eur")
+    other = charge(harness, "k", path="/charges?sort=date&sort=price&currency=eur")
+    assert_problem(other, 422, "key_reused")
+    assert replayed(charge(harness, "k", path="/charges?currency=eur&sort=price&sort=date"))
+    assert harness.executions["charges"] == 1
+
+
 # ---- concurrency --------------------------------------------------------------------------------
 
 
