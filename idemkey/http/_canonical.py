@@ -9,7 +9,8 @@ the bytes, and two different operations must not:
   the preamble, the epilogue and other part headers are left out.
 * JSON (``Policy(fingerprint="json")``): :func:`canonical_json` ignores key order and
   insignificant whitespace. An object with a repeated key is not canonicalised (parsers
-  disagree on which value wins), nor is anything that is not JSON: those compare as bytes.
+  disagree on which value wins), nor is a number a double does not hold as written, nor
+  anything that is not JSON: those compare as bytes.
 
 Each function returns None when the body is not in its form; the caller then compares bytes.
 """
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import json
 import re
+from decimal import Decimal, InvalidOperation
 from typing import Final
 
 __all__ = ["canonical_json", "multipart_form"]
@@ -118,11 +120,30 @@ def _no_duplicates(pairs: list[tuple[str, object]]) -> dict[str, object]:
     return result
 
 
-def canonical_json(body: bytes) -> bytes | None:
-    """The JSON value of ``body`` with sorted keys and no whitespace, or None if not JSON."""
+def _exact_float(text: str) -> float:
+    # A number a double does not hold as written (past 17 significant digits, or out of range)
+    # would canonicalise two amounts the app tells apart (`parse_float=Decimal`) as one:
+    # 12345678901234567.89 and 12345678901234567.00. Such a body compares as bytes instead.
+    value = float(text)
     try:
-        value = json.loads(body, object_pairs_hook=_no_duplicates)
-    except (ValueError, RecursionError):  # includes _Duplicate and undecodable bytes
+        exact = Decimal(repr(value)) == Decimal(text)
+    except InvalidOperation:  # inf or nan, from a literal past a double's range
+        exact = False
+    if not exact:
+        raise _Inexact
+    return value
+
+
+class _Inexact(ValueError):
+    pass
+
+
+def canonical_json(body: bytes) -> bytes | None:
+    """The JSON value of ``body`` with sorted keys and no whitespace, or None if not JSON (or
+    if a number in it is not a double exactly as written)."""
+    try:
+        value = json.loads(body, object_pairs_hook=_no_duplicates, parse_float=_exact_float)
+    except (ValueError, RecursionError):  # includes _Duplicate, _Inexact, undecodable bytes
         return None
     # ASCII output: valid JSON that no non-JSON body (compared as bytes) can equal.
     return json.dumps(value, sort_keys=True, separators=(",", ":")).encode()

@@ -117,6 +117,27 @@ def test_json_mode_compares_json_values_and_non_json_as_bytes() -> None:
     ).fingerprint(b'{"a": 1, "b": 2}')
 
 
+@pytest.mark.parametrize(
+    ("sent", "retried"),
+    [
+        (b'{"amount": 12345678901234567.89}', b'{"amount": 12345678901234567.00}'),
+        (b'{"amount": 0.30000000000000001}', b'{"amount": 0.3}'),
+        (b'{"amount": 1e400}', b'{"amount": 2e400}'),  # both past a double's range
+    ],
+)
+def test_json_mode_never_equates_numbers_a_double_cannot_tell_apart(
+    sent: bytes, retried: bytes
+) -> None:
+    # An app reading money with parse_float=Decimal sees two amounts: another request (422).
+    policy = Policy(fingerprint="json")
+    headers = [("Content-Type", "application/json")]
+    first = exchange(policy, headers).fingerprint(sent)
+    assert exchange(policy, headers).fingerprint(retried) != first
+    assert exchange(policy, headers).fingerprint(sent) == first
+    # Numbers a double holds exactly still compare as values, whatever their spelling.
+    assert canonical_json(b'{"b": 1.50, "a": 1E2}') == b'{"a":100.0,"b":1.5}'
+
+
 def test_callable_mode() -> None:
     seen: list[tuple[str, bytes]] = []
 
