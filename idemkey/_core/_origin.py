@@ -35,6 +35,7 @@ __all__ = [
     "Origin",
     "decode_origin",
     "escape_key",
+    "escape_lines",
     "record_origin",
     "unescape_key",
 ]
@@ -66,17 +67,26 @@ def unescape_key(escaped: str) -> str:
     return unquote_to_bytes(escaped).decode("utf-8", "surrogatepass")
 
 
+def escape_lines(text: str) -> str:
+    """``text`` with its line breaks as ``%0A``: a route or scope as its origin keeps it (read
+    back so; a literal ``%0A`` looks the same, which only the display shares)."""
+    return text.replace("\n", "%0A")
+
+
 def record_origin(scope: str, method: str, route: str, key: str | None = None) -> str:
     """What a claim keeps of where its record comes from, without its time (claim.lua puts
     its server's clock before it, the clock of the lease and the fence): the method, the route
     (or function name), the scope and, unless ``key`` is None (``Policy(keep_keys=False)``),
     the key the client sent, escaped: what the record's digest hides. :func:`decode_origin`
-    reads it back.
+    reads it back. A line break in the route (a concrete path) or the scope is written as
+    ``%0A`` (:func:`escape_lines`), so that no client moves the origin's lines.
 
     Text only: a lone surrogate in the route or scope (made from bytes) is written escaped, as
     the client's strict UTF-8 encoding could not send it (the record's name encodes it with
     ``surrogatepass``, so the record itself is unchanged). One call on every claim: a key that
     needs no escaping (the usual one) is tested here, without calling :func:`escape_key`."""
+    if "\n" in route or "\n" in scope:  # a path of /charges%0A...: would move the lines
+        route, scope = escape_lines(route), escape_lines(scope)
     if key is None:
         origin = f"{method} {route}\n{scope}"
     else:

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Final, Literal, NamedTuple
 
 from .._core import parse_record_name, record_pattern
-from .._core._origin import ORIGIN_FIELDS, decode_origin
+from .._core._origin import ORIGIN_FIELDS, decode_origin, escape_lines
 from .._core._stored import stored_int
 from ..errors import ConfigurationError
 from .diagnostics import _text as text
@@ -213,7 +213,7 @@ def wanted(
     """Whether ``status`` passes the filters of ``store.records()`` (``None``: any)."""
     return (
         (states is None or status.state in states)
-        and (route is None or status.route == route)
-        and (scope is None or status.scope == scope)
+        and (route is None or status.route == escape_lines(route))
+        and (scope is None or status.scope == escape_lines(scope))
         and (method is None or status.method == method)
     )

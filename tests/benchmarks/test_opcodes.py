@@ -85,14 +85,15 @@ def test_each_probe_level_runs_less_than_the_middleware_and_more_than_the_bound(
 #: per Content-Length read (the ``try`` around its ``int()``, for a length of thousands of
 #: digits), +1 (replay) and +2 (first call) for the ``try`` in ``store.claim`` that gives back
 #: a claim whose record cannot be read, +85 (replay) for the check that a stored head can be
-#: sent as it is (``_codec._sendable``: a forged record must not split a replay).
+#: sent as it is (``_codec._sendable``: a forged record must not split a replay). Stop 53: +8
+#: per claim for the test that no line break in a path or scope moves the origin's lines.
 BUDGETS = {
-    "wsgi.replay": 1350,
-    "asgi.replay": 1424,
-    "flask.replay": 947,
-    "wsgi.first": 2272,
-    "asgi.first": 2338,
-    "flask.first": 2149,
+    "wsgi.replay": 1358,
+    "asgi.replay": 1432,
+    "flask.replay": 955,
+    "wsgi.first": 2280,
+    "asgi.first": 2346,
+    "flask.first": 2157,
 }
 # In a fresh interpreter: the suite's other tests leave process-wide state behind (a cache of
 # header names filled by the fuzz tests' policies would add bytecodes to every lookup).

@@ -237,3 +237,31 @@ def test_a_scope_with_a_lone_surrogate_is_guarded_and_listed(
     with guard(store, "k", scope=scope) as again:
         assert again.replayed
         assert again.result == 1
+
+
+def test_a_path_with_line_breaks_is_listed_under_its_own_tenant(
+    real_client: redis.Redis, prefix: str
+) -> None:
+    """A keyed POST to /charges%0Atenant-acme%0A... by tenant-mallory: while it runs, its claim
+    is listed with its own path and scope, not as another tenant's (the origin is line-based)."""
+    from werkzeug.test import Client
+    from werkzeug.wrappers import Request, Response
+
+    from idemkey.adapters.wsgi import IdempotencyMiddleware
+
+    path = "/charges%0Atenant-acme%0Ak:forged;"  # listed as sent
+    store = RedisStore(
+        real_client, Policy(prefix=prefix, scope=lambda r: r.headers.get("Account", ""))
+    )
+    seen: list[list[tuple[str, str]]] = []
+
+    @Request.application
+    def app(request: Request) -> Response:
+        seen.append([(s.route, s.scope) for s in store.records(scope="tenant-mallory")])
+        seen.append([(s.route, s.scope) for s in store.records(route=request.path)])
+        return Response("ok", status=201)
+
+    client = Client(IdempotencyMiddleware(app, store))
+    headers = {"Idempotency-Key": "k1", "Account": "tenant-mallory"}
+    assert client.post("/charges%0Atenant-acme%0Ak:forged;", headers=headers).status_code == 201
+    assert seen == [[(path, "tenant-mallory")]] * 2  # also found by the path the app saw

@@ -6,7 +6,14 @@ from __future__ import annotations
 
 import pytest
 
-from idemkey._core._origin import PIECE, decode_origin, escape_key, record_origin, unescape_key
+from idemkey._core._origin import (
+    PIECE,
+    decode_origin,
+    escape_key,
+    escape_lines,
+    record_origin,
+    unescape_key,
+)
 
 HOSTILE = [
     "plain-key_1.2~",
@@ -33,7 +40,7 @@ def test_an_escaped_key_is_one_printable_token_and_reads_back(key: str) -> None:
     # As claim.lua keeps it: pieces of 64 bytes, read back with HMGET.
     pieces = [raw[i : i + PIECE] for i in range(0, len(raw), PIECE)]
     origin = decode_origin(pieces)
-    where = ("POST", "/charges", "tenant\nwith a line")
+    where = ("POST", "/charges", "tenant%0Awith a line")  # a line break kept as %0A
     assert (origin.method, origin.route, origin.scope) == where
     assert origin.key == escaped
     assert not origin.cut
@@ -49,3 +56,22 @@ def test_no_key_a_cut_key_and_garbage() -> None:
     assert decode_origin([b"\xff\xfe not an origin"]).at is None
     # A stale piece after the key's end (a longer origin before) is not part of the key.
     assert decode_origin([b"1 GUARD f\n\nk:abc;", b"def;"]).key == "abc"
+
+
+@pytest.mark.parametrize(
+    ("route", "scope"),
+    [
+        ("/charges\ntenant-acme\nk:forged;", "tenant-mallory"),  # a path of /charges%0A...
+        ("/charges", "tenant\r\nk:x;"),
+        ("/x\n", "\n"),
+    ],
+)
+def test_a_route_or_scope_with_line_breaks_cannot_move_the_origins_lines(
+    route: str, scope: str
+) -> None:
+    text = "1712345678901 " + record_origin(scope, "POST", route, "k1")
+    assert text.count("\n") == 2  # the head, the scope, the key: no line of the client's
+    origin = decode_origin([text.encode()])
+    assert (origin.method, origin.key) == ("POST", "k1")
+    assert (origin.route, origin.scope) == (escape_lines(route), escape_lines(scope))
+    assert "\n" not in origin.route + origin.scope
