@@ -176,7 +176,7 @@ def test_flask_page_on_flask_run(url: str, tmp_path: Path) -> None:
     port = free_port()
     argv = [executable("flask"), *command[1:], "--port", str(port)]
     with serving(argv, tmp_path, port) as base:
-        retries_behave(base, url, "/charges", scope="")
+        retries_behave(base, url, "/charges", scope=NO_CREDENTIALS)
     with serving(argv, tmp_path, port) as base:  # run again, same Redis
         replays_on_a_second_run(base, "/charges")
 
@@ -227,8 +227,7 @@ def test_asgi_framework_page_on_uvicorn(name: str, url: str, tmp_path: Path) -> 
     port = free_port()
     argv = [executable("uvicorn"), *command[1:], "--host", HOST, "--port", str(port)]
     with serving(argv, tmp_path, port) as base:
-        scope = "" if name == "fastapi.md" else NO_CREDENTIALS
-        retries_behave(base, url, "/charges", scope=scope)
+        retries_behave(base, url, "/charges", scope=NO_CREDENTIALS)
         with httpx.Client(base_url=base) as http:
             assert http.post("/login").status_code == 200  # not guarded: no key needed
     with serving(argv, tmp_path, port) as base:  # run again, same Redis
