@@ -161,12 +161,10 @@ elseif in_progress and deadline > now then
   end
   return {3, deadline - now}
 else
-  -- Wake-up: a record claimed again (after a release or a lapse) drops the done stream of the
-  -- claim before, so waiters block until this claim ends; the mark "w" stays for them. A new
-  -- key (no fence yet) has no stream: nothing to do. pcall: the stream is a hint.
-  if record[2] then
-    redis.pcall("DEL", KEYS[1] .. ":done")
-  end
+  -- The HSET below is this branch's first write, on every path: Redis refuses a script's
+  -- write for a full server (maxmemory, noeviction) only while the script has written nothing,
+  -- so a DEL or HDEL before it let a takeover through a server that refused the owner's
+  -- renewal (the work ran twice). Full, a takeover is refused as a new key's claim is.
   -- The lease was free and is ours now: a new key, a key released after a failure, or a
   -- crashed owner's lapsed lease (state still in_progress: a takeover). The fence grows (see
   -- the header): above the stored one, and at least the clock when nothing is stored.
@@ -185,13 +183,9 @@ else
     takeover = 0
     fields[#fields + 1], fields[#fields + 2] = "f0", text
   end
+  local pieces = 0
   if ARGV[7] then
-    -- The origin in pieces of 64 bytes ("i", "i1", ...; idemkey/_core/_origin.py). A record claimed
-    -- before drops the pieces of its earlier origin first, which may have been longer.
-    if record[2] then
-      redis.call("HDEL", KEYS[1], "i", "i1", "i2", "i3", "i4", "i5", "i6", "i7", "i8", "i9",
-        "i10", "i11", "i12", "i13", "i14", "i15")
-    end
+    -- The origin in pieces of 64 bytes ("i", "i1", ...; idemkey/_core/_origin.py).
     local origin = string.format("%d ", now) .. ARGV[7]
     for n = 0, 15 do
       local piece = string.sub(origin, n * 64 + 1, n * 64 + 64)
@@ -199,10 +193,28 @@ else
         break
       end
       fields[#fields + 1], fields[#fields + 2] = n == 0 and "i" or "i" .. n, piece
+      pieces = n + 1
     end
   end
   redis.call("HSET", KEYS[1], unpack(fields))
   redis.call("PEXPIRE", KEYS[1], tonumber(ARGV[4]))
+  if record[2] then
+    -- A record claimed before: the pieces of its earlier origin past this one's (it may have
+    -- been longer) go.
+    if ARGV[7] then
+      local stale = {}
+      for n = pieces, 15 do
+        stale[#stale + 1] = n == 0 and "i" or "i" .. n
+      end
+      if #stale > 0 then
+        redis.call("HDEL", KEYS[1], unpack(stale))
+      end
+    end
+    -- Wake-up: a record claimed again (after a release or a lapse) drops the done stream of
+    -- the claim before, so waiters block until this claim ends; the mark "w" stays for them.
+    -- A new key (no fence yet) has no stream: nothing to do. pcall: the stream is a hint.
+    redis.pcall("DEL", KEYS[1] .. ":done")
+  end
 end
 
 -- Claimed. The finished steps follow, read only when "ns" says there are any.
