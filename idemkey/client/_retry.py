@@ -37,8 +37,9 @@ import random
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from email.utils import parsedate_to_datetime
-from typing import Final, Literal
+from typing import Any, Final, Literal
 
+from .._arguments import check_arguments
 from ._errors import ClientStateError
 from ._options import count, fraction, invalid, seconds, status_codes
 
@@ -83,6 +84,12 @@ class RetryPolicy:
     backoff_cap: float = 8.0
     jitter: float = 0.5
     retry_statuses: frozenset[int] = frozenset({429, 502, 503, 504})
+
+    def __new__(cls, *args: Any, **options: Any) -> RetryPolicy:
+        # An unknown or repeated option is a ConfigurationError naming it, not the TypeError
+        # of the generated __init__.
+        check_arguments(cls, args, options)
+        return object.__new__(cls)
 
     def __post_init__(self) -> None:
         where = "RetryPolicy"

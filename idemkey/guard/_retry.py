@@ -11,8 +11,9 @@ import contextvars
 import random
 import time
 from dataclasses import dataclass, field
-from typing import Final
+from typing import Any, Final
 
+from .._arguments import check_arguments
 from .._options import seconds
 from ..errors import ConfigurationError, IdemkeyError
 
@@ -63,6 +64,12 @@ class StepRetry:
     _random: random.Random = field(
         default_factory=random.Random, init=False, repr=False, compare=False
     )
+
+    def __new__(cls, *args: Any, **options: Any) -> StepRetry:
+        # An unknown or repeated option is a ConfigurationError naming it, not the TypeError
+        # of the generated __init__.
+        check_arguments(cls, args, options)
+        return object.__new__(cls)
 
     def __post_init__(self) -> None:
         if type(self.attempts) is not int or self.attempts < 1:

@@ -223,11 +223,20 @@ def test_the_waits_between_attempts_are_slept(
         {"timeout": 0},
         {"retry_on": ("Flaky",)},
         {"never": 3},
+        {"bogus": 1},
+        {"atempts": 2},
     ],
 )
 def test_a_bad_step_retry_is_a_configuration_error(bad: dict[str, Any]) -> None:
     with pytest.raises(ConfigurationError):
         StepRetry(**bad)
+
+
+def test_an_unknown_step_retry_option_is_named() -> None:
+    with pytest.raises(ConfigurationError, match=r"StepRetry\(atempts=...\): not an option; did"):
+        StepRetry(atempts=2)  # type: ignore[call-arg]
+    with pytest.raises(ConfigurationError, match="at most 8 positional"):
+        StepRetry(3, 0.1, 2.0, 10.0, 0.1, (Exception,), (), None, 1)  # type: ignore[call-arg]
 
 
 def test_retry_takes_only_a_step_retry(store: RedisStore) -> None:
