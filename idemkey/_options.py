@@ -19,6 +19,7 @@ from __future__ import annotations
 import difflib
 import math
 import numbers
+import re
 import reprlib
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Final, Protocol, TypeVar, runtime_checkable
@@ -36,6 +37,8 @@ class _Replaceable(Protocol):
 
 __all__ = [
     "ALIASES",
+    "MAX_SECONDS",
+    "MIN_LEASE",
     "Label",
     "convert",
     "derive",
@@ -79,19 +82,48 @@ def _fail(label: str, expected: str, value: object) -> ConfigurationError:
 # ---- one converter per kind of value -------------------------------------------------------
 
 
+#: The longest duration any option takes: 10 years. The scripts get durations in whole
+#: milliseconds and add them up (a claim writes now + lease, a tombstone lives ttl + grace), and
+#: Lua writes a number of 1e14 or more (3 170 years of milliseconds) as "1e+14", which PEXPIRE
+#: and HSET refuse, after the claim's HSET already ran; 10 years stays far below, and below 2**53.
+MAX_SECONDS: Final = 315_360_000.0
+#: The shortest lease: the heartbeat renews a claim every lease/3, and each renewal needs a Redis
+#: round trip and its thread or task scheduled in time. A 1 ms lease was never held, and one
+#: key's work ran two or three times at once; the tests' shortest lease is 0.3 s.
+MIN_LEASE: Final = 0.1
+
+
 def seconds(value: object, label: str, *, positive: bool = True) -> float:
-    """A duration: a finite number of seconds, > 0 (``positive``) or >= 0, as a float."""
+    """A duration: a finite number of seconds, > 0 (``positive``) or >= 0, as a float, at most
+    :data:`MAX_SECONDS`."""
     minimum = "> 0" if positive else ">= 0"
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise _fail(label, f"a number of seconds {minimum}", value)
-    duration = float(value)
+    try:
+        duration = float(value)
+    except OverflowError:  # an int or a Fraction past any float
+        duration = -1.0 if value < 0 else math.nextafter(MAX_SECONDS, math.inf)
     if not math.isfinite(duration) or duration < 0 or (positive and duration == 0):
         raise _fail(label, f"a finite number of seconds {minimum}", value)
+    if duration > MAX_SECONDS:
+        raise _fail(label, f"at most {MAX_SECONDS:.0f} seconds (10 years)", value)
     return duration
 
 
 def _at_least_zero(value: object, label: str) -> float:
     return seconds(value, label, positive=False)
+
+
+def _lease(value: object, label: str) -> float:
+    lease = seconds(value, label)
+    if lease < MIN_LEASE:
+        raise _fail(
+            label,
+            f"at least {MIN_LEASE:g} seconds (the heartbeat renews a claim every lease/3, each "
+            "renewal a Redis round trip)",
+            value,
+        )
+    return lease
 
 
 def _size(value: object, label: str) -> int:
@@ -118,13 +150,26 @@ def _collection(value: object, label: str, what: str) -> frozenset[Any]:
         raise _fail(label, f"a collection of {what}", value) from None
 
 
-def _names(what: str, case: Callable[[str], str]) -> Callable[[object, str], frozenset[str]]:
+#: An RFC 9110 token, what a header name and a method are: a name with a space, a colon or a
+#: line break is one no request carries (a key header that never matches runs every retry) and
+#: one no server may send.
+_TOKEN: Final = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
+
+
+def _names(
+    what: str, case: Callable[[str], str], empty: bool = True
+) -> Callable[[object, str], frozenset[str]]:
+    """A collection of tokens (``what``), put in ``case``; ``empty``: none is a valid answer."""
+
     def convert(value: object, label: str) -> frozenset[str]:
         names = _collection(value, label, what)
+        if not names and not empty:
+            raise _fail(label, f"a collection of {what} (at least one)", value)
         for name in names:
-            if not isinstance(name, str) or not name or not name.isascii():
+            if not isinstance(name, str) or not _TOKEN.fullmatch(name):
                 raise ConfigurationError(
-                    f"{label}: expected a collection of {what}, one of them is {_got(name)}"
+                    f"{label}: expected a collection of {what}, one of them is {_got(name)}; "
+                    "each is an RFC 9110 token (letters, digits and !#$%&'*+-.^_`|~)"
                 )
         return frozenset(case(name) for name in names)
 
@@ -169,14 +214,18 @@ def _fingerprint(value: object, label: str) -> object:
 
 
 def _header(value: object, label: str) -> str:
-    if not isinstance(value, str) or not value or not value.isascii():
-        raise _fail(label, "a non-empty ASCII header name", value)
+    if not isinstance(value, str) or not _TOKEN.fullmatch(value):
+        raise _fail(label, "a header name (an RFC 9110 token, such as 'Idempotency-Key')", value)
     return value
 
 
 def _prefix(value: object, label: str) -> str:
     if not isinstance(value, str) or not value or "{" in value or "}" in value:
         raise _fail(label, "a non-empty string with no '{' or '}'", value)
+    try:
+        value.encode()  # a lone surrogate (os.environ's for a non-UTF-8 byte): Redis never sees it
+    except UnicodeEncodeError:
+        raise _fail(label, "a string UTF-8 can encode", value) from None
     return value
 
 
@@ -207,9 +256,9 @@ def _durability(value: object, label: str) -> object:
 #: every field to have one: ``tests/unit/test_options.py``).
 _CONVERTERS: Final[dict[str, Callable[[object, str], Any]]] = {
     "ttl": seconds,
-    "lease": seconds,
+    "lease": _lease,
     "wait": _at_least_zero,
-    "methods": _names("method names", str.upper),
+    "methods": _names("method names", str.upper, empty=False),
     "require_key": _flag,
     "strict_header": _flag,
     "header": _header,

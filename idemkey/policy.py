@@ -72,9 +72,14 @@ class Replicas:
     timeout: float = 0.1
 
     def __post_init__(self) -> None:
-        if isinstance(self.count, bool) or not isinstance(self.count, int) or self.count < 1:
-            raise ConfigurationError(f"Replicas.count must be an int >= 1, got {self.count!r}")
+        count = self.count
+        # Redis reads WAIT's count as a C long: 10**30 failed every claim, after it wrote.
+        if isinstance(count, bool) or not isinstance(count, int) or not 1 <= count < 2**31:
+            raise ConfigurationError(
+                f"Replicas.count must be an int >= 1 and < 2**31, got {count!r:.60}"
+            )
         # WAIT with a timeout of 0 blocks forever: never let a missing replica hang a request.
+        # At most 10 years, as every duration (_options.MAX_SECONDS).
         timeout = _options.seconds(self.timeout, "Replicas(timeout=...)")  # finite, > 0
         object.__setattr__(self, "timeout", timeout)
 
@@ -186,6 +191,11 @@ class Policy:
     def __new__(cls, *args: Any, **fields: Any) -> Policy:
         # An unknown field is a ConfigurationError naming it, as on every other path, not
         # the TypeError of the generated __init__ (``replace`` comes through here too).
+        if args:
+            raise ConfigurationError(
+                f"Policy takes keyword arguments only (Policy(ttl=..., lease=...)), got "
+                f"{len(args)} positional"
+            )
         _options.policy_fields(fields, _options.keyword("Policy"), aliases=False)
         return object.__new__(cls)
 
@@ -204,6 +214,8 @@ class Policy:
 
     def replace(self, **changes: Any) -> Policy:
         """A copy with ``changes`` applied (and validated)."""
+        # A derived field (lease_ms) is named as unknown here, not dataclasses' ValueError.
+        _options.policy_fields(changes, _options.keyword("Policy"), aliases=False)
         return dataclasses.replace(self, **changes)
 
 

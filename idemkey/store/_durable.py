@@ -89,9 +89,16 @@ def _durable_outcome(
         )
     if may_retry and isinstance(reply, noscript):
         return _LOAD_SCRIPT, None
-    reply, acked = _durable_reply(name, replies)
     if isinstance(reply, BaseException):
         raise StoreError(f"Redis failed during {name}: {type(reply).__name__}: {reply}") from reply
+    try:
+        reply, acked = _durable_reply(name, replies)
+    except StoreError as error:
+        # WAIT failed after the script wrote: as unconfirmed, so a claim is released (its
+        # caller is told StoreError and runs nothing) rather than held until its lease lapses.
+        if _wrote(name, reply):
+            return _UNCONFIRMED, error
+        raise
     if _wrote(name, reply) and acked < durability.count:
         return _UNCONFIRMED, _unconfirmed(name, acked, durability)
     return _DONE, reply

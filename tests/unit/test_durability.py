@@ -193,5 +193,21 @@ def test_a_redirect_from_a_replica_is_read_before_the_wait_error() -> None:
     dropped = RedisConnectionError("Connection closed by server.")
     outcome, _ = _durable_outcome("claim", [dropped, dropped], NoScriptError, one, True)
     assert outcome == _SEND_AGAIN  # sent again: the scripts answer a re-send alike
-    with pytest.raises(StoreError, match="WAIT"):  # a WAIT error after a reply is a failure
-        _durable_outcome("claim", [[1, 1, 0], on_replica], NoScriptError, one, True)
+    # A WAIT error after a claim that wrote is a failure that releases the claim (below).
+    outcome, error = _durable_outcome("claim", [[1, 1, 0], on_replica], NoScriptError, one, True)
+    assert (outcome, type(error)) == (_UNCONFIRMED, StoreError)
+    with pytest.raises(StoreError, match="WAIT"):  # nothing written: nothing to release
+        _durable_outcome("claim", [[3, 500], on_replica], NoScriptError, one, True)
+
+
+def test_a_claim_whose_wait_fails_is_released() -> None:
+    """On main a WAIT error (ERR value is out of range, for a count Redis cannot read) raised
+    StoreError and left the claim it followed in progress: every retry got 409 until its lease
+    lapsed. The claim is released as when too few replicas confirm."""
+    client = FakeClient([1, 1, 0], ResponseError("ERR value is out of range"))  # type: ignore[arg-type]
+    store = RedisStore(client, Policy(durability=Replicas(1, 0.05)))
+    record = record_for("p", "", "POST", "/r", "k")
+    with pytest.raises(StoreError, match=r"claim \(WAIT\): ERR value is out of range"):
+        store.claim(record, "fp", owner="me", heartbeat=False)
+    [release] = client.plain
+    assert release[2:] == (1, record.key, "me")

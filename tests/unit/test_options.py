@@ -148,3 +148,115 @@ def test_the_fake_stores_name_themselves_in_option_errors() -> None:
     with pytest.raises(ConfigurationError, match=re.escape("fake_async_store: Policy: need")):
         fake_async_store(lease=100, ttl=10)
     assert fake_store(wait=1, methods=["post"]).policy.methods == frozenset({"POST"})
+
+
+# ---- audit 53: bounds on durations, names that no request can carry ------------------------
+
+
+@pytest.mark.parametrize("lease", [1e-9, 0.001, 0.05, 0.0999])
+def test_a_lease_too_short_to_renew_is_refused(lease: float) -> None:
+    # On main a 1 ms lease (1e-9 rounded up) was accepted: the heartbeat, renewing every
+    # lease/3, could not hold it, and one key's work ran two or three times at once.
+    with pytest.raises(
+        ConfigurationError, match=re.escape("Policy(lease=...): expected at least 0.1")
+    ):
+        Policy(lease=lease)
+    with pytest.raises(ConfigurationError, match=re.escape("route('/c', lease=...): expected")):
+        route("/c", lease=lease)
+    assert Policy(lease=0.1).lease_ms == 100
+
+
+TOO_LONG = [1e14, 2**63, 1e300, 10**400]
+
+
+@pytest.mark.parametrize("field", ["ttl", "wait", "expired_grace", "store_error_retry_after"])
+@pytest.mark.parametrize("value", TOO_LONG, ids=["1e14", "2**63", "1e300", "10**400"])
+def test_a_duration_past_ten_years_is_refused(field: str, value: float) -> None:
+    # On main ttl=1e14 passed, then claim.lua's PEXPIRE failed after its HSET: an in-progress
+    # record that never expires; 10**400 was an untyped OverflowError.
+    with pytest.raises(
+        ConfigurationError, match=re.escape(f"Policy({field}=...): expected at most")
+    ):
+        Policy(**{field: value})
+    with pytest.raises(ConfigurationError, match="10 years"):
+        Policy().replace(**{field: value})
+
+
+def test_the_longest_durations_stay_whole_milliseconds_that_redis_and_lua_take() -> None:
+    from idemkey._options import MAX_SECONDS
+
+    longest = Policy(ttl=MAX_SECONDS, lease=MAX_SECONDS / 2, expired_grace=MAX_SECONDS)
+    # Lua prints a number of 1e14 or more as "1e+14", which PEXPIRE and HSET refuse; a claim
+    # writes now + lease_ms, a completion ttl_ms + grace_ms.
+    now_ms = 4_102_444_800_000  # 2100-01-01
+    assert now_ms + longest.lease_ms < 10**14
+    assert longest.ttl_ms + longest.grace_ms < 10**14
+    with pytest.raises(ConfigurationError, match=re.escape("Policy(lease=...): expected at most")):
+        Policy(lease=1e13)
+
+
+def test_replicas_are_bounded() -> None:
+    for count in (2**31, 10**30):
+        with pytest.raises(ConfigurationError, match=r"Replicas\.count"):
+            Replicas(count)
+    for timeout in (1e300, 10**400, 1e14):
+        with pytest.raises(
+            ConfigurationError, match=r"Replicas\(timeout=\.\.\.\): expected at most"
+        ):
+            Replicas(1, timeout)
+    assert Replicas(2**31 - 1, 60).timeout_ms == 60_000
+
+
+BAD_NAMES = [
+    "Idempotency-Key ",
+    "Idempotency-Key:",
+    "Idempotency Key",
+    "Idem\r\nX: y",
+    "(key)",
+    "a\n",
+]
+
+
+@pytest.mark.parametrize("name", BAD_NAMES)
+def test_a_header_name_no_request_can_carry_is_refused(name: str) -> None:
+    # On main these passed: with require_key=False every retry ran again, and Flask sent a
+    # retention header 'X-Retention\r\nSet-Cookie: ...' as a name.
+    for field in ("header", "retention_header"):
+        with pytest.raises(ConfigurationError, match=re.escape(f"Policy({field}=...): expected")):
+            Policy(**{field: name})
+    for field in ("header_denylist", "header_allowlist"):
+        with pytest.raises(ConfigurationError, match=re.escape(f"Policy({field}=...): expected")):
+            Policy(**{field: ["etag", name]})
+
+
+@pytest.mark.parametrize("methods", [[" POST"], ["P O S T"], ["POST\n"], ["PO:ST"], []])
+def test_methods_that_guard_nothing_are_refused(methods: list[str]) -> None:
+    with pytest.raises(ConfigurationError, match=re.escape("Policy(methods=...): expected")):
+        Policy(methods=methods)  # type: ignore[arg-type]
+
+
+def test_token_names_are_still_accepted() -> None:
+    policy = Policy(
+        header="X-Idempotency_Key.v2",
+        retention_header="Idempotency-Retention",
+        methods=["post", "M-SEARCH"],  # type: ignore[arg-type]
+        header_allowlist=[],  # type: ignore[arg-type]  # store no response header
+        header_denylist=["X-Secret"],  # type: ignore[arg-type]
+    )
+    assert policy.methods == frozenset({"POST", "M-SEARCH"})
+    assert policy.header_allowlist == frozenset()
+
+
+def test_a_prefix_that_redis_cannot_be_sent_is_refused() -> None:
+    # What os.environ gives for a non-UTF-8 byte: on main the first call raised
+    # UnicodeEncodeError.
+    with pytest.raises(ConfigurationError, match=re.escape("Policy(prefix=...): expected")):
+        Policy(prefix="billing\udcff")
+    assert Policy(prefix="facturación").prefix == "facturación"
+
+
+def test_positional_arguments_and_derived_fields_are_configuration_errors() -> None:
+    with pytest.raises(ConfigurationError, match="keyword"):
+        Policy(10)  # type: ignore[misc]
+    with pytest.raises(ConfigurationError, match=re.escape("Policy(lease_ms=...): not a Policy")):
+        Policy().replace(lease_ms=5)
