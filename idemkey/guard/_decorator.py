@@ -19,6 +19,7 @@ from ..policy import Policy
 from ..store import AsyncRedisStore, RedisStore
 from ._async_guard import AsyncGuard
 from ._failures import rules_for
+from ._policy_check import check_guard_policy
 from ._sync_guard import Guard
 
 __all__ = ["Outcome", "idempotent"]
@@ -116,7 +117,10 @@ def idempotent(
 
     Each function has records of its own: ``name`` (default: ``module.qualname``) is part of
     every record, so two functions never share one, whatever their keys. Pass the old name
-    when you rename or move a function whose records must still be replayed.
+    when you rename or move a function whose records must still be replayed. A function made
+    inside another (a closure, a method of a local class), a lambda, a ``functools.partial``
+    or a callable object needs ``name=``: its qualname names no one function (two closures of
+    one factory share it), or it has none; :class:`ConfigurationError` says so here.
 
     A generator function (sync or async) raises :class:`ConfigurationError` here: calling it
     only makes the generator, whose body runs later, as it is iterated, outside the guard.
@@ -130,7 +134,10 @@ def idempotent(
 
     if not callable(key) or (payload is not None and not callable(payload)):
         raise ConfigurationError("key= and payload= take functions of the call's arguments")
-    rules_for(cache_exceptions)  # a bad declaration fails at decoration, not at the first call
+    # Every argument fails here, at decoration, not at the first call (result_type=5 ran the
+    # work and stored it, then every retry raised).
+    _check_arguments(store, name, scope, policy, result_type, outcome)
+    rules_for(cache_exceptions)
 
     def decorate(func: F) -> F:
         kind = _generator_kind(func)
@@ -138,13 +145,13 @@ def idempotent(
             # Calling one only makes the generator: its body runs later, as it is iterated,
             # outside the guard, and the generator itself is no result to store.
             raise ConfigurationError(
-                f"@idempotent cannot guard {kind} function ({func.__qualname__}): its body "
+                f"@idempotent cannot guard {kind} function ({_shown(func)}): its body "
                 "runs only as the generator is iterated, after the guard has ended; return a "
                 "list instead, or iterate it inside guard()/aguard()"
             )
+        record_name = name if name is not None else _record_name(func)
         signature = inspect.signature(func)
         leave_out = _bound_receiver(signature)
-        record_name = name if name is not None else f"{func.__module__}.{func.__qualname__}"
         decode_as = result_type if result_type is not Any else _return_type(func)
 
         def identify(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[str, object]:
@@ -197,6 +204,61 @@ def idempotent(
         return cast(F, run)
 
     return decorate
+
+
+def _check_arguments(
+    store: object, name: object, scope: object, policy: object, result_type: Any, outcome: object
+) -> None:
+    if name is not None and (not isinstance(name, str) or not name):
+        raise ConfigurationError(
+            f"@idempotent(name=...): expected a non-empty string naming the function's records, "
+            f"got {name!r:.60}"
+        )
+    if not isinstance(scope, str):
+        raise ConfigurationError(f"@idempotent(scope=...): expected a str, got {scope!r:.60}")
+    if policy is not None:
+        if not isinstance(policy, Policy):
+            raise ConfigurationError(
+                f"@idempotent(policy=...): expected a Policy or None, got {policy!r:.60}"
+            )
+        if isinstance(store, (RedisStore, AsyncRedisStore)):
+            check_guard_policy(policy, store.policy)
+    if result_type is not Any:
+        try:
+            msgspec.msgpack.Decoder(result_type)
+        except TypeError as exc:
+            raise ConfigurationError(
+                f"@idempotent(result_type=...): msgspec cannot decode into {result_type!r:.60} "
+                f"({exc}); pass a type such as int, a dataclass or a msgspec.Struct"
+            ) from None
+    if not isinstance(outcome, bool):
+        raise ConfigurationError(
+            f"@idempotent(outcome=...): expected True or False, got {outcome!r:.60}"
+        )
+
+
+def _shown(func: Callable[..., Any]) -> str:
+    return getattr(func, "__qualname__", None) or f"{func!r:.80}"
+
+
+def _record_name(func: Callable[..., Any]) -> str:
+    """``module.qualname``, the record name of a function that names one function only."""
+    module, qualname = getattr(func, "__module__", None), getattr(func, "__qualname__", None)
+    if not isinstance(module, str) or not isinstance(qualname, str):
+        raise ConfigurationError(
+            f"@idempotent needs name= for {func!r:.80}: it has no module and qualified name "
+            "to name its records by (a functools.partial or a callable object); pass "
+            "name=, a stable name of your choosing"
+        )
+    if "<locals>" in qualname or "<lambda>" in qualname:
+        # Every closure one factory makes has this qualname, and so would share records: a
+        # record name must identify one function, in every process.
+        raise ConfigurationError(
+            f"@idempotent needs name= for {module}.{qualname}: a function made inside another "
+            "(or a lambda) shares that name with every other made there, and they would "
+            "share records; pass name=, a stable name of your choosing, one per function"
+        )
+    return f"{module}.{qualname}"
 
 
 def _generator_kind(func: Callable[..., Any]) -> str | None:

@@ -135,12 +135,18 @@ def rules_for(cache_exceptions: object) -> FailureRules | None:
         path = _type_path(cls)
         if paths.setdefault(path, cls) is not cls:
             raise ConfigurationError(f"two declared classes are both named {path}")
-        if isinstance(fields, str) or not all(_field_name(f) for f in fields):
+        # None or 5 for the fields was an untyped TypeError here.
+        names = (
+            tuple(fields)
+            if isinstance(fields, Iterable) and not isinstance(fields, (str, bytes))
+            else None
+        )
+        if names is None or not all(_field_name(f) for f in names):
             raise ConfigurationError(
                 f"the fields of {cls.__name__} must be a tuple of attribute names "
-                "(identifiers, not __dunder__ names)"
+                f"(identifiers, not __dunder__ names), got {fields!r:.60}"
             )
-        declared[cls] = tuple(fields)
+        declared[cls] = names
     return FailureRules(declared)
 
 

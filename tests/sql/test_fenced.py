@@ -346,7 +346,7 @@ def test_an_idempotent_function_fences_through_current_call(
 
     runs: list[int] = []
 
-    @idempotent(store, key=lambda order: f"order:{order}")
+    @idempotent(store, key=lambda order: f"order:{order}", name="book")
     def book(order: str) -> dict[str, Any]:
         call = current_call()
         runs.append(call.fence or 0)

@@ -258,7 +258,7 @@ def test_an_idempotent_function_saving_through_current_call_is_replayed_after_re
     store = RedisStore(client, Policy(prefix=prefix, lease=LEASE), effects=Effects(engine))
     runs = Runs()
 
-    @idempotent(store, key=lambda invoice: f"charge:{invoice}")
+    @idempotent(store, key=lambda invoice: f"charge:{invoice}", name="book")
     def book(invoice: str) -> dict[str, Any]:
         call = current_call()
         run = runs.start(call.fence)
@@ -314,7 +314,7 @@ async def test_asyncio_after_redis_lost_its_records_the_first_retry_replays_the_
             await transaction(call, invoice)
             return call.result
 
-    @idempotent(store, key=lambda invoice: f"charge:{invoice}")
+    @idempotent(store, key=lambda invoice: f"charge:{invoice}", name="charge")
     async def by_idempotent(invoice: str) -> dict[str, Any]:
         return await transaction(current_call(), invoice)
 

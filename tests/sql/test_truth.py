@@ -92,7 +92,7 @@ def test_a_result_saved_after_the_commit_is_recorded_with_the_effect(
     the guard writes it into the committed row before completing in Redis."""
     runs: list[str] = []
 
-    @idempotent(store, key=lambda order: f"order:{order}", outcome=True)
+    @idempotent(store, key=lambda order: f"order:{order}", outcome=True, name="ship")
     def ship(order: str) -> dict[str, str]:
         runs.append(order)
         call = current_call()

@@ -161,7 +161,7 @@ def test_a_class_defined_in_a_function_is_refused(store: RedisStore) -> None:
 def test_idempotent_replays_a_declared_failure(store: RedisStore) -> None:
     ran: list[int] = []
 
-    @idempotent(store, key=lambda order: f"o:{order}", cache_exceptions=DECLARED)
+    @idempotent(store, key=lambda order: f"o:{order}", cache_exceptions=DECLARED, name="charge")
     def charge(order: int) -> str:
         ran.append(order)
         if order == 1:
@@ -269,7 +269,7 @@ async def test_an_async_idempotent_function_replays_a_declared_failure(
     store = AsyncRedisStore(async_client, Policy(prefix=prefix))
     ran: list[int] = []
 
-    @idempotent(store, key=lambda order: f"o:{order}", cache_exceptions=DECLARED)
+    @idempotent(store, key=lambda order: f"o:{order}", cache_exceptions=DECLARED, name="charge")
     async def charge(order: int) -> str:
         ran.append(order)
         raise CardDeclined("pickup_card", order)

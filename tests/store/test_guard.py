@@ -313,7 +313,7 @@ class GuardBehaviour:
             runs.append(invoice)
             return {"invoice": invoice, "amount": amount}
 
-        run = store.idempotent(charge, key=lambda invoice, amount: f"charge:{invoice}")
+        run = store.idempotent(charge, key=lambda invoice, amount: f"charge:{invoice}", name="c")
         assert await run(1, 100) == {"invoice": 1, "amount": 100}
         assert await run(1, 100) == {"invoice": 1, "amount": 100}
         assert await run(2, 100) == {"invoice": 2, "amount": 100}
@@ -329,7 +329,7 @@ class GuardBehaviour:
             runs.append(invoice)
             return {"invoice": invoice}
 
-        run = store.idempotent(charge, key=lambda invoice: f"o:{invoice}", outcome=True)
+        run = store.idempotent(charge, key=lambda invoice: f"o:{invoice}", outcome=True, name="c")
         assert await run(1) == Outcome({"invoice": 1}, replayed=False)
         assert await run(1) == Outcome({"invoice": 1}, replayed=True)
         assert runs == [1]
@@ -341,7 +341,7 @@ class GuardBehaviour:
             runs.append(invoice)
             return amount
 
-        run = store.idempotent(charge, key=lambda invoice, *a, **k: f"charge:{invoice}")
+        run = store.idempotent(charge, key=lambda invoice, *a, **k: f"charge:{invoice}", name="c")
         assert await run(1, 100) == 100
         # The same call spelt differently: keyword arguments, the default made explicit.
         assert await run(1, amount=100) == 100
@@ -381,6 +381,7 @@ class GuardBehaviour:
             key=lambda invoice_id, note: invoice_id,
             payload=lambda invoice_id, note: invoice_id,  # the note does not identify the work
             result_type=Receipt,
+            name="charge",
         )
         assert await run("inv_1", note="first") == Receipt("inv_1", 4200)
         assert await run("inv_1", note="retry") == Receipt("inv_1", 4200)
@@ -395,7 +396,7 @@ class GuardBehaviour:
                 raise Boom
             return "ok"
 
-        run = store.idempotent(flaky, key=lambda n: f"job:{n}")
+        run = store.idempotent(flaky, key=lambda n: f"job:{n}", name="flaky")
         with pytest.raises(Boom):
             await run(1)
         assert await run(1) == "ok"
@@ -420,9 +421,9 @@ def test_idempotent_refuses_a_store_of_the_wrong_kind() -> None:
     def sync_job() -> None: ...
 
     with pytest.raises(ConfigurationError, match="AsyncRedisStore"):
-        idempotent(store, key=lambda: "k")(async_job)
+        idempotent(store, key=lambda: "k", name="job")(async_job)
     with pytest.raises(ConfigurationError, match="RedisStore"):
-        idempotent(astore, key=lambda: "k")(sync_job)
+        idempotent(astore, key=lambda: "k", name="job")(sync_job)
 
 
 def send_mails(user: str) -> Iterator[str]:

@@ -21,6 +21,7 @@ from idemkey import (
     Event,
     IdemkeyError,
     NoResultError,
+    Outcome,
     Policy,
     RedisStore,
     ResultNotStorableError,
@@ -60,41 +61,36 @@ def decorate(store: Both, func: Any, **kwargs: Any) -> Any:
     return store.idempotent(func, **kwargs)
 
 
+# Module-level functions: their default record name (module.qualname) names them alone.
+def charge_order(order_id: int) -> str:
+    return f"charged {order_id}"
+
+
+def ship_order(order_id: int) -> str:
+    return f"shipped {order_id}"
+
+
 class EdgeBehaviour:
     # ---- issue 10 item 4: one namespace per function -------------------------------------
 
     async def test_two_functions_with_the_same_key_never_share_records(self, store: Both) -> None:
-        ran: list[str] = []
-
-        def charge(order_id: int) -> str:
-            ran.append("charge")
-            return f"charged {order_id}"
-
-        def ship(order_id: int) -> str:
-            ran.append("ship")
-            return f"shipped {order_id}"
-
-        charge_once = decorate(store, charge, key=lambda order_id: str(order_id))
-        ship_once = decorate(store, ship, key=lambda order_id: str(order_id))
-        assert await charge_once(42) == "charged 42"
-        assert await ship_once(42) == "shipped 42"  # on main: "charged 42", ship never ran
-        assert await charge_once(42) == "charged 42"
-        assert await ship_once(42) == "shipped 42"
-        assert ran == ["charge", "ship"]
+        charge_once = decorate(store, charge_order, key=str, outcome=True)
+        ship_once = decorate(store, ship_order, key=str, outcome=True)
+        assert await charge_once(42) == Outcome("charged 42", replayed=False)
+        # on main: "charged 42", ship never ran
+        assert await ship_once(42) == Outcome("shipped 42", replayed=False)
+        assert await charge_once(42) == Outcome("charged 42", replayed=True)
+        assert await ship_once(42) == Outcome("shipped 42", replayed=True)
 
     async def test_events_of_a_decorated_function_name_it(self, store: Both) -> None:
         events: list[Event] = []
-
-        def charge(order_id: int) -> str:
-            return "charged"
-
         once = decorate(
-            store, charge, key=str, policy=store.store.policy.replace(on_event=events.append)
+            store, charge_order, key=str, policy=store.store.policy.replace(on_event=events.append)
         )
         await once(1)
         await once(1)
         assert [event.kind for event in events] == ["claimed", "completed", "replayed"]
-        assert {event.route for event in events} == {f"{__name__}.{charge.__qualname__}"}
+        assert {event.route for event in events} == {f"{__name__}.charge_order"}
 
     async def test_an_explicit_name_keeps_the_records_of_a_renamed_function(
         self, store: Both
@@ -127,7 +123,7 @@ class EdgeBehaviour:
             ran.append(order_id)
             return result
 
-        once = decorate(store, send_email, key=lambda order_id: f"mail:{order_id}")
+        once = decorate(store, send_email, key=lambda order_id: f"mail:{order_id}", name="mail")
         with pytest.raises(ResultNotStorableError) as first:
             await once(1)
         assert first.value.key == "mail:1"
@@ -162,7 +158,7 @@ class EdgeBehaviour:
             ran.append(data)
             return "ok"
 
-        once = decorate(store, job, key=lambda data: "job")
+        once = decorate(store, job, key=lambda data: "job", name="job")
         with pytest.raises(ConfigurationError, match="cannot fingerprint"):
             await once(payload)
         with pytest.raises(ConfigurationError, match="cannot fingerprint"):
@@ -178,7 +174,7 @@ class EdgeBehaviour:
         if store.is_async:
 
             class AsyncWarehouse:
-                @idempotent(store.store, key=lambda self, order_id: f"ship:{order_id}")
+                @idempotent(store.store, key=lambda self, order_id: f"ship:{order_id}", name="ship")
                 async def ship(self, order_id: int) -> Shipment:
                     ran.append(order_id)
                     return Shipment(order_id, "ups")
@@ -187,7 +183,7 @@ class EdgeBehaviour:
         else:
 
             class Warehouse:
-                @idempotent(store.store, key=lambda self, order_id: f"ship:{order_id}")
+                @idempotent(store.store, key=lambda self, order_id: f"ship:{order_id}", name="ship")
                 def ship(self, order_id: int) -> Shipment:
                     ran.append(order_id)
                     return Shipment(order_id, "ups")
@@ -210,7 +206,7 @@ class EdgeBehaviour:
 
             class AsyncLedger:
                 @classmethod
-                @idempotent(store.store, key=lambda cls, n: f"post:{n}")
+                @idempotent(store.store, key=lambda cls, n: f"post:{n}", name="post")
                 async def post(cls, n: int) -> int:
                     ran.append(n)
                     return n * 2
@@ -220,7 +216,7 @@ class EdgeBehaviour:
 
             class Ledger:
                 @classmethod
-                @idempotent(store.store, key=lambda cls, n: f"post:{n}")
+                @idempotent(store.store, key=lambda cls, n: f"post:{n}", name="post")
                 def post(cls, n: int) -> int:
                     ran.append(n)
                     return n * 2
@@ -235,7 +231,7 @@ class EdgeBehaviour:
         def quote(n: int) -> tuple[int, datetime.datetime, Decimal, uuid.UUID, Label]:
             return (n, when, Decimal("10.50"), ident, Label("1Z", Decimal("2.5")))
 
-        once = decorate(store, quote, key=lambda n: f"quote:{n}")
+        once = decorate(store, quote, key=lambda n: f"quote:{n}", name="quote")
         first = await once(1)
         replayed = await once(1)
         assert replayed == first
@@ -247,6 +243,20 @@ class EdgeBehaviour:
             uuid.UUID,
             Label,
         ]
+
+    async def test_the_longest_ttl_and_lease_are_written_and_expire(self, store: Both) -> None:
+        # audit 53: on main ttl=1e14 passed Policy; claim.lua's PEXPIRE then failed after its
+        # HSET (Lua wrote 1e+17), leaving an in-progress record that never expired. The longest
+        # durations Policy takes now are ones every script writes.
+        from idemkey._options import MAX_SECONDS
+
+        longest = store.store.policy.replace(ttl=MAX_SECONDS, lease=MAX_SECONDS - 1)
+        async with store.guard("k", policy=longest) as call:
+            assert await store.lease_left(store.guard_record("k")) > (MAX_SECONDS - 2) * 1000
+            call.save(1)
+        async with store.guard("k", policy=longest) as again:
+            assert again.replayed
+        assert await store.pttl(store.guard_record("k").key) > (MAX_SECONDS - 60) * 1000
 
     # ---- issue 9 item 4: errors and policies ----------------------------------------------
 
@@ -390,3 +400,113 @@ def test_a_guard_fingerprints_its_payload_as_records_says(payload: object) -> No
         )
     finally:
         store.close()
+
+
+# ---- audit 53: @idempotent's arguments are checked when it decorates -----------------------
+
+
+class Declined(Exception):
+    pass
+
+
+def charge_invoice(invoice: int) -> int:
+    return invoice
+
+
+@pytest.mark.parametrize(
+    ("options", "says"),
+    [
+        ({"name": 5}, r"name=\.\.\.\): expected a non-empty string"),
+        ({"name": ""}, r"name=\.\.\.\): expected a non-empty string"),
+        ({"scope": None}, r"scope=\.\.\.\): expected a str"),
+        ({"policy": "strict"}, r"policy=\.\.\.\): expected a Policy"),
+        ({"policy": Policy(header="X-Key")}, r"Policy\.header applies to HTTP requests only"),
+        ({"result_type": 5}, r"result_type=\.\.\.\): msgspec cannot decode into 5"),
+        ({"result_type": "int"}, r"result_type=\.\.\.\): msgspec cannot decode into 'int'"),
+        ({"outcome": "yes"}, r"outcome=\.\.\.\): expected True or False"),
+        ({"cache_exceptions": {Declined: None}}, "the fields of Declined must be a tuple"),
+        ({"cache_exceptions": {Declined: 5}}, "the fields of Declined must be a tuple"),
+    ],
+    ids=[
+        "name-int",
+        "name-empty",
+        "scope-none",
+        "policy-str",
+        "policy-http-field",
+        "result-type-5",
+        "result-type-str",
+        "outcome-str",
+        "fields-none",
+        "fields-int",
+    ],
+)
+def test_idempotent_refuses_a_bad_argument_when_it_decorates(
+    options: dict[str, Any], says: str
+) -> None:
+    # On main each was accepted: result_type=5 ran and stored the work, then every retry raised
+    # ConfigurationError; name=5 was an AttributeError at every call; {E: None} a TypeError.
+    client = redis.Redis(port=free_port())  # never reached: nothing is claimed
+    store = RedisStore(client)
+    try:
+        with pytest.raises(ConfigurationError, match=says):
+            idempotent(store, key=lambda invoice: str(invoice), **options)(charge_invoice)
+    finally:
+        store.close()
+        client.close()
+
+
+def make_charger(provider: str, store: RedisStore, sent: list[str], name: str | None) -> Any:
+    @idempotent(store, key=lambda order_id: f"order:{order_id}", name=name)
+    def charge(order_id: str) -> str:
+        sent.append(provider)
+        return f"{provider} charged {order_id}"
+
+    return charge
+
+
+def test_a_function_made_inside_another_needs_a_name() -> None:
+    """On main two closures of one factory (and two lambdas) shared module.qualname and so
+    their records: paypal's charge was answered with stripe's result and never ran."""
+    import fakeredis
+
+    store, sent = RedisStore(fakeredis.FakeRedis()), []
+    with pytest.raises(
+        ConfigurationError, match=r"needs name= for .*make_charger\.<locals>\.charge"
+    ):
+        make_charger("stripe", store, sent, None)
+    with pytest.raises(ConfigurationError, match=r"needs name= for .*<lambda>"):
+        idempotent(store, key=lambda x: str(x))(lambda x: 2 * x)
+    stripe = make_charger("stripe", store, sent, "charges.stripe")
+    paypal = make_charger("paypal", store, sent, "charges.paypal")
+    assert (stripe("1001"), paypal("1001")) == ("stripe charged 1001", "paypal charged 1001")
+    assert (stripe("1001"), paypal("1001")) == ("stripe charged 1001", "paypal charged 1001")
+    assert sent == ["stripe", "paypal"]
+    store.close()
+
+
+class Charger:
+    def __call__(self, order_id: str) -> str:
+        return f"charged {order_id}"
+
+
+def charge_with(provider: str, order_id: str) -> str:
+    return f"{provider} charged {order_id}"
+
+
+def test_a_callable_without_a_qualified_name_needs_a_name() -> None:
+    # On main: AttributeError ('functools.partial' object has no attribute '__qualname__').
+    import functools
+
+    import fakeredis
+
+    store = RedisStore(fakeredis.FakeRedis())
+    for target in (functools.partial(charge_with, "stripe"), Charger()):
+        with pytest.raises(ConfigurationError, match="needs name="):
+            idempotent(store, key=lambda order_id: order_id)(target)
+    partial = idempotent(store, key=lambda order_id: order_id, name="charges.partial")(
+        functools.partial(charge_with, "stripe")
+    )
+    instance = idempotent(store, key=lambda order_id: order_id, name="charges.instance")(Charger())
+    assert partial("1") == partial("1") == "stripe charged 1"
+    assert instance("1") == instance("1") == "charged 1"
+    store.close()

@@ -243,7 +243,7 @@ async def shutdown() -> None:
 def replay_aware() -> bool:
     """@idempotent(outcome=True): the result with whether it was a replay."""
 
-    @idempotent(store, key=lambda invoice: f"charge:{invoice}", outcome=True)
+    @idempotent(store, key=lambda invoice: f"charge:{invoice}", outcome=True, name="charge")
     def charge_once(invoice: int) -> int:
         return invoice
 
@@ -253,7 +253,7 @@ def replay_aware() -> bool:
 
 
 async def replay_aware_async() -> bool:
-    @idempotent(astore, key=lambda invoice: f"charge:{invoice}", outcome=True)
+    @idempotent(astore, key=lambda invoice: f"charge:{invoice}", outcome=True, name="charge")
     async def charge_once(invoice: int) -> int:
         return invoice
 
