@@ -114,6 +114,97 @@ def test_url_options_win_over_the_defaults() -> None:
     assert {name: default[name] for name in URL_CLIENT_OPTIONS} == URL_CLIENT_OPTIONS
 
 
+#: URLs redis-py parses but no connection can use (audit 53): on main each was accepted, and the
+#: first request failed (a 500 and a traceback in Flask), or '/abc' silently used db 0.
+UNUSABLE = {
+    "db-not-a-number": ("redis://127.0.0.1:{port}/abc", "database"),
+    "db-negative": ("redis://127.0.0.1:{port}/-1", "database"),
+    "db-query-negative": ("redis://127.0.0.1:{port}/?db=-1", "database"),
+    "db-too-large": ("redis://127.0.0.1:{port}/99999999999", "database"),
+    "timeout-typo": ("redis://127.0.0.1:{port}/0?sockettimeout=2", "sockettimeout"),
+    "unknown-option": ("redis://127.0.0.1:{port}/0?db=5&foo=bar", "foo"),
+    "timeout-negative": ("redis://127.0.0.1:{port}/0?socket_timeout=-1", "socket_timeout"),
+    "timeout-zero": ("redis://127.0.0.1:{port}/0?socket_connect_timeout=0", "socket_connect"),
+    "timeout-infinite": ("redis://127.0.0.1:{port}/0?socket_timeout=inf", "socket_timeout"),
+    "protocol": ("redis://127.0.0.1:{port}/0?protocol=9", "protocol"),
+    "ssl-flag": ("rediss://127.0.0.1:{port}/0?ssl_cert_reqs=bogus", "bogus"),
+    "unix-no-path": ("unix://", "socket's path"),
+}
+
+
+@pytest.fixture
+def listener() -> Iterator[socket.socket]:
+    """A port that listens and never accepts: a client that connected would sit in its backlog."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(8)
+    sock.setblocking(False)
+    try:
+        yield sock
+    finally:
+        sock.close()
+
+
+def nobody_connected(sock: socket.socket) -> bool:
+    try:
+        sock.accept()[0].close()
+    except BlockingIOError:
+        return True
+    return False
+
+
+@pytest.mark.parametrize("kind", ["sync", "asyncio", "cluster"])
+@pytest.mark.parametrize(("url", "says"), UNUSABLE.values(), ids=UNUSABLE.keys())
+def test_a_url_no_connection_can_use_is_refused_when_the_client_is_made(
+    listener: socket.socket, url: str, says: str, kind: str
+) -> None:
+    from idemkey import ConfigurationError
+
+    port = listener.getsockname()[1]
+    with pytest.raises(ConfigurationError, match=f"IDEMKEY_REDIS_URL cannot be used: .*{says}"):
+        client_from_url(
+            url.format(port=port),
+            asyncio=kind == "asyncio",
+            cluster=kind == "cluster",
+            source="IDEMKEY_REDIS_URL",
+        )
+    assert nobody_connected(listener)
+
+
+@pytest.mark.parametrize("url", [6379, None, b"redis://127.0.0.1:6379/0"], ids=repr)
+def test_a_url_that_is_not_a_string_is_refused(url: object) -> None:
+    from idemkey import ConfigurationError
+
+    # On main: AttributeError ('int' object has no attribute 'lower') or a TypeError.
+    with pytest.raises(ConfigurationError, match="IDEMKEY_REDIS_URL cannot be used: expected a"):
+        client_from_url(url, source="IDEMKEY_REDIS_URL")  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("kind", ["sync", "asyncio"])
+def test_usable_urls_are_accepted_without_connecting(listener: socket.socket, kind: str) -> None:
+    port = listener.getsockname()[1]
+    for url, db in [
+        (f"redis://127.0.0.1:{port}", 0),
+        (f"redis://127.0.0.1:{port}/", 0),
+        (f"redis://127.0.0.1:{port}/3", 3),
+        (f"redis://127.0.0.1:{port}/?db=2&socket_timeout=0.5&health_check_interval=10", 2),
+        (f"rediss://127.0.0.1:{port}/1?ssl_cert_reqs=none", 1),
+        ("unix:///tmp/idemkey-none.sock?db=4", 4),
+    ]:
+        client = client_from_url(url, asyncio=kind == "asyncio")
+        assert client.connection_pool.connection_kwargs.get("db", 0) == db
+    assert nobody_connected(listener)
+
+
+def test_flask_refuses_an_unusable_url_at_init_app() -> None:
+    from idemkey import ConfigurationError
+
+    app = Flask(__name__)
+    app.config["IDEMKEY_REDIS_URL"] = "redis://127.0.0.1:6379/0?socket_timeout=-1"
+    with pytest.raises(ConfigurationError, match="IDEMKEY_REDIS_URL cannot be used"):
+        Idemkey(app)
+
+
 def test_flask_url_client_answers_503_from_a_black_hole(black_hole: BlackHole, prefix: str) -> None:
     app = readme_flask_app(black_hole.url, prefix)
     client = app.test_client()
