@@ -129,3 +129,37 @@ def test_the_page_client_gets_503_in_about_a_second_when_redis_hangs(
         client["client"].close()
     assert response.status_code == 503, response.get_data(as_text=True)
     assert 0.9 < seconds < 3.0  # two reads of 0.5 s (the page: "about a second")
+
+
+def test_the_retry_story_shows_the_header_lines_the_demo_sends_in_their_order() -> None:
+    """The page's "real output" of `idemkey serve`: the same request twice, then another body
+    and no key, through the demo app the command serves; the header lines each answer shows
+    are the app's, in the app's order (a replay keeps the first answer's order)."""
+    import re
+    from pathlib import Path
+
+    from idemkey.cli.demo_app import demo_policy
+    from idemkey.cli.demo_app.flask_app import create_app
+    from idemkey.testing import fake_store
+
+    page = (Path(__file__).parent.parent / "docs" / "behaviour.md").read_text("utf-8")
+    console = re.search(r"## The retry story over HTTP.*?```console\n(.*?)```", page, re.S)
+    assert console is not None
+    shown = [
+        [line.split(":")[0] for line in answer.splitlines() if re.match(r"[A-Z][\w-]*: ", line)]
+        for answer in re.split(r"\n\$ ", console[1])
+    ]
+    app = create_app(fake_store(demo_policy()))
+    client = app.test_client()
+    headers = {"Idempotency-Key": "order-1001", "Account": "acct_demo"}
+    charge = {"amount": 1000, "currency": "eur"}
+    answers = [
+        client.post("/charges", json=charge, headers=headers),
+        client.post("/charges", json=charge, headers=headers),
+        client.post("/charges", json={**charge, "amount": 2000}, headers=headers),
+        client.post("/charges", json=charge, headers={"Account": "acct_demo"}),
+    ]
+    sent = [[name for name, _ in answer.headers] for answer in answers]
+    assert [answer.status_code for answer in answers] == [201, 201, 422, 400]
+    for page_names, names in zip(shown, sent, strict=True):
+        assert page_names == [name for name in names if name in page_names], (page_names, names)
