@@ -67,6 +67,24 @@ def test_doctor_on_the_session_server(idemkey: CliRunner, redis_url: str) -> Non
     assert "over 20 PINGs" in checks["round trip"]["detail"]
 
 
+def test_doctor_prints_the_checks_and_scripts_the_operators_page_shows(
+    idemkey: CliRunner, redis_url: str
+) -> None:
+    """docs/operators.md's "real output": the same checks in the same order, and the scripts
+    line as printed (it named 5 scripts after there were 8)."""
+    import re
+
+    page = (ROOT / "docs" / "operators.md").read_text("utf-8")
+    block = re.search(r"### `idemkey doctor`\n\n```\n(.*?)```", page, re.S)
+    assert block is not None
+    shown = [line for line in block[1].splitlines() if line[:4] in ("OK  ", "WARN", "FAIL")]
+    real = [line for line in idemkey("doctor", "--redis-url", redis_url).out.splitlines()]
+    real = [line for line in real if line[:4] in ("OK  ", "WARN", "FAIL")]
+    assert [line[6:24] for line in shown] == [line[6:24] for line in real]
+    scripts = [line for line in real if line[6:].startswith("scripts")]
+    assert scripts == [line for line in shown if line[6:].startswith("scripts")]
+
+
 def test_doctor_warns_about_an_evicting_server(
     idemkey: CliRunner, redis_server_factory: Callable[..., RedisServer]
 ) -> None:

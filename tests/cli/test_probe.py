@@ -81,6 +81,22 @@ def test_the_flask_demo_passes_every_check(idemkey: CliRunner, flask_demo: str) 
     assert run.out.splitlines()[-1].startswith("verdict: PASS: every check holds")
 
 
+def test_the_operators_page_shows_what_the_probe_prints_of_the_demo(
+    idemkey: CliRunner, flask_demo: str
+) -> None:
+    """docs/operators.md's probe of `idemkey serve` ("real output"): each check's line up to
+    the body it quotes, which the page trims (checks 3 and 4 lacked the retry and retention)."""
+    import re
+
+    page = (Path(__file__).resolve().parents[2] / "docs" / "operators.md").read_text("utf-8")
+    block = re.search(r"```console\n\$ idemkey probe .*?```", page, re.S)
+    assert block is not None
+    run = idemkey("probe", f"{flask_demo}/charges", "--data", CHARGE, *TENANT, *SLOW)
+    for check in (3, 4):
+        shown = next(line for line in block[0].splitlines() if line.startswith(f"PASS  {check} "))
+        assert _line(run, check).split(", body")[0] == shown.split(", body")[0]
+
+
 def test_the_probe_reports_a_retention_header_and_a_marked_first_answer(
     idemkey: CliRunner, real_client: redis.Redis, prefix: str
 ) -> None:
