@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from idemkey.http import _scope as http_scope
 from tests._pages import PAGES, ROOT, blocks, run_page, run_twice, write_page
 from tests._servers import RedisServer, free_port, user_environ
 
@@ -90,19 +91,26 @@ def test_effects_page(
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     """Both samples run as printed, twice (the second run replays from Redis), then once more
-    after Redis restarted with nothing kept (replayed from the database): the same output."""
+    after Redis restarted with nothing kept (replayed from the database): the same output, and
+    no warning (the HTTP sample sends a credential, as the page tells a service to)."""
     pytest.importorskip("sqlalchemy")
     monkeypatch.chdir(tmp_path)  # the samples write shop.db and orders.db here
     charge_out = ["{'invoice': 'inv-3003'}"] * 2 + ["1"]
     order_out = ["201 {'order': 1, 'sku': 'tea'}"] * 2 + ["1"]
+    # The warning of a request without credentials is logged once per process: let this
+    # test see whether the page's requests would log it (they carry a credential).
+    monkeypatch.setattr(http_scope, "_warned", False)
     for run in ("first", "second", "after a restart"):
         if run == "after a restart":
             private_redis_server.restart()
         charges, orders = run_page("docs/effects.md", private_redis_server.url)
         try:
             assert capsys.readouterr().out.splitlines() == charge_out + order_out, run
+            warned = [r.getMessage() for r in caplog.records if "no credential" in r.getMessage()]
+            assert warned == [], run
             # The charge's result was committed into idemkey_effects with the business row.
             with charges["Session"](charges["engine"]) as session:
                 rows = session.execute(charges["effects"].table.select()).all()
