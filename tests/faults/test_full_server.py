@@ -59,10 +59,14 @@ def test_a_full_server_refuses_a_takeover_and_keeps_the_record(
     full_later.config_set("maxmemory", 1)
     try:
         ran: list[str] = []
-        with pytest.raises(StoreError, match="OOM|memory"):
+
+        def duplicate() -> None:
             with guard(store, "charge-1", payload=b"x") as call:
                 ran.append("duplicate")
                 call.save(1)
+
+        with pytest.raises(StoreError, match=r"OOM|memory"):
+            duplicate()
         assert ran == []
         assert full_later.hgetall(record.key) == fields  # nothing written, the owner kept
     finally:
