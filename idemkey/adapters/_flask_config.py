@@ -28,6 +28,7 @@ __all__ = ["AppState", "BodyCapture", "app_state", "view_overrides"]
 _PREFIX = "IDEMKEY_"
 #: Config keys of the Redis client idemkey builds (``IDEMKEY_REDIS_URL``), not Policy fields.
 _CLIENT_PREFIX = "IDEMKEY_REDIS_"
+_URL = "IDEMKEY_REDIS_URL"
 _VIEW = "@idem.idempotent(...) with the app's policy"
 
 
@@ -98,13 +99,26 @@ def app_state(config: Any, store: RedisStore | None, policy: Policy | None) -> A
     """The state for an app: ``policy`` as it is, else the store's policy (or the defaults)
     with every ``IDEMKEY_<FIELD>`` key of ``config`` applied; a store from
     ``IDEMKEY_REDIS_URL`` unless one is given."""
+    for key in config:
+        # Only the URL is read: a password, database or timeout key would be dropped silently.
+        if isinstance(key, str) and key.startswith(_CLIENT_PREFIX) and key != _URL:
+            raise ConfigurationError(
+                f"{key} (Flask config): not a key idemkey reads; the only {_CLIENT_PREFIX}* key "
+                f"is {_URL}: put the password, database and timeouts in it "
+                "(redis://:password@host:6379/0?socket_timeout=5), or pass "
+                "Idemkey(store=RedisStore(client))"
+            )
     if policy is None:
         policy = _configured(store.policy if store else Policy(), config)
     if store is None:
-        url = config.get("IDEMKEY_REDIS_URL")
+        url = config.get(_URL)
         if not url:
-            raise ConfigurationError("set IDEMKEY_REDIS_URL or pass Idemkey(store=...)")
-        store = RedisStore(client_from_url(url, source="IDEMKEY_REDIS_URL"), policy)
+            raise ConfigurationError(f"set {_URL} or pass Idemkey(store=...)")
+        if not isinstance(url, str):
+            raise ConfigurationError(
+                f"{_URL} (Flask config): expected a URL string, got {type(url).__name__}"
+            )
+        store = RedisStore(client_from_url(url, source=_URL), policy)
     return AppState(store, policy, Driver(store))
 
 
@@ -116,7 +130,7 @@ def view_overrides(overrides: dict[str, Any]) -> dict[str, Any]:
 
 def _configured(base: Policy, config: Any) -> Policy:
     """``base`` with every ``IDEMKEY_<FIELD>`` config key applied, each typed and checked;
-    an ``IDEMKEY_`` key that is no field is refused (``IDEMKEY_REDIS_*`` are the client's)."""
+    an ``IDEMKEY_`` key that is no field is refused (``IDEMKEY_REDIS_*``: see app_state)."""
     options = {
         key[len(_PREFIX) :].lower(): value
         for key, value in config.items()

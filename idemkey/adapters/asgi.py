@@ -43,6 +43,7 @@ from ._asgi_messages import (
     respond,
 )
 from ._async_driver import AsyncDriver
+from ._checks import checked_policy, checked_routes, checked_store
 
 __all__ = ["ASGIApp", "IdempotencyMiddleware", "Message", "Receive", "Scope", "Send"]
 
@@ -65,8 +66,12 @@ class IdempotencyMiddleware:
         routes: Routes | KnownRoute | None = None,
     ) -> None:
         self.app = app
-        self.store = store
+        self.store = store = checked_store(
+            store, AsyncRedisStore, "IdempotencyMiddleware(store=...)"
+        )
+        policy = checked_policy(policy, "IdempotencyMiddleware(policy=...)")
         self.policy = policy if policy is not None else store.policy
+        routes = checked_routes(routes, "IdempotencyMiddleware(routes=...)")
         self.routes = routes.bind(self.policy) if routes is not None else None
         self.driver = AsyncDriver(store)
 

@@ -155,8 +155,7 @@ class IdempotencyMiddleware:
 
     def __init__(self, get_response: Callable[[HttpRequest], HttpResponseBase]) -> None:
         self.get_response = get_response
-        config = dict(getattr(settings, "IDEMKEY", {}) or {})
-        store, custom, self.guard_all = configure(config)
+        store, custom, self.guard_all = configure(getattr(settings, "IDEMKEY", None) or {})
         self.store = store
         self.driver = Driver(store)
         fallback = store.policy.scope

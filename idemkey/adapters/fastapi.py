@@ -59,6 +59,8 @@ from fastapi.routing import APIRoute
 from .._options import derive, keyword, policy_options
 from ..errors import ConfigurationError
 from ..http.routes import KnownRoute
+from ..store import AsyncRedisStore
+from ._checks import checked_policy, checked_store
 from ._fastapi_openapi import document
 from .asgi import IdempotencyMiddleware
 
@@ -68,7 +70,6 @@ if TYPE_CHECKING:
     from starlette.types import Receive, Scope, Send
 
     from ..policy import Policy
-    from ..store import AsyncRedisStore
 
 __all__ = ["Idempotency", "IdempotentRoute"]
 
@@ -105,7 +106,8 @@ class Idempotency:
         *,
         problem_media_type: str = "application/json",
     ) -> None:
-        self.store = store
+        self.store = store = checked_store(store, AsyncRedisStore, "Idempotency(store=...)")
+        policy = checked_policy(policy, "Idempotency(policy=...)")
         self.policy = policy if policy is not None else store.policy
         #: The media type OpenAPI gives idemkey's answers when ``Policy.render_problem`` renders
         #: them in your API's own shape (else they are RFC 9457 ``application/problem+json``).

@@ -20,7 +20,8 @@ Configuration, when no ``store`` is passed: ``IDEMKEY_REDIS_URL`` (required then
 ...); a ``policy`` passed in is used as it is. Every option, config key or view keyword, is
 typed and checked once (``IDEMKEY_METHODS = "POST"`` is a ``ConfigurationError``, not the set
 ``{'P', 'O', 'S', 'T'}``), and an ``IDEMKEY_`` key that is no field is refused
-(``IDEMKEY_REDIS_*`` keys are the client's). Per app: ``app.extensions["idemkey"]``; per
+(``IDEMKEY_REDIS_URL`` is the client's, and carries its password, database and timeouts; any
+other ``IDEMKEY_REDIS_*`` key is refused too). Per app: ``app.extensions["idemkey"]``; per
 request: ``g.idemkey``, on every request a guarded view gets: the
 :class:`~idemkey.http.Exchange` while the view runs under a claim (``.claim.fence`` is the
 fencing token), else None (no key with ``required=False``, a method the policy does not guard,
@@ -47,6 +48,8 @@ from flask import current_app, g, request
 
 from ..errors import ConfigurationError
 from ..http import Response, begin
+from ..store import RedisStore
+from ._checks import checked_policy, checked_store
 from ._environ import BODY_KEY, read_body, read_werkzeug_body, request_of
 from ._flask_config import AppState, BodyCapture, app_state, view_overrides
 from ._flask_response import body_of, render_view, respond
@@ -56,7 +59,6 @@ if TYPE_CHECKING:
     from flask.typing import ResponseReturnValue
 
     from ..policy import Policy
-    from ..store import RedisStore
     from ._sync_driver import Driver
 
 __all__ = ["Idemkey"]
@@ -73,8 +75,8 @@ class Idemkey:
         store: RedisStore | None = None,
         policy: Policy | None = None,
     ) -> None:
-        self.store = store
-        self.policy = policy
+        self.store = _checked(store, "Idemkey(store=...)")
+        self.policy = checked_policy(policy, "Idemkey(policy=...)")
         self._overrides: list[dict[str, Any]] = []  # every view's Policy changes, for capture
         if app is not None:
             self.init_app(app)
@@ -85,7 +87,7 @@ class Idemkey:
         ``store`` is this app's store (an app factory's ``create_app(store=...)``, a test's
         ``idemkey_store``); it wins over the constructor's and over ``IDEMKEY_REDIS_URL``.
         """
-        chosen = store if store is not None else self.store
+        chosen = _checked(store, "init_app(store=...)") if store is not None else self.store
         app.extensions["idemkey"] = state = app_state(app.config, chosen, self.policy)
         # Capture a keyed body before Flask runs a hook that may consume it (request.form).
         state.capture_rule(self._overrides)  # every view's policy derived now: a bad one fails here
@@ -170,6 +172,10 @@ def _guard(
         response.headers.clear()
         response.headers.extend(sent)
     return response
+
+
+def _checked(store: RedisStore | None, where: str) -> RedisStore | None:
+    return None if store is None else checked_store(store, RedisStore, where)
 
 
 def _unclaimed(view: Callable[..., Any], args: Any, kwargs: Any) -> ResponseReturnValue:

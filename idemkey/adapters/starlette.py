@@ -27,11 +27,12 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from ..http.routes import KnownRoute
+from ..store import AsyncRedisStore
+from ._checks import checked_policy, checked_store
 from .asgi import IdempotencyMiddleware
 
 if TYPE_CHECKING:
     from ..policy import Policy
-    from ..store import AsyncRedisStore
     from .asgi import ASGIApp
 
 __all__ = ["Idempotency"]
@@ -46,7 +47,8 @@ class Idempotency:
     """
 
     def __init__(self, store: AsyncRedisStore, policy: Policy | None = None) -> None:
-        self.store = store
+        self.store = store = checked_store(store, AsyncRedisStore, "Idempotency(store=...)")
+        policy = checked_policy(policy, "Idempotency(policy=...)")
         self.policy = policy if policy is not None else store.policy
 
     def guard(self, route: R, /, **options: Any) -> R:

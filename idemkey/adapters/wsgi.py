@@ -23,6 +23,8 @@ from typing import TYPE_CHECKING
 
 from ..http import Response, begin
 from ..http.routes import KnownRoute, Routes
+from ..store import RedisStore
+from ._checks import checked_policy, checked_routes, checked_store
 from ._environ import EnvironHeaders, read_body, request_of
 from ._sync_driver import Driver
 from ._wsgi_response import DRAIN_SECONDS, EXCHANGE_KEY, TeeIterable, send
@@ -33,7 +35,6 @@ if TYPE_CHECKING:
     from _typeshed.wsgi import StartResponse, WSGIApplication, WSGIEnvironment
 
     from ..policy import Policy
-    from ..store import RedisStore
 
 __all__ = ["DRAIN_SECONDS", "EnvironHeaders", "IdempotencyMiddleware"]
 
@@ -55,8 +56,10 @@ class IdempotencyMiddleware:
         routes: Routes | KnownRoute | None = None,
     ) -> None:
         self.app = app
-        self.store = store
+        self.store = store = checked_store(store, RedisStore, "IdempotencyMiddleware(store=...)")
+        policy = checked_policy(policy, "IdempotencyMiddleware(policy=...)")
         self.policy = policy if policy is not None else store.policy
+        routes = checked_routes(routes, "IdempotencyMiddleware(routes=...)")
         self.routes = routes.bind(self.policy) if routes is not None else None
         self.driver = Driver(store)
 

@@ -57,6 +57,9 @@ except ImportError as exc:  # pragma: no cover - exercised with mcp hidden
     ) from exc
 
 from .._core import MAX_KEY_LENGTH
+from .._options import derive as derived
+from .._options import keyword, policy_options, seconds
+from ..adapters._checks import checked_guard_policy, checked_store
 from ..errors import ConfigurationError, IdemkeyError
 from ..guard import aguard
 from ..policy import Policy
@@ -158,22 +161,20 @@ class IdempotentTools:
             )
         if (operation is not None or bucket is not None) and not derive:
             raise ConfigurationError("IdempotentTools: operation= and bucket= need derive=True")
-        if bucket is not None and not bucket > 0:
-            raise ConfigurationError(f"IdempotentTools: bucket= must be seconds > 0, got {bucket}")
+        if bucket is not None:
+            seconds(bucket, "IdempotentTools(bucket=...)")
         if derive:
             argument = None  # the key is the call's own: the model passes none
         elif argument is None and meta_field is None and params_field is None:
             raise ConfigurationError(
                 "IdempotentTools needs an argument, a meta_field, a params_field or derive=True"
             )
-        self.store = store
-        self.policy = (
-            policy
-            if policy is not None
-            else store.policy.replace(
-                ttl=AGENT_TTL if ttl is None else ttl, wait=5.0 if wait is None else wait
-            )
-        )
+        # Every call runs under aguard(): an AsyncRedisStore, and a policy a guard can honour.
+        self.store = store = checked_store(store, AsyncRedisStore, "IdempotentTools(store=...)")
+        policy = checked_guard_policy(policy, store.policy, "IdempotentTools(policy=...)")
+        agent = {"ttl": AGENT_TTL if ttl is None else ttl, "wait": 5.0 if wait is None else wait}
+        changes = policy_options(agent, keyword("IdempotentTools"))
+        self.policy = policy or derived(store.policy, changes, "IdempotentTools(ttl=...)")
         self.argument = argument
         self.meta_field = meta_field
         self.params_field = params_field
@@ -343,9 +344,7 @@ class IdempotentTools:
         convert: Callable[[Any], Any],
     ) -> CallToolResult:
         """Claim the key, run the tool (or replay it) and store its result."""
-        ran = (
-            False  # whether the tool's body started: a store failure after it is not "nothing ran"
-        )
+        ran = False  # whether the tool's body started: a store failure then is not "nothing ran"
         try:
             async with aguard(
                 self.store, key, payload=fingerprint, scope=f"mcp:{principal}", policy=self.policy

@@ -10,7 +10,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from .._core import parse_key, record_for
-from ..errors import ConfigurationError, InvalidKeyError
+from ..errors import InvalidKeyError
+from ..events import logger
 from ._exchange import Exchange
 from ._messages import Request, Response, content_length
 from ._problems import render
@@ -49,7 +50,7 @@ def begin(policy: Policy, request: Request) -> Exchange | Response | None:
     else:
         scope = scope_of(request)
         if not isinstance(scope, str):
-            raise ConfigurationError(f"Policy.scope must return a str, got {type(scope).__name__}")
+            return _scope_refused(policy, request, scope)
     method = request.method
     template = request.route
     route = template or request.path
@@ -64,4 +65,20 @@ def begin(policy: Policy, request: Request) -> Exchange | Response | None:
         record_for(policy.prefix, scope, method, route, key),
         policy.on_event,
         content_length(request.headers),
+    )
+
+
+def _scope_refused(policy: Policy, request: Request, scope: object) -> Response:
+    """The answer when the app's scope function returns no str (None for an anonymous user):
+    the app's bug, so a 500 problem and one ERROR line, never a traceback to the client;
+    nothing is claimed. The type is logged, not sent: the scope is the app's business."""
+    logger.error(
+        "idemkey: Policy.scope returned %s, not a str, for %s %s: answered 500 invalid_scope "
+        "(nothing claimed); return the tenant as a str for every keyed request",
+        type(scope).__name__,
+        request.method,
+        request.route or ROUTE_UNKNOWN,  # a template, never the client's path
+    )
+    return render(
+        policy, 500, "invalid_scope", "the server could not tell whose key this is; nothing ran"
     )

@@ -1,4 +1,4 @@
-"""Idemkey's own answers (400, 409, 410, 413, 422, 503) as RFC 9457 problem documents.
+"""Idemkey's own answers (400, 409, 410, 413, 422, 500, 503) as RFC 9457 problem documents.
 
 :func:`problem` builds the ``application/problem+json`` response, :func:`render` the one in the
 policy's format (``Policy.render_problem``, handed a :class:`Problem`). :mod:`idemkey.http`
@@ -37,6 +37,7 @@ _TITLES: Final = {
     "incomplete_body": "Request body shorter than its Content-Length",
     "invalid_body": "Request body could not be read",
     "body_unavailable": "Request body was read before idemkey could fingerprint it",
+    "invalid_scope": "The server could not tell whose Idempotency-Key this is",
     "store_unavailable": "Idempotency store unavailable",
     "record_unreadable": "Stored response unreadable",
     "key_expired": "Idempotency-Key expired",
@@ -59,6 +60,7 @@ RETRY: Final[dict[str, RetryAdvice]] = {
     "incomplete_body": "same_key",  # cut off on the way: nothing was claimed
     "invalid_body": "same_key",  # the server could not read it: nothing was claimed
     "body_unavailable": "never",  # the app read the body first: a server bug, not the client's
+    "invalid_scope": "never",  # the app's scope function returned no str: the server's bug
     "store_unavailable": "same_key",  # nothing ran; the store answers after Retry-After
     "record_unreadable": "same_key",  # stored, but unreadable by this release (a rolling deploy)
     "key_expired": "never",  # it ran once, its record is gone: a new key would run it again
@@ -117,16 +119,18 @@ def problem(
 
 @dataclass(frozen=True, slots=True)
 class Problem:
-    """An answer idemkey gives on its own (400, 409, 410, 413, 422, 503), before it is rendered.
+    """An answer idemkey gives on its own (400, 409, 410, 413, 422, 500, 503), before it is
+    rendered.
 
     ``Policy.render_problem`` receives it and returns ``(content_type, body)``; the status and
     the headers (``Retry-After`` on 409 and 503) stay idemkey's, so clients keep their retry
     logic whatever the body looks like. ``code`` is stable (``missing_key``, ``invalid_key``,
     ``key_reused``, ``in_flight``, ``request_too_large``, ``incomplete_body``,
-    ``invalid_body``, ``body_unavailable``, ``store_unavailable``, ``record_unreadable``,
-    ``key_expired``, ``response_lost``); ``retry_after`` is in whole seconds; ``retention``
-    is how long a key is honoured, in whole seconds (``Policy.ttl``); ``retry`` is what the
-    client should do next (:data:`RETRY`: ``"same_key"``, ``"new_key"`` or ``"never"``).
+    ``invalid_body``, ``body_unavailable``, ``invalid_scope``, ``store_unavailable``,
+    ``record_unreadable``, ``key_expired``, ``response_lost``); ``retry_after`` is in whole
+    seconds; ``retention`` is how long a key is honoured, in whole seconds (``Policy.ttl``);
+    ``retry`` is what the client should do next (:data:`RETRY`: ``"same_key"``, ``"new_key"``
+    or ``"never"``).
     """
 
     status: int

@@ -138,11 +138,15 @@ def test_a_bad_option_is_a_configuration_error_naming_it_and_its_source(
     assert str(raised.value).startswith(f"{path.label(option)}: {says}"), str(raised.value)
 
 
-def test_an_idemkey_config_key_that_is_no_field_is_refused_but_redis_keys_are_the_clients() -> None:
-    # A typo was silently ignored on main.
+def test_an_idemkey_config_key_that_is_no_field_is_refused_and_so_is_an_unread_redis_key() -> None:
+    # A typo was silently ignored on main; so was every IDEMKEY_REDIS_* key but the URL.
     with pytest.raises(ConfigurationError, match=re.escape("IDEMKEY_REQUIRED_KEY (Flask config)")):
         _flask_config({"required_key": False})
-    _flask_config({"redis_options": {"socket_timeout": 1}})  # IDEMKEY_REDIS_*: not a field
+    with pytest.raises(
+        ConfigurationError,
+        match=re.escape("IDEMKEY_REDIS_OPTIONS (Flask config): not a key idemkey reads"),
+    ):
+        _flask_config({"redis_options": {"socket_timeout": 1}})
 
 
 def test_a_lease_longer_than_the_ttl_names_the_source() -> None:

@@ -410,3 +410,137 @@ def test_a_forged_remembered_failure_is_never_raised_into_the_task(
         assert "StoredFailureError" in (again.traceback or ""), again.traceback
         assert forged[0] in str(raised.value)
         assert client.get(f"{prefix}:runs:{order}") == b"1"
+
+
+# ---- options checked when the task is declared ---------------------------------------------
+# On main each of these was taken by @app.task(...) and failed at every run: an untyped
+# TypeError ('Redis' object is not callable, 'str' object is not callable) or a
+# ConfigurationError per delivery; a retry delay of NaN or a count of -1 was used as given.
+
+
+def declare(**options: object) -> IdempotentTask:
+    """A task with ``options``, built as a worker builds it when it starts (app.finalize)."""
+    from idemkey import RedisStore
+
+    app = Celery("declared", set_as_current=False)
+    options.setdefault(
+        "idempotency_store", RedisStore(redis.Redis.from_url("redis://127.0.0.1:1/0"))
+    )
+
+    @app.task(base=IdempotentTask, shared=False, name="tests.declared", **options)
+    def declared(order_id: str) -> str:
+        return order_id
+
+    app.finalize()
+    return app.tasks["tests.declared"]  # type: ignore[no-any-return]
+
+
+def _async_store() -> object:
+    import redis.asyncio
+
+    from idemkey import AsyncRedisStore
+
+    return AsyncRedisStore(redis.asyncio.Redis.from_url("redis://127.0.0.1:1/0"))
+
+
+BAD_OPTIONS = {
+    "store=client": (
+        {"idempotency_store": redis.Redis.from_url("redis://127.0.0.1:1/0")},
+        "idempotency_store= (task 'tests.declared'): expected a RedisStore or a function "
+        "returning one, got a Redis client (redis.client.Redis), not a store: pass RedisStore(",
+    ),
+    "store=async": (
+        {"idempotency_store": _async_store()},
+        "idempotency_store= (task 'tests.declared'): expected a RedisStore or a function "
+        "returning one, got an AsyncRedisStore",
+    ),
+    "store=factory(x)": (
+        {"idempotency_store": lambda url: None},
+        "idempotency_store= (task 'tests.declared'): a store factory is called with no arguments",
+    ),
+    "key=str": (
+        {"idempotency_key": "order_id"},
+        "idempotency_key= (task 'tests.declared'): expected a function of the task's arguments "
+        "returning the key, got the string 'order_id'",
+    ),
+    "policy=dict": (
+        {"idempotency_policy": {"ttl": 60}},
+        "idempotency_policy= (task 'tests.declared'): expected an idemkey.Policy or None, got dict",
+    ),
+    "policy=http-only": (
+        {"idempotency_policy": __import__("idemkey").Policy(methods=["PUT"])},
+        "idempotency_policy= (task 'tests.declared'): Policy.methods applies to HTTP requests",
+    ),
+    "deadline=0": (
+        {"idempotency_deadline": 0},
+        "idempotency_deadline= (task 'tests.declared'): expected a finite number of seconds > 0",
+    ),
+    "retry_max=str": (
+        {"idempotency_retry_max": "2"},
+        "idempotency_retry_max= (task 'tests.declared'): expected a number of seconds >= 0",
+    ),
+    "store_retries=-1": (
+        {"idempotency_store_retries": -1},
+        "idempotency_store_retries= (task 'tests.declared'): expected a count (an int >= 0), "
+        "got -1",
+    ),
+    "store_retries=True": (
+        {"idempotency_store_retries": True},
+        "idempotency_store_retries= (task 'tests.declared'): expected a count (an int >= 0)",
+    ),
+    "store_retry_delay=nan": (
+        {"idempotency_store_retry_delay": float("nan")},
+        "idempotency_store_retry_delay= (task 'tests.declared'): expected a finite number",
+    ),
+    "store_retry_max=inf": (
+        {"idempotency_store_retry_max": float("inf")},
+        "idempotency_store_retry_max= (task 'tests.declared'): expected a finite number",
+    ),
+    "outcome=str": (
+        {"idempotency_outcome": "yes"},
+        "idempotency_outcome= (task 'tests.declared'): expected True or False",
+    ),
+    "cache_exceptions=None-fields": (
+        {"idempotency_cache_exceptions": {ValueError: None}},
+        "idempotency_cache_exceptions= (task 'tests.declared'): the fields of ValueError must "
+        "be a tuple of attribute names",
+    ),
+    "cache_exceptions=str": (
+        {"idempotency_cache_exceptions": "ValueError"},
+        "idempotency_cache_exceptions= (task 'tests.declared'): cache_exceptions takes",
+    ),
+}
+
+
+@pytest.mark.parametrize("name", BAD_OPTIONS)
+def test_a_bad_task_option_is_refused_when_the_task_is_declared(name: str) -> None:
+    from idemkey import ConfigurationError
+
+    options, says = BAD_OPTIONS[name]
+    with pytest.raises(ConfigurationError) as raised:
+        declare(**options)
+    assert str(raised.value).startswith(says), str(raised.value)
+
+
+def test_good_task_options_are_taken() -> None:
+    from idemkey import Policy, RedisStore
+
+    def make_store() -> RedisStore:  # a factory: called in the worker, never here
+        raise AssertionError("called at declaration")
+
+    task = declare(
+        idempotency_store=make_store,
+        idempotency_key=lambda order_id: f"order:{order_id}",
+        idempotency_policy=Policy(ttl=60),
+        idempotency_deadline=5,
+        idempotency_retry_max=0,
+        idempotency_store_retries=0,
+        idempotency_store_retry_delay=0.5,
+        idempotency_store_retry_max=10,
+        idempotency_outcome=True,
+        idempotency_cache_exceptions={ValueError: ("args",)},
+    )
+    assert task.idempotency_deadline == 5
+    store = RedisStore(redis.Redis.from_url("redis://127.0.0.1:1/0"))
+    for factory in (lambda: store, lambda *args: store):
+        assert type(declare(idempotency_store=factory)).idempotency_store is factory

@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 pytest.importorskip("mcp")
+import redis
 import redis.asyncio
 from mcp import ClientSession
 from mcp.server.fastmcp import Context, FastMCP
@@ -26,7 +27,7 @@ from mcp.types import (
     TextContent,
 )
 
-from idemkey import AsyncRedisStore, ConfigurationError, Policy
+from idemkey import AsyncRedisStore, ConfigurationError, Policy, RedisStore
 from idemkey.contrib.mcp import IdempotentTools
 
 pytestmark = pytest.mark.redis
@@ -197,6 +198,71 @@ def test_conflicting_options_are_refused_by_name(store: AsyncRedisStore) -> None
         IdempotentTools(store, operation="order_id")
     with pytest.raises(ConfigurationError, match="needs an argument"):
         IdempotentTools(store, argument=None, meta_field=None, params_field=None)
+
+
+DEAD = "redis://127.0.0.1:1/0"
+BAD_TOOLS = {
+    # On main: a sync store accepted (every call then failed), a client an AttributeError,
+    # bucket="60" a TypeError, True and inf accepted, ttl=10 an error naming Policy's lease.
+    "sync store": (
+        lambda store: IdempotentTools(RedisStore(redis.Redis.from_url(DEAD))),
+        "IdempotentTools(store=...): expected an idemkey.AsyncRedisStore, got a RedisStore",
+    ),
+    "client": (
+        lambda store: IdempotentTools(redis.asyncio.Redis.from_url(DEAD)),
+        "IdempotentTools(store=...): expected an idemkey.AsyncRedisStore, got a Redis client",
+    ),
+    "policy=dict": (
+        lambda store: IdempotentTools(store, policy={"ttl": 5}),
+        "IdempotentTools(policy=...): expected an idemkey.Policy or None, got dict",
+    ),
+    "policy=http-only": (
+        lambda store: IdempotentTools(store, policy=Policy(require_key=False)),
+        "IdempotentTools(policy=...): Policy.require_key applies to HTTP requests only",
+    ),
+    "bucket=str": (
+        lambda store: IdempotentTools(store, derive=True, bucket="60"),
+        "IdempotentTools(bucket=...): expected a number of seconds > 0, got the string '60'",
+    ),
+    "bucket=True": (
+        lambda store: IdempotentTools(store, derive=True, bucket=True),
+        "IdempotentTools(bucket=...): expected a number of seconds > 0, got True (bool)",
+    ),
+    "bucket=inf": (
+        lambda store: IdempotentTools(store, derive=True, bucket=float("inf")),
+        "IdempotentTools(bucket=...): expected a finite number of seconds > 0, got inf",
+    ),
+    "bucket=0": (
+        lambda store: IdempotentTools(store, derive=True, bucket=0),
+        "IdempotentTools(bucket=...): expected a finite number of seconds > 0, got 0",
+    ),
+    "ttl=10": (
+        lambda store: IdempotentTools(store, ttl=10),
+        "IdempotentTools(ttl=...): Policy: need lease < ttl, got lease=30 ttl=10",
+    ),
+    "ttl=str": (
+        lambda store: IdempotentTools(store, ttl="3600"),
+        "IdempotentTools(ttl=...): expected a number of seconds > 0, got the string '3600'",
+    ),
+    "wait=-1": (
+        lambda store: IdempotentTools(store, wait=-1),
+        "IdempotentTools(wait=...): expected a finite number of seconds >= 0, got -1",
+    ),
+}
+
+
+@pytest.mark.parametrize("name", BAD_TOOLS)
+def test_a_bad_argument_is_refused_naming_the_parameter(store: AsyncRedisStore, name: str) -> None:
+    build, says = BAD_TOOLS[name]
+    with pytest.raises(ConfigurationError) as raised:
+        build(store)
+    assert str(raised.value).startswith(says), str(raised.value)
+
+
+def test_good_arguments_are_taken(store: AsyncRedisStore) -> None:
+    assert IdempotentTools(store, derive=True, bucket=60).bucket == 60
+    assert IdempotentTools(store, ttl=3600, wait=0).policy.ttl == 3600
+    assert IdempotentTools(store, policy=store.policy.replace(ttl=60)).policy.ttl == 60
 
 
 async def test_a_tool_that_declares_the_key_and_a_context_gets_both(

@@ -636,6 +636,59 @@ def test_a_real_server_takes_a_keyed_multipart_form_on_a_csrf_protected_view(
     assert "Traceback" not in log.read_text(errors="replace")
 
 
+DEAD = "redis://127.0.0.1:1/0"
+#: A client object (not a factory), named by its dotted path in IDEMKEY["CLIENT"] below.
+A_CLIENT = redis.Redis.from_url(DEAD)
+
+
+def broken_factory() -> redis.Redis:
+    raise RuntimeError("no REDIS_HOST in the environment")
+
+
+def test_a_client_object_at_a_dotted_path_is_the_client() -> None:
+    # The docs say "a client, a factory or its path": on main, a path to a client was called.
+    from django.test.utils import override_settings
+
+    from idemkey.adapters.django import IdempotencyMiddleware
+    from tests.adapters.harness_wsgi import _django
+
+    _django()
+    with override_settings(IDEMKEY={"CLIENT": f"{__name__}.A_CLIENT"}):
+        assert IdempotencyMiddleware(lambda request: None).store.client is A_CLIENT
+
+
+def test_a_client_factory_that_raises_is_a_configuration_error_chained_to_its_error() -> None:
+    from django.test.utils import override_settings
+
+    from idemkey import ConfigurationError
+    from idemkey.adapters.django import IdempotencyMiddleware
+    from tests.adapters.harness_wsgi import _django
+
+    _django()
+    with (
+        override_settings(IDEMKEY={"CLIENT": f"{__name__}.broken_factory"}),
+        pytest.raises(
+            ConfigurationError, match=r'IDEMKEY\["CLIENT"\]: .* raised RuntimeError'
+        ) as raised,
+    ):
+        IdempotencyMiddleware(lambda request: None)
+    assert isinstance(raised.value.__cause__, RuntimeError)
+
+
+def test_a_scope_returning_none_is_a_500_problem_not_a_traceback(
+    project: dict[str, Any], real_client: redis.Redis, prefix: str
+) -> None:
+    from django.test import Client
+
+    project["SCOPE"] = lambda request: None  # "anonymous": no tenant
+    answer = post(Client(raise_request_exception=False), "/charges", "k")
+    assert answer.status_code == 500
+    assert answer.headers["Content-Type"] == "application/problem+json"
+    assert answer.json()["code"] == "invalid_scope"
+    assert runs(real_client, prefix, "charges") == 0
+    assert records(real_client, prefix) == []
+
+
 def make_client() -> redis.Redis:
     """A client factory, named by its dotted path in IDEMKEY["CLIENT"] below."""
     from django.conf import settings
@@ -666,9 +719,23 @@ def test_the_client_from_a_factory(project: dict[str, Any], client: Any) -> None
             r'IDEMKEY\["TLL"\] \(Django settings\): not a Policy field; did you mean IDEMKEY\["TTL',
         ),
         ({"STORE": "not a store"}, "STORE"),
+        # Each of these was accepted (the default scope used) or an untyped error on main.
+        (
+            "redis://127.0.0.1:1/0",
+            r'settings.IDEMKEY must be a dict, got str: IDEMKEY = \{"REDIS_URL"',
+        ),
+        ({"REDIS_URL": DEAD, "SCOPE": 123}, r'IDEMKEY\["SCOPE"\]: expected a callable .*got int'),
+        ({"REDIS_URL": DEAD, "SCOPE": "nowhere.scope"}, r'IDEMKEY\["SCOPE"\]: cannot import'),
+        ({"REDIS_URL": DEAD, "SCOPE": ""}, r'IDEMKEY\["SCOPE"\]: cannot import'),
+        ({"CLIENT": DEAD}, r'IDEMKEY\["CLIENT"\]: .*a URL goes in IDEMKEY\["REDIS_URL"\]'),
+        ({"CLIENT": "nowhere.client"}, r'IDEMKEY\["CLIENT"\]: cannot import'),
+        ({"CLIENT": 123}, r'IDEMKEY\["CLIENT"\]: expected a redis-py or valkey client, got int'),
+        ({"CLIENT": lambda: None}, r'IDEMKEY\["CLIENT"\]: expected a redis-py .*got NoneType'),
+        ({"REDIS_URL": 6379}, r'IDEMKEY\["REDIS_URL"\]: expected a URL string, got int'),
+        ({"REDIS_URL": DEAD, "TTL": 100, "ttl": 5}, r'IDEMKEY has both "TTL" and "ttl"'),
     ],
 )
-def test_bad_settings_are_configuration_errors(settings: dict[str, Any], error: str) -> None:
+def test_bad_settings_are_configuration_errors(settings: object, error: str) -> None:
     from django.test.utils import override_settings
 
     from idemkey import ConfigurationError

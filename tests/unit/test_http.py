@@ -12,7 +12,7 @@ from typing import Any
 import msgspec
 import pytest
 
-from idemkey import ConfigurationError, Event, Policy, StoredResponse, StoreError
+from idemkey import Event, Policy, StoredResponse, StoreError
 from idemkey.http import (
     BODY_NOT_KEPT_HEADER,
     REPLAYED_HEADER,
@@ -173,10 +173,12 @@ def test_the_default_scope_of_the_first_three_credentials_is_unchanged() -> None
     assert two not in (before, credential_scope(request(headers=[*headers, ("Cookie", "d=3")])))
 
 
-def test_a_scope_that_is_not_a_string_is_a_configuration_error() -> None:
-
-    with pytest.raises(ConfigurationError):
-        begin(Policy(scope=lambda request: None), request())  # type: ignore[arg-type,return-value]
+def test_a_scope_that_is_not_a_string_is_a_500_problem_and_nothing_is_claimed() -> None:
+    # The app's bug (None for an anonymous user): a problem answer, never a traceback.
+    answer = begin(Policy(scope=lambda request: None), request())  # type: ignore[arg-type,return-value]
+    assert isinstance(answer, Response)
+    assert answer.status == 500
+    assert json.loads(answer.body)["code"] == "invalid_scope"
 
 
 # ---- the body and the fingerprint ----------------------------------------------------------
