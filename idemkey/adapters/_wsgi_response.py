@@ -21,7 +21,7 @@ from http import HTTPStatus
 from time import monotonic
 from typing import TYPE_CHECKING, Any, Final
 
-from ..http import BodyCopy, parse_content_length
+from ..http import BodyCopy
 
 if TYPE_CHECKING:
     from _typeshed.wsgi import StartResponse, WSGIEnvironment
@@ -90,14 +90,16 @@ class TeeIterable:
         self.ends_with_head = False  # 204, 304 or Content-Length: 0: no body will follow
 
     def start_response(self, status: str, headers: list[tuple[str, str]], *exc_info: Any) -> Any:
+        if type(headers) is not list:  # an iterator (gunicorn takes one) is read only once
+            headers = list(headers)
         sent = self.exchange.first_headers(headers)  # None: as they are (the default)
         self.server_write = self.server_start_response(
             status, headers if sent is None else sent, *exc_info
         )
         self.status, self.headers, self.reason = int(status[:3]), headers, status[4:]
-        declared = self.copy.start(headers)  # the Content-Length value, if any
-        remaining = parse_content_length(declared) if declared is not None else None
-        self.remaining = remaining
+        copy = self.copy
+        copy.start(headers)
+        remaining = self.remaining = copy.declared  # the Content-Length, if any
         self.ends_with_head = remaining == 0 or self.status in (204, 304)
         return self.write  # a bound method: no closure built per request
 
@@ -162,7 +164,14 @@ class TeeIterable:
         if failed or self.status is None:
             self.driver.fail(self.exchange, "the handler raised")
             return
-        self.driver.finish(self.exchange, self.copy.body())
+        try:
+            self.driver.finish(self.exchange, self.copy.body())
+        except BaseException:
+            # Settled above: a step that raised before the plan must not leave the claim
+            # open (renewed, every retry a 409, until the process exits). The work is done.
+            if self.exchange.plan is None:
+                self.driver.fail(self.exchange, "the response could not be stored")
+            raise
 
     def close(self) -> None:
         """The server is done with us: if it stopped early, drain the app (bounded in bytes

@@ -13,7 +13,7 @@ import time
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Final
 
-from .._codec import StoredResponse, encode_response
+from .._codec import StoredResponse, _sendable, encode_response
 from .._core import retry_after_seconds
 from ._messages import Complete, Release, Response
 from ._problems import render, retention_seconds
@@ -91,7 +91,7 @@ def _exposing(headers: list[tuple[str, str]], names: Iterable[str]) -> None:
 
 _RELEASE_SERVER_ERROR: Final = Release("server error")
 _RELEASE_NEVER_BEGAN: Final = Release("the request never began")
-_RELEASE_INVALID_STATUS: Final = Release("the app answered a status outside 100-599")
+_RELEASE_INVALID_STATUS: Final = Release("the app answered a status outside 200-599")
 UNREADABLE_HEAD: Final = Release("the app's status or headers are not valid: nothing to replay")
 
 
@@ -219,23 +219,68 @@ def plan_for(
     record then completes without it, so the handler still never runs twice. ``reason``
     is the status line's reason phrase (WSGI), replayed as it was sent.
     """
-    if not 100 <= status <= 599:  # not HTTP: a stored copy could never be replayed
+    # A 1xx is no answer (an interim one: 103 Early Hints), and a status outside 100-599 not
+    # HTTP: a stored copy could never be replayed.
+    if not 200 <= status <= 599:
         return _RELEASE_INVALID_STATUS
     if status >= 500 and not policy.store_server_errors:
         return _RELEASE_SERVER_ERROR
     if status in policy.release_statuses:
         return _RELEASE_NEVER_BEGAN
+    if status in (204, 304):  # no server sends a body with them, whatever the app gave
+        body = b""
     deny, allow = policy.header_denylist, policy.header_allowlist
-    # A list comprehension, not a generator: one call, not one resume per header.
-    kept = tuple(
-        [
-            (name, value)
-            for name, value in headers
-            if (low := name.lower()) not in deny and (allow is None or low in allow)
-        ]
-    )
+    try:
+        # A list comprehension, not a generator: one call, not one resume per header.
+        kept = tuple(
+            [
+                (name, value)
+                for name, value in headers
+                if (low := name.lower()) not in deny and (allow is None or low in allow)
+            ]
+        )
+        if body is None:
+            stored = StoredResponse(status, kept, b"", body_kept=False, reason=reason)
+        else:
+            stored = StoredResponse(status, kept, body, reason=reason)
+        if _sendable(stored):  # as a replay checks it: what it refuses is never stored
+            return Complete(encode_response(stored, policy.compress_at))
+    except (TypeError, ValueError, AttributeError):  # a line that is no pair of str
+        pass
+    lines, reason = _sendable_lines(headers, deny, allow, reason)
     if body is None:
-        stored = StoredResponse(status, kept, b"", body_kept=False, reason=reason)
+        stored = StoredResponse(status, lines, b"", body_kept=False, reason=reason)
     else:
-        stored = StoredResponse(status, kept, body, reason=reason)
+        stored = StoredResponse(status, lines, body, reason=reason)
     return Complete(encode_response(stored, policy.compress_at))
+
+
+def _sendable_lines(
+    headers: Iterable[object], deny: frozenset[str], allow: frozenset[str] | None, reason: object
+) -> tuple[tuple[tuple[str, str], ...], str]:
+    """The header lines and reason phrase a replay can send, of a head some part of which it
+    would refuse (a CR LF, a name that is no token, a value that is no text): a server such as
+    werkzeug's sent it, and the record completes without that part (releasing would run the
+    handler again) rather than be refused for its whole retention. An int value is kept as its
+    digits, as werkzeug sends it (gunicorn, waitress and wsgiref refuse it); any other value
+    that is not text is left out."""
+    lines: list[tuple[str, str]] = []
+    name: object
+    value: object
+    for line in headers:
+        try:
+            name, value = line  # type: ignore[misc]
+        except (TypeError, ValueError):
+            continue
+        if type(value) is int:
+            value = str(value)
+        if not isinstance(name, str) or not isinstance(value, str):
+            continue
+        low = name.lower()
+        if low in deny or (allow is not None and low not in allow):
+            continue
+        if _sendable(StoredResponse(200, ((name, value),), b"")):
+            lines.append((name, value))
+    if isinstance(reason, str) and _sendable(StoredResponse(200, (), b"", reason=reason)):
+        return tuple(lines), reason
+    return tuple(lines), ""  # a replay sends the standard phrase

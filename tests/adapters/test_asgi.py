@@ -690,3 +690,32 @@ def test_response_headers_read_alike_in_every_form_the_spec_allows(raw: Any) -> 
 def test_response_headers_no_server_would_send_are_never_stored(raw: Any) -> None:
     _, _, headers = head_of({"type": "http.response.start", "status": 201, "headers": raw})
     assert headers is None
+
+
+async def test_a_str_final_body_completes_without_it_and_never_holds_the_key(
+    store: AsyncRedisStore,
+) -> None:
+    # A str body is an app bug a server refuses (uvicorn raises TypeError). The work is done:
+    # the record completes without the body, never left in progress, renewed, every retry 409.
+    runs = []
+
+    async def app(scope: Scope, receive: Receive, send: Send) -> None:
+        await receive()
+        runs.append(1)
+        await send(start(201))
+        await send({"type": "http.response.body", "body": "text, not bytes"})
+
+    class Strict(Channel):
+        async def send(self, message: Message) -> None:
+            if not isinstance(message.get("body", b""), bytes):
+                raise TypeError("data argument must be a bytes-like object, not 'str'")
+            await super().send(message)
+
+    middleware = IdempotencyMiddleware(app, store)
+    with pytest.raises(TypeError, match="bytes-like"):
+        await call(middleware, channel=Strict(body_messages(b'{"amount": 1}')))
+    assert await record_state(store) == "complete"
+    retry = await call(middleware)
+    assert (retry.status, retry.body) == (201, b"")
+    assert retry.headers["idempotent-body-not-kept"] == "true"
+    assert len(runs) == 1

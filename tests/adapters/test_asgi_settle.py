@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
+
 from idemkey import AsyncRedisStore
 from idemkey.adapters.asgi import IdempotencyMiddleware, Receive, Scope, Send
 from tests._servers import async_wait_until
@@ -80,3 +82,45 @@ async def test_without_a_length_only_the_final_message_completes_the_record(
     more.set()
     await asyncio.wait_for(task, DEADLINE)
     assert await record_state(store) == "complete"
+
+
+@pytest.mark.parametrize(
+    ("status", "headers", "bodies", "kept"),
+    [
+        (201, [(b"content-length", b"2")], [b"{}extra"], b"{}"),
+        (201, [(b"content-length", b"3")], [b"ab", b"cdef"], b"abc"),
+        (201, [(b"content-length", b"0")], [b"late"], b""),
+        (204, [], [b"oops"], b""),
+        (304, [], [b"oops"], b""),
+    ],
+    ids=["past-length", "past-length-2-messages", "length-0", "204", "304"],
+)
+async def test_bytes_the_server_never_sends_are_never_replayed(
+    store: AsyncRedisStore,
+    status: int,
+    headers: list[tuple[bytes, bytes]],
+    bodies: list[bytes],
+    kept: bytes,
+) -> None:
+    """h11 refuses a body past the declared Content-Length, or any with a 204 or 304: the
+    replay is what the first client could get, never a body (and length) it could not, which
+    h11 would refuse again on every retry."""
+
+    async def app(scope: Scope, receive: Receive, send: Send) -> None:
+        await receive()
+        await send({"type": "http.response.start", "status": status, "headers": headers})
+        for index, body in enumerate(bodies):
+            more = index < len(bodies) - 1
+            await send({"type": "http.response.body", "body": body, "more_body": more})
+
+    middleware = IdempotencyMiddleware(app, store)
+    await call(middleware, b"{}")
+    replay = await call(middleware, b"{}")
+    assert (replay.status, replay.headers["idempotent-replayed"], replay.body) == (
+        status,
+        "true",
+        kept,
+    )
+    assert "idempotent-body-not-kept" not in replay.headers
+    declared = dict(headers).get(b"content-length")
+    assert replay.headers.get("content-length") == (declared.decode() if declared else None)

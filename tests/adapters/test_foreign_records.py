@@ -1,9 +1,11 @@
 """A stored response is input: a record written by anything but idemkey never splits a replay.
 
 Each test answers a first call, then rewrites the record's response as a foreign writer could
-(idemkey never stores these: every server refuses to send them) and replays through every
-adapter. The replay is the ``503 record_unreadable`` problem, nothing of the forged head goes
-out, the handler does not run again and the record is left as it was.
+and replays through every adapter. The replay is the ``503 record_unreadable`` problem, nothing
+of the forged head goes out, the handler does not run again and the record is left as it was.
+idemkey itself never stores such a head: a line a replay would refuse, which some servers send
+(werkzeug's a CR LF, uvicorn's httptools a name with a space), is left out of the record, and
+the rest is stored (the last tests here).
 """
 
 from __future__ import annotations
@@ -12,16 +14,24 @@ import uuid
 from typing import TYPE_CHECKING
 
 import pytest
+import pytest_asyncio
 import redis
+import redis.asyncio
 
+from idemkey import AsyncRedisStore, Policy, RedisStore
 from idemkey._codec import StoredResponse, decode_response, encode_response
+from idemkey.adapters import asgi, wsgi
 from tests.adapters.conftest import HARNESSES
+from tests.adapters.harness import store_on
+from tests.adapters.test_asgi import call, start
 from tests.adapters.test_suite import assert_problem
+from tests.adapters.test_wsgi import Server
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Iterator
+    from collections.abc import AsyncIterator, Callable, Iterable, Iterator
 
-    from idemkey import Policy
+    from _typeshed.wsgi import StartResponse, WSGIEnvironment
+
     from tests.adapters.harness import Harness, Reply
 
 on_every_adapter = pytest.mark.parametrize(
@@ -109,3 +119,92 @@ def test_a_forged_step_name_is_a_503_problem_and_never_a_run(
         assert "not UTF-8" in body["detail"]
     assert harness.executions["fail500"] == 1
     assert client.hget(record, "owner") is None  # each claim given back
+
+
+@pytest.fixture
+def wsgi_store(redis_url: str, prefix: str) -> Iterator[RedisStore]:
+    with store_on(redis_url, Policy(prefix=prefix)) as store:
+        yield store
+
+
+@pytest_asyncio.fixture
+async def asgi_store(
+    async_client: redis.asyncio.Redis, prefix: str
+) -> AsyncIterator[AsyncRedisStore]:
+    store = AsyncRedisStore(async_client, Policy(prefix=prefix))
+    try:
+        yield store
+    finally:
+        await store.aclose()
+
+
+@pytest.mark.redis
+def test_a_wsgi_head_a_replay_would_refuse_is_stored_without_those_lines(
+    wsgi_store: RedisStore,
+) -> None:
+    # What werkzeug's server sends as it is: a CR LF (a split header), an int (as "%s": "3"),
+    # bytes ("b'...'"), a name with a space. The record completes (releasing would run the
+    # handler again), without the lines a replay would refuse; an int is kept as its digits.
+    runs: list[int] = []
+    lines = [
+        ("Content-Type", "application/json"),
+        ("X-Trace", "a\r\nX-Injected: 1"),
+        ("X-Count", 3),
+        (b"X-Bytes-Name", "v"),
+        ("X-Bytes-Value", b"v"),
+        ("X Space", "v"),
+        ("X-Nul", "a\x00b"),
+        ("X-Euro", "\u20ac"),
+        ("X-Flag", True),
+        ("Location", "/things/1"),
+    ]
+
+    def app(environ: WSGIEnvironment, start_response: StartResponse) -> Iterable[bytes]:
+        runs.append(1)
+        start_response("201 Created\r\nX-Reason: 1", list(lines))  # type: ignore[arg-type]
+        return [b'{"id": 1}']
+
+    middleware = wsgi.IdempotencyMiddleware(app, wsgi_store)
+    assert Server().call(middleware) == b'{"id": 1}'
+    replay = Server()
+    assert replay.call(middleware) == b'{"id": 1}'
+    assert replay.status == "201 Created"  # the standard phrase for one that would split
+    assert replay.headers == [
+        ("Content-Type", "application/json"),
+        ("X-Count", "3"),
+        ("Location", "/things/1"),
+        ("Idempotent-Replayed", "true"),
+    ]
+    assert runs == [1]
+
+
+async def test_an_asgi_head_a_replay_would_refuse_is_stored_without_those_lines(
+    asgi_store: AsyncRedisStore,
+) -> None:
+    runs: list[int] = []
+
+    async def app(scope: asgi.Scope, receive: asgi.Receive, send: asgi.Send) -> None:
+        await receive()
+        runs.append(1)
+        head = start(201)
+        head["headers"] += [
+            (b"x-trace", b"a\r\nx-injected: 1"),
+            (b"x space", b"v"),
+            (b"x-nul", b"a\x00b"),
+            (b"x:colon", b"v"),
+            (b"location", b"/things/1"),
+        ]
+        await send(head)
+        await send({"type": "http.response.body", "body": b'{"id": 1}'})
+
+    middleware = asgi.IdempotencyMiddleware(app, asgi_store)
+    await call(middleware)
+    replay = await call(middleware)
+    assert (replay.status, replay.body) == (201, b'{"id": 1}')
+    (head,) = [m for m in replay.sent if m["type"] == "http.response.start"]
+    assert head["headers"] == [
+        (b"content-type", b"application/json"),
+        (b"location", b"/things/1"),
+        (b"Idempotent-Replayed", b"true"),
+    ]
+    assert runs == [1]

@@ -15,9 +15,18 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from tests.adapters.harness import MATRIX, STREAM_CHUNKS
+from idemkey import AsyncRedisStore, Policy
+from idemkey.adapters import asgi, wsgi
+from tests.adapters.harness import MATRIX, STREAM_CHUNKS, store_on
+from tests.adapters.test_asgi import call
+from tests.adapters.test_wsgi import Server
 
 if TYPE_CHECKING:
+    from collections.abc import Iterable
+
+    import redis.asyncio
+    from _typeshed.wsgi import StartResponse, WSGIEnvironment
+
     from tests.adapters.harness import Harness, Reply
 
 NOT_STORED = {"set-cookie", "date"}  # the default header_denylist's end-to-end headers
@@ -87,3 +96,47 @@ def test_a_streamed_response_replays_its_status_and_headers(harness: Harness) ->
     expected = [*stored_lines(first), ("idempotent-replayed", "true")]
     expected.append(("idempotent-body-not-kept", "true"))
     assert lowered(replay.headers) == expected
+
+
+# A 1xx is no answer: an app that gives one as its status (WSGI) or starts with one before its
+# real start (ASGI, 103 Early Hints the pre-extension way) is never replayed a 1xx.
+
+
+@pytest.mark.redis
+def test_a_wsgi_1xx_status_is_never_stored_as_the_answer(redis_url: str, prefix: str) -> None:
+    runs: list[int] = []
+
+    def app(environ: WSGIEnvironment, start_response: StartResponse) -> Iterable[bytes]:
+        runs.append(1)
+        start_response("103 Early Hints", [("Link", "</a.css>; rel=preload")])
+        return [b'{"id": 1}']
+
+    with store_on(redis_url, Policy(prefix=prefix)) as store:
+        middleware = wsgi.IdempotencyMiddleware(app, store)
+        Server().call(middleware)
+        retry = Server()
+        retry.call(middleware)
+    assert ("Idempotent-Replayed", "true") not in retry.headers
+    assert runs == [1, 1]  # released, as for any status outside 200-599
+
+
+async def test_an_asgi_1xx_start_is_never_replayed_as_the_answer(
+    async_client: redis.asyncio.Redis, prefix: str
+) -> None:
+    async def app(scope: asgi.Scope, receive: asgi.Receive, send: asgi.Send) -> None:
+        await receive()
+        link = [(b"link", b"</a.css>; rel=preload")]
+        await send({"type": "http.response.start", "status": 103, "headers": link})
+        await send({"type": "http.response.start", "status": 201, "headers": []})
+        await send({"type": "http.response.body", "body": b'{"id": 1}'})
+
+    store = AsyncRedisStore(async_client, Policy(prefix=prefix))
+    try:
+        middleware = asgi.IdempotencyMiddleware(app, store)
+        await call(middleware)
+        retry = await call(middleware)
+    finally:
+        await store.aclose()
+    starts = [m for m in retry.sent if m["type"] == "http.response.start"]
+    assert starts[-1]["status"] == 201  # a second run, or the 201 replayed: never a lone 103
+    assert retry.body == b'{"id": 1}'

@@ -347,3 +347,99 @@ def test_the_exchange_leaves_the_environ_when_the_request_ends(store: RedisStore
     assert seen == [seen[0]]
     assert isinstance(seen[0], int)
     assert "idemkey.exchange" not in environ
+
+
+class Refused(Exception):
+    """What a server raises for a block that is not bytes (werkzeug asserts, gunicorn raises
+    TypeError), before it closes the iterable."""
+
+
+@pytest.mark.parametrize("length", [None, 1], ids=["no-length", "content-length"])
+def test_a_str_block_completes_without_its_body_and_never_holds_the_key(
+    store: RedisStore, length: int | None
+) -> None:
+    # ["x"] instead of [b"x"]: the server refuses the block. The work is done, so the record
+    # completes without the body; it is never left in progress, renewed, every retry a 409.
+    app = Recorder(["x"], length=length)  # type: ignore[list-item]
+    result = IdempotencyMiddleware(app, store)(
+        environ_for("POST", "/things", [KEY]), Server().start_response
+    )
+
+    def serve() -> None:
+        try:
+            for block in result:
+                if not isinstance(block, bytes):
+                    raise Refused(block)
+        finally:
+            result.close()  # type: ignore[attr-defined]
+
+    with pytest.raises(Refused):
+        serve()
+    assert app.closed == 1
+    retry = Server()
+    body = retry.call(IdempotencyMiddleware(app, store))
+    assert (retry.status[:3], body) == ("200", b"")  # not 409 in_flight
+    assert ("Idempotent-Body-Not-Kept", "true") in retry.headers
+    assert app.runs == 1
+
+
+@pytest.mark.parametrize("length", [None, 2], ids=["no-length", "content-length"])
+def test_a_settle_step_that_raises_still_settles_the_record(
+    store: RedisStore, length: int | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from idemkey.http import BodyCopy
+
+    def broken(self: BodyCopy) -> bytes:
+        raise RuntimeError("no body to store")
+
+    app = Recorder([b"ok"], length=length)
+    monkeypatch.setattr(BodyCopy, "body", broken)
+    with pytest.raises(RuntimeError, match="no body to store"):
+        Server().call(IdempotencyMiddleware(app, store))
+    monkeypatch.undo()
+    retry = Server()
+    body = retry.call(IdempotencyMiddleware(app, store))
+    assert (retry.status[:3], body) == ("200", b"")  # complete without the body, not 409
+    assert ("Idempotent-Body-Not-Kept", "true") in retry.headers
+    assert app.runs == 1
+
+
+def test_headers_given_as_a_generator_are_stored_as_sent(store: RedisStore) -> None:
+    # PEP 3333 asks for a list, gunicorn takes any iterable: the server reads it once.
+    def app(environ: WSGIEnvironment, start_response: StartResponse) -> Iterable[bytes]:
+        lines = [("Content-Type", "application/json"), ("Location", "/things/1")]
+        start_response("201 Created", (line for line in lines))  # type: ignore[arg-type]
+        return [b"{}"]
+
+    first = Server()
+    assert first.call(IdempotencyMiddleware(app, store)) == b"{}"
+    sent = list(first.headers)
+    assert ("Location", "/things/1") in sent
+    replay = Server()
+    assert replay.call(IdempotencyMiddleware(app, store)) == b"{}"
+    assert replay.headers == [*sent, ("Idempotent-Replayed", "true")]
+
+
+def test_an_int_content_length_reads_as_its_digits(store: RedisStore) -> None:
+    # werkzeug's server sends ("Content-Length", 2) as "Content-Length: 2".
+    runs: list[int] = []
+
+    def app(environ: WSGIEnvironment, start_response: StartResponse) -> Iterable[bytes]:
+        runs.append(1)
+        start_response("201 Created", [("Content-Length", 2)])  # type: ignore[list-item]
+        return [b"ok"]
+
+    assert Server().call(IdempotencyMiddleware(app, store)) == b"ok"
+    replay = Server()
+    assert replay.call(IdempotencyMiddleware(app, store)) == b"ok"
+    assert replay.headers == [("Content-Length", "2"), ("Idempotent-Replayed", "true")]
+    assert runs == [1]
+
+
+def test_a_content_length_that_is_no_text_is_read_as_a_server_sends_it() -> None:
+    from idemkey.http import BodyCopy
+
+    for value, declared in [(7, 7), (-1, None), (True, None), (b"7", None), (7.0, None)]:
+        copy = BodyCopy(64)
+        assert copy.start([("Content-Length", value)]) == value  # type: ignore[list-item]
+        assert copy.declared == declared, value

@@ -142,3 +142,37 @@ def test_a_head_that_ends_the_response_completes_before_the_server_gets_it(
     assert first.next() == b""
     first.finish()
     assert closed == [True]
+
+
+@pytest.mark.parametrize(
+    ("status", "headers", "blocks", "kept"),
+    [
+        ("201 Created", [("Content-Length", "2")], [b"{}extra"], b"{}"),
+        ("201 Created", [("Content-Length", "3")], [b"ab", b"cdef"], b"abc"),
+        ("201 Created", [("Content-Length", "0")], [b"late"], b""),
+        ("204 No Content", [], [b"oops"], b""),
+        ("304 Not Modified", [], [b"oops"], b""),
+    ],
+    ids=["past-length", "past-length-2-blocks", "length-0", "204", "304"],
+)
+def test_bytes_the_server_never_sends_are_never_replayed(
+    store: RedisStore,
+    status: str,
+    headers: list[tuple[str, str]],
+    blocks: list[bytes],
+    kept: bytes,
+) -> None:
+    """A server sends no byte past the declared Content-Length, and no body with a 204 or 304
+    (gunicorn cuts it, h11 refuses it): the replay is what the first client could get, with the
+    length it was declared with, not the app's overrun."""
+
+    def app(environ: WSGIEnvironment, start_response: StartResponse) -> Any:
+        start_response(status, list(headers))
+        return list(blocks)
+
+    middleware = IdempotencyMiddleware(app, store)
+    Server().call(middleware)
+    again, replay_headers, body = retry(middleware)
+    assert (again, replay_headers.get("Idempotent-Replayed"), body) == (status, "true", kept)
+    assert "Idempotent-Body-Not-Kept" not in replay_headers
+    assert replay_headers.get("Content-Length") == dict(headers).get("Content-Length")

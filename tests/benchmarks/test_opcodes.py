@@ -13,11 +13,17 @@ import pytest
 
 from benchmarks.calls import paths
 from benchmarks.opcodes import main, opcodes
+from idemkey import _core
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def test_a_replay_is_profiled_the_same_every_time() -> None:
+def test_a_replay_is_profiled_the_same_every_time(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Owner tokens come from a pool refilled every 64 claims: a measurement (50 warm, 1
+    # counted) whose counted claim emptied it counted the refill (697 bytecodes more),
+    # depending on how many claims this worker's earlier tests made. A pool of 100: the
+    # counted claims never refill.
+    monkeypatch.setattr(_core, "_owners", [f"{n:032x}" for n in range(100)])
     table = paths()
     first, again = opcodes(*table["wsgi.replay"]), opcodes(*table["wsgi.replay"])
     assert first == again
@@ -87,13 +93,18 @@ def test_each_probe_level_runs_less_than_the_middleware_and_more_than_the_bound(
 #: a claim whose record cannot be read, +85 (replay) for the check that a stored head can be
 #: sent as it is (``_codec._sendable``: a forged record must not split a replay). Stop 53: +8
 #: per claim for the test that no line break in a path or scope moves the origin's lines.
+#: Audit 53-B: first calls +87 for that same check as the answer is stored (a line a replay
+#: would refuse is left out of the record, not stored to be refused for its whole retention);
+#: WSGI +36 and ASGI +56 for a body copy that keeps no byte past the declared Content-Length
+#: (read in ``BodyCopy.start``; ASGI reads it a second time, 25, until ``TeeSend`` takes
+#: ``BodyCopy.declared``) and no block that is not bytes.
 BUDGETS = {
     "wsgi.replay": 1358,
     "asgi.replay": 1432,
     "flask.replay": 955,
-    "wsgi.first": 2280,
-    "asgi.first": 2346,
-    "flask.first": 2157,
+    "wsgi.first": 2403,
+    "asgi.first": 2489,
+    "flask.first": 2244,
 }
 # In a fresh interpreter: the suite's other tests leave process-wide state behind (a cache of
 # header names filled by the fuzz tests' policies would add bytecodes to every lookup).
