@@ -107,7 +107,7 @@ def step_key(record_digest: str, name: str) -> str:
 class StepBook:
     """The steps of one claimed call: which are finished, which run, whether we may go on."""
 
-    __slots__ = ("_closed", "_done", "_lost", "_running", "fence", "resumed")
+    __slots__ = ("_closed", "_done", "_lost", "_running", "_unkept", "fence", "resumed")
 
     def __init__(self, fence: int | None, finished: Iterable[tuple[str, bytes]] = ()) -> None:
         self.fence = fence
@@ -115,6 +115,8 @@ class StepBook:
         #: Names of the steps an earlier executor finished (their results came with the claim).
         self.resumed: tuple[str, ...] = tuple(self._done)
         self._running: set[str] = set()
+        #: A step whose work ran but whose checkpoint the store refused (the lease was lost).
+        self._unkept: tuple[str, ...] = ()
         self._lost = False
         self._closed = False
 
@@ -125,9 +127,10 @@ class StepBook:
 
     @property
     def worked(self) -> tuple[str, ...]:
-        """Names of the finished steps whose work is done (not a remembered failure): what an
-        uncertain outcome lists for an operator to check."""
-        return worked(self._done.items())
+        """Names of the finished steps whose work is done (not a remembered failure), and of
+        a step whose work ran but whose checkpoint was refused: what an uncertain outcome
+        lists for an operator to check."""
+        return worked(self._done.items()) + self._unkept
 
     def begin(self, name: object) -> bytes | None:
         """Start step ``name``: its stored result if it is finished (do not run it), else None
@@ -154,10 +157,14 @@ class StepBook:
         A step already finished stays so (its checkpoint was cut off by a cancel)."""
         self._running.discard(name)
 
-    def lose(self, name: str) -> LeaseLostError:
+    def lose(self, name: str, ran: bool = False) -> LeaseLostError:
         """The store refused the checkpoint of ``name``: another executor owns the record now.
-        Returns the error to raise; no later step of this call will start."""
+        ``ran``: the step's work is done (its result was being kept), so the uncertain entry
+        names it among the steps to check. Returns the error to raise; no later step of this
+        call will start."""
         self._running.discard(name)
+        if ran and name not in self._done:
+            self._unkept += (name,)
         self._lost = True
         return LeaseLostError(self.fence)
 

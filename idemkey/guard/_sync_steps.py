@@ -111,7 +111,7 @@ class Steps:
             book.abandon(name)
             raise
         if stored is None:
-            raise book.lose(name)
+            raise book.lose(name, ran=True)
         book.finish(name, stored)
         # What a resume would return: the same value whether the step ran now or before.
         return stored_step(stored, remember)
@@ -133,7 +133,7 @@ class Steps:
         if found is None:
             return None
         if stored is None:
-            raise book.lose(name)
+            raise book.lose(name, ran=True)  # its effect committed
         book.finish(name, stored)
         return stored
 

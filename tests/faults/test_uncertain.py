@@ -155,6 +155,33 @@ def test_a_step_then_a_failure_leaves_a_released_with_steps(
         store.close()
 
 
+def test_a_step_whose_checkpoint_is_refused_is_named_in_the_lease_lost_entry(
+    real_client: redis.Redis, prefix: str
+) -> None:
+    """The record is lost between two steps (evicted, a failover): the second step's work ran,
+    its checkpoint was refused. That step, the one certain to need checking, is listed with
+    the first; the third never ran and is not."""
+    store = RedisStore(real_client, Policy(prefix=prefix))
+    record = record_for(prefix, "", "GUARD", "", "order-1")
+    ran: list[str] = []
+
+    def job() -> None:
+        with guard(store, "order-1", payload={"o": 1}) as call:
+            call.step("reserve", ran.append, "reserve")
+            real_client.delete(record.key)
+            call.step("charge", ran.append, "charge")
+            call.step("ship", ran.append, "ship")  # pragma: no cover
+
+    try:
+        with pytest.raises(LeaseLostError):
+            job()
+        assert ran == ["reserve", "charge"]
+        (entry,) = entries(store, 1)
+        assert (entry.kind, entry.steps) == ("lease_lost", ("reserve", "charge"))
+    finally:
+        store.close()
+
+
 def test_a_scope_with_a_lone_surrogate_keeps_its_entry_escaped(
     real_client: redis.Redis, redis_url: str, prefix: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
