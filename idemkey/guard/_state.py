@@ -9,8 +9,10 @@ from __future__ import annotations
 import contextvars
 import time
 from collections.abc import Callable
-from functools import partial
+from functools import lru_cache, partial
 from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
+
+import msgspec
 
 from .._codec import RESULT_NOT_KEPT, decode_value, encode_payload
 from .._core import (
@@ -54,6 +56,26 @@ def _closed(make: Callable[[], Steps | AsyncSteps]) -> Steps | AsyncSteps:
     steps = make()
     steps.book.close()
     return steps
+
+
+@lru_cache(maxsize=256)
+def _decodable(result_type: Any) -> None:
+    try:
+        msgspec.msgpack.Decoder(result_type)
+    except TypeError as exc:
+        raise ConfigurationError(
+            f"result_type={result_type!r:.60}: msgspec cannot decode a result into it ({exc}); "
+            "pass a type such as int, a dataclass or a msgspec.Struct"
+        ) from None
+
+
+def decodable(result_type: Any) -> None:
+    """Raise ConfigurationError unless a stored result can be decoded as ``result_type``
+    (checked once per type)."""
+    try:
+        _decodable(result_type)
+    except TypeError:  # unhashable: checked every time
+        _decodable.__wrapped__(result_type)
 
 
 class GuardState(Reporter, Generic[T]):
@@ -131,6 +153,8 @@ class GuardState(Reporter, Generic[T]):
         self.fingerprint = PAYLOAD_DIGEST(
             payload if type(payload) is bytes else encode_payload(payload)
         )
+        if result_type is not Any:
+            decodable(result_type)  # not at the first replay, after the work ran and was stored
         self.result_type = result_type
         #: The exceptions remembered as the outcome (``cache_exceptions=``), None: none.
         self.remember: FailureRules | None = rules_for(cache_exceptions)

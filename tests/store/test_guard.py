@@ -448,6 +448,23 @@ def test_idempotent_refuses_a_generator_function(kind: str, func: Callable[..., 
     assert client.keys() == []
 
 
+@pytest.mark.parametrize("result_type", [5, "int", object()])
+def test_a_result_type_no_result_decodes_as_is_refused_before_the_work_runs(
+    result_type: Any,
+) -> None:
+    """Checked at the first replay only, the work ran and was stored, then every retry
+    raised; now refused before the claim, both guards alike."""
+    client = fakeredis.FakeRedis()
+    ran: list[int] = []
+    with (
+        pytest.raises(ConfigurationError, match="result_type="),
+        guard(RedisStore(client), "k", result_type=result_type),
+    ):
+        ran.append(1)  # pragma: no cover
+    assert ran == []
+    assert client.keys() == []
+
+
 def test_call_result_before_save_is_an_attribute_error() -> None:
     with guard(RedisStore(fakeredis.FakeRedis()), "k") as call:
         with pytest.raises(AttributeError, match="nothing was saved"):
