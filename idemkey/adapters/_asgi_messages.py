@@ -141,6 +141,15 @@ class TeeSend:
         self.finished = False
         self.remaining: int | None = None  # bytes still due of the declared Content-Length
 
+    def _started(self, status: int, headers: list[tuple[str, str]] | None) -> None:
+        """The app's head is its answer: the exchange moves on, the copy reads its length.
+        For a head the server could not send; ``send`` has these lines inline for one it sent
+        (a call per response would cost every request ten bytecodes)."""
+        self.exchange.started(status, headers)
+        declared = self.copy.start(headers or ())  # the Content-Length value, if any
+        if declared is not None:
+            self.remaining = parse_content_length(declared)
+
     async def send(self, message: Message) -> None:
         kind = message["type"]
         exchange = self.exchange
@@ -150,7 +159,15 @@ class TeeSend:
             if sent is not None:  # the policy adds headers: sent, never stored
                 encoded = [(n.encode("latin-1"), v.encode("latin-1")) for n, v in sent]
                 message = {**message, "headers": encoded}
-            await self.real(message)
+            try:
+                await self.real(message)
+            except Exception:
+                # Not sent (the server raised: its client left), yet the app's work is done,
+                # as after a final message the server could not send: the record completes,
+                # without its body unless the app still sends it. (A cancel is not that: the
+                # head may not have gone out, and the app stops; see ``asgi.py``.)
+                self._started(status, headers)
+                raise
             # Sent: from here on the client may hold the answer, so the key is never released.
             exchange.started(status, headers)
             declared = self.copy.start(headers or ())  # the Content-Length value, if any

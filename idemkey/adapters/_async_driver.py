@@ -10,8 +10,9 @@ regenerate, never the generated twin. An adapter moves bytes and calls, in order
     exchange.started(status, headers)               # once the head went out
     await driver.finish(exchange, body)             # or: await driver.fail(exchange, reason)
 
-Completion and release outlive a cancellation (sent again in a task of their own, as the guards
-do; the shield module does it for an interrupted claim), and a store failure
+Completion and release outlive a cancellation (sent again in a task of their own, which the
+caller waits a moment for, as the guards do; the shield module does it for an interrupted
+claim), and a store failure
 after the app ran is reported as an event, never raised: the client already has its answer.
 """
 
@@ -23,7 +24,7 @@ from typing import TYPE_CHECKING
 
 from ..errors import EffectCommittedError, StoreError
 from ..http import Complete
-from ..store._concurrency._async_runtime import Cancelled, detach
+from ..store._concurrency._async_runtime import Cancelled, finish
 from ..store._concurrency._async_shield import settle_later
 
 if TYPE_CHECKING:
@@ -66,7 +67,7 @@ class AsyncDriver:
         except BaseException:
             # Cut off (cancelled, interrupted) after the claim may have reached Redis: free it.
             plan = exchange.interrupted()
-            settle_later(lambda: self._settle(exchange, plan))
+            await settle_later(lambda: self._settle(exchange, plan))
             raise
         return exchange.decide(decision, perf_counter() - started)
 
@@ -77,8 +78,9 @@ class AsyncDriver:
             await self._settle(exchange, plan)
         except Cancelled:
             # The caller went away (a cancelled task) while the write was on its way: send
-            # it again in a task of its own (both scripts answer the same when sent twice).
-            detach(self._settle(exchange, plan))
+            # it again in a task of its own (both scripts answer the same when sent twice),
+            # and wait for it: asyncio.run, a server shutting down, cancels the tasks left.
+            await finish(self._settle(exchange, plan), self.store.completion_retry)
             raise
 
     async def fail(self, exchange: Exchange, reason: str) -> None:
@@ -88,7 +90,7 @@ class AsyncDriver:
         try:
             await self._settle(exchange, plan)
         except Cancelled:
-            detach(self._settle(exchange, plan))  # as in finish
+            await finish(self._settle(exchange, plan), self.store.completion_retry)  # as in finish
             raise
 
     def abandon(self, exchange: Exchange) -> None:

@@ -7,6 +7,7 @@ one from it. Cancellation shielding comes from the hand-written runtime module i
 
 from __future__ import annotations
 
+import contextlib
 from functools import partial
 from time import perf_counter
 from types import TracebackType
@@ -16,7 +17,9 @@ from .._core import new_owner
 from ..errors import StoreError
 from ..policy import Policy
 from ..store import RedisStore
-from ..store._concurrency._sync_runtime import Cancelled, detach
+from ..store._sync_store import CLOSE_DRAIN
+from ..store._concurrency._sync_runtime import Cancelled, finish
+from ..store._concurrency._sync_shield import settle_later
 from ._sync_steps import Steps
 from ._call import Call
 from ._state import GuardState
@@ -48,11 +51,11 @@ class Guard(GuardState[T]):
             )
         except StoreError as error:
             call = self.claim_failed(error)
-        except Cancelled:
-            # Redis may have applied the claim before the cancel cut off its reply: free it, or
-            # every retry would get RequestInFlightError until the lease lapsed. Not ours
-            # (never claimed): the release script changes nothing.
-            detach(self.store.release(self.record, owner))
+        except BaseException:
+            # Redis may have applied the claim before a cancel or an interruption (Ctrl-C) cut
+            # off its reply: free it, or every retry would get RequestInFlightError until the
+            # lease lapsed. Not ours (never claimed): the release script changes nothing.
+            settle_later(partial(self.store.release, self.record, owner))
             raise
         else:
             call = self.enter(decision, perf_counter() - started)
@@ -82,6 +85,11 @@ class Guard(GuardState[T]):
             # (renewed no more), then a retry takes it over; an operator is told.
             self.store._unwatch(self.record, owner)
             self.cancelled()
+            # Its entry is written in a task, which asyncio.run cancels when this block ended
+            # its main task (Ctrl-C): wait for it as a closing store does (cancelled again,
+            # stop waiting: the first cancel goes on).
+            with contextlib.suppress(Cancelled):
+                self.store._keeper.drain(CLOSE_DRAIN)
             return
         try:
             done = self._settle(owner, saved)
@@ -92,7 +100,7 @@ class Guard(GuardState[T]):
             # The caller went away (a cancelled task) while this was on its way: finish the
             # write all the same, or a retry would run the work again after the lease. Safe:
             # both scripts answer the same when sent twice with one owner.
-            detach(self._settle(owner, saved))
+            finish(self._settle(owner, saved), self.store.completion_retry)
             raise
         self.exited(done, saved is not None, exc, perf_counter() - started)
 

@@ -36,7 +36,7 @@ from ._async_sender import AsyncSender
 from ._async_status import read_statuses, scan_statuses
 from ._base import COMMITTED_ONLY, AsyncEffects, _next_delay
 from ._concurrency._async_keeper import AsyncKeeper
-from ._concurrency._async_runtime import discover, drop_other_loops, sleep
+from ._concurrency._async_runtime import discover, sleep
 from ._server_check import _report, server_warnings
 from .operator import Cancelled, Forgotten, decode_cancel_reply, decode_forget_reply
 from .status import RecordStatus, _states
@@ -65,10 +65,10 @@ class AsyncRedisStore(AsyncSender):
         self._keeper = AsyncKeeper(self.client)
 
     async def aclose(self) -> None:
-        """Stop the heartbeat, and give the uncertain outcomes being written up to a second
-        (``CLOSE_DRAIN``) to land. The Redis client stays open: it belongs to the caller. No
-        claim is renewed after it, an open guard's neither; a later claim starts the heartbeat
-        again (``AsyncHeartbeat.aclose``): the store stays usable."""
+        """Stop the heartbeat; give the uncertain outcomes and cut-off writes being written up
+        to a second (``CLOSE_DRAIN``) to land. The Redis client stays open: it belongs to the
+        caller. No claim is renewed after it, an open guard's neither; a later claim starts the
+        heartbeat again (``AsyncHeartbeat.aclose``): the store stays usable."""
         await super().aclose()
         await self._keeper.drain(CLOSE_DRAIN)
 
@@ -274,6 +274,7 @@ class AsyncRedisStore(AsyncSender):
         failing raises :class:`~idemkey.errors.StoreError`.
         """
         states = _states(state)
+        await self._follow_loop()
         try:
             await discover(self.client)  # a cluster's primaries, before they are scanned
             async for status in scan_statuses(
@@ -307,6 +308,7 @@ class AsyncRedisStore(AsyncSender):
             if isinstance(key, Record)
             else record_for(self.policy.prefix, scope, method, route, key)
         )
+        await self._follow_loop()
         try:
             found = await read_statuses(self.client, [record.record_key])
         except self._errors as exc:
@@ -340,6 +342,7 @@ class AsyncRedisStore(AsyncSender):
         ``limit`` (the stream keeps about ``MAX_ENTRIES``). Redis failing raises
         :class:`~idemkey.errors.StoreError`."""
         stream = uncertain_stream(self.policy.prefix)
+        await self._follow_loop()
         try:
             entries = await self.client.xrevrange(stream, "+", "-", count=limit)
         except self._errors as exc:
@@ -387,8 +390,7 @@ class AsyncRedisStore(AsyncSender):
         cluster every primary is checked and each warning names its node.
         """
         labelled = []
-        if self._loops.moved():
-            await drop_other_loops(self.client)
+        await self._follow_loop()
         try:
             await discover(self.client)
             for label, target in self._check_targets():

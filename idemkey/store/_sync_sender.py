@@ -75,6 +75,12 @@ class Sender(Heartbeat):
                 return self._eval_again(name, keys_and_args)
             raise self._store_error(name, exc) from exc
 
+    def _follow_loop(self) -> None:
+        """Before a command sent by hand (not through ``_eval``): drop the connections of the
+        event loop this store ran on last, when this is another (``LoopWatch``)."""
+        if self._loops.moved():
+            drop_other_loops(self.client)
+
     def _plain_evalsha(self, sha: str, keys_and_args: tuple[str | bytes | int, ...]) -> Any:
         return self.client.execute_command("EVALSHA", sha, SCRIPT_KEYS, *keys_and_args)
 

@@ -36,7 +36,7 @@ from ._sync_sender import Sender
 from ._sync_status import read_statuses, scan_statuses
 from ._base import COMMITTED_ONLY, Effects, _next_delay
 from ._concurrency._sync_keeper import Keeper
-from ._concurrency._sync_runtime import discover, drop_other_loops, sleep
+from ._concurrency._sync_runtime import discover, sleep
 from ._server_check import _report, server_warnings
 from .operator import Cancelled, Forgotten, decode_cancel_reply, decode_forget_reply
 from .status import RecordStatus, _states
@@ -65,10 +65,10 @@ class RedisStore(Sender):
         self._keeper = Keeper(self.client)
 
     def close(self) -> None:
-        """Stop the heartbeat, and give the uncertain outcomes being written up to a second
-        (``CLOSE_DRAIN``) to land. The Redis client stays open: it belongs to the caller. No
-        claim is renewed after it, an open guard's neither; a later claim starts the heartbeat
-        again (``Heartbeat.close``): the store stays usable."""
+        """Stop the heartbeat; give the uncertain outcomes and cut-off writes being written up
+        to a second (``CLOSE_DRAIN``) to land. The Redis client stays open: it belongs to the
+        caller. No claim is renewed after it, an open guard's neither; a later claim starts the
+        heartbeat again (``Heartbeat.close``): the store stays usable."""
         super().close()
         self._keeper.drain(CLOSE_DRAIN)
 
@@ -274,6 +274,7 @@ class RedisStore(Sender):
         failing raises :class:`~idemkey.errors.StoreError`.
         """
         states = _states(state)
+        self._follow_loop()
         try:
             discover(self.client)  # a cluster's primaries, before they are scanned
             for status in scan_statuses(
@@ -307,6 +308,7 @@ class RedisStore(Sender):
             if isinstance(key, Record)
             else record_for(self.policy.prefix, scope, method, route, key)
         )
+        self._follow_loop()
         try:
             found = read_statuses(self.client, [record.record_key])
         except self._errors as exc:
@@ -340,6 +342,7 @@ class RedisStore(Sender):
         ``limit`` (the stream keeps about ``MAX_ENTRIES``). Redis failing raises
         :class:`~idemkey.errors.StoreError`."""
         stream = uncertain_stream(self.policy.prefix)
+        self._follow_loop()
         try:
             entries = self.client.xrevrange(stream, "+", "-", count=limit)
         except self._errors as exc:
@@ -387,8 +390,7 @@ class RedisStore(Sender):
         cluster every primary is checked and each warning names its node.
         """
         labelled = []
-        if self._loops.moved():
-            drop_other_loops(self.client)
+        self._follow_loop()
         try:
             discover(self.client)
             for label, target in self._check_targets():

@@ -4,11 +4,12 @@ Under uvicorn the app runs on when its client leaves: its response is stored, an
 with the same key gets it (one payment). Where the server cancels the request's task instead
 (``cancelling_app``), before the response started, the key is kept until its lease lapses:
 the retry is refused with 409 rather than paying again at once, and an ``uncertain`` entry
-tells the operator.
+tells the operator. In process: a server whose send raises once its client left.
 """
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import sys
 from collections.abc import Iterator
@@ -17,12 +18,16 @@ from pathlib import Path
 import httpx
 import pytest
 import redis
+import redis.asyncio
 
-from idemkey import Policy, RedisStore
+from idemkey import AsyncRedisStore, Policy, RedisStore
+from idemkey.adapters.asgi import IdempotencyMiddleware, Receive, Scope, Send
 from tests._servers import HOST, AppServer, wait_until
+from tests.adapters.test_asgi import Channel, Message, body_messages, call
 
 pytestmark = pytest.mark.redis
 ROOT = Path(__file__).resolve().parents[2]
+JSON_HEADER = (b"content-type", b"application/json")
 
 
 def serve(name: str, redis_url: str, prefix: str, tmp_path: Path) -> AppServer:
@@ -96,3 +101,49 @@ def test_an_app_cancelled_before_its_response_keeps_the_key_until_the_lease_laps
         server.close()
     assert entry.kind == "cancelled"
     assert later.json() == {"payment": "pay_2"}  # the operator was told to check pay_1 first
+
+
+# ---- in process: a server whose send fails --------------------------------------------------
+
+
+class Gone(Channel):
+    """A server whose client left before the response started: every send raises."""
+
+    async def send(self, message: Message) -> None:
+        raise OSError("the client left")
+
+
+@pytest.mark.parametrize("app_goes_on", [False, True], ids=["app-raises", "app-sends-its-body"])
+async def test_a_head_the_server_could_not_send_still_completes_the_record(
+    real_async_client: redis.asyncio.Redis, prefix: str, app_goes_on: bool
+) -> None:
+    # The app did its work and produced its head: as for a final message the server could
+    # not send, the record completes. Before, the key was released and the retry ran it again.
+    store = AsyncRedisStore(real_async_client, Policy(prefix=prefix))
+    runs: list[int] = []
+
+    async def app(scope: Scope, receive: Receive, send: Send) -> None:
+        await receive()
+        runs.append(1)
+        try:
+            await send({"type": "http.response.start", "status": 201, "headers": [JSON_HEADER]})
+        except OSError:
+            if not app_goes_on:
+                raise
+        with contextlib.suppress(OSError):
+            await send({"type": "http.response.body", "body": b'{"id":"ch_1"}'})
+
+    middleware = IdempotencyMiddleware(app, store)
+    body = b'{"amount": 1}'
+    try:
+        with contextlib.nullcontext() if app_goes_on else pytest.raises(OSError, match="left"):
+            await call(middleware, body, channel=Gone(body_messages(body)))
+        replay = await call(middleware, body)
+    finally:
+        await store.aclose()
+    assert runs == [1]
+    assert (replay.status, replay.headers["idempotent-replayed"]) == (201, "true")
+    if app_goes_on:
+        assert replay.body == b'{"id":"ch_1"}'
+    else:
+        assert replay.headers["idempotent-body-not-kept"] == "true"

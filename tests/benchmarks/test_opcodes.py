@@ -98,12 +98,14 @@ def test_each_probe_level_runs_less_than_the_middleware_and_more_than_the_bound(
 #: WSGI +36 and ASGI +56 for a body copy that keeps no byte past the declared Content-Length
 #: (read in ``BodyCopy.start``; ASGI reads it a second time, 25, until ``TeeSend`` takes
 #: ``BodyCopy.declared``) and no block that is not bytes.
+#: ASGI first calls +2: the ``try`` around the head's send (a server that raises on it: the
+#: record completes, not released for a rerun).
 BUDGETS = {
     "wsgi.replay": 1358,
     "asgi.replay": 1432,
     "flask.replay": 955,
     "wsgi.first": 2403,
-    "asgi.first": 2489,
+    "asgi.first": 2491,
     "flask.first": 2244,
 }
 # In a fresh interpreter: the suite's other tests leave process-wide state behind (a cache of

@@ -9,16 +9,23 @@ send twice).
 from __future__ import annotations
 
 import asyncio
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
+import redis
 import redis.asyncio
 
-from idemkey import AsyncRedisStore, Policy, RequestInFlightError, aguard
+from idemkey import AsyncRedisStore, Policy, RedisStore, RequestInFlightError, aguard, guard
 from idemkey._core import Record, record_for, record_state
 from idemkey.guard import GUARD_METHOD
+from idemkey.http._scope import NO_CREDENTIALS
+from idemkey.store.status import RecordStatus
 from tests._lease import lease_holder, lease_left
 from tests._servers import async_wait_until
+from tests.faults._sigint_worker import KEY
 
 pytestmark = pytest.mark.redis
 
@@ -170,3 +177,75 @@ async def test_a_block_its_caller_cancels_keeps_the_key_until_the_lease_lapses(
 
 async def _lapsed(client: redis.asyncio.Redis, record: Record) -> bool:
     return await lease_left(client, record) <= 0
+
+
+# ---- Ctrl-C under asyncio.run ---------------------------------------------------------------
+# asyncio.run answers the first SIGINT by cancelling its main task, and once that task ends it
+# cancels every task still pending: a write sent again in a task of its own was cancelled there
+# before it went out. The worker (tests/faults/_sigint_worker.py) raises SIGINT itself at one
+# point of its run; its store's lease is 60 s, so a record it left claimed is still held here.
+
+ROOT = Path(__file__).resolve().parents[2]
+# Before 3.11, asyncio.run had no SIGINT handler: KeyboardInterrupt was raised where the code
+# ran, as in a thread, and nothing is cancelled.
+needs_runner = pytest.mark.skipif(
+    sys.version_info < (3, 11), reason="asyncio.run cancels its main task on Ctrl-C from 3.11"
+)
+
+
+def ctrl_c_in(scenario: str, client: redis.Redis, redis_url: str, prefix: str) -> RecordStatus:
+    """Run the worker's ``scenario`` to its end; the status of the record it was writing."""
+    done = subprocess.run(
+        [sys.executable, "-m", "tests.faults._sigint_worker", redis_url, prefix, scenario],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert (done.returncode, done.stdout) == (0, "interrupted\n"), done.stderr[-3000:]
+    store = RedisStore(client, Policy(prefix=prefix))
+    if scenario.startswith("asgi"):
+        status = store.record(KEY, scope=NO_CREDENTIALS, method="POST", route="/charges")
+    else:
+        status = store.record(KEY)
+    store.close()
+    assert status is not None
+    return status
+
+
+@needs_runner
+@pytest.mark.parametrize("scenario", ["complete", "asgi"])
+def test_ctrl_c_as_the_outcome_is_written_still_completes_the_record(
+    real_client: redis.Redis, redis_url: str, prefix: str, scenario: str
+) -> None:
+    # Before: both records stayed in progress; after the lease a retry ran the work again.
+    assert ctrl_c_in(scenario, real_client, redis_url, prefix).state == "complete"
+    if scenario == "complete":
+        store = RedisStore(real_client, Policy(prefix=prefix))
+        with guard(store, KEY, payload=1) as call:
+            assert call.replayed
+            assert call.result == "charge-1"
+        store.close()
+
+
+@needs_runner
+@pytest.mark.parametrize("scenario", ["claim", "asgi-claim"])
+def test_ctrl_c_as_the_claim_is_sent_releases_it(
+    real_client: redis.Redis, redis_url: str, prefix: str, scenario: str
+) -> None:
+    # Before: the claim Redis applied held the key for the whole lease (60 s).
+    assert ctrl_c_in(scenario, real_client, redis_url, prefix).state == "released"
+
+
+@needs_runner
+def test_ctrl_c_in_an_aguard_block_writes_its_cancelled_entry(
+    real_client: redis.Redis, redis_url: str, prefix: str
+) -> None:
+    status = ctrl_c_in("block", real_client, redis_url, prefix)
+    assert status.state == "in_progress"  # kept until its lease lapses, as documented
+    store = RedisStore(real_client, Policy(prefix=prefix))
+    # Before: the entry's task was cancelled by asyncio.run's teardown, the stream empty.
+    assert [(entry.kind, entry.digest) for entry in store.uncertain()] == [
+        ("cancelled", status.digest)
+    ]
+    store.close()

@@ -74,6 +74,51 @@ def test_aguard_from_one_asyncio_run_per_job(redis_url: str, prefix: str) -> Non
     assert ran == list(range(JOBS))
 
 
+async def _record_state(store: AsyncRedisStore) -> list[str]:
+    status = await store.record("job")
+    return [status.state] if status is not None else []
+
+
+async def _states(store: AsyncRedisStore) -> list[str]:
+    return [status.state async for status in store.records()]
+
+
+async def _kinds(store: AsyncRedisStore) -> list[str]:
+    return [entry.kind for entry in await store.uncertain()]
+
+
+@pytest.mark.parametrize(
+    ("read", "expected"),
+    [(_record_state, ["complete"]), (_states, ["complete"]), (_kinds, [])],
+    ids=["record", "records", "uncertain"],
+)
+def test_a_read_from_the_asyncio_run_after_a_job(
+    redis_url: str, prefix: str, read: Callable[[AsyncRedisStore], Any], expected: list[str]
+) -> None:
+    # An operator's read (a health check, a sweep of uncertain outcomes) on the loop after a
+    # job's: before, it raised a bare RuntimeError ("Event loop is closed", or a future
+    # "attached to a different loop") from a pooled connection of the job's loop.
+    client, store = worker_store(redis_url, prefix)
+
+    async def job() -> None:
+        async with aguard(store, "job") as call:
+            if not call.replayed:
+                call.save("done")
+
+    async def read_then_close() -> list[str]:
+        try:
+            return list(await read(store))
+        finally:
+            await store.aclose()
+            await client.aclose()
+
+    asyncio.run(job())
+    first = asyncio.run(read(store))
+    asyncio.run(job())  # a replay, on a loop of its own
+    again = asyncio.run(read_then_close())
+    assert first == again == expected
+
+
 async def _charge(scope: dict[str, Any], receive: Callable[..., Any], send: Any) -> None:
     while (await receive()).get("more_body"):
         pass

@@ -510,3 +510,35 @@ def test_a_callable_without_a_qualified_name_needs_a_name() -> None:
     assert partial("1") == partial("1") == "stripe charged 1"
     assert instance("1") == instance("1") == "charged 1"
     store.close()
+
+
+# ---- Ctrl-C (KeyboardInterrupt) in guard() ---------------------------------------------------
+
+
+def test_a_claim_cut_off_by_ctrl_c_is_released(real_client: redis.Redis, prefix: str) -> None:
+    # Redis applied the claim, then KeyboardInterrupt came as its reply was read. Before, the
+    # key stayed claimed: every retry got RequestInFlightError until the lease lapsed (60 s).
+    store = RedisStore(real_client, Policy(prefix=prefix, lease=60))
+    real = store._eval
+    interrupted: list[str] = []
+
+    def script_call(name: str, *keys_and_args: str | bytes | int) -> Any:
+        reply = real(name, *keys_and_args)
+        if name == "claim" and not interrupted:
+            interrupted.append(name)
+            raise KeyboardInterrupt  # the reply is lost
+        return reply
+
+    store._eval = script_call  # type: ignore[method-assign]
+    try:
+        with pytest.raises(KeyboardInterrupt), guard(store, "job", payload=1):
+            pytest.fail("the block ran although its claim's reply never came")
+        status = store.record("job")
+        assert status is not None
+        assert status.state == "released"
+        with guard(store, "job", payload=1) as call:  # at once, not after the lease
+            assert not call.replayed
+            call.save("ran once")
+    finally:
+        store.close()
+    assert interrupted == ["claim"]

@@ -14,6 +14,7 @@ from typing import Any
 from ...events import logger
 from ..uncertain import MAX_PENDING
 from ._async_append import append
+from ._async_runtime import _detached
 
 __all__ = ["AsyncKeeper"]
 
@@ -43,6 +44,10 @@ class AsyncKeeper:
         task.add_done_callback(self._tasks.discard)
 
     async def drain(self, timeout: float) -> None:
-        """Wait up to ``timeout`` seconds for the entries being written (a store closing)."""
-        if self._tasks:
-            await asyncio.wait(list(self._tasks), timeout=timeout)
+        """Wait up to ``timeout`` seconds for the entries being written, and for the writes a
+        cancellation cut off (``detach``): a store closing, an aguard block cancelled. This
+        event loop's only: a task of a loop that is gone never ends."""
+        loop = asyncio.get_running_loop()
+        tasks = [task for task in (*self._tasks, *_detached) if task.get_loop() is loop]
+        if tasks:
+            await asyncio.wait(tasks, timeout=timeout)

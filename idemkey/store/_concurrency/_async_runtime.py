@@ -2,7 +2,7 @@
 
 Generated sync files import ``_sync_runtime`` where their async source imports this module
 (scripts/unasync.py maps ``_async_<name>`` to ``_sync_<name>``), so both must export the same
-names: ``Cancelled``, ``sleep``, ``detach``, ``uncancellable``, ``discover``,
+names: ``Cancelled``, ``sleep``, ``detach``, ``finish``, ``uncancellable``, ``discover``,
 ``send_with_wait``, ``LoopWatch`` and ``drop_other_loops``.
 """
 
@@ -13,7 +13,7 @@ import contextlib
 import importlib
 import socket
 from collections.abc import Callable, Coroutine
-from typing import Any, TypeVar
+from typing import Any, Final, TypeVar
 
 from ...events import logger
 from ...policy import Replicas
@@ -25,6 +25,7 @@ __all__ = [
     "detach",
     "discover",
     "drop_other_loops",
+    "finish",
     "send_with_wait",
     "sleep",
     "uncancellable",
@@ -34,19 +35,38 @@ T = TypeVar("T")
 
 sleep = asyncio.sleep
 #: What a cancelled task gets at its await: the write it was waiting on may or may not have
-#: been applied, so ``except Cancelled`` clauses finish or undo it with :func:`detach`.
+#: been applied, so ``except Cancelled`` clauses finish or undo it with :func:`finish`.
 Cancelled = asyncio.CancelledError
 
 # Writes that a cancellation cut off, finished in their own task; held here because the event
 # loop keeps only weak references to tasks.
 _detached: set[asyncio.Task[Any]] = set()
 
+#: Seconds a cancelled caller waits for its write (:func:`finish`) past the write's own
+#: retrying: the round trip of its last attempt, on a server that answers.
+FINISH_WAIT: Final = 1.0
 
-def detach(write: Coroutine[Any, Any, Any]) -> None:
+
+def detach(write: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
     """Run a store write to its end in a task of its own, whatever happens to the caller."""
     task = asyncio.get_running_loop().create_task(write)
     _detached.add(task)
     task.add_done_callback(_detached_done)
+    return task
+
+
+async def finish(write: Coroutine[Any, Any, Any], retrying: float = 0.0) -> None:
+    """:func:`detach` the write of a caller whose cancel came while it was on its way, and wait
+    for it, up to ``retrying`` (how long the write itself may retry) and FINISH_WAIT seconds.
+
+    A task alone is not enough: ``asyncio.run`` (Ctrl-C, or its main task ending) cancels
+    every task left, a write just detached too, before it went out. The caller's cancel has
+    been delivered, so it can wait; cancelled again, it stops waiting (quietly: it re-raises
+    its first cancel) and the write goes on in its task.
+    """
+    task = detach(write)
+    with contextlib.suppress(asyncio.CancelledError):
+        await asyncio.wait((task,), timeout=retrying + FINISH_WAIT)
 
 
 def _detached_done(task: asyncio.Task[Any]) -> None:

@@ -20,6 +20,7 @@ __all__ = [
     "detach",
     "discover",
     "drop_other_loops",
+    "finish",
     "send_with_wait",
     "sleep",
     "uncancellable",
@@ -40,6 +41,10 @@ class Cancelled(BaseException):
 
 def detach(done: object) -> None:
     """The sync counterpart of running a write in a task: it already ran, in this thread."""
+
+
+def finish(done: object, retrying: float = 0.0) -> None:
+    """The sync counterpart of running a write in a task and waiting for it: it already ran."""
 
 
 def uncancellable(write: Callable[[], T]) -> T:
