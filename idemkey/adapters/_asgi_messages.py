@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import TYPE_CHECKING, Any
 
-from ..http import BodyCopy, Response, parse_content_length
+from ..http import BodyCopy, Response
 from ..http._transitions import State
 
 if TYPE_CHECKING:
@@ -141,20 +141,27 @@ class TeeSend:
         self.finished = False
         self.remaining: int | None = None  # bytes still due of the declared Content-Length
 
-    def _started(self, status: int, headers: list[tuple[str, str]] | None) -> None:
+    def _started(
+        self, status: int, headers: list[tuple[str, str]] | None, trailers: object
+    ) -> None:
         """The app's head is its answer: the exchange moves on, the copy reads its length.
         For a head the server could not send; ``send`` has these lines inline for one it sent
         (a call per response would cost every request ten bytecodes)."""
         self.exchange.started(status, headers)
-        declared = self.copy.start(headers or ())  # the Content-Length value, if any
-        if declared is not None:
-            self.remaining = parse_content_length(declared)
+        copy = self.copy
+        copy.start(headers or ())
+        self.remaining = copy.declared  # the Content-Length, if any
+        if trailers:
+            copy.drop()
 
     async def send(self, message: Message) -> None:
         kind = message["type"]
         exchange = self.exchange
         if kind == "http.response.start" and exchange.state is State.RUNNING:
             message, status, headers = head_of(message)
+            if status < 200 and status >= 100:  # an interim answer (103): not the answer
+                await self.real(message)
+                return
             sent = exchange.first_headers(headers) if headers is not None else None
             if sent is not None:  # the policy adds headers: sent, never stored
                 encoded = [(n.encode("latin-1"), v.encode("latin-1")) for n, v in sent]
@@ -166,13 +173,15 @@ class TeeSend:
                 # as after a final message the server could not send: the record completes,
                 # without its body unless the app still sends it. (A cancel is not that: the
                 # head may not have gone out, and the app stops; see ``asgi.py``.)
-                self._started(status, headers)
+                self._started(status, headers, message.get("trailers"))
                 raise
             # Sent: from here on the client may hold the answer, so the key is never released.
             exchange.started(status, headers)
-            declared = self.copy.start(headers or ())  # the Content-Length value, if any
-            if declared is not None:
-                self.remaining = parse_content_length(declared)
+            copy = self.copy
+            copy.start(headers or ())
+            self.remaining = copy.declared  # the Content-Length, if any
+            if message.get("trailers"):
+                copy.drop()  # trailers follow the body, and a replay sends none: not kept
             return
         if self.finished or exchange.state is not State.SENDING:
             await self.real(message)  # not ours to keep: the server judges it

@@ -123,8 +123,11 @@ def test_a_wsgi_1xx_status_is_never_stored_as_the_answer(redis_url: str, prefix:
 async def test_an_asgi_1xx_start_is_never_replayed_as_the_answer(
     async_client: redis.asyncio.Redis, prefix: str
 ) -> None:
+    runs: list[int] = []
+
     async def app(scope: asgi.Scope, receive: asgi.Receive, send: asgi.Send) -> None:
         await receive()
+        runs.append(1)
         link = [(b"link", b"</a.css>; rel=preload")]
         await send({"type": "http.response.start", "status": 103, "headers": link})
         await send({"type": "http.response.start", "status": 201, "headers": []})
@@ -133,10 +136,36 @@ async def test_an_asgi_1xx_start_is_never_replayed_as_the_answer(
     store = AsyncRedisStore(async_client, Policy(prefix=prefix))
     try:
         middleware = asgi.IdempotencyMiddleware(app, store)
+        first = await call(middleware)
+        retry = await call(middleware)
+    finally:
+        await store.aclose()
+    assert [m["status"] for m in first.sent if m["type"] == "http.response.start"] == [103, 201]
+    starts = [m for m in retry.sent if m["type"] == "http.response.start"]
+    assert [m["status"] for m in starts] == [201]  # the answer replayed, never a lone 103
+    assert retry.body == b'{"id": 1}'
+    assert runs == [1]  # the 103 was forwarded, the 201 stored: the app ran once
+
+
+async def test_an_asgi_answer_with_trailers_is_replayed_without_its_body(
+    async_client: redis.asyncio.Redis, prefix: str
+) -> None:
+    """Trailers follow the body, and a replay sends none: the body is not kept, and the
+    replay says so (Idempotent-Body-Not-Kept), rather than a body without its trailers."""
+
+    async def app(scope: asgi.Scope, receive: asgi.Receive, send: asgi.Send) -> None:
+        await receive()
+        await send({"type": "http.response.start", "status": 200, "headers": [], "trailers": True})
+        await send({"type": "http.response.body", "body": b"data"})
+        await send({"type": "http.response.trailers", "headers": [(b"grpc-status", b"0")]})
+
+    store = AsyncRedisStore(async_client, Policy(prefix=prefix))
+    try:
+        middleware = asgi.IdempotencyMiddleware(app, store)
         await call(middleware)
         retry = await call(middleware)
     finally:
         await store.aclose()
-    starts = [m for m in retry.sent if m["type"] == "http.response.start"]
-    assert starts[-1]["status"] == 201  # a second run, or the 201 replayed: never a lone 103
-    assert retry.body == b'{"id": 1}'
+    (start,) = [m for m in retry.sent if m["type"] == "http.response.start"]
+    assert (b"idempotent-body-not-kept", b"true") in [(n.lower(), v) for n, v in start["headers"]]
+    assert retry.body == b""
