@@ -137,6 +137,8 @@ class AsyncSender(AsyncHeartbeat):
                     await self.client.script_load(script.script)
             except self._errors as exc:
                 await self._refresh_topology()
+                if name == "claim":  # it may have been applied before the reply was lost
+                    await self._release_quietly(keys_and_args)
                 raise self._store_error(name, exc) from exc
             except StoreError:  # a failure in the replies (a dead node's pooled connection)
                 await self._refresh_topology()
@@ -150,10 +152,15 @@ class AsyncSender(AsyncHeartbeat):
                 await sleep(delay := _retry_delay(delay, deadline))
             elif outcome == _UNCONFIRMED:
                 if name == "claim":  # free the key so a retry can run, if Redis lets us
-                    with contextlib.suppress(StoreError):
-                        key, _, owner, *_ = keys_and_args
-                        await AsyncSender._eval(self, "release", key, owner)
+                    await self._release_quietly(keys_and_args)
                 raise value
+
+    async def _release_quietly(self, claim_args: tuple[str | bytes | int, ...]) -> None:
+        """Release a durable claim that failed (its owner's alone: release.lua checks it), if
+        Redis lets us: the caller is told StoreError, so nothing runs under it."""
+        with contextlib.suppress(StoreError):
+            key, _, owner, *_ = claim_args
+            await AsyncSender._eval(self, "release", key, owner)
 
     async def _refresh_topology(self) -> None:
         """After a redirect or a dead node, let a cluster client learn who serves what now."""

@@ -121,6 +121,18 @@ def _socket_timeout(client: Any) -> float | None:
     return float(timeout) if timeout else None
 
 
+def _check_durability(policy: Policy, client: Any) -> None:
+    """A ``Replicas`` timeout the client's socket timeout cuts short: with a replica behind,
+    every claim's WAIT outlasted the read, the claim timed out after Redis applied it (held
+    until its lease lapsed, and redis-py sent the pipeline again, 15 s in all)."""
+    durability, timeout = policy.durability, _socket_timeout(client)
+    if durability is not None and timeout is not None and durability.timeout >= timeout:
+        raise ConfigurationError(
+            f"Replicas(timeout={durability.timeout:g}) must be shorter than the client's "
+            f"socket_timeout ({timeout:g} s): WAIT would outlast the read"
+        )
+
+
 def _block_cap(client: Any) -> float:
     """The longest XREAD BLOCK this client can wait through, in seconds (0: none, so poll)."""
     timeout = _socket_timeout(client)
@@ -209,6 +221,7 @@ class StoreBase:
             )
         self.client = client
         self.policy = policy if policy is not None else Policy()
+        _check_durability(self.policy, client)
         self._errors, self._noscript, self._moving = _backend_errors(client)
         self._scripts = {name: client.register_script(text) for name, text in SCRIPTS.items()}
         self._leases = LeaseTable()

@@ -19,6 +19,7 @@ from werkzeug.test import Client
 
 from idemkey import (
     AsyncRedisStore,
+    ConfigurationError,
     Policy,
     RedisStore,
     StoreError,
@@ -113,6 +114,46 @@ def test_an_acknowledged_write_is_already_on_the_replica(
         store.close()
         client.close()
         replica_client.close()
+
+
+def test_a_durable_claim_whose_reply_is_lost_is_released(
+    pair: tuple[RedisServer, RedisServer], prefix: str
+) -> None:
+    """Redis applied the claim and confirmed it, the reply never came back (the read timed
+    out): the caller is told StoreError, so nothing runs, and the claim is released at once,
+    not held until its lease lapses (every retry a RequestInFlightError meanwhile)."""
+    from tests.faults._proxy import FaultProxy
+
+    primary, _replica = pair
+    direct = client_of(primary)
+    with FaultProxy(primary.host, primary.port) as proxy:
+        client = redis.Redis(host=proxy.host, port=proxy.port, socket_timeout=1, retry=no_retry())
+        policy = Policy(prefix=prefix, durability=Replicas(1, TIMEOUT), lease=30)
+        store = RedisStore(client, policy)
+        record = record_for(prefix, "", GUARD_METHOD, "", "job")
+        try:
+            with guard(store, "warm", payload=b"") as call:  # scripts loaded, pool warm
+                call.save(1)
+            proxy.delay_replies(3)
+            with pytest.raises(StoreError, match="Timeout"), guard(store, "job", payload=b""):
+                pytest.fail("the block ran on a claim whose reply was lost")
+            assert direct.hget(record.key, "state") is None  # released: a retry may run
+            assert lease_left(direct, record) == -2
+        finally:
+            store.close()
+            client.close()
+            direct.close()
+
+
+def test_replicas_waited_longer_than_the_client_reads_are_refused(
+    pair: tuple[RedisServer, RedisServer], prefix: str
+) -> None:
+    client = pair[0].client(socket_timeout=1.0)
+    try:
+        with pytest.raises(ConfigurationError, match=r"Replicas\(timeout=2\) must be shorter"):
+            RedisStore(client, Policy(prefix=prefix, durability=Replicas(1, 2.0)))
+    finally:
+        client.close()
 
 
 def test_a_claim_no_replica_confirms_fails_closed_and_frees_the_key(

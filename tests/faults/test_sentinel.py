@@ -92,7 +92,7 @@ def test_a_store_over_a_sentinel_master_works_and_survives_a_failover(
 ) -> None:
     master, replica, sentinel = sentinel_setup
     _, store = sentinel_store(sentinel, prefix=prefix)
-    durable = RedisStore(store.client, Policy(prefix=prefix, durability=Replicas(1, 1.0)))
+    durable = RedisStore(store.client, Policy(prefix=prefix, durability=Replicas(1, 0.5)))
     try:
         for i in range(20):
             with guard(store, f"job-{i}", payload=i) as call:
