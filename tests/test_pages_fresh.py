@@ -134,9 +134,8 @@ def served_twice(bin_dir: Path, name: str, url: str, tmp_path: Path) -> None:
         argv += [f"{HOST}:{port}", "--noreload"]
     else:
         argv += ["--port", str(port)]
-    scope = "" if name in ("flask.md", "fastapi.md") else NO_CREDENTIALS
     with serving(argv, where, port, pythonpath=()) as base:
-        retries_behave(base, url, "/charges", scope=scope)
+        retries_behave(base, url, "/charges", scope=NO_CREDENTIALS)  # every page's default
     with serving(argv, where, port, pythonpath=()) as base:
         replays_on_a_second_run(base, "/charges")
 
