@@ -189,5 +189,15 @@ async def test_the_arq_coroutine_resumes_and_turns_in_flight_into_a_retry(url: s
         cause = retry.value.__cause__
         assert isinstance(cause, RequestInFlightError)
         assert cause.retry_after == 1.0 < 5 < cause.lease_remaining <= 30
+        # Later tries wait longer, and arq's tries (every Retry counts toward max_tries, 5 by
+        # default: about 5 s at 1 s apart) outlast the lease a crashed first run leaves.
+        deferred = []
+        for job_try in range(1, block["WorkerSettings"].max_tries):
+            async with aguard(store, "order:o-2", payload=other):
+                with pytest.raises(block["Retry"]) as retry:
+                    await job({**ctx, "job_try": job_try}, other)
+            deferred.append(retry.value.defer)
+        assert deferred[:6] == [1.0, 2, 3, 4, 5, 5]
+        assert sum(deferred) > store.policy.lease
     finally:
         await block["on_shutdown"](ctx)
