@@ -165,6 +165,37 @@ async def test_a_dead_server_is_a_store_error(redis_server_factory: Any, prefix:
         await client.close()
 
 
+def test_a_glide_store_used_from_a_later_asyncio_run_is_refused_not_a_hang(
+    redis_url: str, prefix: str
+) -> None:
+    """glide answers on the loop its client was made on: from the next ``asyncio.run`` the
+    claim reached Redis and its reply never came back (past any request timeout). A
+    ConfigurationError at once says to make the client in each loop."""
+    made: dict[str, Any] = {}
+
+    async def job(n: int) -> object:
+        if not made:
+            made["store"] = AsyncRedisStore(
+                await glide_client_for(redis_url), Policy(prefix=prefix)
+            )
+        async with aguard(made["store"], f"job-{n}", payload=b"p") as call:
+            if not call.replayed:
+                call.save(n)
+        return call.result
+
+    async def first() -> object:
+        try:
+            return await job(0)
+        finally:  # closed in its own loop (a loop that is gone cannot close it)
+            await made["store"].client.glide.close()
+
+    assert asyncio.run(asyncio.wait_for(first(), 10)) == 0
+    started = time.monotonic()
+    with pytest.raises(ConfigurationError, match="the event loop it was made on"):
+        asyncio.run(asyncio.wait_for(job(1), 10))
+    assert time.monotonic() - started < 5
+
+
 async def test_what_cannot_work_on_glide_is_refused_at_construction(glide_client: Any) -> None:
     with pytest.raises(ConfigurationError, match="WAIT blocks"):
         AsyncRedisStore(glide_client, Policy(durability=Replicas(1, timeout=0.1)))

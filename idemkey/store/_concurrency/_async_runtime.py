@@ -15,6 +15,7 @@ import socket
 from collections.abc import Callable, Coroutine
 from typing import Any, Final, TypeVar
 
+from ...errors import ConfigurationError
 from ...events import logger
 from ...policy import Replicas
 from .._backend import SCRIPT_KEYS, client_module
@@ -149,6 +150,15 @@ async def drop_other_loops(client: Any) -> None:
     stopped), so its pool makes new ones on this one. Connections of this loop, or of a loop
     still running in another thread, are left alone."""
     here = asyncio.get_running_loop()
+    glide_loop = getattr(getattr(client, "glide", None), "_loop", None)
+    if glide_loop is not None and glide_loop is not here and not glide_loop.is_running():
+        # valkey-glide answers on the loop its client was made on: from a loop that has gone
+        # every reply is lost, and the call waited forever, past its request timeout.
+        raise ConfigurationError(
+            "a valkey-glide client answers only on the event loop it was made on, and that "
+            "loop has ended: make the glide client and its AsyncRedisStore in each loop "
+            "(asyncio.run) that uses them"
+        )
     for connection in _connections(client):
         writer = getattr(connection, "_writer", None)
         loop = getattr(writer, "_loop", None)  # asyncio.StreamWriter's loop
