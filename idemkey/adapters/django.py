@@ -48,6 +48,7 @@ it keeps. A body the server cannot read (a malformed chunked upload, a reset con
 
 from __future__ import annotations
 
+import asyncio
 import contextvars
 import functools
 import inspect
@@ -64,6 +65,7 @@ from django.urls import get_resolver
 from .._options import derive, keyword, policy_options
 from ..http import Response, begin, parse_content_length
 from ..http._scope import default_scope
+from ..http._transitions import State
 from ..http.routes import ROUTE_UNKNOWN
 from ..policy import Policy, credential_scope
 from ._django_config import configure
@@ -200,6 +202,18 @@ class IdempotencyMiddleware:
                     break
         try:
             response = self.get_response(request)
+        except asyncio.CancelledError:
+            # Django (5.0 and later) under ASGI cancels the request when its client leaves,
+            # and the cancel comes out here after the view's thread did its work: the key is
+            # kept until its lease lapses, as the ASGI middleware does, never released for a
+            # rerun.
+            exchange = request.__dict__.pop("_idemkey", None)
+            if exchange is not None:
+                if exchange.state is State.RUNNING:
+                    self.driver.abandon(exchange)
+                else:
+                    self.driver.fail(exchange, "the view did not finish its response")
+            raise
         except BaseException:
             exchange = request.__dict__.pop("_idemkey", None)
             if exchange is not None:

@@ -553,6 +553,40 @@ def test_a_real_server_sees_replays_409_and_422(
             assert runs(real_client, prefix, "slow") == 1
 
 
+def test_asgi_django_keeps_the_key_of_a_view_its_client_left(
+    redis_url: str, prefix: str, real_client: redis.Redis, tmp_path: Path
+) -> None:
+    """Django 5 under ASGI cancels a request whose client left; the cancel comes out of the
+    view's thread after the view did its work. The key is kept until its lease lapses (an
+    uncertain `cancelled` entry), so the retry is a 409, not a second run (it was released)."""
+    log = tmp_path / "server.log"
+    with serving(SERVERS["uvicorn-asgi"], redis_url, prefix, log) as base:
+        port = urlsplit(base).port
+        assert port is not None
+        head = (
+            "POST /slow HTTP/1.1\r\nHost: t\r\nIdempotency-Key: gone\r\nContent-Length: 0\r\n\r\n"
+        )
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+            sock.sendall(head.encode())
+            wait_until(lambda: real_client.exists(f"{prefix}:started"), 10, "the view to start")
+        # The client has gone; the view is still running. Let it finish.
+        real_client.set(f"{prefix}:gate", 1)
+
+        def settled() -> bool:
+            if real_client.exists(f"{prefix}:uncertain"):
+                return True  # kept, and said so
+            records = real_client.scan_iter(match=f"{prefix}:{{*}}", _type="hash")
+            return all(real_client.hget(key, "state") != b"in_progress" for key in records)
+
+        wait_until(settled, 15, "the cancelled request to be settled")
+        with httpx.Client(base_url=base, timeout=20) as http:
+            retry = http.post("/slow", headers={"Idempotency-Key": "gone"})
+        assert retry.status_code == 409, retry.text
+        assert runs(real_client, prefix, "slow") == 1
+        (entry,) = real_client.xrange(f"{prefix}:uncertain")
+        assert entry[1][b"kind"] == b"cancelled"
+
+
 CHUNKED_HEAD = (
     "POST /charges HTTP/1.1\r\nHost: t\r\nConnection: close\r\nIdempotency-Key: {key}\r\n"
     "Content-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n"
