@@ -41,6 +41,7 @@ A view that raises releases the key.
 from __future__ import annotations
 
 import functools
+import inspect
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar, overload
 
@@ -108,6 +109,13 @@ class Idemkey:
             self._overrides.append(overrides)
 
         def decorate(view: F) -> F:
+            run: Callable[..., Any] = view
+            if inspect.iscoroutinefunction(view):
+                # Flask runs an async view through app.ensure_sync, but it sees the sync
+                # wrapper below: the view is run so here (a coroutine returned was a 500).
+                def run(*args: Any, **kwargs: Any) -> Any:
+                    return current_app.ensure_sync(view)(*args, **kwargs)
+
             @functools.wraps(view)
             def guarded(*args: Any, **kwargs: Any) -> ResponseReturnValue:
                 app = current_app._get_current_object()  # type: ignore[attr-defined]
@@ -115,7 +123,7 @@ class Idemkey:
                 if state is None:
                     raise ConfigurationError("Idemkey.init_app(app) was not called for this app")
                 policy = state.policy_for(id(guarded), overrides) if overrides else state.policy
-                return _guard(app, state.driver, policy, view, args, kwargs)
+                return _guard(app, state.driver, policy, run, args, kwargs)
 
             return guarded  # type: ignore[return-value]
 

@@ -182,6 +182,35 @@ def test_per_view_override(store: RedisStore) -> None:
     assert post(client, "/items/1", key=None).status_code == 400  # other views still require it
 
 
+def test_an_async_view_runs_once_and_is_replayed(store: RedisStore) -> None:
+    """Flask runs an async view (flask[async]) through app.ensure_sync, which sees idemkey's
+    sync wrapper: the view's coroutine was returned unawaited, a 500, the body never run."""
+    idem = Idemkey(store=store)
+    app = Flask("async_views")
+    runs: list[str] = []
+
+    @app.post("/charges")
+    @idem.idempotent
+    async def charge() -> Any:
+        runs.append("guarded")
+        return {"charge": len(runs)}, 201
+
+    @app.post("/optional")
+    @idem.idempotent(required=False)
+    async def optional() -> Any:
+        runs.append("unkeyed")
+        return {"ok": True}, 201
+
+    idem.init_app(app)
+    client = app.test_client()
+    first, again = post(client, "/charges"), post(client, "/charges")
+    assert (first.status_code, again.status_code) == (201, 201), first.get_data()
+    assert again.headers["Idempotent-Replayed"] == "true"
+    assert again.json == first.json == {"charge": 1}
+    assert post(client, "/optional", key=None).status_code == 201
+    assert runs == ["guarded", "unkeyed"]
+
+
 def test_the_route_template_names_the_record(store: RedisStore) -> None:
     app = build(Idemkey(store=store))
     client = app.test_client()
