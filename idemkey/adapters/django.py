@@ -59,10 +59,11 @@ from typing import TYPE_CHECKING, Any, TypeVar, overload
 
 from django.conf import settings
 from django.core.exceptions import RequestDataTooBig
-from django.http import HttpResponse, RawPostDataException, UnreadablePostError
+from django.http import HttpRequest, HttpResponse, RawPostDataException, UnreadablePostError
 from django.urls import get_resolver
 
 from .._options import derive, keyword, policy_options
+from ..errors import ConfigurationError
 from ..http import Response, begin, parse_content_length
 from ..http._scope import default_scope
 from ..http._transitions import State
@@ -74,7 +75,7 @@ from ._sync_driver import Driver
 
 if TYPE_CHECKING:
     from _typeshed import WriteableBuffer
-    from django.http import HttpRequest, HttpResponseBase
+    from django.http import HttpResponseBase
 
     from ..http import Exchange, Request
 
@@ -117,22 +118,45 @@ def idempotent(view: F | None = None, /, **options: Any) -> F | Callable[[F], F]
     return decorate(view) if view is not None else decorate
 
 
+def _unseen(view: Callable[..., Any], args: tuple[Any, ...]) -> None:
+    """Refuse to run a guarded view whose request the middleware never guarded: it is not in
+    ``MIDDLEWARE``, or the decorated function is not the view Django resolved (a class-based
+    view's ``post``). Either way every retry ran the view again, silently."""
+    for arg in args[:2]:  # the request: a function view's first, a method's second
+        if isinstance(arg, HttpRequest):
+            if not getattr(arg, "_idemkey_seen", False):
+                raise ConfigurationError(
+                    f"@idempotent on {_name(view)} guards nothing: the request did not pass "
+                    "idemkey's IdempotencyMiddleware as this view. Add "
+                    "'idemkey.adapters.django.IdempotencyMiddleware' to MIDDLEWARE, and "
+                    "decorate the view Django calls: on a class-based view, "
+                    "@method_decorator(idempotent, name='dispatch') or idempotent(View.as_view())"
+                )
+            return
+
+
 def idempotency_exempt(view: F) -> F:
     """Never guard this view, even with ``IDEMKEY["GUARD"] = "all"``."""
     return _marked(view, EXEMPT_ATTRIBUTE, True)
 
 
 def _marked(view: F, attribute: str, value: object) -> F:
-    """A wrapper of ``view`` carrying ``attribute``; async views stay async (Django checks)."""
+    """A wrapper of ``view`` carrying ``attribute``; async views stay async (Django checks).
+    A guarded view's wrapper checks that the middleware saw its request (:func:`_unseen`)."""
+    check = attribute == OPTIONS_ATTRIBUTE
     if inspect.iscoroutinefunction(view):
 
         async def wrapped_async(*args: Any, **kwargs: Any) -> Any:
+            if check:
+                _unseen(view, args)
             return await view(*args, **kwargs)
 
         wrapped: Callable[..., Any] = wrapped_async
     else:
 
         def wrapped_sync(*args: Any, **kwargs: Any) -> Any:
+            if check:
+                _unseen(view, args)
             return view(*args, **kwargs)
 
         wrapped = wrapped_sync
@@ -248,7 +272,10 @@ class IdempotencyMiddleware:
         """Django's view hook: a guarded request is run (or replayed, or refused) here, with
         the view resolved; None lets Django call the view unguarded."""
         policy = self._policy_for(view)
-        if policy is None or request.method not in policy.methods:
+        if policy is None:
+            return None
+        request._idemkey_seen = True  # what @idempotent checks
+        if request.method not in policy.methods:
             return None
         match = request.resolver_match
         route = "/" + match.route if match is not None and match.route else ROUTE_UNKNOWN

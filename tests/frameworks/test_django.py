@@ -24,7 +24,7 @@ import httpx
 import pytest
 import redis
 
-from idemkey import Event
+from idemkey import ConfigurationError, Event
 from tests._servers import AppServer, wait_until
 from tests.adapters.edge_servers import read_response
 
@@ -347,6 +347,80 @@ def test_the_first_request_knows_the_views_of_a_urlconf_not_yet_loaded(
         first = client.post("/late", data, headers={header: "l1", "X-CSRFToken": SECRET})
     assert first.status_code == 201, first.content
     assert first.json() == {"run": 1, "amount": "10", "receipt": 4}
+
+
+VIEWS_URLCONF = """
+from django.http import JsonResponse
+from django.urls import path
+from django.utils.decorators import method_decorator
+from django.views import View
+from django.views.decorators.csrf import csrf_exempt
+
+from idemkey.adapters.django import idempotent
+
+RUNS = []
+
+
+@method_decorator(csrf_exempt, name="dispatch")
+class OnPost(View):
+    @method_decorator(idempotent)
+    def post(self, request):
+        RUNS.append("on-post")
+        return JsonResponse({"run": len(RUNS)}, status=201)
+
+
+@method_decorator(csrf_exempt, name="dispatch")
+@method_decorator(idempotent, name="dispatch")
+class OnDispatch(View):
+    def post(self, request):
+        RUNS.append("on-dispatch")
+        return JsonResponse({"run": len(RUNS)}, status=201)
+
+
+@csrf_exempt
+@idempotent
+def plain(request):
+    RUNS.append("plain")
+    return JsonResponse({"run": len(RUNS)}, status=201)
+
+
+urlpatterns = [
+    path("on-post", OnPost.as_view()),
+    path("on-dispatch", OnDispatch.as_view()),
+    path("plain", plain),
+]
+"""
+
+
+def test_a_decorated_view_the_middleware_never_guarded_is_refused_not_run_unguarded(
+    project: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """@idempotent on a class-based view's post() (the view Django resolves is as_view()'s),
+    or a view whose project lacks the middleware, guarded nothing: every retry ran it again,
+    silently. Now a ConfigurationError says how to guard it; dispatch is guarded."""
+    import importlib
+
+    from django.test import Client
+    from django.test.utils import override_settings
+
+    module = f"idemkey_cbv_urls_{uuid.uuid4().hex[:8]}"
+    (tmp_path / f"{module}.py").write_text(VIEWS_URLCONF)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    urls = importlib.import_module(module)
+    with override_settings(ROOT_URLCONF=module):
+        client = Client(raise_request_exception=True)
+        with pytest.raises(ConfigurationError, match="method_decorator"):
+            post(client, "/on-post", "k1")
+        first, again = post(client, "/on-dispatch", "k2"), post(client, "/on-dispatch", "k2")
+        assert (first.status_code, again.status_code) == (201, 201)
+        assert again.headers["Idempotent-Replayed"] == "true"
+        assert post(client, "/plain", "k3").status_code == 201
+        with (
+            override_settings(MIDDLEWARE=[]),
+            pytest.raises(ConfigurationError, match="MIDDLEWARE"),
+        ):
+            post(Client(raise_request_exception=True), "/plain", "k4")
+    assert urls.RUNS == ["on-dispatch", "plain"]
 
 
 class ReadsFormFirst:
