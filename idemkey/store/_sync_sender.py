@@ -61,7 +61,7 @@ class Sender(Heartbeat):
     def _eval(self, name: str, *keys_and_args: str | bytes | int) -> Any:
         script = self._scripts[name]
         if self._loops.moved():  # another event loop: its connections are of no use here
-            drop_other_loops(self.client)
+            drop_other_loops(self.client, self._loops)
         try:
             try:
                 return self._evalsha(script.sha, keys_and_args)
@@ -79,7 +79,7 @@ class Sender(Heartbeat):
         """Before a command sent by hand (not through ``_eval``): drop the connections of the
         event loop this store ran on last, when this is another (``LoopWatch``)."""
         if self._loops.moved():
-            drop_other_loops(self.client)
+            drop_other_loops(self.client, self._loops)
 
     def _plain_evalsha(self, sha: str, keys_and_args: tuple[str | bytes | int, ...]) -> Any:
         return self.client.execute_command("EVALSHA", sha, SCRIPT_KEYS, *keys_and_args)
@@ -121,7 +121,7 @@ class Sender(Heartbeat):
     def _eval_durable(self, name: str, *keys_and_args: str | bytes | int) -> Any:
         durability = self.policy.durability
         if self._loops.moved():
-            drop_other_loops(self.client)
+            drop_other_loops(self.client, self._loops)
         if durability is None or name not in _DURABLE:
             return Sender._eval(self, name, *keys_and_args)
         script = self._scripts[name]
@@ -212,7 +212,7 @@ class Sender(Heartbeat):
         the block ended without one, None when the read failed."""
         command = ("XREAD", "BLOCK", block_ms, "STREAMS", stream, "0-0")
         if self._loops.moved():
-            drop_other_loops(self.client)
+            drop_other_loops(self.client, self._loops)
         try:
             if hasattr(self.client, "get_node_from_key"):  # a cluster: no COMMAND GETKEYS
                 node = self.client.get_node_from_key(stream)

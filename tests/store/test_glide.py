@@ -190,10 +190,17 @@ def test_a_glide_store_used_from_a_later_asyncio_run_is_refused_not_a_hang(
             await made["store"].client.glide.close()
 
     assert asyncio.run(asyncio.wait_for(first(), 10)) == 0
-    started = time.monotonic()
-    with pytest.raises(ConfigurationError, match="the event loop it was made on"):
-        asyncio.run(asyncio.wait_for(job(1), 10))
-    assert time.monotonic() - started < 5
+
+    async def twice() -> list[float]:
+        took = []
+        for n in (1, 2):  # a worker that catches the error and tries again in the same loop
+            started = time.monotonic()
+            with pytest.raises(ConfigurationError, match="the event loop it was made on"):
+                await job(n)
+            took.append(time.monotonic() - started)
+        return took
+
+    assert max(asyncio.run(asyncio.wait_for(twice(), 10))) < 0.5  # at once, every time
 
 
 async def test_what_cannot_work_on_glide_is_refused_at_construction(glide_client: Any) -> None:

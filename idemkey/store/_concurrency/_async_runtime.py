@@ -144,8 +144,12 @@ class LoopWatch:
         self._loop = loop
         return True
 
+    def forget(self) -> None:
+        """The next call is asked again (:func:`drop_other_loops` refused this loop)."""
+        self._loop = None
 
-async def drop_other_loops(client: Any) -> None:
+
+async def drop_other_loops(client: Any, watch: LoopWatch | None = None) -> None:
     """Disconnect ``client``'s connections made on an event loop that no longer runs (closed, or
     stopped), so its pool makes new ones on this one. Connections of this loop, or of a loop
     still running in another thread, are left alone."""
@@ -153,7 +157,10 @@ async def drop_other_loops(client: Any) -> None:
     glide_loop = getattr(getattr(client, "glide", None), "_loop", None)
     if glide_loop is not None and glide_loop is not here and not glide_loop.is_running():
         # valkey-glide answers on the loop its client was made on: from a loop that has gone
-        # every reply is lost, and the call waited forever, past its request timeout.
+        # every reply is lost, and the call waited forever, past its request timeout. Every
+        # later call on this loop is refused too (``watch`` forgets it).
+        if watch is not None:
+            watch.forget()
         raise ConfigurationError(
             "a valkey-glide client answers only on the event loop it was made on, and that "
             "loop has ended: make the glide client and its AsyncRedisStore in each loop "

@@ -79,5 +79,5 @@ class LoopWatch:
     moved = staticmethod(bool)
 
 
-def drop_other_loops(client: Any) -> None:
+def drop_other_loops(client: Any, watch: LoopWatch | None = None) -> None:
     """Nothing to drop (see :class:`LoopWatch`)."""
