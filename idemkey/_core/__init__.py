@@ -27,6 +27,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Final, NamedTuple, cast
+from urllib.parse import unquote_plus
 
 import xxhash
 
@@ -88,11 +89,14 @@ _new_tuple = tuple.__new__
 
 def _by_name(pair: str) -> str:
     # Sorted by name alone, and stably: a repeated name's values keep their order, which the
-    # app reads (`?sort=price&sort=date` is not `?sort=date&sort=price`). The "=" stays in the
-    # key so that pairs of distinct names sort exactly as whole pairs did before, and
-    # fingerprints stored by earlier versions still match.
-    name, eq, _ = pair.partition("=")
-    return name + eq
+    # app reads (`?sort=price&sort=date` is not `?sort=date&sort=price`). The name as the app
+    # reads it, decoded (`%73ort` and `sort` are one name, `a` and `a=` one too), then "=":
+    # pairs of distinct plain names sort exactly as whole pairs did before 0.4, so stored
+    # fingerprints still match.
+    name = pair.partition("=")[0]
+    if "%" in name or "+" in name:
+        name = unquote_plus(name)
+    return name + "="
 
 
 def fingerprint(
