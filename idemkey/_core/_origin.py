@@ -37,6 +37,7 @@ __all__ = [
     "escape_key",
     "escape_lines",
     "record_origin",
+    "printable_text",
     "unescape_key",
 ]
 
@@ -56,6 +57,21 @@ def escape_key(key: str) -> str:
     out = []
     for ch in key:
         if ch.isprintable() and not ch.isspace() and ch not in _ALWAYS_ESCAPED:
+            out.append(ch)
+        else:
+            out.extend(f"%{b:02X}" for b in ch.encode("utf-8", "surrogatepass"))
+    return "".join(out)
+
+
+def printable_text(text: str) -> str:
+    """``text`` (a route, a scope) as an operator's terminal shows it: one printable token,
+    white space and unprintable characters as ``%XX``, but ``%`` as it is, so that a line break
+    :func:`escape_lines` kept as ``%0A`` is printed as what ``--route`` and ``--scope`` take."""
+    if text.isprintable() and " " not in text:
+        return text
+    out = []
+    for ch in text:
+        if ch.isprintable() and not ch.isspace():
             out.append(ch)
         else:
             out.extend(f"%{b:02X}" for b in ch.encode("utf-8", "surrogatepass"))

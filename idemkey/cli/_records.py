@@ -16,7 +16,7 @@ from .._core import (
     record_from_digest,
     record_state,
 )
-from .._core._origin import ORIGIN_FIELDS, decode_origin, escape_key
+from .._core._origin import ORIGIN_FIELDS, decode_origin, escape_key, printable_text
 from .._core._stored import stored_int
 from ..errors import InvalidKeyError, RecordFormatError
 from ..guard import GUARD_METHOD
@@ -223,9 +223,9 @@ def read_record(
         view.at = stamp.isoformat(timespec="milliseconds").replace("+00:00", "Z")
     origin = decode_origin([get(name) for name in ORIGIN_FIELDS])
     # Route and scope may come from a request (a path, a tenant header): printed escaped too.
-    view.origin = f"{escape_key(origin.method)} {escape_key(origin.route)}".strip()
+    view.origin = f"{escape_key(origin.method)} {printable_text(origin.route)}".strip()
     if origin.scope:
-        view.origin += f" [{escape_key(origin.scope)}]"
+        view.origin += f" [{printable_text(origin.scope)}]"
     view.client_key = origin.key + ("..." if origin.cut else "")
     stored = get("resp")
     if value and isinstance(stored, bytes) and stored:

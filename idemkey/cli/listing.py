@@ -14,7 +14,7 @@ from dataclasses import asdict
 from typing import IO, Any, Final
 
 from .._core import record_from_digest
-from .._core._origin import escape_key
+from .._core._origin import escape_key, printable_text
 from ..policy import Policy
 from ..store import STATES, RecordStatus, RedisStore
 from ..store.uncertain import UncertainEntry, action_now
@@ -61,9 +61,9 @@ def row(status: RecordStatus) -> str:
     record digest and the client's key (escaped: printable, no white space), "-" when not
     kept."""
     # Route and scope may come from a request (a path, a tenant header): printed escaped.
-    origin = f"{escape_key(status.method)} {escape_key(status.route)}".strip() or "-"
+    origin = f"{escape_key(status.method)} {printable_text(status.route)}".strip() or "-"
     if status.scope:
-        origin += f" [{escape_key(status.scope)[:12]}]"
+        origin += f" [{printable_text(status.scope)[:12]}]"
     # A fence is the server clock in µs at least (16 digits): the column fits one.
     fence = str(status.fence) if status.fence is not None else "-"
     steps = ",".join(status.steps) or "-"

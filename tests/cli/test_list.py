@@ -249,3 +249,22 @@ def test_list_uncertain_shows_a_time_past_what_a_date_holds_as_no_date(
     assert second.startswith("2024-04-05T19:34:38Z  lease_lost ")
     listed = json.loads(idemkey(*base, "--json").out)["uncertain"]
     assert [e["at"] for e in listed] == [9999999999999999.999, 1712345678.901]
+
+
+def test_a_route_with_a_line_break_is_printed_as_the_filter_takes_it(
+    idemkey: CliRunner, redis_url: str, store: RedisStore
+) -> None:
+    """A claim on the concrete path /charges%0Ax (no routes=): its origin keeps the line break
+    as %0A, and `list` prints that, which `--route` finds (it printed %250Ax, found by no
+    filter)."""
+    from idemkey._core import record_for, record_origin
+
+    base = ("--redis-url", redis_url, "--prefix", store.policy.prefix)
+    record = record_for(store.policy.prefix, "t", "POST", "/charges\nx", "k")
+    origin = record_origin("t\tenant", "POST", "/charges\nx", "k")
+    store.claim(record, b"f" * 16, heartbeat=False, origin=origin)
+    listed = idemkey(*base, "list").out
+    assert "POST /charges%0Ax [t%09enant]" in listed, listed
+    assert "%25" not in listed
+    found = json.loads(idemkey(*base, "list", "--json", "--route", "/charges%0Ax").out)
+    assert found["count"] == 1
