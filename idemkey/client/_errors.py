@@ -10,7 +10,9 @@
         └── ClientStateError        a retry schedule was driven out of order (a bug)
 
 Like the rest of idemkey, an error never carries the raw idempotency key in its message (keys
-may be secrets); the caller holds it already (``Operation.key``).
+may be secrets); the caller holds it already (``Operation.key``), and an error that ends a
+call whose answer may yet exist holds it as an attribute (``key``), for a ``post()`` whose
+key the caller never saw.
 """
 
 from __future__ import annotations
@@ -87,17 +89,25 @@ class RetriesExhaustedError(ClientError):
     ``reason`` is ``"deadline"`` or ``"attempts"``; ``last`` describes the last failure
     (``"timeout"``, ``"503"``, ``"409 in_flight"``); ``response`` is the last response when
     the last attempt got one (else None, and the transport error is ``__cause__``). The
-    handler ran at most once: send the same key again later to learn its answer.
+    handler ran at most once: send the same key again later to learn its answer. ``key`` is
+    that key (a ``post()`` made it where the caller never saw it): ``idempotency_key=key``
+    resumes the call, where a plain ``post()`` would send a new key and run it again.
     """
 
     def __init__(
-        self, reason: str, last: str, attempts: int, response: httpx.Response | None = None
+        self,
+        reason: str,
+        last: str,
+        attempts: int,
+        response: httpx.Response | None = None,
+        key: str | None = None,
     ) -> None:
         super().__init__(f"gave up after {attempts} attempt(s) ({reason}); last: {last}")
         self.reason = reason
         self.last = last
         self.attempts = attempts
         self.response = response
+        self.key = key
 
 
 class ClientStateError(ClientError, RuntimeError):

@@ -147,7 +147,9 @@ def settle(
             return IdempotentResponse(response, operation.key, attempts)
         assert error is not None
         raise error
-    raise RetriesExhaustedError(step.reason, step.last, step.attempts, response) from error
+    raise RetriesExhaustedError(
+        step.reason, step.last, step.attempts, response, operation.key
+    ) from error
 
 
 #: What a client does with a replayed answer (``Client(on_replay=...)``): ``"accept"`` it (the

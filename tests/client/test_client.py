@@ -183,6 +183,18 @@ def test_giving_up_at_the_deadline_keeps_the_last_response() -> None:
     assert len(seen) == 1
 
 
+def test_a_post_given_up_hands_over_the_key_it_sent_to_resume_with() -> None:
+    """post() makes its key where the caller never sees it: after RetriesExhaustedError the
+    only retry was another post(), a new key, the operation run twice. The error holds the
+    key; idempotency_key=key resumes the same operation."""
+    handler, seen = scripted(httpx.ConnectError("refused"), httpx.ConnectError("refused"))
+    with client(handler) as api, pytest.raises(RetriesExhaustedError) as gave_up:
+        api.post("/charges", json={})
+    sent = {request.headers["Idempotency-Key"] for request in seen}
+    assert sent == {gave_up.value.key}
+    assert gave_up.value.key not in str(gave_up.value)  # an attribute, never the message
+
+
 def test_an_error_no_retry_can_fix_is_raised_at_once() -> None:
     handler, seen = scripted(httpx.LocalProtocolError("bad header"))
     with client(handler) as api, pytest.raises(httpx.LocalProtocolError):

@@ -267,6 +267,29 @@ def test_deadline_gives_up_and_the_same_operation_resumes_later(servers: Servers
         assert len({s.body for s in seen}) == 1
 
 
+def test_a_post_given_up_at_the_deadline_resumes_with_the_key_its_error_holds(
+    servers: Servers,
+) -> None:
+    """The user's path: client.post(), no key of their own. Past the deadline the handler still
+    runs, once; the error's key, sent again, replays it, where a second post() ran it again."""
+    server = servers.get("flask")
+    call = new_call()
+    with HttpFaultProxy("127.0.0.1", server.port) as proxy:
+        short = RetryPolicy(backoff=0.05, backoff_cap=0.2, deadline=1.0)
+        with Client(base_url=proxy.url, timeout=TIMEOUT, retry=short, verify=TLS) as client:
+            path = f"/charges?call={call}&sleep=1.5"
+            with pytest.raises(RetriesExhaustedError) as gave_up:
+                client.post(path, json={})
+            key = gave_up.value.key
+            assert key is not None
+            with server.redis() as r:
+                wait_until(lambda: r.exists(f"{server.prefix}:first:{call}"), 10, "the first run")
+            reply = client.post(path, json={}, idempotency_key=key)
+        assert reply.replayed
+        assert runs(server, call) == 1
+        assert {s.headers["idempotency-key"] for s in proxy.requests_for(call)} == {key}
+
+
 # ---- the transports, mounted on plain httpx clients ----------------------------------------
 
 
