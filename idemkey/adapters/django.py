@@ -55,7 +55,7 @@ import inspect
 import io
 import weakref
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, TypeVar, overload
+from typing import TYPE_CHECKING, Any, Final, TypeVar, overload
 
 from django.conf import settings
 from django.core.exceptions import RequestDataTooBig
@@ -66,6 +66,7 @@ from .._options import derive, keyword, policy_options
 from ..errors import ConfigurationError
 from ..http import Response, begin, parse_content_length
 from ..http._scope import default_scope
+from ..http._switch import switch
 from ..http._transitions import State
 from ..http.routes import ROUTE_UNKNOWN
 from ..policy import Policy, credential_scope
@@ -118,19 +119,29 @@ def idempotent(view: F | None = None, /, **options: Any) -> F | Callable[[F], F]
     return decorate(view) if view is not None else decorate
 
 
-def _unseen(view: Callable[..., Any], args: tuple[Any, ...]) -> None:
-    """Refuse to run a guarded view whose request the middleware never guarded: it is not in
-    ``MIDDLEWARE``, or the decorated function is not the view Django resolved (a class-based
-    view's ``post``). Either way every retry ran the view again, silently."""
+_NOT_SEEN: Final = object()
+
+
+def _unseen(view: Callable[..., Any], args: tuple[Any, ...], options: object) -> None:
+    """Refuse to run a guarded view whose request the middleware never guarded as this view:
+    it is not in ``MIDDLEWARE``, or the decorated function is not the view Django resolved (a
+    class-based view's ``post``; under ``GUARD = "all"`` its options were ignored). Either way
+    every retry ran the view again, silently. Not under ``idemkey.testing.disabled()`` (a unit
+    test calling the view with ``RequestFactory``)."""
+    if switch.disabled:
+        return
     for arg in args[:2]:  # the request: a function view's first, a method's second
+        arg = getattr(arg, "_request", arg)  # Django REST framework's Request wraps it
         if isinstance(arg, HttpRequest):
-            if not getattr(arg, "_idemkey_seen", False):
+            # Equal, not the same: method_decorator(idempotent) decorates at every call.
+            if getattr(arg, "_idemkey_seen", _NOT_SEEN) != options:
                 raise ConfigurationError(
                     f"@idempotent on {_name(view)} guards nothing: the request did not pass "
                     "idemkey's IdempotencyMiddleware as this view. Add "
                     "'idemkey.adapters.django.IdempotencyMiddleware' to MIDDLEWARE, and "
                     "decorate the view Django calls: on a class-based view, "
-                    "@method_decorator(idempotent, name='dispatch') or idempotent(View.as_view())"
+                    "@method_decorator(idempotent, name='dispatch') or idempotent(View.as_view()); "
+                    "a unit test that calls the view directly runs it in idemkey.testing.disabled()"
                 )
             return
 
@@ -148,7 +159,7 @@ def _marked(view: F, attribute: str, value: object) -> F:
 
         async def wrapped_async(*args: Any, **kwargs: Any) -> Any:
             if check:
-                _unseen(view, args)
+                _unseen(view, args, value)
             return await view(*args, **kwargs)
 
         wrapped: Callable[..., Any] = wrapped_async
@@ -156,7 +167,7 @@ def _marked(view: F, attribute: str, value: object) -> F:
 
         def wrapped_sync(*args: Any, **kwargs: Any) -> Any:
             if check:
-                _unseen(view, args)
+                _unseen(view, args, value)
             return view(*args, **kwargs)
 
         wrapped = wrapped_sync
@@ -274,7 +285,8 @@ class IdempotencyMiddleware:
         policy = self._policy_for(view)
         if policy is None:
             return None
-        request._idemkey_seen = True  # what @idempotent checks
+        # What @idempotent checks: the options of the view guarded (None: GUARD = "all").
+        request._idemkey_seen = getattr(view, OPTIONS_ATTRIBUTE, None)
         if request.method not in policy.methods:
             return None
         match = request.resolver_match

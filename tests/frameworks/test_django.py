@@ -384,10 +384,36 @@ def plain(request):
     return JsonResponse({"run": len(RUNS)}, status=201)
 
 
+@method_decorator(csrf_exempt, name="dispatch")
+class OnPostWithOptions(View):
+    @method_decorator(idempotent(required=False))
+    def post(self, request):
+        RUNS.append("on-post-with-options")
+        return JsonResponse({"run": len(RUNS)}, status=201)
+
+
+class WrappedRequest:  # Django REST framework's Request: the HttpRequest as _request
+    def __init__(self, request):
+        self._request = request
+
+
+@csrf_exempt
+def drf_like(request):
+    return _drf_view(WrappedRequest(request))
+
+
+@idempotent
+def _drf_view(request):
+    RUNS.append("drf-like")
+    return JsonResponse({"run": len(RUNS)}, status=201)
+
+
 urlpatterns = [
     path("on-post", OnPost.as_view()),
     path("on-dispatch", OnDispatch.as_view()),
+    path("on-post-with-options", OnPostWithOptions.as_view()),
     path("plain", plain),
+    path("drf-like", drf_like),
 ]
 """
 
@@ -420,7 +446,39 @@ def test_a_decorated_view_the_middleware_never_guarded_is_refused_not_run_unguar
             pytest.raises(ConfigurationError, match="MIDDLEWARE"),
         ):
             post(Client(raise_request_exception=True), "/plain", "k4")
-    assert urls.RUNS == ["on-dispatch", "plain"]
+        # A DRF view gets its own Request, wrapping Django's: seen through it.
+        with pytest.raises(ConfigurationError, match="guards nothing"):
+            post(client, "/drf-like", "k5")
+        # GUARD = "all" guards the resolved view with the project's policy: a decorated post()
+        # with its own options is refused too (they would be ignored).
+        project["GUARD"] = "all"
+        with pytest.raises(ConfigurationError, match="guards nothing"):
+            post(client, "/on-post-with-options", None)
+        first, again = post(client, "/on-dispatch", "k6"), post(client, "/on-dispatch", "k6")
+        assert again.headers["Idempotent-Replayed"] == "true"
+        del project["GUARD"]
+    assert urls.RUNS == ["on-dispatch", "plain", "on-dispatch"]
+
+
+def test_a_unit_test_calling_a_decorated_view_directly_runs_it_under_disabled(
+    project: dict[str, Any],
+) -> None:
+    """A user's unit test of a view's logic with RequestFactory, no middleware: refused
+    (the view would run unguarded), unless inside idemkey.testing.disabled(), which turns
+    idemkey off as if it were not installed."""
+    from types import SimpleNamespace
+
+    from django.test import RequestFactory
+
+    from idemkey.testing import disabled
+    from tests.frameworks.djangoproject.views import charges
+
+    request = RequestFactory().post("/charges", b'{"amount": 5}', content_type=JSON)
+    request.user = SimpleNamespace(pk=None, is_authenticated=False)  # as auth middleware sets
+    with pytest.raises(ConfigurationError, match=r"testing\.disabled"):
+        charges(request)
+    with disabled():
+        assert charges(request).status_code == 201
 
 
 class ReadsFormFirst:
