@@ -27,7 +27,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Final, NamedTuple, cast
-from urllib.parse import unquote_plus
+from urllib.parse import unquote_to_bytes
 
 import xxhash
 
@@ -94,8 +94,15 @@ def _by_name(pair: str) -> str:
     # pairs of distinct plain names sort exactly as whole pairs did before 0.4, so stored
     # fingerprints still match.
     name = pair.partition("=")[0]
-    if "%" in name or "+" in name:
-        name = unquote_plus(name)
+    if "%" in name or "+" in name or not name.isascii():
+        # The bytes the client sent: a server hands the query over as latin-1 text (WSGI),
+        # and the app decodes them, escaped or not, as UTF-8 (`%C3%A9` and a raw `é` alike).
+        raw = name.replace("+", " ")
+        try:
+            sent = raw.encode("latin-1")
+        except UnicodeEncodeError:  # text past latin-1: the app's own, already decoded
+            sent = raw.encode("utf-8", "surrogatepass")
+        name = unquote_to_bytes(sent).decode("utf-8", "replace")
     return name + "="
 
 
