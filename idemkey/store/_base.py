@@ -15,17 +15,20 @@ from __future__ import annotations
 import math
 import time
 from importlib.resources import files
+from functools import partial
 from typing import TYPE_CHECKING, Any, ClassVar, Final, Protocol
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from .._core import Record
 
 from .._core import DONE_HINT, RECORD_LOST, next_poll_delay
 from ..errors import ConfigurationError, StoreError
-from ..events import RECORD_LOST_DETAIL, logger, report
+from ..events import DEBUG, RECORD_LOST_DETAIL, logger, report
 from ..policy import Policy
 from ._backend import SCRIPT_KEYS, _backend_errors, _glide_facade, asyncio_client, is_glide
-from ._leases import Lease, LeaseTable
+from ._leases import _RETRY_FRACTION, Lease, LeaseTable
 from ._packing import Packer, evalsha_packer, lean_eligible, pack_evalsha
 
 __all__ = [
@@ -126,10 +129,17 @@ def _check_durability(policy: Policy, client: Any) -> None:
     every claim's WAIT outlasted the read, the claim timed out after Redis applied it (held
     until its lease lapsed, and redis-py sent the pipeline again, 15 s in all)."""
     durability, timeout = policy.durability, _socket_timeout(client)
-    if durability is not None and timeout is not None and durability.timeout >= timeout:
+    if (
+        durability is not None
+        and timeout is not None
+        and durability.timeout + _SERVER_LATENESS >= timeout
+    ):
+        # The margin _block_cap keeps for the same reason: a server answers a timed command
+        # up to a tick (hz 10: 100 ms) late, and WAIT 0.95 s on a 1 s read timed out 9 in 10.
         raise ConfigurationError(
             f"Replicas(timeout={durability.timeout:g}) must be shorter than the client's "
-            f"socket_timeout ({timeout:g} s): WAIT would outlast the read"
+            f"socket_timeout ({timeout:g} s) by {_SERVER_LATENESS:g} s: WAIT would outlast "
+            "the read"
         )
 
 
@@ -269,8 +279,55 @@ class StoreBase:
         lost.discard((record.record_key, owner))
         return True
 
-    def _lease_lost(self, lease: Lease, record_lost: bool = False) -> None:
-        """A renewal was refused: the heartbeat stops renewing ``lease``.
+    def _renewal_news(
+        self, lease: Lease, reply: int | StoreError, failures: int, lost: bool
+    ) -> Callable[[], None] | None:
+        """What the heartbeat reports of a renewal's answer (``reply``; ``failures``: the
+        lease's failed renewals in a row before it, ``lost``: the lease was lost just now), as
+        a call it makes off its renewal loop, where an ``on_event`` hook or a log handler that
+        is slow cannot delay the other claims' renewals. None: nothing to report.
+
+        One WARNING per lease when its renewals start failing (Redis down), the next failures at
+        DEBUG, one INFO line when it is renewed again: not a WARNING per failed renewal.
+        """
+        if lost:
+            if reply == RECORD_LOST:
+                # Noted now, not when reported: its guard asks once its completion is refused.
+                self._note_lost(lease.record, lease.owner)
+            return partial(self._lease_lost, lease, reply == RECORD_LOST)
+        after = self._leases.failures(lease)
+        if isinstance(reply, StoreError):
+            if after == failures:  # completed meanwhile: nothing to say
+                return None
+            if failures == 0:
+                return partial(
+                    logger.warning,
+                    "idemkey heartbeat could not renew a lease: %s (retried every %g s; "
+                    "further failures of this lease are logged at DEBUG)",
+                    reply,
+                    lease.lease_ms / 1000 / _RETRY_FRACTION,
+                    extra={"idemkey_event": "store_error", "idemkey_record": lease.record.digest},
+                )
+            if not logger.isEnabledFor(DEBUG):
+                return None
+            return partial(
+                logger.debug,
+                "idemkey heartbeat could not renew a lease, %d times in a row: %s",
+                after,
+                reply,
+                extra={"idemkey_record": lease.record.digest},
+            )
+        if failures and after == 0:
+            return partial(
+                logger.info,
+                "idemkey heartbeat renewed a lease again, after %d failed renewals",
+                failures,
+                extra={"idemkey_record": lease.record.digest},
+            )
+        return None
+
+    def _lease_lost(self, lease: Lease, record_lost: bool) -> None:
+        """A renewal was refused: the heartbeat stopped renewing ``lease``.
 
         Taken over: INFO, not an event; the guard or adapter holding this claim reports the
         loss once, with its route and scope, when its complete or release is refused. The
@@ -279,7 +336,6 @@ class StoreBase:
         run for long before its completion is refused (that refusal is its ``lease_lost``).
         """
         if record_lost:
-            self._note_lost(lease.record, lease.owner)
             report(
                 self.policy.on_event,
                 "record_lost",
