@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Final, Literal, NamedTuple
 
 from .._core import parse_record_name, record_pattern
-from .._core._origin import ORIGIN_FIELDS, decode_origin, escape_lines
+from .._core._origin import ORIGIN_FIELDS, decode_origin, escape_lines, printable_text
 from .._core._stored import stored_int
 from ..errors import ConfigurationError
 from .diagnostics import _text as text
@@ -213,7 +213,14 @@ def wanted(
     """Whether ``status`` passes the filters of ``store.records()`` (``None``: any)."""
     return (
         (states is None or status.state in states)
-        and (route is None or status.route == escape_lines(route))
-        and (scope is None or status.scope == escape_lines(scope))
+        and (route is None or _named(status.route, route))
+        and (scope is None or _named(status.scope, scope))
         and (method is None or status.method == method)
     )
+
+
+def _named(kept: str, wanted: str) -> bool:
+    """Whether a record's route or scope is the one a filter names: as given, or as
+    ``idemkey list`` prints it (``acme%20corp`` for a scope with a space)."""
+    return kept == escape_lines(wanted) or printable_text(kept) == wanted
+

@@ -268,3 +268,7 @@ def test_a_route_with_a_line_break_is_printed_as_the_filter_takes_it(
     assert "%25" not in listed
     found = json.loads(idemkey(*base, "list", "--json", "--route", "/charges%0Ax").out)
     assert found["count"] == 1
+    # White space is printed as %XX too: what is printed finds it, as what was sent does.
+    for scope in ("t%09enant", "t\tenant"):
+        found = json.loads(idemkey(*base, "list", "--json", "--scope", scope).out)
+        assert found["count"] == 1, scope
