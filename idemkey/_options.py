@@ -17,6 +17,7 @@ Converted values are what ``Policy`` stores: durations as float, collections as 
 from __future__ import annotations
 
 import difflib
+import inspect
 import math
 import numbers
 import re
@@ -204,6 +205,11 @@ def _one_of(*choices: object) -> Callable[[object, str], Any]:
 def _function(value: object, label: str) -> object:
     if not callable(value):
         raise _fail(label, "a callable", value)
+    if inspect.iscoroutinefunction(value) or inspect.iscoroutinefunction(
+        getattr(value, "__call__", None)  # noqa: B004  an instance whose __call__ is async
+    ):
+        # Called synchronously: an async hook's coroutine was never awaited, every event lost.
+        raise _fail(label, "a plain (not async) callable; schedule async work yourself", value)
     return value
 
 

@@ -86,12 +86,13 @@ def redirect_to_follow(
     if after is None or not http.follow_redirects:
         return None
     if _origin(after.url) != _origin(origin):
-        # The URLs without their query (it may carry tokens), and never the key.
+        # The URLs without their query (it may carry tokens) or user:password, never the key.
         logger.warning(
             "%s %s answered %d to another origin (%s): not followed, a keyed call stays on "
             "its origin",
-            response.request.method, response.request.url.copy_with(query=None),
-            response.status_code, after.url.copy_with(path="/", query=None, fragment=None),
+            response.request.method, response.request.url.copy_with(query=None, userinfo=b""),
+            response.status_code,
+            after.url.copy_with(path="/", query=None, fragment=None, userinfo=b""),
         )  # fmt: skip
         return None
     return after
@@ -180,7 +181,7 @@ def check_replay(check: ReplayCheck, reply: IdempotentResponse) -> IdempotentRes
 
 def _report(hook: RetryHook | None, event: RetryEvent) -> None:
     # The URL without its query (it may carry tokens), and never the key.
-    url = event.operation.url.copy_with(query=None)
+    url = event.operation.url.copy_with(query=None, userinfo=b"")  # tokens, a password
     logger.info(
         "retrying %s %s in %.2f s: attempt %d failed (%s)",
         event.operation.method, url, event.delay, event.attempt, event.reason,

@@ -190,6 +190,8 @@ def render(
         if not isinstance(content_type, str) or not isinstance(body, bytes):
             raise TypeError(f"expected (str, bytes), got ({content_type!r}, {type(body)!r})")
         content_type.encode("latin-1")  # a header value: refuse what no server can send
+        if not content_type.isprintable():  # CR, LF, NUL: a split head, a 500, a drop
+            raise ValueError(f"not a header value: {content_type!r:.60}")
     except Exception:
         logger.exception("idemkey Policy.render_problem failed; answering RFC 9457 instead")
         return problem(status, code, detail, extra, retention)

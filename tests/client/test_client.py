@@ -133,6 +133,19 @@ def test_one_hook_call_and_one_log_line_per_retry(caplog: pytest.LogCaptureFixtu
     assert all("secret" not in line and operation.key not in line for line in lines)
 
 
+def test_a_retry_line_never_carries_the_urls_password(caplog: pytest.LogCaptureFixture) -> None:
+    handler, _ = scripted(httpx.Response(503), httpx.Response(201))
+    caplog.set_level(logging.INFO, logger="idemkey.client")
+    api = Client(transport=httpx.MockTransport(handler), retry=NOW)
+    with api:
+        api.post("https://api-user:SECRET-PASSWORD@api.example/charges", json={})
+    lines = [r.getMessage() for r in caplog.records if r.name == "idemkey.client"]
+    assert lines == [lines[0]]
+    assert lines[0].startswith("retrying POST https://api.example/charges in ")
+    assert "SECRET" not in lines[0]
+    assert "api-user" not in lines[0]
+
+
 def test_a_failing_hook_is_logged_and_the_retry_goes_on(caplog: pytest.LogCaptureFixture) -> None:
     handler, seen = scripted(httpx.ReadError("reset"), httpx.Response(201))
 

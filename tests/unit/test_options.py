@@ -260,3 +260,21 @@ def test_positional_arguments_and_derived_fields_are_configuration_errors() -> N
         Policy(10)  # type: ignore[misc]
     with pytest.raises(ConfigurationError, match=re.escape("Policy(lease_ms=...): not a Policy")):
         Policy().replace(lease_ms=5)
+
+
+def test_an_async_event_hook_is_refused_not_silently_never_run() -> None:
+    """on_event and render_problem are called synchronously: an async one's coroutine was
+    never awaited, every event dropped (metrics and alerts dark, no sign but a warning)."""
+
+    async def hook(event: object) -> None:  # pragma: no cover
+        pass
+
+    class AsyncHook:
+        async def __call__(self, event: object) -> None:  # pragma: no cover
+            pass
+
+    for field in ("on_event", "render_problem"):
+        for value in (hook, AsyncHook()):
+            with pytest.raises(ConfigurationError, match="not async"):
+                Policy(**{field: value})
+    Policy(on_event=print)  # a plain callable is taken

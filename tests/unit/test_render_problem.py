@@ -110,7 +110,11 @@ def broken_returns_text(problem: Problem) -> tuple[str, bytes]:
     return "application/json", "not bytes"  # type: ignore[return-value]
 
 
-@pytest.mark.parametrize("renderer", [broken_raises, broken_returns_text])
+def broken_returns_crlf(problem: Problem) -> tuple[str, bytes]:
+    return "application/vnd.err+json\r\nX-Injected: yes", b"{}"  # a split head
+
+
+@pytest.mark.parametrize("renderer", [broken_raises, broken_returns_text, broken_returns_crlf])
 def test_a_broken_renderer_falls_back_to_rfc_9457_and_is_logged(
     renderer: Any, caplog: pytest.LogCaptureFixture
 ) -> None:
