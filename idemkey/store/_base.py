@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import math
 import time
-from importlib.resources import files
 from functools import partial
+from importlib.resources import files
 from typing import TYPE_CHECKING, Any, ClassVar, Final, Protocol
 
 if TYPE_CHECKING:
@@ -295,10 +295,10 @@ class StoreBase:
                 # Noted now, not when reported: its guard asks once its completion is refused.
                 self._note_lost(lease.record, lease.owner)
             return partial(self._lease_lost, lease, reply == RECORD_LOST)
+        if not self._leases.holds(lease):  # completed meanwhile: nothing to say
+            return None
         after = self._leases.failures(lease)
         if isinstance(reply, StoreError):
-            if after == failures:  # completed meanwhile: nothing to say
-                return None
             if failures == 0:
                 return partial(
                     logger.warning,

@@ -31,6 +31,9 @@ class Lease:
 class LeaseTable:
     def __init__(self) -> None:
         self._leases: dict[tuple[str, str], Lease] = {}
+        # Failed renewals in a row, per lease failing now (kept here, not on Lease: a claim
+        # builds its Lease on the hot path). Pruned by ``due``, never by ``remove``, for that.
+        self._failing: dict[Lease, int] = {}
 
     def __len__(self) -> int:
         return len(self._leases)
@@ -55,13 +58,22 @@ class LeaseTable:
         return min((lease.due for lease in self._leases.values()), default=None)
 
     def due(self, now: float) -> list[Lease]:
+        if self._failing:  # forget the failing leases completed or lost since
+            self._failing = {lease: n for lease, n in self._failing.items() if self.holds(lease)}
         return [lease for lease in self._leases.values() if lease.due <= now]
+
+    def failures(self, lease: Lease) -> int:
+        """How many renewals of ``lease`` have failed in a row, up to now."""
+        return self._failing.get(lease, 0)
 
     def renewed(self, lease: Lease, now: float) -> None:
         lease.due = now + lease.lease_ms / 3000
+        if self._failing:
+            self._failing.pop(lease, None)
 
     def failed(self, lease: Lease, now: float) -> None:
         lease.due = now + lease.lease_ms / 1000 / _RETRY_FRACTION
+        self._failing[lease] = self._failing.get(lease, 0) + 1
 
     def answered(self, lease: Lease, ours: bool | None, now: float) -> bool:
         """Take a renewal's answer: True (renewed), None (failed: try again soon) or False
@@ -83,3 +95,4 @@ class LeaseTable:
 
     def clear(self) -> None:
         self._leases.clear()
+        self._failing.clear()

@@ -4,23 +4,34 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
 import pytest
 import redis
+import redis.asyncio
 
 from idemkey import (
+    AsyncRedisStore,
     KeyReuseError,
     LeaseLostError,
     Policy,
     RedisStore,
     RequestInFlightError,
+    aguard,
     guard,
 )
 from idemkey._core import record_for
 from idemkey.cli.demo_app import DEFAULT_ACCOUNT, account_scope, create_app
 from idemkey.guard import GUARD_METHOD
 from tests._lease import lapse
-from tests._servers import free_port, no_retry, wait_until
+from tests._servers import (
+    RedisServer,
+    async_wait_until,
+    free_port,
+    no_async_retry,
+    no_retry,
+    wait_until,
+)
 
 
 def _ours(caplog: pytest.LogCaptureFixture) -> list[logging.LogRecord]:
@@ -78,6 +89,102 @@ def test_one_warning_per_store_error(prefix: str, caplog: pytest.LogCaptureFixtu
     assert warning.idemkey_record == digest  # type: ignore[attr-defined]
     assert "secret-k" not in warning.getMessage()  # raw keys stay out of logs
     dead.close()
+
+
+# ---- Redis down under running claims: one WARNING per lease, not one per failed renewal ----
+
+RENEW_FAILED, RENEWED = "could not renew", "renewed a lease again"
+
+
+def _renewals(caplog: pytest.LogCaptureFixture, digest: str, words: str) -> list[int]:
+    """The levels of the heartbeat's ``words`` lines about the record ``digest``."""
+    return [
+        r.levelno
+        for r in _ours(caplog)
+        if words in r.getMessage() and getattr(r, "idemkey_record", None) == digest
+    ]
+
+
+def _check_renewal_lines(caplog: pytest.LogCaptureFixture, digests: list[str]) -> None:
+    for digest in digests:
+        failed = _renewals(caplog, digest, RENEW_FAILED)
+        # The first failure of each lease at WARNING, the ones after it at DEBUG...
+        assert failed[0] == logging.WARNING
+        assert set(failed[1:]) == {logging.DEBUG}
+        # ...and one INFO line once it is renewed again.
+        assert _renewals(caplog, digest, RENEWED) == [logging.INFO]
+    warnings = [r for r in _ours(caplog) if r.levelno == logging.WARNING]
+    assert len(warnings) == len(digests)
+    assert {w.idemkey_event for w in warnings} == {"store_error"}  # type: ignore[attr-defined]
+
+
+def _failing(caplog: pytest.LogCaptureFixture, digests: list[str]) -> Callable[[], bool]:
+    """Whether every lease has failed three renewals in a row (retried every lease/10)."""
+    return lambda: all(len(_renewals(caplog, d, RENEW_FAILED)) >= 3 for d in digests)
+
+
+def test_one_warning_per_lease_while_redis_is_down(
+    redis_server_factory: Callable[..., RedisServer],
+    prefix: str,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Before, each failed renewal of each running claim logged a WARNING, with no record
+    named: 190 lines for 10 claims and 6 s of outage."""
+    server = redis_server_factory()
+    client = server.client(socket_timeout=0.2, retry=no_retry())
+    caplog.set_level(logging.DEBUG, logger="idemkey")
+    store = RedisStore(client, Policy(prefix=prefix, lease=1.0))
+    digests = [record_for(prefix, "", GUARD_METHOD, "", key).digest for key in ("a", "b")]
+    try:
+        with guard(store, "a") as first, guard(store, "b") as second:
+            caplog.clear()
+            server.pause()
+            try:
+                wait_until(_failing(caplog, digests), 10, "three failed renewals per lease")
+            finally:
+                server.resume()
+            wait_until(
+                lambda: all(_renewals(caplog, d, RENEWED) for d in digests),
+                10,
+                "the leases to be renewed again",
+            )
+            first.save(1)
+            second.save(2)
+    finally:
+        store.close()
+        client.close()
+    _check_renewal_lines(caplog, digests)
+
+
+async def test_one_warning_per_lease_while_redis_is_down_async(
+    redis_server_factory: Callable[..., RedisServer],
+    prefix: str,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    server = redis_server_factory()
+    client = server.async_client(socket_timeout=0.2, retry=no_async_retry())
+    caplog.set_level(logging.DEBUG, logger="idemkey")
+    store = AsyncRedisStore(client, Policy(prefix=prefix, lease=1.0))
+    digests = [record_for(prefix, "", GUARD_METHOD, "", key).digest for key in ("a", "b")]
+    try:
+        async with aguard(store, "a") as first, aguard(store, "b") as second:
+            caplog.clear()
+            server.pause()
+            try:
+                await async_wait_until(_failing(caplog, digests), 10, "three failures per lease")
+            finally:
+                server.resume()
+            await async_wait_until(
+                lambda: all(_renewals(caplog, d, RENEWED) for d in digests),
+                10,
+                "the leases to be renewed again",
+            )
+            first.save(1)
+            second.save(2)
+    finally:
+        await store.aclose()
+        await client.aclose()
+    _check_renewal_lines(caplog, digests)
 
 
 def test_one_warning_per_lost_lease(

@@ -24,6 +24,7 @@ import redis.asyncio
 from idemkey import (
     AsyncRedisStore,
     Event,
+    LeaseLostError,
     Policy,
     RedisStore,
     RequestInFlightError,
@@ -344,3 +345,84 @@ async def test_a_claim_on_an_aclosed_store_is_renewed(
 
 async def _later(deadline: Awaitable[int], than: int) -> bool:
     return await deadline > than
+
+
+# ---- a slow on_event hook: the heartbeat's reports never delay a renewal -----------------
+
+HOOK_SECONDS = 3.0  # a hook stuck this long (an alerting call that hangs): three short leases
+
+
+def test_a_slow_record_lost_hook_does_not_stop_the_other_claims_renewals(
+    real_client: redis.Redis, prefix: str
+) -> None:
+    """Before, the heartbeat thread called the hook itself: while it ran, no other claim of the
+    store was renewed, their leases lapsed, and a duplicate ran them a second time."""
+    stuck, unstick = threading.Event(), threading.Event()
+    threads: list[str] = []
+
+    def hook(event: Event) -> None:
+        if event.kind == "record_lost":
+            threads.append(threading.current_thread().name)
+            stuck.set()
+            unstick.wait(HOOK_SECONDS)
+
+    store = RedisStore(real_client, Policy(prefix=prefix, lease=1.0, on_event=hook))
+    rival = RedisStore(real_client, Policy(prefix=prefix))
+    lost = record_for(prefix, "", GUARD_METHOD, "", "job-a")
+    try:
+        with guard(store, "job-b") as call:
+            with pytest.raises(LeaseLostError), guard(store, "job-a") as doomed:  # noqa: PT012
+                real_client.delete(lost.record_key)  # job-a's record deleted (or evicted)
+                assert stuck.wait(10), "the heartbeat never reported job-a's lost record"
+                doomed.save("too late")
+            end = time.monotonic() + 2.0  # the hook is stuck for all of it: two leases of job-b
+            while time.monotonic() < end:
+                with pytest.raises(RequestInFlightError), guard(rival, "job-b"):
+                    pytest.fail("job-b's lease lapsed while the hook ran: a duplicate got in")
+                time.sleep(0.05)  # pacing the checks, not waiting for anything
+            call.save("done")
+    finally:
+        unstick.set()
+        store.close()
+        rival.close()
+    assert threads != ["idemkey-heartbeat"]
+
+
+async def test_the_async_heartbeat_reports_outside_its_renewal_loop(
+    real_async_client: redis.asyncio.Redis, prefix: str
+) -> None:
+    """Hooks run on the event loop (a hook that blocks it stalls everything, renewals too), but
+    not inside the heartbeat's task: one that hands slow work to a task, as a hook on an asyncio
+    store should, keeps every other claim renewed while that work runs."""
+    tasks: list[asyncio.Task[object] | None] = []
+    slow: list[asyncio.Task[None]] = []
+
+    def hook(event: Event) -> None:
+        if event.kind == "record_lost":
+            tasks.append(asyncio.current_task())
+            slow.append(asyncio.get_running_loop().create_task(asyncio.sleep(HOOK_SECONDS)))
+
+    store = AsyncRedisStore(real_async_client, Policy(prefix=prefix, lease=1.0, on_event=hook))
+    rival = AsyncRedisStore(real_async_client, Policy(prefix=prefix))
+    lost = record_for(prefix, "", GUARD_METHOD, "", "job-a")
+    try:
+        async with aguard(store, "job-b") as call:
+            with pytest.raises(LeaseLostError):  # noqa: PT012 - the scenario
+                async with aguard(store, "job-a") as doomed:
+                    await real_async_client.delete(lost.record_key)
+                    await async_wait_until(lambda: slow, 10, "the lost record's report")
+                    doomed.save("too late")
+            heartbeat = store._heartbeat
+            while not slow[0].done():  # the hook's slow work: three leases of job-b
+                with pytest.raises(RequestInFlightError):
+                    async with aguard(rival, "job-b"):
+                        pytest.fail("job-b's lease lapsed while the hook's work ran")
+                await asyncio.sleep(0.05)  # pacing the checks, not waiting for anything
+            call.save("done")
+    finally:
+        for task in slow:
+            task.cancel()
+        await store.aclose()
+        await rival.aclose()
+    assert heartbeat is not None
+    assert tasks != [heartbeat]

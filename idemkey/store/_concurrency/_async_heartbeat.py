@@ -3,6 +3,11 @@
 
 The task ends when no claim is left for a while (``_IDLE_SECONDS``), so no task outlives its
 event loop's work; the next claim starts another (also on another event loop).
+
+What it reports (a lost record to the ``on_event`` hook, a failing renewal to the logger) is
+called soon on the event loop, never inside this task: a hook that raises past ``emit``'s
+catch cannot end the renewals. A hook that blocks the loop stalls them all the same, as it
+stalls every request: hooks on an asyncio store hand slow work to a task or a thread.
 """
 
 from __future__ import annotations
@@ -11,9 +16,8 @@ import asyncio
 import contextlib
 import time
 
-from ..._core import RECORD_LOST, Record
+from ..._core import Record
 from ...errors import StoreError
-from ...events import logger
 from ...policy import Policy
 from .._backend import is_glide
 from .._base import _IDLE_SECONDS, StoreBase
@@ -87,18 +91,19 @@ class AsyncHeartbeat(StoreBase):
                     self._sleeping_until = 0.0
                 continue
             due = self._leases.due(now)
-            answers = await asyncio.gather(
-                *(self._renew_quietly(lease) for lease in due), return_exceptions=False
-            )
-            for lease, reply in zip(due, answers, strict=True):
-                ours = None if reply is None else reply == 1
-                if self._leases.answered(lease, ours, time.monotonic()):
-                    self._lease_lost(lease, reply == RECORD_LOST)
+            failures = [self._leases.failures(lease) for lease in due]
+            replies = await asyncio.gather(*(self._renew_or_error(lease) for lease in due))
+            loop = asyncio.get_running_loop()
+            for lease, reply, failed in zip(due, replies, failures, strict=True):
+                ours = None if isinstance(reply, StoreError) else reply == 1
+                lost = self._leases.answered(lease, ours, time.monotonic())
+                news = self._renewal_news(lease, reply, failed, lost)
+                if news is not None:
+                    loop.call_soon(news)
 
-    async def _renew_quietly(self, lease: Lease) -> int | None:
-        """renew.lua's reply for ``lease`` (1, 0 or RECORD_LOST), None when Redis failed."""
+    async def _renew_or_error(self, lease: Lease) -> int | StoreError:
+        """renew.lua's reply for ``lease`` (1, 0 or RECORD_LOST), or how Redis failed."""
         try:
             return await self._renew(lease.record, lease.owner, lease.lease_ms, lease.fence)
         except StoreError as exc:
-            logger.warning("idemkey heartbeat could not renew a lease: %s", exc)
-            return None
+            return exc

@@ -4,23 +4,33 @@ hand-written, twin of ``_async_heartbeat``.
 The thread ends after ``heartbeat_idle_exit`` seconds without a claim, so an idle store can be
 garbage-collected, and as soon as no claim is left to renew once ``close()`` was called; the
 next claim starts another. A forked child starts afresh.
+
+What the heartbeat reports (a lost record to the ``on_event`` hook, a failing renewal to the
+logger) goes to a second daemon thread, the reporter, started on the first report and ended
+after ``_IDLE_SECONDS`` without one: a hook stuck for seconds never delays a renewal. Before,
+the heartbeat called the hook itself, and while it ran every other claim's lease lapsed.
 """
 
 from __future__ import annotations
 
 import os
+import queue
 import threading
 import time
 import weakref
+from collections.abc import Callable
+from typing import Final
 
-from ..._core import RECORD_LOST, Record
+from ..._core import Record
 from ...errors import StoreError
-from ...events import logger
 from ...policy import Policy
 from .._base import _IDLE_SECONDS, StoreBase
 from .._leases import Lease
 
 __all__ = ["Heartbeat"]
+
+# Reports not yet made, at most (a hook stuck for good): later ones are dropped.
+_MAX_REPORTS: Final = 1024
 
 # Every live store, to start afresh in a forked child (see Heartbeat._condition): done once at
 # fork rather than with a getpid system call on every claim and completion.
@@ -59,6 +69,8 @@ class Heartbeat(StoreBase):
         # close() was called while the thread ran: it ends as soon as no claim is left to
         # renew, and resets this (so it is only ever True while a thread runs).
         self._closing = False
+        self._reports: queue.Queue[Callable[[], None]] = queue.Queue(_MAX_REPORTS)
+        self._reporter: threading.Thread | None = None
         _live.add(self)
 
     def _renew(self, record: Record, owner: str, lease_ms: int, fence: int | None) -> int:
@@ -95,6 +107,7 @@ class Heartbeat(StoreBase):
         self._leases.clear()
         self._records_lost.clear()
         self._sleeping_until = 0.0
+        self._reports, self._reporter = queue.Queue(_MAX_REPORTS), None
 
     def _watch(self, record: Record, owner: str, lease_ms: int, fence: int) -> None:
         # No fork check: a forked child's stores were reset at fork (_after_fork_in_child).
@@ -147,14 +160,50 @@ class Heartbeat(StoreBase):
                     self._sleeping_until = 0.0
                     due = self._leases.due(time.monotonic())
             for lease in due:
-                reply: int | None
+                reply: int | StoreError
                 try:
                     reply = self._renew(lease.record, lease.owner, lease.lease_ms, lease.fence)
                 except StoreError as exc:
-                    logger.warning("idemkey heartbeat could not renew a lease: %s", exc)
-                    reply = None
-                ours = None if reply is None else reply == 1
+                    reply = exc
+                ours = None if isinstance(reply, StoreError) else reply == 1
                 with self._wakeup:
+                    failures = self._leases.failures(lease)
                     lost = self._leases.answered(lease, ours, time.monotonic())
-                if lost:
-                    self._lease_lost(lease, reply == RECORD_LOST)
+                    news = self._renewal_news(lease, reply, failures, lost)
+                if news is not None:
+                    self._report_later(news)
+
+    def _report_later(self, news: Callable[[], None]) -> None:
+        """Have the reporter thread call ``news``; returns at once."""
+        with self._lock:
+            try:
+                self._reports.put_nowait(news)
+            except queue.Full:
+                return
+            # A reporter that found the queue empty and left cleared _reporter under this lock
+            # first: it is replaced, so a report is never stranded.
+            if self._reporter is None:
+                self._reporter = threading.Thread(
+                    target=self._report, name="idemkey-reporter", daemon=True
+                )
+                self._reporter.start()
+
+    def _report(self) -> None:
+        """The reporter thread: calls each report in turn, ends when idle."""
+        reports = self._reports
+        while True:
+            try:
+                news = reports.get(timeout=_IDLE_SECONDS)
+            except queue.Empty:
+                with self._lock:
+                    if reports.empty():
+                        self._reporter = None
+                        return
+                continue
+            try:
+                news()  # emit() logs a hook that raises an Exception
+            except BaseException:
+                # Past that (a hook raising SystemExit): the next report starts a new reporter.
+                with self._lock:
+                    self._reporter = None
+                raise
