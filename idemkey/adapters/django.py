@@ -52,33 +52,31 @@ import asyncio
 import contextvars
 import functools
 import inspect
-import io
 import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Final, TypeVar, overload
 
 from django.conf import settings
-from django.core.exceptions import RequestDataTooBig
-from django.http import HttpRequest, HttpResponse, RawPostDataException, UnreadablePostError
+from django.http import HttpRequest, HttpResponse
 from django.urls import get_resolver
 
 from .._options import derive, keyword, policy_options
 from ..errors import ConfigurationError
-from ..http import Response, begin, parse_content_length
+from ..http import Response, begin
 from ..http._scope import default_scope
 from ..http._switch import switch
 from ..http._transitions import State
 from ..http.routes import ROUTE_UNKNOWN
 from ..policy import Policy, credential_scope
+from ._django_body import UNREADABLE_ATTRIBUTE, read_body, take_body
 from ._django_config import configure
-from ._environ import BodyError, EnvironHeaders, capture, environ_key
+from ._environ import BodyError, EnvironHeaders, environ_key
 from ._sync_driver import Driver
 
 if TYPE_CHECKING:
-    from _typeshed import WriteableBuffer
     from django.http import HttpResponseBase
 
-    from ..http import Exchange, Request
+    from ..http import Request
 
 __all__ = ["IdempotencyMiddleware", "idempotency_exempt", "idempotent"]
 
@@ -88,8 +86,6 @@ _current: contextvars.ContextVar[HttpRequest] = contextvars.ContextVar("idemkey_
 #: The attribute the decorators set on a view (as ``csrf_exempt`` sets ``csrf_exempt``).
 OPTIONS_ATTRIBUTE = "idemkey_options"
 EXEMPT_ATTRIBUTE = "idemkey_exempt"
-#: Where ``__call__`` leaves the failure of a body it could not read, for ``process_view``.
-UNREADABLE_ATTRIBUTE = "_idemkey_unreadable"
 
 #: The Policy fields that decide which requests are keyed, and how much of a body to read.
 _CAPTURE_FIELDS = ("methods", "header", "max_request_bytes")
@@ -231,7 +227,7 @@ class IdempotencyMiddleware:
                 if key in meta:
                     # Read now, before any process_view (CSRF's reads request.POST, consuming
                     # a multipart stream): Django keeps the bytes, and parses the form from them.
-                    taken = _take_body(request, limit)
+                    taken = take_body(request, limit)
                     if isinstance(taken, BodyError) and taken.code == "invalid_body":
                         setattr(request, UNREADABLE_ATTRIBUTE, taken)
                     break
@@ -300,7 +296,7 @@ class IdempotencyMiddleware:
             return None
         if isinstance(exchange, Response):
             return _respond(exchange)
-        body = _read_body(request, exchange)
+        body = read_body(request, exchange)
         if isinstance(body, Response):
             return _respond(body)
         answer = self.driver.claim(exchange)
@@ -362,79 +358,6 @@ def _request_of(request: HttpRequest, route: str) -> Request:
     return Request(
         request.method or "GET", request.path, query, EnvironHeaders(request.META), route
     )
-
-
-def _read_body(request: HttpRequest, exchange: Exchange) -> bytes | Response:
-    """The body (Django keeps it for the view), or the 413 / 400 to answer instead."""
-    rejected = exchange.announced()
-    if rejected is not None:
-        return rejected
-    body = request.__dict__.pop(UNREADABLE_ATTRIBUTE, None) or _take_body(
-        request, exchange.policy.max_request_bytes
-    )
-    if isinstance(body, BodyError):
-        if body.code == "request_too_large":
-            return exchange.reject_too_large()
-        # invalid_body: the client's upload broke (400, same_key); body_unavailable: something
-        # read the stream before idemkey's __call__ (500: the app's order, not the client).
-        status = 500 if body.code == "body_unavailable" else 400
-        return exchange.unreadable(status, body.code, body.detail)
-    rejected = exchange.received(body)
-    return rejected if rejected is not None else body
-
-
-def _take_body(request: HttpRequest, limit: int) -> bytes | BodyError:
-    """The body as ``request.body`` (Django keeps it for the view and parses ``request.POST``
-    from it), at most ``limit`` bytes, or why it cannot be fingerprinted.
-
-    A body over ``limit`` or over Django's ``DATA_UPLOAD_MAX_MEMORY_SIZE`` is left unread (a
-    chunked one readable again), so a view that is not guarded, or guarded with a larger
-    limit, still gets it. A stream that fails keeps failing: a view that is not guarded meets
-    the error Django would have raised without idemkey.
-    """
-    meta = request.META
-    length = parse_content_length(meta.get("CONTENT_LENGTH"))
-    if length is not None and length > limit:
-        return BodyError("request_too_large", f"Content-Length {length} is over {limit}")
-    if length is None and meta.get("wsgi.input_terminated"):
-        # A chunked body under WSGI: Django reads no body without a Content-Length, so read it
-        # here, as the WSGI middleware does (bounded, every part, a failing read refused), and
-        # hand it to Django as the request's stream, its length in CONTENT_LENGTH.
-        chunked = capture(meta, limit, None)
-        if isinstance(chunked, BodyError):
-            return chunked
-        request._stream = io.BytesIO(chunked)
-        request._read_started = False
-    try:
-        body: bytes = request.body
-    except RequestDataTooBig:  # over Django's own DATA_UPLOAD_MAX_MEMORY_SIZE, checked unread
-        return BodyError("request_too_large", "over DATA_UPLOAD_MAX_MEMORY_SIZE")
-    except RawPostDataException:
-        return BodyError(
-            "body_unavailable",
-            "the request body was read before idemkey saw it; list "
-            "IdempotencyMiddleware before the middleware that reads request.POST",
-        )
-    except Exception as exc:  # UnreadablePostError (the server's OSError), or its own type
-        error = exc.__cause__ if isinstance(exc, UnreadablePostError) and exc.__cause__ else exc
-        if request._read_started:  # the stream failed: it fails again for whoever reads next
-            request._stream = _Failing(error)
-            request._read_started = False
-        return BodyError("invalid_body", f"the body could not be read ({type(error).__name__})")
-    return body
-
-
-class _Failing(io.RawIOBase):
-    """A request stream that raises what the server's stream raised, at every read."""
-
-    def __init__(self, error: BaseException) -> None:
-        self.error = error
-
-    def readable(self) -> bool:
-        return True
-
-    def readinto(self, buffer: WriteableBuffer) -> int:
-        raise self.error
 
 
 def _respond(answer: Response) -> HttpResponse:
