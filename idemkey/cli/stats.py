@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import IO, Any, Final
 
 from .._core import LOCK_HINT, parse_record_name, record_pattern
+from ..store._durable import _REDIRECTS
 from ..store.diagnostics import _text as text
 from ..store.status import NAMED_FIELDS, lease_left_ms, server_ms, status_fields
 from ._base import CliError, print_json
@@ -118,10 +119,12 @@ def collect_stats(
     sample: int = 1000,
     progress: bool = True,
     rng: random.Random | None = None,
+    cluster: Any = None,
 ) -> Stats:
     """Count records under ``prefix`` on every primary with SCAN (never KEYS).
 
     Memory is ``MEMORY USAGE`` of a uniform sample (reservoir) of at most ``sample`` records.
+    ``cluster``: the cluster client of ``nodes``, which reads the keys a node redirects.
     """
     rng = rng or random.Random()
     stats = Stats(prefix, nodes=len(nodes))
@@ -139,7 +142,7 @@ def collect_stats(
             # SCAN's COUNT is roughly the keys looked at (matching or not): progress is in those.
             scanned_keys += SCAN_COUNT
             if keys:
-                _classify(client, keys, stats)
+                _classify(client, keys, stats, cluster)
                 for key in keys:
                     seen_here += 1
                     if len(reservoir) < sample:
@@ -186,7 +189,7 @@ def other_prefixes(
     return dict(sorted(found.items(), key=lambda item: (-item[1], item[0]))), looked
 
 
-def _classify(client: Any, keys: Sequence[bytes], stats: Stats) -> None:
+def _classify(client: Any, keys: Sequence[bytes], stats: Stats, cluster: Any = None) -> None:
     pipe = client.pipeline(transaction=False)
     for key in keys:
         pipe.hmget(key, *NAMED_FIELDS)  # not the origin: stats counts, it shows no record
@@ -196,8 +199,12 @@ def _classify(client: Any, keys: Sequence[bytes], stats: Stats) -> None:
     now_ms = server_ms(replies[-1])
     in_progress: list[bytes] = []
     stepped: list[bytes] = []
+    elsewhere: list[bytes] = []  # ASK while their slot migrates, MOVED after a failover
     for i, key in enumerate(keys):
         reply, ttl = replies[2 * i], replies[2 * i + 1]
+        if cluster is not None and _REDIRECTS & {type(reply).__name__, type(ttl).__name__}:
+            elsewhere.append(key)
+            continue
         if isinstance(reply, Exception) or isinstance(ttl, Exception):
             stats.states["other"] += 1  # not a hash: a stranger's key under our prefix
             stats.scanned += 1
@@ -230,6 +237,8 @@ def _classify(client: Any, keys: Sequence[bytes], stats: Stats) -> None:
         stats.lease_lapsed += sum(1 for live in pipe.execute() if not live)
     if stepped:
         _count_steps(client, stepped, stats)
+    if elsewhere:  # a cluster pipeline follows the redirects
+        _classify(cluster, elsewhere, stats)
 
 
 def _count_steps(client: Any, keys: Sequence[bytes], stats: Stats) -> None:
@@ -308,7 +317,11 @@ def run(args: argparse.Namespace, out: IO[str]) -> int:
         raise CliError("--sample must be >= 0", 2)
     with connect(args.redis_url) as server:
         stats = collect_stats(
-            server.nodes, args.prefix, sample=args.sample, progress=not args.no_progress
+            server.nodes,
+            args.prefix,
+            sample=args.sample,
+            progress=not args.no_progress,
+            cluster=server.client if server.cluster else None,
         )
     if args.json:
         print_json(stats.as_dict(), out)

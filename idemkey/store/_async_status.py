@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator, Callable, Collection, Sequence
 from typing import Any
 
 from .._core import LOCK_HINT
+from ._durable import _REDIRECTS
 from .status import (
     WIRE_FIELDS,
     RecordStatus,
@@ -40,9 +41,15 @@ def _targets(client: Any) -> list[tuple[dict[str, Any], Any]]:
     ]
 
 
-async def read_statuses(client: Any, keys: Sequence[bytes | str]) -> list[RecordStatus]:
+async def read_statuses(
+    client: Any, keys: Sequence[bytes | str], cluster: Any = None
+) -> list[RecordStatus]:
     """The status of each record in ``keys`` that exists (two pipelines at most: the second
-    only for records with finished steps, or claims written by 0.2)."""
+    only for records with finished steps, or claims written by 0.2).
+
+    ``cluster``: the cluster client when ``client`` is one node's own. That node redirects the
+    keys it no longer serves (ASK while their slot migrates, MOVED after a failover): they are
+    read again through ``cluster``, whose pipeline follows the redirects."""
     pipe = client.pipeline(transaction=False)
     for key in keys:
         pipe.hmget(key, *WIRE_FIELDS)
@@ -53,9 +60,12 @@ async def read_statuses(client: Any, keys: Sequence[bytes | str]) -> list[Record
     replies = await pipe.execute(raise_on_error=False)
     now_ms = server_ms(replies[-1])
     rows: list[tuple[bytes | str, StatusFields, int]] = []
-    stepped, legacy = [], []
+    stepped, legacy, elsewhere = [], [], []
     for i, key in enumerate(keys):
         reply, ttl = replies[2 * i : 2 * i + 2]
+        if cluster is not None and _redirected(reply, ttl):
+            elsewhere.append(key)
+            continue
         if isinstance(reply, Exception) or isinstance(ttl, Exception):
             continue  # not a hash: a stranger's key under the prefix
         fields = status_fields(reply)
@@ -86,7 +96,15 @@ async def read_statuses(client: Any, keys: Sequence[bytes | str]) -> list[Record
         )
         for key, fields, ttl in rows
     )
-    return [status for status in statuses if status is not None]
+    found = [status for status in statuses if status is not None]
+    if elsewhere:
+        found += await read_statuses(cluster, elsewhere)
+    return found
+
+
+def _redirected(*replies: object) -> bool:
+    """Whether a node answered "not here (now)" (``_durable._REDIRECTS``)."""
+    return any(type(reply).__name__ in _REDIRECTS for reply in replies)
 
 
 def _lock_name(key: bytes | str) -> bytes | str:
@@ -115,6 +133,7 @@ async def scan_statuses(
         return
     pattern, found = record_pattern(prefix), 0
     for target, reader in _targets(client):
+        cluster = None if reader is client else client  # what a node redirects is read there
         cursor: Any = 0
         while True:
             cursor, keys = await client.execute_command(
@@ -124,7 +143,7 @@ async def scan_statuses(
                 cursor = next(iter(cursor.values()))
             before = found
             if keys:
-                for status in await read_statuses(reader, keys):
+                for status in await read_statuses(reader, keys, cluster):
                     if wanted(status, states, route, scope, method):
                         yield status
                         found += 1

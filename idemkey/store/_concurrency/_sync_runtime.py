@@ -53,7 +53,12 @@ def uncancellable(write: Callable[[], T]) -> T:
 
 
 def discover(client: Any) -> None:
-    """A sync cluster client learns its nodes when it is made: nothing to do."""
+    """Let a sync cluster client learn its nodes again (one CLUSTER SLOTS): it learns them
+    when it is made, and after a failover only from a command that a moved shard redirects,
+    so a listing would scan a stale set of primaries."""
+    nodes = getattr(client, "nodes_manager", None)
+    if nodes is not None:
+        nodes.initialize()
 
 
 def send_with_wait(
