@@ -223,4 +223,3 @@ def _named(kept: str, wanted: str) -> bool:
     """Whether a record's route or scope is the one a filter names: as given, or as
     ``idemkey list`` prints it (``acme%20corp`` for a scope with a space)."""
     return kept == escape_lines(wanted) or printable_text(kept) == wanted
-
