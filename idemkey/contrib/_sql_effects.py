@@ -194,7 +194,12 @@ def _saved(call: Call[Any]) -> bytes | None:
 
 
 def failed(what: str, exc: Exception) -> StoreError:
-    return StoreError(f"effects {what} failed: {type(exc).__name__}: {exc}")
+    """The database's error as a StoreError whose text never holds the statement's parameters
+    (SQLAlchemy's text appends them: a stored result, a response, which the message carries
+    on to logs, events and uncertain entries): the driver's own error, its first line."""
+    cause = getattr(exc, "orig", None) or exc
+    first = str(cause).partition("\n")[0]
+    return StoreError(f"effects {what} failed: {type(cause).__name__}: {first}")
 
 
 class Effects:

@@ -271,3 +271,23 @@ def test_a_result_not_recorded_with_its_effect_is_an_event_as_over_http(
         ),
         (call.fence, "result not recorded with its effect: the effects row could not be written"),
     ]
+
+
+def test_a_database_error_never_carries_the_stored_result_in_its_message(
+    engine: sa.Engine,
+) -> None:
+    """SQLAlchemy's error text appends the statement's parameters; idemkey's StoreError text
+    goes on to logs, store_error events and uncertain entries: it keeps the driver's error
+    only, never the result or response being written."""
+    from idemkey.contrib.sqlalchemy import effects_table
+    from idemkey.records import record_for
+
+    missing = effects_table(sa.MetaData(), name=f"no_such_effects_{id(engine)}")
+    effects = Effects(engine, table=missing)  # never created: every write fails
+    record = record_for("p", "", "GUARD", "", "k")
+    with pytest.raises(StoreError) as failed:
+        effects.record(record, None, 7, b"SECRET-RESULT-BYTES")
+    assert "SECRET" not in str(failed.value)
+    assert "effects write failed" in str(failed.value)
+    if engine.dialect.name == "postgresql":  # psycopg's parameters show the bytes: the leak
+        assert "SECRET" in str(failed.value.__cause__)  # the cause keeps it, for a debugger
