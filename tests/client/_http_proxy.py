@@ -22,8 +22,9 @@ import struct
 import threading
 import time
 from dataclasses import dataclass
-from types import TracebackType
 from typing import Literal
+
+from ._loopback import LoopbackServer
 
 __all__ = ["HttpFaultProxy", "Seen"]
 
@@ -118,28 +119,16 @@ class _Reader:
         return head, headers, self.to_eof() if response else b""
 
 
-class HttpFaultProxy:
+class HttpFaultProxy(LoopbackServer):
     """Forward 127.0.0.1:``port`` to ``upstream``, one HTTP request at a time per connection."""
 
     def __init__(self, upstream_host: str, upstream_port: int) -> None:
         self.upstream = (upstream_host, upstream_port)
-        self.host = "127.0.0.1"
-        self._listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        self._listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self._listener.bind((self.host, 0))
-        self._listener.listen(64)
-        self._listener.settimeout(_TICK)
-        self.port: int = self._listener.getsockname()[1]
-        self.url = f"http://{self.host}:{self.port}"
-        self._lock = threading.Lock()
-        self._stop = threading.Event()
         self._faults: list[tuple[Fault, float]] = []
-        self._threads: list[threading.Thread] = []
-        self._sockets: set[socket.socket] = set()
         #: Every request that fully arrived, in order.
         self.seen: list[Seen] = []
-        self._acceptor = threading.Thread(target=self._accept, name="http-fault-proxy", daemon=True)
-        self._acceptor.start()
+        super().__init__("http-fault-proxy")
+        self.host, self.port = "127.0.0.1", self._listener.getsockname()[1]
 
     def arm(self, fault: Fault, seconds: float = 0.0) -> None:
         """Apply ``fault`` to the next request that arrives (faults queue up, one per request)."""
@@ -152,21 +141,6 @@ class HttpFaultProxy:
             return [seen for seen in self.seen if needle in seen.target]
 
     # ---- plumbing ---------------------------------------------------------------------------
-
-    def _accept(self) -> None:
-        while not self._stop.is_set():
-            try:
-                client, _ = self._listener.accept()
-            except TimeoutError:
-                continue
-            except OSError:
-                return
-            client.settimeout(_TICK)
-            thread = threading.Thread(target=self._serve, args=(client,), daemon=True)
-            with self._lock:
-                self._sockets.add(client)
-                self._threads.append(thread)
-            thread.start()
 
     def _serve(self, client: socket.socket) -> None:
         reader = _Reader(client, self._stop, timeout=3600.0)  # an idle keep-alive connection
@@ -226,27 +200,3 @@ class HttpFaultProxy:
                 self._sockets.discard(upstream)
             with contextlib.suppress(OSError):
                 upstream.close()
-
-    def close(self) -> None:
-        self._stop.set()
-        with contextlib.suppress(OSError):
-            self._listener.close()
-        self._acceptor.join(_JOIN)
-        with self._lock:
-            sockets, threads = list(self._sockets), list(self._threads)
-        for sock in sockets:
-            with contextlib.suppress(OSError):
-                sock.shutdown(socket.SHUT_RDWR)
-        for thread in threads:
-            thread.join(_JOIN)
-
-    def __enter__(self) -> HttpFaultProxy:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()

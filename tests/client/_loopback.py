@@ -29,6 +29,8 @@ class LoopbackServer:
         self._stop = threading.Event()
         self._lock = threading.Lock()
         self._threads: list[threading.Thread] = []
+        #: Open sockets, shut down at close() so no thread waits on one past it.
+        self._sockets: set[socket.socket] = set()
         self._acceptor = threading.Thread(target=self._accept, name=name, daemon=True)
         self._acceptor.start()
 
@@ -46,6 +48,7 @@ class LoopbackServer:
             conn.settimeout(_TICK)
             thread = threading.Thread(target=self._serve, args=(conn,), daemon=True)
             with self._lock:
+                self._sockets.add(conn)
                 self._threads.append(thread)
             thread.start()
 
@@ -66,7 +69,10 @@ class LoopbackServer:
             self._listener.close()
         self._acceptor.join(_JOIN)
         with self._lock:
-            threads = list(self._threads)
+            sockets, threads = list(self._sockets), list(self._threads)
+        for sock in sockets:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
         for thread in threads:
             thread.join(_JOIN)
 
