@@ -65,7 +65,6 @@ from ..errors import ConfigurationError
 from ..http import Response, begin
 from ..http._scope import default_scope
 from ..http._switch import switch
-from ..http._transitions import State
 from ..http.routes import ROUTE_UNKNOWN
 from ..policy import Policy, credential_scope
 from ._django_body import UNREADABLE_ATTRIBUTE, read_body, take_body
@@ -239,11 +238,8 @@ class IdempotencyMiddleware:
             # kept until its lease lapses, as the ASGI middleware does, never released for a
             # rerun.
             exchange = request.__dict__.pop("_idemkey", None)
-            if exchange is not None:
-                if exchange.state is State.RUNNING:
-                    self.driver.abandon(exchange)
-                else:
-                    self.driver.fail(exchange, "the view did not finish its response")
+            if exchange is not None:  # running: the view's response is taken only below
+                self.driver.abandon(exchange)
             raise
         except BaseException:
             exchange = request.__dict__.pop("_idemkey", None)
