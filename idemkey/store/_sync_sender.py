@@ -120,7 +120,7 @@ class Sender(Heartbeat):
 
     def _eval_durable(self, name: str, *keys_and_args: str | bytes | int) -> Any:
         durability = self.policy.durability
-        if self._loops.moved():
+        if self._loops.moved():  # inline, as in _eval: every claim and completion comes here
             drop_other_loops(self.client, self._loops)
         if durability is None or name not in _DURABLE:
             return Sender._eval(self, name, *keys_and_args)
@@ -211,8 +211,7 @@ class Sender(Heartbeat):
         """XREAD BLOCK on a done stream from its start: True when it has an entry, False when
         the block ended without one, None when the read failed."""
         command = ("XREAD", "BLOCK", block_ms, "STREAMS", stream, "0-0")
-        if self._loops.moved():
-            drop_other_loops(self.client, self._loops)
+        self._follow_loop()
         try:
             if hasattr(self.client, "get_node_from_key"):  # a cluster: no COMMAND GETKEYS
                 node = self.client.get_node_from_key(stream)
