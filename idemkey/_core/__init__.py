@@ -87,6 +87,11 @@ __all__ = [
 _new_tuple = tuple.__new__
 
 
+def _plain_name(pair: str) -> str:
+    # _by_name for a query with nothing to decode (the usual one): one C call per pair.
+    return pair.partition("=")[0] + "="
+
+
 def _by_name(pair: str) -> str:
     # Sorted by name alone, and stably: a repeated name's values keep their order, which the
     # app reads (`?sort=price&sort=date` is not `?sort=date&sort=price`). The name as the app
@@ -123,7 +128,8 @@ def fingerprint(
     ...) is part of the request: the same bytes sent encoded and not encoded are two requests.
     """
     if "&" in query:
-        query = "&".join(sorted(query.split("&"), key=_by_name))
+        plain = query.isascii() and "%" not in query and "+" not in query
+        query = "&".join(sorted(query.split("&"), key=_plain_name if plain else _by_name))
     m = method.encode()
     t = target.encode("utf-8", "surrogatepass")
     q = query.encode("utf-8", "surrogatepass")
