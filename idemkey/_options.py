@@ -40,6 +40,7 @@ __all__ = [
     "ALIASES",
     "MAX_SECONDS",
     "MIN_LEASE",
+    "TOKEN",
     "Label",
     "convert",
     "derive",
@@ -154,7 +155,7 @@ def _collection(value: object, label: str, what: str) -> frozenset[Any]:
 #: An RFC 9110 token, what a header name and a method are: a name with a space, a colon or a
 #: line break is one no request carries (a key header that never matches runs every retry) and
 #: one no server may send.
-_TOKEN: Final = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
+TOKEN: Final = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
 
 
 def _names(
@@ -167,7 +168,7 @@ def _names(
         if not names and not empty:
             raise _fail(label, f"a collection of {what} (at least one)", value)
         for name in names:
-            if not isinstance(name, str) or not _TOKEN.fullmatch(name):
+            if not isinstance(name, str) or not TOKEN.fullmatch(name):
                 raise ConfigurationError(
                     f"{label}: expected a collection of {what}, one of them is {_got(name)}; "
                     "each is an RFC 9110 token (letters, digits and !#$%&'*+-.^_`|~)"
@@ -220,7 +221,7 @@ def _fingerprint(value: object, label: str) -> object:
 
 
 def _header(value: object, label: str) -> str:
-    if not isinstance(value, str) or not _TOKEN.fullmatch(value):
+    if not isinstance(value, str) or not TOKEN.fullmatch(value):
         raise _fail(label, "a header name (an RFC 9110 token, such as 'Idempotency-Key')", value)
     return value
 

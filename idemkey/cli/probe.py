@@ -5,11 +5,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import secrets
 from pathlib import Path
 from typing import IO, Final
 
+from .._options import TOKEN
 from ._base import CliError, print_json
 from .probing.session import Plan, ProbeSession, derive_edit
 from .probing.transport import Target, Unreachable, parse_target, send_batch
@@ -62,7 +62,6 @@ EPILOG: Final = (
 EXIT_CODES: Final = {"PASS": 0, "FAIL": 1, "INCONCLUSIVE": 4}
 FORMATTER: Final = argparse.RawDescriptionHelpFormatter
 
-_TOKEN = re.compile(r"^[!#$%&'*+\-.^_`|~0-9A-Za-z]+$")
 KEY_HEADER: Final = "Idempotency-Key"
 #: Headers the probe writes itself: the key, and the body's framing.
 _OWN_HEADERS: Final = frozenset({KEY_HEADER.lower(), "content-length", "transfer-encoding"})
@@ -116,7 +115,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 def _header(text: str, option: str) -> tuple[str, str]:
     name, colon, value = text.partition(":")
     name, value = name.strip(), value.strip()
-    if not colon or not _TOKEN.match(name):
+    if not colon or not TOKEN.fullmatch(name):
         raise CliError(f"{option} must look like 'Name: value', got {text!r}", 2)
     if any(c in value for c in "\r\n\0"):
         raise CliError(f"{option} {name}: the value holds a line break", 2)
@@ -153,7 +152,7 @@ def _argument_bytes(text: str, option: str) -> bytes:
 def plan_from(args: argparse.Namespace) -> tuple[Target, Plan, str]:
     """The target and the plan the arguments describe, and how the edited body was made."""
     method = args.method.upper()
-    if not _TOKEN.match(method):
+    if not TOKEN.fullmatch(method):
         raise CliError(f"--method must be an HTTP method, got {args.method!r}", 2)
     try:
         target = parse_target(method, args.url)
@@ -163,7 +162,7 @@ def plan_from(args: argparse.Namespace) -> tuple[Target, Plan, str]:
         raise CliError("--timeout must be between 0 and 600 seconds", 2)
     if not 2 <= args.concurrency <= MAX_CONCURRENCY:
         raise CliError(f"--concurrency must be between 2 and {MAX_CONCURRENCY}", 2)
-    if not _TOKEN.match(args.replay_header):
+    if not TOKEN.fullmatch(args.replay_header):
         raise CliError(f"--replay-header must be a header name, got {args.replay_header!r}", 2)
     headers = tuple(_header(h, "-H") for h in args.header)
     tenant = None

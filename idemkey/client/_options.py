@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import inspect
 import math
-import re
 import reprlib
 from collections.abc import Callable, Collection, Iterable, Mapping
-from typing import Any, Final, TypeVar
+from typing import Any, TypeVar
 
+from .._options import TOKEN
 from ..errors import ConfigurationError
 
 __all__ = [
@@ -35,7 +35,6 @@ __all__ = [
 T = TypeVar("T")
 
 #: RFC 9110 5.6.2: a header name and a method are both tokens.
-_TOKEN: Final = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
 
 
 def describe(value: object) -> str:
@@ -97,7 +96,7 @@ def method_names(where: str, field: str, value: object) -> frozenset[str]:
     if not names:
         raise invalid(where, field, f"{expected} (at least one)", value)
     for name in names:
-        if not isinstance(name, str) or not _TOKEN.fullmatch(name):
+        if not isinstance(name, str) or not TOKEN.fullmatch(name):
             raise invalid(where, field, f"{expected}, each a token such as 'POST'", value)
     return frozenset(str(name).upper() for name in names)
 
@@ -113,7 +112,7 @@ def status_codes(where: str, field: str, value: object) -> frozenset[int]:
 
 
 def header_name(where: str, field: str, value: object) -> str:
-    if not isinstance(value, str) or not _TOKEN.fullmatch(value):
+    if not isinstance(value, str) or not TOKEN.fullmatch(value):
         raise invalid(where, field, "a header name such as 'Idempotency-Key'", value)
     return value
 
