@@ -62,7 +62,7 @@ from django.urls import get_resolver
 
 from .._options import derive, keyword, policy_options
 from ..errors import ConfigurationError
-from ..http import Response, begin
+from ..http import Response, begin, parse_content_length
 from ..http._scope import default_scope
 from ..http._switch import switch
 from ..http.routes import ROUTE_UNKNOWN
@@ -251,6 +251,9 @@ class IdempotencyMiddleware:
             kept: bytes | None = None
             if not response.streaming:  # a stream completes without its body
                 content: bytes = response.content
+                if "Content-Length" in response:  # no byte past it is sent, nor replayed
+                    declared = parse_content_length(response["Content-Length"])
+                    content = content[:declared] if declared is not None else content
                 kept = content if len(content) <= exchange.policy.max_response_bytes else None
             reason = response.reason_phrase  # "201 Charged OK" is replayed as sent, as in WSGI
             headers = list(response.items())

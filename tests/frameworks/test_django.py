@@ -350,7 +350,7 @@ def test_the_first_request_knows_the_views_of_a_urlconf_not_yet_loaded(
 
 
 VIEWS_URLCONF = """
-from django.http import JsonResponse
+from django.http import HttpResponse, JsonResponse
 from django.urls import path
 from django.utils.decorators import method_decorator
 from django.views import View
@@ -408,7 +408,15 @@ def _drf_view(request):
     return JsonResponse({"run": len(RUNS)}, status=201)
 
 
+@csrf_exempt
+@idempotent
+def overlong(request):
+    RUNS.append("overlong")
+    return HttpResponse(b"hello world", status=201, headers={"Content-Length": "5"})
+
+
 urlpatterns = [
+    path("overlong", overlong),
     path("on-post", OnPost.as_view()),
     path("on-dispatch", OnDispatch.as_view()),
     path("on-post-with-options", OnPostWithOptions.as_view()),
@@ -458,6 +466,29 @@ def test_a_decorated_view_the_middleware_never_guarded_is_refused_not_run_unguar
         assert again.headers["Idempotent-Replayed"] == "true"
         del project["GUARD"]
     assert urls.RUNS == ["on-dispatch", "plain", "on-dispatch"]
+
+
+def test_a_body_past_its_content_length_is_never_replayed(
+    project: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A view whose body runs past the Content-Length it declares: no server sends those
+    bytes, so the replay does not either (it replayed all 11, as WSGI's and ASGI's did)."""
+    import importlib
+
+    from django.test import Client
+    from django.test.utils import override_settings
+
+    module = f"idemkey_overlong_urls_{uuid.uuid4().hex[:8]}"
+    (tmp_path / f"{module}.py").write_text(VIEWS_URLCONF)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    urls = importlib.import_module(module)
+    with override_settings(ROOT_URLCONF=module):
+        client = Client()
+        post(client, "/overlong", "o1")
+        again = post(client, "/overlong", "o1")
+    assert again.headers["Idempotent-Replayed"] == "true"
+    assert again.content == b"hello"
+    assert urls.RUNS == ["overlong"]
 
 
 def test_a_unit_test_calling_a_decorated_view_directly_runs_it_under_disabled(
