@@ -20,6 +20,7 @@ from ..store import AsyncRedisStore, RedisStore
 from ._async_guard import AsyncGuard
 from ._failures import rules_for
 from ._policy_check import check_guard_policy
+from ._state import decodable
 from ._sync_guard import Guard
 
 __all__ = ["Outcome", "idempotent"]
@@ -224,13 +225,7 @@ def _check_arguments(
         if isinstance(store, (RedisStore, AsyncRedisStore)):
             check_guard_policy(policy, store.policy)
     if result_type is not Any:
-        try:
-            msgspec.msgpack.Decoder(result_type)
-        except TypeError as exc:
-            raise ConfigurationError(
-                f"@idempotent(result_type=...): msgspec cannot decode into {result_type!r:.60} "
-                f"({exc}); pass a type such as int, a dataclass or a msgspec.Struct"
-            ) from None
+        decodable(result_type)  # the guards' own check, cached per type
     if not isinstance(outcome, bool):
         raise ConfigurationError(
             f"@idempotent(outcome=...): expected True or False, got {outcome!r:.60}"
