@@ -259,9 +259,12 @@ def test_a_path_with_line_breaks_is_listed_under_its_own_tenant(
     def app(request: Request) -> Response:
         seen.append([(s.route, s.scope) for s in store.records(scope="tenant-mallory")])
         seen.append([(s.route, s.scope) for s in store.records(route=request.path)])
+        # Never listed as the tenant or the route its path names.
+        seen.append([(s.route, s.scope) for s in store.records(scope="tenant-acme")])
+        seen.append([(s.route, s.scope) for s in store.records(route="/charges")])
         return Response("ok", status=201)
 
     client = Client(IdempotencyMiddleware(app, store))
     headers = {"Idempotency-Key": "k1", "Account": "tenant-mallory"}
     assert client.post("/charges%0Atenant-acme%0Ak:forged;", headers=headers).status_code == 201
-    assert seen == [[(path, "tenant-mallory")]] * 2  # also found by the path the app saw
+    assert seen == [[(path, "tenant-mallory")]] * 2 + [[], []]  # found by its own path only

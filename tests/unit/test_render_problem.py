@@ -110,11 +110,24 @@ def broken_returns_text(problem: Problem) -> tuple[str, bytes]:
     return "application/json", "not bytes"  # type: ignore[return-value]
 
 
-def broken_returns_crlf(problem: Problem) -> tuple[str, bytes]:
-    return "application/vnd.err+json\r\nX-Injected: yes", b"{}"  # a split head
+def returning_content_type(content_type: str) -> Any:
+    def render(problem: Problem) -> tuple[str, bytes]:
+        return content_type, b"{}"
+
+    return render
 
 
-@pytest.mark.parametrize("renderer", [broken_raises, broken_returns_text, broken_returns_crlf])
+@pytest.mark.parametrize(
+    "renderer",
+    [
+        broken_raises,
+        broken_returns_text,
+        returning_content_type("application/vnd.err+json\r\nX-Injected: yes"),  # a split head
+        returning_content_type("application/vnd.err+json\rX-Injected: yes"),
+        returning_content_type("application/vnd.err+json\nX-Injected: yes"),
+        returning_content_type("application/vnd.err+json\x00"),
+    ],
+)
 def test_a_broken_renderer_falls_back_to_rfc_9457_and_is_logged(
     renderer: Any, caplog: pytest.LogCaptureFixture
 ) -> None:
