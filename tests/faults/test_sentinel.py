@@ -91,8 +91,11 @@ def test_a_store_over_a_sentinel_master_works_and_survives_a_failover(
     sentinel_setup: tuple[RedisServer, RedisServer, SentinelServer], prefix: str
 ) -> None:
     master, replica, sentinel = sentinel_setup
-    _, store = sentinel_store(sentinel, prefix=prefix)
-    durable = RedisStore(store.client, Policy(prefix=prefix, durability=Replicas(1, 0.5)))
+    watcher, store = sentinel_store(sentinel, prefix=prefix)
+    # Its own client: a WAIT of 2 s (generous: under two suites at once 0.5 s was missed) needs
+    # a socket timeout past it (the store refuses one within 0.2 s of the read's).
+    durable_client = watcher.master_for(SERVICE, socket_timeout=5.0, socket_connect_timeout=0.5)
+    durable = RedisStore(durable_client, Policy(prefix=prefix, durability=Replicas(1, 2.0)))
     try:
         for i in range(20):
             with guard(store, f"job-{i}", payload=i) as call:
@@ -124,3 +127,5 @@ def test_a_store_over_a_sentinel_master_works_and_survives_a_failover(
         durable.close()
         with contextlib.suppress(redis.RedisError):
             store.client.close()
+        with contextlib.suppress(redis.RedisError):
+            durable_client.close()
