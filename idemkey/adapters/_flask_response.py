@@ -19,13 +19,15 @@ from werkzeug.datastructures import Headers
 from werkzeug.exceptions import HTTPException
 from werkzeug.wrappers import Response as WerkzeugResponse
 
+from ..http import parse_content_length
+
 if TYPE_CHECKING:
     from flask import Flask
     from flask import Response as FlaskResponse
 
     from ..http import Response
 
-__all__ = ["body_of", "render_view", "respond"]
+__all__ = ["body_of", "cut_at_declared", "render_view", "respond"]
 
 _NAME: Final = itemgetter(0)
 _VALUE: Final = itemgetter(1)
@@ -60,6 +62,19 @@ def body_of(response: FlaskResponse) -> bytes | None:
     if response.is_streamed:
         return None
     return response.get_data()
+
+
+def cut_at_declared(body: bytes, headers: list[tuple[str, str]]) -> bytes:
+    """The body as a server sends it: no byte past the first Content-Length it declares.
+
+    The WSGI, ASGI and Django adapters store the same cut; a replay of the whole body would
+    send bytes the first answer never did.
+    """
+    for name, value in headers:
+        if name.lower() == "content-length":
+            declared = parse_content_length(value)
+            return body if declared is None else body[:declared]
+    return body
 
 
 def respond(app: Flask, answer: Response) -> FlaskResponse:

@@ -53,7 +53,7 @@ from ..store import RedisStore
 from ._checks import checked_policy, checked_store
 from ._environ import BODY_KEY, read_body, read_werkzeug_body, request_of
 from ._flask_config import AppState, BodyCapture, app_state, view_overrides
-from ._flask_response import body_of, render_view, respond
+from ._flask_response import body_of, cut_at_declared, render_view, respond
 
 if TYPE_CHECKING:
     from flask import Flask
@@ -170,9 +170,11 @@ def _guard(
         driver.fail(exchange, "the handler raised")
         raise
     data = body_of(response)
-    kept = data if data is not None and len(data) <= policy.max_response_bytes else None
     # The (name, value) pairs, as to_wsgi_list() copies them, with one Python call less.
     headers = list(iter(response.headers))
+    if data is not None and ("Content-Length", str(len(data))) not in headers:
+        data = cut_at_declared(data, headers)  # rare: set_data wrote exactly that pair
+    kept = data if data is not None and len(data) <= policy.max_response_bytes else None
     exchange.started(response.status_code, headers, response.status[4:])
     driver.finish(exchange, kept)
     sent = exchange.first_headers(headers)
