@@ -63,6 +63,24 @@ async def test_a_redirect_to_another_origin_is_the_answer(
     assert "token" not in line
 
 
+@pytest.mark.parametrize("kind", ["sync", "async"])
+async def test_the_redirect_line_never_carries_a_password(
+    other: ScriptedServer, kind: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Both URLs of the warning may carry ``user:password``: neither reaches the log."""
+    caplog.set_level(logging.WARNING, logger="idemkey.client")
+    location = other.url.replace("http://", "http://thief:SECRET-THERE@") + "/steal"
+    with ScriptedServer(lambda _: answer(307, [("Location", location)])) as first:
+        mine = first.url.replace("http://", "http://api-user:SECRET-HERE@")
+        reply = await post(kind, mine)
+    assert (reply.status_code, other.seen) == (307, [])
+    [line] = [r.getMessage() for r in caplog.records if r.name == "idemkey.client"]
+    assert line.startswith(f"POST {first.url}/charges answered 307 to another origin")
+    assert "SECRET" not in line
+    assert "api-user" not in line
+    assert "thief" not in line
+
+
 def chain(status: int, elsewhere: str) -> Callable[[Seen], bytes]:
     """``/charges`` redirects to ``/v2/charges`` (here), which redirects to ``elsewhere``."""
 
