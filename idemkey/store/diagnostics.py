@@ -25,6 +25,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Final, Literal
 
+from .._core._stored import stored_int
+
 __all__ = [
     "MIN_VERSION",
     "Check",
@@ -142,13 +144,20 @@ def eviction_warning(policy: str | bytes, maxmemory: int | str | bytes | None = 
     when = (
         "once maxmemory is set"
         if limit in ("0", "")
-        else f"when memory reaches maxmemory ({_size(int(limit)) if limit.isdigit() else limit})"
+        else f"when memory reaches maxmemory ({_limit(limit)})"
     )
     return (
         f"maxmemory-policy is {name or 'unknown'}: {when}, Redis may evict idempotency records "
         "before their retention ends, and a retry then runs the handler again; "
         "use noeviction (records carry a TTL, so volatile-* policies evict them too)"
     )
+
+
+def _limit(text: str) -> str:
+    """A ``maxmemory`` as a size when it is a number of bytes; else as the server gave it
+    (``4gb`` from a proxy or an older server; ``str.isdigit`` also passes ``"²"``)."""
+    number = stored_int(text)
+    return text if number is None else _size(number)
 
 
 def check_eviction(info_or_config: Mapping[str, object]) -> Check:
@@ -160,8 +169,8 @@ def check_eviction(info_or_config: Mapping[str, object]) -> Check:
         return Check(name, "WARN", "the server does not report its eviction policy")
     warning = eviction_warning(_text(policy), _text(maxmemory) if maxmemory is not None else None)
     if warning is None:
-        limit = _text(maxmemory)
-        shown = "no maxmemory" if limit in ("", "0") else f"maxmemory {_size(int(limit))}"
+        limit = _text(maxmemory).strip()
+        shown = "no maxmemory" if limit in ("", "0") else f"maxmemory {_limit(limit)}"
         return Check(name, "OK", f"noeviction ({shown})")
     return Check(name, "WARN", warning)
 

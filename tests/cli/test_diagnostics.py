@@ -31,6 +31,18 @@ def test_noeviction_is_fine_in_both_spellings() -> None:
     assert (check.verdict, check.detail) == ("OK", "noeviction (maxmemory 100.0 MiB)")
 
 
+@pytest.mark.parametrize("maxmemory", ["4gb", "1e9", "\u00b2", b"-1"])
+def test_a_maxmemory_that_is_no_number_of_bytes_is_shown_as_given(maxmemory: str | bytes) -> None:
+    """A Check, never a ValueError: a proxy or an older server may spell the limit otherwise
+    (and ``str.isdigit`` passes a superscript two, which ``int()`` refuses)."""
+    shown = maxmemory.decode() if isinstance(maxmemory, bytes) else maxmemory
+    check = dx.check_eviction({"maxmemory-policy": "noeviction", "maxmemory": maxmemory})
+    assert (check.verdict, check.detail) == ("OK", f"noeviction (maxmemory {shown})")
+    warning = dx.eviction_warning("allkeys-lru", maxmemory)
+    assert warning is not None
+    assert f"when memory reaches maxmemory ({shown})" in warning
+
+
 def test_unknown_eviction_policy_is_a_warning() -> None:
     assert dx.check_eviction({}).verdict == "WARN"
 
