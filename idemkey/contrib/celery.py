@@ -19,14 +19,19 @@ What the base class does around the task body (a ``guard`` on the key):
   (a new delivery id) is still the same call. ``idempotency_key=lambda order_id, **_: ...``
   names the key instead; the arguments are then the payload, and the same key with other
   arguments raises :class:`~idemkey.KeyReuseError`.
-* The task's return value is stored (it must be msgspec-encodable, as Celery's JSON needs
-  anyway). A duplicate (redelivered, re-sent) returns the stored value without running.
+* The task's return value is stored as Celery's JSON (kombu's) writes it, and a duplicate
+  (redelivered, re-sent) returns it without running: the same value, of the same types
+  (``datetime``, ``Decimal``, ``UUID``, ``bytes``, ...), the first caller got. A value that JSON
+  cannot carry (or, under another ``result_serializer``, would not give back equal) raises
+  :class:`~idemkey.ResultNotStorableError`, and the call is recorded as done, its result not
+  kept (contrib/_celery_results.py).
 * A duplicate that arrives while the first still runs becomes a Celery retry with a
   countdown of the error's ``retry_after`` (at most 1 s, and at most
   ``idempotency_retry_max``; the logged ``RequestInFlightError`` names that same countdown):
   state RETRY, then the stored result; never a failure, never a second run. It does not count
-  against the task's ``max_retries``. So does a run whose lease was lost to a takeover: the
-  taker's result is the one stored, and the retry returns it.
+  against the task's ``max_retries``, and carries no ``expires`` (the duplicate came in
+  time). So does a run whose lease was lost to a takeover: the taker's result is the one
+  stored, and the retry returns it.
 * A claim that could not reach Redis (:class:`~idemkey.StoreError`; nothing ran) becomes a
   Celery retry too, counted in ``request.retries``, with a countdown of
   ``idempotency_store_retry_delay`` doubling per retry up to ``idempotency_store_retry_max``
@@ -74,34 +79,38 @@ map onto Celery's own:
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import inspect
 import os
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Final
 
 from celery import Task  # type: ignore[import-untyped]
 from celery.exceptions import Retry, TaskPredicate  # type: ignore[import-untyped]
 
 from .._codec import encode_payload
-from .._options import seconds
-from ..adapters._checks import checked_guard_policy, described
 from ..errors import (
     ConfigurationError,
     LeaseLostError,
     RecordFormatError,
     RequestInFlightError,
+    ResultNotStorableError,
     StoreError,
     UsageError,
 )
 from ..guard import Call, StepRetry, guard
-from ..guard._failures import FailureRules, rules_for
 from ..policy import Policy
 from ..store import RedisStore
+from ._celery_options import checked_options
+from ._celery_results import Unkept, as_stored, from_stored
 
 __all__ = ["IdempotentTask", "celery_key", "step_retry"]
 
 _REQUEST_ATTRIBUTE = "idemkey_call"
+#: What a result that cannot be stored is saved as: msgspec refuses it, and the guard then
+#: completes the record as "result not kept" (the work ran; it must not run again).
+_UNKEPT: Final = object()
 
 
 def celery_key(payload: bytes) -> str:
@@ -160,7 +169,7 @@ class IdempotentTask(Task):  # type: ignore[misc]
         # ConnectionError retried) stays out: Celery would otherwise retry nothing at all, so
         # the narrower declaration wins, and the retry (Celery's Retry) is never remembered.
         super().__init_subclass__(**kwargs)
-        remembered = _checked_options(cls)
+        remembered = checked_options(cls)
         if remembered is not None:
             own = tuple(getattr(cls, "dont_autoretry_for", ()))
             retried = tuple(getattr(cls, "autoretry_for", ()))
@@ -200,7 +209,7 @@ class IdempotentTask(Task):  # type: ignore[misc]
                 began = True
                 self.request.idempotent_replayed = call.replayed
                 if call.replayed:
-                    return self._outcome(call.result, True)
+                    return self._outcome(from_stored(call.result), True)
                 setattr(self.request, _REQUEST_ATTRIBUTE, call)
                 try:
                     result = self.run(*args, **kwargs)
@@ -213,7 +222,7 @@ class IdempotentTask(Task):  # type: ignore[misc]
                 finally:
                     setattr(self.request, _REQUEST_ATTRIBUTE, None)
                 if signal is None:
-                    call.save(result)
+                    self._save(call, key, result)
                     return self._outcome(result, False)
             raise signal  # outside any except clause: its own context is kept
         except RequestInFlightError as exc:
@@ -235,6 +244,17 @@ class IdempotentTask(Task):  # type: ignore[misc]
             # The claim never reached Redis: nothing ran, so sending the task again is safe.
             raise self._retry_claim(exc) from exc
 
+    def _save(self, call: Call[Any], key: str, result: Any) -> None:
+        """Store ``result`` as Celery's JSON carries it to the caller (``_celery_results``)."""
+        serializer = getattr(self.backend, "serializer", None) or "json"
+        try:
+            stored = as_stored(result, serializer)
+        except Unkept as exc:
+            with contextlib.suppress(ResultNotStorableError):  # names the sentinel: ours says why
+                call.save(_UNKEPT)
+            raise ResultNotStorableError(key, str(exc)) from exc
+        call.save(stored)
+
     def _outcome(self, result: Any, replayed: bool) -> Any:
         if type(self).idempotency_outcome:
             return {"result": result, "replayed": replayed}
@@ -255,7 +275,15 @@ class IdempotentTask(Task):  # type: ignore[misc]
         else:
             bound.apply_defaults()
             arguments = dict(bound.arguments)
-        payload = encode_payload(arguments)
+        try:
+            payload = encode_payload(arguments)
+        except ConfigurationError as exc:  # its advice (payload=) is the guard's, not a task's
+            raise ConfigurationError(
+                f"task {self.name!r}: cannot fingerprint its arguments ({exc.__cause__ or exc}); "
+                "IdempotentTask fingerprints them with msgspec (built-ins, dataclasses, ints "
+                "within 64 bits), with idempotency_key= too (they are its payload): pass such a "
+                "value as a str"
+            ) from exc
         # Read from the class: a function stored as a class attribute would bind as a method.
         make_key = type(self).idempotency_key
         key = make_key(*args, **kwargs) if make_key is not None else celery_key(payload)
@@ -282,7 +310,9 @@ class IdempotentTask(Task):  # type: ignore[misc]
         request = self.request
         if request.called_directly or request.is_eager:
             return exc  # no worker to send it to: the caller sees the error itself
-        signature = self.signature_from_request(request, countdown=countdown)
+        # No expiry: the duplicate was delivered in time, and the retry only polls for the
+        # result (the message's expires, copied, would have Celery discard it as REVOKED).
+        signature = self.signature_from_request(request, countdown=countdown, expires=None)
         signature.apply_async()
         return Retry(exc=exc, when=countdown, sig=signature)  # type: ignore[no-any-return]
 
@@ -300,67 +330,6 @@ class IdempotentTask(Task):  # type: ignore[misc]
         return self.retry(  # type: ignore[no-any-return]
             exc=exc, countdown=countdown, max_retries=self.idempotency_store_retries, throw=False
         )
-
-
-def _checked_options(cls: type[IdempotentTask]) -> FailureRules | None:
-    """Refuse a bad option the class sets when Celery builds it (``@app.task(...)``: when the
-    worker starts, or at the first use of a lazy task), not at every run; each error names
-    the option and the task. The ``rules_for`` of its ``idempotency_cache_exceptions``."""
-    own = cls.__dict__
-
-    def label(option: str) -> str:
-        return f"{option}= (task {own.get('name', cls.__name__)!r})"
-
-    def refuse(option: str, message: str) -> ConfigurationError:
-        return ConfigurationError(f"{label(option)}: {message}")
-
-    store = own.get("idempotency_store")
-    if store is not None and not isinstance(store, RedisStore):
-        # A factory is a callable that is no client (a client has execute_command).
-        if not callable(store) or hasattr(store, "execute_command"):
-            got = described(store, RedisStore)
-            raise refuse(
-                "idempotency_store", f"expected a RedisStore or a function returning one, got {got}"
-            )
-        try:
-            inspect.signature(store).bind()
-        except TypeError:
-            raise refuse(
-                "idempotency_store", "a store factory is called with no arguments"
-            ) from None
-        except ValueError:
-            pass  # no signature to read (a builtin): called as it is
-    key = own.get("idempotency_key")
-    if key is not None and not callable(key):
-        raise refuse(
-            "idempotency_key",
-            "expected a function of the task's arguments returning the key, got "
-            + (f"the string {key!r}" if isinstance(key, str) else type(key).__name__),
-        )
-    if "idempotency_policy" in own:
-        given = cls.idempotency_store  # a factory's store: its policy is checked at the run
-        known = given.policy if isinstance(given, RedisStore) else None
-        checked_guard_policy(own["idempotency_policy"], known, label("idempotency_policy"))
-    if own.get("idempotency_deadline") is not None:
-        seconds(own["idempotency_deadline"], label("idempotency_deadline"))
-    for option in (
-        "idempotency_retry_max",
-        "idempotency_store_retry_delay",
-        "idempotency_store_retry_max",
-    ):
-        if option in own:
-            seconds(own[option], label(option), positive=False)
-    count = own.get("idempotency_store_retries", 0)
-    if isinstance(count, bool) or not isinstance(count, int) or count < 0:
-        raise refuse("idempotency_store_retries", f"expected a count (an int >= 0), got {count!r}")
-    if not isinstance(own.get("idempotency_outcome", False), bool):
-        raise refuse(
-            "idempotency_outcome", f"expected True or False, got {own['idempotency_outcome']!r}"
-        )
-    try:
-        return rules_for(own.get("idempotency_cache_exceptions", ()))
-    except ConfigurationError as exc:
-        raise refuse("idempotency_cache_exceptions", str(exc)) from None
 
 
 def step_retry(task: Task, **changes: Any) -> StepRetry:

@@ -9,7 +9,10 @@ work really ran (even while the idemkey Redis, when it is another server, is dow
 from __future__ import annotations
 
 import os
+from datetime import date, datetime, time, timezone
+from decimal import Decimal
 from typing import Any
+from uuid import UUID
 
 import redis
 from celery import Celery
@@ -21,6 +24,21 @@ from idemkey.contrib.celery import IdempotentTask
 LEASE = 1.0  # seconds: a killed worker's record is taken over soon after
 STEPS = ("reserve", "charge", "ship")
 WAIT = 30  # seconds a blocked task waits for the test's go signal
+
+
+#: What tests.typed_result returns besides its order and runs: each type Celery's JSON (kombu's
+#: registry) carries as itself, where plain JSON would give a str (or a list for the tuple).
+TYPED: dict[str, Any] = {
+    "at": datetime(2024, 5, 1, 12, 0, tzinfo=timezone.utc),
+    "naive": datetime(2024, 5, 1, 12, 0),
+    "day": date(2024, 6, 1),
+    "time": time(9, 30),
+    "total": Decimal("12.10"),
+    "id": UUID(int=7),
+    "text": b"abc",
+    "raw": b"\x00\xff",
+    "nested": [{"due": date(2024, 7, 1)}, ("pair", Decimal("0.5"))],
+}
 
 
 class CardDeclined(Exception):
@@ -263,6 +281,17 @@ def make_app(url: str, prefix: str, store_url: str | None = None) -> Celery:
         """note_once that gives up on an unreachable idemkey Redis after 2 retries."""
         runs = client().incr(f"{prefix}:runs")
         return {"order": order_id, "runs": runs}
+
+    @app.task(
+        base=IdempotentTask,
+        shared=False,
+        bind=True,
+        name="tests.typed_result",
+        idempotency_store=make_store,
+    )
+    def typed_result(self: IdempotentTask, order_id: str) -> dict[str, Any]:
+        """Counts its runs; returns the types Celery's JSON carries beyond JSON's own."""
+        return {"order": order_id, "runs": client().incr(f"{prefix}:runs"), **TYPED}
 
     class Reporting(IdempotentTask):
         """Tells the test what ``request.idempotent_replayed`` said, after each run."""

@@ -18,9 +18,11 @@ import re
 import signal
 import subprocess
 import sys
+import time
 import warnings
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from decimal import Decimal
 from pathlib import Path
 
 import msgspec
@@ -31,10 +33,10 @@ pytest.importorskip("celery")
 
 from celery import Celery
 
-from idemkey import StoreError
+from idemkey import Policy, RedisStore, StoreError, guard
 from idemkey.contrib.celery import IdempotentTask
 from tests._servers import RedisServer, free_port, wait_until
-from tests.contrib._celery_app import STEPS, CardDeclined, make_app
+from tests.contrib._celery_app import STEPS, TYPED, CardDeclined, make_app
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.redis
@@ -378,6 +380,110 @@ def test_a_task_result_says_whether_it_was_a_replay(
     # after_return runs once the result is stored: the report may follow the get() above.
     wait_until(lambda: client.llen(f"{prefix}:replayed") == 2, timeout=20, message="both reports")
     assert client.lrange(f"{prefix}:replayed", 0, -1) == [b"False", b"True"]
+
+
+def _types(value: object) -> object:
+    """``value``'s shape, each leaf replaced by its type: equal values of other types differ."""
+    if isinstance(value, dict):
+        return {key: _types(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [type(value), *map(_types, value)]
+    return type(value)
+
+
+def test_a_duplicate_gets_the_types_celerys_json_gave_the_first_caller(
+    app: Celery, prefix: str, client: redis.Redis, start_worker: StartWorker
+) -> None:
+    # Celery's JSON (kombu's) carries datetime, date, time, Decimal, UUID and bytes as
+    # themselves: the first caller gets them, and so must every duplicate. Before, the replay
+    # had a str for each (msgspec's encoding of them, decoded untyped).
+    task = app.tasks["tests.typed_result"]
+    start_worker()  # prefork, Celery's default
+    first = task.delay("o-t").get(timeout=30)
+    again = task.delay("o-t").get(timeout=30)
+    assert first == {
+        "order": "o-t",
+        "runs": 1,
+        **TYPED,
+        "nested": [TYPED["nested"][0], ["pair", Decimal("0.5")]],
+    }
+    assert again == first
+    assert _types(again) == _types(first)
+    assert client.get(f"{prefix}:runs") == b"1"
+
+
+def test_a_result_an_earlier_release_stored_replays_as_it_was_stored(
+    app: Celery, prefix: str, client: redis.Redis, start_worker: StartWorker
+) -> None:
+    # 0.3.0 stored the result's msgspec value itself: such a record, written here as it did
+    # (a guard's save on the task's key and scope), still replays that value.
+    task: IdempotentTask = app.tasks["tests.typed_result"]
+    key, payload = task._identify(("o-old",), {})
+    stored = {"order": "o-old", "runs": 0, "at": "2024-05-01T12:00:00+00:00", "total": "12.10"}
+    store = RedisStore(client, Policy(prefix=prefix))
+    with guard(store, key, payload=payload, scope="celery:tests.typed_result") as call:
+        call.save(stored)
+    start_worker()
+    assert task.delay("o-old").get(timeout=30) == stored
+    assert client.get(f"{prefix}:runs") is None
+
+
+def test_an_in_flight_duplicate_sent_with_expires_still_gets_the_stored_result(
+    app: Celery, prefix: str, client: redis.Redis, start_worker: StartWorker, tmp_path: Path
+) -> None:
+    # The duplicate was delivered before its expiry; the retries that wait out the first run
+    # only poll for its result, so they carry no expiry. Before, they copied the message's,
+    # and once it passed Celery discarded the retry: REVOKED instead of the result.
+    task = app.tasks["tests.slow_total"]  # retried every 0.3 s while the first runs
+    start_worker(concurrency=2)
+    first = task.delay("o-x", 3)
+    wait_until(lambda: client.get(f"{prefix}:runs") == b"1", timeout=20, message="first run")
+    duplicate = task.apply_async(("o-x", 3), expires=2.0)
+    expiry = time.monotonic() + 2.0
+
+    def retries_logged() -> int:
+        return len(_RETRY_LINE.findall((tmp_path / "worker-0.log").read_text()))
+
+    wait_until(lambda: retries_logged() >= 1, timeout=20, message="the duplicate's first retry")
+    wait_until(lambda: time.monotonic() > expiry, timeout=10, message="the duplicate's expiry")
+    before = retries_logged()
+    wait_until(
+        lambda: retries_logged() >= before + 2 or duplicate.state == "REVOKED",
+        timeout=20,
+        message="two retries after the expiry",
+    )
+    client.rpush(f"{prefix}:go", 1)
+    assert duplicate.get(timeout=30) == first.get(timeout=30)
+    assert duplicate.state == "SUCCESS"
+    assert client.get(f"{prefix}:runs") == b"1"
+
+
+def test_a_hard_time_limit_fails_the_task_and_a_later_send_resumes_after_its_steps(
+    app: Celery, prefix: str, client: redis.Redis, start_worker: StartWorker
+) -> None:
+    # What docs/queues.md says of the hard time limit: Celery records FAILURE and
+    # acknowledges the message (acks_on_timeout, true by default), so nothing runs the rest
+    # on its own; the same call sent again resumes after the steps the killed run finished.
+    task = app.tasks["tests.place_order"]
+    client.set(f"{prefix}:block", "charge")  # the first run waits after step 2 of 3
+    start_worker()  # prefork: Celery enforces time limits there only
+    timed_out = task.apply_async(("o-h",), time_limit=2)
+    with pytest.raises(Exception, match="TimeLimitExceeded") as raised:
+        timed_out.get(timeout=30)
+    assert type(raised.value).__name__ == "TimeLimitExceeded"
+    victim = int(client.get(f"{prefix}:pid") or 0)
+    # Acknowledged, not requeued: no copy of the message is left with the broker.
+    wait_until(
+        lambda: client.llen(prefix) == 0 and client.hlen("unacked") == 0,
+        timeout=10,
+        message="the timed-out message to be acknowledged",
+    )
+    assert client.get(f"{prefix}:side:ship") is None
+
+    steps = task.delay("o-h").get(timeout=30)
+    sides = {name: int(client.get(f"{prefix}:side:{name}") or 0) for name in STEPS}
+    assert sides == dict.fromkeys(STEPS, 1)
+    assert [step["pid"] == victim for step in steps] == [True, True, False]
 
 
 def test_a_forged_remembered_failure_is_never_raised_into_the_task(

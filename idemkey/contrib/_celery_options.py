@@ -1,0 +1,77 @@
+"""The options of :class:`~idemkey.contrib.celery.IdempotentTask`, checked when Celery builds
+a task: a wrong one is a :class:`~idemkey.ConfigurationError` naming it and the task, not a
+failed run."""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+from .._options import seconds
+from ..adapters._checks import checked_guard_policy, described
+from ..errors import ConfigurationError
+from ..guard._failures import FailureRules, rules_for
+from ..store import RedisStore
+
+__all__ = ["checked_options"]
+
+
+def checked_options(cls: type[Any]) -> FailureRules | None:
+    """Refuse a bad option the class sets when Celery builds it (``@app.task(...)``: when the
+    worker starts, or at the first use of a lazy task), not at every run; each error names
+    the option and the task. The ``rules_for`` of its ``idempotency_cache_exceptions``."""
+    own = cls.__dict__
+
+    def label(option: str) -> str:
+        return f"{option}= (task {own.get('name', cls.__name__)!r})"
+
+    def refuse(option: str, message: str) -> ConfigurationError:
+        return ConfigurationError(f"{label(option)}: {message}")
+
+    store = own.get("idempotency_store")
+    if store is not None and not isinstance(store, RedisStore):
+        # A factory is a callable that is no client (a client has execute_command).
+        if not callable(store) or hasattr(store, "execute_command"):
+            got = described(store, RedisStore)
+            raise refuse(
+                "idempotency_store", f"expected a RedisStore or a function returning one, got {got}"
+            )
+        try:
+            inspect.signature(store).bind()
+        except TypeError:
+            raise refuse(
+                "idempotency_store", "a store factory is called with no arguments"
+            ) from None
+        except ValueError:
+            pass  # no signature to read (a builtin): called as it is
+    key = own.get("idempotency_key")
+    if key is not None and not callable(key):
+        raise refuse(
+            "idempotency_key",
+            "expected a function of the task's arguments returning the key, got "
+            + (f"the string {key!r}" if isinstance(key, str) else type(key).__name__),
+        )
+    if "idempotency_policy" in own:
+        given = cls.idempotency_store  # a factory's store: its policy is checked at the run
+        known = given.policy if isinstance(given, RedisStore) else None
+        checked_guard_policy(own["idempotency_policy"], known, label("idempotency_policy"))
+    if own.get("idempotency_deadline") is not None:
+        seconds(own["idempotency_deadline"], label("idempotency_deadline"))
+    for option in (
+        "idempotency_retry_max",
+        "idempotency_store_retry_delay",
+        "idempotency_store_retry_max",
+    ):
+        if option in own:
+            seconds(own[option], label(option), positive=False)
+    count = own.get("idempotency_store_retries", 0)
+    if isinstance(count, bool) or not isinstance(count, int) or count < 0:
+        raise refuse("idempotency_store_retries", f"expected a count (an int >= 0), got {count!r}")
+    if not isinstance(own.get("idempotency_outcome", False), bool):
+        raise refuse(
+            "idempotency_outcome", f"expected True or False, got {own['idempotency_outcome']!r}"
+        )
+    try:
+        return rules_for(own.get("idempotency_cache_exceptions", ()))
+    except ConfigurationError as exc:
+        raise refuse("idempotency_cache_exceptions", str(exc)) from None
