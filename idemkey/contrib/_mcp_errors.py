@@ -22,12 +22,14 @@ from ..errors import (
     RequestInFlightError,
     ResultNotStorableError,
     StepAttemptsExhaustedError,
+    StoredFailureError,
     StoreError,
 )
 
 __all__ = [
     "MAY_HAVE_RUN",
     "NOTHING_RAN",
+    "arguments_unsupported",
     "ArgumentsUnsupportedToolError",
     "IdempotencyToolError",
     "OutcomeUnknownToolError",
@@ -118,6 +120,24 @@ class ResultNotKeptToolError(IdempotencyToolError):
 
 
 NOTHING_RAN = "nothing ran: retry with the same idempotency key"
+
+
+def arguments_unsupported(cause: BaseException) -> ArgumentsUnsupportedToolError:
+    """What the agent is told for arguments the fingerprint cannot hold (``cause``: why)."""
+    if isinstance(cause, OverflowError):
+        # The fingerprint (msgpack) holds integers of 64 bits; msgspec raises OverflowError
+        # for nothing else.
+        return ArgumentsUnsupportedToolError(
+            "an integer in the arguments is beyond 64 bits (-2**63 to 2**64 - 1), which the "
+            "idempotency fingerprint cannot hold; nothing ran, and the same arguments are "
+            "refused under any idempotency key: send integers within 64 bits"
+        )
+    return ArgumentsUnsupportedToolError(
+        "the arguments cannot be fingerprinted for idempotency (a value in them has no JSON "
+        "form); nothing ran, and the same arguments are refused under any idempotency key"
+    )
+
+
 MAY_HAVE_RUN = (
     "the call may have run: retry with the same idempotency key later (its result is replayed "
     "once recorded), never with a new key"
@@ -141,9 +161,12 @@ def tool_error(exc: IdemkeyError, ran: bool) -> IdempotencyToolError | None:
         return InvalidKeyToolError(exc.reason)
     if isinstance(exc, LeaseLostError):
         return OutcomeUnknownToolError(f"another executor took this call over; {MAY_HAVE_RUN}")
-    if isinstance(exc, RecordFormatError) and not ran:
+    if isinstance(exc, (RecordFormatError, StoredFailureError)) and not ran:
         # A record Redis holds, which this server cannot read: Redis did not fail, and the
-        # call with this key ran before, so "nothing ran" would invite a new key.
+        # call with this key ran before, so "nothing ran" would invite a new key. A remembered
+        # failure is one too: the integration never writes one (a newer release, another
+        # writer, damage). Told without what the record holds: stored bytes are input, and
+        # this text reaches the model.
         return RecordUnreadableToolError(
             "the stored result of this idempotency key cannot be read by this server (written "
             "by a newer release, or damaged); the tool did not run now, but the call with this "
@@ -161,15 +184,11 @@ def tool_error(exc: IdemkeyError, ran: bool) -> IdempotencyToolError | None:
             f"{exc}; the finished steps are kept: retry with the same idempotency key to resume "
             "when the cause is fixed, never with a new key"
         )
-    if isinstance(exc, ConfigurationError) and not ran and isinstance(exc.__cause__, OverflowError):
-        # The fingerprint (msgpack) holds integers of 64 bits: one beyond is valid JSON and
-        # valid for the tool's schema, so it is the caller's input, not the server's setup.
-        # msgspec raises OverflowError for nothing else (idemkey._codec.encode_payload).
-        return ArgumentsUnsupportedToolError(
-            "an integer in the arguments is beyond 64 bits (-2**63 to 2**64 - 1), which the "
-            "idempotency fingerprint cannot hold; nothing ran, and the same arguments are "
-            "refused under any idempotency key: send integers within 64 bits"
-        )
+    if isinstance(exc, ConfigurationError) and not ran and exc.__cause__ is not None:
+        # The one ConfigurationError the guard raises for a call is the fingerprint's
+        # (idemkey._codec.encode_payload): the arguments were valid JSON and valid for the
+        # tool's schema, so it is the caller's input, told as such, not the server's setup.
+        return arguments_unsupported(exc.__cause__)
     if isinstance(exc, ResultNotStorableError):
         return ResultNotKeptToolError(
             "the call ran once but its result could not be stored; do not retry it, and never "

@@ -10,10 +10,11 @@ order; or it is derived from the call itself (:func:`derived_key`).
 from __future__ import annotations
 
 import hashlib
+import json
 import time
 from collections.abc import Mapping
 from contextvars import ContextVar
-from typing import Any
+from typing import Any, Protocol
 
 import msgspec
 from mcp.server.auth.middleware.auth_context import get_access_token
@@ -21,10 +22,12 @@ from mcp.server.fastmcp import Context, FastMCP
 from mcp.types import CallToolRequest
 
 from .._core import MAX_KEY_LENGTH
-from ._mcp_errors import InvalidKeyToolError
+from ._mcp_errors import InvalidKeyToolError, arguments_unsupported
 
 __all__ = [
     "KEY_GRAMMAR",
+    "KeySources",
+    "call_key",
     "check_key",
     "derived_key",
     "keep_request_params",
@@ -32,6 +35,7 @@ __all__ = [
     "request_params",
     "require_argument",
     "retention",
+    "scoped",
 ]
 
 #: The grammar, as the agent is told it.
@@ -60,6 +64,55 @@ def check_key(value: object, where: str) -> str:
     raise InvalidKeyToolError(f"the idempotency key in {where} {why}: use {KEY_GRAMMAR}")
 
 
+class KeySources(Protocol):
+    """Where a tool's key may come from (:class:`~idemkey.contrib.mcp.IdempotentTools`)."""
+
+    argument: str | None
+    meta_field: str | None
+    params_field: str | None
+    derive: bool
+    operation: str | None
+    bucket: float | None
+
+
+def call_key(
+    sources: KeySources,
+    kwargs: Mapping[str, Any],
+    ctx: Context[Any, Any, Any],
+    principal: str,
+    tool: str,
+    arguments: Mapping[str, Any],
+) -> str:
+    """The call's key: the argument's, else the host's (``_meta``, then ``params``), else
+    derived from the call; checked against the one grammar."""
+    argument, meta_field, params_field = sources.argument, sources.meta_field, sources.params_field
+    if argument is not None and kwargs.get(argument) is not None:
+        return check_key(kwargs[argument], f"the `{argument}` argument")
+    if meta_field is not None:
+        meta = None
+        try:
+            meta = ctx.request_context.meta
+        except ValueError:
+            meta = None
+        extra = (meta.model_extra or {}) if meta is not None else {}
+        if extra.get(meta_field) is not None:
+            return check_key(extra[meta_field], f"_meta.{meta_field}")
+    if params_field is not None:
+        params = request_params()
+        if params.get(params_field) is not None:
+            return check_key(params[params_field], f"params.{params_field}")
+    if sources.derive:
+        return derived_key(principal, tool, arguments, sources.operation, sources.bucket)
+    where = (
+        f"the `{argument}` argument"
+        if argument is not None
+        else f"_meta.{meta_field}"
+        if meta_field
+        else f"params.{params_field}"
+    )
+    return check_key(None, where)
+
+
 def derived_key(
     principal: str,
     tool: str,
@@ -86,7 +139,10 @@ def derived_key(
     parts: list[Any] = [principal, tool, what]
     if bucket is not None:
         parts.append(int(time.time() // bucket))
-    canonical = msgspec.json.encode(parts, order="sorted")
+    try:
+        canonical = msgspec.json.encode(parts, order="sorted")
+    except (TypeError, OverflowError, msgspec.EncodeError) as exc:
+        raise arguments_unsupported(exc) from exc
     return "derived-" + hashlib.sha256(canonical).hexdigest()
 
 
@@ -115,10 +171,14 @@ def keep_request_params(server: FastMCP[Any]) -> None:
 
 
 def principal_of(ctx: Context[Any, Any, Any] | None) -> str | None:
-    """The authenticated client id of this call, or None without auth.
+    """Who this call's verified access token names, or None without auth.
 
-    The request's ``user`` (set by the SDK's ``AuthenticationMiddleware`` on streamable HTTP)
-    first, then the SDK's auth context variable.
+    The token's ``client_id`` when it names no user; with a ``subject`` (the user, as the
+    SDK's ``AccessToken`` carries it), the client, the user and the issuer (its ``iss``
+    claim, or null: a subject is unique per issuer only) as one JSON array, so that the users
+    of one client (an agent app) never share a scope. The request's ``user`` (set by the SDK's
+    ``AuthenticationMiddleware`` on streamable HTTP) first, then the SDK's auth context
+    variable.
     """
     request = None
     if ctx is not None:
@@ -132,7 +192,30 @@ def principal_of(ctx: Context[Any, Any, Any] | None) -> str | None:
     if token is None:
         token = get_access_token()
     client_id = getattr(token, "client_id", None)
-    return client_id if isinstance(client_id, str) and client_id else None
+    if not isinstance(client_id, str) or not client_id:
+        return None
+    subject = getattr(token, "subject", None)
+    if not isinstance(subject, str) or not subject:
+        # 0.x scoped by the client id alone: kept so, its records are still found.
+        return _joined(client_id) if client_id.startswith("[") else client_id
+    claims = getattr(token, "claims", None)
+    issuer = claims.get("iss") if isinstance(claims, dict) else None
+    return _joined(client_id, subject, issuer if isinstance(issuer, str) else None)
+
+
+def scoped(token: str | None, narrowed: str | None) -> str | None:
+    """The principal of a call: ``token``'s (:func:`principal_of`), narrowed by what the
+    server's ``principal(ctx)`` returned; without a token, that alone (None: neither)."""
+    if token is None or not narrowed:
+        return token or narrowed or None
+    return _joined(token, narrowed)
+
+
+def _joined(*parts: str | None) -> str:
+    # One JSON array of 1, 2 or 3 parts: a bare client id never starts with "[" (one that
+    # does is joined alone), and arrays of other lengths never meet, so no two principals
+    # share a text.
+    return json.dumps(parts, ensure_ascii=False, separators=(",", ":"))
 
 
 def retention(seconds: float) -> str:

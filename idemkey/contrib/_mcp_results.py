@@ -1,18 +1,38 @@
-"""The results of :mod:`idemkey.contrib.mcp`: a tool's value as the ``CallToolResult`` stored,
-a replay marked as one, and a call that outlives its host's cancel."""
+"""The results of :mod:`idemkey.contrib.mcp`: the arguments as fingerprinted, a tool's value as
+the ``CallToolResult`` stored, a replay marked as one, and a call that outlives its host (its
+cancel, its session)."""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
-from typing import Any
+import contextlib
+import dataclasses
+import functools
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any, Final
 
+import anyio
+import msgspec
+from mcp.server.fastmcp import Context
 from mcp.types import CallToolResult, TextContent
 from pydantic import ValidationError
+from pydantic_core import to_jsonable_python
 
-from ..errors import RecordFormatError
+from ..errors import RecordFormatError, ResultNotStorableError
+from ..guard import Call
+from ._mcp_errors import ResultNotKeptToolError, arguments_unsupported
 
-__all__ = ["REPLAY_META", "REPLAY_TEXT", "as_result", "mark", "outlive_cancel", "plain", "replay"]
+__all__ = [
+    "REPLAY_META",
+    "REPLAY_TEXT",
+    "as_result",
+    "kept",
+    "mark",
+    "outlive_cancel",
+    "plain",
+    "replay",
+    "tool_context",
+]
 
 #: The ``_meta`` field of a replayed result.
 REPLAY_META = "io.idemkey/replay"
@@ -23,12 +43,54 @@ REPLAY_TEXT = (
 )
 
 
-def plain(value: Any) -> Any:
-    """Arguments as JSON-like data for the fingerprint (pydantic models dumped)."""
+#: What the fingerprint takes as it is (idemkey._codec.encode_payload's encoder).
+_AS_IS: Final = msgspec.msgpack.Encoder(order="deterministic")
+_UNENCODABLE: Final = (TypeError, OverflowError, ValueError, msgspec.EncodeError)
+
+
+def plain(arguments: Mapping[str, Any]) -> dict[str, Any]:
+    """The tool's validated arguments as the fingerprint and a derived key take them.
+
+    Each argument the fingerprint takes as it is stays so (its fingerprint, and any derived
+    key, are those of earlier releases: a retry across an upgrade still matches); any other is
+    made JSON data, as JSON sends it: pydantic models dumped, wherever they sit, dict keys as
+    strings, sets in one order. An argument that has no such form (or an integer beyond 64
+    bits) raises :class:`ArgumentsUnsupportedToolError`: nothing ran."""
+    converted = {}
+    for name, value in arguments.items():
+        try:
+            _AS_IS.encode(value)
+        except _UNENCODABLE:
+            try:
+                value = _jsonable(value)
+            except _UNENCODABLE as exc:  # PydanticSerializationError is a ValueError
+                raise arguments_unsupported(exc) from exc
+        converted[name] = value
+    return converted
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {_json_key(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, (set, frozenset)):
+        # In no iteration order: that of strings changes with each process's hash seed, and
+        # a retry that reaches another worker must fingerprint the same.
+        return sorted((_jsonable(v) for v in value), key=_canonical)
     dump = getattr(value, "model_dump", None)
-    if callable(dump):
+    if callable(dump):  # a pydantic model: as a top-level one always was
         return dump(mode="json")
-    return value
+    return to_jsonable_python(value)
+
+
+def _json_key(key: Any) -> str:
+    """A dict key as JSON sends it (an int 17 as "17"), as pydantic writes it."""
+    return key if isinstance(key, str) else str(next(iter(to_jsonable_python({key: None}))))
+
+
+def _canonical(value: Any) -> bytes:
+    return msgspec.json.encode(value, order="sorted")
 
 
 def as_result(converted: Any) -> CallToolResult:
@@ -39,6 +101,40 @@ def as_result(converted: Any) -> CallToolResult:
         content, structured = converted
         return CallToolResult(content=list(content), structuredContent=structured)
     return CallToolResult(content=list(converted))
+
+
+def _invalid(exc: ValidationError) -> str:
+    """What pydantic refused, and where, without the value (pydantic's text quotes it: stored
+    bytes may be anything, and the message reaches logs and the model)."""
+    first = exc.errors(include_url=False, include_context=False, include_input=False)[0]
+    where = ".".join(str(part) for part in first["loc"]) or "the top"
+    more = exc.error_count() - 1
+    return f"{first['msg']} at {where}" + (f" (and {more} more errors)" if more else "")
+
+
+def kept(call: Call[Any], value: Any, convert: Callable[[Any], Any]) -> CallToolResult:
+    """The tool's return ``value`` as the ``CallToolResult`` to store (``convert``: FastMCP's
+    ``convert_result``, which checks it against the tool's output schema).
+
+    The tool has run: a value that cannot be converted completes the record as "result not
+    kept" (the work must not run again; every retry is told so) and raises
+    :class:`ResultNotKeptToolError`, never the error of a tool that raised, which would
+    release the key for a second run."""
+    try:
+        return as_result(convert(value))
+    except Exception as exc:
+        # Call.save's rule for a value msgspec cannot encode, the guard's one way to complete
+        # a record as "result not kept": object() is such a value.
+        with contextlib.suppress(ResultNotStorableError):
+            call.save(object())
+        if isinstance(exc, ValidationError):
+            why = f"does not fit the tool's output schema ({_invalid(exc)})"
+        else:
+            why = f"cannot be sent as a tool result ({type(exc).__name__})"
+        raise ResultNotKeptToolError(
+            f"the tool ran, but its result {why}, so it is not kept; do not retry it, and "
+            "never with a new key (that would run it again)"
+        ) from exc
 
 
 def mark(result: CallToolResult, *, replayed: bool) -> CallToolResult:
@@ -56,18 +152,64 @@ def replay(stored: Any, convert: Callable[[Any], Any]) -> CallToolResult:
         result = CallToolResult.model_validate(stored)
         convert(result)
     except ValidationError as exc:
-        # Named without the stored value (pydantic's text quotes it): stored bytes may be
-        # anything, and the message reaches logs.
-        first = exc.errors(include_url=False, include_context=False, include_input=False)[0]
-        where = ".".join(str(part) for part in first["loc"]) or "the top"
-        more = exc.error_count() - 1
         raise RecordFormatError(
-            f"stored tool result is not one this tool returns: {first['msg']} at {where}"
-            + (f" (and {more} more errors)" if more else "")
+            f"stored tool result is not one this tool returns: {_invalid(exc)}"
         ) from exc
     result = mark(result, replayed=True)
     content = [*result.content, TextContent(type="text", text=REPLAY_TEXT)]
     return result.model_copy(update={"content": content})
+
+
+#: The session's one-way sends, which a host that has gone cannot miss (those that expect an
+#: answer, sampling and elicitation, still fail: nothing can stand in for the answer).
+_NOTIFICATIONS: Final = frozenset(
+    {
+        "send_elicit_complete",
+        "send_log_message",
+        "send_notification",
+        "send_progress_notification",
+        "send_prompt_list_changed",
+        "send_resource_list_changed",
+        "send_resource_updated",
+        "send_tool_list_changed",
+    }
+)
+#: What a send raises once its session's streams are closed: the host has gone for good.
+_GONE: Final = (anyio.ClosedResourceError, anyio.BrokenResourceError)
+
+
+def tool_context(ctx: Context[Any, Any, Any]) -> Context[Any, Any, Any]:
+    """``ctx`` for the tool: its logs and progress to a host that has gone are dropped.
+
+    The call outlives its host (:func:`outlive_cancel`), but the SDK's Context is bound to
+    the host's session: once that closed (the host timed out and closed its session, a
+    stateless request dropped), ``ctx.info`` or ``ctx.report_progress`` would raise out of
+    the tool after its work, release the key, and the retry would run the tool again."""
+    try:
+        request_context = ctx.request_context
+    except ValueError:  # outside a request (FastMCP.call_tool): no session to send to
+        return ctx
+    session: Any = _Outliving(request_context.session)
+    return type(ctx)(
+        request_context=dataclasses.replace(request_context, session=session),
+        fastmcp=ctx._fastmcp,
+    )
+
+
+class _Outliving:
+    """The tool's session: the host's, whose notifications are dropped once it has gone."""
+
+    def __init__(self, session: Any) -> None:
+        self._session = session
+
+    def __getattr__(self, name: str) -> Any:
+        found = getattr(self._session, name)
+        return functools.partial(_dropped, found) if name in _NOTIFICATIONS else found
+
+
+async def _dropped(send: Callable[..., Awaitable[None]], *args: Any, **kwargs: Any) -> None:
+    with contextlib.suppress(*_GONE):
+        await send(*args, **kwargs)
 
 
 #: Calls whose host stopped waiting, held until they finish (the loop keeps weak references).

@@ -18,23 +18,28 @@ operation); the host's key is read from ``_meta.idempotencyKey`` (``meta_field=`
 ``params.idempotencyKey`` (``params_field=``); ``derive=True`` makes the key a digest of the
 principal, the tool and its arguments (or its ``operation=`` argument). Every key is 1 to 255
 visible ASCII characters without spaces or commas, else ``idempotency_key_invalid``.
-The key is scoped by the caller's principal: the client id of the access token the SDK's
-auth middleware verified (streamable HTTP with ``auth=``/``token_verifier=``), else what
-``principal(ctx)`` returns, else ``"anonymous"`` (stdio, or HTTP without auth: one scope for
-every caller, so a key is shared by everyone who can reach the server). The fingerprint is
-the tool's name and its arguments without the key. The first call runs the tool and stores
-its ``CallToolResult``; a retry with the same key and arguments gets that result back, with
-``_meta["io.idemkey/replay"] = {"replayed": True}`` (``False`` on the first call) and a
-last text block saying it is a replay.
+The key is scoped by the caller's principal: who the access token the SDK's auth middleware
+verified names (streamable HTTP with ``auth=``/``token_verifier=``): its client id, and its
+user (``subject``) and issuer when it has a subject; narrowed by what ``principal(ctx)``
+returns. Without a token, ``principal(ctx)``, else ``"anonymous"`` (stdio, or HTTP without
+auth: one scope for every caller, so a key is shared by everyone who can reach the server).
+The fingerprint is the tool's name and its arguments without the key. The first call runs
+the tool and stores its ``CallToolResult``; a retry with the same key and arguments gets that
+result back, with ``_meta["io.idemkey/replay"] = {"replayed": True}`` (``False`` on the first
+call) and a last text block saying it is a replay.
 
 A reused key with other arguments raises :class:`KeyReusedToolError`; a duplicate while the
 first call runs waits up to ``policy.wait`` seconds for its result, then raises
 :class:`InFlightToolError` (retry with the same key). The SDK sends both as a tool error
 (``isError``) whose text begins with ``idempotency_key_reused:`` or ``idempotency_key_in_flight:``
 (every code, by phase: :mod:`idemkey.contrib._mcp_errors`, docs/mcp.md).
-A tool that raises releases the key: a retry runs it again. A call the host cancels
-(``notifications/cancelled``) runs to its end and its result is stored: a retry replays it.
-A synchronous tool runs in a worker thread, so the store's heartbeat renews its claim.
+A tool that raises releases the key: a retry runs it again (what it raised, an idemkey error
+of its own code included, reaches the agent as the tool's error). A result its output schema
+refuses is not kept, and the tool never runs again for the key (``idempotency_result_not_kept``).
+A call the host cancels (``notifications/cancelled``) or leaves (its session closed) runs to
+its end, its logs and progress to a gone host dropped, and its result is stored: a retry
+replays it. A synchronous tool runs in a worker thread, so the store's heartbeat renews its
+claim.
 """
 
 from __future__ import annotations
@@ -50,7 +55,7 @@ try:
     from mcp.server.fastmcp.utilities.context_injection import find_context_parameter
     from mcp.server.fastmcp.utilities.func_metadata import func_metadata
     from mcp.types import CallToolResult, ToolAnnotations
-    from pydantic import WithJsonSchema
+    from pydantic import PlainValidator, WithJsonSchema
 except ImportError as exc:  # pragma: no cover - exercised with mcp hidden
     raise ImportError(
         "idemkey.contrib.mcp needs the mcp SDK: pip install 'idemkey-redis[mcp]'"
@@ -79,22 +84,22 @@ from ._mcp_errors import (
 )
 from ._mcp_keys import (
     KEY_GRAMMAR,
-    check_key,
-    derived_key,
+    call_key,
     keep_request_params,
     principal_of,
-    request_params,
     require_argument,
     retention,
+    scoped,
 )
 from ._mcp_results import (
     REPLAY_META,
     REPLAY_TEXT,
-    as_result,
+    kept,
     mark,
     outlive_cancel,
     plain,
     replay,
+    tool_context,
 )
 
 __all__ = [
@@ -116,9 +121,13 @@ __all__ = [
 
 ANONYMOUS = "anonymous"
 #: The key argument's type: the SDK lets any value through (the tool refuses a bad one with
-#: idempotency_key_invalid), and the schema the agent reads says a string.
+#: idempotency_key_invalid), and the schema the agent reads says a string. ``str`` to FastMCP,
+#: which parses a string argument as JSON unless it is annotated ``str``: a key "null" or "[1]"
+#: must reach the tool as sent.
 KeyArgument = Annotated[
-    Any, WithJsonSchema({"type": "string", "minLength": 1, "maxLength": MAX_KEY_LENGTH})
+    str,
+    PlainValidator(lambda value: value),
+    WithJsonSchema({"type": "string", "minLength": 1, "maxLength": MAX_KEY_LENGTH}),
 ]
 #: Agents retry after context resets and restarts: keep results for 3 days by default.
 AGENT_TTL = 3 * 86_400.0
@@ -135,8 +144,8 @@ class IdempotentTools:
     field read when the argument is absent (None: none). ``derive=True``: with no key sent,
     the key is derived from the call (:func:`~idemkey.contrib._mcp_keys.derived_key`;
     ``operation`` names the argument that identifies the operation, ``bucket`` a time window in
-    seconds). ``principal(ctx)`` scopes keys when the SDK has no authenticated client id
-    (stdio, HTTP without auth).
+    seconds). ``principal(ctx)`` scopes keys when the SDK has no verified access token
+    (stdio, HTTP without auth), and narrows the token's scope when it has one (:meth:`scope`).
     """
 
     def __init__(
@@ -223,11 +232,11 @@ class IdempotentTools:
         return f"{text.strip()}\n\n{note}" if text.strip() else note
 
     def scope(self, ctx: Context[Any, Any, Any]) -> str:
-        """The principal a key belongs to."""
-        found = principal_of(ctx)
-        if found is None and self.principal is not None:
-            found = self.principal(ctx)
-        return found or ANONYMOUS
+        """The principal a key belongs to: the verified token's (:func:`principal_of`),
+        narrowed by ``principal(ctx)`` when given; without a token ``principal(ctx)``, else
+        ``"anonymous"``."""
+        narrowed = self.principal(ctx) if self.principal is not None else None
+        return scoped(principal_of(ctx), narrowed) or ANONYMOUS
 
     def tool(
         self,
@@ -277,6 +286,13 @@ class IdempotentTools:
         metadata = func_metadata(
             fn, skip_names=[ctx_name] if ctx_name else [], structured_output=structured_output
         )
+        named = [p for p in signature.parameters if p != ctx_name]
+        if self.operation is not None and self.operation not in named:
+            # Caught here, not at the first call: there it would be the agent's "invalid key".
+            raise ConfigurationError(
+                f"IdempotentTools(operation={self.operation!r}): tool {tool_name!r} has no such "
+                f"argument (its arguments: {', '.join(named) or 'none'})"
+            )
         passes_key = self.argument is not None and self.argument in signature.parameters
         # The key argument is optional to the SDK, so that a missing key reaches the tool's own
         # refusal (idempotency_key_invalid) rather than pydantic's "Field required"; the schema
@@ -309,11 +325,13 @@ class IdempotentTools:
             call_kwargs = dict(kwargs)
             if own_ctx:
                 del call_kwargs[wrapper_ctx]
+            elif ctx is not None:
+                call_kwargs[wrapper_ctx] = tool_context(ctx)  # its host may go while it runs
             if self.argument is not None and not passes_key:
                 call_kwargs.pop(self.argument, None)
             arguments = {k: v for k, v in call_kwargs.items() if k != wrapper_ctx}
-            args = {k: plain(v) for k, v in arguments.items() if k != self.argument}
-            key = self._key(kwargs, ctx, principal, tool_name, args)
+            args = plain({k: v for k, v in arguments.items() if k != self.argument})
+            key = call_key(self, kwargs, ctx, principal, tool_name, args)
             if passes_key and self.argument is not None:
                 call_kwargs[self.argument] = key  # checked, wherever it came from
             fingerprint = {"tool": tool_name, "arguments": args}
@@ -343,8 +361,10 @@ class IdempotentTools:
         body: Callable[[], Awaitable[Any]],
         convert: Callable[[Any], Any],
     ) -> CallToolResult:
-        """Claim the key, run the tool (or replay it) and store its result."""
+        """Claim the key, run the tool (or replay it) and store its result. What the guard
+        raises is told to the agent by its code; what the tool raises is the tool's own."""
         ran = False  # whether the tool's body started: a store failure then is not "nothing ran"
+        own: BaseException | None = None  # the tool's own exception (its own aguard's, say)
         try:
             async with aguard(
                 self.store, key, payload=fingerprint, scope=f"mcp:{principal}", policy=self.policy
@@ -352,47 +372,18 @@ class IdempotentTools:
                 if call.replayed:
                     return replay(call.result, convert)
                 ran = True
-                result = as_result(convert(await body()))
+                try:
+                    value = await body()
+                except Exception as exc:
+                    own = exc
+                    raise
+                result = kept(call, value, convert)
                 call.save(result.model_dump(mode="json", by_alias=True, exclude_none=True))
                 return mark(result, replayed=False)
         except IdemkeyError as exc:
+            if exc is own:
+                raise
             error = tool_error(exc, ran)
             if error is None:
                 raise
             raise error from exc
-
-    def _key(
-        self,
-        kwargs: dict[str, Any],
-        ctx: Context[Any, Any, Any],
-        principal: str,
-        tool: str,
-        arguments: dict[str, Any],
-    ) -> str:
-        """The call's key: the argument's, else the host's (``_meta``, then ``params``), else
-        derived from the call; checked against the one grammar."""
-        if self.argument is not None and kwargs.get(self.argument) is not None:
-            return check_key(kwargs[self.argument], f"the `{self.argument}` argument")
-        if self.meta_field is not None:
-            meta = None
-            try:
-                meta = ctx.request_context.meta
-            except ValueError:
-                meta = None
-            extra = (meta.model_extra or {}) if meta is not None else {}
-            if extra.get(self.meta_field) is not None:
-                return check_key(extra[self.meta_field], f"_meta.{self.meta_field}")
-        if self.params_field is not None:
-            params = request_params()
-            if params.get(self.params_field) is not None:
-                return check_key(params[self.params_field], f"params.{self.params_field}")
-        if self.derive:
-            return derived_key(principal, tool, arguments, self.operation, self.bucket)
-        where = (
-            f"the `{self.argument}` argument"
-            if self.argument is not None
-            else f"_meta.{self.meta_field}"
-            if self.meta_field
-            else f"params.{self.params_field}"
-        )
-        return check_key(None, where)

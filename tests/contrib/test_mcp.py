@@ -50,12 +50,13 @@ def environment(redis_url: str, prefix: str, wait: float) -> dict[str, str]:
 
 
 def serve_http(
-    env: dict[str, str], log: Any, log_path: Path
+    env: dict[str, str], log: Any, log_path: Path, app: str = "app"
 ) -> tuple[subprocess.Popen[bytes], int]:
-    """tests/contrib/_mcp_server.py on a real uvicorn process: the process and its port."""
+    """tests/contrib/_mcp_server.py's ``app`` on a real uvicorn process: the process and its
+    port."""
     port = free_port()
     server = subprocess.Popen(
-        [sys.executable, "-m", "uvicorn", "tests.contrib._mcp_server:app",
+        [sys.executable, "-m", "uvicorn", f"tests.contrib._mcp_server:{app}",
          "--host", "127.0.0.1", "--port", str(port)],
         cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
     )  # fmt: skip

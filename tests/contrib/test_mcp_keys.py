@@ -341,3 +341,73 @@ async def test_a_tool_that_declares_the_key_gets_the_key_in_use(store: AsyncRedi
     assert not by_argument.isError, text(by_argument)
     assert not by_meta.isError, text(by_meta)
     assert seen == ["k-1", "k-2"]
+
+
+#: Keys of the grammar that JSON would read as something else.
+JSON_LOOKING = ["null", "[1]", "[]", "{}", '["a"]', "true", "123", '{"a":1}']
+
+
+@pytest.mark.parametrize("key", JSON_LOOKING)
+async def test_a_key_that_looks_like_json_is_that_key(store: AsyncRedisStore, key: str) -> None:
+    """The key argument reaches the tool as the string sent: FastMCP parses a string argument
+    as JSON unless its annotation is ``str``. Before, "null" read as no key (with a host key in
+    ``_meta``, the host's was used instead) and "[1]", "[]", "{}" were refused as no string."""
+    seen: list[str] = []
+    server = FastMCP("payments")
+
+    @IdempotentTools(store).tool(server)
+    async def pay(order_id: str, idempotency_key: str) -> str:
+        """Pay an order."""
+        seen.append(idempotency_key)
+        return f"paid {order_id}"
+
+    args = {"order_id": "1001", "idempotency_key": key}
+    async with create_connected_server_and_client_session(server) as session:
+        (tool,) = (await session.list_tools()).tools
+        first = await session.call_tool("pay", args, meta={"idempotencyKey": "host-1"})
+        again = await session.call_tool("pay", args)
+    assert not first.isError, text(first)
+    assert replayed(again)
+    assert seen == [key]  # the model's key, not the host's
+    assert tool.inputSchema["properties"]["idempotency_key"] == {
+        "default": None,
+        "maxLength": 255,
+        "minLength": 1,
+        "title": "Idempotency Key",
+        "type": "string",
+    }
+
+
+NOT_STRINGS = {"a list": ["k-1"], "an object": {"k": 1}, "true": True, "a float": 1.5}
+
+
+@pytest.mark.parametrize("key", NOT_STRINGS.values(), ids=NOT_STRINGS.keys())
+async def test_a_key_that_is_no_string_is_still_refused(
+    store: AsyncRedisStore, key: object
+) -> None:
+    paid: list[str] = []
+    async with create_connected_server_and_client_session(
+        payments(IdempotentTools(store), paid)
+    ) as session:
+        refused = await session.call_tool(
+            "pay", {"order_id": "1001", "amount": 5, "idempotency_key": key}
+        )
+    assert text(refused).startswith("Error executing tool pay: idempotency_key_invalid: ")
+    assert "must be a string" in text(refused)
+    assert paid == []
+
+
+def test_an_operation_that_is_no_argument_of_the_tool_is_refused_at_registration(
+    store: AsyncRedisStore,
+) -> None:
+    """Before, the typo was taken, and every call told the agent its key was invalid."""
+    tools = IdempotentTools(store, derive=True, operation="orderid")
+    with pytest.raises(ConfigurationError, match=r"operation='orderid'.*order_id, amount"):
+        payments(tools, [])
+    server = FastMCP("payments")
+
+    async def refund(order_id: str, ctx: Context[Any, Any, Any]) -> str:
+        return "refunded"
+
+    with pytest.raises(ConfigurationError, match="operation='ctx'"):
+        IdempotentTools(store, derive=True, operation="ctx").tool(server)(refund)
