@@ -11,9 +11,11 @@ from typing import IO, Final
 
 from .._options import TOKEN
 from ._base import CliError, print_json
+from ._redis import redact
 from .probing.session import Plan, ProbeSession, derive_edit
 from .probing.transport import Target, Unreachable, parse_target, send_batch
 from .probing.verdicts import Result, worst
+from .readable import shown
 
 HELP: Final = "check an endpoint's retry behaviour over HTTP (any server)"
 MAX_CONCURRENCY: Final = 20
@@ -68,7 +70,11 @@ _OWN_HEADERS: Final = frozenset({KEY_HEADER.lower(), "content-length", "transfer
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("url", metavar="URL", help="the endpoint, http:// or https://")
+    parser.add_argument(
+        "url",
+        metavar="URL",
+        help="the endpoint, http:// or https:// (credentials go in -H, not in the URL)",
+    )
     parser.add_argument("--method", "-X", default="POST", help="HTTP method (default: POST)")
     body = parser.add_mutually_exclusive_group()
     body.add_argument("--data", "-d", metavar="BODY", help="the request body")
@@ -89,7 +95,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="a header for every request (repeatable), e.g. credentials",
     )
     parser.add_argument(
-        "--timeout", type=float, default=10.0, metavar="S", help="seconds per request (10)"
+        "--timeout",
+        type=float,
+        default=10.0,
+        metavar="S",
+        help="seconds each request may take, from sending it to its answer's last byte (10)",
     )
     parser.add_argument(
         "--concurrency",
@@ -193,7 +203,7 @@ def plan_from(args: argparse.Namespace) -> tuple[Target, Plan, str]:
         try:
             json.loads(body)
             headers += (("Content-Type", "application/json"),)
-        except ValueError:
+        except (ValueError, RecursionError):  # RecursionError: nested deeper than Python parses
             headers += (("Content-Type", "application/octet-stream"),)
     plan = Plan(
         method,
@@ -209,15 +219,17 @@ def plan_from(args: argparse.Namespace) -> tuple[Target, Plan, str]:
 
 
 def _line(result: Result) -> str:
-    lines = [f"{result.verdict:<4}  {result.number}  {result.name:<21} {result.summary}"]
-    lines.extend(f"{'':<30}{detail}" for detail in result.details)
+    # The checks escape what the server said; this pass keeps a terminal from obeying any
+    # server text a future check line forgets to.
+    lines = [f"{result.verdict:<4}  {result.number}  {result.name:<21} {shown(result.summary)}"]
+    lines.extend(f"{'':<30}{shown(detail)}" for detail in result.details)
     return "\n".join(lines) + "\n"
 
 
 def run(args: argparse.Namespace, out: IO[str]) -> int:
     target, plan, how = plan_from(args)
     session = ProbeSession(plan, f"probe-{secrets.token_hex(8)}", f"probe-{secrets.token_hex(8)}")
-    url = args.url
+    url = redact(args.url)  # a query's password=, as a Redis URL's (user information is refused)
     if not args.json:
         out.write(
             f"idemkey probe: {plan.method} {url}, at most {plan.max_requests} requests\n"

@@ -11,6 +11,8 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Final, Literal
 
+from ..readable import shown as escaped
+
 __all__ = [
     "Answer",
     "NoResponse",
@@ -20,6 +22,7 @@ __all__ = [
     "body_differences",
     "evidence",
     "excerpt",
+    "header_line",
     "worst",
 ]
 
@@ -80,6 +83,12 @@ def worst(results: Sequence[Result]) -> Verdict:
     return max((r.verdict for r in results), key=_RANK.__getitem__, default="SKIP")
 
 
+def header_line(name: str, value: str) -> str:
+    """``Name: value`` as a line shows a header: the server's text with what a terminal would
+    act on (escape sequences, a carriage return) escaped."""
+    return f"{escaped(name)}: {escaped(value)}"
+
+
 def excerpt(body: bytes, limit: int = EXCERPT_CHARS) -> str:
     """The start of a body as printable text, for a line of evidence."""
     text = body[:limit].decode("utf-8", "replace")
@@ -99,8 +108,8 @@ def evidence(answer: Answer, replay_header: str) -> str:
     for name in (replay_header, "Retry-After"):
         value = answer.header(name)
         if value is not None:
-            parts.append(f"{name}: {value}")
-    parts.extend(f"{n}: {v}" for n, v in answer.headers if "retention" in n.lower())
+            parts.append(header_line(name, value))
+    parts.extend(header_line(n, v) for n, v in answer.headers if "retention" in n.lower())
     parts.extend(guidance(answer))
     parts.append(f"body {excerpt(answer.body)}" if answer.body else "empty body")
     return ", ".join(parts)
@@ -112,8 +121,9 @@ def guidance(answer: Response) -> list[str]:
         return []
     document = _json_object(answer.body) or {}
     shown = []
-    if isinstance(document.get("retry"), str):
-        shown.append(f"retry: {document['retry']}")
+    retry = document.get("retry")
+    if isinstance(retry, str):
+        shown.append(f"retry: {escaped(retry)}")
     retention = document.get("retention")
     if isinstance(retention, int) and not isinstance(retention, bool):
         shown.append(f"retention: {retention} s")
@@ -123,14 +133,14 @@ def guidance(answer: Response) -> list[str]:
 def _json_object(body: bytes) -> dict[str, object] | None:
     try:
         value = json.loads(body)
-    except ValueError:
+    except (ValueError, RecursionError):  # a server's body nested deeper than Python parses
         return None
     return value if isinstance(value, dict) else None
 
 
 def _field_changes(old: dict[str, object], new: dict[str, object], path: str = "") -> Iterator[str]:
     for name in dict.fromkeys([*old, *new]):
-        where = f"{path}.{name}" if path else name
+        where = f"{path}.{escaped(name)}" if path else escaped(name)
         a, b = old.get(name, _MISSING), new.get(name, _MISSING)
         if a == b:
             continue

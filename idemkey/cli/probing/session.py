@@ -273,7 +273,8 @@ class ProbeSession:
 def _retry_after(answer: Response, cap: float) -> float:
     """The wait a 409 asks for (delta-seconds), 1 s when it gives none, at most ``cap``."""
     value = (answer.header("Retry-After") or "").strip()
-    seconds = float(value) if value.isdigit() else 1.0
+    # isdigit() alone passes "²" (a latin-1 byte), which float() refuses.
+    seconds = float(value) if value.isascii() and value.isdigit() else 1.0
     return min(seconds, cap)
 
 
@@ -286,7 +287,7 @@ def derive_edit(body: bytes) -> tuple[bytes, str] | None:
     """
     try:
         data = json.loads(body)
-    except ValueError:
+    except (ValueError, RecursionError):  # nested deeper than Python parses: none derived
         return None
     if not isinstance(data, dict):
         return None

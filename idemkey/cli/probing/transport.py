@@ -5,15 +5,21 @@ idemkey is installed, against any server."""
 from __future__ import annotations
 
 import http.client
+import io
+import socket
 import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Final
+from typing import TYPE_CHECKING, Final
 from urllib.parse import urlsplit
 
+from ..readable import shown
 from .answers import Answer, NoResponse, Response
 from .session import Batch, Outgoing
+
+if TYPE_CHECKING:
+    from _typeshed import WriteableBuffer
 
 __all__ = ["MAX_BODY_BYTES", "Target", "Unreachable", "parse_target", "send_batch"]
 
@@ -41,8 +47,19 @@ class Target:
 
 
 def parse_target(method: str, url: str) -> Target:
-    """The endpoint named by ``url`` (http or https); ValueError with the reason when bad."""
+    """The endpoint named by ``url`` (http or https); ValueError with the reason when bad.
+
+    A URL with user information (``user:password@``) is refused, first, so that no message
+    prints the password: http.client would not send it, and the probe would run
+    unauthenticated without a word."""
     parts = urlsplit(url)
+    if "@" in parts.netloc:
+        user = parts.username or ""
+        given = f"{user}:***@" if parts.password is not None else f"{user}@"
+        raise ValueError(
+            f"the probe does not send credentials written in the URL ({given}): pass them as "
+            "-H 'Authorization: Basic <base64 of user:password>' and a URL without them"
+        )
     if parts.scheme not in ("http", "https"):
         raise ValueError(f"URL must start with http:// or https://, got {url!r}")
     if not parts.hostname:
@@ -67,10 +84,56 @@ def _connect(target: Target, timeout: float) -> http.client.HTTPConnection:
     return connection
 
 
+class _UntilDeadline(io.RawIOBase):
+    """An answer's bytes, each read given only the time left until ``deadline``. The socket's
+    timeout bounds one read, not the answer: a server sending a byte every second would hold
+    the probe for as long as it likes (8 MiB of body at that pace: three months)."""
+
+    def __init__(self, sock: socket.socket, deadline: float) -> None:
+        super().__init__()
+        self._sock = sock
+        self._raw = sock.makefile("rb", buffering=0)
+        self._deadline = deadline
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: WriteableBuffer, /) -> int | None:
+        left = self._deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError("the answer took longer than the request's deadline")
+        self._sock.settimeout(left)
+        return self._raw.readinto(buffer)
+
+    def close(self) -> None:
+        self._raw.close()
+        super().close()
+
+
+def _answer_class(deadline: float) -> type[http.client.HTTPResponse]:
+    """An http.client response that reads its status line, head and body by ``deadline``."""
+
+    class _Answer(http.client.HTTPResponse):
+        def __init__(
+            self,
+            sock: socket.socket,
+            debuglevel: int = 0,
+            method: str | None = None,
+            url: str | None = None,
+        ) -> None:
+            super().__init__(sock, debuglevel, method, url)
+            plain, self.fp = self.fp, io.BufferedReader(_UntilDeadline(sock, deadline))
+            plain.close()  # nothing read from it yet; the socket stays open for ours
+
+    return _Answer
+
+
 def _exchange(
     connection: http.client.HTTPConnection, target: Target, request: Outgoing, timeout: float
 ) -> Answer:
-    sent_at = 0.0
+    sent_at = answered_at = 0.0
+    # --timeout is a deadline for the whole request, from sending it to its body's last byte.
+    connection.response_class = _answer_class(time.monotonic() + timeout)
     try:
         has_host = any(n.lower() == "host" for n, _ in request.headers)
         connection.putrequest(target.method, target.path, skip_host=has_host)
@@ -84,9 +147,13 @@ def _exchange(
         body = response.read(MAX_BODY_BYTES)
         return Response(response.status, tuple(response.getheaders()), body, sent_at, answered_at)
     except TimeoutError:
+        if answered_at:
+            return NoResponse(f"body not complete within {timeout:g} s", sent_at)
         return NoResponse(f"no answer within {timeout:g} s", sent_at)
     except (OSError, http.client.HTTPException) as exc:
-        return NoResponse(f"no answer: {type(exc).__name__}: {exc}".rstrip(": "), sent_at)
+        # The text may quote the server's bytes (BadStatusLine): escaped, as every server string.
+        said = shown(str(exc))
+        return NoResponse(f"no answer: {type(exc).__name__}: {said}".rstrip(": "), sent_at)
     finally:
         connection.close()
 

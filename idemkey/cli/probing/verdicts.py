@@ -30,6 +30,7 @@ from .answers import (
     body_differences,
     evidence,
     excerpt,
+    header_line,
     worst,
 )
 
@@ -131,9 +132,9 @@ def judge_replay(
         bytes_equal = f"{replay.status}, byte-equal body ({len(replay.body)} bytes)"
         if marker is not None:
             retention = "".join(
-                f", {n}: {v}" for n, v in replay.headers if "retention" in n.lower()
+                f", {header_line(n, v)}" for n, v in replay.headers if "retention" in n.lower()
             )
-            summary = f"replayed: {bytes_equal}, {replay_header}: {marker}{retention}"
+            summary = f"replayed: {bytes_equal}, {header_line(replay_header, marker)}{retention}"
             return Result(number, name, "PASS", summary + waited)
         if distinct:
             summary = (
@@ -261,7 +262,7 @@ def judge_concurrent(
     replays = sum(1 for r in successes if r.header(replay_header) is not None)
     bare = [r for r in conflicts if r.header("Retry-After") is None]
     if conflicts and not bare:
-        tally += f" (Retry-After: {conflicts[0].header('Retry-After')})"
+        tally += f" ({header_line('Retry-After', conflicts[0].header('Retry-After') or '')})"
     unmarked = len(successes) - replays
     if unmarked > 1 and not distinct:
         return Result(
