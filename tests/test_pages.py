@@ -175,7 +175,8 @@ def test_the_client_errors_name_their_public_module() -> None:
     pytest.importorskip("httpx")
     import idemkey.client
 
-    for name in ("ClientError", "RefusedError", "RetriesExhaustedError", "UnexpectedReplayError"):
+    names = ("RetriesExhaustedError", "UnexpectedReplayError", "UnusableAnswerError")
+    for name in ("ClientError", "RefusedError", *names):
         assert getattr(idemkey.client, name).__module__ == "idemkey.client"
 
 

@@ -10,10 +10,11 @@
         reply = client.send(operation)       # same key, same bytes on every attempt
         reply.replayed                       # True if the server answered from its store
 
-``Client(on_replay="refuse")`` raises :class:`UnexpectedReplayError` when the first attempt of
-a call is answered with a replay: the operation ran before, for another call, so nothing it
-hands out is new (CVE-2026-34210: a server that ignored Stripe's ``Idempotent-Replayed`` handed
-out resources for one payment again and again). A function as ``on_replay`` sees every replay.
+``Client(on_replay="refuse")`` raises :class:`UnexpectedReplayError` when a call is answered
+with a replay and no earlier attempt of it may have reached the handler: the operation ran
+before, for another call, so nothing it hands out is new (CVE-2026-34210: a server that
+ignored Stripe's ``Idempotent-Replayed`` handed out resources for one payment again and
+again). A function as ``on_replay`` sees every replay.
 
 A logical call keeps one key (a random UUID unless ``idempotency_key=`` is given) and one
 serialisation of its body across attempts. It retries connection errors, timeouts, a dropped
@@ -30,6 +31,7 @@ Errors::
         ├── RefusedError            code, problem, status, response, attempts
         ├── RetriesExhaustedError   reason ("deadline"/"attempts"), last, attempts, response
         ├── UnexpectedReplayError   reply, key, attempts (Client(on_replay="refuse"))
+        ├── UnusableAnswerError     key, attempts (httpx raised on the server's answer)
         └── ClientStateError
 """
 
@@ -47,6 +49,7 @@ from ._errors import (
     RefusedError,
     RetriesExhaustedError,
     UnexpectedReplayError,
+    UnusableAnswerError,
 )
 from ._operation import IdempotentResponse, Operation, RetryEvent, RetryHook
 from ._retry import (
@@ -70,6 +73,7 @@ for _error in (
     RefusedError,
     RetriesExhaustedError,
     UnexpectedReplayError,
+    UnusableAnswerError,
 ):
     _error.__module__ = __name__
 del _error
@@ -96,5 +100,6 @@ __all__ = [
     "Schedule",
     "Step",
     "UnexpectedReplayError",
+    "UnusableAnswerError",
     "parse_retry_after",
 ]

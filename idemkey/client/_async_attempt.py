@@ -9,7 +9,7 @@ cancellation closes the connection. Both modules export :func:`exchange`, :func:
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 
 import anyio
 import httpx
@@ -29,8 +29,13 @@ async def exchange(
     start: Callable[[httpx.Request], Awaitable[httpx.Response]],
     request: httpx.Request,
     seconds: float,
+    configured: Mapping[str, float | None],
 ) -> httpx.Response:
-    """``start(request)`` (a response not read yet), read and closed, within ``seconds``."""
+    """``start(request)`` (a response not read yet), read and closed, within ``seconds``.
+
+    ``configured``, the call's own timeouts, serves the sync twin (a thread it leaves behind on
+    HTTP/2 keeps them); a cancelled task leaves nothing behind.
+    """
     with anyio.move_on_after(seconds):
         response = await start(request)
         await drain(response)

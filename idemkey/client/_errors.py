@@ -6,6 +6,7 @@
     └── ClientError                 root of everything idemkey.client raises
         ├── RefusedError            the server refused with an idemkey problem document
         ├── RetriesExhaustedError   the deadline or the attempt budget ran out
+        ├── UnusableAnswerError     an answer httpx raised on (a body that fails to decode...)
         ├── UnexpectedReplayError   a replay the caller refused (Client(on_replay=...))
         └── ClientStateError        a retry schedule was driven out of order (a bug)
 
@@ -17,8 +18,9 @@ key the caller never saw.
 
 from __future__ import annotations
 
+import reprlib
 from collections.abc import Mapping
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Final
 
 from ..errors import IdemkeyError
 
@@ -33,11 +35,28 @@ __all__ = [
     "RefusedError",
     "RetriesExhaustedError",
     "UnexpectedReplayError",
+    "UnusableAnswerError",
 ]
 
 
 class ClientError(IdemkeyError):
     """Root of every exception :mod:`idemkey.client` raises."""
+
+
+#: The longest problem ``detail`` a message shows as it is.
+_DETAIL_CHARS: Final = 200
+
+_detail_repr = reprlib.Repr()
+_detail_repr.maxstring = _DETAIL_CHARS // 2
+_detail_repr.maxother = _DETAIL_CHARS // 2
+
+
+def _shown_detail(value: object) -> str:
+    """A server's ``detail`` as a message shows it: as it is if one short printable line,
+    else its repr, cut short (a newline in it would forge a log line where it is logged)."""
+    if isinstance(value, str) and value.isprintable() and len(value) <= _DETAIL_CHARS:
+        return value
+    return _detail_repr.repr(value)
 
 
 class RefusedError(ClientError):
@@ -50,7 +69,7 @@ class RefusedError(ClientError):
     def __init__(
         self, code: str, problem: Mapping[str, object], response: httpx.Response, attempts: int
     ) -> None:
-        detail = problem.get("detail") or problem.get("title") or ""
+        detail = _shown_detail(problem.get("detail") or problem.get("title") or "")
         super().__init__(f"{response.status_code} {code}: {detail}")
         self.code = code
         self.problem = problem
@@ -68,9 +87,10 @@ class RefusedError(ClientError):
 
 class UnexpectedReplayError(ClientError):
     """The server answered with a replay (``Idempotent-Replayed: true``) the caller did not
-    expect (``Client(on_replay="refuse")``: on the call's first attempt): the operation was
-    not run for this call, so whatever it hands out (a resource, a credit) was handed out
-    before. ``reply`` is the :class:`~idemkey.client.IdempotentResponse`, ``key`` its key.
+    expect (``Client(on_replay="refuse")``: no earlier attempt of the call may have reached
+    the handler): the operation was not run for this call, so whatever it hands out (a
+    resource, a credit) was handed out before. ``reply`` is the
+    :class:`~idemkey.client.IdempotentResponse`, ``key`` its key.
     """
 
     def __init__(self, reply: IdempotentResponse) -> None:
@@ -108,6 +128,25 @@ class RetriesExhaustedError(ClientError):
         self.attempts = attempts
         self.response = response
         self.key = key
+
+
+class UnusableAnswerError(ClientError):
+    """The server answered, and httpx raised on the answer rather than return it: a body that
+    fails to decode (``httpx.DecodingError``), a redirect whose ``Location`` is no URL, more
+    redirects than ``max_redirects`` (``httpx.TooManyRedirects``), a response event hook that
+    raised an httpx error. The httpx error is ``__cause__``.
+
+    Never retried: the same answer would come again. The server got the request, so its handler
+    may have run: ``key`` is the key it got and ``attempts`` how many were sent;
+    ``idempotency_key=key`` resumes the call, where a plain ``post()`` would run it again.
+    """
+
+    def __init__(self, key: str, attempts: int) -> None:
+        super().__init__(
+            f"attempt {attempts} was answered, but httpx raised on the answer (see the cause)"
+        )
+        self.key = key
+        self.attempts = attempts
 
 
 class ClientStateError(ClientError, RuntimeError):

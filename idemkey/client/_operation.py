@@ -7,9 +7,10 @@ once), so the server's fingerprint matches and a retry is a replay, never a ``42
 
 from __future__ import annotations
 
+import threading
 import uuid
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Final
 
 import httpx
@@ -28,6 +29,11 @@ __all__ = [
 DEFAULT_HEADER: Final = "Idempotency-Key"
 REPLAYED_HEADER: Final = "Idempotent-Replayed"
 
+#: The longest timeout an attempt is given, in seconds: what the platform's lock waits accept,
+#: which its sockets accept too (a deadline of sys.maxsize, a timeout past it, overflowed
+#: ``socket.settimeout``). Some 292 years on Linux, 49 days on Windows: none, in effect.
+LONGEST: Final = threading.TIMEOUT_MAX
+
 
 @dataclass(frozen=True, slots=True)
 class Operation:
@@ -35,6 +41,8 @@ class Operation:
 
     Persist ``key`` before sending if a process restart must not charge twice, and pass it back
     as ``idempotency_key=`` to finish the call later. Build one with ``Client.prepare``.
+    ``extensions`` are the request's httpx extensions but its ``timeout`` (``target``,
+    ``sni_hostname``, ``trace``...), which every attempt carries.
     """
 
     method: str
@@ -43,6 +51,7 @@ class Operation:
     headers: httpx.Headers
     content: bytes
     timeout: dict[str, float | None]
+    extensions: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
     def from_request(
@@ -70,12 +79,14 @@ class Operation:
         # The body is bytes now: frame it with a length, whatever the stream was.
         headers.pop("Transfer-Encoding", None)
         headers["Content-Length"] = str(len(content))
-        timeout = request.extensions.get("timeout", {})
-        return cls(request.method, request.url, key, headers, content, dict(timeout))
+        extensions = dict(request.extensions)
+        timeout = extensions.pop("timeout", {})
+        return cls(request.method, request.url, key, headers, content, dict(timeout), extensions)
 
     def attempt(self, budget: float) -> httpx.Request:
-        """A fresh request over the same bytes; every timeout clipped to ``budget`` seconds."""
-        budget = max(budget, 0.001)
+        """A fresh request over the same bytes and extensions; every timeout clipped to ``budget``
+        seconds, and to :data:`LONGEST`."""
+        budget = min(max(budget, 0.001), LONGEST)
         timeout = {
             name: budget if value is None else min(value, budget)
             for name, value in (
@@ -87,7 +98,7 @@ class Operation:
             self.url,
             headers=self.headers,
             stream=httpx.ByteStream(self.content),
-            extensions={"timeout": timeout},
+            extensions={**self.extensions, "timeout": timeout},
         )
 
 

@@ -10,10 +10,13 @@ from __future__ import annotations
 import inspect
 import math
 import reprlib
+import ssl
 from collections.abc import Callable, Collection, Iterable, Mapping
+from http.cookiejar import CookieJar
 from typing import Any, TypeVar
 
 from .._options import TOKEN
+from .._options import _function as plain_function
 from ..errors import ConfigurationError
 
 __all__ = [
@@ -124,8 +127,12 @@ def check_instance(where: str, field: str, value: object, kind: type[T], expecte
 
 
 def check_hook(where: str, field: str, value: T) -> T:
+    """A function the client calls synchronously, or None: never an async one, whose
+    coroutine would never run (stop 53's check for ``on_event`` and ``render_problem``)."""
     if value is not None and not callable(value):
         raise invalid(where, field, "a callable or None", value)
+    if value is not None:
+        plain_function(value, f"{where}({field}=...)")
     return value
 
 
@@ -141,7 +148,17 @@ def refuse_unknown(where: str, unknown: Mapping[str, object], known: Iterable[st
 def check_http_options(
     where: str, factory: Callable[..., Any], options: Mapping[str, object]
 ) -> None:
-    """Options for ``httpx.Client``/``httpx.AsyncClient``: known names, and a sane ``timeout``."""
+    """Options for ``httpx.Client``/``httpx.AsyncClient``: known names, each of a type httpx
+    takes.
+
+    httpx checks few: an ill-typed option was a TypeError, an AttributeError or an IndexError
+    from deep inside its constructor (``headers=5``, ``limits="x"``), or was taken and failed
+    at the first call (``transport=5``) or quietly (``max_redirects=-1``). Each is checked
+    here as httpx reads it, by its own converters where it has them, rather than by building
+    the client once more to see it fail: an httpx client loads the CA certificates (0.1 s).
+    """
+    import httpx
+
     parameters = inspect.signature(factory).parameters
     known = [name for name, p in parameters.items() if p.kind is p.KEYWORD_ONLY]
     unknown = {name: value for name, value in options.items() if name not in known}
@@ -150,8 +167,103 @@ def check_http_options(
         raise ConfigurationError(
             f"{where}({names}): not an option of {where} nor of httpx.{factory.__name__}"
         )
-    if "timeout" in options:
-        http_timeout(where, "timeout", options["timeout"])
+    asynchronous = isinstance(factory, type) and issubclass(factory, httpx.AsyncClient)
+    transport = httpx.AsyncBaseTransport if asynchronous else httpx.BaseTransport
+    for name, value in options.items():
+        _http_option(where, name, value, transport)
+
+
+#: The httpx options that are booleans.
+_FLAGS = frozenset({"follow_redirects", "trust_env", "http1", "http2"})
+#: The httpx options whose default is None: None is httpx's default, not a mistake.
+_NONE_DEFAULT = frozenset(
+    {"auth", "params", "headers", "cookies", "cert", "proxy", "mounts", "event_hooks", "transport"}
+)
+
+
+def _http_option(where: str, name: str, value: object, transport: type) -> None:
+    """Refuse ``value`` for the httpx option ``name`` if httpx would fail on it, at once or at
+    the first call; ``transport`` is the transport class the client takes."""
+    import httpx
+
+    if name == "timeout":
+        http_timeout(where, name, value)
+    elif value is None and name in _NONE_DEFAULT:
+        return
+    elif name in _FLAGS:
+        check_instance(where, name, value, bool, "True or False")
+    elif name == "max_redirects":
+        count(where, name, value, least=0)
+    elif name == "limits":
+        check_instance(where, name, value, httpx.Limits, "an httpx.Limits")
+    elif name == "transport":
+        check_instance(where, name, value, transport, f"an httpx.{transport.__name__} or None")
+    elif name == "mounts":
+        if not isinstance(value, Mapping) or not all(
+            isinstance(pattern, str) and (mounted is None or isinstance(mounted, transport))
+            for pattern, mounted in value.items()
+        ):
+            expected = f"a mapping of URL patterns to an httpx.{transport.__name__} or None"
+            raise invalid(where, name, expected, value)
+    elif name == "auth":
+        pair = (
+            isinstance(value, tuple)
+            and len(value) == 2
+            and all(isinstance(part, str | bytes) for part in value)
+        )
+        if not (pair or isinstance(value, httpx.Auth) or callable(value)):
+            expected = "an httpx.Auth, a (username, password) tuple or a callable"
+            raise invalid(where, name, expected, value)
+    elif name == "event_hooks":
+        if not isinstance(value, Mapping) or not all(
+            kind in ("request", "response")
+            and isinstance(hooks, list | tuple)
+            and all(callable(hook) for hook in hooks)
+            for kind, hooks in value.items()
+        ):
+            expected = "a mapping of 'request' and 'response' to lists of callables"
+            raise invalid(where, name, expected, value)
+    elif name == "verify":
+        expected = "True, False, a CA bundle path or an ssl.SSLContext"
+        if not isinstance(value, bool | str | ssl.SSLContext):
+            raise invalid(where, name, expected, value)
+    elif name == "cert":
+        pair = isinstance(value, tuple) and 2 <= len(value) <= 3
+        if not isinstance(value, str) and not pair:
+            expected = "a certificate file or a (certfile, keyfile[, password]) tuple"
+            raise invalid(where, name, expected, value)
+    elif name == "default_encoding":
+        if not isinstance(value, str) and not callable(value):
+            raise invalid(where, name, "an encoding name or a callable", value)
+    elif name == "cookies":
+        expected = "cookies (a dict, a list of pairs, httpx.Cookies or a CookieJar)"
+        if not isinstance(value, dict | list | httpx.Cookies | CookieJar):
+            raise invalid(where, name, expected, value)
+        _converted(where, name, value, httpx.Cookies, expected)
+    elif name == "base_url":
+        _converted(where, name, value, httpx.URL, "a URL (a str or an httpx.URL)")
+    elif name == "headers":
+        expected = "headers (a mapping or a list of pairs)"
+        _converted(where, name, value, httpx.Headers, expected)
+    elif name == "params":
+        expected = "query parameters (a mapping, a list of pairs or a str)"
+        _converted(where, name, value, httpx.QueryParams, expected)
+    elif name == "proxy" and not isinstance(value, httpx.Proxy):
+        expected = "a proxy URL (a str, an httpx.URL or an httpx.Proxy)"
+        _converted(where, name, value, httpx.Proxy, expected)
+
+
+def _converted(
+    where: str, name: str, value: object, convert: Callable[[Any], object], expected: str
+) -> None:
+    """``value`` as httpx's ``convert`` reads it, or ConfigurationError naming the option (the
+    error httpx raised is its cause)."""
+    import httpx
+
+    try:
+        convert(value)
+    except (TypeError, ValueError, AttributeError, IndexError, httpx.InvalidURL) as exc:
+        raise invalid(where, name, expected, value) from exc
 
 
 def http_timeout(where: str, field: str, value: T) -> T:
@@ -168,7 +280,8 @@ def http_timeout(where: str, field: str, value: T) -> T:
     expected = "seconds >= 0, None or an httpx.Timeout"
     try:
         parts = httpx.Timeout(value).as_dict()  # type: ignore[arg-type]
-    except (TypeError, ValueError):
+    # IndexError: a tuple of fewer than four, which httpx reads by index.
+    except (TypeError, ValueError, IndexError):
         raise invalid(where, field, expected, value) from None
     for part in parts.values():
         number = _number(part)

@@ -27,6 +27,12 @@ What retries (every retry sends the same key, so the server runs the handler at 
 
 A ``Retry-After`` (delta-seconds or HTTP-date) is a floor on the wait. Nothing else retries:
 a 422 ``key_reused`` or a 400 would fail the same way again.
+
+The schedule also records whether an attempt of the call was *lost*: it may have reached the
+handler, and its answer never came back (a timeout, a failure after connecting, a gateway's
+502 or 504). Only then can a replay be the call's own answer (``Done.after_lost``); a refused
+connection sent nothing, and ``409 in_flight`` (another call holds the key), idemkey's other
+problems, 408, 425, 429 and 503 answer before the handler.
 """
 
 from __future__ import annotations
@@ -34,6 +40,8 @@ from __future__ import annotations
 import json
 import math
 import random
+import re
+import reprlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from email.utils import parsedate_to_datetime
@@ -65,6 +73,20 @@ _RETRY_AFTER_DIGITS: Final = 308
 
 #: Why an attempt got no response. Every kind retries: with the key, a retry is always safe.
 FailureKind = Literal["connect", "timeout", "network", "protocol"]
+
+#: The failures after which the request may have reached the handler: all but a connection
+#: that was never made.
+_MAY_HAVE_ARRIVED: Final = frozenset({"timeout", "network", "protocol"})
+
+#: Retry statuses that say the request was not processed (RFC 9110 and 6585: 408 it was not
+#: read in time, 425 not processed early, 429 rate-limited, 503 not handled now); idemkey's
+#: server also releases the key after a 5xx and a 408 or 429. A 502 or a 504 is a gateway's,
+#: which may have passed the request on to a handler that ran.
+_NOT_PROCESSED: Final = frozenset({408, 425, 429, 503})
+
+#: A problem code as idemkey's server writes them (``in_flight``, ``key_reused``): shown as it
+#: is. Any other goes into log lines and messages as its repr, cut short.
+_CODE: Final = re.compile(r"[a-z][a-z0-9_]{0,63}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,7 +152,13 @@ class RetryPolicy:
 
 @dataclass(frozen=True, slots=True)
 class Done:
-    """The response is the call's answer (a replay or not): hand it to the caller."""
+    """The response is the call's answer (a replay or not): hand it to the caller.
+
+    ``after_lost``: an earlier attempt of the call was lost (it may have reached the handler),
+    so a replay may be its answer; else a replay answers another call that used the key.
+    """
+
+    after_lost: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -161,8 +189,6 @@ class GiveUp:
 
 
 Step = Done | Refused | Retry | GiveUp
-
-_DONE: Final = Done()
 
 
 # ---- parsing -------------------------------------------------------------------------------
@@ -208,11 +234,16 @@ def read_problem(headers: Mapping[str, str], body: bytes) -> Mapping[str, object
 
 
 def _idemkey_code(problem: Mapping[str, object] | None) -> str | None:
+    """The problem's code, if idemkey's; one that is no short token as its repr, cut short.
+
+    The code goes into the retry log line, ``RetryEvent.reason`` and the errors' messages: a
+    server's newline in it would forge a log line, a megabyte of it a megabyte line per retry.
+    """
     if problem is None:
         return None
     kind, code = problem.get("type"), problem.get("code")
     if isinstance(kind, str) and kind.startswith(PROBLEM_TYPE_PREFIX) and isinstance(code, str):
-        return code
+        return code if _CODE.fullmatch(code) else reprlib.repr(code)
     return None
 
 
@@ -232,6 +263,8 @@ class Schedule:
     draw: Callable[[], float] = field(default=random.random)
     attempts: int = 0
     state: Literal["ready", "sending", "finished"] = "ready"
+    #: An attempt was lost: it may have reached the handler, its answer never came back.
+    lost: bool = False
     started: float = field(init=False)
 
     def __post_init__(self) -> None:
@@ -258,22 +291,27 @@ class Schedule:
             problem = read_problem(headers, body)
             code = _idemkey_code(problem)
             if status != 409 or code == "in_flight":
+                # idemkey's problems (in_flight, store_unavailable...) answer before the handler.
+                if code is None and status not in _NOT_PROCESSED:
+                    self.lost = True
                 retry_after = parse_retry_after(headers.get("retry-after"), wall_now)
                 reason = f"{status} {code}" if code else str(status)
                 return self._retry(reason, now, retry_after)
             if code is not None and problem is not None:
                 return self._finish(Refused(code, problem))
-            return self._finish(_DONE)
+            return self._finish(Done(self.lost))
         if 400 <= status < 500:
             problem = read_problem(headers, body)
             code = _idemkey_code(problem)
             if code is not None and problem is not None:
                 return self._finish(Refused(code, problem))
-        return self._finish(_DONE)
+        return self._finish(Done(self.lost))
 
     def failed(self, kind: FailureKind, now: float) -> Step:
         """The attempt got no (complete) response: retry with the same key, if time allows."""
         self._expect_sending("a failure")
+        if kind in _MAY_HAVE_ARRIVED:
+            self.lost = True
         return self._retry(kind, now, None)
 
     def _retry(self, reason: str, now: float, retry_after: float | None) -> Step:

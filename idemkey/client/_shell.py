@@ -8,14 +8,15 @@ decision (return, raise, report and wait) is :func:`settle`, here.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+import weakref
+from collections.abc import Callable, Iterable
 from typing import Any, Literal
 
 import httpx
 
 from ._errors import RefusedError, RetriesExhaustedError, UnexpectedReplayError
 from ._operation import DEFAULT_HEADER, IdempotentResponse, Operation, RetryEvent, RetryHook
-from ._options import http_timeout, invalid
+from ._options import check_hook, http_timeout, invalid
 from ._retry import Done, FailureKind, GiveUp, Refused, Retry, RetryPolicy, Step
 
 __all__ = [
@@ -27,7 +28,9 @@ __all__ = [
     "logger",
     "redirect_to_follow",
     "replay_check",
+    "replayable",
     "settle",
+    "unusable_answer",
 ]
 
 logger = logging.getLogger("idemkey.client")
@@ -98,13 +101,32 @@ def redirect_to_follow(
     return after
 
 
+def replayable(request: httpx.Request) -> bool:
+    """Whether a transport can key and retry ``request``: not when its body is an async stream
+    (an upload from an async generator), which can be sent once only. Such a request is sent
+    as it is, with no key added and no retry (a warning says so): refusing it, as
+    ``Client.prepare`` does, broke every streaming upload of an app that mounted the transport.
+    """
+    if isinstance(request.stream, Iterable):
+        return True
+    logger.warning(
+        "%s %s: the body is an async stream, which cannot be sent twice: sent once, as it is, "
+        "without an added key or retries",
+        request.method, request.url.copy_with(query=None, userinfo=b""),
+    )  # fmt: skip
+    return False
+
+
 def _origin(url: httpx.URL) -> tuple[str, str, int | None]:
     """RFC 6454's origin of ``url``: scheme, host and port (the scheme's own when not given)."""
     return url.scheme, url.host, url.port or {"http": 80, "https": 443}.get(url.scheme)
 
 
-def failure_kind(exc: httpx.TransportError) -> FailureKind | None:
-    """Which retryable failure ``exc`` is, or None when a retry cannot help (a bad URL, say)."""
+def failure_kind(exc: httpx.HTTPError) -> FailureKind | None:
+    """Which retryable failure ``exc`` is, or None when a retry cannot help (a bad URL, say,
+    or an :func:`unusable_answer`)."""
+    if unusable_answer(exc):
+        return None
     if isinstance(exc, httpx.ConnectError | httpx.ConnectTimeout | httpx.PoolTimeout):
         return "connect"  # nothing was sent
     if isinstance(exc, httpx.TimeoutException):
@@ -116,12 +138,28 @@ def failure_kind(exc: httpx.TransportError) -> FailureKind | None:
     return None
 
 
+def unusable_answer(exc: httpx.HTTPError) -> bool:
+    """Whether ``exc`` is httpx raising on a complete answer: the server got the request and
+    answered, and the same answer would come again (so a retry cannot help, and the call's key
+    must reach the caller).
+
+    Every httpx error but a transport's (a body that fails to decode, ``TooManyRedirects``, a
+    response hook's ``raise_for_status()``), and the ``RemoteProtocolError`` httpx raises for a
+    redirect whose ``Location`` is no URL: it builds ``next_request`` even with
+    ``follow_redirects=False``, from the ``InvalidURL`` that stays its context. A protocol
+    error from the connection itself has an httpcore error as its context, and is retried.
+    """
+    if isinstance(exc, httpx.RemoteProtocolError):
+        return isinstance(exc.__context__, httpx.InvalidURL)
+    return not isinstance(exc, httpx.TransportError)
+
+
 def settle(
     step: Step,
     attempts: int,
     operation: Operation,
     response: httpx.Response | None,
-    error: httpx.TransportError | None,
+    error: httpx.HTTPError | None,
     on_retry: RetryHook | None,
     *,
     transport: bool = False,
@@ -138,6 +176,8 @@ def settle(
         return step.delay
     if isinstance(step, Done) or (isinstance(step, Refused) and transport):
         assert response is not None
+        if isinstance(step, Done) and step.after_lost and not transport:
+            _after_lost.add(response)
         return IdempotentResponse(response, operation.key, attempts)
     if isinstance(step, Refused):
         assert response is not None
@@ -154,15 +194,23 @@ def settle(
 
 
 #: What a client does with a replayed answer (``Client(on_replay=...)``): ``"accept"`` it (the
-#: default), ``"refuse"`` one that came on the call's first attempt (nothing this call sent
-#: earlier explains it: the key's operation was done before, by another call), or call a
-#: function with every replayed answer, which refuses it by raising.
+#: default), ``"refuse"`` one that no earlier attempt of the call explains (none was lost: none
+#: may have reached the handler, so the key's operation was done before, by another call), or
+#: call a function with every replayed answer, which refuses it by raising.
 ReplayCheck = Literal["accept", "refuse"] | Callable[[IdempotentResponse], object]
+
+#: The answers of calls that lost an attempt (``Done.after_lost``), for :func:`check_replay`:
+#: ``IdempotentResponse`` has no field for it, so it is told here, by the httpx response the
+#: reply holds, and forgotten with it.
+_after_lost: weakref.WeakSet[httpx.Response] = weakref.WeakSet()
 
 
 def replay_check(where: str, value: ReplayCheck) -> ReplayCheck:
-    if value in ("accept", "refuse") or callable(value):
+    if value in ("accept", "refuse"):
         return value
+    if callable(value):
+        # Called synchronously, an async function's coroutine never ran: no replay refused.
+        return check_hook(where, "on_replay", value)
     raise invalid(where, "on_replay", "'accept', 'refuse' or a callable(response)", value)
 
 
@@ -171,7 +219,9 @@ def check_replay(check: ReplayCheck, reply: IdempotentResponse) -> IdempotentRes
     if check == "accept" or not reply.replayed:
         return reply
     if check == "refuse":
-        if reply.attempts == 1:
+        # A replay is the call's own answer only after an attempt that may have reached the
+        # handler; after a refused connection, 409 in_flight or a 503 it is another call's.
+        if reply.response not in _after_lost:
             raise UnexpectedReplayError(reply)
         return reply
     assert callable(check)

@@ -18,6 +18,7 @@ import httpx
 from ..errors import ConfigurationError
 from ..store._concurrency._sync_runtime import sleep
 from ._sync_attempt import drain, exchange
+from ._errors import UnusableAnswerError
 from ._operation import DEFAULT_HEADER, IdempotentResponse, Operation, RetryHook
 from ._options import (
     check_hook,
@@ -36,7 +37,9 @@ from ._shell import (
     failure_kind,
     redirect_to_follow,
     replay_check,
+    replayable,
     settle,
+    unusable_answer,
 )
 
 __all__ = ["Client", "IdempotentTransport", "run"]
@@ -57,13 +60,16 @@ def run(
         budget = schedule.send(time.monotonic())
         request = operation.attempt(budget)
         response: httpx.Response | None = None
-        error: httpx.TransportError | None = None
+        error: httpx.HTTPError | None = None
         try:
-            response = exchange(start, request, budget)
-        except httpx.TransportError as exc:
+            response = exchange(start, request, budget, operation.timeout)
+        except httpx.HTTPError as exc:
             kind = failure_kind(exc)
             if kind is None:
-                raise
+                if transport or not unusable_answer(exc):
+                    raise  # a transport raises what httpx would; a bad URL sent nothing
+                # The handler may have run, and a post() never showed its key.
+                raise UnusableAnswerError(operation.key, schedule.attempts) from exc
             error = exc
             step = schedule.failed(kind, time.monotonic())
         else:
@@ -198,8 +204,9 @@ class IdempotentTransport(httpx.BaseTransport):
 
     def handle_request(self, request: httpx.Request) -> httpx.Response:
         """Send ``request`` through the wrapped transport: a POST or PATCH (``methods``) with
-        one key for all its attempts, retried under ``retry``; any other method as it is."""
-        if request.method not in self.methods:
+        one key for all its attempts, retried under ``retry``; any other method, and a body that
+        is an async stream (with a warning: it cannot be sent twice), as it is."""
+        if request.method not in self.methods or not replayable(request):
             return self.transport.handle_request(request)
         operation = Operation.from_request(request, self.header)
         # httpx reports this request on the response (response.request): let it carry the key

@@ -2,11 +2,22 @@
 
 A blocking read cannot be cancelled, and httpx's timeouts bound each read, not a response (a
 server that sends a byte now and then never lets one time out). So the attempt runs in another
-thread (an idle one, reused) while the caller waits at most ``seconds`` for it: past that, the
-caller raises at once, and the attempt's socket is shut down so that the abandoned thread ends
-with its read instead of with the server's answer. The socket is known once the connection is
-made (httpcore's ``trace`` extension) or once the head arrived (a reused connection); an
-abandoned attempt still waiting for the head on a reused connection ends at its own timeouts.
+thread (an idle one, reused) while the caller waits at most ``seconds`` for it: past that, or
+on an interrupt (Ctrl-C), the caller raises at once and the attempt is abandoned. The attempt
+watches itself through httpcore's ``trace`` extension (chained with the caller's own):
+
+* an abandoned attempt raises where it would open a connection or write its request, so a
+  request the caller gave up on (one waiting for a pooled connection, say) is never sent;
+* on HTTP/1.1 the socket that carries the request is shut down, so that the abandoned thread
+  ends with its read instead of with the server's answer. The socket is known once the
+  connection is made, or once the head arrived (a reused connection: before that, the attempt
+  ends at its own timeouts, which are clipped to the deadline), and forgotten once the response
+  is closed (the connection goes back to the pool, another request's);
+* an HTTP/2 connection's socket is never shut down: every stream on it would end. Nor may a
+  read time out at the deadline: httpcore keeps the first read error of a connection for all
+  its streams. So on HTTP/2 the attempt's read and write timeouts are the call's own, not
+  clipped, and an abandoned stream ends with its answer or at those timeouts.
+
 The thread runs in a copy of the caller's context (``contextvars``), for the httpx event hooks.
 """
 
@@ -19,24 +30,51 @@ import os
 import queue
 import socket
 import threading
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import Any, Final
 
 import httpx
 
 from ._async_attempt import overdue
+from ._operation import LONGEST
 
 __all__ = ["drain", "exchange", "overdue"]
 
+#: httpcore's trace events where an attempt would open a connection or start to write its
+#: request: an abandoned one raises there instead.
+_SENDING: Final = frozenset(
+    {
+        "connection.connect_tcp.started",
+        "connection.connect_unix_socket.started",
+        "http11.send_request_headers.started",
+        "http2.send_request_headers.started",
+    }
+)
+
+#: The events whose return value is a connection's new network stream.
+_OPENED: Final = (
+    "connection.connect_tcp.complete",
+    "connection.connect_unix_socket.complete",
+    "connection.start_tls.complete",
+)
+
+
+class _Abandoned(Exception):
+    """Raised in an abandoned attempt's thread before it sends: no caller waits for it."""
+
 
 def exchange(
-    start: Callable[[httpx.Request], httpx.Response], request: httpx.Request, seconds: float
+    start: Callable[[httpx.Request], httpx.Response],
+    request: httpx.Request,
+    seconds: float,
+    configured: Mapping[str, float | None],
 ) -> httpx.Response:
-    """``start(request)`` (a response not read yet), read and closed, within ``seconds``."""
-    attempt = _Attempt(start, request)
+    """``start(request)`` (a response not read yet), read and closed, within ``seconds``;
+    ``configured`` is the call's own timeouts (not clipped), for a stream on HTTP/2."""
+    attempt = _Attempt(start, request, configured)
     request.extensions["trace"] = attempt.trace
-    _submit(functools.partial(contextvars.copy_context().run, attempt.run))
     try:
+        _submit(functools.partial(contextvars.copy_context().run, attempt.run))
         finished = attempt.done.wait(min(seconds, threading.TIMEOUT_MAX))
     except BaseException:  # KeyboardInterrupt while waiting: the attempt is abandoned too
         attempt.abandon()
@@ -48,23 +86,51 @@ def exchange(
 
 
 class _Attempt:
-    def __init__(self, start: Callable[[httpx.Request], httpx.Response], request: httpx.Request):
+    def __init__(
+        self,
+        start: Callable[[httpx.Request], httpx.Response],
+        request: httpx.Request,
+        configured: Mapping[str, float | None],
+    ):
         self.start, self.request = start, request
         self.done = threading.Event()
+        self._traced = request.extensions.get("trace")  # the caller's own, called after ours
+        self._shared_timeout = {
+            name: None if (value := configured.get(name)) is None else min(value, LONGEST)
+            for name in ("read", "write")
+        }
         self._lock = threading.Lock()
-        self._streams: list[Any] = []
+        self._opened: Any = None  # the stream of a connection this attempt made, if any
+        self._held: Any = None  # the stream of the HTTP/1.1 connection the request is on
         self._abandoned = False
         self._response: httpx.Response | None = None
         self._error: BaseException | None = None
 
     def trace(self, event: str, info: dict[str, Any]) -> None:
-        if event.endswith((".connect_tcp.complete", ".start_tls.complete")):
-            self._watch(info.get("return_value"))
+        if event in _SENDING and self._abandoned:
+            raise _Abandoned(event)
+        if event.endswith(_OPENED):
+            self._opened = info.get("return_value")
+        elif event.startswith("http2."):
+            self._opened = None
+            if (request := info.get("request")) is not None:
+                timeout = request.extensions.get("timeout", {})
+                request.extensions["timeout"] = {**timeout, **self._shared_timeout}
+        elif event == "http11.send_request_headers.started":
+            if info["request"].method != b"CONNECT":  # a proxy's tunnel is made first
+                # Taken once: a redirect followed on a reused connection is not on this one.
+                self._hold(self._opened)
+                self._opened = None
+        elif event == "http11.response_closed.started":
+            self._hold(None)  # the connection goes back to the pool
+        if self._traced is not None:
+            self._traced(event, info)
 
     def run(self) -> None:
         try:
             response = self.start(self.request)
-            self._watch(response.extensions.get("network_stream"))
+            if response.extensions.get("http_version") != b"HTTP/2":
+                self._hold(response.extensions.get("network_stream"))
             drain(response)
             self._response = response
         except BaseException as exc:  # handed to the caller, who raises it (or gave up)
@@ -72,20 +138,18 @@ class _Attempt:
         finally:
             self.done.set()
 
-    def _watch(self, stream: Any) -> None:
-        if stream is None:
-            return
+    def _hold(self, stream: Any) -> None:
         with self._lock:
-            self._streams.append(stream)
+            self._held = stream
             abandoned = self._abandoned
-        if abandoned:
+        if abandoned and stream is not None:
             _shut(stream)
 
     def abandon(self) -> None:
         with self._lock:
             self._abandoned = True
-            streams = list(self._streams)
-        for stream in streams:
+            stream = self._held
+        if stream is not None:
             _shut(stream)
 
     def outcome(self) -> httpx.Response:

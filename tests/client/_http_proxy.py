@@ -8,6 +8,8 @@ this proxy reads each request and each response by their framing::
         proxy.arm("drop")          # the next request reaches the server; its answer is lost
         proxy.arm("hold", 1.0)     # ... its answer arrives 1 s late, after the client gave up
         proxy.arm("reset")         # the next request is answered with a TCP RST, unforwarded
+        proxy.arm("shed")          # ... with a 503, unforwarded (a load balancer shedding load)
+        proxy.arm("gateway")       # ... reaches the server; a 504 comes back in its answer's place
         proxy.seen                 # every request: method, target, headers, body, time, fault
 
 Each request goes upstream on a fresh connection (so a fault never leaks into the next
@@ -28,7 +30,11 @@ from ._loopback import LoopbackServer
 
 __all__ = ["HttpFaultProxy", "Seen"]
 
-Fault = Literal["pass", "drop", "hold", "reset"]
+Fault = Literal["pass", "drop", "hold", "reset", "shed", "gateway"]
+
+#: What a gateway answers in the server's place: "shed" before forwarding, "gateway" after.
+_SHED = b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 4\r\n\r\nbusy"
+_GATEWAY_TIMEOUT = b"HTTP/1.1 504 Gateway Timeout\r\nContent-Length: 7\r\n\r\ntimeout"
 
 _TICK = 0.05
 _JOIN = 2.0
@@ -122,12 +128,14 @@ class _Reader:
 class HttpFaultProxy(LoopbackServer):
     """Forward 127.0.0.1:``port`` to ``upstream``, one HTTP request at a time per connection."""
 
-    def __init__(self, upstream_host: str, upstream_port: int) -> None:
+    def __init__(
+        self, upstream_host: str, upstream_port: int, listener: socket.socket | None = None
+    ) -> None:
         self.upstream = (upstream_host, upstream_port)
         self._faults: list[tuple[Fault, float]] = []
         #: Every request that fully arrived, in order.
         self.seen: list[Seen] = []
-        super().__init__("http-fault-proxy")
+        super().__init__("http-fault-proxy", listener)
         self.host, self.port = "127.0.0.1", self._listener.getsockname()[1]
 
     def arm(self, fault: Fault, seconds: float = 0.0) -> None:
@@ -162,9 +170,14 @@ class HttpFaultProxy(LoopbackServer):
                     # SO_LINGER 0: close() sends RST, not FIN; nothing was forwarded.
                     client.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
                     return
-                answer = self._forward(head + body)
+                if fault == "shed":
+                    answer: tuple[bytes, dict[str, str]] | None = (_SHED, {})
+                else:
+                    answer = self._forward(head + body)
                 if answer is None or fault == "drop":
                     return  # the server answered (or died); the client never hears it
+                if fault == "gateway":
+                    answer = (_GATEWAY_TIMEOUT, {})
                 if fault == "hold" and self._stop.wait(seconds):
                     return
                 try:

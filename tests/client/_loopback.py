@@ -3,6 +3,8 @@ per connection with a short socket timeout, and a stop flag, so nothing outlives
 
 A server subclasses :class:`LoopbackServer`, sets its own fields, then calls
 ``super().__init__(name)`` (which starts accepting) and answers each connection in ``_serve``.
+It listens on a port of its own, or on ``listener``: a socket bound beforehand, which refuses
+connections until the server starts (a server that comes up between two attempts).
 """
 
 from __future__ import annotations
@@ -22,8 +24,12 @@ _JOIN = 2.0
 
 
 class LoopbackServer:
-    def __init__(self, name: str) -> None:
-        self._listener = socket.create_server(("127.0.0.1", 0))
+    def __init__(self, name: str, listener: socket.socket | None = None) -> None:
+        if listener is None:
+            listener = socket.create_server(("127.0.0.1", 0))
+        else:
+            listener.listen()
+        self._listener = listener
         self._listener.settimeout(_TICK)
         self.url = f"http://127.0.0.1:{self._listener.getsockname()[1]}"
         self._stop = threading.Event()

@@ -8,6 +8,8 @@ response instead), or the response returned as it is. Each case was a bare ``Ove
 from __future__ import annotations
 
 import asyncio
+import json
+import logging
 
 import httpx
 import pytest
@@ -17,6 +19,7 @@ from idemkey.client import (
     AsyncIdempotentTransport,
     Client,
     IdempotentTransport,
+    RefusedError,
     RetriesExhaustedError,
     RetryPolicy,
 )
@@ -94,3 +97,68 @@ def test_a_problem_body_nested_too_deep_is_the_apps_answer(shell: str, status: i
             response = post(shell, server.url)
     assert (response.status_code, response.content) == (status, NESTED)
     assert len(server.seen) == (2 if status == 503 else 1)
+
+
+#: A code that forges a log line, and one of a megabyte (a megabyte line per retry).
+FORGED = "x)\nINFO:idemkey.client:charge ch_123 refunded to account 4242 (ok"
+HOSTILE_CODES = [FORGED, "A" * 1_000_000]
+
+
+def tame(text: str, limit: int) -> bool:
+    """``text`` is one printable line (no newline of the server's) of fewer than ``limit``
+    characters."""
+    return text.isprintable() and len(text) < limit
+
+
+def head(text: str) -> str:
+    """What an assertion shows of a line that may be a megabyte long."""
+    return f"{len(text)} characters: {text[:150]!r}"
+
+
+def problem_answer(status: int, code: str, detail: str = "") -> bytes:
+    document = {"type": "urn:idemkey:problem:busy", "code": code, "detail": detail}
+    headers = [("Content-Type", "application/problem+json")]
+    return answer(status, headers, json.dumps(document).encode())
+
+
+@pytest.mark.parametrize("shell", CLIENTS)
+@pytest.mark.parametrize("code", HOSTILE_CODES, ids=["newline", "megabyte"])
+def test_a_hostile_code_is_logged_and_raised_escaped_and_bounded(
+    shell: str, code: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="idemkey.client")
+    with ScriptedServer(lambda _: problem_answer(503, code)) as server:
+        gives_up(shell, server.url, "attempts", 2)
+    (line,) = [r.getMessage() for r in caplog.records if r.name == "idemkey.client"]
+    assert tame(line, 200), head(line)
+    server = ScriptedServer(lambda _: problem_answer(503, code))
+    with server, pytest.raises(RetriesExhaustedError) as gave_up:
+        post(shell, server.url)
+    message = str(gave_up.value)
+    assert tame(message, 200), head(message)
+
+
+@pytest.mark.parametrize("shell", CLIENTS)
+@pytest.mark.parametrize(
+    ("code", "detail"),
+    [(FORGED, "no"), ("key_reused", "line one\nline two"), ("key_reused", "D" * 1_000_000)],
+    ids=["code", "detail-newline", "detail-megabyte"],
+)
+def test_a_refusal_message_shows_hostile_text_escaped_and_bounded(
+    shell: str, code: str, detail: str
+) -> None:
+    server = ScriptedServer(lambda _: problem_answer(422, code, detail))
+    with server, pytest.raises(RefusedError) as refused:
+        post(shell, server.url)
+    message = str(refused.value)
+    assert tame(message, 300), head(message)
+    assert refused.value.problem["detail"] == detail  # the document itself, as it came
+
+
+@pytest.mark.parametrize("shell", CLIENTS)
+def test_a_refusal_message_shows_a_plain_detail_as_it_is(shell: str) -> None:
+    detail = "The Idempotency-Key was used with another request"
+    server = ScriptedServer(lambda _: problem_answer(422, "key_reused", detail))
+    with server, pytest.raises(RefusedError) as refused:
+        post(shell, server.url)
+    assert str(refused.value) == f"422 key_reused: {detail}"

@@ -26,6 +26,17 @@ from idemkey.errors import ConfigurationError
 
 from ._slow_server import SlowServer
 
+
+async def async_hook(_: object) -> None:
+    """An async app writes its hooks async: called synchronously, its coroutine never ran."""
+
+
+class AsyncCall:
+    async def __call__(self, _: object) -> None: ...
+
+
+NOT_ASYNC = "expected a plain (not async) callable"
+
 BAD: list[tuple[str, Callable[[], object], str]] = [
     # (id, the constructor call as a user types it, the start of the message)
     ("transport-methods-str", lambda: IdempotentTransport(methods="POST"),
@@ -70,6 +81,73 @@ BAD: list[tuple[str, Callable[[], object], str]] = [
      "Client(http=...): expected an httpx.Client or None, got AsyncClient"),
     ("client-http-and-options", lambda: Client(httpx.Client(), base_url="http://api.test"),
      "Client(http=..., base_url=...): pass an httpx.Client or httpx options, not both"),
+    # An async hook: the client calls it synchronously, so its check never ran (stop 53 refused
+    # an async on_event and render_problem the same way).
+    ("async-client-on-replay-async", lambda: AsyncClient(on_replay=async_hook),
+     f"AsyncClient(on_replay=...): {NOT_ASYNC}"),
+    ("client-on-replay-async", lambda: Client(on_replay=async_hook),
+     f"Client(on_replay=...): {NOT_ASYNC}"),
+    ("async-client-on-replay-async-call", lambda: AsyncClient(on_replay=AsyncCall()),
+     f"AsyncClient(on_replay=...): {NOT_ASYNC}"),
+    ("async-client-on-retry-async", lambda: AsyncClient(on_retry=async_hook),
+     f"AsyncClient(on_retry=...): {NOT_ASYNC}"),
+    ("client-on-retry-async-call", lambda: Client(on_retry=AsyncCall()),
+     f"Client(on_retry=...): {NOT_ASYNC}"),
+    ("async-transport-on-retry-async", lambda: AsyncIdempotentTransport(on_retry=async_hook),
+     f"AsyncIdempotentTransport(on_retry=...): {NOT_ASYNC}"),
+    # httpx's own options, each by what httpx makes of it: a raw TypeError, AttributeError or
+    # IndexError from inside httpx, or accepted and failing at the first call (or never).
+    ("client-timeout-short-tuple", lambda: Client(timeout=(1,)),
+     "Client(timeout=...): expected seconds >= 0, None or an httpx.Timeout, got tuple (1,)"),
+    ("client-base-url-int", lambda: Client(base_url=123),
+     "Client(base_url=...): expected a URL (a str or an httpx.URL), got 123"),
+    ("client-headers-int", lambda: Client(headers=5),
+     "Client(headers=...): expected headers (a mapping or a list of pairs), got 5"),
+    ("client-headers-value", lambda: Client(headers={"X-Id": 5}),
+     "Client(headers=...): expected headers (a mapping or a list of pairs), got dict"),
+    ("client-params-int", lambda: Client(params=5),
+     "Client(params=...): expected query parameters (a mapping, a list of pairs or a str), "
+     "got 5"),
+    ("client-cookies-int", lambda: Client(cookies=5),
+     "Client(cookies=...): expected cookies (a dict, a list of pairs, httpx.Cookies or a "
+     "CookieJar), got 5"),
+    ("client-limits-str", lambda: Client(limits="x"),
+     "Client(limits=...): expected an httpx.Limits, got the string 'x'"),
+    ("client-max-redirects-negative", lambda: Client(max_redirects=-1),
+     "Client(max_redirects=...): expected a whole number >= 0, got -1"),
+    ("client-follow-redirects-str", lambda: Client(follow_redirects="no"),
+     "Client(follow_redirects=...): expected True or False, got the string 'no'"),
+    ("client-transport-int", lambda: Client(transport=5),
+     "Client(transport=...): expected an httpx.BaseTransport or None, got 5"),
+    ("client-transport-async", lambda: Client(transport=httpx.AsyncHTTPTransport()),
+     "Client(transport=...): expected an httpx.BaseTransport or None, got AsyncHTTPTransport"),
+    ("async-client-transport-sync", lambda: AsyncClient(transport=httpx.HTTPTransport()),
+     "AsyncClient(transport=...): expected an httpx.AsyncBaseTransport or None, got "
+     "HTTPTransport"),
+    ("client-mounts", lambda: Client(mounts={"http://": 5}),
+     "Client(mounts=...): expected a mapping of URL patterns to an httpx.BaseTransport or "
+     "None, got dict"),
+    ("client-auth-int", lambda: Client(auth=5),
+     "Client(auth=...): expected an httpx.Auth, a (username, password) tuple or a callable, "
+     "got 5"),
+    ("client-event-hooks", lambda: Client(event_hooks={"request": 5}),
+     "Client(event_hooks=...): expected a mapping of 'request' and 'response' to lists of "
+     "callables, got dict"),
+    ("client-event-hooks-typo", lambda: Client(event_hooks={"requests": [print]}),
+     "Client(event_hooks=...): expected a mapping of 'request' and 'response' to lists of "
+     "callables, got dict"),
+    ("client-proxy-int", lambda: Client(proxy=5),
+     "Client(proxy=...): expected a proxy URL (a str, an httpx.URL or an httpx.Proxy), got 5"),
+    ("client-proxy-scheme", lambda: Client(proxy="ftp://proxy.test"),
+     "Client(proxy=...): expected a proxy URL (a str, an httpx.URL or an httpx.Proxy), got the "
+     "string 'ftp://proxy.test'"),
+    ("client-verify-int", lambda: Client(verify=5),
+     "Client(verify=...): expected True, False, a CA bundle path or an ssl.SSLContext, got 5"),
+    ("client-cert-int", lambda: Client(cert=5),
+     "Client(cert=...): expected a certificate file or a (certfile, keyfile[, password]) "
+     "tuple, got 5"),
+    ("client-default-encoding", lambda: Client(default_encoding=5),
+     "Client(default_encoding=...): expected an encoding name or a callable, got 5"),
     ("retry-unknown", lambda: RetryPolicy(bogus=1),
      "RetryPolicy(bogus=...): not an option; the options are max_attempts, deadline"),
     ("retry-typo", lambda: RetryPolicy(max_attempt=3),
@@ -143,10 +221,13 @@ def test_the_methods_given_are_the_ones_keyed(server: SlowServer) -> None:
 
 
 PREPARE_BAD = [(-1, "got -1"), (math.nan, "got nan"), ("2", "got the string '2'"),
-               (httpx.Timeout(5.0, connect=-1.0), "got Timeout Timeout(")]  # fmt: skip
+               (httpx.Timeout(5.0, connect=-1.0), "got Timeout Timeout("),
+               ((1,), "got tuple (1,)")]  # fmt: skip
 
 
-@pytest.mark.parametrize(("timeout", "got"), PREPARE_BAD, ids=["-1", "nan", "str", "connect"])
+@pytest.mark.parametrize(
+    ("timeout", "got"), PREPARE_BAD, ids=["-1", "nan", "str", "connect", "short-tuple"]
+)
 async def test_prepare_checks_its_timeout_as_the_constructor_does(
     server: SlowServer, timeout: object, got: str
 ) -> None:
@@ -163,3 +244,21 @@ async def test_prepare_checks_its_timeout_as_the_constructor_does(
         with pytest.raises(ConfigurationError, match="^AsyncClient." + re.escape(expected)):
             aclient.prepare("POST", "/charges", json={}, timeout=timeout)
     assert len(server.seen) == 5  # the good ones only
+
+
+GOOD_HTTP_OPTIONS: list[dict[str, object]] = [
+    {"base_url": httpx.URL("http://api.test"), "headers": [("X-Id", "1")], "params": "a=1"},
+    {"cookies": {"session": "1"}, "auth": ("user", "password"), "max_redirects": 0},
+    {"limits": httpx.Limits(max_connections=1), "follow_redirects": True, "trust_env": False},
+    {"mounts": {"http://other.test": None}, "event_hooks": {"request": [], "response": []}},
+    {"proxy": "http://proxy.test:3128", "verify": False, "default_encoding": "latin-1"},
+    {"http1": True, "http2": False, "timeout": (1.0, 2.0, 3.0, 4.0), "auth": None},
+]
+
+
+@pytest.mark.parametrize("options", GOOD_HTTP_OPTIONS)
+async def test_what_httpx_takes_is_taken(options: dict[str, object]) -> None:
+    with Client(**options):
+        pass
+    async with AsyncClient(**options):
+        pass

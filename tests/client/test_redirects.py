@@ -17,6 +17,7 @@ import httpx
 import pytest
 
 from idemkey.client import AsyncClient, Client, IdempotentResponse
+from idemkey.client._errors import UnusableAnswerError
 
 from ._scripted_server import ScriptedServer, Seen, answer
 
@@ -109,13 +110,16 @@ async def test_a_redirect_on_the_same_origin_is_followed_as_httpx_follows_it(
         assert (hop.method, hop.body) == ("POST", start.body)
     else:  # httpx turns the POST into a GET (301 and 302 as browsers do)
         assert (hop.method, hop.body) == ("GET", b"")
-    # ... up to the same limit: a loop ends in httpx's TooManyRedirects after as many requests.
+    # ... up to the same limit: a loop ends after as many requests as httpx's TooManyRedirects,
+    # which the call raises as the cause of UnusableAnswerError, with the key.
     with ScriptedServer(lambda _: answer(status, [("Location", "/charges")])) as loop:
         plain_httpx = httpx.AsyncClient(base_url=loop.url, follow_redirects=True, max_redirects=2)
         async with plain_httpx:
             with pytest.raises(httpx.TooManyRedirects):
                 await plain_httpx.post("/charges", json={})
         plain = len(loop.seen)
-        with pytest.raises(httpx.TooManyRedirects):
+        with pytest.raises(UnusableAnswerError) as ended:
             await post(kind, loop.url, max_redirects=2)
+    assert isinstance(ended.value.__cause__, httpx.TooManyRedirects)
+    assert ended.value.key == loop.seen[-1].headers["idempotency-key"]
     assert len(loop.seen) - plain == plain == 3

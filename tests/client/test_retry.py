@@ -277,3 +277,104 @@ def test_out_of_order_use_raises() -> None:
     assert schedule.answered(201, {}, b"", 0.0, WALL) == Done()
     with pytest.raises(ClientStateError):
         schedule.send(0.0)  # the call is over
+
+
+# ---- whose replay: an earlier attempt that may have reached the handler -------------------
+#
+# on_replay="refuse" accepts a replay only as the answer of the call's own lost attempt: one
+# that may have reached the handler and whose answer never came back. Done(after_lost=...)
+# says whether the call had one.
+
+REPLAYED = {"idempotent-replayed": "true", "content-type": "application/json"}
+
+
+def replay_after(schedule: Schedule) -> Step:
+    """The replay the call's next attempt gets."""
+    return answer(schedule, 201, REPLAYED, b"{}")
+
+
+def test_a_first_answer_follows_no_lost_attempt() -> None:
+    assert replay_after(Schedule(FAST, 0.0)) == Done(after_lost=False)
+
+
+@pytest.mark.parametrize(
+    ("kind", "lost"),
+    [("connect", False), ("timeout", True), ("network", True), ("protocol", True)],
+)
+def test_a_failure_is_lost_unless_nothing_was_sent(kind: str, lost: bool) -> None:
+    """A refused connection sent nothing; a timeout, a reset or a dropped answer may have
+    followed the whole request to the handler."""
+    schedule = Schedule(FAST, 0.0)
+    schedule.send(0.0)
+    assert isinstance(schedule.failed(kind, 0.0), Retry)  # type: ignore[arg-type]
+    assert replay_after(schedule) == Done(after_lost=lost)
+
+
+WIDE = RetryPolicy(
+    max_attempts=5, deadline=10.0, backoff=0.1, jitter=0.0,
+    retry_statuses=frozenset({408, 425, 429, 500, 502, 503, 504}),
+)  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("status", "code", "lost"),
+    [(409, "in_flight", False), (503, "store_unavailable", False), (503, None, False),
+     (429, None, False), (408, None, False), (425, None, False),
+     (502, None, True), (504, None, True), (500, None, True)],
+)  # fmt: skip
+def test_an_answer_is_lost_unless_it_says_nothing_ran(
+    status: int, code: str | None, lost: bool
+) -> None:
+    """409 in_flight (another call holds the key), idemkey's own problems, 408, 425, 429 and 503
+    answer before the handler; a 502 or 504 from a gateway may follow a handler that ran."""
+    headers, body = problem(code, status) if code else ({}, b"")
+    schedule = Schedule(WIDE, 0.0)
+    assert isinstance(answer(schedule, status, headers, body), Retry)
+    assert replay_after(schedule) == Done(after_lost=lost)
+
+
+def test_a_lost_attempt_stays_lost() -> None:
+    """A timeout, then 409 in_flight (the call's own first attempt still running): its replay."""
+    schedule = Schedule(FAST, 0.0)
+    schedule.send(0.0)
+    schedule.failed("timeout", 0.0)
+    headers, body = problem("in_flight", 409)
+    assert isinstance(answer(schedule, 409, headers, body), Retry)
+    assert replay_after(schedule) == Done(after_lost=True)
+
+
+# ---- a hostile problem code ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "code",
+    ["x)\nINFO:idemkey.client:charge refunded (ok", "A" * 1_000_000, "in flight", "in_flight\r",
+     "\u202eyalp", "", "Z" * 65],
+)  # fmt: skip
+def test_a_code_that_is_no_short_token_is_shown_escaped_and_bounded(code: str) -> None:
+    """The reason goes into a log line and into RetriesExhaustedError: a newline in it forged a
+    log line, a megabyte code made a megabyte line per retry."""
+    body = {"type": "urn:idemkey:problem:busy", "code": code}
+    headers = {"content-type": "application/problem+json"}
+    step = answer(Schedule(FAST, 0.0), 503, headers, json.dumps(body).encode())
+    assert isinstance(step, Retry)
+    shown = step.reason.startswith("503 '") and step.reason.isprintable() and len(step.reason) < 100
+    assert shown, f"{len(step.reason)} characters: {step.reason[:100]!r}"
+
+
+@pytest.mark.parametrize("code", ["in_flight", "key_reused", "store_unavailable", "x" * 64])
+def test_a_short_token_code_is_shown_as_it_is(code: str) -> None:
+    headers, body = problem(code, 503)
+    step = answer(Schedule(FAST, 0.0), 503, headers, body)
+    assert isinstance(step, Retry)
+    assert step.reason == f"503 {code}"
+
+
+def test_a_refusal_with_a_hostile_code_carries_it_escaped() -> None:
+    body = {"type": "urn:idemkey:problem:x", "code": "bad\ncode" * 100_000}
+    headers = {"content-type": "application/problem+json"}
+    step = answer(Schedule(FAST, 0.0), 422, headers, json.dumps(body).encode())
+    assert isinstance(step, Refused)
+    shown = step.code.isprintable() and len(step.code) < 100
+    assert shown, f"{len(step.code)} characters: {step.code[:100]!r}"
+    assert step.problem["code"] == body["code"]  # the document itself, as it came
