@@ -12,6 +12,7 @@ window; the one-byte branch keeps the uncompressed read as cheap as before.
 
 from __future__ import annotations
 
+import itertools
 import operator
 import zlib
 from typing import Annotated, Any, Final, TypeVar
@@ -61,7 +62,7 @@ _UNENCODABLE: Final = (TypeError, OverflowError, msgspec.EncodeError)
 
 
 class StoredResponse(msgspec.Struct, frozen=True, array_like=True):
-    """An HTTP response as stored: status, headers in order (latin-1 text), body bytes.
+    """An HTTP response as stored: status (200-599), headers in order (latin-1 text), body bytes.
 
     ``body_kept`` is False when the body was too large or streamed: the record then holds
     status and headers only, and a replay says so instead of running the handler again.
@@ -70,7 +71,9 @@ class StoredResponse(msgspec.Struct, frozen=True, array_like=True):
     still decode, and an older reader ignores it.
     """
 
-    status: Annotated[int, msgspec.Meta(ge=100, le=599)]
+    # Not a 1xx: an interim answer, never stored (plan_for); a replay of 101 or 103 drops the
+    # connection under waitress and uvicorn, on every retry.
+    status: Annotated[int, msgspec.Meta(ge=200, le=599)]
     headers: tuple[tuple[str, str], ...]
     body: bytes
     body_kept: bool = True
@@ -111,8 +114,9 @@ def decode_response(data: bytes) -> StoredResponse:
         raise RecordFormatError(f"stored response is unreadable: {exc}") from exc
     if not _sendable(response):
         raise RecordFormatError(
-            "stored response is unreadable: a header name that is no token, or a header value "
-            "or reason phrase with CR, LF, NUL or a character past latin-1"
+            "stored response is unreadable: a header name that is no token or is hop-by-hop, a "
+            "header value with leading or trailing whitespace, VT or FF, or a header value or "
+            "reason phrase with CR, LF, NUL or a character past latin-1"
         )
     return response
 
@@ -120,13 +124,26 @@ def decode_response(data: bytes) -> StoredResponse:
 # A stored head is input (a record written by anything but idemkey): sent as it is, a CR or LF
 # would split the replay, a colon in a name add a header, a character past latin-1 fail as the
 # server encodes it. A name is an RFC 9110 token; a value or reason phrase any latin-1 text but
-# CR, LF and NUL, no stricter than the servers that sent the first answer. Checked on whole
-# joined strings by str methods (C, a fixed number of calls for any number of headers): a
-# regular expression per field cost a replay about twice as much, cold.
+# CR, LF and NUL, no stricter than the servers that sent the first answer. What a server
+# refuses to send would fail every retry too: a hop-by-hop name (waitress answers 500; the
+# default header_denylist never stores one), and a value h11 refuses (uvicorn and hypercorn
+# drop the connection): SP or HTAB first or last, or a VT or FF anywhere (h11's field-vchar,
+# [^\x00\s] on bytes). Checked on whole joined strings by str methods (C, a fixed number of
+# calls for any number of headers): a regular expression per field cost a replay about twice
+# as much, cold, and one over the joined values (which needs a separator, then a count of
+# them) more than these methods; str.isprintable, which could stand for the five `in` tests of
+# control characters, took 16-18 times as long as those five on a 237-character head.
 _NAME: Final = operator.itemgetter(0)
 _VALUE: Final = operator.itemgetter(1)
 #: The token characters that are neither letters nor digits, removed by str.translate.
 _TOKEN_MARKS: Final = str.maketrans("", "", "!#$%&'*+-.^_`|~")
+#: RFC 9110 7.6.1's, and the ones waitress and wsgiref refuse from an app ("trailers").
+_HOP_BY_HOP: Final = frozenset(
+    {"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "proxy-connection",
+     "te", "trailer", "trailers", "transfer-encoding", "upgrade"}
+)  # fmt: skip
+#: str.strip's argument for each value (map passes it beside the value): RFC 9110's OWS.
+_OWS: Final = itertools.repeat(" \t")
 
 
 def _sendable(response: StoredResponse) -> bool:
@@ -141,7 +158,15 @@ def _sendable(response: StoredResponse) -> bool:
             rest = names.translate(_TOKEN_MARKS)
             if rest and not rest.isalnum():
                 return False
-        text = "".join(map(_VALUE, headers)) + text
+        if not _HOP_BY_HOP.isdisjoint(map(str.lower, map(_NAME, headers))):
+            return False
+        values = "".join(map(_VALUE, headers))
+        # Equal: no value loses a character to strip, so none starts or ends with OWS.
+        if "".join(map(str.strip, map(_VALUE, headers), _OWS)) != values:
+            return False
+        if "\x0b" in values or "\x0c" in values:
+            return False
+        text = values + text
     return "\r" not in text and "\n" not in text and "\x00" not in text and _latin1(text)
 
 

@@ -66,7 +66,8 @@ def row(status: RecordStatus) -> str:
         origin += f" [{printable_text(status.scope)[:12]}]"
     # A fence is the server clock in µs at least (16 digits): the column fits one.
     fence = str(status.fence) if status.fence is not None else "-"
-    steps = ",".join(status.steps) or "-"
+    # Step names are the fields' names, any writer's: escaped as list --uncertain prints them.
+    steps = shown(",".join(status.steps)) or "-"
     age, lease, ttl = (compact_seconds(s) for s in (status.age, status.lease_left, status.ttl_left))
     return (
         f"{status.state:<12} {age:>6} {lease:>6} "

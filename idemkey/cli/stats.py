@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import random
 import time
 from collections.abc import Sequence
@@ -16,7 +17,7 @@ from ..store.status import NAMED_FIELDS, lease_left_ms, server_ms, status_fields
 from ._base import CliError, print_json
 from ._progress import Progress
 from ._redis import connect, redact
-from .readable import size
+from .readable import shown, size
 
 HELP: Final = "records by state, memory and TTLs (SCAN, never KEYS)"
 
@@ -292,8 +293,10 @@ def _show_stats(stats: Stats, url: str, out: IO[str]) -> None:
         out.write(
             f"steps ({stats.with_steps} records keep {stats.finished_steps} finished steps)\n"
         )
+        # Stored names (a field's, any writer's) and the prefixes below: printed escaped, as
+        # inspect and list print them, so no escape sequence reaches the operator's terminal.
         for name, count in sorted(stats.step_names.items(), key=lambda item: -item[1]):
-            out.write(f"  {name:<12} {count:>9}\n")
+            out.write(f"  {shown(name):<12} {count:>9}\n")
     out.write("TTL left\n")
     for bucket, count in stats.ttl.items():
         if bucket == "no TTL" and not count:
@@ -302,7 +305,9 @@ def _show_stats(stats: Stats, url: str, out: IO[str]) -> None:
     if stats.other_prefixes is not None:
         scanned = f"the {stats.other_scanned} keys scanned"
         if stats.other_prefixes:
-            seen = ", ".join(f'"{name}" ({n} keys)' for name, n in stats.other_prefixes.items())
+            seen = ", ".join(
+                f"{json.dumps(name)} ({n} keys)" for name, n in stats.other_prefixes.items()
+            )
             out.write(
                 f'no records under prefix "{stats.prefix}"; idemkey records under other prefixes '
                 f"in {scanned}: {seen}; pass --prefix (Policy.prefix)\n"

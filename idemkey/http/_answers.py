@@ -259,11 +259,14 @@ def _sendable_lines(
     headers: Iterable[object], deny: frozenset[str], allow: frozenset[str] | None, reason: object
 ) -> tuple[tuple[tuple[str, str], ...], str]:
     """The header lines and reason phrase a replay can send, of a head some part of which it
-    would refuse (a CR LF, a name that is no token, a value that is no text): a server such as
-    werkzeug's sent it, and the record completes without that part (releasing would run the
-    handler again) rather than be refused for its whole retention. An int value is kept as its
-    digits, as werkzeug sends it (gunicorn, waitress and wsgiref refuse it); any other value
-    that is not text is left out."""
+    would refuse (a CR LF, a name that is no token or is hop-by-hop, a value that is no text or
+    that h11 refuses): a server such as werkzeug's sent it, and the record completes without
+    that part (releasing would run the handler again) rather than be refused for its whole
+    retention. An int value is kept as its digits, as werkzeug sends it (gunicorn, waitress and
+    wsgiref refuse it); any other value that is not text is left out. A value's leading and
+    trailing SP and HTAB are no part of it (RFC 9110 5.5: the first client's parser dropped
+    them, gunicorn strips them before sending): kept without them, the line replays as that
+    client read it, where h11 (uvicorn, hypercorn) refuses it as sent."""
     lines: list[tuple[str, str]] = []
     name: object
     value: object
@@ -276,6 +279,7 @@ def _sendable_lines(
             value = str(value)
         if not isinstance(name, str) or not isinstance(value, str):
             continue
+        value = value.strip(" \t")
         low = name.lower()
         if low in deny or (allow is not None and low not in allow):
             continue

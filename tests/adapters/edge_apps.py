@@ -185,6 +185,8 @@ def asgi_app() -> AsgiMiddleware:
         ]
         if scope["path"] == "/empty":
             status, data, headers = 204, b"", [(b"x-run", b"1")]
+        elif scope["path"] == "/padded":  # a value h11 refuses to send (uvicorn, hypercorn)
+            headers.append((b"x-note", b" padded"))
         await send({"type": "http.response.start", "status": status, "headers": headers})
         await send({"type": "http.response.body", "body": data})
 

@@ -1,14 +1,19 @@
 """Issue 10, item 7, through real servers: a replay is the first answer again, status line,
-header order and header set included (only ``Idempotent-Replayed`` added)."""
+header order and header set included (only ``Idempotent-Replayed`` added); a stored head no
+server would send is the ``503 record_unreadable`` problem, never a server's failure."""
 
 from __future__ import annotations
 
+import contextlib
+import json
 import uuid
 from typing import TYPE_CHECKING
 
 import pytest
+import redis
 
-from idemkey._codec import StoredResponse, decode_response
+from idemkey._codec import StoredResponse, decode_response, encode_response
+from tests._servers import wait_until
 from tests.adapters.edge_servers import ASGI_SERVED, WSGI_SERVED, Raw, Server, servers
 
 if TYPE_CHECKING:
@@ -43,6 +48,11 @@ def first_and_replay(server: Server, path: str) -> tuple[Raw, Raw]:
 
 @pytest.fixture(params=ALL)
 def any_server(request: pytest.FixtureRequest, servers: Callable[[str, str], Server]) -> Server:
+    return servers(*request.param)
+
+
+@pytest.fixture(params=ASGI_SERVED)
+def asgi_server(request: pytest.FixtureRequest, servers: Callable[[str, str], Server]) -> Server:
     return servers(*request.param)
 
 
@@ -104,3 +114,93 @@ def test_records_in_the_previous_format_still_decode(stored: bytes) -> None:
     decoded = decode_response(stored)
     assert decoded == TODAYS_RECORDS[stored]
     assert decoded.reason == ""
+
+
+def _json_post(key: str) -> list[tuple[str, str]]:
+    return [("Idempotency-Key", key), ("Content-Type", "application/json")]
+
+
+def outcome(server: Server, path: str, key: str) -> str:
+    """What a client gets: a status, a problem's status and code, or ``closed`` (the server
+    dropped the connection with no answer)."""
+    try:
+        reply = server.post(path, b"{}", _json_post(key))
+    except (OSError, ValueError):  # reset, or closed before a status line
+        return "closed"
+    if reply.header("Content-Type") == "application/problem+json":
+        return f"{reply.status} {json.loads(reply.body)['code']}"
+    return str(reply.status)
+
+
+def completed_record(client: redis.Redis, server: Server, before: set[bytes]) -> bytes:
+    """The record the last request made under ``server``'s prefix, once it holds a response."""
+    found = wait_until(
+        lambda: set(client.scan_iter(match=f"{server.prefix}:{{*")) - before, message="a record"
+    )
+    (record,) = found
+    wait_until(lambda: client.hget(record, "resp"), message="the record's response")
+    return record
+
+
+JSON = (("Content-Type", "application/json"),)
+#: Heads that decode as data but that servers refuse to send: waitress answers 500 for a
+#: hop-by-hop line, uvicorn and hypercorn (h11) drop the connection on a 1xx or a value h11
+#: refuses. Written by anything but idemkey (plan_for stores none of them).
+REFUSED_HEADS = {
+    "status-101": StoredResponse(101, JSON, b"x"),
+    "status-103": StoredResponse(103, (), b""),
+    **{
+        f"hop-{name.lower()}": StoredResponse(201, (*JSON, (name, value)), b"{}")
+        for name, value in [
+            ("Connection", "close"),
+            ("Keep-Alive", "timeout=5"),
+            ("Proxy-Connection", "close"),
+            ("TE", "trailers"),
+            ("Trailer", "X-Sum"),
+            ("Transfer-Encoding", "chunked"),
+            ("Upgrade", "websocket"),
+        ]
+    },
+    "value-leading-space": StoredResponse(201, (*JSON, ("X-Note", " padded")), b"{}"),
+    "value-trailing-tab": StoredResponse(201, (*JSON, ("X-Note", "padded\t")), b"{}"),
+    "value-vt": StoredResponse(201, (*JSON, ("X-Note", "a\x0bb")), b"{}"),
+}
+
+
+def test_a_stored_head_no_server_sends_is_a_503_problem_on_every_server(
+    any_server: Server,
+) -> None:
+    """Not a 500 or a dropped connection on every retry for the record's whole retention: the
+    record is unreadable, as other forged records are, and the handler does not run again."""
+    got: dict[str, str] = {}
+    with contextlib.closing(redis.Redis.from_url(any_server.redis_url)) as client:
+        for case, forged in REFUSED_HEADS.items():
+            key = new_key()
+            before = set(client.scan_iter(match=f"{any_server.prefix}:{{*"))
+            assert outcome(any_server, "/charges", key) == "201"
+            record = completed_record(client, any_server, before)
+            client.hset(record, "resp", encode_response(forged))
+            got[case] = outcome(any_server, "/charges", key)
+            assert any_server.runs(key) == 1, case
+    assert got == dict.fromkeys(REFUSED_HEADS, "503 record_unreadable")
+
+
+def test_an_app_value_h11_refuses_is_not_stored_to_fail_every_retry(asgi_server: Server) -> None:
+    """An ASGI app sends a value with a leading space: uvicorn (h11) cannot send the first
+    answer. The record keeps the value as a client reads it, without that space (RFC 9110
+    5.5), so every retry is the replay, on every server."""
+    key = new_key()
+    with contextlib.closing(redis.Redis.from_url(asgi_server.redis_url)) as client:
+        before = set(client.scan_iter(match=f"{asgi_server.prefix}:{{*"))
+        outcome(asgi_server, "/padded", key)  # the server's own failure, or the answer
+        stored = client.hget(completed_record(client, asgi_server, before), "resp")
+    assert stored is not None
+    assert ("x-note", "padded") in decode_response(stored).headers
+    for _ in range(2):
+        replay = asgi_server.post("/padded", b"{}", _json_post(key))
+        assert (replay.status, replay.header("Idempotent-Replayed")) == (201, "true"), replay
+        assert replay.header("X-Note") == "padded"
+        # Under uvicorn the head's send raised in the app: the body was never sent, nor kept.
+        if replay.header("Idempotent-Body-Not-Kept") != "true":
+            assert json.loads(replay.body)["run"] == 1
+    assert asgi_server.runs(key) == 1

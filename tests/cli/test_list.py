@@ -272,3 +272,28 @@ def test_a_route_with_a_line_break_is_printed_as_the_filter_takes_it(
     for scope in ("t%09enant", "t\tenant"):
         found = json.loads(idemkey(*base, "list", "--json", "--scope", scope).out)
         assert found["count"] == 1, scope
+
+
+def test_list_and_stats_print_stored_names_without_terminal_escapes(
+    idemkey: CliRunner, redis_url: str, real_client: redis.Redis, prefix: str
+) -> None:
+    """A step name (a field ``s:<name>``) and the prefix of another record are stored data,
+    any writer's: ``list`` and ``stats`` print them escaped, as ``inspect`` and
+    ``list --uncertain`` do, so nothing clears the operator's screen or forges a row."""
+    hostile = "\x1b[2J\x1b[31mFAKE\r\ncomplete  -  forged row\x07"
+    real_client.hset(
+        f"{prefix}:{{{'ab' * 16}}}", mapping={"fence": "5", "ns": "1", f"s:{hostile}": b"\x01\xc0"}
+    )
+    real_client.hset(f"\x1b]0;owned\x07{prefix}:{{{'cd' * 16}}}", "resp", b"\x01\xc0")
+    base = ("--redis-url", redis_url)
+    listed = idemkey(*base, "--prefix", prefix, "list", "--no-progress")
+    stats = idemkey(*base, "--prefix", prefix, "stats", "--no-progress")
+    others = idemkey(*base, "--prefix", prefix + "-none", "stats", "--no-progress")
+    for run in (listed, stats, others):
+        assert run.code == 0, run.err
+        assert not any(c in run.out for c in "\x1b\r\x07"), repr(run.out)
+        assert not any(line.startswith("complete") for line in run.out.splitlines())
+    escaped = "\\x1b[2J\\x1b[31mFAKE\\r\\ncomplete  -  forged row\\x07"
+    assert escaped in listed.out  # shown escaped, not dropped
+    assert escaped in stats.out
+    assert f'"\\u001b]0;owned\\u0007{prefix}" (1 keys)' in others.out

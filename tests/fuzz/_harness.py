@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from idemkey import Policy
-from idemkey._codec import StoredResponse, decode_response, encode_response
+from idemkey._codec import StoredResponse, _sendable, decode_response, encode_response
 from idemkey._core import Claimed, Decision, InFlight, Mismatch, Replay
 from idemkey.http import (
     REPLAYED_HEADER,
@@ -149,13 +149,17 @@ def run_exchange(data: Input) -> str:
     app_headers = [(_text(n), _text(v)) for n, v in data.response_headers]
     decision: Decision
     kind = data.decision % 5
+    unsendable = False
     if kind == 0:
         decision = Claimed("owner", 1, False)
     elif kind == 1:
         decision = Replay(data.stored)
     elif kind == 2:
         status = min(max(data.status, 100), 599)
-        decision = Replay(encode_response(StoredResponse(status, tuple(app_headers), data.body)))
+        forged = StoredResponse(status, tuple(app_headers), data.body)
+        # A 1xx, a hop-by-hop line or a value h11 refuses: no server sends it, so no replay.
+        unsendable = status < 200 or not _sendable(forged)
+        decision = Replay(encode_response(forged))
     elif kind == 3:
         retry = data.retry_after
         decision = InFlight(retry if math.isfinite(retry) and retry >= 0 else 0.0)
@@ -173,7 +177,10 @@ def run_exchange(data: Input) -> str:
             # written by idemkey; garbage here means someone else wrote into Redis.)
             assert answer.status == 503 or isinstance(answer.status, int)
             return "answered"
-        check_response(answer, set(range(100, 600)) if kind == 2 else {409, 400, 422})
+        if kind == 2 and unsendable:
+            check_response(answer, {503})  # record_unreadable
+            return "answered"
+        check_response(answer, set(range(200, 600)) if kind == 2 else {409, 400, 422})
         if kind == 2:
             assert answer.body == data.body
             assert (REPLAYED_HEADER, "true") in answer.headers

@@ -366,6 +366,37 @@ def test_finish_drops_hop_by_hop_date_and_set_cookie_headers() -> None:
     assert decode_response(allow.stored).headers == (("X-Id", "1"),)
 
 
+@pytest.mark.parametrize(
+    "policy",
+    [
+        Policy(header_denylist=frozenset()),
+        Policy(header_denylist=frozenset(), header_allowlist=frozenset({"connection", "x-a"})),
+    ],
+    ids=["empty-denylist", "allowlist"],
+)
+def test_finish_leaves_out_lines_no_server_replays_whatever_the_lists_say(policy: Policy) -> None:
+    # What a replay refuses is never stored: a hop-by-hop line (waitress answers 500 for it) or
+    # a value h11 refuses (uvicorn drops the connection), on every retry otherwise. A value's
+    # leading or trailing OWS is no part of it (RFC 9110 5.5): kept without it.
+    headers = [
+        ("Connection", "close"),
+        ("X-A", "1"),
+        ("Transfer-Encoding", "chunked"),
+        ("X-A", " padded"),
+        ("X-A", "padded\t"),
+        ("X-A", "a\x0bb"),
+        ("X-A", "a \t b"),
+    ]
+    plan = plan_for(policy, 201, headers, b"{}")
+    assert isinstance(plan, Complete)
+    assert decode_response(plan.stored).headers == (
+        ("X-A", "1"),
+        ("X-A", "padded"),
+        ("X-A", "padded"),
+        ("X-A", "a \t b"),
+    )
+
+
 def test_finish_without_a_body_stores_status_and_headers_only() -> None:
     plan = plan_for(Policy(), 201, [("Content-Type", "text/csv")], None)
     assert isinstance(plan, Complete)
