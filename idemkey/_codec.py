@@ -57,8 +57,16 @@ T = TypeVar("T")
 RESULT_NOT_KEPT: Final = _VERSION_BYTE + b"\xc1"
 
 # What msgspec raises for a value it cannot encode: an unsupported type (TypeError), an int
-# outside 64 bits (OverflowError), a dict with non-str keys under deterministic order (TypeError).
-_UNENCODABLE: Final = (TypeError, OverflowError, msgspec.EncodeError)
+# outside 64 bits (OverflowError), a dict with non-str keys under deterministic order (TypeError),
+# a str with a lone surrogate (UnicodeEncodeError: json.loads gives one for a client's
+# "\ud800"), a container that holds itself or nests past the stack (RecursionError).
+_UNENCODABLE: Final = (
+    TypeError,
+    OverflowError,
+    UnicodeEncodeError,
+    RecursionError,
+    msgspec.EncodeError,
+)
 
 
 class StoredResponse(msgspec.Struct, frozen=True, array_like=True):
