@@ -162,9 +162,9 @@ def _main(argv: Sequence[str] | None) -> int:
         with redis_url(args.redis_url) as url:
             try:
                 doc, samples, cases = asyncio.run(_run(args, url, rounds, warmup))
-                doc["meta"]["command"] = " ".join(["python -m benchmarks", *argv])
+                doc["meta"]["command"] = command_line(argv, args.redis_url)
             except (redis.ConnectionError, redis.TimeoutError) as exc:
-                print(f"error: cannot reach Redis at {url}: {exc}", file=sys.stderr)
+                print(f"error: cannot reach Redis at {_redact(url)}: {exc}", file=sys.stderr)
                 return 2
     except ServerError as exc:
         print(f"error: {exc}", file=sys.stderr)
@@ -191,6 +191,30 @@ def _main(argv: Sequence[str] | None) -> int:
         with open(args.json, "w", encoding="utf-8") as fh:
             json.dump(doc, fh, indent=2)
     return 0 if all(v.ok for v in verdicts) else 1
+
+
+def command_line(argv: Sequence[str], redis_url: str | None) -> str:
+    """The command line as the results file keeps it, ``--redis-url``'s password as ``***``:
+    the file is made to be kept and shared. ``redis_url``: the value argparse read, found
+    again as its own word or after ``=`` (``--redis-url=URL``, or a prefix argparse accepts:
+    ``--redis URL``)."""
+    words = ["python -m benchmarks"]
+    for word in argv:
+        option, equals, value = word.partition("=")
+        if redis_url is not None and word == redis_url:
+            word = _redact(word)
+        elif redis_url is not None and equals and option.startswith("--") and value == redis_url:
+            word = f"{option}={_redact(value)}"
+        words.append(word)
+    return " ".join(words)
+
+
+def _redact(url: str) -> str:
+    """``url`` as the idemkey commands print it, password hidden (the CLI's own function;
+    imported here, not with the package: the apps the suite serves import it too)."""
+    from idemkey.cli._redis import redact
+
+    return redact(url)
 
 
 async def _run(

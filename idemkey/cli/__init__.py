@@ -183,6 +183,20 @@ def _run(args: argparse.Namespace, out: IO[str]) -> int:
     def fail(message: str, code: int) -> int:
         return _error(args.command, message, code, as_json=args.json)
 
+    def raised_reading_a_reply(exc: ValueError) -> bool:
+        # Raised inside redis-py's reply parsing (redis._parsers: the parsers and the
+        # per-command callbacks) it says what the server sent; raised by idemkey's own code it
+        # is a bug (exit 70). The innermost frame tells which.
+        import redis._parsers
+
+        innermost = exc.__traceback__
+        while innermost is not None and innermost.tb_next is not None:
+            innermost = innermost.tb_next
+        if innermost is None:
+            return False
+        where = os.path.dirname(os.path.abspath(innermost.tb_frame.f_code.co_filename))
+        return where == os.path.dirname(os.path.abspath(redis._parsers.__file__))
+
     try:
         code: int = args.run(args, out)
         return code
@@ -203,10 +217,21 @@ def _run(args: argparse.Namespace, out: IO[str]) -> int:
     except KeyboardInterrupt:
         return fail("interrupted", 130)
     except Exception as exc:
+        message = str(exc).splitlines()[0] if str(exc) else ""
+        if isinstance(exc, ValueError) and raised_reading_a_reply(exc):
+            # redis-py's reply callbacks convert as they read (TIME: int() of each part): a
+            # server that sends what Redis never does (a "²") gets a ValueError, not a RedisError.
+            from .readable import shown
+
+            where = redact(args.redis_url) if args.redis_url else "Redis"
+            return fail(
+                f"{where}: an answer idemkey cannot read, not what Redis sends "
+                f"(ValueError: {shown(message)}); check the host and port",
+                3,
+            )
         # A bug of ours: still one line, unless asked for the traceback.
         if os.environ.get(DEBUG_ENV):
             raise
-        message = str(exc).splitlines()[0] if str(exc) else ""
         return fail(
             f"internal error: {type(exc).__name__}: {message} "
             f"(set {DEBUG_ENV}=1 for the traceback)",

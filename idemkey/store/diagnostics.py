@@ -77,7 +77,9 @@ def _text(value: object) -> str:
 def _version_tuple(version: str) -> tuple[int, ...]:
     parts: list[int] = []
     for part in version.split("."):
-        digits = "".join(c for c in part if c.isdigit())
+        # ASCII digits only: str.isdigit() also passes "²", which int() refuses, and other
+        # scripts' digits, which int() reads as another number.
+        digits = "".join(c for c in part if c.isascii() and c.isdigit())
         if not digits:
             break
         parts.append(int(digits))
@@ -207,12 +209,40 @@ def check_persistence(save: str | bytes | None, appendonly: str | bytes | None) 
     )
 
 
-def check_scripts(loaded: Mapping[str, str | None]) -> Check:
-    """``SCRIPT LOAD`` results: script name -> SHA1, or the error text when it failed (None)."""
-    failed = [name for name, sha in loaded.items() if not sha]
+def check_scripts(
+    loaded: Mapping[str, str | None],
+    expected: Mapping[str, str] | None = None,
+    refused: str | None = None,
+) -> Check:
+    """``SCRIPT LOAD`` results: script name -> the SHA1 the server answered (None: it failed).
+
+    ``expected``: each script's own SHA1 (of its text; ``hashlib.sha1(text).hexdigest()``): a
+    server answering another did not load it, whatever it says. ``refused``: why running a
+    loaded script failed (an ACL that allows ``SCRIPT LOAD`` but not ``EVALSHA``, a read-only
+    replica: every claim fails the same way), None when it ran or was not tried.
+    """
+    name = "scripts"
+    failed = [script for script, sha in loaded.items() if not sha]
     if failed:
-        return Check("scripts", "FAIL", f"SCRIPT LOAD failed for {', '.join(failed)}")
-    return Check("scripts", "OK", f"{len(loaded)} scripts load ({', '.join(loaded)})")
+        return Check(name, "FAIL", f"SCRIPT LOAD failed for {', '.join(failed)}")
+    known = expected or {}
+    wrong = [
+        script
+        for script, sha in loaded.items()
+        if script in known and (sha or "").lower() != known[script].lower()
+    ]
+    if wrong:
+        return Check(
+            name,
+            "FAIL",
+            f"SCRIPT LOAD answered a SHA1 that is not the script's for {', '.join(wrong)}: "
+            "this server did not load what it was sent",
+        )
+    if refused is not None:
+        return Check(
+            name, "FAIL", f"the scripts load but cannot run ({refused}): every claim fails"
+        )
+    return Check(name, "OK", f"{len(loaded)} scripts load ({', '.join(loaded)})")
 
 
 def check_round_trip(samples_seconds: Sequence[float]) -> Check:

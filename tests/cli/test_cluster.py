@@ -103,3 +103,29 @@ def test_list_and_uncertain_on_the_cluster(
     entries = json.loads(idemkey(*base, "list", "--uncertain", "--json").out)["uncertain"]
     assert len(entries) == 12
     assert {e["kind"] for e in entries} == {"released_with_steps"}
+
+
+def test_doctor_runs_a_script_on_every_primary_and_writes_nothing(
+    idemkey: CliRunner, cluster: ClusterProcesses, cluster_url: str, prefix: str
+) -> None:
+    """Each primary runs forget.lua once, on a key of its own slots (another's would answer
+    MOVED), which writes nothing there."""
+
+    def evalsha_calls(node: redis.Redis) -> int:
+        return int(node.info("commandstats").get("cmdstat_evalsha", {}).get("calls", 0))
+
+    masters = [cluster.node_client(node) for node in cluster.masters()]
+    try:
+        calls = [evalsha_calls(m) for m in masters]
+        changes = [m.info("persistence")["rdb_changes_since_last_save"] for m in masters]
+        run = idemkey("--prefix", prefix, "doctor", "--json", "--pings", "1",
+                      "--redis-url", cluster_url)  # fmt: skip
+        assert run.code == 0, run.out + run.err
+        scripts = [c for c in json.loads(run.out)["checks"] if c["name"] == "scripts"]
+        assert [(c["node"], c["verdict"]) for c in scripts] == [("all 3 primaries", "OK")]
+        assert [evalsha_calls(m) for m in masters] == [n + 1 for n in calls]
+        assert [m.info("persistence")["rdb_changes_since_last_save"] for m in masters] == changes
+        assert all(not list(m.scan_iter(match=f"{prefix}:*")) for m in masters)
+    finally:
+        for m in masters:
+            m.close()

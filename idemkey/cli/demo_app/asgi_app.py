@@ -54,7 +54,7 @@ class PaymentsApp:
     async def _create(self, raw: bytes, headers: dict[str, str], send: Send) -> None:
         try:
             data: object = json.loads(raw)
-        except ValueError:
+        except (ValueError, RecursionError):  # RecursionError: nested past what json parses
             data = None
         parsed = parse_charge(data)
         if isinstance(parsed, Problem):

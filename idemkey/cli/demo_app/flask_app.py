@@ -42,7 +42,11 @@ def create_app(store: RedisStore, policy: Policy | None = None) -> Flask:
     @app.post("/charges")
     @idem.idempotent
     def create_charge() -> Any:
-        parsed = parse_charge(request.get_json(silent=True))
+        try:
+            data = request.get_json(silent=True)
+        except RecursionError:  # nested past what json parses; silent= catches ValueError only
+            data = None
+        parsed = parse_charge(data)
         if isinstance(parsed, Problem):
             return _problem(parsed)
         delay = parse_delay(request.headers.get("Demo-Delay"))

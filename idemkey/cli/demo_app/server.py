@@ -4,6 +4,7 @@ threaded werkzeug server on a real port."""
 from __future__ import annotations
 
 import secrets
+import shlex
 import socket
 import sys
 import threading
@@ -11,6 +12,9 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import IO, TYPE_CHECKING
 
+from ..._core import record_for
+from ...errors import StoreError
+from ...policy import Policy
 from ...store import RedisStore
 from ...store._url import client_from_url
 from . import payments
@@ -54,7 +58,35 @@ def open_store(
         store.close()
         client.close()
 
+    if redis_url:
+        try:
+            _scripts_run(store, where)
+        except BaseException:
+            close()
+            raise
     return store, where, close
+
+
+def _scripts_run(store: RedisStore, where: str) -> None:
+    """Run one script now, as every request will: a Redis that cannot (a read-only replica, an
+    ACL without EVALSHA) fails here with one line, not in each step of the story (a 503 each,
+    for a minute). forget.lua on a record no request makes (a random key) writes nothing."""
+    import redis
+
+    record = record_for(store.policy.prefix, "", "POST", "/demo-check", secrets.token_hex(16))
+    try:
+        store.forget(record)
+    except StoreError as exc:
+        cause = exc.__cause__
+        if not isinstance(cause, redis.ResponseError):
+            raise  # unreachable or timing out: said as such
+        message = str(cause).splitlines()[0] if str(cause) else ""
+        if not message.isprintable():  # the server's text, bound for the operator's terminal
+            message = message.encode("unicode_escape").decode("ascii")
+        raise StoreError(
+            f"{where} cannot run idemkey's scripts ({type(cause).__name__}: {message}); "
+            "give --redis-url a primary whose user may run EVALSHA"
+        ) from None
 
 
 @contextmanager
@@ -124,13 +156,7 @@ def serve(
             "  # the same again: the stored 201, Idempotent-Replayed: true, no new charge\n"
             "  # -d with another amount: 422; add -H 'Demo-Delay: 5' and send twice: 409\n"
             f"  curl -s {base}/charges\n"
-            + (
-                f"  idemkey inspect {key} --scope {DEFAULT_ACCOUNT} --route /charges "
-                f"--redis-url {where}"
-                if redis_url
-                else "  # `idemkey inspect` needs a real Redis: start the app with --redis-url"
-            )
-            + "\n\n"
+            f"{_inspect_line(key, prefix, redis_url, shown_url)}\n\n"
         )
         out.flush()
         if ready is not None:
@@ -143,3 +169,20 @@ def serve(
             server.server_close()
     finally:
         close()
+
+
+def _inspect_line(key: str, prefix: str, redis_url: str | None, shown_url: str | None) -> str:
+    """The ``idemkey inspect`` command for the curl's record, runnable as printed."""
+    if not redis_url:
+        return "  # `idemkey inspect` needs a real Redis: start the app with --redis-url"
+    words = ["idemkey", "inspect", key, "--scope", DEFAULT_ACCOUNT, "--route", "/charges"]
+    if prefix != Policy().prefix:
+        words += ["--prefix", prefix]
+    if shown_url == redis_url:  # nothing hidden in it: the URL runs as printed
+        return "  " + shlex.join([*words, "--redis-url", redis_url])
+    # A password is never printed, and a redacted URL would not authenticate: inspect reads
+    # $IDEMKEY_REDIS_URL when --redis-url is left out (serve never does).
+    return (
+        "  # with IDEMKEY_REDIS_URL set to your --redis-url (its password is not printed here):\n"
+        "  " + shlex.join(words)
+    )
