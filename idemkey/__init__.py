@@ -26,6 +26,7 @@ from .errors import (
     StepNotStorableError,
     StoredFailureError,
     StoreError,
+    UnprotectedCallError,
     UsageError,
 )
 from .events import Event
@@ -68,6 +69,7 @@ __all__ = [
     "StoreError",
     "StoredFailureError",
     "StoredResponse",
+    "UnprotectedCallError",
     "UsageError",
     "aguard",
     "current_call",

@@ -20,7 +20,8 @@
     ├── ConfigurationError       a Policy, client or argument that cannot work
     ├── ProtocolError            an integration asked the HTTP exchange's transitions out of order
     └── StoreError               Redis failed or answered something we cannot read
-        └── RecordFormatError    a stored record is not in a format this version reads
+        ├── RecordFormatError    a stored record is not in a format this version reads
+        └── UnprotectedCallError fenced() on a call Redis failed to claim (on_store_error="open")
 
 Every error carries the context a caller needs to act (``reason``, ``retry_after`` with
 ``lease_remaining``, ``fence``), never the raw key of an HTTP request: raw keys are client
@@ -47,12 +48,36 @@ __all__ = [
     "StepNotStorableError",
     "StoredFailureError",
     "StoreError",
+    "UnprotectedCallError",
     "UsageError",
 ]
 
 
 class IdemkeyError(Exception):
-    """Root of every exception idemkey raises."""
+    """Root of every exception idemkey raises.
+
+    ``type(exc)(*exc.args)`` rebuilds any of them, same type, message and attributes: a
+    class whose constructor takes other arguments than a message keeps them as ``args``
+    (``str()`` and ``repr()`` still show the message).
+    """
+
+    _message: str | None = None
+
+    def __str__(self) -> str:
+        return super().__str__() if self._message is None else self._message
+
+    def __repr__(self) -> str:
+        # What logs show (Celery's "Retry in 1s: RequestInFlightError('... in flight ...')").
+        if self._message is None:
+            return super().__repr__()
+        return f"{type(self).__name__}({self._message!r})"
+
+    def _keep_args(self, *args: object) -> None:
+        # Called after __init__(message). Pickle (Celery's prefork pool) and Celery's JSON
+        # results rebuild an exception as type(exc)(*exc.args): with only the message there,
+        # that failed and Celery handed the caller the nearest base class that rebuilt.
+        self._message = super().__str__()
+        self.args = args
 
 
 class InvalidKeyError(IdemkeyError, ValueError):
@@ -84,6 +109,7 @@ class RequestInFlightError(IdemkeyError):
         super().__init__(
             f"a call with this idempotency key is in flight; retry in {retry_after:g} s"
         )
+        self._keep_args(retry_after, lease_remaining)
         self.retry_after = retry_after
         self.lease_remaining = retry_after if lease_remaining is None else lease_remaining
 
@@ -94,6 +120,7 @@ class LeaseLostError(IdemkeyError):
 
     def __init__(self, fence: int | None = None) -> None:
         super().__init__("the lease on this idempotency record was lost to another executor")
+        self._keep_args(fence)
         self.fence = fence
 
 
@@ -111,6 +138,7 @@ class EffectCommittedError(IdemkeyError):
             f"{what} committed in the database, but its result was not recorded (the process "
             "stopped in between): it is not run again; look its outcome up"
         )
+        self._keep_args(step)
         self.step = step
 
 
@@ -127,6 +155,7 @@ class ResultNotStorableError(IdemkeyError):
             f"the result for guard key {key!r} could not be stored ({reason}); the work ran "
             "once and will not run again for this key"
         )
+        self._keep_args(key, reason)
         self.key = key
         self.reason = reason
 
@@ -141,6 +170,7 @@ class StepNotStorableError(ResultNotStorableError):
             f"the result of step {step!r} for guard key {key!r} could not be stored ({reason}); "
             "the step does not count as finished and runs again on a retry",
         )
+        self._keep_args(key, step, reason)
         self.key = key
         self.step = step
         self.reason = reason
@@ -159,17 +189,11 @@ class StoredFailureError(IdemkeyError):
     ) -> None:
         what = f" {type_path}({stored_message!r})" if type_path else ""
         super().__init__(f"the remembered failure{what} cannot be raised again: {reason}")
+        self._keep_args(type_path, stored_message, fields, reason)
         self.type_path = type_path
         self.stored_message = stored_message
         self.fields = fields
         self.reason = reason
-
-    def __reduce__(
-        self,
-    ) -> tuple[type[StoredFailureError], tuple[str, str, dict[str, object], str]]:
-        # Crosses processes as itself (Celery's prefork pool pickles a task's exception; the
-        # default rebuilds it from args alone, which this __init__ does not take).
-        return type(self), (self.type_path, self.stored_message, self.fields, self.reason)
 
 
 class StepAttemptsExhaustedError(IdemkeyError):
@@ -183,6 +207,7 @@ class StepAttemptsExhaustedError(IdemkeyError):
             f"step {step!r} for guard key {key!r} has used all {attempts} attempts "
             "(counted across takeovers); it was not run again"
         )
+        self._keep_args(key, step, attempts)
         self.key = key
         self.step = step
         self.attempts = attempts
@@ -194,7 +219,9 @@ class JobDeadlineError(IdemkeyError, TimeoutError):
     released like for any other exception, finished steps kept: a retry resumes."""
 
     def __init__(self, key: str, seconds: float) -> None:
+        # Only the message reaches OSError's __init__: two args would be its errno and strerror.
         super().__init__(f"guard key {key!r} ran past its deadline of {seconds:g} s")
+        self._keep_args(key, seconds)
         self.key = key
         self.seconds = seconds
 
@@ -219,6 +246,20 @@ class RecordFormatError(StoreError):
     """A stored record was written in a format this version cannot read."""
 
 
+class UnprotectedCallError(StoreError):
+    """``fenced()``/``afenced()`` on a call that runs unprotected: Redis failed and
+    ``Policy(on_store_error="open")`` ran the block without a claim, so there is no fence to
+    check the transaction against. The fenced work refuses to run (its transaction rolls back);
+    retry once Redis is back."""
+
+    def __init__(self) -> None:
+        super().__init__(
+            "fenced work refused: this call runs unprotected (Redis failed and "
+            'Policy(on_store_error="open") ran it without a claim), so it has no fence'
+        )
+        self._keep_args()
+
+
 class ProtocolError(IdemkeyError, RuntimeError):
     """A transition of one HTTP exchange was asked out of order (an integration bug, never a
     client's).
@@ -229,6 +270,7 @@ class ProtocolError(IdemkeyError, RuntimeError):
 
     def __init__(self, state: str, transition: str) -> None:
         super().__init__(f"cannot {transition} an exchange that is {state}")
+        self._keep_args(state, transition)
         self.state = state
         self.transition = transition
 

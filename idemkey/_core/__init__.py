@@ -58,6 +58,7 @@ __all__ = [
     "ExpiringDecision",
     "InFlight",
     "Mismatch",
+    "NotARecordError",
     "RECORD_LOST",
     "Record",
     "RecordName",
@@ -291,11 +292,18 @@ _REPLAY: Final = 2
 _IN_FLIGHT: Final = 3
 _MISMATCH: Final = 4
 _EXPIRED: Final = 5
+_FOREIGN: Final = 6
 _MISMATCH_DECISION: Final = Mismatch()
 
 
+class NotARecordError(RecordFormatError):
+    """The record's name holds a key of another type (claim.lua's ``{6, type}``): nothing was
+    claimed, so the store has no claim to give back (release.lua would fail on it too)."""
+
+
 def decode_claim_reply(reply: object, owner: str) -> ExpiringDecision:
-    """Turn claim.lua's reply into a decision; anything unexpected is a :class:`StoreError`."""
+    """Turn claim.lua's reply into a decision; anything unexpected is a :class:`StoreError`,
+    a key of another type at the record's name a :class:`NotARecordError`."""
     if isinstance(reply, list) and reply:
         tag = reply[0]
         if tag == _REPLAY and len(reply) == 2 and isinstance(reply[1], bytes):
@@ -310,6 +318,10 @@ def decode_claim_reply(reply: object, owner: str) -> ExpiringDecision:
             return _MISMATCH_DECISION
         if tag == _EXPIRED and len(reply) == 2 and isinstance(reply[1], int):
             return Expired(reply[1] / 1000)
+        if tag == _FOREIGN and len(reply) == 2 and isinstance(reply[1], bytes):
+            # Redis answered: a record idemkey cannot read, never a store failure to run beside.
+            kind = reply[1].decode("utf-8", "replace")
+            raise NotARecordError(f"not an idemkey record: a {kind}")
     raise StoreError(f"unexpected reply from the claim script: {reply!r:.200}")
 
 

@@ -155,6 +155,10 @@ def record_candidates(args: argparse.Namespace) -> list[Candidate]:
     ]
 
 
+#: A view's state when the record's name holds a key of another type (forget.lua's too).
+FOREIGN: Final = "foreign"
+
+
 @dataclass
 class RecordView:
     """What ``inspect`` shows of a record."""
@@ -199,7 +203,18 @@ def read_record(
     pipe.hget(record.record_key, "lease")
     pipe.pttl(record.lock_key)  # a claim written by 0.2 keeps its lease there: remove in 0.4
     pipe.execute_command("TIME")
-    fields, ttl_ms, deadline, legacy, now = pipe.execute()
+    # Errors as values: a key of another type at the record's name fails the hash reads
+    # (WRONGTYPE), which is no Redis failure (exit 3) but what the operator came to see.
+    fields, ttl_ms, deadline, legacy, now = pipe.execute(raise_on_error=False)
+    for reply in (fields, ttl_ms, deadline, legacy, now):
+        if isinstance(reply, Exception):
+            kind = text(client.type(record.record_key))
+            if kind in ("hash", "none"):
+                raise reply  # as the pipeline would have raised it
+            return RecordView(
+                record.record_key, record.digest, True, FOREIGN, ttl_ms=ttl_ms,
+                error=f"not an idemkey record (a {kind})",
+            )  # fmt: skip
     lease_ms = lease_left_ms(deadline, legacy, server_ms(now))
     view = RecordView(
         record.record_key, record.digest, bool(fields), lease_ms=lease_ms, ttl_ms=ttl_ms
@@ -278,6 +293,10 @@ def _cut(text: str) -> str:
 
 
 def show_record(view: RecordView, out: IO[str]) -> None:
+    if view.state == FOREIGN:  # nothing of a record to show: what it is instead
+        out.write(f"{'record':<9} {shown(view.record)}\n{'state':<9} {shown(view.error)}\n")
+        out.write(f"{'ttl':<9} {duration(view.ttl_ms)}{' left' if view.ttl_ms >= 0 else ''}\n")
+        return
     rows: list[tuple[str, str]] = [("record", view.record), ("state", view.state)]
     if view.client_key:
         rows.append(("key", view.client_key))

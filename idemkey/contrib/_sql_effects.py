@@ -8,13 +8,23 @@ the database is the truth), and the guard, the step runner and the HTTP driver
 :meth:`Effects.record` a result that was not known when its fenced transaction committed (a
 value saved after the commit, a step's return value, the HTTP response) before they complete
 in Redis. Both are one indexed statement on the primary key.
+
+A row's key names the record with its prefix (:func:`row_key`), and its ``result`` keeps the
+fingerprint of the request that committed it before the value (:func:`row_value`): stores of
+other prefixes sharing the table, and other requests with the key, never get its result. The
+schema is 0.3's; 0.3's rows (the bare digest, no fingerprint) are still read, not compared.
 """
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable
+from contextvars import ContextVar
 from datetime import datetime, timedelta, timezone
+from functools import lru_cache
 from typing import TYPE_CHECKING, Any, Final
+
+from xxhash import xxh3_128_digest
 
 from ..errors import ConfigurationError, StoreError
 
@@ -29,10 +39,13 @@ __all__ = [
     "COMMITTED",
     "AsyncEffects",
     "Effects",
+    "Found",
+    "claim_fingerprint",
     "default_table",
     "effects_table",
     "failed",
     "row_key",
+    "row_value",
     "upsert",
     "writer",
 ]
@@ -42,6 +55,26 @@ TABLE_NAME: Final = "idemkey_effects"
 #: final; a result recorded after the commit replaces it. The store's ``COMMITTED_ONLY``.
 COMMITTED: Final = b"\x00committed"
 _STEP_SEPARATOR: Final = "#"
+#: Between the digest and the tag of a prefix that is not the default (neither hex nor ``#``).
+_PREFIX_SEPARATOR: Final = "@"
+#: ``Policy``'s default prefix: its rows keep 0.3's key, the bare digest.
+_BARE_PREFIX: Final = "idemkey"
+#: The prefix's tag: 16 hex digits of BLAKE2b, so the key fits VARCHAR(160) whatever the
+#: prefix (32 + 1 + 16, then ``#`` and a step name of at most 100 characters: 150).
+_TAG_BYTES: Final = 8
+#: What starts a ``result`` that keeps the request's fingerprint, then its length (a byte; 0:
+#: not known), the fingerprint, the value (an encoded result or :data:`COMMITTED`). 0.3 wrote
+#: the value alone, which starts with a format byte (1, 2, 3) or is COMMITTED, never this.
+_LAYOUT: Final = b"\x00row1"
+_HEADER: Final = len(_LAYOUT) + 1
+#: The longest request fingerprint a row keeps as it is (one length byte holds it).
+_FINGERPRINT_MAX: Final = 64
+#: The claims this context made that may commit rows, newest first (see :meth:`Effects.claimed`).
+_CLAIMS: ContextVar[tuple[tuple[str, int, bytes], ...]] = ContextVar(
+    "idemkey_effects_claims", default=()
+)
+#: How many of them a context keeps: nested guards, a handler's guard inside its request's.
+_KEPT_CLAIMS: Final = 16
 _TABLES: dict[int, Table] = {}
 
 
@@ -73,18 +106,93 @@ def now() -> datetime:
     return datetime.now(timezone.utc).replace(tzinfo=None)
 
 
-def row_key(record: Record, step: str | None) -> str:
-    return record.digest if step is None else f"{record.digest}{_STEP_SEPARATOR}{step}"
+@lru_cache(maxsize=64)
+def _tag(prefix: str) -> str:
+    if prefix == _BARE_PREFIX:
+        return ""
+    tag = hashlib.blake2b(prefix.encode("utf-8", "surrogatepass"), digest_size=_TAG_BYTES)
+    return _PREFIX_SEPARATOR + tag.hexdigest()
+
+
+def row_key(record: Record, step: str | None, *, legacy: bool = False) -> str:
+    """The key of the record's row (``step``: of that step's): the digest, with a tag of the
+    record's prefix unless it is the default one, and ``#step``. ``legacy``: 0.3's key, the
+    digest whatever the prefix."""
+    digest = record.digest
+    # record_key is "<prefix>:{<digest>}" (_core._names.RECORD_NAME).
+    base = digest if legacy else digest + _tag(record.record_key[: -len(digest) - 3])
+    return base if step is None else f"{base}{_STEP_SEPARATOR}{step}"
+
+
+def _kept(fingerprint: str | bytes) -> bytes:
+    """What a row keeps of a claim's request fingerprint: the 16 bytes guards and the HTTP
+    adapters send as they are; a longer one (a ``store.claim`` caller's own) as its digest."""
+    if isinstance(fingerprint, str):
+        fingerprint = fingerprint.encode("utf-8", "surrogatepass")
+    return fingerprint if len(fingerprint) <= _FINGERPRINT_MAX else xxh3_128_digest(fingerprint)
+
+
+def row_value(fingerprint: bytes | None, value: bytes) -> bytes:
+    """A row's ``result``: what it keeps of the claim's request ``fingerprint`` (None: not
+    known), then ``value``."""
+    kept = b"" if fingerprint is None else _kept(fingerprint)
+    return b"%b%c%b%b" % (_LAYOUT, len(kept), kept, value)
+
+
+class Found(bytes):
+    """:meth:`Effects.find`'s answer: the committed value (an encoded result, or
+    :data:`COMMITTED`), with the ``fingerprint`` of the request that committed it (None: the
+    row does not say, as 0.3's rows)."""
+
+    fingerprint: bytes | None = None
+
+    def reused(self, fingerprint: str | bytes) -> bool:
+        """Whether the row was committed for another request than one with ``fingerprint``
+        (False when the row does not say: it cannot be compared)."""
+        return self.fingerprint is not None and self.fingerprint != _kept(fingerprint)
+
+
+def _found(raw: bytes) -> Found:
+    if raw[: len(_LAYOUT)] == _LAYOUT and len(raw) >= _HEADER:
+        end = _HEADER + raw[len(_LAYOUT)]
+        found = Found(raw[end:])
+        found.fingerprint = raw[_HEADER:end] or None
+        return found
+    return Found(raw)
 
 
 def _find(table: Table, record: Record, step: str | None) -> Any:
-    """The committed, unexpired row of the record (or step): its result, or COMMITTED."""
+    """The committed, unexpired rows of the record (or step): under its key, and 0.3's."""
     from sqlalchemy import select
 
     c = table.c
-    return select(c.result).where(
-        c.record == row_key(record, step), c.result.is_not(None), c.expires_at >= now()
-    )
+    key, legacy = row_key(record, step), row_key(record, step, legacy=True)
+    named = c.record == key if key == legacy else c.record.in_((key, legacy))
+    return select(c.record, c.result).where(named, c.result.is_not(None), c.expires_at >= now())
+
+
+def _pick(rows: Any, record: Record, step: str | None) -> Found | None:
+    """The row under the record's key; else a row 0.3 wrote under the bare digest. A row of
+    the new layout there is the default prefix's, not this record's."""
+    key, legacy = row_key(record, step), None
+    for name, raw in rows:
+        raw = bytes(raw)
+        if name == key:
+            return _found(raw)
+        if raw[: len(_LAYOUT)] != _LAYOUT:
+            legacy = Found(raw)
+    return legacy
+
+
+def claim_fingerprint(record: Record, fence: int) -> bytes | None:
+    """The request fingerprint the store's claim of ``record`` with ``fence`` gave this
+    context (:meth:`Effects.claimed`); None when it gave none (another thread, a store with
+    no ``effects=``)."""
+    name = record.record_key
+    for claimed, claimed_fence, fingerprint in _CLAIMS.get():
+        if claimed_fence == fence and claimed == name:
+            return fingerprint
+    return None
 
 
 def _record(table: Table, record: Record, step: str | None, fence: int, result: bytes) -> Any:
@@ -93,10 +201,11 @@ def _record(table: Table, record: Record, step: str | None, fence: int, result: 
     from sqlalchemy import update
 
     c = table.c
+    value = row_value(claim_fingerprint(record, fence), result)
     return (
         update(table)
         .where(c.record == row_key(record, step), c.fence == fence, c.result.is_not(None))
-        .values(result=result)
+        .values(result=value)
     )
 
 
@@ -164,15 +273,21 @@ def writer(
 
     At commit, not at ``save()``: the result may be saved before or after ``fenced()``, and an
     asyncio session can only run SQL from inside its own commit (SQLAlchemy runs the event
-    there, in its greenlet).
+    there, in its greenlet). The row keeps the claim's request fingerprint, read now, in
+    fenced()'s context (the claim's), which the commit's event may not run in.
     """
+    record = call.record
+    fingerprint = claim_fingerprint(record, fence) if record is not None else None
 
     def write(db: Any) -> bool:
         saved = _saved(call) if step is None else None
-        if not db.execute(_save_statement(table, row, fence, saved or COMMITTED)).rowcount:
+        value = row_value(fingerprint, saved or COMMITTED)
+        if not db.execute(_save_statement(table, row, fence, value)).rowcount:
             return False
         if saved is None:  # the result is recorded after the commit (Effects.record)
             _unrecorded(call, step, fence)
+        else:  # a value saved over it after the commit is recorded the same way
+            call._row_result = (fence, saved)
         return True
 
     return write
@@ -202,7 +317,16 @@ def failed(what: str, exc: Exception) -> StoreError:
     return StoreError(f"effects {what} failed: {type(cause).__name__}: {first}")
 
 
-class Effects:
+class _Claims:
+    def claimed(self, record: Record, fence: int, fingerprint: str | bytes) -> None:
+        """The store's claim of ``record`` with ``fence`` runs the work for a request with
+        ``fingerprint``: the rows fenced() commits for it in this context keep it. No I/O
+        (not a coroutine on AsyncEffects either)."""
+        claims = _CLAIMS.get()[: _KEPT_CLAIMS - 1]
+        _CLAIMS.set(((record.record_key, fence, _kept(fingerprint)), *claims))
+
+
+class Effects(_Claims):
     """The store's view of ``idemkey_effects`` (sync engine): committed results by record."""
 
     def __init__(self, engine: Engine, *, table: Table | None = None) -> None:
@@ -213,15 +337,16 @@ class Effects:
         """Create the table when it does not exist (tests, small apps; else migrate)."""
         self.table.create(self.engine, checkfirst=True)
 
-    def find(self, record: Record, step: str | None = None) -> bytes | None:
+    def find(self, record: Record, step: str | None = None) -> Found | None:
         """The committed row's result for ``record`` (or its ``step``): the saved result,
-        ``COMMITTED`` when none was recorded, or None when no fenced transaction committed."""
+        ``COMMITTED`` when none was recorded, or None when no fenced transaction committed.
+        Its ``fingerprint`` is the committing request's (None: a row that does not say)."""
         try:
             with self.engine.connect() as conn:
-                found = conn.execute(_find(self.table, record, step)).first()
+                rows = conn.execute(_find(self.table, record, step)).all()
         except Exception as exc:  # the database's own errors, whatever the driver
             raise failed("lookup", exc) from exc
-        return None if found is None else bytes(found[0])
+        return _pick(rows, record, step)
 
     def lookup(self, record: Record) -> bytes | None:
         """The result a committed fenced transaction saved for ``record``, if any."""
@@ -238,7 +363,7 @@ class Effects:
         return bool(written.rowcount)
 
 
-class AsyncEffects:
+class AsyncEffects(_Claims):
     """:class:`Effects` for an ``AsyncEngine``, for ``AsyncRedisStore(effects=...)``."""
 
     def __init__(self, engine: AsyncEngine, *, table: Table | None = None) -> None:
@@ -250,14 +375,14 @@ class AsyncEffects:
         async with self.engine.begin() as conn:
             await conn.run_sync(lambda sync: self.table.create(sync, checkfirst=True))
 
-    async def find(self, record: Record, step: str | None = None) -> bytes | None:
+    async def find(self, record: Record, step: str | None = None) -> Found | None:
         """:meth:`Effects.find` on the asyncio engine."""
         try:
             async with self.engine.connect() as conn:
-                found = (await conn.execute(_find(self.table, record, step))).first()
+                rows = (await conn.execute(_find(self.table, record, step))).all()
         except Exception as exc:
             raise failed("lookup", exc) from exc
-        return None if found is None else bytes(found[0])
+        return _pick(rows, record, step)
 
     async def lookup(self, record: Record) -> bytes | None:
         """:meth:`Effects.lookup` on the asyncio engine."""

@@ -33,9 +33,9 @@ SQLAlchemy 2):
 The migration, as plain SQL (PostgreSQL; SQLite takes the same with ``BLOB`` for ``BYTEA``)::
 
     CREATE TABLE idemkey_effects (
-        record     VARCHAR(160) PRIMARY KEY,  -- record digest, or digest + "#" + step name
+        record     VARCHAR(160) PRIMARY KEY,  -- the record (digest, prefix), + "#" + step name
         fence      BIGINT       NOT NULL,     -- fence of the claim that wrote it last
-        result     BYTEA,                     -- the saved result (idemkey's encoding), or NULL
+        result     BYTEA,                     -- request fingerprint + saved result, or NULL
         created_at TIMESTAMP    NOT NULL,
         expires_at TIMESTAMP    NOT NULL      -- after it the row no longer counts (retention)
     );
@@ -49,7 +49,7 @@ import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Final
 
-from ..errors import ConfigurationError, LeaseLostError
+from ..errors import ConfigurationError, LeaseLostError, UnprotectedCallError
 from ._sql_effects import (
     TABLE_NAME,  # noqa: F401  (re-exported, as before)
     AsyncEffects,
@@ -82,8 +82,12 @@ __all__ = [
 
 def _call_parts(call: Call[Any]) -> tuple[Record, int]:
     record, fence = getattr(call, "record", None), call.fence
-    if call.replayed or record is None or fence is None:
+    if call.replayed:
         raise ConfigurationError("fenced() needs a claimed call (not a replay) from guard/aguard")
+    if record is None or fence is None:
+        # The one call that runs unclaimed: Redis failed under on_store_error="open". Without
+        # a fence nothing tells a stale or second run from this one: its work must not commit.
+        raise UnprotectedCallError()
     return record, fence
 
 
@@ -113,8 +117,15 @@ def fenced(
     guard completes with it only once the transaction committed with the row in it.
 
     ``ConfigurationError``: ``db`` is no ``Session`` bound to an engine or connection, nor a
-    ``Connection``. ``StoreError``: the database refused the upsert (the effects table missing
-    or of another schema, the database down), as ``Effects`` reports the same table.
+    ``Connection``, or ``call`` is a replay. ``StoreError``: the database refused the upsert
+    (the effects table missing or of another schema, the database down), as ``Effects``
+    reports the same table. ``UnprotectedCallError`` (a ``StoreError``): ``call`` runs
+    unprotected (Redis failed under ``Policy(on_store_error="open")``): it has no fence, and
+    its fenced work refuses to run.
+
+    The row keeps the fingerprint of the request the store's claim was for (the store built
+    with ``effects=`` hands it to this context): after Redis forgot the record, another
+    request with the key is key reuse, not this one's replay.
     """
     from sqlalchemy.exc import DBAPIError
 

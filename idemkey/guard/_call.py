@@ -47,6 +47,7 @@ class Call(Generic[T]):
         "_key",
         "_make_steps",
         "_result",
+        "_row_result",
         "_saved",
         "_steps",
         "_ties",
@@ -61,6 +62,9 @@ class Call(Generic[T]):
     #: True once the guard's block has exited (set by ``GuardState.leave``); unset until then,
     #: so that building a call (an HTTP handler's, on every first request) costs nothing more.
     _exited: bool
+    #: The fence and the result the commit of the call's own fenced row wrote into it
+    #: (``contrib.sqlalchemy``); unset until one did, so a call costs nothing more.
+    _row_result: tuple[int, bytes]
 
     def __init__(
         self,
@@ -108,6 +112,18 @@ class Call(Generic[T]):
         (``contrib.sqlalchemy``); None when there is none."""
         unrecorded = self._unrecorded
         return unrecorded.get(step) if unrecorded else None
+
+    def outdated_fence(self, saved: bytes) -> int | None:
+        """The fence of the call's own fenced row when it lacks ``saved``, the result the
+        record completes with: it committed with none, or with a value saved over since (the
+        last save is the answer, in the row as in Redis). None: it holds it, or there is none.
+        """
+        fence = self.unrecorded_fence()
+        if fence is None:
+            row = getattr(self, "_row_result", None)
+            if row is not None and row[1] != saved:
+                fence = row[0]
+        return fence
 
     @property
     def result(self) -> T:

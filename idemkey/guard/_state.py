@@ -32,6 +32,7 @@ from ..errors import (
     InvalidKeyError,
     KeyReuseError,
     LeaseLostError,
+    RecordFormatError,
     RequestInFlightError,
     ResultNotStorableError,
     StoreError,
@@ -211,8 +212,11 @@ class GuardState(Reporter, Generic[T]):
 
     def claim_failed(self, error: StoreError) -> Call[T]:
         """Redis failed before the work ran: raise it (``on_store_error="closed"``), or run
-        the work unprotected (``"open"``: nothing is claimed or stored, a retry runs again)."""
-        if self.policy.on_store_error == "open":
+        the work unprotected (``"open"``: nothing is claimed or stored, a retry runs again).
+        A record the claim cannot read is raised whatever the policy, as HTTP answers it."""
+        # Redis answered, so this is no store failure to run beside: under "open" every retry
+        # would run the work again (Exchange._failed answers 503 record_unreadable alike).
+        if self.policy.on_store_error == "open" and not isinstance(error, RecordFormatError):
             self.notify("unprotected", detail=str(error))
             self.uncertain("unprotected", detail=str(error))
             self.call = Call(replayed=False, key=self.key)

@@ -28,6 +28,10 @@ __all__ = ["Guard", "guard"]
 
 T = TypeVar("T")
 
+#: How a block is cut off part way, rather than left: a cancel (asyncio; never raised in a
+#: thread), Ctrl-C, an exit from a signal handler. What it did is unknown, as after a crash.
+_INTERRUPTED: tuple[type[BaseException], ...] = (Cancelled, KeyboardInterrupt, SystemExit)
+
 
 class Guard(GuardState[T]):
     """The context manager :func:`guard` returns."""
@@ -79,16 +83,17 @@ class Guard(GuardState[T]):
         if claim is None:
             return
         owner = claim.owner
-        if saved is None and isinstance(exc, Cancelled):
-            # The caller cancelled the block part way: what it did is unknown, and a release
-            # would let a retry run it again at once. Keep the key until its lease lapses
-            # (renewed no more), then a retry takes it over; an operator is told.
+        if saved is None and isinstance(exc, _INTERRUPTED):
+            # The block was cut off part way (a cancel, Ctrl-C: one rule for both guards):
+            # what it did is unknown, and a release would let a retry run it again at once.
+            # Keep the key until its lease lapses (renewed no more), then a retry takes it
+            # over, as after a crash; an operator is told.
             self.store._unwatch(self.record, owner)
             self.cancelled()
             # Its entry is written in a task, which asyncio.run cancels when this block ended
-            # its main task (Ctrl-C): wait for it as a closing store does (cancelled again,
-            # stop waiting: the first cancel goes on).
-            with contextlib.suppress(Cancelled):
+            # its main task (Ctrl-C): wait for it as a closing store does (interrupted again,
+            # stop waiting: the first interruption goes on).
+            with contextlib.suppress(*_INTERRUPTED):
                 self.store._keeper.drain(CLOSE_DRAIN)
             return
         try:
@@ -110,8 +115,8 @@ class Guard(GuardState[T]):
             return self.store.release(self.record, owner)
         call, effects, policy = self.call, self.store.effects, self.policy
         if effects is not None and call is not None:
-            fence = call.unrecorded_fence()
-            if fence is not None:  # its fenced row committed before the result was saved
+            fence = call.outdated_fence(saved)
+            if fence is not None:  # its fenced row committed before this result was saved
                 try:
                     effects.record(self.record, None, fence, saved)
                 except StoreError as exc:  # Redis still gets it: only a later loss is exposed

@@ -19,6 +19,7 @@ from ..errors import (
     ConfigurationError,
     EffectCommittedError,
     JobDeadlineError,
+    KeyReuseError,
     StepAttemptsExhaustedError,
     StepNotStorableError,
     StoreError,
@@ -105,8 +106,9 @@ class Steps:
                 # Refused before it counts as finished: a retry runs the step again.
                 raise StepNotStorableError(self.key, name, str(exc.__cause__ or exc)) from exc
             if self.store.effects is not None:  # else no row can hold it: no call at all
-                self._record(name, encoded)
-            stored = self._checkpoint(name, encoded)
+                stored = self._record(name, encoded)
+            else:
+                stored = self._checkpoint(name, encoded)
         except BaseException:
             book.abandon(name)
             raise
@@ -119,11 +121,19 @@ class Steps:
     def _committed(self, name: str) -> bytes | None:
         """The step's result from its fenced row, when Redis has none (it forgot the key):
         checkpointed again and returned, so the step does not run. A row committed with no
-        result recorded raises EffectCommittedError (its effect is done, its result lost)."""
+        result recorded raises EffectCommittedError (its effect is done, its result lost).
+        A row another request committed (the row keeps its fingerprint) raises KeyReuseError:
+        this payload does not resume someone else's step, as Redis refuses it while it has
+        the record's steps."""
         book, effects = self.book, self.store.effects
         assert effects is not None
         try:
             found = effects.find(self.record, name)
+            if found is not None and self._reused(found):
+                detail = f"step {name!r} committed for another payload"
+                if self.reporter is not None:
+                    self.reporter.notify("mismatch", book.fence, detail)
+                raise KeyReuseError(f"idempotency key reused with a different payload: {detail}")
             if found == COMMITTED_ONLY:
                 raise EffectCommittedError(name)
             stored = self._checkpoint(name, found) if found is not None else None
@@ -137,12 +147,36 @@ class Steps:
         book.finish(name, stored)
         return stored
 
-    def _record(self, name: str, encoded: bytes) -> None:
-        """A step whose fenced row committed records its result there before Redis hears."""
-        call, effects = self.call, self.store.effects
+    def _reused(self, found: bytes) -> bool:
+        """Whether ``found`` (a step's row) was committed for another request than this call's
+        claim. A row that keeps no fingerprint (written before rows kept it, or by an Effects
+        of the user's own) cannot tell, and is resumed as before."""
+        reused = getattr(found, "reused", None)
+        # The guard (this runner's reporter) holds the fingerprint it claimed with.
+        request = getattr(self.reporter, "fingerprint", None)
+        return reused is not None and isinstance(request, bytes) and bool(reused(request))
+
+    def _record(self, name: str, encoded: bytes) -> bytes | None:
+        """Keep a finished step's result: in its fenced row when that committed without it,
+        then as its checkpoint (what ``_checkpoint`` answers)."""
+        call = self.call
         fence = call.unrecorded_fence(name) if call is not None else None
-        if fence is None or effects is None:
-            return
+        if fence is None:
+            return self._checkpoint(name, encoded)
+        # Row and checkpoint are one write a cancelled caller does not cut off: stopped
+        # between them, the row says "committed, no result" and Redis has nothing, so every
+        # executor (this block too, if it catches the cancel) gets EffectCommittedError for
+        # a step whose result was known. Sent again whole: both writes are idempotent.
+        try:
+            return uncancellable(lambda: self._row_then_checkpoint(name, fence, encoded))
+        except Cancelled:
+            # As in _checkpoint: finished for this call, listed in its ``cancelled`` entry.
+            self.book.finish(name, encoded)
+            raise
+
+    def _row_then_checkpoint(self, name: str, fence: int, encoded: bytes) -> bytes | None:
+        effects, owner = self.store.effects, self.owner
+        assert effects is not None
         try:
             effects.record(self.record, name, fence, encoded)
         except StoreError as exc:  # Redis still gets it: only a later loss is exposed
@@ -151,6 +185,9 @@ class Steps:
                 self.reporter.notify("store_error", fence, detail)
             else:
                 logger.warning("idemkey: %s", detail)
+        if owner is None:
+            return encoded
+        return self.store.checkpoint(self.record, owner, step_field(name), encoded)
 
     def _checkpoint(self, name: str, encoded: bytes) -> bytes | None:
         """Store a finished step's result (or remembered failure); None: the record is not

@@ -56,6 +56,9 @@
 --   {4}                   mismatch: the key was used with another fingerprint
 --   {5, completed_ms}     expired: the record is gone, its tombstone has this fingerprint; it
 --                         completed at completed_ms (Unix time, ms). Nothing is written.
+--   {6, type}             not a record: KEYS[1] holds a key of another type (TYPE's answer:
+--                         "string", "list", ...), a stranger's or damage. Nothing is written;
+--                         forget.lua deletes it.
 --
 -- Fence: max(stored fence + 1, server clock in microseconds), written with %d (a number's
 -- tostring would print 1.7e+15). It grows with every claim of a record, whatever the clock
@@ -76,7 +79,17 @@
 -- Two reads: a replay (the common repeat) reads only the fields it needs; the rest are read
 -- when the call goes on to claim, and only from a record that has any (measured:
 -- benchmarks/record_cost.py). "fence" comes first because every record but a new key has it.
-local head = redis.call("HMGET", KEYS[1], "resp", "fp", "state", "fence")
+-- pcall: a key of another type at the record's name (WRONGTYPE) is told apart from Redis
+-- failing, which the client answers by running the work under on_store_error="open" or with
+-- "retry the same key"; TYPE is asked only then, so the usual read costs nothing more.
+local head = redis.pcall("HMGET", KEYS[1], "resp", "fp", "state", "fence")
+if head.err then
+  local kind = redis.call("TYPE", KEYS[1]).ok
+  if kind ~= "hash" and kind ~= "none" then
+    return {6, kind}
+  end
+  return head  -- any other error, as redis.call would have raised it
+end
 local resp, fp, state = head[1], head[2], head[3]
 
 -- A complete record's fp ends with the 12-character owner tag, which is not part of the

@@ -13,21 +13,39 @@
 -- ARGV[1]  force         "1": delete a record that a live claim holds too (its owner's
 --                        completion is then refused, and a duplicate may run alongside it);
 --                        "0": refuse it
+-- ARGV[2]  seen state    optional: the state the operator was shown ("lapsed", "released":
+--                        what the console offers); given, a record found in another state, or
+--                        none, is kept
+-- ARGV[3]  seen fence    with ARGV[2]: the fence the operator was shown, decimal text ("": it
+--                        had none); a record with another fence (claimed since) is kept
 --
 -- Reply: {deleted, state}  deleted: the number of keys deleted (0: there was nothing);
 --                          state: what was found: "complete", "in_progress" (a live claim),
---                          "lapsed" (in progress, its lease passed), "released" or "" (none)
+--                          "lapsed" (in progress, its lease passed), "released", "foreign"
+--                          (a key of another type: no record, which claim.lua refuses) or ""
+--                          (none)
 --        {-1, "in_progress"}  refused: a live claim holds the record and ARGV[1] is not "1".
 --                          Nothing written.
+--        {-2, state}       refused: ARGV[2] was given and the record is not what was shown
+--                          (state: what was found, as above). Nothing written.
 --
 -- Invariants: reads and checks first, writes last. The check and the delete are one script,
--- so a retry that claimed the record since the operator looked is never deleted under it.
+-- so a retry that claimed the record since the operator looked is never deleted under it
+-- while it runs, nor, with ARGV[2], once it has completed or lapsed again (a new fence).
 -- Sent twice, the second finds no record ({0, ""}, or 1 for the wake-up the first wrote). Waiters of an
 -- in-progress record (field "w") are woken as release.lua wakes them: they claim it afresh.
 
-local record = redis.call("HMGET", KEYS[1], "state", "resp", "lease", "w")
+-- pcall: a key of another type at the record's name makes every claim of it refuse the key as
+-- unreadable, and forget is the remedy, so it must not fail on it (WRONGTYPE) as well.
+local record = redis.pcall("HMGET", KEYS[1], "state", "resp", "lease", "w", "fence")
 local state = ""
-if record[2] then  -- a completed record has no state field, only fp and resp
+if record.err then
+  local kind = redis.call("TYPE", KEYS[1]).ok
+  if kind == "hash" or kind == "none" then
+    return record  -- any other error, as redis.call would have raised it
+  end
+  state = "foreign"  -- no claim can hold it: deleted without force
+elseif record[2] then  -- a completed record has no state field, only fp and resp
   state = "complete"
 elseif record[1] == "in_progress" then
   -- The server's clock, as claim.lua reads it (Redis before 7.0 replicates effects only when
@@ -51,6 +69,11 @@ elseif record[1] == "in_progress" then
   end
 elseif redis.call("EXISTS", KEYS[1]) == 1 then
   state = "released"
+end
+-- What the operator was shown: a completed record, or a claim made since (a new fence), is
+-- not the record they chose to forget.
+if ARGV[2] and (state ~= ARGV[2] or (record[5] or "") ~= ARGV[3]) then
+  return {-2, state}
 end
 local deleted = redis.call("DEL", KEYS[1])
 for _, suffix in ipairs({":gone", ":lock", ":done"}) do

@@ -21,15 +21,17 @@ from typing import TYPE_CHECKING, Any, ClassVar, Final, Protocol
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from .._core import Record
+    from ..events import Reporting
+    from .uncertain import UncertainKind
 
-from .._core import DONE_HINT, RECORD_LOST, next_poll_delay
-from ..errors import ConfigurationError, StoreError
+from .._core import DONE_HINT, RECORD_LOST, Record, next_poll_delay, record_for
+from ..errors import ConfigurationError, InvalidKeyError, StoreError
 from ..events import DEBUG, RECORD_LOST_DETAIL, logger, report
 from ..policy import Policy
 from ._backend import SCRIPT_KEYS, _backend_errors, _glide_facade, asyncio_client, is_glide
 from ._leases import _RETRY_FRACTION, Lease, LeaseTable
 from ._packing import Packer, evalsha_packer, lean_eligible, pack_evalsha
+from .uncertain import entry_fields, uncertain_stream
 
 __all__ = [
     "COMMITTED_ONLY",
@@ -199,6 +201,8 @@ class StoreBase:
 
     #: Whether the store awaits its client (AsyncRedisStore) or calls it (RedisStore).
     awaits_client: ClassVar[bool]
+    #: Writes the uncertain outcomes off the caller's path (each store's own keeper).
+    _keeper: Any
 
     def __init__(self, client: Any, policy: Policy | None) -> None:
         if is_glide(client):  # AsyncRedisStore wraps one before it gets here (_glide)
@@ -239,6 +243,43 @@ class StoreBase:
         # by complete.lua), until the guard or adapter asks (_record_lost): its lease_lost then
         # names the cause, even where the script cannot tell (a duplicate completed meanwhile).
         self._records_lost: set[tuple[str, str]] = set()
+
+    def keep_uncertain(
+        self,
+        kind: UncertainKind,
+        source: Reporting,
+        fence: int | None = None,
+        detail: str = "",
+        steps: tuple[str, ...] = (),
+    ) -> None:
+        """Append an uncertain outcome to its prefix's stream (see ``idemkey.store.uncertain``),
+        off the caller's path: returns at once and never raises; a write that fails is lost.
+        The guards and adapters call it, each the ``source`` that names its record, scope,
+        method and route; the stream lives as long as the store's records."""
+        try:
+            record = source.record
+            prefix = record.record_key.rpartition(":{")[0]
+            fields = entry_fields(
+                kind, record.digest, source.scope, source.method, source.route, fence, detail, steps
+            )
+            self._keeper.keep(uncertain_stream(prefix), fields, self.policy.ttl_ms)
+        except Exception as exc:  # never the request's problem
+            logger.debug("idemkey could not keep an uncertain outcome: %s", exc)
+
+    def _named(self, key: str | Record, scope: str, method: str, route: str) -> Record:
+        """``key`` as a record: as given, or named as the adapters name it; a key or a part
+        no adapter would name is refused, typed (it was an AttributeError from the digest)."""
+        if isinstance(key, Record):
+            return key
+        if not isinstance(key, str) or not key:
+            raise InvalidKeyError(f"a key must be a non-empty str, not {key!r:.40}")
+        for name, part in (("scope", scope), ("method", method), ("route", route)):
+            if not isinstance(part, str):
+                raise ConfigurationError(f"{name} must be a str, not {type(part).__name__}")
+        try:
+            return record_for(self.policy.prefix, scope, method, route, key)
+        except UnicodeEncodeError as exc:  # a lone surrogate where the digest needs UTF-8
+            raise ConfigurationError(f"a record's name must be UTF-8 text: {exc}") from None
 
     def _completion_deadline(self, lease: Lease | None, started: float) -> float:
         """When a completion that started at ``started`` (monotonic) stops retrying."""

@@ -21,16 +21,16 @@ from .._core import (
     Decision,
     ExpiringDecision,
     InFlight,
+    Mismatch,
+    NotARecordError,
     Record,
     Replay,
     decode_checkpoint_reply,
     decode_claim_reply,
     new_owner,
     owner_tag,
-    record_for,
 )
 from ..errors import EffectCommittedError, RecordFormatError, StoreError
-from ..events import Reporting, logger
 from ..policy import Policy
 from ._sync_sender import Sender
 from ._sync_status import read_statuses, scan_statuses
@@ -40,7 +40,7 @@ from ._concurrency._sync_runtime import discover, sleep
 from ._server_check import _report, server_warnings
 from .operator import Cancelled, Forgotten, decode_cancel_reply, decode_forget_reply
 from .status import RecordStatus, _states
-from .uncertain import UncertainEntry, UncertainKind, decode_entry, entry_fields, uncertain_stream
+from .uncertain import UncertainEntry, decode_entry, uncertain_stream
 
 __all__ = ["RedisStore"]
 
@@ -123,7 +123,8 @@ class RedisStore(Sender):
         record is renewed by the store's heartbeat until it is completed or released (unless
         ``heartbeat=False``). ``origin`` (:func:`idemkey._core.record_origin`) is kept in the
         record, for :meth:`records` to filter by route and scope and to tell its age. A reply
-        :class:`RecordFormatError` refuses (a step name not UTF-8) gives the claim back first.
+        :class:`RecordFormatError` refuses (a step name not UTF-8, a key of another type at the
+        record's name) gives the claim back first, if there is one.
         """
         owner = owner or new_owner()
         lease_ms = lease_ms or self.policy.lease_ms
@@ -142,8 +143,9 @@ class RedisStore(Sender):
                 return decision
             if wait > 0 and type(decision) is InFlight:
                 decision = self._wait_for_end(record, owner, args, decision, wait)
-        except RecordFormatError:  # claimed, but holding what idemkey never writes: give back
-            self._eval("release", record.record_key, owner)
+        except RecordFormatError as exc:  # claimed, but holding what idemkey never writes:
+            if type(exc) is not NotARecordError:  # give back (no hash there: nothing claimed)
+                self._eval("release", record.record_key, owner)
             raise
         if heartbeat and type(decision) is Claimed:
             self._watch(record, owner, lease_ms, decision.fence)
@@ -151,19 +153,29 @@ class RedisStore(Sender):
             # Redis may have forgotten the key (a restart without persistence, a failover,
             # an eviction) or the completion (a crash after the commit): the database says
             # whether a fenced transaction committed for it. Whatever the fence's value.
-            return self._recover(record, decision, ttl_ms)
+            return self._recover(record, decision, ttl_ms, fingerprint)
         return decision
 
-    def _recover(self, record: Record, claim: Claimed, ttl_ms: int) -> Decision:
+    def _recover(
+        self, record: Record, claim: Claimed, ttl_ms: int, fingerprint: str | bytes
+    ) -> Decision:
         """A committed fenced result is the answer: complete the record with it and replay.
-        A row committed with no result recorded: release and raise EffectCommittedError."""
+        A row committed with no result recorded: release and raise EffectCommittedError; one
+        another request committed (it keeps its fingerprint): release, Mismatch (key reuse)."""
         try:
             stored = self.effects.find(record) if self.effects is not None else None
         except StoreError:
             self.release(record, claim.owner)  # fail closed: nothing runs unfenced
             raise
+        # Optional hooks (contrib.sqlalchemy's; an Effects of the user's own may lack them):
+        # the rows the claim commits keep the request's fingerprint, and a row tells on reuse.
         if stored is None:
+            if (claimed := getattr(self.effects, "claimed", None)) is not None:
+                claimed(record, claim.fence, fingerprint)
             return claim
+        if (reused := getattr(stored, "reused", None)) is not None and reused(fingerprint):
+            self.release(record, claim.owner)
+            return Mismatch()
         if stored == COMMITTED_ONLY:
             self.release(record, claim.owner)
             raise EffectCommittedError()
@@ -303,39 +315,13 @@ class RedisStore(Sender):
         route template and scope (the default scope of a request without credentials is
         ``idemkey.http.NO_CREDENTIALS``).
         """
-        record = (
-            key
-            if isinstance(key, Record)
-            else record_for(self.policy.prefix, scope, method, route, key)
-        )
+        record = self._named(key, scope, method, route)
         self._follow_loop()
         try:
             found = read_statuses(self.client, [record.record_key])
         except self._errors as exc:
             raise self._store_error("record", exc) from exc
         return found[0] if found else None
-
-    def keep_uncertain(
-        self,
-        kind: UncertainKind,
-        source: Reporting,
-        fence: int | None = None,
-        detail: str = "",
-        steps: tuple[str, ...] = (),
-    ) -> None:
-        """Append an uncertain outcome to its prefix's stream (see ``idemkey.store.uncertain``),
-        off the caller's path: returns at once and never raises; a write that fails is lost.
-        The guards and adapters call it, each the ``source`` that names its record, scope,
-        method and route; the stream lives as long as the store's records."""
-        try:
-            record = source.record
-            prefix = record.record_key.rpartition(":{")[0]
-            fields = entry_fields(
-                kind, record.digest, source.scope, source.method, source.route, fence, detail, steps
-            )
-            self._keeper.keep(uncertain_stream(prefix), fields, self.policy.ttl_ms)
-        except Exception as exc:  # never the request's problem
-            logger.debug("idemkey could not keep an uncertain outcome: %s", exc)
 
     def uncertain(self, *, limit: int = 100) -> list[UncertainEntry]:
         """The latest uncertain outcomes under the policy's prefix, newest first, at most
@@ -370,13 +356,20 @@ class RedisStore(Sender):
             self._eval("cancel", record.record_key, 1 if abandon else 0)
         )
 
-    def forget(self, record: Record, *, force: bool = False) -> Forgotten:
+    def forget(
+        self, record: Record, *, force: bool = False, seen: tuple[str, int | None] | None = None
+    ) -> Forgotten:
         """Delete ``record`` (an operator's call, see forget.lua) with its expiry tombstone,
         a 0.2 lock string and its wake-up stream, so the next request with its key runs
         afresh. A record a live claim holds is kept (``held``) unless ``force``: its owner's
         completion is then refused, and a duplicate may run beside it. A lapsed, completed
-        or released record is deleted; ``state`` says which it was ("" when none)."""
-        return decode_forget_reply(self._eval("forget", record.record_key, 1 if force else 0))
+        or released record is deleted, and a key of another type at the record's name (every
+        claim refuses it); ``state`` says which it was ("foreign": that key, "": none).
+        ``seen``: the (state, fence) the operator was shown; any other is kept (``changed``)."""
+        shown = () if seen is None else (seen[0], "" if seen[1] is None else seen[1])
+        return decode_forget_reply(
+            self._eval("forget", record.record_key, int(force), *shown)
+        )
 
     def check(self) -> list[str]:
         """Warn when the server can lose records: an evicting ``maxmemory-policy`` (any but

@@ -14,9 +14,10 @@ from .diagnostics import _text as text
 
 __all__ = ["Cancelled", "Forgotten", "decode_cancel_reply", "decode_forget_reply"]
 
-#: What forget found: a record's state (``in_progress`` only with a live claim), or "" for none.
-FoundState = Literal["in_progress", "lapsed", "complete", "released", ""]
-_FOUND: frozenset[str] = frozenset(("in_progress", "lapsed", "complete", "released", ""))
+#: What forget found: a record's state (``in_progress`` only with a live claim), "foreign" for a
+#: key of another type at the record's name (deleted: every claim refuses it), or "" for none.
+FoundState = Literal["in_progress", "lapsed", "complete", "released", "foreign", ""]
+_FOUND: frozenset[str] = frozenset(("in_progress", "lapsed", "complete", "released", "foreign", ""))
 
 
 @dataclass(frozen=True)
@@ -38,16 +39,19 @@ class Forgotten:
     ``state`` is what the record was (``""``: there was none); ``deleted`` the keys deleted
     (the record, its expiry tombstone, a 0.2 lock string, its wake-up stream); ``held`` is true
     when a live claim holds the record and ``force`` was not given: nothing was deleted.
+    ``changed`` is true when the caller said what it was shown (``seen``) and the record is no
+    longer that (``state`` is what it is now): nothing was deleted either.
     """
 
     state: FoundState
     deleted: int
     held: bool = False
+    changed: bool = False
 
     @property
     def forgotten(self) -> bool:
         """Whether a record was deleted."""
-        return not self.held and self.state != ""
+        return not self.held and not self.changed and self.state != ""
 
 
 def decode_cancel_reply(reply: object) -> Cancelled | None:
@@ -60,11 +64,14 @@ def decode_cancel_reply(reply: object) -> Cancelled | None:
 
 
 def decode_forget_reply(reply: object) -> Forgotten:
-    """forget.lua's reply: ``{deleted, state}``, or ``{-1, "in_progress"}`` when refused."""
+    """forget.lua's reply: ``{deleted, state}``, ``{-1, "in_progress"}`` when a live claim
+    holds the record, ``{-2, state}`` when it is not what the caller was shown."""
     if isinstance(reply, list) and len(reply) == 2 and type(reply[0]) is int:
         state = text(reply[1])
-        if state in _FOUND and reply[0] >= -1:
+        if state in _FOUND and reply[0] >= -2:
             if reply[0] == -1:
                 return Forgotten("in_progress", 0, held=True)
+            if reply[0] == -2:
+                return Forgotten(cast(FoundState, state), 0, changed=True)
             return Forgotten(cast(FoundState, state), reply[0])
     raise StoreError(f"unexpected reply from the forget script: {reply!r:.200}")

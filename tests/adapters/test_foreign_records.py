@@ -121,6 +121,35 @@ def test_a_forged_step_name_is_a_503_problem_and_never_a_run(
     assert client.hget(record, "owner") is None  # each claim given back
 
 
+@on_every_adapter
+@pytest.mark.parametrize("on_store_error", ["closed", "open"])
+def test_a_key_of_another_type_at_the_record_name_is_a_503_unreadable_and_never_a_run(
+    make_harness: Callable[..., Harness],
+    base_policy: Policy,
+    client: redis.Redis,
+    on_store_error: str,
+) -> None:
+    # A string (a stranger's SET, damage) where the record's hash should be: Redis refuses the
+    # claim's HMGET (WRONGTYPE), which was taken for "Redis failed": 503 store_unavailable,
+    # "retry with the same key", for as long as the key lived, or under "open" a run on every
+    # retry. Redis answered: it is a record idemkey cannot read, as the forged step name above.
+    harness = make_harness(on_store_error=on_store_error)
+    key = uuid.uuid4().hex
+    before = set(client.scan_iter(match=f"{base_policy.prefix}:*"))
+    headers = [("Idempotency-Key", key), ("Content-Type", "application/json")]
+    assert harness.request("POST", "/fail500", headers=headers, body=b"{}").status == 500
+    (record,) = set(client.scan_iter(match=f"{base_policy.prefix}:*")) - before
+    client.delete(record)
+    client.set(record, "not a hash")
+
+    for _ in range(2):
+        reply = harness.request("POST", "/fail500", headers=headers, body=b"{}")
+        body = assert_problem(reply, 503, "record_unreadable")
+        assert "not an idemkey record: a string" in body["detail"]
+    assert harness.executions["fail500"] == 1
+    assert client.get(record) == b"not a hash"  # left as it was: forget is the remedy
+
+
 @pytest.fixture
 def wsgi_store(redis_url: str, prefix: str) -> Iterator[RedisStore]:
     with store_on(redis_url, Policy(prefix=prefix)) as store:

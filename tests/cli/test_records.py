@@ -238,6 +238,39 @@ def test_forget_a_missing_record(idemkey: CliRunner, redis_url: str, prefix: str
     assert run.err.startswith("idemkey forget: no record ")
 
 
+@pytest.mark.parametrize("kind", ["string", "list"])
+def test_a_key_of_another_type_is_shown_as_such_and_forget_removes_it(
+    idemkey: CliRunner, real_client: redis.Redis, redis_url: str, prefix: str, kind: str
+) -> None:
+    """A key that is no hash where a record should be (a stranger's SET, damage) makes every
+    request with that key 503 record_unreadable: inspect says what it is, not "Redis failed"
+    (exit 3), and forget, the remedy, deletes it, by key and by digest."""
+    for key in ("other-1", "other-2"):
+        name = record_for(prefix, "", GUARD_METHOD, "", key).key
+        real_client.set(name, "not a hash") if kind == "string" else real_client.rpush(name, "a")
+    record = record_for(prefix, "", GUARD_METHOD, "", "other-1")
+
+    shown = idemkey("inspect", "--digest", record.digest, *_at(redis_url, prefix))
+    assert shown.code == 0, shown.err
+    lines = dict(line.split(None, 1) for line in shown.out.splitlines())
+    assert lines["record"] == record.key
+    assert lines["state"] == f"not an idemkey record (a {kind})"
+    as_json = idemkey("--json", "inspect", "other-1", "--guard", *_at(redis_url, prefix))
+    assert as_json.code == 0, as_json.err
+    view = json.loads(as_json.out)
+    assert (view["exists"], view["state"]) == (True, "foreign")
+    assert view["error"] == f"not an idemkey record (a {kind})"
+
+    forgot = idemkey("forget", "other-1", "--guard", "--yes", *_at(redis_url, prefix))
+    assert forgot.code == 0, forgot.err
+    assert forgot.out == f"forgot foreign record {record.key} (1 keys deleted)\n"
+    assert real_client.exists(record.key) == 0
+    other = record_for(prefix, "", GUARD_METHOD, "", "other-2")
+    forgot = idemkey("forget", "--digest", other.digest, "--yes", *_at(redis_url, prefix))
+    assert forgot.code == 0, forgot.err
+    assert real_client.exists(other.key) == 0
+
+
 # ---- stats --------------------------------------------------------------------------------
 
 

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 import pytest
 from redis.crc import key_slot
 
-from idemkey import AsyncRedisStore, Policy, RedisStore, aguard, guard
+from idemkey import AsyncRedisStore, Policy, RecordFormatError, RedisStore, aguard, guard
 from idemkey._core import record_for, record_origin
 from idemkey.cli import main
 from tests._servers import wait_until
@@ -202,6 +202,49 @@ async def test_async_records_on_the_cluster(
         await held.__aexit__(None, None, None)
     finally:
         await store.aclose()
+
+
+def test_a_key_of_another_type_is_refused_shown_and_forgotten_on_every_master(
+    redis_cluster: ClusterProcesses,
+    cluster_client: redis.cluster.RedisCluster,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # Strings where records should be, spread over the masters: every claim refuses the key as
+    # unreadable (no "Redis failed"), inspect through the cluster client's pipeline says what
+    # it is, and forget (the command and the store) deletes it.
+    prefix = "rc" + uuid.uuid4().hex[:8]
+    store = RedisStore(cluster_client, Policy(prefix=prefix, on_store_error="open"))
+    url = f"redis://127.0.0.1:{redis_cluster.nodes[0].port}/0"
+    by_master: dict[str, str] = {}  # one key on each master
+    for index in itertools.count():
+        key = f"other-{index}"
+        name = record_for(prefix, "", "GUARD", "", key).key
+        by_master.setdefault(cluster_client.get_node_from_key(name).name, key)
+        if len(by_master) == 3:
+            break
+    keys = list(by_master.values())
+    records = [record_for(prefix, "", "GUARD", "", key) for key in keys]
+    try:
+        for record in records:
+            cluster_client.set(record.key, "not a hash")
+        for key in keys:
+            with (
+                pytest.raises(RecordFormatError, match="not an idemkey record: a string"),
+                guard(store, key),
+            ):
+                pytest.fail("the block ran beside a key idemkey cannot read")
+        first, *rest = records
+        at = ["--redis-url", url, "--prefix", prefix]
+        assert main(["--json", "inspect", "--digest", first.digest, *at]) == 0
+        view = json.loads(capsys.readouterr().out)
+        assert (view["state"], view["error"]) == ("foreign", "not an idemkey record (a string)")
+        assert main(["forget", "--digest", first.digest, "--yes", *at]) == 0
+        assert cluster_client.exists(first.key) == 0
+        assert {store.forget(record).state for record in rest} == {"foreign"}
+        assert sum(cluster_client.exists(record.key) for record in records) == 0
+    finally:
+        store.close()
+        _purge(cluster_client, prefix)
 
 
 @pytest.mark.slow

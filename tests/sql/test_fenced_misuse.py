@@ -199,3 +199,62 @@ async def test_asyncio_the_same_errors(
     finally:
         await store.aclose()
         await engine.dispose()
+
+
+def test_an_unprotected_call_refuses_fenced_work(engine: sa.Engine, db_url: str) -> None:
+    """Redis down under ``on_store_error="open"``: the block runs without a claim, so there is
+    no fence to check. fenced() says so (``UnprotectedCallError``, a ``StoreError``), and the
+    transaction rolls back with the caller's writes; a replay is still a ConfigurationError."""
+    from idemkey.errors import UnprotectedCallError
+    from tests._servers import free_port, no_retry
+
+    def through_session(call: Any) -> None:
+        with Session(engine) as session, session.begin():
+            session.execute(sa.insert(CHARGES).values(key="open-1"))
+            fenced(session, call)
+
+    def through_connection(call: Any) -> None:
+        with engine.begin() as conn:
+            conn.execute(sa.insert(CHARGES).values(key="open-1"))
+            fenced(conn, call)
+
+    dead = redis.Redis(port=free_port(), socket_connect_timeout=1, retry=no_retry())
+    store = RedisStore(dead, Policy(on_store_error="open"), effects=Effects(engine))
+    try:
+        for work in (through_session, through_connection):
+            with guard(store, "open-1") as call:
+                assert call.fence is None
+                with pytest.raises(UnprotectedCallError, match='on_store_error="open"') as raised:
+                    work(call)
+                assert isinstance(raised.value, StoreError)
+    finally:
+        store.close()
+        dead.close()
+    with engine.connect() as conn:
+        assert conn.execute(sa.select(sa.func.count()).select_from(CHARGES)).scalar() == 0
+
+
+async def test_asyncio_an_unprotected_call_refuses_fenced_work(db_url: str) -> None:
+    from idemkey.errors import UnprotectedCallError
+    from tests._servers import free_port, no_async_retry
+
+    engine = create_async_engine(async_url(db_url))
+    dead = redis.asyncio.Redis(port=free_port(), socket_connect_timeout=1, retry=no_async_retry())
+    store = AsyncRedisStore(dead, Policy(on_store_error="open"), effects=AsyncEffects(engine))
+
+    async def work(call: Any) -> None:
+        async with AsyncSession(engine) as session, session.begin():
+            await session.execute(sa.insert(CHARGES).values(key="open-2"))
+            await afenced(session, call)
+
+    try:
+        async with aguard(store, "open-2") as call:
+            with pytest.raises(UnprotectedCallError):
+                await work(call)
+        async with engine.connect() as conn:
+            count = await conn.scalar(sa.select(sa.func.count()).select_from(CHARGES))
+        assert count == 0
+    finally:
+        await store.aclose()
+        await dead.aclose()
+        await engine.dispose()

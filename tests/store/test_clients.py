@@ -24,6 +24,7 @@ from idemkey import (
     ConfigurationError,
     Event,
     Policy,
+    RecordFormatError,
     RedisStore,
     RequestInFlightError,
     StoreError,
@@ -218,11 +219,14 @@ def test_the_blocks_own_exception_wins_over_a_store_error_on_exit(
 
 def test_an_error_reply_is_a_store_error(real_client: redis.Redis, prefix: str) -> None:
     record = record_for(prefix, "", "GUARD", "", "k")
-    real_client.set(record.key, "not a hash")  # WRONGTYPE for the claim script
+    real_client.set(record.key, "not a hash")  # WRONGTYPE for the release script
     store = RedisStore(real_client, Policy(prefix=prefix))
     with pytest.raises(StoreError, match="WRONGTYPE") as exc:
-        store.claim(record, "fp")
+        store.release(record, "owner")
     assert isinstance(exc.value.__cause__, redis.ResponseError)
+    # The claim script tells this key apart (tests/store/test_forget.py): Redis answered.
+    with pytest.raises(RecordFormatError, match="not an idemkey record: a string"):
+        store.claim(record, "fp")
 
 
 # ---- NOSCRIPT --------------------------------------------------------------------------------

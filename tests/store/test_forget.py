@@ -7,6 +7,9 @@ claim holds is kept, unless ``force``; a lapsed one is forgotten; what was found
 
 from __future__ import annotations
 
+import pytest
+
+from idemkey import RecordFormatError
 from idemkey.records import Claimed
 from idemkey.store import Forgotten
 from tests.store._both import (
@@ -82,6 +85,26 @@ class ForgetBehaviour:
         # Its lease lapsed (no lock string left): forgotten without force.
         await _resolve(store.client.hset(record.key, mapping={"state": "in_progress"}))
         assert await _resolve(store.store.forget(record)) == Forgotten("lapsed", 1)
+
+    @pytest.mark.parametrize("wait", [0.0, 1.0])
+    async def test_a_key_of_another_type_is_refused_by_claim_and_forgotten(
+        self, store: Both, wait: float
+    ) -> None:
+        # A list where the record's hash should be (a stranger's, or damage): every claim of
+        # the key is refused as unreadable (not "Redis failed"), and forget, the remedy, takes
+        # it with its hints, so the key runs afresh.
+        record = store.record()
+        await _resolve(store.client.rpush(record.key, "a", "b"))
+        await _resolve(store.client.set(record.key + ":gone", "a tombstone"))
+        for expired in (False, True):
+            with pytest.raises(RecordFormatError, match="not an idemkey record: a list"):
+                await store.claim(record, FP, heartbeat=False, wait=wait, expired=expired)
+        assert await _resolve(store.client.lrange(record.key, 0, -1)) == [b"a", b"b"]
+        found = await _resolve(store.store.forget(record))
+        assert (found.state, found.deleted, found.held) == ("foreign", 2, False)
+        assert found.forgotten
+        assert await store.keys() == []
+        assert isinstance(await store.claim(record, FP, heartbeat=False), Claimed)
 
 
 class TestRedisStoreForget(SyncStore, ForgetBehaviour):

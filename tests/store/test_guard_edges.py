@@ -23,6 +23,7 @@ from idemkey import (
     NoResultError,
     Outcome,
     Policy,
+    RecordFormatError,
     RedisStore,
     ResultNotStorableError,
     StoreError,
@@ -42,7 +43,7 @@ from idemkey.records import (
     record_for,
 )
 from tests._servers import free_port, no_async_retry, no_retry
-from tests.store._both import AsyncStore, Both, SyncStore
+from tests.store._both import AsyncStore, Both, SyncStore, _resolve
 
 
 @dataclasses.dataclass(frozen=True)
@@ -330,6 +331,49 @@ class EdgeBehaviour:
         assert await store.complete(record, owner, b"answer")
         assert await store.claim(record, payload_fingerprint(b"body")) == Replay(b"answer")
         assert type(await store.claim(record, payload_fingerprint(b"other"))) is Mismatch
+
+    # ---- a record the claim cannot read: never a run beside it, whatever on_store_error ----
+
+    @pytest.mark.parametrize("mode", ["closed", "open"])
+    async def test_a_step_name_that_is_not_utf8_is_refused_even_when_open(
+        self, store: Both, mode: str
+    ) -> None:
+        # A released record with a finished step whose name no str gives (forged or damaged):
+        # Redis answered, so it is no store failure to run the block beside ("open" included),
+        # as the HTTP adapters answer 503 record_unreadable for it.
+        events: list[Event] = []
+        policy = store.store.policy.replace(on_store_error=mode, on_event=events.append)
+        record = store.guard_record("job-1")
+        fields = {"fence": "5", "f0": "5", "fp": payload_fingerprint(b"p"), "ns": "1"}
+        await _resolve(store.client.hset(record.key, mapping={**fields, b"s:\xff": b"\x01\xc0"}))
+        for _ in range(3):  # each retry alike: the refused claim was given back
+            with pytest.raises(RecordFormatError, match="not UTF-8"):
+                async with store.guard("job-1", payload=b"p", policy=policy):
+                    pytest.fail("the block ran beside a record idemkey cannot read")
+        assert [event.kind for event in events] == ["store_error"] * 3
+        assert (await store.hash(record)).get(b"owner") is None
+
+    @pytest.mark.parametrize("mode", ["closed", "open"])
+    @pytest.mark.parametrize("kind", ["string", "list", "set"])
+    async def test_a_key_of_another_type_at_the_record_name_is_unreadable_not_redis_failing(
+        self, store: Both, mode: str, kind: str
+    ) -> None:
+        # A stranger's SET (or damage) where the record should be: claim.lua's read of the hash
+        # is refused (WRONGTYPE), which was taken for "Redis failed": "open" ran the block on
+        # every retry, "closed" raised a StoreError that a retry never cleared.
+        events: list[Event] = []
+        policy = store.store.policy.replace(on_store_error=mode, on_event=events.append)
+        key = store.guard_record("job-2").key
+        write = {"string": ("set", "not a hash"), "list": ("rpush", "a"), "set": ("sadd", "a")}
+        method, value = write[kind]
+        await _resolve(getattr(store.client, method)(key, value))
+        for _ in range(2):
+            with pytest.raises(RecordFormatError, match=f"not an idemkey record: a {kind}"):
+                async with store.guard("job-2", payload=b"p", policy=policy):
+                    pytest.fail("the block ran beside a key idemkey cannot read")
+        assert [event.kind for event in events] == ["store_error"] * 2
+        assert await _resolve(store.client.type(key)) == kind.encode()  # left as it was
+        assert await store.keys() == [key.encode()]  # no hint written beside it
 
 
 class TestSyncEdges(SyncStore, EdgeBehaviour):

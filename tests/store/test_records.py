@@ -20,7 +20,7 @@ import redis.asyncio
 
 from idemkey import AsyncRedisStore, Policy, RedisStore, aguard, guard
 from idemkey._core import record_for, record_origin
-from idemkey.errors import ConfigurationError, StoreError
+from idemkey.errors import ConfigurationError, InvalidKeyError, StoreError
 from idemkey.store import RecordStatus
 from tests._lease import lease_left
 from tests._pages import run_page
@@ -268,3 +268,33 @@ def test_a_path_with_line_breaks_is_listed_under_its_own_tenant(
     headers = {"Idempotency-Key": "k1", "Account": "tenant-mallory"}
     assert client.post("/charges%0Atenant-acme%0Ak:forged;", headers=headers).status_code == 201
     assert seen == [[(path, "tenant-mallory")]] * 2 + [[], []]  # found by its own path only
+
+
+@pytest.mark.parametrize(
+    ("arguments", "error"),
+    [
+        ({"key": b"k"}, InvalidKeyError),
+        ({"key": 5}, InvalidKeyError),
+        ({"key": None}, InvalidKeyError),
+        ({"key": ""}, InvalidKeyError),
+        ({"key": "k", "scope": b"s"}, ConfigurationError),
+        ({"key": "k", "route": None}, ConfigurationError),
+        ({"key": "k", "method": 5}, ConfigurationError),
+        ({"key": "k", "method": "\udcff"}, ConfigurationError),
+    ],
+    ids=["bytes", "int", "none", "empty", "scope-bytes", "route-none", "method-int", "surrogate"],
+)
+async def test_record_refuses_a_name_no_adapter_gives_typed(
+    real_client: redis.Redis, redis_url: str, prefix: str, arguments: dict[str, Any], error: type
+) -> None:
+    """``store.record()`` with a key or a part that is no str: a typed error, as ``guard()``
+    gives, where it was an AttributeError (or UnicodeEncodeError) from the record's digest."""
+    store = RedisStore(real_client, Policy(prefix=prefix))
+    with pytest.raises(error):
+        store.record(**arguments)
+    client = redis.asyncio.Redis.from_url(redis_url)
+    try:
+        with pytest.raises(error):
+            await AsyncRedisStore(client, Policy(prefix=prefix)).record(**arguments)
+    finally:
+        await client.aclose()

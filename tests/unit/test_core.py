@@ -10,7 +10,7 @@ import xxhash
 from hypothesis import given
 from hypothesis import strategies as st
 
-from idemkey import ConfigurationError, Policy, StoreError
+from idemkey import ConfigurationError, Policy, RecordFormatError, StoreError
 from idemkey._core import (
     decode_claim_reply,
     fingerprint,
@@ -50,6 +50,14 @@ def test_claim_replies_decode_into_decisions(reply: object, decision: object) ->
     assert repr(decoded) == repr(decision)
 
 
+@pytest.mark.parametrize("kind", [b"string", b"list", b"ReJSON-RL"])
+def test_a_key_of_another_type_is_an_unreadable_record_not_a_store_failure(kind: bytes) -> None:
+    # claim.lua's answer when the record's name holds no hash: Redis answered (the guards and
+    # adapters never run beside it, whatever on_store_error says).
+    with pytest.raises(RecordFormatError, match=f"^not an idemkey record: a {kind.decode()}$"):
+        decode_claim_reply([6, kind], "o")
+
+
 def test_record_for_builds_a_record_as_its_constructor_does() -> None:
     record = record_for("p", "s", "POST", "/r", "k")
     assert type(record) is Record
@@ -58,7 +66,8 @@ def test_record_for_builds_a_record_as_its_constructor_does() -> None:
 
 
 @pytest.mark.parametrize(
-    "reply", [None, [], b"OK", [9], [2], [2, "text"], [1, 1], [3], "claimed", [[1, 1, 0]]]
+    "reply",
+    [None, [], b"OK", [9], [2], [2, "text"], [1, 1], [3], "claimed", [[1, 1, 0]], [6], [6, 1]],
 )
 def test_unexpected_replies_are_store_errors(reply: object) -> None:
     with pytest.raises(StoreError, match="unexpected reply"):
