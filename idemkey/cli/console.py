@@ -72,12 +72,17 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def _bind(host: str, port: int) -> socket.socket:
-    """The listening socket, bound now: a port in use is a CliError before any banner."""
+    """The listening socket, bound and listening now: a port in use is a CliError before any
+    banner."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds
     try:
         sock.bind((host.strip("[]"), port))
+        # Listening takes the port: Linux lets two SO_REUSEADDR sockets bind one address while
+        # neither listens, so a second console started while this one still connects to Redis
+        # was not refused here (uvicorn listened only later, and one of them failed then).
+        sock.listen(2048)  # uvicorn's default backlog
     except OSError as exc:
         sock.close()
         if exc.errno == errno.EADDRINUSE:

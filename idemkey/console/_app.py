@@ -1,19 +1,24 @@
 """The console's Starlette app: the page, the fragment it refreshes, JSON, and forget.
 
 Every route answers only a request whose ``Host`` the console serves (``_guard.HostCheck``:
-DNS rebinding). Read-only unless ``allow_forget``: then ``POST /api/forget`` runs
-``store.forget()`` (forget.lua) on a record no live claim holds (lapsed, released or complete),
-and only for a request from the page itself: an ``Origin`` among the console's own, and the
-token this app was made with (fresh per process), which the page carries in a meta tag and its
-script sends in ``X-Idemkey-Token``. ``HostCheck`` asks both of every request but a GET or
-HEAD, whatever its path, so no route here checks them itself.
+DNS rebinding), and a read only from the console's own page or a typed address (not from a
+page of another site). Read-only unless ``allow_forget``: then ``POST /api/forget`` runs
+``store.forget()`` (forget.lua) on a record the page offered (lapsed, or released with steps),
+with the state and fence the page showed it with: forget.lua keeps a record a live claim
+holds, or that is no longer what the operator confirmed (a retry completed it or claimed it
+again meanwhile: 409), and a completed record is never one the page offers. Only for a request
+from the page itself: an ``Origin`` among the console's own, and the token this app was made
+with (fresh per process), which the page carries in a meta tag and its script sends in
+``X-Idemkey-Token``. ``HostCheck`` asks both of every request but a GET or HEAD, whatever its
+path, so no route here checks them itself.
 """
 
 from __future__ import annotations
 
 import secrets
 from collections.abc import Iterable
-from typing import Any
+from functools import partial
+from typing import Any, Final
 
 from jinja2 import Environment, PackageLoader, select_autoescape
 from starlette.applications import Starlette
@@ -24,13 +29,14 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, Response
 from starlette.routing import Route
 
-from .._core import is_digest, record_from_digest
+from .._core import Record, is_digest, record_from_digest
+from .._core._origin import printable_text
 from ..cli._refresh import refresh_seconds
-from ..cli.readable import NOT_A_DATE, compact_seconds, utc_time
+from ..cli.readable import NOT_A_DATE, compact_seconds, shown, utc_time
 from ..errors import StoreError
 from ..store import RedisStore
 from ._guard import TOKEN_HEADER, HostCheck, problem, security_headers, served_hosts
-from ._view import MAX_LISTED, snapshot
+from ._view import MAX_LISTED, ScopeLabels, snapshot
 
 __all__ = ["TOKEN_HEADER", "create_app"]
 
@@ -39,6 +45,35 @@ def _when(at: float) -> str:
     """An uncertain entry's time (stored data), or :data:`NOT_A_DATE` past what a date holds."""
     stamp = utc_time(at)
     return stamp.strftime("%Y-%m-%d %H:%M:%S") if stamp is not None else NOT_A_DATE
+
+
+#: What a forget takes: the record, and the state and fence its button was drawn with.
+FORGET_BODY: Final = (
+    '{"digest": "<32 hex digits>", "state": "lapsed" or "released", "fence": "<the fence '
+    'shown, or empty>"}'
+)
+#: The states the page offers a forget button for; a completed record is never one of them.
+OFFERED: Final = ("lapsed", "released")
+_MAX_FENCE: Final = 2**64
+
+
+def _forget_request(prefix: str, body: object) -> tuple[Record, tuple[str, int | None]] | str:
+    """The record a forget names and the (state, fence) the page showed it with, or why the
+    body is not one: the page always sends all three."""
+    if not isinstance(body, dict):
+        return f"the body must be JSON: {FORGET_BODY}"
+    digest, state, fence = body.get("digest"), body.get("state"), body.get("fence", False)
+    if not isinstance(digest, str) or not is_digest(digest):
+        return "digest must be the record's 32 hex digits"
+    if state not in OFFERED:
+        return f"state must be the one the page showed: {' or '.join(OFFERED)}"
+    if isinstance(fence, str) and fence.isascii() and fence.isdigit() and len(fence) <= 20:
+        fence = int(fence)
+    if fence in ("", None):
+        fence = None
+    elif type(fence) is not int or not 0 <= fence < _MAX_FENCE:
+        return "fence must be the one the page showed: its digits, or empty when it showed none"
+    return record_from_digest(prefix, digest), (state, fence)
 
 
 def create_app(
@@ -67,6 +102,12 @@ def create_app(
     )
     templates.filters["secs"] = compact_seconds
     templates.filters["when"] = _when
+    # Stored text as `idemkey list` prints it: a route, scope or key as one printable token
+    # (%XX), any other text with Python escapes; so no bidirectional override reaches the
+    # page raw to reorder what the operator reads (autoescaping does not touch it).
+    templates.filters["printable"] = printable_text
+    templates.filters["shown"] = shown
+    labels = ScopeLabels()  # one secret per console: a tenant's rows keep one label
 
     def render(name: str, **context: Any) -> str:
         return templates.get_template(name).render(
@@ -75,7 +116,7 @@ def create_app(
 
     def view() -> tuple[Any, str]:
         try:
-            return snapshot(store), ""
+            return snapshot(store, labels), ""
         except StoreError as exc:
             return None, str(exc)
 
@@ -101,26 +142,35 @@ def create_app(
     def status(request: Request) -> Response:
         shot, error = view()
         if shot is None:
-            return JSONResponse({"error": error}, status_code=503, headers=security_headers(None))
+            return problem(503, f"Redis is unavailable: {error}", "Redis is unavailable")
         return JSONResponse(shot.as_dict(), headers=security_headers(None))
 
     async def forget(request: Request) -> Response:  # HostCheck asked for Origin and token
         try:
             body = await request.json()
         except (ValueError, RecursionError):  # RecursionError: nested past what json reads
-            return problem(400, 'the body must be JSON: {"digest": "<32 hex digits>"}')
-        digest = body.get("digest") if isinstance(body, dict) else None
-        if not isinstance(digest, str) or not is_digest(digest):
-            return problem(400, "digest must be the record's 32 hex digits")
-        record = record_from_digest(store.policy.prefix, digest)
+            return problem(400, f"the body must be JSON: {FORGET_BODY}")
+        asked = _forget_request(store.policy.prefix, body)
+        if isinstance(asked, str):
+            return problem(400, asked)
+        record, seen = asked
         try:
-            found = await run_in_threadpool(store.forget, record)
+            found = await run_in_threadpool(partial(store.forget, record, seen=seen))
         except StoreError as exc:  # Redis failed: an answer, never a traceback
             return problem(503, f"Redis failed: {exc}")
         if found.held:
             return problem(409, "a live claim holds this record now; nothing deleted")
+        if found.changed and found.state:
+            # A retry claimed it since the page was drawn: completed (its answer is what the
+            # next retry replays) or lapsed again under a new fence. Not what was confirmed.
+            return problem(
+                409,
+                f"the record is {found.state} now, not the {seen[0]} record (fence "
+                f"{seen[1] if seen[1] is not None else '-'}) the page showed: nothing deleted; "
+                "look at it again",
+            )
         if not found.forgotten:
-            return problem(404, "no such record (forgotten already?)")
+            return problem(404, "no such record (forgotten already, or expired?)")
         answer = {"record": record.record_key, "deleted": found.deleted, "state": found.state}
         return JSONResponse(answer, headers=security_headers(None))
 

@@ -11,6 +11,14 @@ come from one of their origins (compared with the configured ones, never with on
 the request's own Host), and it carries a token made afresh for each console process, which
 only a page read from the console holds (Jupyter's token). Both are checked here, for every
 method but GET and HEAD on every path, so a route added later cannot forget them.
+
+A page of another site needs no rebinding to make the console work: ``<img src>`` or a
+no-cors ``fetch`` of ``http://127.0.0.1:8089/api/status`` carries the console's own Host, and
+though it cannot read the answer, each one is a SCAN of the whole prefix, at the rate that page
+picks. So a read is refused too when the browser says it comes from elsewhere:
+``Sec-Fetch-Site`` other than ``same-origin`` (the page's own fetches) or ``none`` (an address
+typed or bookmarked), or an ``Origin`` that is not the console's. A client that is no browser
+sends neither, and is answered.
 """
 
 from __future__ import annotations
@@ -23,6 +31,7 @@ from typing import Any, Final
 from starlette.responses import JSONResponse, Response
 
 __all__ = [
+    "OWN_FETCHES",
     "READS",
     "TOKEN_HEADER",
     "HostCheck",
@@ -37,6 +46,9 @@ __all__ = [
 TOKEN_HEADER: Final = "X-Idemkey-Token"
 #: The methods that change nothing: the only ones answered without the page's Origin and token.
 READS: Final = frozenset({"GET", "HEAD"})
+#: The ``Sec-Fetch-Site`` of a read the console answers: its own page's, or the operator's own
+#: navigation (an address typed, a bookmark).
+OWN_FETCHES: Final = frozenset({b"same-origin", b"none"})
 
 #: The names of the loopback interface a browser on this machine uses for the console.
 LOOPBACK_NAMES: Final = ("127.0.0.1", "localhost", "[::1]")
@@ -102,10 +114,10 @@ def security_headers(nonce: str | None) -> dict[str, str]:
     }
 
 
-def problem(status: int, detail: str) -> Response:
+def problem(status: int, detail: str, title: str = "refused") -> Response:
     """An RFC 9457 problem."""
     return JSONResponse(
-        {"type": "about:blank", "title": "refused", "status": status, "detail": detail},
+        {"type": "about:blank", "title": title, "status": status, "detail": detail},
         status_code=status,
         media_type="application/problem+json",
         headers=security_headers(None),
@@ -114,10 +126,12 @@ def problem(status: int, detail: str) -> Response:
 
 class HostCheck:
     """ASGI middleware: an HTTP request whose ``Host`` is not one of ``hosts`` gets a 400
-    problem and never reaches the app (a request without a Host too). Any method but GET and
-    HEAD, on any path, also needs an ``Origin`` among ``origins`` and ``token`` in
-    :data:`TOKEN_HEADER`, else a 403; with no ``token`` (a read-only console) it is refused
-    outright. Other scopes (lifespan) pass through; the console serves no websocket."""
+    problem and never reaches the app (a request without a Host too). A GET or HEAD that a
+    browser says comes from another site (``Sec-Fetch-Site`` but ``same-origin`` or ``none``,
+    an ``Origin`` not among ``origins``) gets a 403. Any other method, on any path, needs an
+    ``Origin`` among ``origins`` and ``token`` in :data:`TOKEN_HEADER`, else a 403; with no
+    ``token`` (a read-only console) it is refused outright. Other scopes (lifespan) pass
+    through; the console serves no websocket."""
 
     def __init__(
         self, app: _App, hosts: frozenset[str], origins: frozenset[str], token: str | None
@@ -138,6 +152,16 @@ class HostCheck:
                 f"not {host[:100]!r} (a DNS rebinding?); a name of your own: --allow-host",
             )
         if scope["method"] in READS:
+            site = headers.get(b"sec-fetch-site")
+            origin = headers.get(b"origin")
+            if (site is not None and site.lower() not in OWN_FETCHES) or (
+                origin is not None and origin.decode("latin-1") not in self.origins
+            ):
+                return problem(
+                    403,
+                    "this console answers reads only from its own page or an address typed or "
+                    "bookmarked, not a request from another site (Sec-Fetch-Site, Origin)",
+                )
             return None
         if self.token is None:
             return problem(403, "forget is off: start the console with --allow-forget")

@@ -159,7 +159,7 @@ const done = arguments[arguments.length - 1];
     method: "POST",
     headers: {"Content-Type": "application/json", "X-Idemkey-Confirm": "forget",
               "X-Idemkey-Token": found ? found[1] : "guess"},
-    body: JSON.stringify({digest: arguments[0]}),
+    body: JSON.stringify({digest: arguments[0], state: "released", fence: arguments[1]}),
   });
   done({page: page.status, token: !!found, status: status.status,
         statusBody: await status.text(), forget: forget.status});
@@ -186,7 +186,8 @@ def test_a_rebinding_name_gets_no_status_and_its_script_forgets_nothing(
     assert "reserve" not in shown
     assert "this console answers only to Host" in shown
     # A script of that origin: every read refused, the forget too; the record stays.
-    seen = rebinding_browser.execute_async_script(_ATTACK, record.digest)
+    fence = str(record.fence)  # what the page shows: the attacker's script reads it there
+    seen = rebinding_browser.execute_async_script(_ATTACK, record.digest, fence)
     assert seen == {
         "page": 400, "token": False, "status": 400, "statusBody": seen.get("statusBody"),
         "forget": 400,
@@ -195,7 +196,7 @@ def test_a_rebinding_name_gets_no_status_and_its_script_forgets_nothing(
     assert [s.digest for s in store.records()] == [record.digest]
     # The same script on the console's own page (its real origin) forgets: the refusals above
     # come from the name, not from a forget that never works.
-    assert browser.execute_async_script(_ATTACK, record.digest)["forget"] == 200
+    assert browser.execute_async_script(_ATTACK, record.digest, fence)["forget"] == 200
     assert list(store.records()) == []
 
 

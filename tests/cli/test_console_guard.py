@@ -90,13 +90,14 @@ def test_a_forget_needs_the_console_s_origin_and_token(
     console: Callable[..., AppServer], store: RedisStore, real_client: redis.Redis
 ) -> None:
     digest = released_with_a_step(store, "order-22")
+    (shown,) = store.records()
     before = real_client.hgetall(f"{store.policy.prefix}:{{{digest}}}")
     server = console("--allow-forget")
     other = console("--allow-forget")  # another console process: another token
     token = token_of(server)
     assert token != token_of(other)
     home, evil = own(server), f"{EVIL}:{server.port}"
-    body = {"digest": digest}
+    body = {"digest": digest, "state": "released", "fence": str(shown.fence)}
     refused = [
         # (Host, Origin, token, expected status): the rebinding itself
         (evil, f"http://{evil}", token, 400),
@@ -123,28 +124,35 @@ def test_a_forget_needs_the_console_s_origin_and_token(
     assert list(store.records()) == []
 
 
-def test_a_record_forgotten_from_the_console_runs_again_with_expired_grace(
+def test_the_console_does_not_forget_a_completed_record_nor_its_tombstone(
     console: Callable[..., AppServer], real_client: redis.Redis, prefix: str
 ) -> None:
-    """The tombstone goes with the record: the retry runs instead of 410 key_expired."""
+    """The page never offers a completed record (its answer is what a retry replays), so a
+    forget of one is refused, whatever state it claims to have seen: the record and its
+    tombstone stay, and the retry is replayed. ``idemkey forget`` is the way to forget one."""
     store = RedisStore(real_client, Policy(prefix=prefix, expired_grace=600.0))
     app = demo_app(store).test_client()
     charge = {"json": {"amount": 1000, "currency": "eur"}, "headers": {"Idempotency-Key": "k-1"}}
     assert app.post("/charges", **charge).status_code == 201
     (record,) = store.records()
+    assert record.state == "complete"
     assert real_client.exists(f"{prefix}:{{{record.digest}}}:gone")  # the tombstone
     server = console("--allow-forget")
+    assert f'data-forget="{record.digest}"' not in ask(server, "/", own(server))[1]
     headers = {"Origin": f"http://{own(server)}", "X-Idemkey-Token": token_of(server)}
-    body = {"digest": record.digest}
-    status, answer = ask(server, "/api/forget", own(server), method="POST", body=body, **headers)
-    assert status == 200, answer
-    assert json.loads(answer) == {
-        "record": f"{prefix}:{{{record.digest}}}", "deleted": 2, "state": "complete"
-    }  # fmt: skip
-    assert not real_client.exists(f"{prefix}:{{{record.digest}}}:gone")
+    for state, expected in (("complete", 400), ("lapsed", 409), ("released", 409)):
+        body = {"digest": record.digest, "state": state, "fence": ""}
+        status, answer = ask(
+            server, "/api/forget", own(server), method="POST", body=body, **headers
+        )
+        assert status == expected, answer
+    assert (
+        real_client.exists(f"{prefix}:{{{record.digest}}}", f"{prefix}:{{{record.digest}}}:gone")
+        == 2
+    )
     again = app.post("/charges", **charge)
     assert again.status_code == 201, again.get_data(as_text=True)
-    assert app.get("/charges").get_json()["count"] == 2  # it ran again
+    assert app.get("/charges").get_json()["count"] == 1  # replayed, not run again
     store.close()
 
 
