@@ -4,17 +4,18 @@ how one is stored, and how it is raised again.
 A declared exception is deterministic (a card declined, a validation error): running the work
 again gives the same answer, so the first answer is stored in the record as the result and
 every retry raises it again without running. It is stored as data, never pickled: the declared
-class's ``module:qualname``, ``str(exc)`` and the fields declared for it, all MessagePack,
-behind their own format byte (:data:`FAILURE_FORMAT`), so no stored value can be mistaken for
-one.
+class's ``module:qualname``, ``str(exc)``, the fields declared for it and ``exc.args`` when
+they are plain data (:func:`_kept_args`), all MessagePack, behind their own format byte
+(:data:`FAILURE_FORMAT`), so no stored value can be mistaken for one.
 
 Stored data is input: no stored byte selects code. A stored failure is raised again only as
 one of the classes the guard (step, task) reading it declared, found by comparing the stored
 ``module:qualname`` with theirs, exactly; nothing is imported. The instance is made with the
-declared class's ``__new__``, its ``args`` is the message and only the fields declared for
-that class are set; its ``__init__`` is not called (it may need arguments the record does not
-hold). Anything else (a class not declared here, a field not declared for it, an entry that
-does not decode, a reader that declared nothing) is raised as
+declared class's ``__new__``, only the fields declared for that class are set, and its
+``args`` are the stored ones (the message when none are stored, or when with them ``str()``
+would not give the message); its ``__init__`` is not called (it may need arguments the record
+does not hold). Anything else (a class not declared here, a field not declared for it, an
+entry that does not decode, a reader that declared nothing) is raised as
 :class:`~idemkey.errors.StoredFailureError` naming what was found.
 
 An exception of a subclass of a declared class that is not itself declared is stored as the
@@ -47,14 +48,19 @@ FAILURE_FORMAT: Final = 3
 _FAILURE_BYTE: Final = bytes([FAILURE_FORMAT])
 #: How much of an unreadable entry a StoredFailureError shows.
 _SHOWN_BYTES: Final = 40
+#: How deep a remembered exception's args may nest (lists, dicts) and still be kept.
+_ARGS_DEPTH: Final = 16
 
 
 class StoredFailure(msgspec.Struct, frozen=True, array_like=True):
-    """A remembered exception as stored: ``module:qualname``, ``str(exc)``, declared fields."""
+    """A remembered exception as stored: ``module:qualname``, ``str(exc)``, declared fields,
+    and ``exc.args`` when kept (left out when not: then the array is the three items earlier
+    versions wrote, and a trailing fourth is one they ignore)."""
 
     type: str
     message: str
     fields: dict[str, Any] = {}
+    args: tuple[Any, ...] | None = None
 
 
 _encoder: Final = msgspec.msgpack.Encoder()
@@ -89,8 +95,12 @@ class FailureRules:
             return None
         try:
             values = {name: getattr(exc, name) for name in declared[cls] if hasattr(exc, name)}
-            stored = StoredFailure(_type_path(cls), str(exc), values)
-            return _FAILURE_BYTE + _encoder.encode(stored)
+            message = str(exc)
+            entry: list[Any] = [_type_path(cls), message, values]
+            args = _kept_args(exc.args, message)
+            if args is not None:
+                entry.append(args)
+            return _FAILURE_BYTE + _encoder.encode(entry)
         except Exception:  # an unencodable field, a __str__ that raises: not remembered
             return None
 
@@ -150,6 +160,31 @@ def rules_for(cache_exceptions: object) -> FailureRules | None:
     return FailureRules(declared)
 
 
+def _kept_args(args: tuple[Any, ...], message: str) -> list[Any] | None:
+    """``args`` to store, when msgspec gives them back as they are and they are not just the
+    message; else None (a retry's args are then ``(message,)``)."""
+    # Plain first: comparing other objects runs their own __eq__.
+    if not all(_plain(value, _ARGS_DEPTH) for value in args) or args == (message,):
+        return None
+    return list(args)
+
+
+def _plain(value: object, depth: int) -> bool:
+    # Exact built-in types only: a tuple, a Decimal, an Enum or a str subclass would come
+    # back from MessagePack as another type, and deeper nesting than a reader decodes would
+    # make the whole failure unreadable.
+    kind = type(value)
+    if isinstance(value, int) and kind is int:
+        return -(2**63) <= value < 2**64  # MessagePack's integers
+    if isinstance(value, list) and kind is list:
+        return depth > 0 and all(_plain(item, depth - 1) for item in value)
+    if isinstance(value, dict) and kind is dict:
+        return depth > 0 and all(
+            type(key) is str and _plain(item, depth - 1) for key, item in value.items()
+        )
+    return kind in (str, float, bool, bytes, type(None))
+
+
 def _field_name(name: object) -> bool:
     return isinstance(name, str) and name.isidentifier() and not name.startswith("__")
 
@@ -201,7 +236,20 @@ def raise_failure(stored: bytes, rules: FailureRules | None) -> BaseException:
     except Exception as exc:  # a __new__ that needs arguments, a read-only field
         why = f"it cannot be rebuilt ({type(exc).__name__}: {exc})"
         return StoredFailureError(failure.type, failure.message, failure.fields, why)
+    if failure.args is not None:
+        error.args = failure.args
+        # An OSError's str() reads errno and strerror, which only its __init__ sets from args:
+        # where the args would change the message, the message wins, as before args were kept.
+        if _shown(error) != failure.message:
+            error.args = (failure.message,)
     note = getattr(error, "add_note", None)
     if note is not None:  # Python 3.11+
         note("idemkey: raised again from the failure the first run stored (cache_exceptions)")
     return error
+
+
+def _shown(error: BaseException) -> str | None:
+    try:
+        return str(error)
+    except Exception:  # the declared class's own __str__, on an instance __init__ never saw
+        return None

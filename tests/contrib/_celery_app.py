@@ -166,6 +166,8 @@ def make_app(url: str, prefix: str, store_url: str | None = None) -> Celery:
         runs = client().incr(f"{prefix}:runs:{order_id}")
         if card == "declined":
             raise CardDeclined(f"card declined for {order_id}")
+        if card == "no-funds":  # two args: a duplicate must raise it with both
+            raise CardDeclined("insufficient_funds", 51)
         if card == "flaky" and runs == 1:
             raise ConnectionError("the PSP timed out")
         return {"order": order_id, "runs": runs}
@@ -292,6 +294,18 @@ def make_app(url: str, prefix: str, store_url: str | None = None) -> Celery:
     def typed_result(self: IdempotentTask, order_id: str) -> dict[str, Any]:
         """Counts its runs; returns the types Celery's JSON carries beyond JSON's own."""
         return {"order": order_id, "runs": client().incr(f"{prefix}:runs"), **TYPED}
+
+    @app.task(
+        base=IdempotentTask,
+        shared=False,
+        bind=True,
+        name="tests.not_storable",
+        idempotency_store=make_store,
+    )
+    def not_storable(self: IdempotentTask, order_id: str) -> dict[str, Any]:
+        """Counts its runs; returns what msgspec cannot encode (ResultNotStorableError)."""
+        client().incr(f"{prefix}:runs:{order_id}")
+        return {"order": order_id, "handle": object()}
 
     class Reporting(IdempotentTask):
         """Tells the test what ``request.idempotent_replayed`` said, after each run."""

@@ -33,7 +33,7 @@ pytest.importorskip("celery")
 
 from celery import Celery
 
-from idemkey import Policy, RedisStore, StoreError, guard
+from idemkey import Policy, RedisStore, ResultNotStorableError, StoreError, guard
 from idemkey.contrib.celery import IdempotentTask
 from tests._servers import RedisServer, free_port, wait_until
 from tests.contrib._celery_app import STEPS, TYPED, CardDeclined, make_app
@@ -221,6 +221,26 @@ def test_a_remembered_failure_fails_every_delivery_alike_and_a_transient_one_run
         task.delay("o-f", "flaky").get(timeout=30)
     assert task.delay("o-f", "flaky").get(timeout=30) == {"order": "o-f", "runs": 2}
     assert client.get(f"{prefix}:runs:o-f") == b"2"
+
+
+def test_the_caller_gets_idemkeys_own_error_class_and_a_remembered_failures_args(
+    app: Celery, prefix: str, client: redis.Redis, start_worker: StartWorker
+) -> None:
+    # The prefork pool pickles a task's exception and the JSON result backend rebuilds it as
+    # type(exc)(*exc.args): with only its message in args, the caller got the bare IdemkeyError.
+    start_worker("prefork")
+    for _ in range(2):  # the run, then a delivery that finds the result was not kept
+        with pytest.raises(ResultNotStorableError) as raised:
+            app.tasks["tests.not_storable"].delay("o-n").get(timeout=30)
+        assert raised.value.key.startswith("args:")
+        assert raised.value.key in str(raised.value)
+    assert client.get(f"{prefix}:runs:o-n") == b"1"
+    # A remembered failure's duplicate raises it with its args, not its str() as the one arg.
+    for _ in range(2):
+        with pytest.raises(CardDeclined) as declined:
+            app.tasks["tests.charge_card"].delay("o-a", "no-funds").get(timeout=30)
+        assert declined.value.args == ("insufficient_funds", 51)
+    assert client.get(f"{prefix}:runs:o-a") == b"1"
 
 
 def test_celery_autoretry_sends_a_transient_failure_again_but_never_a_remembered_one(
