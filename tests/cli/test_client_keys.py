@@ -217,6 +217,9 @@ def test_list_uncertain_advice_follows_the_records_state_now(
     with contextlib.suppress(RuntimeError), guard(store, "order-6") as call:
         call.step("reserve", lambda: 1)
         raise RuntimeError("card declined")  # released with a finished step: uncertain
+    # The entry is written off the caller's path (the store's keeper): listed once it landed
+    # (CI read the stream before it did, once, under load).
+    wait_until(lambda: len(store.uncertain()) == 1, 10, "the uncertain entry landed")
     argv = ("--redis-url", redis_url, "--prefix", prefix, "list", "--uncertain")
     before = idemkey(*argv).out
     assert "compensate the finished steps" in before
