@@ -35,6 +35,10 @@ def _ask(args: argparse.Namespace, record: Record, view: RecordView) -> str:
         raise CliError(
             f"record {record.record_key} is complete: nothing to cancel (forget deletes it)"
         )
+    if view.state == "foreign":  # a key of another type: cancel.lua would fail on it (exit 3)
+        raise CliError(
+            f"{record.record_key} is not an idemkey record: nothing to cancel (forget deletes it)"
+        )
     what = "cancel and abandon" if args.abandon else "cancel"
     return f"{what} {view.state} record {record.record_key}?"
 

@@ -261,6 +261,11 @@ def test_a_key_of_another_type_is_shown_as_such_and_forget_removes_it(
     assert (view["exists"], view["state"]) == (True, "foreign")
     assert view["error"] == f"not an idemkey record (a {kind})"
 
+    cancel = idemkey("cancel", "other-1", "--guard", "--yes", *_at(redis_url, prefix))
+    assert cancel.code == 1, cancel.err  # one line, not exit 3 ("Redis failed": WRONGTYPE)
+    assert "is not an idemkey record: nothing to cancel (forget deletes it)" in cancel.err
+    assert real_client.exists(record.key) == 1
+
     forgot = idemkey("forget", "other-1", "--guard", "--yes", *_at(redis_url, prefix))
     assert forgot.code == 0, forgot.err
     assert forgot.out == f"forgot foreign record {record.key} (1 keys deleted)\n"
