@@ -31,6 +31,7 @@ from starlette.routing import Route
 
 from .._core import Record, is_digest, record_from_digest
 from .._core._origin import printable_text
+from .._core._stored import stored_int
 from ..cli._refresh import refresh_seconds
 from ..cli.readable import NOT_A_DATE, compact_seconds, shown, utc_time
 from ..errors import StoreError
@@ -67,8 +68,8 @@ def _forget_request(prefix: str, body: object) -> tuple[Record, tuple[str, int |
         return "digest must be the record's 32 hex digits"
     if state not in OFFERED:
         return f"state must be the one the page showed: {' or '.join(OFFERED)}"
-    if isinstance(fence, str) and fence.isascii() and fence.isdigit() and len(fence) <= 20:
-        fence = int(fence)
+    if isinstance(fence, str) and (number := stored_int(fence)) is not None:
+        fence = number
     if fence in ("", None):
         fence = None
     elif type(fence) is not int or not 0 <= fence < _MAX_FENCE:
