@@ -152,9 +152,9 @@ def h2(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         yield server.url
 
 
-NEIGHBOUR = 1.0  # seconds between the neighbour's head and the rest of its body
-SLOW = 4.0  # the slow call's body comes this long after its head...
-DEADLINE = 0.5  # ... and the call gives up long before
+NEIGHBOUR = 3.0  # seconds between the neighbour's head and the rest of its body
+SLOW = 6.0  # the slow call's body comes this long after its head...
+DEADLINE = 1.5  # ... and the call gives up long before (its head well within it, under load)
 
 
 def h2_options(hook: Any) -> dict[str, Any]:
@@ -189,6 +189,9 @@ def test_a_deadline_on_http2_leaves_the_other_streams_alone(h2: str) -> None:
         thread.start()
         with pytest.raises(RetriesExhaustedError) as gave_up:
             client.post(f"/trickle/{SLOW}", json={"amount": 1})
+        # The head came before the give-up, so the neighbour was in flight when it fired (else
+        # the test would pass on a connection opened after it).
+        assert slow_head.is_set()
         # httpcore's sync HTTP/2 lets the thread that reads keep its lock: the neighbour may
         # wait until the slow stream ends. It must not fail.
         thread.join(SLOW + 10.0)
@@ -214,4 +217,5 @@ async def test_an_async_deadline_on_http2_leaves_the_other_streams_alone(h2: str
         task = asyncio.create_task(neighbour())
         with pytest.raises(RetriesExhaustedError):
             await client.post(f"/trickle/{SLOW}", json={"amount": 1})
+        assert slow_head.is_set()  # the neighbour was in flight when the deadline fired
         assert await asyncio.wait_for(task, SLOW + 10.0) == ("HTTP/2", b'{"ok": true}')

@@ -43,7 +43,7 @@ def test_a_sync_block_interrupted_mid_work_keeps_its_key_until_the_lease_lapses(
 ) -> None:
     # Before: the key was released at once, the retry ran the half-done step again, and no
     # entry told an operator.
-    store = RedisStore(real_client, Policy(prefix=prefix, lease=1.5, wait=0))
+    store = RedisStore(real_client, Policy(prefix=prefix, lease=5, wait=0))
     ran: list[str] = []
     try:
         with pytest.raises(interruption), guard(store, "job", payload=b"p") as call:  # noqa: PT012
@@ -56,7 +56,7 @@ def test_a_sync_block_interrupted_mid_work_keeps_its_key_until_the_lease_lapses(
         assert (entry.kind, entry.fence, entry.steps) == ("cancelled", call.fence, ("reserve",))
         # Not renewed any more: it lapses, and the retry after it takes over and resumes.
         record = guard_record(prefix, "job")
-        wait_until(lambda: lease_left(real_client, record) <= 0, 10, "the lease to lapse")
+        wait_until(lambda: lease_left(real_client, record) <= 0, 20, "the lease to lapse")
         with guard(store, "job", payload=b"p") as retry:
             assert retry.takeover
             assert retry.resumed_steps == ("reserve",)
