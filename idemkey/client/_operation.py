@@ -135,6 +135,9 @@ class IdempotentResponse:
     response: httpx.Response
     key: str
     attempts: int
+    #: Whether an earlier attempt of the call was lost (it may have reached the handler): a
+    #: replay after one is the call's own answer (``on_replay="refuse"`` accepts it).
+    after_lost: bool = False
 
     @property
     def replayed(self) -> bool:

@@ -8,7 +8,6 @@ decision (return, raise, report and wait) is :func:`settle`, here.
 from __future__ import annotations
 
 import logging
-import weakref
 from collections.abc import Callable, Iterable
 from typing import Any, Literal
 
@@ -176,9 +175,8 @@ def settle(
         return step.delay
     if isinstance(step, Done) or (isinstance(step, Refused) and transport):
         assert response is not None
-        if isinstance(step, Done) and step.after_lost and not transport:
-            _after_lost.add(response)
-        return IdempotentResponse(response, operation.key, attempts)
+        lost = isinstance(step, Done) and step.after_lost
+        return IdempotentResponse(response, operation.key, attempts, lost)
     if isinstance(step, Refused):
         assert response is not None
         raise RefusedError(step.code, step.problem, response, attempts)
@@ -199,11 +197,6 @@ def settle(
 #: call a function with every replayed answer, which refuses it by raising.
 ReplayCheck = Literal["accept", "refuse"] | Callable[[IdempotentResponse], object]
 
-#: The answers of calls that lost an attempt (``Done.after_lost``), for :func:`check_replay`:
-#: ``IdempotentResponse`` has no field for it, so it is told here, by the httpx response the
-#: reply holds, and forgotten with it.
-_after_lost: weakref.WeakSet[httpx.Response] = weakref.WeakSet()
-
 
 def replay_check(where: str, value: ReplayCheck) -> ReplayCheck:
     if value in ("accept", "refuse"):
@@ -221,7 +214,7 @@ def check_replay(check: ReplayCheck, reply: IdempotentResponse) -> IdempotentRes
     if check == "refuse":
         # A replay is the call's own answer only after an attempt that may have reached the
         # handler; after a refused connection, 409 in_flight or a 503 it is another call's.
-        if reply.response not in _after_lost:
+        if not reply.after_lost:
             raise UnexpectedReplayError(reply)
         return reply
     assert callable(check)
