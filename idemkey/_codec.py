@@ -146,7 +146,7 @@ _VALUE: Final = operator.itemgetter(1)
 #: The token characters that are neither letters nor digits, removed by str.translate.
 _TOKEN_MARKS: Final = str.maketrans("", "", "!#$%&'*+-.^_`|~")
 #: RFC 9110 7.6.1's, and the ones waitress and wsgiref refuse from an app ("trailers").
-_HOP_BY_HOP: Final = frozenset(
+HOP_BY_HOP: Final = frozenset(
     {"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "proxy-connection",
      "te", "trailer", "trailers", "transfer-encoding", "upgrade"}
 )  # fmt: skip
@@ -166,7 +166,7 @@ def _sendable(response: StoredResponse) -> bool:
             rest = names.translate(_TOKEN_MARKS)
             if rest and not rest.isalnum():
                 return False
-        if not _HOP_BY_HOP.isdisjoint(map(str.lower, map(_NAME, headers))):
+        if not HOP_BY_HOP.isdisjoint(map(str.lower, map(_NAME, headers))):
             return False
         values = "".join(map(_VALUE, headers))
         # Equal: no value loses a character to strip, so none starts or ends with OWS.

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
 from . import _options
+from ._codec import HOP_BY_HOP
 from .errors import ConfigurationError
 from .http._scope import credential_scope
 
@@ -38,12 +39,11 @@ NEVER_BEGAN_STATUSES: frozenset[int] = frozenset(
      426, 428, 429, 431}
 )  # fmt: skip
 
-#: Response headers never stored: hop-by-hop headers (RFC 9110 section 7.6.1), ``Date`` (a replay
-#: gets a fresh one from the server) and ``Set-Cookie`` (a replay must not hand out a session).
-DEFAULT_HEADER_DENYLIST: frozenset[str] = frozenset(
-    {"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "proxy-connection",
-     "te", "trailer", "transfer-encoding", "upgrade", "date", "set-cookie"}
-)  # fmt: skip
+#: Response headers never stored: hop-by-hop headers (``_codec.HOP_BY_HOP``, the ones a replay
+#: refuses: RFC 9110 section 7.6.1's and ``Trailers``, which waitress and wsgiref refuse), ``Date``
+#: (a replay gets a fresh one from the server) and ``Set-Cookie`` (a replay must not hand out a
+#: session).
+DEFAULT_HEADER_DENYLIST: frozenset[str] = HOP_BY_HOP | {"date", "set-cookie"}
 
 #: What ``Policy(compress=True)`` means: records of 1 KiB or more. Below it zlib saves few
 #: bytes, and Redis's allocator rounds a small string up anyway.
