@@ -11,7 +11,7 @@ from urllib.parse import urlsplit
 from ..store.diagnostics import _text as text
 from ._base import URL_ENV, CliError
 
-__all__ = ["Server", "connect", "explain_redis_error", "info", "redact"]
+__all__ = ["Server", "connect", "explain_redis_error", "info", "key_count", "redact"]
 
 
 def redact(url: str) -> str:
@@ -93,6 +93,18 @@ def _address(client: Any) -> str:
 def info(client: Any, section: str | None = None) -> dict[str, Any]:
     reply: dict[str, Any] = client.info(section) if section else client.info()
     return reply
+
+
+def key_count(client: Any) -> int:
+    """How many keys the server of ``client`` holds (``DBSIZE``). An answer that is no count
+    (``"²"``, which ``int`` refuses; no Redis sends one) raises ``InvalidResponse``: a Redis
+    error, one line and exit 3, not an internal error."""
+    import redis
+
+    reply = client.dbsize()
+    if isinstance(reply, int):
+        return reply
+    raise redis.exceptions.InvalidResponse(f"DBSIZE answered {reply!r:.40}, not a count of keys")
 
 
 def explain_redis_error(exc: BaseException) -> str:

@@ -21,7 +21,7 @@ from ..store.uncertain import UncertainEntry, action_now
 from . import stats
 from ._base import CliError, print_json
 from ._progress import Progress
-from ._redis import connect
+from ._redis import connect, key_count
 from .readable import NOT_A_DATE, compact_seconds, shown, utc_time
 
 HELP: Final = "list records with their state, lease, age and steps (SCAN, never KEYS)"
@@ -172,7 +172,7 @@ def run(args: argparse.Namespace, out: IO[str]) -> int:
         return 0
     with connect(args.redis_url) as server:
         store = RedisStore(server.client, Policy(prefix=args.prefix))
-        total = sum(int(client.dbsize()) for _, client in server.nodes)
+        total = sum(key_count(client) for _, client in server.nodes)
         progress = Progress(total, not args.no_progress, "list")
         count = 0
         if args.json:

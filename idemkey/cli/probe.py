@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import secrets
 from pathlib import Path
 from typing import IO, Final
@@ -126,7 +127,7 @@ def _header(text: str, option: str) -> tuple[str, str]:
     name, colon, value = text.partition(":")
     name, value = name.strip(), value.strip()
     if not colon or not TOKEN.fullmatch(name):
-        raise CliError(f"{option} must look like 'Name: value', got {text!r}", 2)
+        raise _malformed(text, option, colon)
     if any(c in value for c in "\r\n\0"):
         raise CliError(f"{option} {name}: the value holds a line break", 2)
     try:
@@ -136,6 +137,33 @@ def _header(text: str, option: str) -> tuple[str, str]:
     if name.lower() in _OWN_HEADERS:
         raise CliError(f"{option}: the probe sets {name} itself", 2)
     return name, value
+
+
+#: The header name a malformed -H starts with: a name and a space (``Authorization Bearer``).
+_LEADING_NAME: Final = re.compile(rf"\s*({TOKEN.pattern})\s")
+
+
+def _malformed(text: str, option: str, colon: str) -> CliError:
+    """``option``'s argument is not ``'Name: value'``: said without printing it, as it is
+    often a credential (``-H 'Authorization Bearer xyz'``, the colon left out). Only the
+    header name it starts with is named, when a space follows one (a value alone, a token or
+    base64, has none)."""
+    leading = _LEADING_NAME.match(text)
+    which = f"the one starting with {leading[1]!r}" if leading else "one"
+    head = text.partition(":")[0]
+    if not colon:
+        problem = f"{which} has no ':'"
+    elif not head.strip():
+        problem = f"{which} has no header name before its ':'"
+    elif any(c.isspace() for c in head.strip()):
+        problem = f"{which} has a space before its first ':', which a header name cannot hold"
+    else:
+        problem = f"{which} has a character before its first ':' that a header name cannot hold"
+    return CliError(
+        f"{option} must look like 'Name: value', and {problem} (the rest is not shown: it may "
+        "be a credential)",
+        2,
+    )
 
 
 def _body(args: argparse.Namespace) -> bytes:

@@ -11,12 +11,18 @@ from dataclasses import dataclass, field
 from typing import IO, Any, Final
 
 from .._core import LOCK_HINT, parse_record_name, record_pattern
-from ..store._durable import _REDIRECTS
 from ..store.diagnostics import _text as text
-from ..store.status import NAMED_FIELDS, lease_left_ms, server_ms, status_fields
+from ..store.status import (
+    NAMED_FIELDS,
+    lease_left_ms,
+    pttl_ms,
+    redirected,
+    server_ms,
+    status_fields,
+)
 from ._base import CliError, print_json
 from ._progress import Progress
-from ._redis import connect, redact
+from ._redis import connect, key_count, redact
 from .readable import shown, size
 
 HELP: Final = "records by state, memory and TTLs (SCAN, never KEYS)"
@@ -131,7 +137,7 @@ def collect_stats(
     stats = Stats(prefix, nodes=len(nodes))
     pattern = record_pattern(prefix)
     started = time.perf_counter()
-    total = sum(int(client.dbsize()) for _, client in nodes)
+    total = sum(key_count(client) for _, client in nodes)
     meter = Progress(total, progress)
     scanned_keys = 0
     for _, client in nodes:
@@ -186,7 +192,7 @@ def other_prefixes(
                     found[name.prefix] = found.get(name.prefix, 0) + 1
             if cursor == 0:
                 break
-        looked += min(here, int(client.dbsize()))
+        looked += min(here, key_count(client))
     return dict(sorted(found.items(), key=lambda item: (-item[1], item[0]))), looked
 
 
@@ -203,11 +209,11 @@ def _classify(client: Any, keys: Sequence[bytes], stats: Stats, cluster: Any = N
     elsewhere: list[bytes] = []  # ASK while their slot migrates, MOVED after a failover
     for i, key in enumerate(keys):
         reply, ttl = replies[2 * i], replies[2 * i + 1]
-        if cluster is not None and _REDIRECTS & {type(reply).__name__, type(ttl).__name__}:
+        if cluster is not None and redirected(reply, ttl):
             elsewhere.append(key)
             continue
-        if isinstance(reply, Exception) or isinstance(ttl, Exception):
-            stats.states["other"] += 1  # not a hash: a stranger's key under our prefix
+        if not isinstance(reply, list) or isinstance(ttl, Exception):
+            stats.states["other"] += 1  # not a hash's fields: a stranger's key under our prefix
             stats.scanned += 1
             continue
         if ttl == -2:
@@ -230,7 +236,7 @@ def _classify(client: Any, keys: Sequence[bytes], stats: Stats, cluster: Any = N
             stats.states["complete"] += 1  # only fp and resp: no state, no fence
         else:
             stats.states["other"] += 1
-        stats.ttl[_bucket(int(ttl))] += 1
+        stats.ttl[_bucket(pttl_ms(ttl))] += 1
     if in_progress:
         pipe = client.pipeline(transaction=False)
         for key in in_progress:  # reading 0.2 claims: remove in 0.4

@@ -11,14 +11,15 @@ from collections.abc import AsyncIterator, Callable, Collection, Sequence
 from typing import Any
 
 from .._core import LOCK_HINT
-from ._durable import _REDIRECTS
 from .status import (
     WIRE_FIELDS,
     RecordStatus,
     StatusFields,
     decode_status,
     lease_left_ms,
+    pttl_ms,
     record_pattern,
+    redirected,
     server_ms,
     status_fields,
     wanted,
@@ -63,13 +64,13 @@ async def read_statuses(
     stepped, legacy, elsewhere = [], [], []
     for i, key in enumerate(keys):
         reply, ttl = replies[2 * i : 2 * i + 2]
-        if cluster is not None and _redirected(reply, ttl):
+        if cluster is not None and redirected(reply, ttl):
             elsewhere.append(key)
             continue
-        if isinstance(reply, Exception) or isinstance(ttl, Exception):
-            continue  # not a hash: a stranger's key under the prefix
+        if not isinstance(reply, list) or isinstance(ttl, Exception):
+            continue  # not a hash's fields: a stranger's key under the prefix
         fields = status_fields(reply)
-        rows.append((key, fields, int(ttl)))
+        rows.append((key, fields, pttl_ms(ttl)))
         if fields.steps is not None:  # finished steps, named by their fields
             stepped.append(key)
         if fields.state == b"in_progress" and fields.lease is None:
@@ -100,11 +101,6 @@ async def read_statuses(
     if elsewhere:
         found += await read_statuses(cluster, elsewhere)
     return found
-
-
-def _redirected(*replies: object) -> bool:
-    """Whether a node answered "not here (now)" (``_durable._REDIRECTS``)."""
-    return any(type(reply).__name__ in _REDIRECTS for reply in replies)
 
 
 def _lock_name(key: bytes | str) -> bytes | str:

@@ -28,6 +28,7 @@ from typing import Any, Final
 import glide
 from glide import GlideClusterClient
 
+from .._core._stored import stored_int
 from ..errors import ConfigurationError
 from ..policy import Policy
 from ._backend import SCRIPT_KEYS
@@ -242,9 +243,11 @@ class GlideClusterFacade(GlideFacade):
             if len(fields) < 8 or "master" not in fields[2].split(",") or "fail" in fields[2]:
                 continue
             address = fields[1].split("@", 1)[0]
-            host, _, port = address.rpartition(":")
-            if port.isdigit() and fields[8:]:  # a primary that serves slots
-                primaries.append(GlideNode(host, int(port)))
+            host, _, written = address.rpartition(":")
+            # ASCII digits only: str.isdigit() also passes "²", which int() refuses.
+            port = stored_int(written)
+            if port is not None and fields[8:]:  # a primary that serves slots
+                primaries.append(GlideNode(host, port))
         self._primaries = primaries
 
 

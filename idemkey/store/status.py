@@ -23,6 +23,7 @@ from .._core import parse_record_name, record_pattern
 from .._core._origin import ORIGIN_FIELDS, decode_origin, escape_lines, printable_text
 from .._core._stored import stored_int
 from ..errors import ConfigurationError
+from ._durable import _REDIRECTS
 from .diagnostics import _text as text
 
 __all__ = [
@@ -35,7 +36,9 @@ __all__ = [
     "StatusFields",
     "decode_status",
     "lease_left_ms",
+    "pttl_ms",
     "record_pattern",
+    "redirected",
     "server_ms",
     "status_fields",
     "wanted",
@@ -182,12 +185,26 @@ def decode_status(
 
 
 def server_ms(time_reply: object) -> int | None:
-    """The server's clock in Unix ms from a ``TIME`` reply, None when the reply is not one."""
+    """The server's clock in Unix ms from a ``TIME`` reply, None when the reply is not one
+    (a part that is not ASCII digits: ``str.isdigit`` passes ``"²"``, which ``int`` refuses)."""
     if isinstance(time_reply, (list, tuple)) and len(time_reply) == 2:
-        seconds, micros = (text(part) for part in time_reply)
-        if seconds.isdigit() and micros.isdigit():
-            return int(seconds) * 1000 + int(micros) // 1000
+        seconds, micros = (stored_int(text(part)) for part in time_reply)
+        if seconds is not None and micros is not None:
+            return seconds * 1000 + micros // 1000
     return None
+
+
+def pttl_ms(reply: object) -> int:
+    """A ``PTTL`` reply: ms left, -1 for no TTL, -2 for no key. Redis answers an integer;
+    anything else (a server that is not Redis) is a TTL not known, -1: the record is still
+    listed, never a ValueError."""
+    return reply if isinstance(reply, int) else -1
+
+
+def redirected(*replies: object) -> bool:
+    """Whether a cluster node answered "not here (now)" to any of ``replies`` (MOVED, ASK
+    and the like: ``_durable._REDIRECTS``): the keys are read again through the cluster."""
+    return any(type(reply).__name__ in _REDIRECTS for reply in replies)
 
 
 def lease_left_ms(deadline: object, legacy_pttl: object, now_ms: int | None) -> int:

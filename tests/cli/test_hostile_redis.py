@@ -16,6 +16,7 @@ from typing import BinaryIO
 
 import pytest
 
+from idemkey._core import record_for
 from idemkey.store import SCRIPTS
 from idemkey.store import diagnostics as dx
 from tests.cli.conftest import CliRunner
@@ -271,3 +272,81 @@ def test_doctor_runs_forget_on_a_record_that_cannot_exist(
     weird = fake_redis(doctor_replies(evalsha=lambda args: b":1\r\n"))
     run = idemkey("doctor", "--redis-url", weird.url, "--pings", "1")
     assert run.code == 1, run.out
+
+
+# ---- counts and TTLs that are no integer: stats and list -------------------------------------
+
+#: A completed record under the default prefix (only "fp" and "resp": no state, no fence).
+RECORD = record_for("idemkey", "acct_1", "POST", "/charges", "k1").record_key.encode()
+
+
+def record_replies(**overrides: Callable[[list[bytes]], bytes]) -> Replies:
+    """A server holding RECORD alone, answering what stats and list send about it."""
+
+    def hmget(args: list[bytes]) -> bytes:
+        values = [b"f" * 16 if field == b"fp" else None for field in args[2:]]
+        items = (b"$-1\r\n" if value is None else bulk(value) for value in values)
+        return b"*%d\r\n" % len(values) + b"".join(items)
+
+    replies: Replies = {
+        b"DBSIZE": lambda args: b":1\r\n",
+        b"SCAN": lambda args: b"*2\r\n" + bulk("0") + b"*1\r\n" + bulk(RECORD),
+        b"HMGET": hmget,
+        b"PTTL": lambda args: b":5000\r\n",
+        b"TIME": lambda args: array("1700000000", "0"),
+        b"MEMORY": lambda args: b":100\r\n",
+    }
+    replies.update({name.upper().encode(): reply for name, reply in overrides.items()})
+    return replies
+
+
+@pytest.mark.parametrize("command", ["stats", "list"])
+def test_a_key_count_int_refuses_is_a_redis_error(
+    idemkey: CliRunner, fake_redis: Callable[[Replies], FakeRedis], command: str
+) -> None:
+    """DBSIZE answering "²" (no Redis does): one line, exit 3, never an internal error."""
+    server = fake_redis(record_replies(dbsize=lambda args: bulk(SUPERSCRIPT_TWO)))
+    run = idemkey(command, "--redis-url", server.url)
+    assert run.code == 3, run.err
+    assert len(run.err.splitlines()) == 1
+    assert run.err.startswith(f"idemkey {command}: {server.url}: ")
+    assert "DBSIZE" in run.err
+    assert _printable(run.err)
+
+
+def test_stats_counts_a_record_whose_ttl_int_refuses_as_without_ttl(
+    idemkey: CliRunner, fake_redis: Callable[[Replies], FakeRedis]
+) -> None:
+    server = fake_redis(record_replies(pttl=lambda args: bulk(SUPERSCRIPT_TWO)))
+    run = idemkey("stats", "--redis-url", server.url, "--json")
+    assert run.code == 0, run.err
+    stats = json.loads(run.out)
+    assert (stats["records"], stats["states"]["complete"]) == (1, 1)
+    assert stats["ttl"]["no TTL"] == 1
+
+
+def test_list_shows_a_record_whose_ttl_int_refuses_without_ttl(
+    idemkey: CliRunner, fake_redis: Callable[[Replies], FakeRedis]
+) -> None:
+    server = fake_redis(record_replies(pttl=lambda args: bulk(SUPERSCRIPT_TWO)))
+    run = idemkey("list", "--redis-url", server.url, "--json")
+    assert run.code == 0, run.err
+    listed = json.loads(run.out)
+    assert [(r["key"], r["state"], r["ttl_left"]) for r in listed["records"]] == [
+        (RECORD.decode(), "complete", None)
+    ]
+
+
+@pytest.mark.parametrize("command", ["stats", "list"])
+def test_a_record_whose_fields_come_back_as_no_list_is_passed_over(
+    idemkey: CliRunner, fake_redis: Callable[[Replies], FakeRedis], command: str
+) -> None:
+    """HMGET answering a string (no Redis does) is a stranger's key, never an internal error."""
+    server = fake_redis(record_replies(hmget=lambda args: bulk("x")))
+    run = idemkey(command, "--redis-url", server.url, "--json")
+    assert run.code == 0, run.err
+    found = json.loads(run.out)
+    if command == "stats":
+        assert (found["records"], found["states"]["other"]) == (1, 1)
+    else:
+        assert found["records"] == []
