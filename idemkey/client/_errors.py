@@ -18,9 +18,11 @@ key the caller never saw.
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import reprlib
-from collections.abc import Mapping
-from typing import TYPE_CHECKING, Final
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any, Final
 
 from ..errors import IdemkeyError
 
@@ -36,41 +38,124 @@ __all__ = [
     "RetriesExhaustedError",
     "UnexpectedReplayError",
     "UnusableAnswerError",
+    "shown",
 ]
 
 
-class ClientError(IdemkeyError):
-    """Root of every exception :mod:`idemkey.client` raises."""
+def shown(value: object, limit: int, plain: Callable[[str], object] = str.isprintable) -> str:
+    """A server's ``value`` (a problem's detail or code, a URL it redirected to) as a message or
+    a log line shows it: as it is when a string of at most ``limit`` characters that ``plain``
+    accepts (one printable line), else its repr cut to ``limit`` characters.
 
-
-#: The longest problem ``detail`` a message shows as it is.
-_DETAIL_CHARS: Final = 200
-
-_detail_repr = reprlib.Repr()
-_detail_repr.maxstring = _DETAIL_CHARS // 2
-_detail_repr.maxother = _DETAIL_CHARS // 2
-
-
-def _shown_detail(value: object) -> str:
-    """A server's ``detail`` as a message shows it: as it is if one short printable line,
-    else its repr, cut short (a newline in it would forge a log line where it is logged)."""
-    if isinstance(value, str) and value.isprintable() and len(value) <= _DETAIL_CHARS:
+    The repr escapes every character ``str.isprintable`` refuses: a newline would forge a log
+    line where the text is logged, an escape sequence or a bidirectional override would rewrite
+    a terminal's. Cut, it is short whatever the value: a megabyte string, a JSON array nested
+    deep (whose plain ``reprlib`` repr ran to megabytes)."""
+    if isinstance(value, str) and len(value) <= limit and plain(value):
         return value
-    return _detail_repr.repr(value)
+    cut = reprlib.Repr()  # one per call: a shared one's limits would be set across threads
+    cut.maxlevel = 3
+    cut.maxstring = cut.maxother = cut.maxlong = limit
+    text = cut.repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+class ClientError(IdemkeyError):
+    """Root of every exception :mod:`idemkey.client` raises.
+
+    Like every idemkey error, each keeps its constructor's arguments as ``args``: pickle (how a
+    Celery worker hands a task's error to its caller, and stores it with a pickle result
+    backend) and ``copy`` rebuild it, same type, message and attributes. An ``httpx.Response``
+    in one (``response``, ``reply.response``) crosses as a plain copy, whatever it holds (with
+    ``Client(default_encoding=<a lambda>)`` no response pickles: httpx sets it on each): its
+    status, headers, body (as read, decoded; not read if it was not), text encoding and
+    ``elapsed``, and its request's method, URL and headers without the caller's credentials
+    (no ``Authorization``, ``Proxy-Authorization`` or ``Cookie``, no ``user:password``); no
+    ``history``, ``next_request`` or extensions.
+    """
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # BaseException's (type, args, __dict__), each response as a plain copy: one per
+        # response, the same in args and in the attribute, as they were one object.
+        copies: dict[int, object] = {}
+
+        def portable(value: object) -> object:
+            if id(value) not in copies:
+                copies[id(value)] = _portable(value)
+            return copies[id(value)]
+
+        args = tuple(portable(value) for value in self.args)
+        return type(self), args, {name: portable(value) for name, value in vars(self).items()}
+
+
+#: Request headers that carry the caller's credentials: they do not cross with an error.
+_CREDENTIALS: Final = frozenset({b"authorization", b"proxy-authorization", b"cookie"})
+
+
+def _portable(value: object) -> object:
+    """``value``, or a copy of it whose ``httpx.Response`` is :func:`_plain`."""
+    import httpx
+
+    from ._operation import IdempotentResponse
+
+    if isinstance(value, IdempotentResponse):
+        return dataclasses.replace(value, response=_plain(value.response))
+    return _plain(value) if isinstance(value, httpx.Response) else value
+
+
+def _plain(response: httpx.Response) -> httpx.Response:
+    """A new ``httpx.Response`` that pickles, with what a caller reads of ``response``."""
+    import httpx
+
+    try:
+        sent = response.request
+    except RuntimeError:  # a response built without its request
+        request = None
+    else:
+        kept = [
+            (name, value) for name, value in sent.headers.raw if name.lower() not in _CREDENTIALS
+        ]
+        request = httpx.Request(sent.method, sent.url.copy_with(userinfo=b""), headers=kept)
+    status, headers = response.status_code, response.headers
+    try:
+        content = response.content
+    except httpx.ResponseNotRead:  # unread on the other side too, as httpx pickles it
+        return httpx.Response(status, headers=headers, stream=response.stream, request=request)
+    # The body is decoded already: without Content-Encoding, else httpx would decode it again.
+    raw = [(name, value) for name, value in headers.raw if name.lower() != b"content-encoding"]
+    plain = httpx.Response(
+        status,
+        headers=raw,
+        content=content,
+        request=request,
+        default_encoding=response.encoding or "utf-8",
+    )
+    plain.headers = headers.copy()  # as they came
+    with contextlib.suppress(RuntimeError):  # not closed yet: no elapsed time
+        plain.elapsed = response.elapsed
+    return plain
+
+
+#: The longest problem ``detail`` (or ``title``) a message shows.
+_DETAIL_CHARS: Final = 200
 
 
 class RefusedError(ClientError):
     """The server refused the call: ``code`` is the problem's stable code (``key_reused``).
 
     ``problem`` is the whole RFC 9457 document, ``status`` the HTTP status and ``response``
-    the ``httpx.Response`` itself. Retrying with the same key and body fails the same way.
+    the ``httpx.Response`` itself (pickled or copied, a plain copy of it: see
+    :class:`ClientError`). The message shows the problem's ``detail`` (or ``title``) as it is
+    when one short printable line, else escaped and cut short. Retrying with the same key and
+    body fails the same way.
     """
 
     def __init__(
         self, code: str, problem: Mapping[str, object], response: httpx.Response, attempts: int
     ) -> None:
-        detail = _shown_detail(problem.get("detail") or problem.get("title") or "")
+        detail = shown(problem.get("detail") or problem.get("title") or "", _DETAIL_CHARS)
         super().__init__(f"{response.status_code} {code}: {detail}")
+        self._keep_args(code, problem, response, attempts)
         self.code = code
         self.problem = problem
         self.status = response.status_code
@@ -90,7 +175,8 @@ class UnexpectedReplayError(ClientError):
     expect (``Client(on_replay="refuse")``: no earlier attempt of the call may have reached
     the handler): the operation was not run for this call, so whatever it hands out (a
     resource, a credit) was handed out before. ``reply`` is the
-    :class:`~idemkey.client.IdempotentResponse`, ``key`` its key.
+    :class:`~idemkey.client.IdempotentResponse` (pickled or copied, with a plain copy of its
+    response: see :class:`ClientError`), ``key`` its key.
     """
 
     def __init__(self, reply: IdempotentResponse) -> None:
@@ -98,6 +184,7 @@ class UnexpectedReplayError(ClientError):
             f"{reply.status_code} replayed on attempt {reply.attempts}: this key's operation "
             "ran before this call, nothing ran now"
         )
+        self._keep_args(reply)
         self.reply = reply
         self.key = reply.key
         self.attempts = reply.attempts
@@ -108,10 +195,11 @@ class RetriesExhaustedError(ClientError):
 
     ``reason`` is ``"deadline"`` or ``"attempts"``; ``last`` describes the last failure
     (``"timeout"``, ``"503"``, ``"409 in_flight"``); ``response`` is the last response when
-    the last attempt got one (else None, and the transport error is ``__cause__``). The
-    handler ran at most once: send the same key again later to learn its answer. ``key`` is
-    that key (a ``post()`` made it where the caller never saw it): ``idempotency_key=key``
-    resumes the call, where a plain ``post()`` would send a new key and run it again.
+    the last attempt got one (else None, and the transport error is ``__cause__``; pickled or
+    copied, a plain copy of it: see :class:`ClientError`). The handler ran at most once: send
+    the same key again later to learn its answer. ``key`` is that key (a ``post()`` made it
+    where the caller never saw it): ``idempotency_key=key`` resumes the call, where a plain
+    ``post()`` would send a new key and run it again.
     """
 
     def __init__(
@@ -123,6 +211,7 @@ class RetriesExhaustedError(ClientError):
         key: str | None = None,
     ) -> None:
         super().__init__(f"gave up after {attempts} attempt(s) ({reason}); last: {last}")
+        self._keep_args(reason, last, attempts, response, key)
         self.reason = reason
         self.last = last
         self.attempts = attempts
@@ -145,6 +234,7 @@ class UnusableAnswerError(ClientError):
         super().__init__(
             f"attempt {attempts} was answered, but httpx raised on the answer (see the cause)"
         )
+        self._keep_args(key, attempts)
         self.key = key
         self.attempts = attempts
 

@@ -41,14 +41,13 @@ import json
 import math
 import random
 import re
-import reprlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from email.utils import parsedate_to_datetime
 from typing import Any, Final, Literal
 
 from .._arguments import check_arguments
-from ._errors import ClientStateError
+from ._errors import ClientStateError, shown
 from ._options import count, fraction, invalid, seconds, status_codes
 
 __all__ = [
@@ -85,8 +84,9 @@ _MAY_HAVE_ARRIVED: Final = frozenset({"timeout", "network", "protocol"})
 _NOT_PROCESSED: Final = frozenset({408, 425, 429, 503})
 
 #: A problem code as idemkey's server writes them (``in_flight``, ``key_reused``): shown as it
-#: is. Any other goes into log lines and messages as its repr, cut short.
+#: is. Any other goes into log lines and messages as its repr, cut as short (``shown``).
 _CODE: Final = re.compile(r"[a-z][a-z0-9_]{0,63}")
+_CODE_CHARS: Final = 64
 
 
 @dataclass(frozen=True, slots=True)
@@ -243,7 +243,7 @@ def _idemkey_code(problem: Mapping[str, object] | None) -> str | None:
         return None
     kind, code = problem.get("type"), problem.get("code")
     if isinstance(kind, str) and kind.startswith(PROBLEM_TYPE_PREFIX) and isinstance(code, str):
-        return code if _CODE.fullmatch(code) else reprlib.repr(code)
+        return shown(code, _CODE_CHARS, _CODE.fullmatch)
     return None
 
 

@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterable
-from typing import Any, Literal
+from typing import Any, Final, Literal
 
 import httpx
 
-from ._errors import RefusedError, RetriesExhaustedError, UnexpectedReplayError
+from ._errors import RefusedError, RetriesExhaustedError, UnexpectedReplayError, shown
 from ._operation import DEFAULT_HEADER, IdempotentResponse, Operation, RetryEvent, RetryHook
 from ._options import check_hook, http_timeout, invalid
 from ._retry import Done, FailureKind, GiveUp, Refused, Retry, RetryPolicy, Step
@@ -35,6 +35,9 @@ __all__ = [
 logger = logging.getLogger("idemkey.client")
 
 DEFAULT_RETRY = RetryPolicy()
+
+#: The longest URL of the server's a log line shows (a redirect's).
+_URL_CHARS: Final = 200
 
 
 class Preparing:
@@ -88,13 +91,15 @@ def redirect_to_follow(
     if after is None or not http.follow_redirects:
         return None
     if _origin(after.url) != _origin(origin):
-        # The URLs without their query (it may carry tokens) or user:password, never the key.
+        # The URLs without their query (it may carry tokens) or user:password, never the key;
+        # cut short: the server chose them (httpx escapes them, but a path or host may be long).
+        url = response.request.url.copy_with(query=None, userinfo=b"")
+        elsewhere = after.url.copy_with(path="/", query=None, fragment=None, userinfo=b"")
         logger.warning(
             "%s %s answered %d to another origin (%s): not followed, a keyed call stays on "
             "its origin",
-            response.request.method, response.request.url.copy_with(query=None, userinfo=b""),
-            response.status_code,
-            after.url.copy_with(path="/", query=None, fragment=None, userinfo=b""),
+            response.request.method, shown(str(url), _URL_CHARS), response.status_code,
+            shown(str(elsewhere), _URL_CHARS),
         )  # fmt: skip
         return None
     return after

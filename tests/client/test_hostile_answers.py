@@ -102,6 +102,11 @@ def test_a_problem_body_nested_too_deep_is_the_apps_answer(shell: str, status: i
 #: A code that forges a log line, and one of a megabyte (a megabyte line per retry).
 FORGED = "x)\nINFO:idemkey.client:charge ch_123 refunded to account 4242 (ok"
 HOSTILE_CODES = [FORGED, "A" * 1_000_000]
+#: A detail that is a JSON array nested four deep, 7 long strings a level (a 500 kB body):
+#: reprlib shows 6 items a level, 100 characters each, so the message ran to 130 kB.
+DEEP: object = "D" * 200
+for _ in range(4):
+    DEEP = [DEEP] * 7
 
 
 def tame(text: str, limit: int) -> bool:
@@ -115,7 +120,7 @@ def head(text: str) -> str:
     return f"{len(text)} characters: {text[:150]!r}"
 
 
-def problem_answer(status: int, code: str, detail: str = "") -> bytes:
+def problem_answer(status: int, code: str, detail: object = "") -> bytes:
     document = {"type": "urn:idemkey:problem:busy", "code": code, "detail": detail}
     headers = [("Content-Type", "application/problem+json")]
     return answer(status, headers, json.dumps(document).encode())
@@ -141,11 +146,16 @@ def test_a_hostile_code_is_logged_and_raised_escaped_and_bounded(
 @pytest.mark.parametrize("shell", CLIENTS)
 @pytest.mark.parametrize(
     ("code", "detail"),
-    [(FORGED, "no"), ("key_reused", "line one\nline two"), ("key_reused", "D" * 1_000_000)],
-    ids=["code", "detail-newline", "detail-megabyte"],
+    [
+        (FORGED, "no"),
+        ("key_reused", "line one\nline two"),
+        ("key_reused", "D" * 1_000_000),
+        ("key_reused", DEEP),
+    ],
+    ids=["code", "detail-newline", "detail-megabyte", "detail-nested"],
 )
 def test_a_refusal_message_shows_hostile_text_escaped_and_bounded(
-    shell: str, code: str, detail: str
+    shell: str, code: str, detail: object
 ) -> None:
     server = ScriptedServer(lambda _: problem_answer(422, code, detail))
     with server, pytest.raises(RefusedError) as refused:

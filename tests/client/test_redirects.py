@@ -82,12 +82,31 @@ async def test_the_redirect_line_never_carries_a_password(
     assert "thief" not in line
 
 
-def chain(status: int, elsewhere: str) -> Callable[[Seen], bytes]:
-    """``/charges`` redirects to ``/v2/charges`` (here), which redirects to ``elsewhere``."""
+@pytest.mark.parametrize("kind", ["sync", "async"])
+async def test_the_redirect_line_shows_the_servers_urls_bounded(
+    kind: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Both URLs of the warning are the server's once it redirected on its origin: a path of
+    20 000 characters, then another origin with a host of 6 100, made a line of 26 kB."""
+    caplog.set_level(logging.WARNING, logger="idemkey.client")
+    host = ".".join(["h" * 60] * 100)
+    with ScriptedServer(chain(307, f"http://{host}/steal", hop="/" + "p" * 20_000)) as first:
+        reply = await post(kind, first.url)
+    assert (reply.status_code, [seen.target[:2] for seen in first.seen]) == (307, ["/c", "/p"])
+    [line] = [r.getMessage() for r in caplog.records if r.name == "idemkey.client"]
+    shown = f"{len(line)} characters: {line[:300]!r}"
+    assert line.isprintable(), shown
+    assert len(line) < 600, shown
+    assert line.startswith(f"POST '{first.url}/pppp")
+    assert " answered 307 to another origin ('http://hhhh" in line
+
+
+def chain(status: int, elsewhere: str, hop: str = "/v2/charges") -> Callable[[Seen], bytes]:
+    """``/charges`` redirects to ``hop`` (here), which redirects to ``elsewhere``."""
 
     def respond(seen: Seen) -> bytes:
         if seen.target == "/charges":
-            return answer(status, [("Location", "/v2/charges")])
+            return answer(status, [("Location", hop)])
         return answer(307, [("Location", elsewhere)])
 
     return respond
