@@ -39,6 +39,7 @@ __all__ = [
     "EnvironHeaders",
     "capture",
     "environ_key",
+    "path_text",
     "read_body",
     "read_werkzeug_body",
     "request_of",
@@ -104,9 +105,32 @@ def environ_key(name: str) -> str:
 _new_object = object.__new__
 
 
+def path_text(path: str) -> str:
+    """A WSGI path (``SCRIPT_NAME + PATH_INFO``) that is not ASCII, as the text an ASGI server
+    gives for the same request.
+
+    PEP 3333 hands the path over as its bytes (percent-decoded) in latin-1 text: ``/cafés``
+    arrives as ``/cafÃ©s``. Read as it came, it matched no route declared ``/cafés`` (the
+    request ran unguarded), and named another record and fingerprinted another way than the
+    same request behind an ASGI server (a retry that crossed deployments ran again, or was a
+    422 under Flask, which names the record by its rule). Its bytes are decoded as UTF-8 with
+    U+FFFD for what is not UTF-8: uvicorn, hypercorn, daphne, granian and werkzeug's server
+    read a path so (werkzeug's PATH_INFO already carries the U+FFFD, gunicorn's, waitress's
+    and granian's the byte), so one request is one path behind every server. A path with a
+    character past latin-1 (a hand-built environ, not PEP 3333's) is kept as it is.
+    """
+    try:
+        raw = path.encode("latin-1")
+    except UnicodeEncodeError:
+        return path
+    return raw.decode("utf-8", "replace")
+
+
 def request_of(environ: WSGIEnvironment, route: str = "") -> Request:
     """What idemkey sees of a WSGI request; ``route`` is the framework's template, if any."""
     path = environ.get("SCRIPT_NAME", "") + environ.get("PATH_INFO", "")
+    if not path.isascii():  # one C call for the usual path, which is its own text
+        path = path_text(path)
     query = environ.get("QUERY_STRING", "")
     method = environ["REQUEST_METHOD"].upper()
     # EnvironHeaders(environ) without its __init__ frame (hot path: every keyed request).

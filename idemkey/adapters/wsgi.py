@@ -25,7 +25,7 @@ from ..http import Response, begin
 from ..http.routes import KnownRoute, Routes
 from ..store import RedisStore
 from ._checks import checked_policy, checked_routes, checked_store
-from ._environ import EnvironHeaders, read_body, request_of
+from ._environ import EnvironHeaders, path_text, read_body, request_of
 from ._sync_driver import Driver
 from ._wsgi_response import DRAIN_SECONDS, EXCHANGE_KEY, TeeIterable, send
 
@@ -71,6 +71,8 @@ class IdempotencyMiddleware:
             policy, route = self.policy, ""
         else:
             path = environ.get("SCRIPT_NAME", "") + environ.get("PATH_INFO", "")
+            if not path.isascii():  # PEP 3333's latin-1 text of its bytes: match its text
+                path = path_text(path)
             selected = self.routes.select(method, path or "/")
             if selected is None:
                 return self.app(environ, start_response)

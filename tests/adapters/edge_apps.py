@@ -24,6 +24,7 @@ from idemkey import AsyncRedisStore, Policy, RedisStore
 from idemkey.adapters.asgi import IdempotencyMiddleware as AsgiMiddleware
 from idemkey.adapters.flask import Idemkey
 from idemkey.adapters.wsgi import IdempotencyMiddleware
+from idemkey.routes import Routes, route
 
 if TYPE_CHECKING:
     from collections.abc import Iterable
@@ -70,6 +71,7 @@ def flask_app() -> Flask:
     def form() -> Any:
         return _answer(run(), request.get_data(), amount=request.form.get("amount")), 201
 
+    @app.post("/cafés")
     @app.post("/stream-read")
     @app.post("/charges")
     @idem.idempotent
@@ -111,7 +113,22 @@ def flask_app() -> Flask:
     return app
 
 
-def wsgi_app() -> IdempotencyMiddleware:
+#: What the ``*_routes`` apps guard: non-ASCII routes, which a WSGI server hands over as
+#: PEP 3333's latin-1 text of the path's UTF-8 bytes.
+ROUTES = Routes(route("/cafés"), route("/menüs/{item}"))
+
+
+def wsgi_routes_app() -> IdempotencyMiddleware:
+    """:func:`wsgi_app` guarding :data:`ROUTES` only."""
+    return wsgi_app(ROUTES)
+
+
+def asgi_routes_app() -> AsgiMiddleware:
+    """:func:`asgi_app` guarding :data:`ROUTES` only."""
+    return asgi_app(ROUTES)
+
+
+def wsgi_app(routes: Routes | None = None) -> IdempotencyMiddleware:
     """The WSGI middleware around a plain PEP 3333 app."""
     url, prefix = _settings()
     counter = redis.Redis.from_url(url)
@@ -130,6 +147,13 @@ def wsgi_app() -> IdempotencyMiddleware:
         if path == "/empty":
             start_response("204 No Content", [("X-Run", str(run))])
             return []
+        if path == "/control":  # gunicorn refuses these (500); werkzeug and waitress send them
+            data = _answer(run, body)
+            start_response(
+                "201 Charged\x01OK",
+                [("Content-Type", "application/json"), ("X-Note", "a\x01b"), ("X-Del", "a\x7fb")],
+            )
+            return [data]
         if path == "/big":  # 2 MiB in 8 blocks, declared: over max_response_bytes (1 MiB)
             block = b"x" * (256 * 1024)
             start_response(
@@ -154,10 +178,10 @@ def wsgi_app() -> IdempotencyMiddleware:
         return [data]
 
     store = RedisStore(redis.Redis.from_url(url), Policy(prefix=prefix, lease=10.0))
-    return IdempotencyMiddleware(app, store)
+    return IdempotencyMiddleware(app, store, routes=routes)
 
 
-def asgi_app() -> AsgiMiddleware:
+def asgi_app(routes: Routes | None = None) -> AsgiMiddleware:
     """The ASGI middleware around a plain ASGI app (uvicorn: ``--factory``)."""
     url, prefix = _settings()
     client = redis.asyncio.Redis.from_url(url)
@@ -187,17 +211,20 @@ def asgi_app() -> AsgiMiddleware:
             status, data, headers = 204, b"", [(b"x-run", b"1")]
         elif scope["path"] == "/padded":  # a value h11 refuses to send (uvicorn, hypercorn)
             headers.append((b"x-note", b" padded"))
+        elif scope["path"] == "/control":  # h11 sends these (uvicorn, hypercorn), gunicorn 500
+            headers += [(b"x-note", b"a\x01b"), (b"x-del", b"a\x7fb")]
         await send({"type": "http.response.start", "status": status, "headers": headers})
         await send({"type": "http.response.body", "body": data})
 
     store = AsyncRedisStore(client, Policy(prefix=prefix, lease=10.0))
-    return AsgiMiddleware(app, store)
+    return AsgiMiddleware(app, store, routes=routes)
 
 
 def __getattr__(name: str) -> Any:
-    """``idemkey_edge_apps:asgi``, built on first access, for daphne (which takes no factory)."""
-    if name == "asgi":
-        app = globals()["asgi"] = asgi_app()
+    """``idemkey_edge_apps:asgi`` (or ``asgi_routes``), built on first access, for daphne
+    (which takes no factory)."""
+    if name in ("asgi", "asgi_routes"):
+        app = globals()[name] = globals()[f"{name}_app"]()
         return app
     raise AttributeError(name)
 
@@ -206,4 +233,4 @@ if __name__ == "__main__":  # werkzeug's development server, threaded, as `flask
     from werkzeug.serving import run_simple
 
     kind, port = sys.argv[1], int(sys.argv[2])
-    run_simple("127.0.0.1", port, flask_app() if kind == "flask" else wsgi_app(), threaded=True)
+    run_simple("127.0.0.1", port, globals()[f"{kind}_app"](), threaded=True)

@@ -39,7 +39,7 @@ COMMANDS = {
     ],
     # granian serves the WSGI app and the ASGI app alike: --interface picks the one to speak.
     "granian": lambda app, port: [
-        sys.executable, "-m", "granian", "--interface", "asgi" if app == "asgi" else "wsgi",
+        sys.executable, "-m", "granian", "--interface", "asgi" if "asgi" in app else "wsgi",
         "--factory", "--host", "127.0.0.1", "--port", str(port), "--workers", "1",
         "--log-level", "warning", f"idemkey_edge_apps:{app}_app",
     ],
@@ -83,10 +83,14 @@ class Raw:
 class Server:
     """One server process serving one edge app; ``close()`` stops it and purges its keys."""
 
-    def __init__(self, server: str, app: str, redis_url: str, log: Path) -> None:
+    def __init__(
+        self, server: str, app: str, redis_url: str, log: Path, prefix: str | None = None
+    ) -> None:
+        """``prefix``: the servers given one share their records (two deployments, one
+        Redis); else a new one."""
         self.name = f"{server}-{app}"
         self.redis_url = redis_url
-        self.prefix = "e" + uuid.uuid4().hex[:12]
+        self.prefix = prefix or "e" + uuid.uuid4().hex[:12]
         self.log = log
         # The app runs as a top-level module copied next to its log, with that directory as
         # cwd: idemkey then comes from PYTHONPATH (this worktree, or another checkout when

@@ -145,7 +145,8 @@ def completed_record(client: redis.Redis, server: Server, before: set[bytes]) ->
 JSON = (("Content-Type", "application/json"),)
 #: Heads that decode as data but that servers refuse to send: waitress answers 500 for a
 #: hop-by-hop line, uvicorn and hypercorn (h11) drop the connection on a 1xx or a value h11
-#: refuses. Written by anything but idemkey (plan_for stores none of them).
+#: refuses, gunicorn answers 500 for a control character (but HTAB) in a value or reason
+#: phrase. Written by anything but idemkey (plan_for stores none of them).
 REFUSED_HEADS = {
     "status-101": StoredResponse(101, JSON, b"x"),
     "status-103": StoredResponse(103, (), b""),
@@ -164,6 +165,12 @@ REFUSED_HEADS = {
     "value-leading-space": StoredResponse(201, (*JSON, ("X-Note", " padded")), b"{}"),
     "value-trailing-tab": StoredResponse(201, (*JSON, ("X-Note", "padded\t")), b"{}"),
     "value-vt": StoredResponse(201, (*JSON, ("X-Note", "a\x0bb")), b"{}"),
+    # h11 sends these (uvicorn, hypercorn), and werkzeug's server, waitress and daphne: gunicorn
+    # answers 500, granian's ASGI interface 500 and its WSGI one drops the line.
+    "value-soh": StoredResponse(201, (*JSON, ("X-Note", "a\x01b")), b"{}"),
+    "value-us": StoredResponse(201, (*JSON, ("X-Note", "a\x1fb")), b"{}"),
+    "value-del": StoredResponse(201, (*JSON, ("X-Note", "a\x7fb")), b"{}"),
+    "reason-soh": StoredResponse(201, JSON, b"{}", reason="Charged\x01OK"),
 }
 
 

@@ -50,6 +50,12 @@ FORGED = {
     "past-latin-1": ([("X-A", "\u20ac Set-Cookie")], ""),
     "empty-name": ([("", "Set-Cookie: session=forged")], ""),
     "crlf-in-reason": ([], "Created\r\nSet-Cookie: session=forged"),
+    # h11 sends these (uvicorn, hypercorn, werkzeug's and waitress's servers too); gunicorn
+    # answers 500 for each, so a replay there would fail on every retry.
+    "soh-in-value": ([("X-A", "1\x01forged")], ""),
+    "del-in-value": ([("X-A", "1\x7fforged")], ""),
+    "esc-in-value": ([("X-A", "\x1b[31mforged")], ""),
+    "soh-in-reason": ([], "Created\x01forged"),
 }
 
 
@@ -172,8 +178,9 @@ def test_a_wsgi_head_a_replay_would_refuse_is_stored_without_those_lines(
     wsgi_store: RedisStore,
 ) -> None:
     # What werkzeug's server sends as it is: a CR LF (a split header), an int (as "%s": "3"),
-    # bytes ("b'...'"), a name with a space. The record completes (releasing would run the
-    # handler again), without the lines a replay would refuse; an int is kept as its digits.
+    # bytes ("b'...'"), a name with a space, a control byte (gunicorn answers 500 for it). The
+    # record completes (releasing would run the handler again), without the lines a replay
+    # would refuse; an int is kept as its digits.
     runs: list[int] = []
     lines = [
         ("Content-Type", "application/json"),
@@ -185,6 +192,8 @@ def test_a_wsgi_head_a_replay_would_refuse_is_stored_without_those_lines(
         ("X-Nul", "a\x00b"),
         ("X-Euro", "\u20ac"),
         ("X-Flag", True),
+        ("X-Control", "a\x01b"),  # werkzeug's and waitress's servers send it, gunicorn 500
+        ("X-Delete", "a\x7fb"),
         ("Location", "/things/1"),
     ]
 
@@ -221,6 +230,8 @@ async def test_an_asgi_head_a_replay_would_refuse_is_stored_without_those_lines(
             (b"x space", b"v"),
             (b"x-nul", b"a\x00b"),
             (b"x:colon", b"v"),
+            (b"x-control", b"a\x01b"),  # h11 sends it (uvicorn, hypercorn), gunicorn 500
+            (b"x-delete", b"a\x7fb"),
             (b"location", b"/things/1"),
         ]
         await send(head)
@@ -237,3 +248,23 @@ async def test_an_asgi_head_a_replay_would_refuse_is_stored_without_those_lines(
         (b"Idempotent-Replayed", b"true"),
     ]
     assert runs == [1]
+
+
+@pytest.mark.redis
+def test_a_wsgi_reason_phrase_gunicorn_refuses_is_stored_as_the_standard_one(
+    wsgi_store: RedisStore,
+) -> None:
+    # werkzeug's server and waitress send a reason phrase with a control byte as it is;
+    # gunicorn refuses the status line (500): stored, it would fail every replay there.
+    def app(environ: WSGIEnvironment, start_response: StartResponse) -> Iterable[bytes]:
+        start_response("201 Charged\x01OK", [("Content-Type", "application/json")])
+        return [b'{"id": 1}']
+
+    middleware = wsgi.IdempotencyMiddleware(app, wsgi_store)
+    first = Server()
+    assert first.call(middleware) == b'{"id": 1}'
+    assert first.status == "201 Charged\x01OK"  # the first answer is the app's, as it is
+    replay = Server()
+    assert replay.call(middleware) == b'{"id": 1}'
+    assert replay.status == "201 Created"
+    assert ("Idempotent-Replayed", "true") in replay.headers

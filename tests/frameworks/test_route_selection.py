@@ -106,6 +106,30 @@ def test_wsgi_guards_only_the_chosen_routes(redis_url: str, prefix: str) -> None
     client.close()
 
 
+def pep3333(path: str) -> str:
+    """``path`` as a WSGI server hands it over: its UTF-8 bytes as latin-1 text (PEP 3333)."""
+    return path.encode("utf-8").decode("latin-1")
+
+
+def test_wsgi_guards_a_non_ascii_route_as_asgi_does(redis_url: str, prefix: str) -> None:
+    # gunicorn, waitress, granian and werkzeug's server give PATH_INFO "/cafÃ©s" for /cafés:
+    # matched as it came, the route never was, and every request ran unguarded.
+    events: list[Event] = []
+    client = redis.Redis.from_url(redis_url)
+    store = RedisStore(client, Policy(prefix=prefix, on_event=events.append))
+    routes = Routes(route("/cafés"), route("/menüs/{item}"), exempt("/menüs/thé"))
+    app = WsgiMiddleware(Echo(), store, routes=routes)
+    assert call(app, pep3333("/cafés"))[0] == 400  # guarded: the key is required
+    first = call(app, pep3333("/cafés"), key="k")
+    assert call(app, pep3333("/cafés"), key="k") == first  # the replay: one run
+    assert call(app, pep3333("/menüs/café"), key="m")[1]["run"] == 2
+    assert call(app, pep3333("/menüs/café"), key="m")[1]["run"] == 2
+    assert call(app, pep3333("/menüs/thé"), key="m")[1]["untouched"] is True  # exempt
+    assert {e.route for e in events} == {"/cafés", "/menüs/{item}"}
+    store.close()
+    client.close()
+
+
 def test_wsgi_without_routes_keeps_guarding_every_path_by_method(
     redis_url: str, prefix: str
 ) -> None:

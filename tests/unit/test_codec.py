@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import re
 from typing import Any
 
 import msgspec
@@ -27,11 +28,14 @@ class DataReceipt:
 
 
 TOKEN = "!#$%&'*+-.^_`|~0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
-#: What a reason phrase may hold: latin-1 but CR, LF and NUL.
-FIELD_TEXT = "".join(chr(c) for c in range(256) if chr(c) not in "\r\n\x00")
-#: What a header value may hold besides SP and HTAB between other characters: latin-1 but NUL
-#: and the whitespace h11 refuses (its field-vchar, ``[^\x00\s]`` on bytes).
-VALUE_CHARS = "".join(chr(c) for c in range(256) if chr(c) not in "\x00\t\n\x0b\x0c\r ")
+#: The control characters gunicorn refuses in a value or reason phrase (all but HTAB): its
+#: HEADER_VALUE_RE and STATUS_RE take SP, HTAB, VCHAR and obs-text only.
+CONTROLS = "".join(map(chr, [*range(0x09), *range(0x0A, 0x20), 0x7F]))
+#: What a reason phrase may hold: latin-1 but those controls (CR, LF and NUL among them).
+FIELD_TEXT = "".join(chr(c) for c in range(256) if chr(c) not in CONTROLS)
+#: What a header value may hold besides SP and HTAB between other characters: latin-1 but the
+#: controls gunicorn refuses and the whitespace h11 refuses (``[^\x00\s]`` on bytes).
+VALUE_CHARS = "".join(chr(c) for c in range(256) if chr(c) not in CONTROLS + "\t ")
 #: The names no server sends from an app (RFC 9110 7.6.1, waitress's and wsgiref's lists).
 HOP_BY_HOP = [
     "Connection", "Keep-Alive", "Proxy-Authenticate", "Proxy-Authorization", "Proxy-Connection",
@@ -108,6 +112,12 @@ def test_a_head_a_replay_could_not_send_as_it_is_is_refused(
         ("X-Note", " "),
         ("X-Note", "a\x0bb"),
         ("X-Note", "a\x0cb"),
+        # h11 sends these (uvicorn, hypercorn), gunicorn answers 500 for each on every replay.
+        ("X-Note", "a\x01b"),
+        ("X-Note", "a\x7fb"),
+        ("X-Note", "a\x1fb"),
+        ("X-Note", "\x08"),
+        ("X-Note", "a\x1bb"),
     ],
 )
 def test_a_head_no_server_sends_as_it_is_is_refused(name: str, value: str) -> None:
@@ -119,22 +129,44 @@ def test_a_head_no_server_sends_as_it_is_is_refused(name: str, value: str) -> No
         decode_response(data)
 
 
+def gunicorn_rule(name: str) -> re.Pattern[str]:
+    """gunicorn's own regular expression ``name`` (``gunicorn.http.wsgi``), the oracle."""
+    found: re.Pattern[str] | None = getattr(pytest.importorskip("gunicorn.http.wsgi"), name, None)
+    if found is None:
+        pytest.skip(f"this gunicorn has no {name}")
+    return found
+
+
 @given(st.text(st.characters(max_codepoint=0xFF), max_size=12))
-def test_a_stored_value_reads_exactly_when_h11_would_send_it(value: str) -> None:
-    """The value rule is h11's own (uvicorn's and hypercorn's HTTP/1.1): field-content with
-    SP and HTAB only between other characters, and no NUL, CR, LF, VT or FF."""
+def test_a_stored_value_reads_exactly_when_h11_and_gunicorn_would_send_it(value: str) -> None:
+    """The value rule is what both h11 (uvicorn's and hypercorn's HTTP/1.1) and gunicorn send:
+    h11's field-content, SP and HTAB only between other characters, and no NUL, CR, LF, VT or
+    FF; gunicorn's SP, HTAB, VCHAR and obs-text, so no other control character either."""
     from h11._headers import _field_value_re
 
     data = encode_response(StoredResponse(201, (("X-Note", value),), b"{}"))
-    if _field_value_re.fullmatch(value.encode("latin-1")):
+    sent = gunicorn_rule("HEADER_VALUE_RE").fullmatch(value)
+    if _field_value_re.fullmatch(value.encode("latin-1")) and sent:
         assert decode_response(data).headers == (("X-Note", value),)
     else:
         with pytest.raises(RecordFormatError, match="unreadable"):
             decode_response(data)
 
 
+@given(st.text(st.characters(max_codepoint=0xFF), max_size=12))
+def test_a_stored_reason_reads_exactly_when_gunicorn_would_send_it(reason: str) -> None:
+    """gunicorn refuses a status line whose reason phrase holds a control character but HTAB
+    (its STATUS_RE), which werkzeug's server and waitress send as they are."""
+    data = encode_response(StoredResponse(201, (), b"{}", reason=reason))
+    if gunicorn_rule("STATUS_RE").fullmatch(f"201 {reason}"):
+        assert decode_response(data).reason == reason
+    else:
+        with pytest.raises(RecordFormatError, match="unreadable"):
+            decode_response(data)
+
+
 def test_values_sent_as_they_are_stay_readable() -> None:
-    inner = "a \t b; q=\x01\x7f\x85\xa0\xff"  # h11 sends control bytes, obs-text, inner OWS
+    inner = "a \t b; q=\x85\xa0\xff"  # obs-text and inner OWS: no server refuses them
     stored = StoredResponse(201, (("X-Note", inner), ("Content-Type", ""), ("Tea", "1")), b"")
     assert decode_response(encode_response(stored)) == stored
 
