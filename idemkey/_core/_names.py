@@ -4,7 +4,8 @@ part of :mod:`idemkey._core`, which re-exports them.
 The one place that knows the name ``{prefix}:{<digest>}`` (:data:`RECORD_NAME`) and its hints:
 the store, the guards, the command line and the console build a record's name here
 (:func:`record_for`, :func:`record_from_digest`), ``records()`` and the CLI's scans match it
-(:func:`record_pattern`) and read a key's prefix and digest back (:func:`parse_record_name`).
+(:func:`record_pattern`) and read a key's prefix and digest back (:func:`parse_record_name`;
+a record's own name, its prefix: :func:`record_prefix`).
 The Lua scripts build the hints from ``KEYS[1]`` (``KEYS[1] .. ":done"``): see
 docs/design.md#record-keys.
 """
@@ -27,6 +28,7 @@ __all__ = [
     "record_for",
     "record_from_digest",
     "record_pattern",
+    "record_prefix",
 ]
 
 #: A record's hash: the prefix, then the digest in braces, the cluster hash tag (``%`` format:
@@ -112,6 +114,12 @@ def record_from_digest(prefix: str, digest: str) -> Record:
     """The record under ``prefix`` whose digest is ``digest`` (from a log line, an event, the
     console's page; check it with :func:`is_digest`), as :func:`record_for` names it."""
     return _new_tuple(Record, (digest, RECORD_NAME % (prefix, digest)))
+
+
+def record_prefix(record_key: str) -> str:
+    """The prefix of a record's name (``Record.record_key``, as :data:`RECORD_NAME` builds
+    it): everything before its last ``:{``, since a prefix holds no brace."""
+    return record_key.rpartition(":{")[0]
 
 
 def _glob_escape(value: str) -> str:

@@ -121,7 +121,10 @@ class IdempotencyMiddleware:
             await respond(send, answer)
             return
         if exchange.unprotected:  # Redis is down and the policy says run unprotected
-            await self.app(scope, ReplayReceive(body, receive), send)
+            try:
+                await self.app(scope, ReplayReceive(body, receive), send)
+            finally:
+                exchange.unprotected_ended()
             return
         tee = TeeSend(self.driver, exchange, send)
         try:

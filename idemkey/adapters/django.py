@@ -246,6 +246,10 @@ class IdempotencyMiddleware:
             if exchange is not None:
                 self.driver.fail(exchange, "the view raised")
             raise
+        finally:
+            unprotected = request.__dict__.pop("_idemkey_unprotected", None)
+            if unprotected is not None:
+                unprotected.unprotected_ended()
         exchange = request.__dict__.pop("_idemkey", None)
         if exchange is not None:
             kept: bytes | None = None
@@ -302,6 +306,7 @@ class IdempotencyMiddleware:
         if answer is not None:
             return _respond(answer)
         if exchange.unprotected:  # Redis is down and the policy says run unprotected
+            request._idemkey_unprotected = exchange  # its call ends in __call__, after the view
             return None
         request._idemkey = exchange  # settled in __call__, with the view's response
         return None

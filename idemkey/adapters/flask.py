@@ -26,8 +26,9 @@ request: ``g.idemkey``, on every request a guarded view gets: the
 :class:`~idemkey.http.Exchange` while the view runs under a claim (``.claim.fence`` is the
 fencing token), else None (no key with ``required=False``, a method the policy does not guard,
 or Redis down with ``on_store_error="open"``). ``idemkey.current_call()`` is the claim in
-every adapter (it raises ``LookupError`` where ``g.idemkey`` is None). One ``Idemkey`` serves
-any number of apps.
+every adapter (it raises ``LookupError`` where ``g.idemkey`` is None, but for Redis down under
+``"open"``: a call with no fence, which ``fenced()`` refuses with ``UnprotectedCallError``).
+One ``Idemkey`` serves any number of apps.
 
 ``init_app`` wraps ``app.wsgi_app`` in a WSGI layer that reads a keyed request's body before
 Flask runs any hook and hands Flask the same bytes, so the fingerprint covers what the client
@@ -154,7 +155,10 @@ def _guard(
     if answer is not None:
         return respond(app, answer)
     if exchange.unprotected:
-        return _unclaimed(view, args, kwargs)
+        try:
+            return _unclaimed(view, args, kwargs)
+        finally:
+            exchange.unprotected_ended()
     g._get_current_object().idemkey = exchange  # one proxy lookup
     try:
         try:

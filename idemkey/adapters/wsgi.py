@@ -89,7 +89,10 @@ class IdempotencyMiddleware:
         if answer is not None:
             return send(start_response, answer)
         if exchange.unprotected:  # Redis is down and the policy says run unprotected
-            return self.app(environ, start_response)
+            try:
+                return self.app(environ, start_response)
+            finally:
+                exchange.unprotected_ended()
         environ[EXCHANGE_KEY] = exchange  # the app may read its fence: .claim.fence
         tee = TeeIterable(self.driver, exchange, start_response, environ)
         try:

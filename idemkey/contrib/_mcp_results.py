@@ -18,7 +18,7 @@ from mcp.types import CallToolResult, TextContent
 from pydantic import ValidationError
 from pydantic_core import to_jsonable_python
 
-from ..errors import RecordFormatError, ResultNotStorableError
+from ..errors import RecordFormatError
 from ..guard import Call
 from ._mcp_errors import ResultNotKeptToolError, arguments_unsupported
 
@@ -123,10 +123,7 @@ def kept(call: Call[Any], value: Any, convert: Callable[[Any], Any]) -> CallTool
     try:
         return as_result(convert(value))
     except Exception as exc:
-        # Call.save's rule for a value msgspec cannot encode, the guard's one way to complete
-        # a record as "result not kept": object() is such a value.
-        with contextlib.suppress(ResultNotStorableError):
-            call.save(object())
+        call.save_not_kept()
         if isinstance(exc, ValidationError):
             why = f"does not fit the tool's output schema ({_invalid(exc)})"
         else:

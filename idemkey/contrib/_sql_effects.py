@@ -12,20 +12,23 @@ in Redis. Both are one indexed statement on the primary key.
 A row's key names the record with its prefix (:func:`row_key`), and its ``result`` keeps the
 fingerprint of the request that committed it before the value (:func:`row_value`): stores of
 other prefixes sharing the table, and other requests with the key, never get its result. The
-schema is 0.3's; 0.3's rows (the bare digest, no fingerprint) are still read, not compared.
+fingerprint is the claim's, carried by the ``Call`` fenced() is given, whatever thread or
+context the transaction runs in. The schema is 0.3's; 0.3's rows (the bare digest, no
+fingerprint) are still read, not compared.
 """
 
 from __future__ import annotations
 
 import hashlib
+import weakref
 from collections.abc import Callable
-from contextvars import ContextVar
 from datetime import datetime, timedelta, timezone
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any, Final
 
 from xxhash import xxh3_128_digest
 
+from .._core._names import record_prefix
 from ..errors import ConfigurationError, StoreError
 
 if TYPE_CHECKING:
@@ -40,7 +43,6 @@ __all__ = [
     "AsyncEffects",
     "Effects",
     "Found",
-    "claim_fingerprint",
     "default_table",
     "effects_table",
     "failed",
@@ -69,12 +71,10 @@ _LAYOUT: Final = b"\x00row1"
 _HEADER: Final = len(_LAYOUT) + 1
 #: The longest request fingerprint a row keeps as it is (one length byte holds it).
 _FINGERPRINT_MAX: Final = 64
-#: The claims this context made that may commit rows, newest first (see :meth:`Effects.claimed`).
-_CLAIMS: ContextVar[tuple[tuple[str, int, bytes], ...]] = ContextVar(
-    "idemkey_effects_claims", default=()
-)
-#: How many of them a context keeps: nested guards, a handler's guard inside its request's.
-_KEPT_CLAIMS: Final = 16
+#: The calls whose fenced rows committed, by record name and fence, for as long as they live:
+#: a result recorded into such a row after its commit (:meth:`Effects.record`) keeps the
+#: fingerprint of the call it belongs to. Filled by the commit's write, in whatever thread.
+_COMMITTED: weakref.WeakValueDictionary[tuple[str, int], Call[Any]] = weakref.WeakValueDictionary()
 _TABLES: dict[int, Table] = {}
 
 
@@ -119,8 +119,7 @@ def row_key(record: Record, step: str | None, *, legacy: bool = False) -> str:
     record's prefix unless it is the default one, and ``#step``. ``legacy``: 0.3's key, the
     digest whatever the prefix."""
     digest = record.digest
-    # record_key is "<prefix>:{<digest>}" (_core._names.RECORD_NAME).
-    base = digest if legacy else digest + _tag(record.record_key[: -len(digest) - 3])
+    base = digest if legacy else digest + _tag(record_prefix(record.record_key))
     return base if step is None else f"{base}{_STEP_SEPARATOR}{step}"
 
 
@@ -184,24 +183,15 @@ def _pick(rows: Any, record: Record, step: str | None) -> Found | None:
     return legacy
 
 
-def claim_fingerprint(record: Record, fence: int) -> bytes | None:
-    """The request fingerprint the store's claim of ``record`` with ``fence`` gave this
-    context (:meth:`Effects.claimed`); None when it gave none (another thread, a store with
-    no ``effects=``)."""
-    name = record.record_key
-    for claimed, claimed_fence, fingerprint in _CLAIMS.get():
-        if claimed_fence == fence and claimed == name:
-            return fingerprint
-    return None
-
-
 def _record(table: Table, record: Record, step: str | None, fence: int, result: bytes) -> Any:
-    """Write ``result`` into the row ``fence``'s transaction committed; a row a newer claim
+    """Write ``result`` into the row ``fence``'s transaction committed, with the fingerprint
+    of the call that committed it (None: that call is not known here); a row a newer claim
     fenced since (another fence) is left as it is."""
     from sqlalchemy import update
 
     c = table.c
-    value = row_value(claim_fingerprint(record, fence), result)
+    call = _COMMITTED.get((record.record_key, fence))
+    value = row_value(call._fingerprint if call is not None else None, result)
     return (
         update(table)
         .where(c.record == row_key(record, step), c.fence == fence, c.result.is_not(None))
@@ -273,34 +263,24 @@ def writer(
 
     At commit, not at ``save()``: the result may be saved before or after ``fenced()``, and an
     asyncio session can only run SQL from inside its own commit (SQLAlchemy runs the event
-    there, in its greenlet). The row keeps the claim's request fingerprint, read now, in
-    fenced()'s context (the claim's), which the commit's event may not run in.
+    there, in its greenlet). The row keeps the fingerprint of the request the call claimed
+    for, which the call carries: no context is needed (a thread may commit it).
     """
-    record = call.record
-    fingerprint = claim_fingerprint(record, fence) if record is not None else None
+    assert call.record is not None  # a claimed call (fenced() checked)
+    name, fingerprint = call.record.record_key, call._fingerprint
 
     def write(db: Any) -> bool:
         saved = _saved(call) if step is None else None
         value = row_value(fingerprint, saved or COMMITTED)
         if not db.execute(_save_statement(table, row, fence, value)).rowcount:
             return False
-        if saved is None:  # the result is recorded after the commit (Effects.record)
-            _unrecorded(call, step, fence)
-        else:  # a value saved over it after the commit is recorded the same way
-            call._row_result = (fence, saved)
+        # A result known after the commit (none was saved, or another is saved over it) is
+        # recorded into the row before Redis completes (Effects.record), with the fingerprint.
+        call._row_committed(step, fence, saved)
+        _COMMITTED[(name, fence)] = call
         return True
 
     return write
-
-
-def _unrecorded(call: Call[Any], step: str | None, fence: int) -> None:
-    """The row of ``step`` (None: the call's) commits with no result: the guard, the step
-    runner or the HTTP driver records it there before completing in Redis."""
-    rows = call._unrecorded
-    if rows is None:
-        call._unrecorded = {step: fence}
-    else:
-        rows[step] = fence
 
 
 def _saved(call: Call[Any]) -> bytes | None:
@@ -317,16 +297,7 @@ def failed(what: str, exc: Exception) -> StoreError:
     return StoreError(f"effects {what} failed: {type(cause).__name__}: {first}")
 
 
-class _Claims:
-    def claimed(self, record: Record, fence: int, fingerprint: str | bytes) -> None:
-        """The store's claim of ``record`` with ``fence`` runs the work for a request with
-        ``fingerprint``: the rows fenced() commits for it in this context keep it. No I/O
-        (not a coroutine on AsyncEffects either)."""
-        claims = _CLAIMS.get()[: _KEPT_CLAIMS - 1]
-        _CLAIMS.set(((record.record_key, fence, _kept(fingerprint)), *claims))
-
-
-class Effects(_Claims):
+class Effects:
     """The store's view of ``idemkey_effects`` (sync engine): committed results by record."""
 
     def __init__(self, engine: Engine, *, table: Table | None = None) -> None:
@@ -363,7 +334,7 @@ class Effects(_Claims):
         return bool(written.rowcount)
 
 
-class AsyncEffects(_Claims):
+class AsyncEffects:
     """:class:`Effects` for an ``AsyncEngine``, for ``AsyncRedisStore(effects=...)``."""
 
     def __init__(self, engine: AsyncEngine, *, table: Table | None = None) -> None:

@@ -79,12 +79,11 @@ map onto Celery's own:
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import inspect
 import os
 from collections.abc import Callable
-from typing import Any, Final
+from typing import Any
 
 from celery import Task  # type: ignore[import-untyped]
 from celery.exceptions import Retry, TaskPredicate  # type: ignore[import-untyped]
@@ -108,9 +107,6 @@ from ._celery_results import Unkept, as_stored, from_stored
 __all__ = ["IdempotentTask", "celery_key", "step_retry"]
 
 _REQUEST_ATTRIBUTE = "idemkey_call"
-#: What a result that cannot be stored is saved as: msgspec refuses it, and the guard then
-#: completes the record as "result not kept" (the work ran; it must not run again).
-_UNKEPT: Final = object()
 
 
 def celery_key(payload: bytes) -> str:
@@ -250,8 +246,7 @@ class IdempotentTask(Task):  # type: ignore[misc]
         try:
             stored = as_stored(result, serializer)
         except Unkept as exc:
-            with contextlib.suppress(ResultNotStorableError):  # names the sentinel: ours says why
-                call.save(_UNKEPT)
+            call.save_not_kept()
             raise ResultNotStorableError(key, str(exc)) from exc
         call.save(stored)
 

@@ -123,9 +123,9 @@ def fenced(
     unprotected (Redis failed under ``Policy(on_store_error="open")``): it has no fence, and
     its fenced work refuses to run.
 
-    The row keeps the fingerprint of the request the store's claim was for (the store built
-    with ``effects=`` hands it to this context): after Redis forgot the record, another
-    request with the key is key reuse, not this one's replay.
+    The row keeps the fingerprint of the request ``call`` was claimed for (the call carries
+    it: the transaction may run in any thread or context): after Redis forgot the record,
+    another request with the key is key reuse, not this one's replay.
     """
     from sqlalchemy.exc import DBAPIError
 

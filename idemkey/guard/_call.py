@@ -41,17 +41,18 @@ class Call(Generic[T]):
     """What a guard yields: either a replay of the stored result, or a claim to do the work."""
 
     __slots__ = (
+        "__weakref__",
         "_compress_at",
         "_exited",
+        "_fingerprint",
         "_kept",
         "_key",
         "_make_steps",
         "_result",
-        "_row_result",
+        "_rows",
         "_saved",
         "_steps",
         "_ties",
-        "_unrecorded",
         "fence",
         "record",
         "replayed",
@@ -62,9 +63,11 @@ class Call(Generic[T]):
     #: True once the guard's block has exited (set by ``GuardState.leave``); unset until then,
     #: so that building a call (an HTTP handler's, on every first request) costs nothing more.
     _exited: bool
-    #: The fence and the result the commit of the call's own fenced row wrote into it
-    #: (``contrib.sqlalchemy``); unset until one did, so a call costs nothing more.
-    _row_result: tuple[int, bytes]
+    #: The rows this call's fenced transactions committed (``contrib.sqlalchemy``): step name
+    #: (None: the call's own row) to the fence and the result the commit wrote into it, None
+    #: when it wrote none (the result is recorded there before Redis completes). Unset until
+    #: one committed, so a call costs nothing more.
+    _rows: dict[str | None, tuple[int, bytes | None]]
 
     def __init__(
         self,
@@ -77,6 +80,7 @@ class Call(Generic[T]):
         record: Record | None = None,
         ttl_ms: int | None = None,
         compress_at: int | None = None,
+        fingerprint: bytes | None = None,
     ) -> None:
         self._key = key
         self._compress_at = compress_at
@@ -89,6 +93,9 @@ class Call(Generic[T]):
         self.fence = fence
         #: True when this claim took over from an executor whose lease lapsed.
         self.takeover = takeover
+        # The request fingerprint the claim was for (None: not claimed): a fenced row keeps
+        # it, so after Redis forgot the record another request with the key is key reuse.
+        self._fingerprint = fingerprint
         self._result: T = result
         self._saved: bytes | None = None
         # The transactions the saved result depends on (``contrib.sqlalchemy.fenced`` ties
@@ -97,9 +104,6 @@ class Call(Generic[T]):
         # The saved value went through a tied transaction's commit: a later rollback of
         # another tied transaction does not take it back.
         self._kept = False
-        # Fenced rows (step name, None for the call's) that committed with no result in them,
-        # and their fence: the result is recorded there before Redis completes (None: none).
-        self._unrecorded: dict[str | None, int] | None = None
         # How to build this call's steps: set by guard / aguard on a call that runs; None for
         # a call without steps (a replay, an HTTP handler's). Built on first use into
         # ``_steps`` (most calls run no step, and building costs two Python calls).
@@ -110,20 +114,27 @@ class Call(Generic[T]):
         """The fence of a fenced transaction of this call that committed with no result for
         ``step`` (None: the call's own result), whose row gets that result before Redis does
         (``contrib.sqlalchemy``); None when there is none."""
-        unrecorded = self._unrecorded
-        return unrecorded.get(step) if unrecorded else None
+        rows = getattr(self, "_rows", None)
+        row = rows.get(step) if rows else None
+        return row[0] if row is not None and row[1] is None else None
 
     def outdated_fence(self, saved: bytes) -> int | None:
         """The fence of the call's own fenced row when it lacks ``saved``, the result the
         record completes with: it committed with none, or with a value saved over since (the
         last save is the answer, in the row as in Redis). None: it holds it, or there is none.
         """
-        fence = self.unrecorded_fence()
-        if fence is None:
-            row = getattr(self, "_row_result", None)
-            if row is not None and row[1] != saved:
-                fence = row[0]
-        return fence
+        rows = getattr(self, "_rows", None)
+        row = rows.get(None) if rows else None
+        return row[0] if row is not None and row[1] != saved else None
+
+    def _row_committed(self, step: str | None, fence: int, result: bytes | None) -> None:
+        """The fenced row of ``step`` (None: the call's own) commits with ``result`` in it
+        (None: none yet; the guard, the step runner or the HTTP driver records it there)."""
+        rows = getattr(self, "_rows", None)
+        if rows is None:
+            self._rows = {step: (fence, result)}
+        else:
+            rows[step] = (fence, result)
 
     @property
     def result(self) -> T:
@@ -211,6 +222,28 @@ class Call(Generic[T]):
         After the guard's block has exited (the record was completed or released as it did)
         ``save()`` raises :class:`UsageError`: the value could no longer be stored.
         """
+        self._saving()
+        try:
+            self._saved = encode_value(value, self._compress_at)
+        except ConfigurationError as exc:
+            self._saved, self._result = RESULT_NOT_KEPT, _UNSET
+            raise ResultNotStorableError(self._key, str(exc.__cause__ or exc)) from exc
+        self._result = value
+
+    def save_not_kept(self) -> None:
+        """Record that the work ran but its result is not kept: the record completes as
+        "result not kept" when the block exits, and every retry raises
+        :class:`ResultNotStorableError` without running the work again. What :meth:`save`
+        does with a value msgspec cannot encode, without raising: for a result refused by
+        rules of its own (a tool result outside its output schema, a task result the result
+        backend would not give back equal). The same :class:`UsageError` as :meth:`save`.
+        """
+        self._saving()
+        self._saved, self._result = RESULT_NOT_KEPT, _UNSET
+
+    def _saving(self) -> None:
+        """A result is being saved: refused on a replay and after the block; COMMITs of tied
+        transactions that returned count as committed, and the new value is kept by none."""
         if self.replayed:
             raise UsageError("cannot save() on a replayed call")
         if getattr(self, "_exited", False):
@@ -221,12 +254,6 @@ class Call(Generic[T]):
         if self._ties:
             self._resolve()
         self._kept = False
-        try:
-            self._saved = encode_value(value, self._compress_at)
-        except ConfigurationError as exc:
-            self._saved, self._result = RESULT_NOT_KEPT, _UNSET
-            raise ResultNotStorableError(self._key, str(exc.__cause__ or exc)) from exc
-        self._result = value
 
     # The transaction a result is saved in: a value saved in a transaction that rolls back did
     # not happen, so it must never complete the record. ``contrib.sqlalchemy`` reports each
@@ -338,7 +365,9 @@ def current_call() -> Call[Any]:
     handed the call: a function under ``@idempotent``, or a handler behind an idemkey
     middleware, that fences its transaction (``idemkey.contrib.sqlalchemy.fenced(session,
     current_call())``) or passes the fence downstream. Raises ``LookupError`` outside a
-    claimed block (a replay, a request idemkey does not guard).
+    claimed block (a replay, a request idemkey does not guard). A block that runs unprotected
+    (Redis down under ``Policy(on_store_error="open")``) has a call with no fence:
+    ``fenced()`` refuses it with :class:`UnprotectedCallError`.
     """
     call = _CURRENT.get()
     if call is None:

@@ -200,6 +200,7 @@ class GuardState(Reporter, Generic[T]):
                 record=self.record,
                 ttl_ms=self.policy.ttl_ms,
                 compress_at=self.policy.compress_at,
+                fingerprint=self.fingerprint,
             )
             self._current = _CURRENT.set(call)
             return call
@@ -219,8 +220,11 @@ class GuardState(Reporter, Generic[T]):
         if self.policy.on_store_error == "open" and not isinstance(error, RecordFormatError):
             self.notify("unprotected", detail=str(error))
             self.uncertain("unprotected", detail=str(error))
-            self.call = Call(replayed=False, key=self.key)
-            return self.call
+            call = self.call = Call(replayed=False, key=self.key)
+            # Current as a claimed call is: current_call() is the block's call, whose fenced
+            # work refuses to run (UnprotectedCallError: it has no fence), not "no call".
+            self._current = _CURRENT.set(call)
+            return call
         self.notify("store_error", detail=str(error))
         raise error
 

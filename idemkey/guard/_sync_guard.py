@@ -107,6 +107,13 @@ class Guard(GuardState[T]):
             # both scripts answer the same when sent twice with one owner.
             finish(self._settle(owner, saved), self.store.completion_retry)
             raise
+        except (KeyboardInterrupt, SystemExit):
+            # Ctrl-C in the thread, wherever it cut the writes (a fenced row left "committed,
+            # no result" would refuse every retry): sent again whole, here, then it goes on;
+            # interrupted again, or failing, they are left as they are.
+            with contextlib.suppress(Exception):
+                self._settle(owner, saved)
+            raise
         self.exited(done, saved is not None, exc, perf_counter() - started)
 
     def _settle(self, owner: str, saved: bytes | None) -> bool:

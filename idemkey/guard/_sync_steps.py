@@ -9,9 +9,10 @@ runs in the hand-written ``_sync_attempt`` (the generated file imports ``_sync_a
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Final
 
 from .._codec import encode_value
 from .._core import Claimed, Record
@@ -34,6 +35,10 @@ from ._retry import StepRetry
 from ._steps import StepBook, attempt_field, step_field, step_key, stored_step
 
 __all__ = ["Steps"]
+
+#: How a thread is cut off part way, at any bytecode, a store write's too: Ctrl-C, an exit from
+#: a signal handler. (asyncio delivers Ctrl-C to a task as a cancel: ``Cancelled``.)
+_INTERRUPTED: Final = (KeyboardInterrupt, SystemExit)
 
 
 class Steps:
@@ -163,51 +168,57 @@ class Steps:
         fence = call.unrecorded_fence(name) if call is not None else None
         if fence is None:
             return self._checkpoint(name, encoded)
-        # Row and checkpoint are one write a cancelled caller does not cut off: stopped
+        # Row and checkpoint are one write that a cancel or Ctrl-C does not cut off: stopped
         # between them, the row says "committed, no result" and Redis has nothing, so every
         # executor (this block too, if it catches the cancel) gets EffectCommittedError for
         # a step whose result was known. Sent again whole: both writes are idempotent.
-        try:
-            return uncancellable(lambda: self._row_then_checkpoint(name, fence, encoded))
-        except Cancelled:
-            # As in _checkpoint: finished for this call, listed in its ``cancelled`` entry.
-            self.book.finish(name, encoded)
-            raise
-
-    def _row_then_checkpoint(self, name: str, fence: int, encoded: bytes) -> bytes | None:
-        effects, owner = self.store.effects, self.owner
-        assert effects is not None
-        try:
-            effects.record(self.record, name, fence, encoded)
-        except StoreError as exc:  # Redis still gets it: only a later loss is exposed
-            detail = f"step {name!r} result not recorded with its effect: {exc}"
-            if self.reporter is not None:
-                self.reporter.notify("store_error", fence, detail)
-            else:
-                logger.warning("idemkey: %s", detail)
-        if owner is None:
-            return encoded
-        return self.store.checkpoint(self.record, owner, step_field(name), encoded)
+        return self._keep(name, encoded, fence)
 
     def _checkpoint(self, name: str, encoded: bytes) -> bytes | None:
         """Store a finished step's result (or remembered failure); None: the record is not
         ours any more. Unprotected (no claim), nothing is stored."""
-        owner, field = self.owner, step_field(name)
-        if owner is None:
+        if self.owner is None:
             return encoded
-        # The step's work is done: a cancelled caller must not keep its checkpoint from
-        # Redis (a retry would run it again).
+        return self._keep(name, encoded, None)
+
+    def _keep(self, name: str, encoded: bytes, fence: int | None) -> bytes | None:
+        """:meth:`_write` step ``name``'s outcome ``encoded``: the step's work is done, so
+        neither a cancelled caller nor an interrupted thread may keep it from Redis (a retry
+        would run the step again, or find its row committed with no result)."""
         try:
-            return uncancellable(
-                lambda: self.store.checkpoint(self.record, owner, field, encoded)
-            )
+            return uncancellable(lambda: self._write(name, encoded, fence))
         except Cancelled:
-            # The checkpoint goes on in a task of its own, and the step's outcome is known:
-            # it is finished for this call too, so the guard's ``cancelled`` entry lists it
-            # and a second call.step of the name (a block that catches the cancel) returns
-            # it rather than running the step again.
+            # The write goes on in a task of its own, and the step's outcome is known: it is
+            # finished for this call too, so the guard's ``cancelled`` entry lists it and a
+            # second call.step of the name (a block that catches the cancel) returns it
+            # rather than running the step again.
             self.book.finish(name, encoded)
             raise
+        except _INTERRUPTED:
+            # Ctrl-C in the thread, wherever it cut the write: sent again whole, here (both
+            # writes are idempotent), then the interruption goes on; interrupted again, or
+            # failing, it is left as it is (as a cancelled write that could not finish).
+            with contextlib.suppress(Exception):
+                if self._write(name, encoded, fence) is not None:
+                    self.book.finish(name, encoded)
+            raise
+
+    def _write(self, name: str, encoded: bytes, fence: int | None) -> bytes | None:
+        """Write step ``name``'s outcome into its fenced row (``fence``: the row committed
+        without it; None: no such row), then checkpoint it."""
+        effects, owner = self.store.effects, self.owner
+        if fence is not None and effects is not None:
+            try:
+                effects.record(self.record, name, fence, encoded)
+            except StoreError as exc:  # Redis still gets it: only a later loss is exposed
+                detail = f"step {name!r} result not recorded with its effect: {exc}"
+                if self.reporter is not None:
+                    self.reporter.notify("store_error", fence, detail)
+                else:
+                    logger.warning("idemkey: %s", detail)
+        if owner is None:
+            return encoded
+        return self.store.checkpoint(self.record, owner, step_field(name), encoded)
 
     def _retried(
         self,

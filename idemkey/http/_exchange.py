@@ -212,6 +212,7 @@ class Exchange(msgspec.Struct, Reporting, eq=False):
             takeover=decision.takeover,
             record=self.record,
             ttl_ms=self.policy.ttl_ms,
+            fingerprint=self._fingerprint,
         )
         run_as_current(self.call)
         return None
@@ -223,7 +224,18 @@ class Exchange(msgspec.Struct, Reporting, eq=False):
         answer = self._failed(exc)
         self.state = target
         self.unprotected = answer is None
+        if answer is None:
+            # The app's current_call() is a call with no fence, whose fenced work refuses to
+            # run (UnprotectedCallError), until the adapter says the app ended (unprotected_ended).
+            self.call = Call(replayed=False)
+            run_as_current(self.call)
         return answer
+
+    def unprotected_ended(self) -> None:
+        """The app that ran unprotected returned or raised: its call is no longer current (a
+        thread that serves the next request must not see it)."""
+        if self.call is not None:
+            leave_current(self.call)
 
     def response_lost(self) -> Response:
         """The key's fenced transaction committed, but its response was never recorded (the

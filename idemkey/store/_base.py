@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from .uncertain import UncertainKind
 
 from .._core import DONE_HINT, RECORD_LOST, Record, next_poll_delay, record_for
+from .._core._names import record_prefix
 from ..errors import ConfigurationError, InvalidKeyError, StoreError
 from ..events import DEBUG, RECORD_LOST_DETAIL, logger, report
 from ..policy import Policy
@@ -258,7 +259,7 @@ class StoreBase:
         method and route; the stream lives as long as the store's records."""
         try:
             record = source.record
-            prefix = record.record_key.rpartition(":{")[0]
+            prefix = record_prefix(record.record_key)
             fields = entry_fields(
                 kind, record.digest, source.scope, source.method, source.route, fence, detail, steps
             )

@@ -167,12 +167,10 @@ class RedisStore(Sender):
         except StoreError:
             self.release(record, claim.owner)  # fail closed: nothing runs unfenced
             raise
-        # Optional hooks (contrib.sqlalchemy's; an Effects of the user's own may lack them):
-        # the rows the claim commits keep the request's fingerprint, and a row tells on reuse.
         if stored is None:
-            if (claimed := getattr(self.effects, "claimed", None)) is not None:
-                claimed(record, claim.fence, fingerprint)
             return claim
+        # An optional hook (contrib.sqlalchemy's; an Effects of the user's own may lack it): a
+        # row that keeps its request's fingerprint tells on reuse.
         if (reused := getattr(stored, "reused", None)) is not None and reused(fingerprint):
             self.release(record, claim.owner)
             return Mismatch()

@@ -258,3 +258,144 @@ async def test_asyncio_an_unprotected_call_refuses_fenced_work(db_url: str) -> N
         await store.aclose()
         await dead.aclose()
         await engine.dispose()
+
+
+def unprotected_work(engine: sa.Engine) -> str:
+    """A handler's fenced work through ``current_call()``: what it raised, by name (a
+    ``StoreError``), or "committed"."""
+    from idemkey import current_call
+
+    try:
+        with Session(engine) as session, session.begin():
+            session.execute(sa.insert(CHARGES).values(key="open-3"))
+            fenced(session, current_call())
+    except StoreError as exc:  # anything else (LookupError before) fails the request
+        return type(exc).__name__
+    return "committed"
+
+
+def nothing_committed(engine: sa.Engine) -> bool:
+    with engine.connect() as conn:
+        return conn.execute(sa.select(sa.func.count()).select_from(CHARGES)).scalar() == 0
+
+
+def test_current_call_under_an_unprotected_run_refuses_fenced_work(engine: sa.Engine) -> None:
+    """``fenced(session, current_call())``, the idiom of ``@idempotent`` functions and HTTP
+    handlers, under ``on_store_error="open"`` with Redis down: ``UnprotectedCallError`` (a
+    ``StoreError``), as ``fenced(session, call)`` in a guard block; before, ``LookupError``.
+    The transaction rolls back; no call stays current after the function or the request (a
+    thread serves the next request in the same context)."""
+    import json
+
+    from flask import Flask
+    from werkzeug.test import Client
+
+    from idemkey import current_call, idempotent
+    from idemkey.adapters.flask import Idemkey
+    from idemkey.adapters.wsgi import IdempotencyMiddleware as WsgiMiddleware
+    from idemkey.errors import UnprotectedCallError
+    from tests._servers import free_port, no_retry
+
+    dead = redis.Redis(port=free_port(), socket_connect_timeout=1, retry=no_retry())
+    store = RedisStore(dead, Policy(on_store_error="open"), effects=Effects(engine))
+    app = Flask(__name__)
+    idem = Idemkey(app, store=store)
+
+    @app.post("/charges")
+    @idem.idempotent
+    def create() -> tuple[dict[str, str], int]:
+        return {"raised": unprotected_work(engine)}, 500
+
+    def wsgi_app(environ: Any, start_response: Any) -> list[bytes]:
+        start_response("500 Internal Server Error", [("Content-Type", "application/json")])
+        return [json.dumps({"raised": unprotected_work(engine)}).encode()]
+
+    @idempotent(store, key=lambda order: order, name="book")
+    def book(order: str) -> str:
+        return unprotected_work(engine)
+
+    headers = {"Idempotency-Key": "k", "Content-Type": "application/json"}
+    try:
+        assert book("o-1") == UnprotectedCallError.__name__
+        for web in (app.test_client(), Client(WsgiMiddleware(wsgi_app, store))):
+            reply = web.post("/charges", data=b"{}", headers=headers)
+            assert reply.get_json() == {"raised": UnprotectedCallError.__name__}
+            reply.close()
+        with pytest.raises(LookupError):
+            current_call()  # nothing stays current after the function or the requests
+    finally:
+        store.close()
+        dead.close()
+    assert nothing_committed(engine)
+
+
+async def test_asgi_current_call_under_an_unprotected_run_refuses_fenced_work(
+    engine: sa.Engine,
+) -> None:
+    import json
+
+    import httpx
+
+    from idemkey import current_call
+    from idemkey.adapters.asgi import IdempotencyMiddleware as AsgiMiddleware
+    from idemkey.errors import UnprotectedCallError
+    from tests._servers import free_port, no_async_retry
+
+    dead = redis.asyncio.Redis(port=free_port(), socket_connect_timeout=1, retry=no_async_retry())
+    store = AsyncRedisStore(dead, Policy(on_store_error="open"))
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        await receive()
+        body = json.dumps({"raised": unprotected_work(engine)}).encode()
+        await send({"type": "http.response.start", "status": 500, "headers": []})
+        await send({"type": "http.response.body", "body": body})
+
+    transport = httpx.ASGITransport(app=AsgiMiddleware(app, store))
+    try:
+        async with httpx.AsyncClient(transport=transport, base_url="http://test") as web:
+            reply = await web.post("/c", content=b"{}", headers={"Idempotency-Key": "k-a"})
+        assert reply.json() == {"raised": UnprotectedCallError.__name__}
+        with pytest.raises(LookupError):
+            current_call()  # httpx ran the app in this task: nothing stays current
+    finally:
+        await store.aclose()
+        await dead.aclose()
+    assert nothing_committed(engine)
+
+
+def test_django_current_call_under_an_unprotected_run_refuses_fenced_work(
+    engine: sa.Engine, db_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """tests/sql/_django_urls.py's view fences ``current_call()``: its UnprotectedCallError
+    comes out of the view (Django's test client raises it), and no call stays current."""
+    pytest.importorskip("django")
+    from django.test import Client as DjangoClient
+    from django.test.utils import override_settings
+
+    from idemkey import current_call
+    from idemkey.errors import UnprotectedCallError
+    from tests._servers import free_port, no_retry
+    from tests.adapters.harness_wsgi import _django
+
+    _django()  # configure Django once per process, the way the adapter suite does
+    monkeypatch.setenv("TRUTH_DB_URL", db_url)
+    dead = redis.Redis(port=free_port(), socket_connect_timeout=1, retry=no_retry())
+    store = RedisStore(dead, Policy(on_store_error="open"))
+    try:
+        with (
+            override_settings(
+                ROOT_URLCONF="tests.sql._django_urls",
+                MIDDLEWARE=["idemkey.adapters.django.IdempotencyMiddleware"],
+                ALLOWED_HOSTS=["*"],
+                IDEMKEY={"STORE": store, "GUARD": "all"},
+            ),
+            pytest.raises(UnprotectedCallError),
+        ):
+            DjangoClient().post("/charges", data=b"{}", content_type="application/json",
+                                headers={"Idempotency-Key": "order-1"})  # fmt: skip
+        with pytest.raises(LookupError):
+            current_call()
+    finally:
+        store.close()
+        dead.close()
+    assert nothing_committed(engine)

@@ -16,7 +16,9 @@ SQLite files and PostgreSQL.
 
 from __future__ import annotations
 
+import asyncio
 import contextvars
+import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timedelta, timezone
@@ -86,12 +88,20 @@ def effects_rows(engine: sa.Engine) -> list[tuple[Any, ...]]:
         return [tuple(row) for row in conn.execute(query)]
 
 
+@pytest.mark.parametrize("saved_after_commit", [False, True], ids=["saved_in", "saved_after"])
 def test_another_payload_after_redis_forgot_is_key_reuse_and_the_first_still_replays(
-    server: RedisServer, client: redis.Redis, store: RedisStore, engine: sa.Engine
+    server: RedisServer,
+    client: redis.Redis,
+    store: RedisStore,
+    engine: sa.Engine,
+    saved_after_commit: bool,
 ) -> None:
+    """``saved_after``: the commit marks the row committed with no result, and the guard
+    records the result into it as the block exits (``Call.outdated_fence``), keeping the
+    fingerprint: the first request's retry replays it from the row, another payload is 422."""
     runs: list[int] = []
 
-    def charge(amount: int, *, saved_after_commit: bool = False) -> Any:
+    def charge(amount: int) -> Any:
         with guard(store, "inv-1", payload={"amount": amount}) as call:
             if call.replayed:
                 return call.result, True
@@ -99,6 +109,9 @@ def test_another_payload_after_redis_forgot_is_key_reuse_and_the_first_still_rep
             with Session(engine) as session, session.begin():
                 session.execute(sa.insert(CHARGES).values(key="inv-1", worker=amount))
                 fenced(session, call)
+                if not saved_after_commit:
+                    call.save({"amount": amount})
+            if saved_after_commit:
                 call.save({"amount": amount})
             return call.result, False
 
@@ -406,3 +419,141 @@ def test_a_transaction_fenced_in_a_thread_given_the_claims_context_keeps_the_fin
         charge(5)
     assert charge(1000) == {"amount": 1000}
     assert business_rows(engine) == [("t-1", 1000)]
+
+
+def test_a_transaction_fenced_in_a_thread_without_the_claims_context_keeps_the_fingerprint(
+    server: RedisServer, client: redis.Redis, store: RedisStore, engine: sa.Engine
+) -> None:
+    """A plain ``threading.Thread`` starts with an empty context: the row still keeps the
+    request's fingerprint (the call carries it), so after Redis forgot, another payload is
+    key reuse, not the first request's replay."""
+
+    def commit(call: Any, amount: int) -> None:
+        with Session(engine) as session, session.begin():
+            session.execute(sa.insert(CHARGES).values(key="t-2", worker=amount))
+            fenced(session, call)
+            call.save({"amount": amount})
+
+    def charge(amount: int) -> Any:
+        with guard(store, "t-2", payload={"amount": amount}) as call:
+            if not call.replayed:
+                worker = threading.Thread(target=commit, args=(call, amount))
+                worker.start()
+                worker.join(timeout=30)
+                assert not worker.is_alive()
+            return call.result
+
+    assert charge(1000) == {"amount": 1000}
+    forget(server, client)
+    with pytest.raises(KeyReuseError):
+        charge(5)
+    assert charge(1000) == {"amount": 1000}  # the first request's retry: from the row
+    assert business_rows(engine) == [("t-2", 1000)]
+
+
+async def test_aguard_a_transaction_fenced_in_a_plain_executor_keeps_the_fingerprint(
+    server: RedisServer, store_prefix: str, db_url: str
+) -> None:
+    """``loop.run_in_executor`` with a plain executor runs without the claim's context (only
+    ``asyncio.to_thread`` copies it): the row keeps the fingerprint all the same, and a
+    step's row too."""
+    sync_engine = sa.create_engine(db_url)
+    client = server.async_client()
+    effects = AsyncEffects(create_async_engine(async_url(db_url)))
+    store = AsyncRedisStore(client, Policy(prefix=store_prefix), effects=effects)
+    charged: list[int] = []
+
+    def commit(call: Any, amount: int, step: str | None) -> dict[str, int]:
+        charged.append(amount)
+        with Session(sync_engine) as session, session.begin():
+            session.execute(sa.insert(CHARGES).values(key="ex-1", worker=amount))
+            fenced(session, call, step=step)
+            if step is None:
+                call.save({"amount": amount})
+        return {"charged": amount}
+
+    async def charge(amount: int) -> Any:
+        async with aguard(store, "ex-1", payload={"amount": amount}) as call:
+            if call.replayed:
+                return call.result
+            loop = asyncio.get_running_loop()
+            with ThreadPoolExecutor(1) as pool:
+                await loop.run_in_executor(pool, commit, call, amount, None)
+            return call.result
+
+    async def place(amount: int) -> Any:
+        async with aguard(store, "ex-2", payload={"amount": amount}) as call:
+            loop = asyncio.get_running_loop()
+            with ThreadPoolExecutor(1) as pool:
+                got = await call.step(
+                    "charge", lambda: loop.run_in_executor(pool, commit, call, amount, "charge")
+                )
+            raise RuntimeError(f"the shipping service is down after {got}")
+
+    try:
+        assert await charge(1000) == {"amount": 1000}
+        with pytest.raises(RuntimeError):
+            await place(1000)  # released, its committed step kept
+        server.restart()  # Redis forgets both
+        with pytest.raises(KeyReuseError):
+            await charge(5)
+        with pytest.raises(KeyReuseError):
+            await place(5)  # the step's row is not resumed by another payload
+        assert await charge(1000) == {"amount": 1000}
+        assert charged == [1000, 1000]
+    finally:
+        await store.aclose()
+        await client.aclose()
+        await effects.engine.dispose()
+        sync_engine.dispose()
+
+
+def test_a_step_run_in_a_thread_without_the_claims_context_keeps_the_fingerprint(
+    server: RedisServer, client: redis.Redis, store: RedisStore, engine: sa.Engine
+) -> None:
+    """The whole ``call.step`` in a plain thread: its fenced transaction commits the row, then
+    the step runner records the step's result into it, both outside the claim's context; the
+    row keeps the fingerprint through both, so another payload does not resume the step."""
+    charged: list[int] = []
+
+    def charge(call: Any, amount: int) -> dict[str, int]:
+        charged.append(amount)
+        with Session(engine) as session, session.begin():
+            session.execute(sa.insert(CHARGES).values(key="t-3", worker=amount))
+            fenced(session, call, step="charge")
+        return {"charged": amount}
+
+    def in_plain_thread(work: Callable[[], Any]) -> Any:
+        """``work()`` in a ``threading.Thread`` (an empty context): its value or its error."""
+        outcome: list[Any] = []
+
+        def run() -> None:
+            try:
+                outcome.append((True, work()))
+            except Exception as exc:
+                outcome.append((False, exc))
+
+        worker = threading.Thread(target=run)
+        worker.start()
+        worker.join(timeout=30)
+        (ok, value), *_ = outcome
+        if not ok:
+            raise value
+        return value
+
+    def place(amount: int, *, fail_after_charge: bool = False) -> Any:
+        with guard(store, "t-3", payload={"amount": amount}) as call:
+            got = in_plain_thread(lambda: call.step("charge", charge, call, amount))
+            if fail_after_charge:
+                raise RuntimeError("the shipping service is down")
+            call.save({"charge": got})
+            return call.result
+
+    with pytest.raises(RuntimeError):
+        place(1000, fail_after_charge=True)  # released, its committed step kept
+    forget(server, client)
+    with pytest.raises(KeyReuseError):
+        place(5)  # the thread's call.step refuses it: nothing saved, the key released
+    assert place(1000) == {"charge": {"charged": 1000}}  # resumes after its committed step
+    assert charged == [1000]
+    assert business_rows(engine) == [("t-3", 1000)]

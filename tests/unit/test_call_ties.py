@@ -75,3 +75,47 @@ def test_a_committing_tie_counts_as_committed_unless_its_commit_failed() -> None
     tie.rolled_back()  # handle_error: the COMMIT failed
     tie.rolled_back()  # and its connection's rollback: reported twice, ends once
     assert failed._final() is None
+
+
+def test_a_committed_row_says_which_result_is_still_to_be_recorded_into_it() -> None:
+    """``unrecorded_fence``: a row committed with no result (a step's, or the call's own
+    before anything was saved) gets it before Redis; ``outdated_fence``: the call's own row
+    lacks the result the record completes with (none in it, or a value saved over since)."""
+    call = claimed()
+    assert call.unrecorded_fence() is call.unrecorded_fence("charge") is None
+    assert call.outdated_fence(b"any") is None  # no fenced row at all
+    call._row_committed("charge", 7, None)
+    assert call.unrecorded_fence("charge") == 7
+    assert call.unrecorded_fence() is None  # the call's own row did not commit
+    call._row_committed(None, 7, None)
+    assert call.unrecorded_fence() == 7
+    assert call.outdated_fence(b"saved later") == 7
+    kept = claimed()
+    kept._row_committed(None, 8, b"in the commit")
+    assert kept.unrecorded_fence() is None
+    assert kept.outdated_fence(b"in the commit") is None
+    assert kept.outdated_fence(b"saved over it") == 8
+
+
+def test_save_not_kept_completes_as_result_not_kept_without_raising() -> None:
+    """What an integration whose result its own rules refuse records (an MCP tool result
+    outside its schema, a Celery result JSON would not give back): as ``save()`` of a value
+    msgspec cannot encode, without the error; the same misuse errors as ``save()``."""
+    from idemkey._codec import RESULT_NOT_KEPT
+    from idemkey.errors import ResultNotStorableError, UsageError
+
+    call = claimed()
+    call.save("first")
+    call.save_not_kept()
+    assert call._final() == RESULT_NOT_KEPT
+    with pytest.raises(NoResultError):
+        _ = call.result
+    unencodable = claimed()
+    with pytest.raises(ResultNotStorableError):
+        unencodable.save(object())
+    assert unencodable._final() == call._final()
+    with pytest.raises(UsageError, match="replayed"):
+        Call(replayed=True, result=1).save_not_kept()
+    call._exited = True
+    with pytest.raises(UsageError, match="after the guard's block has exited"):
+        call.save_not_kept()

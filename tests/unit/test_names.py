@@ -126,3 +126,14 @@ def test_a_hash_whose_name_is_not_a_records_has_no_status() -> None:
     fields = status_fields([None, None, None, None, None, None, b"fp"])
     assert decode_status(f"p:{{{DIGEST}}}", fields, 5000, -2) is not None
     assert decode_status("p:{not-a-digest}", fields, 5000, -2) is None
+
+
+@pytest.mark.parametrize("prefix", ["idemkey", "billing:eu", "p" * 500, "x:"])
+def test_a_record_names_its_prefix_back(prefix: str) -> None:
+    """``record_prefix`` reads the prefix a record's name was built with (the uncertain
+    stream's and the effects row's), whatever colons it holds."""
+    from idemkey._core._names import record_prefix
+
+    record = record_for(prefix, "s", "POST", "/r", "k")
+    assert record_prefix(record.record_key) == prefix
+    assert record_prefix(record_from_digest(prefix, DIGEST).record_key) == prefix
