@@ -417,7 +417,9 @@ def test_inspect_prints_stored_text_escaped(
         raise CardDeclined(f"declined card {HOSTILE}")
     response = record_for(prefix, "acct_1", "POST", "/charges", "order-3")
     claimed = store.claim(response, "fp", heartbeat=False)
-    stored = StoredResponse(201, (("X-Note", HOSTILE.replace("\r", "").replace("\n", "")),), b"ok")
+    # A header value holds no C0 control (a replay refuses one), but may hold obs-text, whose
+    # C1 controls a terminal obeys: U+009B is CSI, "\x9b2J" clears the screen.
+    stored = StoredResponse(201, (("X-Note", "4242\x9b2J\x9b31mFAKE"),), b"ok")
     assert store.complete(response, claimed.owner, encode_response(stored))  # type: ignore[union-attr]
     forged = record_for(prefix, "", GUARD_METHOD, "", "order-4")
     real_client.hset(forged.key, mapping={
@@ -429,12 +431,13 @@ def test_inspect_prints_stored_text_escaped(
     owner = idemkey("inspect", "order-4", "--guard", *_at(redis_url, prefix))
     for run in (failure, headers, owner):
         assert run.code == 0, run.err
-        assert not any(c in run.out for c in "\x1b\r\x07"), repr(run.out)
+        assert not any(c in run.out for c in "\x1b\r\x07\x9b"), repr(run.out)
         assert not any(line.startswith("released") for line in run.out.splitlines())
+    for run in (failure, owner):
         assert "\\x1b[2J\\x1b[31mFAKE" in run.out  # shown escaped, not dropped
     assert ":CardDeclined: declined card 4242\\x1b[2J\\x1b[31mFAKE\\rforged" in failure.out
     assert "\\rforged line\\nreleased  OK\\x07" in failure.out
-    assert "  X-Note: 4242\\x1b[2J\\x1b[31mFAKEforged linereleased  OK\\x07\n" in headers.out
+    assert "  X-Note: 4242\\x9b2J\\x9b31mFAKE\n" in headers.out
     assert "owner     4242\\x1b[2J...\n" in owner.out  # shortened to 8 characters, escaped
     assert "steps     1 finished: 4242\\x1b[2J" in owner.out
     # --json: the same escaped preview (as a response's), not the raw message.
