@@ -7,7 +7,8 @@ regenerate, never the generated twin. An adapter moves bytes and calls, in order
     exchange = idemkey.http.begin(policy, request)  # None or a Response: pass or send it
     exchange.announced(), exchange.received(body)   # a Response: send it, stop
     answer = driver.claim(exchange)           # a Response: send it, stop
-    run the app (if exchange.unprotected: as it is, nothing more to do)
+    run the app (if exchange.unprotected: as it is, then, in a finally,
+                 exchange.unprotected_ended(): its fenceless call stops being current)
     exchange.started(status, headers)               # once the head went out
     driver.finish(exchange, body)             # or: driver.fail(exchange, reason)
 

@@ -11,7 +11,8 @@ I/O around it and adapters only move bytes::
     exchange.announced(), exchange.received(body) # a Response: send it, stop
     fingerprint = exchange.claiming()             # then store.claim(exchange.record, ...)
     answer = exchange.decide(decision)            # a Response (replay, 409, 422): send it
-    (on StoreError: exchange.store_failed(exc) gives a 503, or None to run unprotected)
+    (on StoreError: exchange.store_failed(exc) gives a 503, or None to run unprotected,
+     then exchange.unprotected_ended() once the app returned or raised: in a finally)
     run the app; exchange.started(status, headers) once its head went out
     plan = exchange.finish(body)                  # Complete(bytes) or Release; or fail(reason)
     exchange.settled(ok) once the store answered  # or settle_failed(exc)

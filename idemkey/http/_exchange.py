@@ -64,8 +64,9 @@ class Exchange(msgspec.Struct, Reporting, eq=False):
     request is, ``owner`` the claim's owner token (set by :meth:`claiming`), ``declared`` the
     request's Content-Length, ``origin`` what the claim keeps of where its record comes from
     (set by :meth:`claiming`), ``call`` the claimed call while the app runs (what
-    ``idemkey.current_call()`` returns), ``unprotected`` whether the store failed and the
-    policy said run anyway, ``plan`` what the record is settled with. As a
+    ``idemkey.current_call()`` returns; when the app runs unprotected, a call with no fence
+    until the adapter calls :meth:`unprotected_ended`), ``unprotected`` whether the store
+    failed and the policy said run anyway, ``plan`` what the record is settled with. As a
     :class:`~idemkey.events.Reporting`, it reports its events and uncertain outcomes
     (``keep``: the driver's ``store.keep_uncertain``).
 

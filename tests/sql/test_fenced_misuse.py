@@ -317,12 +317,14 @@ def test_current_call_under_an_unprotected_run_refuses_fenced_work(engine: sa.En
     headers = {"Idempotency-Key": "k", "Content-Type": "application/json"}
     try:
         assert book("o-1") == UnprotectedCallError.__name__
+        with pytest.raises(LookupError):
+            current_call()  # nothing stays current after the function
         for web in (app.test_client(), Client(WsgiMiddleware(wsgi_app, store))):
             reply = web.post("/charges", data=b"{}", headers=headers)
             assert reply.get_json() == {"raised": UnprotectedCallError.__name__}
             reply.close()
-        with pytest.raises(LookupError):
-            current_call()  # nothing stays current after the function or the requests
+            with pytest.raises(LookupError):
+                current_call()  # nor after each request (the next one would see it)
     finally:
         store.close()
         dead.close()

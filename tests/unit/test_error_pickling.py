@@ -280,3 +280,19 @@ def test_an_unread_response_crosses_unread() -> None:
     assert again.response.request.url == "https://api.example/charges"
     with pytest.raises(httpx.ResponseNotRead):
         again.response.content  # noqa: B018
+
+
+def test_a_charset_the_caller_chose_crosses_with_the_response() -> None:
+    """``response.encoding`` set over the header's charset (a server that mislabels its body)
+    is how the caller reads ``.text``: the copy reads it the same way."""
+    import httpx
+
+    from idemkey.client import RefusedError
+
+    sent = httpx.Request("POST", "https://api.example/charges")
+    headers = {"Content-Type": "text/plain; charset=utf-8"}
+    response = httpx.Response(409, headers=headers, content="héllo".encode("latin-1"), request=sent)
+    response.encoding = "latin-1"
+    error = RefusedError("in_flight", {}, response, 1)
+    for again in (pickle.loads(pickle.dumps(error)), copy.copy(error)):
+        assert (again.response.text, again.response.encoding) == ("héllo", "latin-1")
