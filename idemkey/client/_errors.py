@@ -131,7 +131,8 @@ def _plain(response: httpx.Response) -> httpx.Response:
         default_encoding=response.encoding or "utf-8",
     )
     plain.headers = headers.copy()  # as they came
-    plain.encoding = response.encoding  # the caller's override of the charset too
+    if response.encoding is not None:  # the caller's override of the charset too
+        plain.encoding = response.encoding
     with contextlib.suppress(RuntimeError):  # not closed yet: no elapsed time
         plain.elapsed = response.elapsed
     return plain
