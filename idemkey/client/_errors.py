@@ -22,7 +22,7 @@ import contextlib
 import dataclasses
 import reprlib
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any, Final, TypeVar
 
 from ..errors import IdemkeyError
 
@@ -40,6 +40,8 @@ __all__ = [
     "UnusableAnswerError",
     "shown",
 ]
+
+_T = TypeVar("_T")
 
 
 def shown(value: object, limit: int, plain: Callable[[str], object] = str.isprintable) -> str:
@@ -72,6 +74,12 @@ class ClientError(IdemkeyError):
     ``elapsed``, and its request's method, URL and headers without the caller's credentials
     (no ``Authorization``, ``Proxy-Authorization`` or ``Cookie``, no ``user:password``); no
     ``history``, ``next_request`` or extensions.
+
+    Celery's JSON results (its default) store ``args`` too, each value JSON cannot encode as its
+    repr, and the caller's ``result.get()`` raises ``type(exc)(*args)``: so the plain values a
+    caller reads (``status``, ``key``, ``attempts``...) are in ``args`` as well, and an error
+    given the repr (a ``str``) or None in place of its response (``reply``) has the same type,
+    message and fields, its ``response`` (``reply``) None.
     """
 
     def __reduce__(self) -> tuple[Any, ...]:
@@ -138,6 +146,12 @@ def _plain(response: httpx.Response) -> httpx.Response:
     return plain
 
 
+def _unless_repr(value: _T | str | None) -> _T | None:
+    """``value``, or None for the ``str`` Celery's JSON results hold in place of a response (a
+    reply) they cannot encode: its repr."""
+    return None if isinstance(value, str) else value
+
+
 #: The longest problem ``detail`` (or ``title``) a message shows.
 _DETAIL_CHARS: Final = 200
 
@@ -150,17 +164,31 @@ class RefusedError(ClientError):
     :class:`ClientError`). The message shows the problem's ``detail`` (or ``title``) as it is
     when one short printable line, else escaped and cut short. Retrying with the same key and
     body fails the same way.
+
+    ``status`` is the response's; without a response (None, or the ``str`` Celery's JSON
+    results hold in its place: see :class:`ClientError`) it must be given, and ``response``
+    is None.
     """
 
     def __init__(
-        self, code: str, problem: Mapping[str, object], response: httpx.Response, attempts: int
+        self,
+        code: str,
+        problem: Mapping[str, object],
+        response: httpx.Response | None,
+        attempts: int,
+        status: int | None = None,
     ) -> None:
+        response = _unless_repr(response)
+        if response is not None:
+            status = response.status_code
+        elif status is None:
+            raise TypeError("RefusedError without a response needs its status")
         detail = shown(problem.get("detail") or problem.get("title") or "", _DETAIL_CHARS)
-        super().__init__(f"{response.status_code} {code}: {detail}")
-        self._keep_args(code, problem, response, attempts)
+        super().__init__(f"{status} {code}: {detail}")
+        self._keep_args(code, problem, response, attempts, status)
         self.code = code
         self.problem = problem
-        self.status = response.status_code
+        self.status = status
         self.response = response
         self.attempts = attempts
 
@@ -178,18 +206,34 @@ class UnexpectedReplayError(ClientError):
     the handler): the operation was not run for this call, so whatever it hands out (a
     resource, a credit) was handed out before. ``reply`` is the
     :class:`~idemkey.client.IdempotentResponse` (pickled or copied, with a plain copy of its
-    response: see :class:`ClientError`), ``key`` its key.
+    response: see :class:`ClientError`).
+
+    ``key``, ``attempts`` and ``status`` are the reply's key, attempt count and HTTP status;
+    without a reply (None, or the ``str`` Celery's JSON results hold in its place: see
+    :class:`ClientError`) they must be given, and ``reply`` is None.
     """
 
-    def __init__(self, reply: IdempotentResponse) -> None:
+    def __init__(
+        self,
+        reply: IdempotentResponse | None,
+        key: str | None = None,
+        attempts: int | None = None,
+        status: int | None = None,
+    ) -> None:
+        reply = _unless_repr(reply)
+        if reply is not None:
+            key, attempts, status = reply.key, reply.attempts, reply.status_code
+        elif key is None or attempts is None or status is None:
+            raise TypeError("UnexpectedReplayError without a reply needs key, attempts, status")
         super().__init__(
-            f"{reply.status_code} replayed on attempt {reply.attempts}: this key's operation "
+            f"{status} replayed on attempt {attempts}: this key's operation "
             "ran before this call, nothing ran now"
         )
-        self._keep_args(reply)
+        self._keep_args(reply, key, attempts, status)
         self.reply = reply
-        self.key = reply.key
-        self.attempts = reply.attempts
+        self.key = key
+        self.attempts = attempts
+        self.status = status
 
 
 class RetriesExhaustedError(ClientError):
@@ -198,10 +242,10 @@ class RetriesExhaustedError(ClientError):
     ``reason`` is ``"deadline"`` or ``"attempts"``; ``last`` describes the last failure
     (``"timeout"``, ``"503"``, ``"409 in_flight"``); ``response`` is the last response when
     the last attempt got one (else None, and the transport error is ``__cause__``; pickled or
-    copied, a plain copy of it: see :class:`ClientError`). The handler ran at most once: send
-    the same key again later to learn its answer. ``key`` is that key (a ``post()`` made it
-    where the caller never saw it): ``idempotency_key=key`` resumes the call, where a plain
-    ``post()`` would send a new key and run it again.
+    copied, a plain copy of it; None through Celery's JSON results: see :class:`ClientError`).
+    The handler ran at most once: send the same key again later to learn its answer. ``key``
+    is that key (a ``post()`` made it where the caller never saw it): ``idempotency_key=key``
+    resumes the call, where a plain ``post()`` would send a new key and run it again.
     """
 
     def __init__(
@@ -213,6 +257,7 @@ class RetriesExhaustedError(ClientError):
         key: str | None = None,
     ) -> None:
         super().__init__(f"gave up after {attempts} attempt(s) ({reason}); last: {last}")
+        response = _unless_repr(response)
         self._keep_args(reason, last, attempts, response, key)
         self.reason = reason
         self.last = last

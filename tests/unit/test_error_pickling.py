@@ -8,9 +8,10 @@ side. So each error keeps its constructor's arguments in ``args``, and a rebuilt
 same type, message and attributes. The classes are found, not listed, so a class added later
 is held to it too (an ``__init__`` whose annotation has no sample here fails, asking for one).
 
-The client's errors that hold an ``httpx.Response`` (or an ``IdempotentResponse``) cross by
-pickle only: no JSON encodes a response, so Celery's JSON backend stores its repr in its place,
-and the error does not rebuild from that.
+The client's errors that hold an ``httpx.Response`` (or an ``IdempotentResponse``) cross whole
+by pickle only: no JSON encodes a response, so Celery's JSON backend stores its repr in its
+place; they rebuild from that with their fields and message, the response None
+(tests/contrib/test_celery_client_errors.py).
 """
 
 from __future__ import annotations
@@ -73,6 +74,7 @@ SAMPLES: dict[str, Callable[[str, int], object]] = {
     "httpx.Response": lambda name, at: _response(),
     "httpx.Response | None": lambda name, at: _response(),
     "IdempotentResponse": lambda name, at: _idempotent_response(),
+    "IdempotentResponse | None": lambda name, at: _idempotent_response(),
 }
 
 
