@@ -106,8 +106,12 @@ class FakeRedis:
         self.stop.set()
         # Closing a socket does not wake a thread blocked in its accept(): a connection does.
         socket.create_connection(self.listener.getsockname(), timeout=10).close()
+        # The listener stays open until the accept thread has returned: closed while that
+        # thread was between two accept() calls, it failed the next with EBADF (a warning
+        # pytest turns into an error), and the wake-up call was lost with the backlog.
+        self.threads[0].join(timeout=10)
         self.listener.close()
-        for thread in self.threads:
+        for thread in self.threads[1:]:
             thread.join(timeout=10)
 
 

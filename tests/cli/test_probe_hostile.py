@@ -108,8 +108,11 @@ class Hostile:
         self.stop.set()
         # Closing a socket does not wake a thread blocked in its accept(): a connection does.
         socket.create_connection(self.listener.getsockname(), timeout=10).close()
+        # Open until the accept thread returned: closed between two of its accept() calls,
+        # the next failed with EBADF (an error under pytest) and the wake-up call was lost.
+        self.threads[0].join(timeout=10)
         self.listener.close()
-        for thread in self.threads:
+        for thread in self.threads[1:]:
             thread.join(timeout=10)
 
 
