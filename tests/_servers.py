@@ -648,6 +648,12 @@ class ExternalRedis:
         return f"<ExternalRedis {self.url}>"
 
 
+#: How many ports an AppServer tries when another process took the one it chose.
+_PORT_ATTEMPTS = 3
+#: What a server that could not bind its port logs (Python's socket error; idemkey console's).
+_PORT_TAKEN = re.compile(r"address already in use|port \d+ on \S+ is in use", re.IGNORECASE)
+
+
 class AppServer:
     """A web server subprocess serving a test app on a free port, until :meth:`close`.
 
@@ -676,46 +682,50 @@ class AppServer:
         self.log = log
         self.redis_url = redis_url
         self.prefix = prefix
-        self.port = free_port()
-        self.url = f"http://{HOST}:{self.port}"
         full_env = {**os.environ, **(env or {})}
         if redis_url is not None:
             full_env["IDEMKEY_TEST_REDIS_URL"] = redis_url
         if prefix is not None:
             full_env["IDEMKEY_TEST_PREFIX"] = prefix
-        with log.open("wb") as out:
-            self.proc = subprocess.Popen(
-                list(command(self.port)), cwd=cwd, env=full_env, stdout=out,
-                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
-            )  # fmt: skip
+        # free_port() releases the port before the server binds it: another process (another
+        # suite's server, on a busy box) may take it first. Such a start is tried again on a
+        # fresh port, as RedisServer does; any other failure is the test's.
+        for attempt in range(_PORT_ATTEMPTS):
+            self.port = free_port()
+            self.url = f"http://{HOST}:{self.port}"
+            with log.open("wb") as out:
+                self.proc = subprocess.Popen(
+                    list(command(self.port)), cwd=cwd, env=full_env, stdout=out,
+                    stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
+                )  # fmt: skip
+            try:
+                wait_until(
+                    self._healthy(health), timeout, f"{name} to answer",
+                    ignore=(OSError, http.client.HTTPException),
+                )  # fmt: skip
+                return
+            except BaseException:
+                taken = self.proc.poll() is not None and _PORT_TAKEN.search(self.log_text())
+                if not taken or attempt == _PORT_ATTEMPTS - 1:
+                    self.close()
+                    raise
+                self._stop()  # keys under the prefix stay: the test may have written them
 
+    def _healthy(self, health: str) -> Callable[[], bool]:
         def healthy() -> bool:
-            assert self.proc.poll() is None, f"{name} exited:\n{self.log_text()}"
+            assert self.proc.poll() is None, f"{self.name} exited:\n{self.log_text()}"
             connection = http.client.HTTPConnection(HOST, self.port, timeout=2)
             with contextlib.closing(connection):
                 connection.request("GET", health, headers={"Connection": "close"})
                 return connection.getresponse().status == 200
 
-        try:
-            wait_until(
-                healthy, timeout, f"{name} to answer", ignore=(OSError, http.client.HTTPException)
-            )
-        except BaseException:
-            self.close()
-            raise
+        return healthy
 
     def log_text(self) -> str:
         return self.log.read_text(errors="replace")
 
     def close(self) -> None:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.proc.pid, signal.SIGTERM)
-        try:
-            self.proc.wait(10)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait()
+        self._stop()
         if self.redis_url is not None and self.prefix:
             client = redis.Redis.from_url(
                 self.redis_url, socket_connect_timeout=2, socket_timeout=2, retry=no_retry()
@@ -724,6 +734,16 @@ class AppServer:
                 keys = list(client.scan_iter(match=f"*{self.prefix}*", count=1000))
                 if keys:
                     client.unlink(*keys)
+
+    def _stop(self) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGTERM)
+        try:
+            self.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
 
     def __enter__(self) -> AppServer:
         return self

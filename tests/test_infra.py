@@ -24,6 +24,7 @@ from tests._servers import (
 
 if TYPE_CHECKING:
     from collections.abc import Callable
+    from pathlib import Path
 
 
 def test_wait_until_returns_the_truthy_value() -> None:
@@ -176,3 +177,22 @@ async def test_async_client_runs_lua(async_client: redis.asyncio.Redis, prefix: 
     script = async_client.register_script(SCRIPT)
     assert await script(keys=[f"{prefix}:k"], args=[b"v", 10_000]) == b"v"
     assert 0 < await async_client.pttl(f"{prefix}:k") <= 10_000
+
+
+def test_an_app_server_whose_port_was_taken_starts_on_another(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """free_port() releases its port before the server binds it: when another process took it
+    meanwhile (another suite's server on a busy box), the server starts on a fresh port."""
+    import socket
+    import sys
+
+    import tests._servers as servers
+
+    holder = socket.create_server(("127.0.0.1", 0))  # the other process, in the port first
+    ports = iter([holder.getsockname()[1], servers.free_port()])
+    monkeypatch.setattr(servers, "free_port", lambda: next(ports))
+    command = lambda port: [sys.executable, "-m", "http.server", "-b", "127.0.0.1", str(port)]  # noqa: E731
+    with holder, servers.AppServer(command, log=tmp_path / "log", cwd=tmp_path, health="/") as app:
+        assert app.port != holder.getsockname()[1]
+        assert app.proc.poll() is None
