@@ -7,10 +7,10 @@ terminal would act on.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import socket
-import threading
 from collections.abc import Callable, Iterator
 from typing import BinaryIO
 
@@ -20,6 +20,7 @@ from idemkey._core import record_for
 from idemkey.store import SCRIPTS
 from idemkey.store import diagnostics as dx
 from tests.cli.conftest import CliRunner
+from tests.client._loopback import LoopbackServer
 
 #: Set the window title, clear the screen, turn the text red, return the cursor, and reverse
 #: the rest of the line (a bidirectional override).
@@ -62,31 +63,19 @@ SANE: dict[str, str] = {
 }
 
 
-class FakeRedis:
+class FakeRedis(LoopbackServer):
     """A RESP2 server on a free port answering each command from ``replies`` (by its upper-cased
     name), ``-ERR unknown command`` otherwise (redis-py's CLIENT SETINFO ignores it)."""
 
     def __init__(self, replies: Replies) -> None:
         self.replies = {b"PING": lambda args: b"+PONG\r\n", **replies}
-        self.listener = socket.create_server(("127.0.0.1", 0))
-        self.url = f"redis://127.0.0.1:{self.listener.getsockname()[1]}/0?protocol=2"
-        self.stop = threading.Event()
-        self.threads = [threading.Thread(target=self._accept, daemon=True)]
-        self.threads[0].start()
-
-    def _accept(self) -> None:
-        while True:
-            connection, _ = self.listener.accept()
-            if self.stop.is_set():  # close()'s wake-up call
-                connection.close()
-                return
-            thread = threading.Thread(target=self._serve, args=(connection,), daemon=True)
-            self.threads.append(thread)
-            thread.start()
+        super().__init__("fake-redis")
+        self.url = f"redis://127.0.0.1:{self._listener.getsockname()[1]}/0?protocol=2"
 
     def _serve(self, connection: socket.socket) -> None:
+        connection.settimeout(None)  # a client may sit idle; close() shuts the socket down
         reader = connection.makefile("rb")
-        with connection, reader:
+        with connection, reader, contextlib.suppress(OSError):  # OSError: shut down by close()
             while (args := self._command(reader)) is not None:
                 reply = self.replies.get(args[0].upper())
                 connection.sendall(reply(args) if reply else b"-ERR unknown command\r\n")
@@ -101,18 +90,6 @@ class FakeRedis:
             length = int(reader.readline()[1:])
             args.append(reader.read(length + 2)[:length])
         return args
-
-    def close(self) -> None:
-        self.stop.set()
-        # Closing a socket does not wake a thread blocked in its accept(): a connection does.
-        socket.create_connection(self.listener.getsockname(), timeout=10).close()
-        # The listener stays open until the accept thread has returned: closed while that
-        # thread was between two accept() calls, it failed the next with EBADF (a warning
-        # pytest turns into an error), and the wake-up call was lost with the backlog.
-        self.threads[0].join(timeout=10)
-        self.listener.close()
-        for thread in self.threads[1:]:
-            thread.join(timeout=10)
 
 
 @pytest.fixture

@@ -23,6 +23,7 @@ import pytest
 
 from tests._servers import free_port
 from tests.cli.conftest import CliRunner, Run
+from tests.client._loopback import LoopbackServer
 
 ROOT = Path(__file__).resolve().parents[2]
 CHARGE = '{"amount": 1000, "currency": "eur"}'
@@ -48,29 +49,16 @@ class Request:
 Handler = Callable[[Request, socket.socket, threading.Event], None]
 
 
-class Hostile:
+class Hostile(LoopbackServer):
     """An HTTP/1.1 server on a free port, on raw sockets: ``handler`` writes whatever bytes it
     likes as the answer. ``requests`` counts the requests it read."""
 
     def __init__(self, handler: Handler) -> None:
         self.handler = handler
-        self.stop = threading.Event()
         self.requests = 0
         self.lock = threading.Lock()
-        self.listener = socket.create_server(("127.0.0.1", 0))
-        self.url = f"http://127.0.0.1:{self.listener.getsockname()[1]}/charges"
-        self.threads = [threading.Thread(target=self._accept, daemon=True)]
-        self.threads[0].start()
-
-    def _accept(self) -> None:
-        while not self.stop.is_set():
-            connection, _ = self.listener.accept()
-            if self.stop.is_set():  # close()'s wake-up call
-                connection.close()
-                return
-            thread = threading.Thread(target=self._serve, args=(connection,), daemon=True)
-            self.threads.append(thread)
-            thread.start()
+        super().__init__("hostile-http")
+        self.url += "/charges"
 
     def _serve(self, connection: socket.socket) -> None:
         with connection:
@@ -81,7 +69,7 @@ class Hostile:
                     return
                 with self.lock:
                     self.requests += 1
-                self.handler(request, connection, self.stop)
+                self.handler(request, connection, self._stop)
             except OSError:  # the probe gave up on this answer and closed
                 pass
 
@@ -103,17 +91,6 @@ class Hostile:
             body += chunk
         request.body = body
         return request
-
-    def close(self) -> None:
-        self.stop.set()
-        # Closing a socket does not wake a thread blocked in its accept(): a connection does.
-        socket.create_connection(self.listener.getsockname(), timeout=10).close()
-        # Open until the accept thread returned: closed between two of its accept() calls,
-        # the next failed with EBADF (an error under pytest) and the wake-up call was lost.
-        self.threads[0].join(timeout=10)
-        self.listener.close()
-        for thread in self.threads[1:]:
-            thread.join(timeout=10)
 
 
 @pytest.fixture
