@@ -48,6 +48,7 @@ from ..policy import Policy
 from . import bench, cancel, console, demo, doctor, forget, inspect, listing, probe, serve, stats
 from ._base import DEBUG_ENV, URL_ENV, CliError, Parser, UsageError
 from ._redis import explain_redis_error, redact
+from .readable import shown
 
 __all__ = ["CliError", "build_parser", "main"]
 
@@ -212,8 +213,8 @@ def _run(args: argparse.Namespace, out: IO[str]) -> int:
         return fail(f"{where}: {explain_redis_error(exc)}", 3)
     except ConfigurationError as exc:  # an option that cannot work: a bad argument, not Redis
         return fail(f"{type(exc).__name__}: {exc}", 2)
-    except IdemkeyError as exc:
-        return fail(f"{type(exc).__name__}: {exc}", 3)
+    except IdemkeyError as exc:  # a StoreError quotes Redis's text: escaped for the terminal
+        return fail(f"{type(exc).__name__}: {shown(str(exc))}", 3)
     except KeyboardInterrupt:
         return fail("interrupted", 130)
     except Exception as exc:
@@ -221,8 +222,6 @@ def _run(args: argparse.Namespace, out: IO[str]) -> int:
         if isinstance(exc, ValueError) and raised_reading_a_reply(exc):
             # redis-py's reply callbacks convert as they read (TIME: int() of each part): a
             # server that sends what Redis never does (a "²") gets a ValueError, not a RedisError.
-            from .readable import shown
-
             where = redact(args.redis_url) if args.redis_url else "Redis"
             return fail(
                 f"{where}: an answer idemkey cannot read, not what Redis sends "

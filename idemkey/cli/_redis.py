@@ -10,6 +10,7 @@ from urllib.parse import urlsplit
 
 from ..store.diagnostics import _text as text
 from ._base import URL_ENV, CliError
+from .readable import shown
 
 __all__ = ["Server", "connect", "explain_redis_error", "info", "key_count", "redact"]
 
@@ -108,10 +109,11 @@ def key_count(client: Any) -> int:
 
 
 def explain_redis_error(exc: BaseException) -> str:
-    """``exc`` in words: its type and first line, and what a reply that is not RESP means."""
+    """``exc`` in words: its type and first line (escaped: a server's error text is bound for
+    the operator's terminal), and what a reply that is not RESP means."""
     import redis
 
-    message = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    message = shown(str(exc).splitlines()[0]) if str(exc) else type(exc).__name__
     if isinstance(exc, redis.exceptions.InvalidResponse):
         # redis-py: 'Protocol error, got "<" as reply type byte': something answered, not Redis.
         first = message.rsplit('got "', 1)[-1][:1] if 'got "' in message else ""

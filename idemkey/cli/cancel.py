@@ -14,7 +14,7 @@ from typing import IO, Final
 
 from .._core import Record
 from ._base import YES_HELP, CliError, print_json
-from ._records import RecordView, add_record_options
+from ._records import FOREIGN, RecordView, add_record_options
 from .inspect import change_one
 
 HELP: Final = "cancel an in-progress or half-done record (its owner can no longer complete it)"
@@ -35,7 +35,7 @@ def _ask(args: argparse.Namespace, record: Record, view: RecordView) -> str:
         raise CliError(
             f"record {record.record_key} is complete: nothing to cancel (forget deletes it)"
         )
-    if view.state == "foreign":  # a key of another type: cancel.lua would fail on it (exit 3)
+    if view.state == FOREIGN:  # a key of another type: cancel.lua would fail on it (exit 3)
         raise CliError(
             f"{record.record_key} is not an idemkey record: nothing to cancel (forget deletes it)"
         )

@@ -17,7 +17,7 @@ from typing import IO, Any, Final
 from ..store import diagnostics
 from ..store.diagnostics import _text as text
 from ._base import CliError, print_json
-from ._redis import connect, info, redact
+from ._redis import connect, explain_redis_error, info, redact
 from .readable import shown
 
 HELP: Final = "check that a Redis server is fit to hold records"
@@ -102,8 +102,7 @@ def forget_refused(client: Any, sha: str, key: str | None) -> str | None:
     except AskError:
         return None  # the slot moved since the cluster was read: nothing said about scripts
     except ResponseError as exc:
-        message = str(exc).splitlines()[0] if str(exc) else ""
-        return f"EVALSHA forget: {type(exc).__name__}: {message}"
+        return f"EVALSHA forget: {explain_redis_error(exc)}"
     if isinstance(reply, list) and len(reply) == 2 and reply[0] == 0 and text(reply[1]) == "":
         return None
     return f"EVALSHA forget answered {reply!r}, not forget.lua's answer for no record"

@@ -331,3 +331,22 @@ def test_a_record_whose_fields_come_back_as_no_list_is_passed_over(
         assert (found["records"], found["states"]["other"]) == (1, 1)
     else:
         assert found["records"] == []
+
+
+#: An error reply that would set the terminal's title, clear its screen and reverse its text.
+HOSTILE_ERROR = "-ERR \x1b]0;PWNED\x07\x1b[2J\x1b[31mRED\u202eevil\r\n".encode()
+
+
+@pytest.mark.parametrize("command", ["stats", "list"])
+@pytest.mark.parametrize("failing", ["dbsize", "scan"])
+def test_a_redis_error_reply_is_printed_escaped(
+    idemkey: CliRunner, fake_redis: Callable[[Replies], FakeRedis], command: str, failing: str
+) -> None:
+    """The server's error text reaches the operator's terminal escaped, by every exit path
+    (a RedisError, or a StoreError that quotes one): exit 3, one line."""
+    server = fake_redis(record_replies(**{failing: lambda args: HOSTILE_ERROR}))
+    run = idemkey(command, "--redis-url", server.url)
+    assert run.code == 3, run.err
+    assert len(run.err.splitlines()) == 1
+    assert _printable(run.err)
+    assert "\\x1b]0;PWNED\\x07\\x1b[2J" in run.err  # shown escaped, not dropped

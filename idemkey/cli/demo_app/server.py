@@ -80,10 +80,8 @@ def _scripts_run(store: RedisStore, where: str) -> None:
         cause = exc.__cause__
         if not isinstance(cause, redis.ResponseError):
             raise  # unreachable or timing out: said as such
+        # The server's text: the command line escapes the error it prints (IdemkeyError).
         message = str(cause).splitlines()[0] if str(cause) else ""
-        if not message.isprintable():  # the server's text, bound for the operator's terminal
-            # (readable.shown is the CLI's: the demo app imports nothing of it, test_layout)
-            message = message.encode("unicode_escape").decode("ascii")
         raise StoreError(
             f"{where} cannot run idemkey's scripts ({type(cause).__name__}: {message}); "
             "give --redis-url a primary whose user may run EVALSHA"
