@@ -29,7 +29,7 @@ if TYPE_CHECKING:
     from ..http import Exchange, Response
     from ._sync_driver import Driver
 
-__all__ = ["DRAIN_SECONDS", "TeeIterable", "send"]
+__all__ = ["DRAIN_SECONDS", "TeeIterable", "UnprotectedBody", "send"]
 
 #: Where the app finds the Exchange of its claimed request (``.claim.fence``) while it runs.
 EXCHANGE_KEY: Final = "idemkey.exchange"
@@ -196,3 +196,27 @@ class TeeIterable:
             close = getattr(self.iterable, "close", None)
             if close is not None:
                 close()
+
+
+class UnprotectedBody:
+    """An app's body while it runs unprotected (Redis down, ``on_store_error="open"``): its
+    fenceless call stays current until the server closes the body, as a claimed call does
+    while :class:`TeeIterable` is iterated, so a generator app's ``fenced()`` refuses it
+    (``UnprotectedCallError``) rather than finding no call."""
+
+    __slots__ = ("_body", "_exchange")
+
+    def __init__(self, body: Iterable[bytes], exchange: Exchange) -> None:
+        self._body = body
+        self._exchange = exchange
+
+    def __iter__(self) -> Iterator[bytes]:
+        return iter(self._body)
+
+    def close(self) -> None:
+        try:
+            close = getattr(self._body, "close", None)
+            if close is not None:
+                close()
+        finally:
+            self._exchange.unprotected_ended()

@@ -310,6 +310,11 @@ def test_current_call_under_an_unprotected_run_refuses_fenced_work(engine: sa.En
         start_response("500 Internal Server Error", [("Content-Type", "application/json")])
         return [json.dumps({"raised": unprotected_work(engine)}).encode()]
 
+    def streaming_app(environ: Any, start_response: Any) -> Iterator[bytes]:
+        # A generator app: its work runs while the server iterates the body.
+        start_response("500 Internal Server Error", [("Content-Type", "application/json")])
+        yield json.dumps({"raised": unprotected_work(engine)}).encode()
+
     @idempotent(store, key=lambda order: order, name="book")
     def book(order: str) -> str:
         return unprotected_work(engine)
@@ -319,7 +324,11 @@ def test_current_call_under_an_unprotected_run_refuses_fenced_work(engine: sa.En
         assert book("o-1") == UnprotectedCallError.__name__
         with pytest.raises(LookupError):
             current_call()  # nothing stays current after the function
-        for web in (app.test_client(), Client(WsgiMiddleware(wsgi_app, store))):
+        for web in (
+            app.test_client(),
+            Client(WsgiMiddleware(wsgi_app, store)),
+            Client(WsgiMiddleware(streaming_app, store)),
+        ):
             reply = web.post("/charges", data=b"{}", headers=headers)
             assert reply.get_json() == {"raised": UnprotectedCallError.__name__}
             reply.close()
