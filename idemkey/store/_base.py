@@ -74,8 +74,10 @@ class Effects(Protocol):
     """Where committed results are found again (``idemkey.contrib.sqlalchemy.Effects``).
 
     ``find`` answers a claim: ``None`` (no committed row: run), the committed result, or
-    ``COMMITTED_ONLY`` (committed with no result recorded). ``record`` writes a result into
-    the row a fenced transaction of ``fence`` committed (``step``: a step's row)."""
+    ``COMMITTED_ONLY`` (committed with no result recorded); a found value may have a
+    ``reused(fingerprint) -> bool`` method (contrib's rows keep their request's fingerprint):
+    True makes the claim key reuse (422), not a replay. ``record`` writes a result into the
+    row a fenced transaction of ``fence`` committed (``step``: a step's row)."""
 
     def find(self, record: Record, step: str | None = None) -> bytes | None:
         """The committed row's result for ``record`` (or its ``step``), or None: no row."""
