@@ -28,7 +28,7 @@ from ..errors import (
 from ..events import Reporting, logger
 from ..store import AsyncRedisStore
 from ..store._base import COMMITTED_ONLY
-from ..store._concurrency._async_runtime import Cancelled, sleep, uncancellable
+from ..store._concurrency._async_runtime import Cancelled, finish, sleep
 from ._async_attempt import run_attempt
 from ._failures import FailureRules
 from ._retry import StepRetry
@@ -186,13 +186,15 @@ class AsyncSteps:
         neither a cancelled caller nor an interrupted thread may keep it from Redis (a retry
         would run the step again, or find its row committed with no result)."""
         try:
-            return await uncancellable(lambda: self._write(name, encoded, fence))
+            return await self._write(name, encoded, fence)
         except Cancelled:
-            # The write goes on in a task of its own, and the step's outcome is known: it is
-            # finished for this call too, so the guard's ``cancelled`` entry lists it and a
-            # second call.step of the name (a block that catches the cancel) returns it
-            # rather than running the step again.
+            # The step's outcome is known: it is finished for this call too, so the guard's
+            # ``cancelled`` entry lists it and a second call.step of the name (a block that
+            # catches the cancel) returns it rather than running the step again. Sent again
+            # whole (both writes are idempotent) and waited for, as the guard's completion is:
+            # a task alone would be cancelled by ``asyncio.run`` (Ctrl-C) as the block ends.
             self.book.finish(name, encoded)
+            await finish(self._write(name, encoded, fence), self.store.completion_retry)
             raise
         except _INTERRUPTED:
             # Ctrl-C in the thread, wherever it cut the write: sent again whole, here (both
