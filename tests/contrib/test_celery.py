@@ -17,7 +17,6 @@ import os
 import re
 import signal
 import subprocess
-import sys
 import time
 import warnings
 from collections.abc import Callable, Iterator
@@ -37,8 +36,9 @@ from idemkey import Policy, RedisStore, ResultNotStorableError, StoreError, guar
 from idemkey.contrib.celery import IdempotentTask
 from tests._servers import RedisServer, free_port, wait_until
 from tests.contrib._celery_app import STEPS, TYPED, CardDeclined, make_app
+from tests.contrib._celery_process import start_worker as celery_worker
+from tests.contrib._celery_process import stop_worker
 
-ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.redis
 
 StartWorker = Callable[..., subprocess.Popen[bytes]]
@@ -78,47 +78,18 @@ def start_worker(url: str, prefix: str, tmp_path: Path) -> Iterator[StartWorker]
     def start(
         pool: str = "prefork", concurrency: int = 1, store_url: str | None = None
     ) -> subprocess.Popen[bytes]:
-        log = tmp_path / f"worker-{len(workers)}.log"
-        env = {**os.environ, "IDEMKEY_CELERY_URL": url, "IDEMKEY_CELERY_PREFIX": prefix}
-        if store_url is not None:
-            env["IDEMKEY_CELERY_STORE_URL"] = store_url
-        argv = [sys.executable, "-m", "celery", "-A", "tests.contrib._celery_worker", "worker"]
-        options = ["--without-mingle", "--without-gossip", "--without-heartbeat"]
-        worker = subprocess.Popen(
-            [
-                *argv,
-                f"--pool={pool}",
-                f"--concurrency={concurrency}",
-                f"--hostname=w{len(workers)}-{prefix}@localhost",
-                "--loglevel=INFO",
-                f"--logfile={log}",
-                *options,
-            ],
-            cwd=ROOT,
+        env = {} if store_url is None else {"IDEMKEY_CELERY_STORE_URL": store_url}
+        worker = celery_worker(
+            "tests.contrib._celery_worker", url, prefix, tmp_path / f"worker-{len(workers)}.log",
+            hostname=f"w{len(workers)}-{prefix}@localhost", pool=pool, concurrency=concurrency,
             env=env,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.STDOUT,
-        )
+        )  # fmt: skip
         workers.append(worker)
-
-        def ready() -> bool:
-            if worker.poll() is not None:
-                text = log.read_text() if log.exists() else ""
-                pytest.fail(f"the celery worker exited ({worker.returncode}): {text[-2000:]}")
-            return log.exists() and " ready." in log.read_text()
-
-        wait_until(ready, timeout=30, message="the celery worker to be ready")
         return worker
 
     yield start
     for worker in workers:
-        if worker.poll() is None:
-            worker.send_signal(signal.SIGTERM)
-            try:
-                worker.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                worker.kill()
-                worker.wait(timeout=10)
+        stop_worker(worker)
 
 
 def test_the_same_task_sent_three_times_at_once_runs_once_and_all_get_its_result(

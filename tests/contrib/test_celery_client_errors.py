@@ -12,11 +12,7 @@ still carries the response.
 from __future__ import annotations
 
 import json
-import os
 import pickle
-import signal
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -37,10 +33,9 @@ from idemkey.client import (
     UnexpectedReplayError,
     UnusableAnswerError,
 )
-from tests._servers import wait_until
 from tests.client._scripted_server import ScriptedServer, Seen, answer
+from tests.contrib._celery_process import start_worker, stop_worker
 
-ROOT = Path(__file__).resolve().parents[2]
 PROBLEM = {"type": "urn:idemkey:problem:key_reused", "code": "key_reused", "detail": "déjà"}
 #: What a caller reads of each error (and of its response, which the JSON path leaves None).
 FIELDS = ("code", "problem", "retry", "status", "attempts", "reason", "last", "key")
@@ -106,35 +101,17 @@ def respond(seen: Seen) -> bytes:
 def worker(private_redis_server: Any, prefix: str, tmp_path: Path) -> Iterator[Celery]:
     """A prefork worker of tests/contrib/_celery_client_errors_worker.py; the caller's app."""
     url = private_redis_server.url
-    log = tmp_path / "worker.log"
-    env = {**os.environ, "IDEMKEY_CELERY_URL": url, "IDEMKEY_CELERY_PREFIX": prefix}
-    argv = [sys.executable, "-m", "celery", "-A", "tests.contrib._celery_client_errors_worker"]
-    options = ["--pool=prefork", "--concurrency=1", f"--hostname=ce-{prefix}@localhost"]
-    quiet = ["--without-mingle", "--without-gossip", "--without-heartbeat"]
-    process = subprocess.Popen(
-        [*argv, "worker", *options, *quiet, "--loglevel=INFO", f"--logfile={log}"],
-        cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT,
+    process = start_worker(
+        "tests.contrib._celery_client_errors_worker", url, prefix, tmp_path / "worker.log",
+        hostname=f"ce-{prefix}@localhost",
     )  # fmt: skip
-
-    def ready() -> bool:
-        if process.poll() is not None:
-            text = log.read_text() if log.exists() else ""
-            pytest.fail(f"the celery worker exited ({process.returncode}): {text[-2000:]}")
-        return log.exists() and " ready." in log.read_text()
-
     app = Celery("idemkey_client_errors", broker=url, backend=url, set_as_current=False)
     app.conf.task_default_queue = prefix
     try:
-        wait_until(ready, timeout=30, message="the celery worker to be ready")
         yield app
     finally:
         app.close()
-        process.send_signal(signal.SIGTERM)
-        try:
-            process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(timeout=10)
+        stop_worker(process)
 
 
 @pytest.mark.redis
