@@ -158,17 +158,17 @@ def read_response(sock: socket.socket) -> Raw:
     return Raw(status, reason[0] if reason else "", headers, body)
 
 
-@pytest.fixture(scope="module")
-def servers(
-    redis_url: str, tmp_path_factory: pytest.TempPathFactory
+def started_on_demand(
+    redis_url: str, tmp_path_factory: pytest.TempPathFactory, prefix: str | None = None
 ) -> Iterator[Callable[[str, str], Server]]:
-    """``servers(server, app)``: each started once per test module, stopped at its end."""
+    """``get(server, app)``, each started at its first use and all stopped at the end;
+    ``prefix``: all on one shared prefix (else one each)."""
     running: dict[tuple[str, str], Server] = {}
 
     def get(server: str, app: str) -> Server:
         if (server, app) not in running:
             log = tmp_path_factory.mktemp("edge") / f"{server}-{app}.log"
-            running[server, app] = Server(server, app, redis_url, log)
+            running[server, app] = Server(server, app, redis_url, log, prefix=prefix)
         return running[server, app]
 
     try:
@@ -176,3 +176,11 @@ def servers(
     finally:
         for server in running.values():
             server.close()
+
+
+@pytest.fixture(scope="module")
+def servers(
+    redis_url: str, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Callable[[str, str], Server]]:
+    """``servers(server, app)``: each started once per test module, stopped at its end."""
+    yield from started_on_demand(redis_url, tmp_path_factory)

@@ -16,7 +16,7 @@ import pytest
 import redis
 
 from idemkey._codec import decode_response
-from tests.adapters.edge_servers import Raw, Server
+from tests.adapters.edge_servers import Raw, Server, started_on_demand
 from tests.adapters.test_edges_replay import _json_post, completed_record, new_key, outcome
 
 if TYPE_CHECKING:
@@ -30,20 +30,7 @@ def deployments(
     redis_url: str, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Callable[[str, str], Server]]:
     """``deployments(server, app)``: started once per module, all on one shared prefix."""
-    prefix = "x" + uuid.uuid4().hex[:12]
-    running: dict[tuple[str, str], Server] = {}
-
-    def get(server: str, app: str) -> Server:
-        if (server, app) not in running:
-            log = tmp_path_factory.mktemp("crossing") / f"{server}-{app}.log"
-            running[server, app] = Server(server, app, redis_url, log, prefix=prefix)
-        return running[server, app]
-
-    try:
-        yield get
-    finally:
-        for server in running.values():
-            server.close()
+    yield from started_on_demand(redis_url, tmp_path_factory, "x" + uuid.uuid4().hex[:12])
 
 
 def name(deployment: tuple[str, str]) -> str:

@@ -11,7 +11,6 @@ still carries the response.
 
 from __future__ import annotations
 
-import json
 import pickle
 from collections.abc import Iterator
 from pathlib import Path
@@ -33,10 +32,10 @@ from idemkey.client import (
     UnexpectedReplayError,
     UnusableAnswerError,
 )
-from tests.client._scripted_server import ScriptedServer, Seen, answer
+from tests.client._scripted_server import ScriptedServer
+from tests.client.test_errors_across_processes import PROBLEM, respond
 from tests.contrib._celery_process import start_worker, stop_worker
 
-PROBLEM = {"type": "urn:idemkey:problem:key_reused", "code": "key_reused", "detail": "déjà"}
 #: What a caller reads of each error (and of its response, which the JSON path leaves None).
 FIELDS = ("code", "problem", "retry", "status", "attempts", "reason", "last", "key")
 
@@ -83,18 +82,6 @@ def test_each_client_error_crosses_celerys_json_results_with_its_fields(
 
 
 # ---- through a real worker: Celery's defaults, the prefork pool, a Redis result backend ----
-
-
-def respond(seen: Seen) -> bytes:
-    if seen.target == "/refused":
-        body = json.dumps(PROBLEM).encode()
-        return answer(422, [("Content-Type", "application/problem+json")], body)
-    if seen.target == "/busy":
-        return answer(503, [("Content-Type", "text/plain"), ("Retry-After", "0")], b"busy")
-    if seen.target == "/replayed":
-        headers = [("Content-Type", "application/json"), ("Idempotent-Replayed", "true")]
-        return answer(201, headers, b'{"id": "ch_1"}')
-    return answer(200, [("Content-Encoding", "gzip")], b"not gzip")  # httpx raises on it
 
 
 @pytest.fixture
