@@ -157,9 +157,8 @@ class AsyncSteps:
         claim. A row that keeps no fingerprint (written before rows kept it, or by an Effects
         of the user's own) cannot tell, and is resumed as before."""
         reused = getattr(found, "reused", None)
-        # The guard (this runner's reporter) holds the fingerprint it claimed with.
-        request = getattr(self.reporter, "fingerprint", None)
-        return reused is not None and isinstance(request, bytes) and bool(reused(request))
+        request = self.call._fingerprint if self.call is not None else None  # the claim's
+        return reused is not None and request is not None and bool(reused(request))
 
     async def _record(self, name: str, encoded: bytes) -> bytes | None:
         """Keep a finished step's result: in its fenced row when that committed without it,
