@@ -35,7 +35,7 @@ from idemkey.store._base import SCRIPT_KEYS
 
 from .cases import PAYLOAD, RESULT, Case, Context, core_cases
 from .extra import CLIENTS
-from .report import SCALE_TARGETS, build_cases, glide_throughput_target
+from .report import SCALE_TARGETS, build_cases, glide_throughput_target, ratio
 from .runner import prepare_all, run_interleaved
 from .servers import ServerError, redis_url
 
@@ -183,7 +183,7 @@ def format_glide(cases: dict[str, Any], tp: dict[str, Any] | None) -> list[str]:
                   "|---:|---:|---:|---:|---:|---:|",
                   f"| {tp['plain_rps']:.0f} | {tp['floor_rps']:.0f} | {tp['idemkey_rps']:.0f} "
                   f"| {tp['glide_floor_rps']:.0f} | {tp['glide_rps']:.0f} "
-                  f"| {tp['glide_ratio_to_floor']:.2f}x |"]  # fmt: skip
+                  f"| {ratio(tp['glide_ratio_to_floor'])}x |"]  # fmt: skip
     target = glide_throughput_target(tp)
     if target:
         lines += ["", f"- {'ok  ' if target['ok'] else 'MISS'} {target['target']}: "

@@ -231,6 +231,12 @@ def check_scale_targets(doc: Mapping[str, Any]) -> list[dict[str, Any]]:
     return results
 
 
+def ratio(value: float | None) -> str:
+    """A throughput ratio as the tables print it; None (a slice on a loaded box in which the
+    divisor's app answered nothing) as n/a, not a crash of the whole report."""
+    return "n/a" if value is None else f"{value:.2f}"
+
+
 def glide_throughput_target(tp: Mapping[str, Any] | None) -> dict[str, Any] | None:
     """The glide throughput goal against a run with glide rows; None without them."""
     value = (tp or {}).get("glide_ratio_to_floor")
@@ -287,14 +293,14 @@ def format_report(doc: Mapping[str, Any]) -> str:
         lines.append("|---:|---:|---:|---:|---:|")
         lines.append(
             f"| {tp['plain_rps']:.0f} | {tp['floor_rps']:.0f} | {tp['idemkey_rps']:.0f} | "
-            f"{tp['ratio']:.2f} | {tp['ratio_to_floor']:.2f} |"
+            f"{ratio(tp['ratio'])} | {ratio(tp['ratio_to_floor'])} |"
         )
         if tp.get("glide_rps") is not None:
             lines += ["", "The same app on valkey-glide (idemkey[glide], same slices):", "",
                       "| app + glide floor req/s | with idemkey on glide req/s | "
                       "glide / redis-py floor |", "|---:|---:|---:|",
                       f"| {tp['glide_floor_rps']:.0f} | {tp['glide_rps']:.0f} | "
-                      f"{tp['glide_ratio_to_floor']:.2f} |"]  # fmt: skip
+                      f"{ratio(tp['glide_ratio_to_floor'])} |"]  # fmt: skip
     memory = doc.get("memory")
     if memory:
         lines += memory_table(memory)
