@@ -117,9 +117,11 @@ def path_text(path: str) -> str:
     U+FFFD for what is not UTF-8: uvicorn, hypercorn, daphne, granian and werkzeug's server
     read a path so (werkzeug's PATH_INFO already carries the U+FFFD, gunicorn's, waitress's
     and granian's the byte), so one request is one path behind every server. A path with a
-    character past latin-1 (a hand-built environ, not PEP 3333's) is kept as it is. Django
-    reads its own ``request.path``, which gives ``%E9`` for a byte that is not UTF-8 under
-    WSGI (U+FFFD under ASGI): only such paths differ between its two deployments.
+    character past latin-1 (a hand-built environ, not PEP 3333's) is kept as it is. Django's
+    ``WSGIRequest`` replaces PATH_INFO with its own reading, ``%E9`` for a byte that is not
+    UTF-8 (its ``ASGIRequest`` gives the server's U+FFFD): the Django middleware keeps the
+    server's PATH_INFO (``request_started`` comes first) and reads such a path through this
+    function, so Django under WSGI gives the path every other deployment gives.
     """
     try:
         raw = path.encode("latin-1")

@@ -57,6 +57,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Final, TypeVar, overload
 
 from django.conf import settings
+from django.core.signals import request_started
 from django.http import HttpRequest, HttpResponse
 from django.urls import get_resolver
 
@@ -69,10 +70,11 @@ from ..http.routes import ROUTE_UNKNOWN
 from ..policy import Policy, credential_scope
 from ._django_body import UNREADABLE_ATTRIBUTE, read_body, take_body
 from ._django_config import configure
-from ._environ import BodyError, EnvironHeaders, environ_key
+from ._environ import BodyError, EnvironHeaders, environ_key, path_text
 from ._sync_driver import Driver
 
 if TYPE_CHECKING:
+    from _typeshed.wsgi import WSGIEnvironment
     from django.http import HttpResponseBase
 
     from ..http import Request
@@ -215,6 +217,7 @@ class IdempotencyMiddleware:
         # at once, so a request in another thread never sees half of a new rule.
         self._rule: tuple[frozenset[str], tuple[str, ...], int] = (frozenset(), (), 0)
         self._rule_from = -1  # len(_CAPTURE_CHANGES) when the rule was made; -1: not yet
+        request_started.connect(_keep_path_info, dispatch_uid=_SERVER_PATH_INFO)
 
     def __call__(self, request: HttpRequest) -> HttpResponseBase:
         if self._rule_from != len(_CAPTURE_CHANGES):  # the first request, or views decorated since
@@ -355,13 +358,32 @@ def _name(view: Callable[..., Any]) -> str:
     return f"{getattr(view, '__module__', '?')}.{getattr(view, '__qualname__', view)}"
 
 
+#: Where a WSGI request's PATH_INFO that is not ASCII waits, as the server handed it over.
+_SERVER_PATH_INFO: Final = "idemkey.path_info"
+
+
+def _keep_path_info(sender: object, environ: WSGIEnvironment | None = None, **_: object) -> None:
+    """``request_started``, which Django's WSGI handler sends before ``WSGIRequest`` replaces
+    PATH_INFO with its reading of it: a byte that is not UTF-8 becomes ``%E9`` there (U+FFFD
+    under ASGI and behind idemkey's other adapters). Under ASGI ``environ`` is None."""
+    if environ is not None:
+        path_info = environ.get("PATH_INFO")
+        if path_info and not path_info.isascii():
+            environ[_SERVER_PATH_INFO] = path_info
+
+
 def _request_of(request: HttpRequest, route: str) -> Request:
     from ..http import Request
 
-    query = request.META.get("QUERY_STRING", "")
-    return Request(
-        request.method or "GET", request.path, query, EnvironHeaders(request.META), route
-    )
+    meta = request.META
+    path = request.path
+    if "%" in path:  # maybe WSGIRequest's %XX for a byte that is not UTF-8 (_keep_path_info)
+        kept = meta.get(_SERVER_PATH_INFO)
+        if kept is not None:  # such bytes as U+FFFD, joined to the script prefix as Django does
+            path_info = path_text(kept)
+            path = f"{meta['SCRIPT_NAME'].rstrip('/')}/{path_info.replace('/', '', 1)}"
+    query = meta.get("QUERY_STRING", "")
+    return Request(request.method or "GET", path, query, EnvironHeaders(meta), route)
 
 
 def _respond(answer: Response) -> HttpResponse:
