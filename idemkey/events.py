@@ -8,8 +8,11 @@ guard's) events and uncertain outcomes.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
+import inspect
 import logging
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
@@ -33,6 +36,7 @@ __all__ = [
     "emit",
     "enabled_memo",
     "logger",
+    "never_awaited",
     "quiet",
     "report",
 ]
@@ -107,7 +111,7 @@ class Event:
     detail: str = ""
 
 
-def emit(hook: Callable[[Event], None] | None, event: Event) -> None:
+def emit(hook: Callable[[Event], object] | None, event: Event) -> None:
     """Send ``event`` to ``hook`` and log it; a failing hook is logged, never raised."""
     if event.kind in _WARNINGS:
         # The heartbeat's events have no request: they name the record instead.
@@ -130,9 +134,43 @@ def emit(hook: Callable[[Event], None] | None, event: Event) -> None:
     if hook is None:
         return
     try:
-        hook(event)
+        returned = hook(event)
     except Exception:
         logger.exception("idemkey on_event hook raised; the request goes on")
+        return
+    if returned is not None:  # a plain hook's None: the one test it costs on the request path
+        never_awaited(hook, returned)
+
+
+#: The ids of the hooks told of, each dropped when its hook is (so a new hook that gets the
+#: id is told too), or kept with the hook itself when it takes no weak reference.
+_told: dict[int, object] = {}
+
+
+def never_awaited(hook: object, returned: object) -> None:
+    """Close what ``hook`` returned if it is work nobody will await (a coroutine: the hook is
+    called synchronously), and say so once per hook. A Task or Future is scheduled: left be."""
+    if not inspect.isawaitable(returned) or asyncio.isfuture(returned):
+        return
+    close = getattr(returned, "close", None)
+    if close is not None:
+        close()  # the work is lost either way; closed, Python warns of nothing per event
+    key = id(hook)
+    if key in _told:
+        return
+    try:
+        weakref.finalize(hook, _told.pop, key, None)
+        _told[key] = None
+    except TypeError:  # no weak references (a class with __slots__): kept, its id its own
+        _told[key] = hook
+    logger.warning(
+        "idemkey on_event hook %s returned %s, which is never awaited: the hook is called "
+        "synchronously, so its async work is lost for every event (each is closed; this is "
+        "logged once per hook). Make it a plain function that schedules the work itself "
+        "(queue.put_nowait, loop.call_soon_threadsafe, loop.create_task)",
+        getattr(hook, "__qualname__", type(hook).__qualname__),
+        getattr(returned, "__qualname__", type(returned).__qualname__) + "()",
+    )
 
 
 class Reporting:

@@ -24,10 +24,11 @@ installed. ``guard()`` and ``@idempotent`` are not affected: they are calls in y
 
 from __future__ import annotations
 
-import contextlib
+import functools
 import importlib.util
-from collections.abc import Iterator
-from typing import Any
+import inspect
+from collections.abc import Callable
+from typing import Any, TypeVar, cast
 
 from . import AsyncRedisStore, RedisStore
 from ._options import derive, keyword, policy_options
@@ -36,6 +37,8 @@ from .http._switch import switch
 from .policy import Policy
 
 __all__ = ["disabled", "fake_async_store", "fake_redis", "fake_store"]
+
+_F = TypeVar("_F", bound=Callable[..., Any])
 
 
 def fake_redis(*, asyncio: bool = False) -> Any:
@@ -72,19 +75,54 @@ def fake_async_store(policy: Policy | None = None, /, **changes: Any) -> AsyncRe
     return AsyncRedisStore(fake_redis(asyncio=True), _policy(policy, changes, "fake_async_store"))
 
 
-@contextlib.contextmanager
-def disabled() -> Iterator[None]:
-    """Turn idemkey's HTTP integrations off while the block runs (also a decorator).
+def disabled() -> _Disabled:
+    """Turn idemkey's HTTP integrations off while the block runs, or while a decorated
+    function's call runs (an ``async def``'s: until its coroutine is done).
 
     Every request then reaches the handler as if idemkey were not installed: no key is
     required, nothing is claimed, stored or replayed. Nested and concurrent blocks are counted:
     idemkey is on again when the last one exits.
     """
-    switch.push()
-    try:
-        yield
-    finally:
+    return _Disabled()
+
+
+class _Disabled:
+    """What :func:`disabled` returns: a context manager, and a decorator of functions and
+    coroutine functions. It holds no state, so one can be entered again, even while open."""
+
+    __slots__ = ()
+
+    def __enter__(self) -> None:
+        switch.push()
+
+    def __exit__(self, *exc_info: object) -> None:
         switch.pop()
+
+    def __call__(self, func: _F) -> _F:
+        if inspect.isasyncgenfunction(func) or inspect.isgeneratorfunction(func):
+            # Calling one only makes the generator; its body runs later, as it is iterated,
+            # after the decorated call has turned idemkey on again.
+            raise ConfigurationError(
+                f"@disabled() cannot hold idemkey off for a generator function "
+                f"({getattr(func, '__qualname__', func)!r}): its body runs only as it is "
+                "iterated, after the call; write `with disabled():` inside it (in a pytest "
+                "fixture: around its yield), or use the idemkey_disabled fixture"
+            )
+        if inspect.iscoroutinefunction(func):
+            # Calling it only makes the coroutine: the body runs in the await, held off too.
+            @functools.wraps(func)
+            async def off_while_awaited(*args: Any, **kwargs: Any) -> Any:
+                with self:
+                    return await func(*args, **kwargs)
+
+            return cast(_F, off_while_awaited)
+
+        @functools.wraps(func)
+        def off_while_called(*args: Any, **kwargs: Any) -> Any:
+            with self:
+                return func(*args, **kwargs)
+
+        return cast(_F, off_while_called)
 
 
 def _policy(policy: Policy | None, changes: dict[str, Any], call: str) -> Policy:

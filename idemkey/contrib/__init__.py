@@ -15,7 +15,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from ..events import Event
+from .._options import _function as plain_function
+from ..events import Event, never_awaited
 
 __all__ = ["chain"]
 
@@ -24,17 +25,24 @@ def chain(*hooks: Callable[[Event], None] | None) -> Callable[[Event], None]:
     """One ``on_event`` hook that calls each of ``hooks`` in order (``None`` entries skipped).
 
     A hook that raises does not stop the others; the error is logged by idemkey like any
-    failing hook.
+    failing hook. An async hook is refused, as ``Policy(on_event=...)`` refuses one: called
+    synchronously, its coroutine would never be awaited.
     """
-    live = tuple(hook for hook in hooks if hook is not None)
+    for position, hook in enumerate(hooks, 1):
+        if hook is not None:
+            plain_function(hook, f"idemkey.contrib.chain() argument {position}")
+    live: tuple[Callable[[Event], object], ...] = tuple(hook for hook in hooks if hook is not None)
 
     def on_event(event: Event) -> None:
         failure: Exception | None = None
         for hook in live:
             try:
-                hook(event)
+                returned = hook(event)
             except Exception as exc:  # the others still run; emit() logs the first failure
                 failure = failure or exc
+            else:
+                if returned is not None:
+                    never_awaited(hook, returned)
         if failure is not None:
             raise failure
 

@@ -2,14 +2,32 @@
 
 from __future__ import annotations
 
+import asyncio
+import inspect
+import logging
+import warnings
+from collections.abc import Coroutine
+from typing import Any
+
 import pytest
 import redis
+import redis.asyncio
 from prometheus_client import CollectorRegistry, generate_latest
 
-from idemkey import Event, KeyReuseError, Policy, RedisStore, guard
+from idemkey import (
+    AsyncRedisStore,
+    ConfigurationError,
+    Event,
+    KeyReuseError,
+    Policy,
+    RedisStore,
+    aguard,
+    guard,
+)
 from idemkey.cli.demo_app import account_scope, create_app
 from idemkey.contrib import chain
 from idemkey.contrib.prometheus import prometheus_hook
+from tests._servers import async_wait_until
 
 
 def _count(registry: CollectorRegistry, kind: str, method: str = "GUARD", route: str = "") -> float:
@@ -93,3 +111,69 @@ def test_chain_calls_every_hook_even_after_one_fails() -> None:
     with pytest.raises(RuntimeError, match="boom"):
         hook(Event("claimed", "00" * 16))
     assert seen == ["claimed"]
+
+
+def test_chain_refuses_an_async_hook_as_policy_does() -> None:
+    """Policy(on_event=...) refuses an async hook; wrapped in chain() it was taken, and its
+    coroutine was never awaited: every event lost, with only a RuntimeWarning to tell."""
+
+    async def to_collector(event: Event) -> None:  # pragma: no cover
+        pass
+
+    class AsyncHook:
+        async def __call__(self, event: Event) -> None:  # pragma: no cover
+            pass
+
+    for hook in (to_collector, AsyncHook()):
+        with pytest.raises(ConfigurationError, match=r"chain\(\) argument 2: .*not async"):
+            chain(print, hook)  # type: ignore[arg-type]
+    with pytest.raises(ConfigurationError, match=r"chain\(\) argument 1: expected a callable"):
+        chain("print")  # type: ignore[arg-type]
+
+
+async def test_a_hook_returning_a_coroutine_is_closed_and_logged_once(
+    real_async_client: redis.asyncio.Redis, prefix: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """``lambda e: queue.put(e)`` (an asyncio.Queue) passes the Policy's check but returns a
+    coroutine nobody awaits, directly or through chain(): each is closed (no "never awaited"
+    RuntimeWarning per event) and one WARNING per hook says so; a hook that schedules a task
+    is left be."""
+    queue: asyncio.Queue[Event] = asyncio.Queue()
+    kept: list[Coroutine[Any, Any, None]] = []
+
+    def put_and_keep(event: Event) -> Coroutine[Any, Any, None]:
+        kept.append(queue.put(event))
+        return kept[-1]
+
+    scheduled: list[str] = []
+
+    async def collect(event: Event) -> None:
+        scheduled.append(event.kind)
+
+    hooks: dict[str, Any] = {
+        "direct": lambda event: queue.put(event),  # dropped at once: unclosed, Python warns
+        "chained": chain(put_and_keep),  # type: ignore[arg-type]  # the mistake mypy flags
+        "scheduling": lambda event: asyncio.get_running_loop().create_task(collect(event)),
+    }
+    caplog.set_level(logging.WARNING, logger="idemkey")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for name, hook in hooks.items():
+            store = AsyncRedisStore(
+                real_async_client, Policy(prefix=f"{prefix}{name}", on_event=hook)
+            )
+            try:
+                for _ in range(2):
+                    async with aguard(store, "k") as call:
+                        if not call.replayed:
+                            call.save(1)
+            finally:
+                await store.aclose()
+    assert [str(w.message) for w in caught] == []
+    assert len(kept) == 3  # claimed, completed, replayed
+    assert {inspect.getcoroutinestate(coroutine) for coroutine in kept} == {"CORO_CLOSED"}
+    assert queue.empty()
+    told = [r.getMessage() for r in caplog.records if "never awaited" in r.getMessage()]
+    assert len(told) == 2, told  # one per hook, not one per event
+    assert all("Queue.put" in line and "put_nowait" in line for line in told), told
+    await async_wait_until(lambda: len(scheduled) == 3, 10, "the scheduled tasks' events")

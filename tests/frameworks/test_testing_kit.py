@@ -8,10 +8,13 @@ of the kit.
 
 from __future__ import annotations
 
+import asyncio
+import inspect
 import subprocess
 import sys
 import textwrap
 import threading
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
@@ -203,6 +206,65 @@ def test_disabled_turns_every_http_integration_off_in_every_thread() -> None:
         assert begin(Policy(), request) is None
     assert seen == [None]  # the app's thread saw it too
     assert begin(Policy(), request) is not None  # on again after the last block
+
+
+async def test_disabled_decorates_an_async_function_for_its_whole_await() -> None:
+    """``@disabled()`` on an ``async def`` held idemkey off only while the coroutine was
+    created: its body ran guarded (a 400 for the missing key), a decorated async helper or
+    fixture silently under idemkey."""
+    import httpx
+    from starlette.applications import Starlette
+    from starlette.requests import Request as StarletteRequest
+    from starlette.responses import JSONResponse
+    from starlette.routing import Route
+
+    from idemkey.adapters.asgi import IdempotencyMiddleware
+
+    async def charge(request: StarletteRequest) -> JSONResponse:
+        return JSONResponse({"id": "ch_1"}, status_code=201)
+
+    store = fake_async_store()
+    app = IdempotencyMiddleware(
+        Starlette(routes=[Route("/charges", charge, methods=["POST"])]), store
+    )
+
+    async def post() -> int:
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
+            return (await client.post("/charges")).status_code
+
+    @disabled()
+    async def unguarded() -> int:
+        await asyncio.sleep(0)  # the body runs past a suspension, still off
+        return await post()
+
+    created = unguarded()
+    assert await post() == 400  # on until the coroutine runs
+    assert await created == 201
+    assert await post() == 400  # on again after it
+    assert inspect.iscoroutinefunction(unguarded)  # pytest-asyncio and frameworks see it async
+    await store.aclose()
+
+
+def test_disabled_decorates_a_function_and_refuses_a_generator_function() -> None:
+    request = Request("POST", "/charges", "", Headers([]))
+
+    @disabled()
+    def unguarded() -> object:
+        return begin(Policy(), request)
+
+    assert unguarded() is None
+    assert begin(Policy(), request) is not None
+
+    def rows() -> Iterator[object]:  # pragma: no cover
+        yield begin(Policy(), request)
+
+    async def async_rows() -> AsyncIterator[object]:  # pragma: no cover
+        yield begin(Policy(), request)
+
+    for generator_function in (rows, async_rows):
+        with pytest.raises(ConfigurationError, match="with disabled"):
+            disabled()(generator_function)
 
 
 def test_a_missing_fakeredis_is_a_configuration_error(monkeypatch: pytest.MonkeyPatch) -> None:
