@@ -69,6 +69,7 @@ __all__ = [
     "no_async_retry",
     "no_retry",
     "redis_server_executable",
+    "retried_on_a_taken_port",
     "server_description",
     "server_version",
     "user_environ",
@@ -199,8 +200,10 @@ async def async_wait_until(
 def free_port(host: str = HOST) -> int:
     """Return a TCP port on ``host`` that was free a moment ago.
 
-    The port is released before it is returned, so another process may take it first;
-    :class:`RedisServer` retries on a fresh port when that happens to a port it chose itself.
+    The port is released before it is returned, so another process may take it first: a server
+    started on it must survive that. :class:`RedisServer` retries on a fresh port when that
+    happens to a port it chose itself; every other launcher goes through
+    :func:`retried_on_a_taken_port` (:class:`AppServer` does), or binds port 0 itself.
     """
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind((host, 0))
@@ -648,10 +651,62 @@ class ExternalRedis:
         return f"<ExternalRedis {self.url}>"
 
 
-#: How many ports an AppServer tries when another process took the one it chose.
+#: How many times a start whose port another process took is made, each on fresh ports.
 _PORT_ATTEMPTS = 3
-#: What a server that could not bind its port logs (Python's socket error; idemkey console's).
-_PORT_TAKEN = re.compile(r"address already in use|port \d+ on \S+ is in use", re.IGNORECASE)
+#: What a server that could not bind its port says: Python's socket error (uvicorn, werkzeug,
+#: gunicorn, redis-server, idemkey serve), idemkey console's, Django runserver's.
+_PORT_TAKEN = re.compile(
+    r"address already in use|port \d+ on \S+ is in use|that port is already in use", re.IGNORECASE
+)
+
+
+def retried_on_a_taken_port(start: Callable[[], T]) -> T:
+    """``start()``, made again (a few times) while it fails because a port it picked was taken.
+
+    ``start`` picks its port(s) with :func:`free_port`, afresh on each call, and raises when its
+    server does not come up, quoting what the server said (its log, a command's error output):
+    that text tells a port another process took between the pick and the bind
+    (:data:`_PORT_TAKEN`) from any other failure, which is raised at once.
+    """
+    for attempt in range(1, _PORT_ATTEMPTS + 1):
+        try:
+            return start()
+        except Exception as exc:
+            if attempt == _PORT_ATTEMPTS or not _PORT_TAKEN.search(str(exc)):
+                raise
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+def _listens_alone(session: int, port: int) -> bool:
+    """Whether every socket listening on TCP ``port`` is held by a process of ``session``.
+
+    The process that took a server's port answers on it while the server is still starting (to
+    fail on the port): those answers are not the server's. Read from /proc; True where /proc
+    cannot tell (not Linux, or a sandbox that shows no listener or hides descriptors).
+    """
+    listening: set[str] = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with contextlib.suppress(OSError):
+            for fields in (line.split() for line in Path(table).read_text().splitlines()[1:]):
+                # local_address is ADDR:PORT in hex; state 0A is LISTEN; inode is the 10th field
+                if fields[3] == "0A" and int(fields[1].rpartition(":")[2], 16) == port:
+                    listening.add(f"socket:[{fields[9]}]")
+    try:
+        os.listdir(f"/proc/{session}/fd")
+    except PermissionError:
+        return True
+    except OSError:
+        return False  # no such process: the server is gone, which the next poll reports
+    if not listening:
+        return True
+    held: set[str] = set()
+    for process in Path("/proc").iterdir():
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            stat = (process / "stat").read_text()
+            # After "pid (comm) ": state, ppid, pgrp, session; comm may hold spaces and ")".
+            if int(stat[stat.rindex(")") + 2 :].split()[3]) == session:
+                held.update(os.readlink(fd) for fd in (process / "fd").iterdir())
+    return listening <= held
 
 
 class AppServer:
@@ -660,8 +715,11 @@ class AppServer:
     ``command(port)`` is its argv. It runs in ``cwd`` with ``os.environ`` plus ``env`` (with
     ``redis_url`` and ``prefix`` also as ``IDEMKEY_TEST_REDIS_URL`` / ``IDEMKEY_TEST_PREFIX``, which
     the test apps read), in its own session (so :meth:`close` reaches its workers), its output in
-    ``log``. It is ready once ``GET health`` answers 200, within ``timeout`` seconds; if it exits
-    first, the error quotes its log. :meth:`close` sends SIGTERM to its process group, SIGKILL
+    ``log``. It is ready once ``GET health`` answers 200 (``health=None``: once ``GET /`` gets
+    any answer, for an app with no such route) from the server itself, not from another process
+    on its port, within ``timeout`` seconds; if it exits first, the error quotes its log. A
+    start whose port another process took is made again on a fresh port
+    (:func:`retried_on_a_taken_port`). :meth:`close` sends SIGTERM to its process group, SIGKILL
     after 10 s, then deletes the keys containing ``prefix`` from ``redis_url``.
     """
 
@@ -675,7 +733,7 @@ class AppServer:
         prefix: str | None = None,
         env: Mapping[str, str] | None = None,
         name: str = "the server",
-        health: str = "/health",
+        health: str | None = "/health",
         timeout: float = 30.0,
     ) -> None:
         self.name = name
@@ -687,10 +745,8 @@ class AppServer:
             full_env["IDEMKEY_TEST_REDIS_URL"] = redis_url
         if prefix is not None:
             full_env["IDEMKEY_TEST_PREFIX"] = prefix
-        # free_port() releases the port before the server binds it: another process (another
-        # suite's server, on a busy box) may take it first. Such a start is tried again on a
-        # fresh port, as RedisServer does; any other failure is the test's.
-        for attempt in range(_PORT_ATTEMPTS):
+
+        def start() -> None:
             self.port = free_port()
             self.url = f"http://{HOST}:{self.port}"
             with log.open("wb") as out:
@@ -700,32 +756,38 @@ class AppServer:
                 )  # fmt: skip
             try:
                 wait_until(
-                    self._healthy(health), timeout, f"{name} to answer",
+                    self._ready(health), timeout, f"{name} to answer",
                     ignore=(OSError, http.client.HTTPException),
                 )  # fmt: skip
-                return
             except BaseException:
-                taken = self.proc.poll() is not None and _PORT_TAKEN.search(self.log_text())
-                if not taken or attempt == _PORT_ATTEMPTS - 1:
-                    self.close()
-                    raise
-                self._stop()  # keys under the prefix stay: the test may have written them
+                self._stop()  # keys under the prefix stay until the last attempt fails
+                raise
 
-    def _healthy(self, health: str) -> Callable[[], bool]:
-        def healthy() -> bool:
+        try:
+            retried_on_a_taken_port(start)
+        except BaseException:
+            self._delete_keys()
+            raise
+
+    def _ready(self, health: str | None) -> Callable[[], bool]:
+        def ready() -> bool:
             assert self.proc.poll() is None, f"{self.name} exited:\n{self.log_text()}"
             connection = http.client.HTTPConnection(HOST, self.port, timeout=2)
             with contextlib.closing(connection):
-                connection.request("GET", health, headers={"Connection": "close"})
-                return connection.getresponse().status == 200
+                connection.request("GET", health or "/", headers={"Connection": "close"})
+                status = connection.getresponse().status
+            return (health is None or status == 200) and _listens_alone(self.proc.pid, self.port)
 
-        return healthy
+        return ready
 
     def log_text(self) -> str:
         return self.log.read_text(errors="replace")
 
     def close(self) -> None:
         self._stop()
+        self._delete_keys()
+
+    def _delete_keys(self) -> None:
         if self.redis_url is not None and self.prefix:
             client = redis.Redis.from_url(
                 self.redis_url, socket_connect_timeout=2, socket_timeout=2, retry=no_retry()

@@ -196,3 +196,80 @@ def test_an_app_server_whose_port_was_taken_starts_on_another(
     with holder, servers.AppServer(command, log=tmp_path / "log", cwd=tmp_path, health="/") as app:
         assert app.port != holder.getsockname()[1]
         assert app.proc.poll() is None
+
+
+# The server waits for the gate file (created once the port's other holder has answered), so
+# that its start fails only after AppServer was answered by that other process.
+GATED_SERVER = """
+import pathlib, runpy, sys, time
+gate, port = pathlib.Path(sys.argv[1]), sys.argv[2]
+deadline = time.monotonic() + 30
+while not gate.exists() and time.monotonic() < deadline:
+    time.sleep(0.01)
+sys.argv = ["http.server", "-b", "127.0.0.1", port]
+runpy.run_module("http.server", run_name="__main__")
+"""
+
+
+def test_an_app_server_is_not_ready_on_another_process_answering_its_port(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The process that took the port may answer the health check while the server is still
+    starting (and about to fail on the port): its answer does not make the server ready."""
+    import http.server
+    import sys
+    import threading
+
+    import tests._servers as servers
+
+    gate = tmp_path / "answered"
+
+    class Other(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            gate.touch()
+            self.send_response(200)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    other = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Other)
+    threading.Thread(target=other.serve_forever, daemon=True).start()
+    held = other.server_address[1]
+    ports = iter([held, servers.free_port()])
+    monkeypatch.setattr(servers, "free_port", lambda: next(ports))
+    command = lambda port: [sys.executable, "-c", GATED_SERVER, str(gate), str(port)]  # noqa: E731
+    try:
+        with servers.AppServer(command, log=tmp_path / "log", cwd=tmp_path, health="/") as app:
+            assert gate.exists()  # the other process was asked, and answered
+            assert app.port != held
+            assert app.proc.poll() is None
+    finally:
+        other.shutdown()
+        other.server_close()
+
+
+def test_a_redis_server_whose_port_was_taken_starts_on_another(
+    monkeypatch: pytest.MonkeyPatch, redis_server_bin: str
+) -> None:
+    """What tests/contrib/test_celery.py's records server relies on: its port is RedisServer's
+    own pick (not given), so a taken one is retried; a restart keeps the port it got."""
+    import socket
+
+    import tests._servers as servers
+
+    holder = socket.create_server(("127.0.0.1", 0))
+    ports = iter([holder.getsockname()[1], servers.free_port()])
+    monkeypatch.setattr(servers, "free_port", lambda: next(ports))
+    with holder, RedisServer(executable=redis_server_bin) as server:
+        port = server.port
+        assert port != holder.getsockname()[1]
+        server.stop()
+        server.restart()
+        assert server.port == port
+        client = server.client()
+        try:
+            assert client.ping()
+        finally:
+            client.close()

@@ -130,12 +130,13 @@ def test_effects_page(
 @pytest.fixture
 def demo_server(url: str, tmp_path: Path) -> Iterator[str]:
     """``idemkey serve`` on a free port, its records in the test's redis-server."""
-    pytest.importorskip("httpx")  # serving() waits with it; the other pages need no httpx
+    pytest.importorskip("httpx")  # serving()'s module needs it; the other pages need no httpx
     from tests.frameworks.test_docs_pages import serving
 
-    port = free_port()
-    serve = [sys.executable, "-m", "idemkey", "serve", "--port", str(port), "--redis-url", url]
-    with serving(serve, tmp_path, port) as base:
+    def serve(port: int) -> list[str]:
+        return [sys.executable, "-m", "idemkey", "serve", "--port", str(port), "--redis-url", url]
+
+    with serving(serve, tmp_path) as base:
         yield base
 
 

@@ -29,7 +29,7 @@ import pytest
 
 from idemkey.http._scope import NO_CREDENTIALS
 from scripts.mkdocs_hooks import REPOSITORY, expand_install
-from tests._servers import HOST, RedisServer, free_port, user_environ
+from tests._servers import HOST, RedisServer, user_environ
 from tests.frameworks.test_docs_pages import (
     page,
     printed,
@@ -126,17 +126,18 @@ def served_twice(bin_dir: Path, name: str, url: str, tmp_path: Path) -> None:
         subprocess.run([str(bin_dir / "django-admin"), *startproject[1:]], cwd=where, check=True)
         where = where / "mysite"
     write_files(page(name), where, url)
-    port = free_port()
-    argv = [str(bin_dir / printed(page(name), command)[0]), *shlex.split(command)[1:], *options]
-    if name == "wsgi-asgi.md":
-        argv += ["--bind", f"{HOST}:{port}"]
-    elif name == "django.md":
-        argv += [f"{HOST}:{port}", "--noreload"]
-    else:
-        argv += ["--port", str(port)]
-    with serving(argv, where, port, pythonpath=()) as base:
+    program = [str(bin_dir / printed(page(name), command)[0]), *shlex.split(command)[1:]]
+
+    def argv(port: int) -> list[str]:
+        if name == "wsgi-asgi.md":
+            return [*program, *options, "--bind", f"{HOST}:{port}"]
+        if name == "django.md":
+            return [*program, *options, f"{HOST}:{port}", "--noreload"]
+        return [*program, *options, "--port", str(port)]
+
+    with serving(argv, where, pythonpath=()) as base:
         retries_behave(base, url, "/charges", scope=NO_CREDENTIALS)  # every page's default
-    with serving(argv, where, port, pythonpath=()) as base:
+    with serving(argv, where, pythonpath=()) as base:
         replays_on_a_second_run(base, "/charges")
 
 
@@ -156,16 +157,14 @@ def test_the_page_in_a_fresh_venv_from_its_install_line_twice(
     elif name in ("fastapi.md", "starlette.md", "wsgi-asgi.md", "django.md"):
         served_twice(bin_dir, name, url, tmp_path)
     elif name == "client.md":
-        port = free_port()
-        serve = [str(bin_dir / "idemkey"), "serve", "--port", str(port), "--redis-url", url]
+
+        def serve(port: int) -> list[str]:
+            return [str(bin_dir / "idemkey"), "serve", "--port", str(port), "--redis-url", url]
+
         (tmp_path / "serve").mkdir()
-        with serving(serve, tmp_path / "serve", port, pythonpath=()):
+        with serving(serve, tmp_path / "serve", pythonpath=()) as base:
             first, second = run_blocks(
-                bin_dir,
-                name,
-                url,
-                tmp_path / "run",
-                f"http://127.0.0.1:8000=http://127.0.0.1:{port}",
+                bin_dir, name, url, tmp_path / "run", f"http://127.0.0.1:8000={base}"
             )
         assert first[-2].startswith("paid: ")
         assert first[-1].startswith("already paid: ")

@@ -25,8 +25,8 @@ import idemkey.client as idemkey_client
 from idemkey import Policy
 from idemkey.cli import stats as stats_command
 from idemkey.cli.demo_app import http_client, payments
-from tests._servers import RedisServer, free_port
-from tests.cli.conftest import CliRunner
+from tests._servers import RedisServer, free_port, retried_on_a_taken_port
+from tests.cli.conftest import CliRunner, Run
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -263,9 +263,15 @@ def test_a_url_with_a_password_and_a_bad_port_is_a_bad_argument(
 ) -> None:
     """The port is no port: a bad --redis-url (exit 2) as without a password, not an internal
     error (70) from printing it; and the password is never printed."""
-    port = str(free_port())  # the console binds it, then fails on the URL, before serving
-    argv = {"inspect": ("inspect", "k", "--guard"), "console": ("console", "--port", port)}
-    run = idemkey(*argv.get(command, (command,)), "--redis-url", url)
+
+    def attempt() -> Run:
+        port = str(free_port())  # the console binds it, then fails on the URL, before serving
+        argv = {"inspect": ("inspect", "k", "--guard"), "console": ("console", "--port", port)}
+        run = idemkey(*argv.get(command, (command,)), "--redis-url", url)
+        assert " is in use " not in run.err, run.err  # another process took the port first
+        return run
+
+    run = retried_on_a_taken_port(attempt)
     assert run.code == 2, run.err
     assert run.err.startswith(f"idemkey {command}: bad --redis-url ")
     assert shown in run.err

@@ -23,7 +23,7 @@ import pytest
 import redis
 
 from idemkey import RedisStore
-from tests._servers import HOST, AppServer, ExternalRedis, RedisServer, free_port, wait_until
+from tests._servers import HOST, AppServer, ExternalRedis, RedisServer, wait_until
 from tests.cli.conftest import EVIL
 from tests.cli.test_console import _text
 from tests.cli.test_console_guard import ask, own, released_with_a_step
@@ -76,7 +76,8 @@ def test_a_read_from_another_site_is_refused(
 
 @contextlib.contextmanager
 def attacker_site(page: str) -> Iterator[int]:
-    """An HTTP server on a free port answering every GET with ``page``: another site's page."""
+    """An HTTP server on a free port (the kernel's pick, bound at once) answering every GET with
+    ``page``: another site's page."""
 
     class Handler(http.server.BaseHTTPRequestHandler):
         def do_GET(self) -> None:
@@ -90,7 +91,7 @@ def attacker_site(page: str) -> Iterator[int]:
         def log_message(self, *args: Any) -> None:
             pass
 
-    site = http.server.ThreadingHTTPServer((HOST, free_port()), Handler)
+    site = http.server.ThreadingHTTPServer((HOST, 0), Handler)
     thread = threading.Thread(target=site.serve_forever, daemon=True)
     thread.start()
     try:

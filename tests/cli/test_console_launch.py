@@ -15,13 +15,13 @@ import pytest
 
 from idemkey.cli._base import CliError
 from idemkey.cli.console import _bind
-from tests._servers import HOST, free_port
+from tests._servers import HOST
 from tests.cli.conftest import ROOT
 
 
 def test_a_port_bound_by_a_console_is_refused_to_the_next() -> None:
-    port = free_port()
-    first = _bind(HOST, port)
+    first = _bind(HOST, 0)  # the kernel's pick, bound at once: no other process can take it
+    port = first.getsockname()[1]
     try:
         with pytest.raises(CliError) as refused:
             _bind(HOST, port)
@@ -34,8 +34,8 @@ def test_a_port_bound_by_a_console_is_refused_to_the_next() -> None:
 
 @pytest.mark.redis
 def test_a_second_console_is_refused_while_the_first_is_starting(redis_url: str) -> None:
-    port = free_port()
-    starting = _bind(HOST, port)  # what the first console holds while Redis answers slowly
+    starting = _bind(HOST, 0)  # what the first console holds while Redis answers slowly
+    port = starting.getsockname()[1]
     command = [sys.executable, "-m", "idemkey", "--redis-url", redis_url, "console"]
     try:
         result = subprocess.run(

@@ -5,7 +5,6 @@ session's real Redis); small deliberately broken servers fail the check that nam
 
 from __future__ import annotations
 
-import http.client
 import json
 import os
 import shutil
@@ -25,7 +24,7 @@ from werkzeug.serving import make_server
 
 from idemkey import RedisStore
 from idemkey.cli.demo_app import create_app, demo_policy, running
-from tests._servers import free_port, wait_until
+from tests._servers import AppServer, free_port
 from tests.cli.conftest import CliRunner, Run
 
 if TYPE_CHECKING:
@@ -134,50 +133,18 @@ def uvicorn_demo(
     redis_url: str, prefix: str, real_client: redis.Redis, tmp_path: Path
 ) -> Iterator[str]:
     """The demo app behind the ASGI middleware, on a uvicorn process."""
-    port = free_port()
-    log = (tmp_path / "uvicorn.log").open("wb")
-    env = {**os.environ, "IDEMKEY_REDIS_URL": redis_url, "IDEMKEY_PREFIX": prefix}
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "uvicorn",
-            "--factory",
-            "idemkey.cli.demo_app.asgi_app:from_environment",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-            "--log-level",
-            "warning",
-        ],
-        cwd=ROOT,
-        env=env,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        stdin=subprocess.DEVNULL,
-    )
 
-    def answers() -> bool:
-        assert proc.poll() is None, (tmp_path / "uvicorn.log").read_text()
-        connection = http.client.HTTPConnection("127.0.0.1", port, timeout=1)
-        try:
-            connection.request("GET", "/charges")
-            return connection.getresponse().status == 200
-        finally:
-            connection.close()
+    def command(port: int) -> list[str]:
+        return [sys.executable, "-m", "uvicorn", "--factory",
+                "idemkey.cli.demo_app.asgi_app:from_environment", "--host", "127.0.0.1",
+                "--port", str(port), "--log-level", "warning"]  # fmt: skip
 
-    try:
-        wait_until(answers, 20, "uvicorn to answer", ignore=(OSError,))
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        log.close()
+    env = {"IDEMKEY_REDIS_URL": redis_url, "IDEMKEY_PREFIX": prefix}
+    log = tmp_path / "uvicorn.log"
+    with AppServer(
+        command, log=log, cwd=ROOT, env=env, name="uvicorn", health="/charges", timeout=20
+    ) as server:
+        yield server.url
 
 
 def test_the_asgi_demo_on_uvicorn_passes_every_check(

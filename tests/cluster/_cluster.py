@@ -35,6 +35,7 @@ from tests._servers import (
     free_port,
     no_retry,
     redis_server_executable,
+    retried_on_a_taken_port,
     server_version,
     wait_until,
     write_confirmed,
@@ -98,7 +99,7 @@ class ClusterProcesses:
     def start(self) -> ClusterProcesses:
         try:
             for _ in range(self.masters_wanted * (1 + self.replicas)):
-                self.nodes.append(self._new_node().start())
+                self.nodes.append(retried_on_a_taken_port(self._started_node))
             self._create()
             self.wait_healthy(self.startup_timeout)
         except BaseException:
@@ -149,6 +150,18 @@ class ClusterProcesses:
             for node in self.nodes
         )
 
+    def _started_node(self) -> RedisServer:
+        """A new node, answering PING. Its ports are both given (RedisServer would pick a fresh
+        one for itself only, not for the bus port among its arguments): a port another process
+        took fails the start, which :func:`retried_on_a_taken_port` makes again on fresh ones."""
+        node = self._new_node()
+        try:
+            return node.start()
+        except BaseException:
+            self._bus_ports.pop(node, None)
+            node.close()
+            raise
+
     def _new_node(self) -> RedisServer:
         args = [
             "--cluster-enabled",
@@ -167,7 +180,7 @@ class ClusterProcesses:
         ]
         if _server_version() >= (7, 0):
             bus_port = free_port()
-            node = RedisServer([*args, "--cluster-port", str(bus_port)])
+            node = RedisServer([*args, "--cluster-port", str(bus_port)], port=free_port())
             self._bus_ports[node] = bus_port
             return node
         # Before 7.0 the bus port is always port + 10000: find a port whose twin is free too.

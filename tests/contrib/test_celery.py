@@ -34,7 +34,7 @@ from celery import Celery
 
 from idemkey import Policy, RedisStore, ResultNotStorableError, StoreError, guard
 from idemkey.contrib.celery import IdempotentTask
-from tests._servers import RedisServer, free_port, wait_until
+from tests._servers import RedisServer, wait_until
 from tests.contrib._celery_app import STEPS, TYPED, CardDeclined, make_app
 from tests.contrib._celery_process import start_worker as celery_worker
 from tests.contrib._celery_process import stop_worker
@@ -278,7 +278,7 @@ def test_a_task_delivered_while_the_idemkey_redis_is_down_is_retried_and_then_ru
     redis_server_factory: Callable[..., RedisServer],
 ) -> None:
     # The records on a Redis of their own (the broker stays up), stopped before delivery.
-    records = redis_server_factory(port=free_port())
+    records = redis_server_factory()
     records.stop()
     task = app.tasks["tests.note_once"]
     start_worker(store_url=records.url)
@@ -292,7 +292,7 @@ def test_a_task_delivered_while_the_idemkey_redis_is_down_is_retried_and_then_ru
     assert result.state == "RETRY", result.info  # the claim failed: nothing ran
     assert client.get(f"{prefix}:runs") is None
 
-    records.start()  # on the same port: the worker's client reconnects
+    records.restart()  # on the same port: the worker's client reconnects
     value = result.get(timeout=30)
     assert value == {"order": "o-3", "runs": 1}
     assert result.retries >= 1
@@ -309,7 +309,7 @@ def test_a_claim_that_never_reaches_redis_fails_after_the_bounded_retries(
     start_worker: StartWorker,
     redis_server_factory: Callable[..., RedisServer],
 ) -> None:
-    records = redis_server_factory(port=free_port())
+    records = redis_server_factory()
     records.stop()
     start_worker(store_url=records.url)
     result = app.tasks["tests.note_bounded"].delay("o-4")  # 2 retries, from 0.1 s

@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import importlib
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -32,7 +31,7 @@ from mcp.types import CallToolResult, TextContent
 from idemkey import AsyncRedisStore, Policy
 from idemkey.contrib.mcp import IdempotentTools
 from tests._pages import write_page
-from tests._servers import RedisServer, free_port, wait_until
+from tests._servers import AppServer, RedisServer
 
 pytestmark = pytest.mark.redis
 ROOT = Path(__file__).resolve().parents[2]
@@ -49,25 +48,15 @@ def environment(redis_url: str, prefix: str, wait: float) -> dict[str, str]:
     }
 
 
-def serve_http(
-    env: dict[str, str], log: Any, log_path: Path, app: str = "app"
-) -> tuple[subprocess.Popen[bytes], int]:
-    """tests/contrib/_mcp_server.py's ``app`` on a real uvicorn process: the process and its
-    port."""
-    port = free_port()
-    server = subprocess.Popen(
-        [sys.executable, "-m", "uvicorn", f"tests.contrib._mcp_server:{app}",
-         "--host", "127.0.0.1", "--port", str(port)],
-        cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
-    )  # fmt: skip
+def serve_http(env: dict[str, str], log: Path, app: str = "app") -> AppServer:
+    """tests/contrib/_mcp_server.py's ``app`` on a real uvicorn process, on a free port; ready
+    once it answers anything (the app has no health route)."""
 
-    def answers() -> bool:
-        assert server.poll() is None, log_path.read_text()
-        with socket.socket() as probe:
-            return probe.connect_ex(("127.0.0.1", port)) == 0
+    def command(port: int) -> list[str]:
+        return [sys.executable, "-m", "uvicorn", f"tests.contrib._mcp_server:{app}",
+                "--host", "127.0.0.1", "--port", str(port)]  # fmt: skip
 
-    wait_until(answers, timeout=20, message="uvicorn to listen")
-    return server, port
+    return AppServer(command, log=log, cwd=ROOT, env=env, name="uvicorn", health=None, timeout=20)
 
 
 @pytest.fixture(params=["http", "stdio"])
@@ -75,8 +64,7 @@ def connect(
     request: pytest.FixtureRequest, redis_url: str, prefix: str, tmp_path: Path
 ) -> Iterator[Callable[[float], Connect]]:
     """``connect(wait)(principal)``: a ClientSession to the server, as ``principal``."""
-    servers: list[subprocess.Popen[bytes]] = []
-    logs: list[object] = []
+    servers: list[AppServer] = []
     refused: list[str] = []
 
     async def note_refusal(response: httpx.Response) -> None:
@@ -109,9 +97,7 @@ def connect(
                     yield session
 
             return over_stdio
-        log = (tmp_path / "uvicorn.log").open("wb")
-        logs.append(log)
-        server, port = serve_http(env, log, tmp_path / "uvicorn.log")
+        server = serve_http(env, tmp_path / "uvicorn.log")
         servers.append(server)
 
         @asynccontextmanager
@@ -119,7 +105,7 @@ def connect(
             headers = {"Authorization": f"Bearer {principal}"}
             hooks = {"response": [note_refusal]}
             async with httpx.AsyncClient(headers=headers, timeout=30, event_hooks=hooks) as http:
-                url = f"http://127.0.0.1:{port}/mcp"
+                url = f"{server.url}/mcp"
                 async with (
                     streamable_http_client(url, http_client=http) as (
                         read,
@@ -137,11 +123,8 @@ def connect(
         yield start
     finally:
         for server in servers:
-            server.terminate()
-            server.wait(timeout=10)
-        for log in logs:
-            log.close()  # type: ignore[attr-defined]
-        if logs:  # pytest shows it only for a failed test: which request the server refused
+            server.close()
+        if servers:  # pytest shows it only for a failed test: which request the server refused
             print((tmp_path / "uvicorn.log").read_text(errors="replace")[-20000:])
             print("refused:", *refused, sep="\n")
 

@@ -4,11 +4,11 @@ For each page (docs/flask.md, fastapi.md, starlette.md, django.md, wsgi-asgi.md,
 README.md's one HTTP example), the ```python blocks are written to the files their first line
 names (``# app.py``; ``# mysite/settings.py (add at the end)`` is appended), exactly as
 printed: only the Redis URL is replaced, by a private real redis-server's. The page's serve
-command (checked to be printed on the page) starts the real server it names, on a free port,
-in a fresh directory; then over real HTTP: the first call runs, the same request replays,
-the same key with another body is 422, a retry while a claim holds the key is 409, and a
-request without a key is 400. The install line names the page's extra, which pyproject.toml
-declares.
+command (checked to be printed on the page) starts the real server it names, on a free port
+(``AppServer``: again on a fresh one if another process took it), in a fresh directory; then
+over real HTTP: the first call runs, the same request replays, the same key with another body
+is 422, a retry while a claim holds the key is 409, and a request without a key is 400. The
+install line names the page's extra, which pyproject.toml declares.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import shlex
 import shutil
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import httpx
@@ -31,7 +31,7 @@ from idemkey import Policy, RedisStore
 from idemkey._core import record_for
 from idemkey.http._scope import NO_CREDENTIALS
 from scripts.mkdocs_hooks import expand_install
-from tests._servers import HOST, RedisServer, free_port, wait_until
+from tests._servers import HOST, AppServer, RedisServer
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCS_URL = "redis://localhost:6379/0"
@@ -79,31 +79,16 @@ def installs(page: Path, extra: str | None) -> None:
 
 @contextlib.contextmanager
 def serving(
-    command: list[str], cwd: Path, port: int, pythonpath: tuple[Path, ...] = (ROOT,)
+    command: Callable[[int], list[str]], cwd: Path, pythonpath: tuple[Path, ...] = (ROOT,)
 ) -> Iterator[str]:
-    """The server ``command`` runs in ``cwd`` until it answers on ``port``; stopped after.
-    Its imports come from ``cwd`` and ``pythonpath`` (this checkout, unless told)."""
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(map(str, (cwd, *pythonpath)))}
-    log = (cwd / "server.log").open("wb")
-    process = subprocess.Popen(command, cwd=cwd, env=env, stdout=log, stderr=subprocess.STDOUT)
-    base = f"http://{HOST}:{port}"
-    try:
-
-        def up() -> bool:
-            assert process.poll() is None, (cwd / "server.log").read_text()
-            httpx.get(base + "/", timeout=1.0)
-            return True
-
-        wait_until(up, timeout=30.0, message=f"{command[0]} on {port}", ignore=(httpx.HTTPError,))
-        yield base
-    finally:
-        process.terminate()
-        try:
-            process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
-        log.close()
+    """The server ``command(port)`` runs in ``cwd`` on a free port until it answers (with
+    anything: the pages' apps have no health route); stopped after. Its imports come from
+    ``cwd`` and ``pythonpath`` (this checkout, unless told)."""
+    env = {"PYTHONPATH": os.pathsep.join(map(str, (cwd, *pythonpath)))}
+    name = Path(command(0)[0]).name
+    log = cwd / "server.log"
+    with AppServer(command, log=log, cwd=cwd, env=env, name=name, health=None) as server:
+        yield server.url
 
 
 def executable(name: str) -> str:
@@ -173,11 +158,14 @@ def test_flask_page_on_flask_run(url: str, tmp_path: Path) -> None:
     installs(path, "flask")
     write_files(path, tmp_path, url)
     command = printed(path, "flask --app app run")
-    port = free_port()
-    argv = [executable("flask"), *command[1:], "--port", str(port)]
-    with serving(argv, tmp_path, port) as base:
+    flask = executable("flask")
+
+    def argv(port: int) -> list[str]:
+        return [flask, *command[1:], "--port", str(port)]
+
+    with serving(argv, tmp_path) as base:
         retries_behave(base, url, "/charges", scope=NO_CREDENTIALS)
-    with serving(argv, tmp_path, port) as base:  # run again, same Redis
+    with serving(argv, tmp_path) as base:  # run again, same Redis
         replays_on_a_second_run(base, "/charges")
 
 
@@ -186,11 +174,14 @@ def test_readme_example_on_flask_run(url: str, tmp_path: Path) -> None:
     installs(path, "flask")
     write_files(path, tmp_path, url, only="app.py")
     command = printed(path, "flask --app app run")
-    port = free_port()
-    argv = [executable("flask"), *command[1:], "--port", str(port)]
-    with serving(argv, tmp_path, port) as base:
+    flask = executable("flask")
+
+    def argv(port: int) -> list[str]:
+        return [flask, *command[1:], "--port", str(port)]
+
+    with serving(argv, tmp_path) as base:
         retries_behave(base, url, "/charges", scope=NO_CREDENTIALS)
-    with serving(argv, tmp_path, port) as base:  # run again, same Redis
+    with serving(argv, tmp_path) as base:  # run again, same Redis
         replays_on_a_second_run(base, "/charges")
 
 
@@ -224,13 +215,16 @@ def test_asgi_framework_page_on_uvicorn(name: str, url: str, tmp_path: Path) -> 
     installs(path, name.removesuffix(".md"))
     write_files(path, tmp_path, url)
     command = printed(path, "uvicorn app:app")
-    port = free_port()
-    argv = [executable("uvicorn"), *command[1:], "--host", HOST, "--port", str(port)]
-    with serving(argv, tmp_path, port) as base:
+    uvicorn = executable("uvicorn")
+
+    def argv(port: int) -> list[str]:
+        return [uvicorn, *command[1:], "--host", HOST, "--port", str(port)]
+
+    with serving(argv, tmp_path) as base:
         retries_behave(base, url, "/charges", scope=NO_CREDENTIALS)
         with httpx.Client(base_url=base) as http:
             assert http.post("/login").status_code == 200  # not guarded: no key needed
-    with serving(argv, tmp_path, port) as base:  # run again, same Redis
+    with serving(argv, tmp_path) as base:  # run again, same Redis
         replays_on_a_second_run(base, "/charges")
 
 
@@ -243,13 +237,15 @@ def test_django_page_in_a_new_project_on_runserver(url: str, tmp_path: Path) -> 
     project = tmp_path / "mysite"
     write_files(path, project, url)
     command = printed(path, "python manage.py runserver")
-    port = free_port()
-    argv = [sys.executable, *command[1:], f"{HOST}:{port}", "--noreload"]
-    with serving(argv, project, port) as base:
+
+    def argv(port: int) -> list[str]:
+        return [sys.executable, *command[1:], f"{HOST}:{port}", "--noreload"]
+
+    with serving(argv, project) as base:
         retries_behave(base, url, "/charges", scope=NO_CREDENTIALS)
         with httpx.Client(base_url=base) as http:
             assert http.post("/webhook").status_code == 200  # exempt, and no CSRF 403
-    with serving(argv, project, port) as base:  # run again, same Redis
+    with serving(argv, project) as base:  # run again, same Redis
         replays_on_a_second_run(base, "/charges")
 
 
@@ -258,15 +254,18 @@ def test_wsgi_page_on_gunicorn(url: str, tmp_path: Path) -> None:
     installs(path, None)
     write_files(path, tmp_path, url)
     command = printed(path, "gunicorn app:application")
-    port = free_port()
-    argv = [executable("gunicorn"), *command[1:], "--bind", f"{HOST}:{port}"]
-    with serving(argv, tmp_path, port) as base:
+    gunicorn = executable("gunicorn")
+
+    def argv(port: int) -> list[str]:
+        return [gunicorn, *command[1:], "--bind", f"{HOST}:{port}"]
+
+    with serving(argv, tmp_path) as base:
         retries_behave(base, url, "/charges", scope=NO_CREDENTIALS)
         with httpx.Client(base_url=base) as http:
             assert http.post("/v1/login").status_code == 201  # exempt
             assert http.post("/v1/anything").status_code == 400  # guarded by /v1/{rest:path}
             assert http.post("/elsewhere").status_code == 201  # no route: not guarded
-    with serving(argv, tmp_path, port) as base:  # run again, same Redis
+    with serving(argv, tmp_path) as base:  # run again, same Redis
         replays_on_a_second_run(base, "/charges")
 
 
@@ -274,13 +273,16 @@ def test_asgi_page_on_uvicorn(url: str, tmp_path: Path) -> None:
     path = page("wsgi-asgi.md")
     write_files(path, tmp_path, url)
     command = printed(path, "uvicorn asgi_app:application")
-    port = free_port()
-    argv = [executable("uvicorn"), *command[1:], "--host", HOST, "--port", str(port)]
+    uvicorn = executable("uvicorn")
+
+    def argv(port: int) -> list[str]:
+        return [uvicorn, *command[1:], "--host", HOST, "--port", str(port)]
+
     (tmp_path / "app.py").unlink()  # the ASGI file stands alone: no name from the WSGI one
-    with serving(argv, tmp_path, port) as base:
+    with serving(argv, tmp_path) as base:
         retries_behave(base, url, "/charges", scope=NO_CREDENTIALS)
         with httpx.Client(base_url=base) as http:
             assert http.post("/v1/login").status_code == 201  # exempt
             assert http.post("/elsewhere").status_code == 201  # no route: not guarded
-    with serving(argv, tmp_path, port) as base:  # run again, same Redis
+    with serving(argv, tmp_path) as base:  # run again, same Redis
         replays_on_a_second_run(base, "/charges")

@@ -11,8 +11,6 @@ fenced pattern, in process (werkzeug's client, httpx's ASGI transport) and under
 
 from __future__ import annotations
 
-import os
-import subprocess
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -23,7 +21,7 @@ import pytest
 import sqlalchemy as sa
 from werkzeug.test import Client
 
-from tests._servers import RedisServer, free_port, wait_until
+from tests._servers import AppServer, RedisServer, wait_until
 from tests.sql.conftest import CHARGES
 
 pytestmark = pytest.mark.redis
@@ -228,54 +226,40 @@ def test_a_django_view_replays_its_response_from_sql_after_redis_forgot(
 # Real servers, killed at the staged point.
 
 
-def _serve(kind: str, env: dict[str, str], fault: str) -> tuple[subprocess.Popen[bytes], str]:
-    port = free_port()
-    if kind == "flask":  # gunicorn: its master respawns the killed worker
-        argv = ["-m", "gunicorn", "-w", "1", "-b", f"127.0.0.1:{port}"]
-        argv += ["tests.sql._http_app:flask_app"]
-    else:
-        argv = ["-m", "uvicorn", "--host", "127.0.0.1", "--port", str(port)]
-        argv += ["tests.sql._http_app:fastapi_app"]
-    proc = subprocess.Popen(
-        [sys.executable, *argv],
+def _serve(kind: str, env: dict[str, str], fault: str, log: Path) -> AppServer:
+    """The app of ``kind`` on its real server, on a free port, ready once /health answers."""
+
+    def command(port: int) -> list[str]:
+        if kind == "flask":  # gunicorn: its master respawns the killed worker
+            argv = ["-m", "gunicorn", "-w", "1", "-b", f"127.0.0.1:{port}"]
+            argv += ["tests.sql._http_app:flask_app"]
+        else:
+            argv = ["-m", "uvicorn", "--host", "127.0.0.1", "--port", str(port)]
+            argv += ["tests.sql._http_app:fastapi_app"]
+        return [sys.executable, *argv]
+
+    return AppServer(
+        command,
+        log=log,
         cwd=ROOT,
-        env={**os.environ, **env, "TRUTH_FAULT": fault},
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
+        env={**env, "TRUTH_FAULT": fault},
+        name=f"the {kind} server",
+        timeout=90,
     )
-    base = f"http://127.0.0.1:{port}"
-
-    def healthy() -> bool:
-        assert proc.poll() is None, f"the {kind} server exited ({proc.returncode})"
-        return httpx.get(f"{base}/health", timeout=2).status_code == 200
-
-    try:
-        wait_until(healthy, timeout=90, ignore=(httpx.TransportError,), message=f"{kind} serving")
-    except BaseException:
-        proc.kill()
-        proc.wait()
-        raise
-    return proc, base
 
 
 @pytest.fixture
-def serve(env: dict[str, str]) -> Iterator[Callable[[str, str], str]]:
-    procs: list[subprocess.Popen[bytes]] = []
+def serve(env: dict[str, str], tmp_path: Path) -> Iterator[Callable[[str, str], str]]:
+    servers: list[AppServer] = []
 
     def start(kind: str, fault: str) -> str:
-        proc, base = _serve(kind, env, fault)
-        procs.append(proc)
-        return base
+        log = tmp_path / f"{kind}-{len(servers)}.log"
+        servers.append(_serve(kind, env, fault, log))
+        return servers[-1].url
 
     yield start
-    for proc in procs:
-        if proc.poll() is None:
-            proc.terminate()
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+    for server in servers:
+        server.close()
 
 
 def _post(base: str) -> httpx.Response | None:
