@@ -4,13 +4,15 @@ The ``Idempotency-Key`` header parameter, the problem answers idemkey may give (
 ``retention`` and ``retry`` members), and the ``Idempotent-Replayed`` header (and, when the
 policy sends it, the retention header) on the success response. Kept apart from ``fastapi.py`` (the
 guard dependency and the route class that runs guarded routes through the ASGI middleware);
-nothing here imports FastAPI.
+nothing here imports FastAPI: the route is read through the attributes FastAPI's own OpenAPI
+generation reads (``dependant``, ``body_field``, ``responses``).
 """
 
 from __future__ import annotations
 
 import copy
-from typing import TYPE_CHECKING, Any, Final
+from collections.abc import Iterator, Mapping
+from typing import TYPE_CHECKING, Any, Final, Protocol
 
 from ..http import REPLAYED_HEADER, RETRY
 
@@ -43,16 +45,35 @@ _PROBLEM_SCHEMA: Final = {
     },
     "required": ["type", "title", "status", "detail", "code", "retention", "retry"],
 }
+#: The description FastAPI gives the 422 it documents on an operation with parameters or a body.
+_FASTAPI_VALIDATION_ERROR: Final = "Validation Error"
 
 
-def document(
-    extra: dict[str, Any] | None, media_type: str, policy: Policy, status_code: int | None
-) -> dict[str, Any]:
-    """``openapi_extra`` plus the header, the problem answers and the replay header.
+class Operation(Protocol):
+    """What ``document`` reads of a route: an ``APIRoute``, or the context a recent FastAPI
+    builds for each ``include_router`` inclusion of one."""
 
-    FastAPI deep-merges ``openapi_extra`` into the operation (lists are concatenated), so the
-    operation keeps everything it documents itself.
+    @property
+    def openapi_extra(self) -> dict[str, Any] | None: ...
+    @property
+    def status_code(self) -> int | None: ...
+    @property
+    def dependant(self) -> Any: ...
+    @property
+    def body_field(self) -> Any: ...
+    @property
+    def responses(self) -> Mapping[int | str, Mapping[str, Any]]: ...
+
+
+def document(route: Operation, media_type: str, policy: Policy) -> dict[str, Any]:
+    """The route's ``openapi_extra`` plus the header, the problem answers and the replay header.
+
+    FastAPI deep-merges ``openapi_extra`` over the operation it builds (lists are concatenated,
+    other values replaced), so what it documents itself must be accounted for here: a header
+    parameter the route declares is not added again, and a status it describes (its 422
+    validation error above all) keeps that description beside idemkey's.
     """
+    extra, status_code = route.openapi_extra, route.status_code
     merged = copy.deepcopy(extra) if extra else {}
     header = {
         "name": policy.header,
@@ -67,11 +88,16 @@ def document(
     }
     # Older FastAPI copies a route into each include_router(), passing the openapi_extra this
     # function already filled: the copy documents the header once, with its own policy.
+    # Header names are case-insensitive, so is the comparison.
+    name = policy.header.lower()
     parameters = merged.setdefault("parameters", [])
     parameters[:] = [
-        p for p in parameters if (p.get("name"), p.get("in")) != (policy.header, "header")
+        p for p in parameters if (str(p.get("name", "")).lower(), p.get("in")) != (name, "header")
     ]
-    parameters.append(header)
+    if name not in _declared_headers(route.dependant):
+        parameters.append(header)
+    if not parameters:
+        del merged["parameters"]
     responses = merged.setdefault("responses", {})
     success = responses.setdefault(str(status_code or 200), {})
     headers = success.setdefault("headers", {})
@@ -104,12 +130,71 @@ def document(
         policy.mismatch_status: f"The {policy.header} was used with a different request",
         503: "The idempotency store is unavailable (see Retry-After)",
     }
+    described = _described(route)
     for status, description in sorted(problems.items()):
         answer = responses.setdefault(str(status), {})
-        answer.setdefault("description", description)
+        answer.setdefault("description", _joined(described.get(str(status)), description))
         content = answer.setdefault("content", {})
         if policy.render_problem is None:
             content["application/problem+json"] = {"schema": copy.deepcopy(_PROBLEM_SCHEMA)}
         else:  # your renderer's shape: idemkey cannot know its schema
             content.setdefault(media_type, {"schema": {}})
     return merged
+
+
+def _joined(theirs: str | None, ours: str) -> str:
+    """One description for an answer both the route and idemkey may give."""
+    if not theirs or theirs == ours:
+        return ours
+    return f"{theirs}; or {ours[:1].lower()}{ours[1:]}"
+
+
+def _described(route: Operation) -> dict[str, str]:
+    """The descriptions the operation gives itself, by status: the route's ``responses`` that
+    name one, and FastAPI's validation error, which it documents as 422 on an operation with
+    parameters or a body unless ``responses`` already names 422, 4XX or default."""
+    described = {
+        str(status): answer["description"]
+        for status, answer in route.responses.items()
+        if answer.get("description")
+    }
+    covered = {str(status).upper() for status in route.responses} & {"422", "4XX", "DEFAULT"}
+    validated = route.body_field is not None or any(
+        d.path_params or d.query_params or d.header_params or d.cookie_params
+        for d in _dependants(route.dependant)
+    )
+    if validated and not covered:
+        described["422"] = _FASTAPI_VALIDATION_ERROR
+    return described
+
+
+def _declared_headers(dependant: Any) -> set[str]:
+    """The headers, lower-cased, that the route's handler or its dependencies read: FastAPI
+    documents each, so a second ``Idempotency-Key`` parameter would list the header twice.
+
+    A header parameter's alias is the header's name (``idempotency_key`` already converted to
+    ``idempotency-key``). A Pydantic model read with ``Header()`` documents one header per
+    field: by its alias, or, for a field without one, by its name as is (FastAPI before
+    0.115.12) or with underscores converted (since): only aliases count, so such a field may
+    leave the header listed twice, never missing.
+    """
+    names: set[str] = set()
+    for each in _dependants(dependant):
+        for field in each.header_params:
+            model_fields = getattr(field.field_info.annotation, "model_fields", None)
+            if isinstance(model_fields, dict):
+                names.update(info.alias.lower() for info in model_fields.values() if info.alias)
+            else:
+                names.add(str(field.alias).lower())
+    return names
+
+
+def _dependants(dependant: Any) -> Iterator[Any]:
+    """The route's dependant and every sub-dependency's, depth first."""
+    if dependant is None:
+        return
+    pending = [dependant]
+    while pending:
+        current = pending.pop()
+        yield current
+        pending.extend(current.dependencies)

@@ -38,7 +38,10 @@ or optional as configured), the problem responses idemkey may answer (400, 409, 
 key-reuse status and 503) as ``application/problem+json`` (with ``Policy.render_problem``, as
 ``Idempotency(problem_media_type=...)``, by default ``application/json``), and the
 ``Idempotent-Replayed`` header on its success response, whether the guard is declared on the
-route, on its ``APIRouter`` or by ``include_router(dependencies=...)``. An operation is guarded
+route, on its ``APIRouter`` or by ``include_router(dependencies=...)``. What FastAPI documents
+itself stays: a handler (or dependency) that reads the key header with ``Header()`` has it
+listed once, as FastAPI declares it, and a status the operation describes itself (FastAPI's 422
+validation error, a ``responses=`` entry) gets both descriptions. An operation is guarded
 when the policy's ``methods`` name its method: a GET on a guarded router documents nothing.
 FastAPI builds every method's operation of one route from one ``openapi_extra``, so a route
 whose policy guards some of its methods only is refused (``ConfigurationError``): its
@@ -159,9 +162,7 @@ class IdempotentRoute(APIRoute):
             idem, options = _merged(guards)
             policy = derive(idem.policy, options, f"idem.guard(...) on route {path!r}")
             if _documented(path, self.methods, policy):
-                self.openapi_extra = document(
-                    self.openapi_extra, idem.problem_media_type, policy, self.status_code
-                )
+                self.openapi_extra = document(self, idem.problem_media_type, policy)
 
     def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
         """FastAPI's handler, with a guard added by ``include_router(dependencies=...)``
@@ -184,10 +185,7 @@ class IdempotentRoute(APIRoute):
                 policy = derive(idem.policy, options, where)
                 methods = getattr(context, "methods", None) or self.methods
                 if _documented(context.path_format, methods, policy):
-                    extra = document(
-                        context.openapi_extra, idem.problem_media_type, policy, context.status_code
-                    )
-                    context.openapi_extra = extra
+                    context.openapi_extra = document(context, idem.problem_media_type, policy)
         return handler
 
     async def handle(self, scope: Scope, receive: Receive, send: Send) -> None:
