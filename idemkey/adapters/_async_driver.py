@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING
 
 from ..errors import EffectCommittedError, StoreError
 from ..http import Complete
+from ..http._transitions import State
 from ..store._concurrency._async_runtime import Cancelled, finish
 from ..store._concurrency._async_shield import settle_later
 
@@ -70,7 +71,15 @@ class AsyncDriver:
             plan = exchange.interrupted()
             await settle_later(lambda: self._settle(exchange, plan))
             raise
-        return exchange.decide(decision, perf_counter() - started)
+        try:
+            return exchange.decide(decision, perf_counter() - started)
+        except BaseException:
+            if exchange.state is State.RUNNING:
+                # Claimed, then its on_event hook was interrupted (Ctrl-C in a slow export, a
+                # cancel, an exit): given up as an app cancelled before its head is, or the
+                # heartbeat would hold the key for as long as the process lives.
+                self.abandon(exchange)
+            raise
 
     async def finish(self, exchange: Exchange, body: bytes | None) -> None:
         """The response is complete (``body`` None: not kept): store it or release the key."""
@@ -95,8 +104,9 @@ class AsyncDriver:
             raise
 
     def abandon(self, exchange: Exchange) -> None:
-        """The app was cancelled before its response started: keep the claim, unrenewed,
-        until its lease lapses (see :meth:`Exchange.cancelled`)."""
+        """The app was cancelled before its response started, or its claim's on_event hook
+        was interrupted: keep the claim, unrenewed, until its lease lapses (see
+        :meth:`Exchange.cancelled`)."""
         exchange.cancelled()
         self.store._unwatch(exchange.record, exchange.owner)
 

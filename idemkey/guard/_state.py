@@ -184,14 +184,9 @@ class GuardState(Reporter, Generic[T]):
             self.notify("replayed", seconds=seconds)
             return Call(replayed=True, result=decode_value(response, self.result_type))
         if type(decision) is Claimed:
+            # The claim first, reported last: a hook interrupted (Ctrl-C in a slow export)
+            # leaves a claimed guard, which gives its claim up as an interrupted block does.
             self.claim = decision
-            self.notify(
-                "takeover" if decision.takeover else "claimed", decision.fence, seconds=seconds
-            )
-            if decision.takeover:
-                # The steps the previous executor finished, as its lease_lost entry lists them:
-                # what an operator checks for this incident.
-                self.uncertain("takeover", decision.fence, steps=worked(decision.steps))
             call = self.call = Call(
                 replayed=False,
                 fence=decision.fence,
@@ -203,6 +198,13 @@ class GuardState(Reporter, Generic[T]):
                 fingerprint=self.fingerprint,
             )
             self._current = _CURRENT.set(call)
+            if decision.takeover:
+                # The steps the previous executor finished, as its lease_lost entry lists them:
+                # what an operator checks for this incident.
+                self.uncertain("takeover", decision.fence, steps=worked(decision.steps))
+            self.notify(
+                "takeover" if decision.takeover else "claimed", decision.fence, seconds=seconds
+            )
             return call
         if type(decision) is Mismatch:
             self.notify("mismatch", seconds=seconds)
@@ -218,8 +220,9 @@ class GuardState(Reporter, Generic[T]):
         # Redis answered, so this is no store failure to run beside: under "open" every retry
         # would run the work again (Exchange._failed answers 503 record_unreadable alike).
         if self.policy.on_store_error == "open" and not isinstance(error, RecordFormatError):
-            self.notify("unprotected", detail=str(error))
+            # Kept before the hook hears of it: an interrupted hook must not lose the entry.
             self.uncertain("unprotected", detail=str(error))
+            self.notify("unprotected", detail=str(error))
             call = self.call = Call(replayed=False, key=self.key)
             # Current as a claimed call is: current_call() is the block's call, whose fenced
             # work refuses to run (UnprotectedCallError: it has no fence), not "no call".
@@ -281,19 +284,20 @@ class GuardState(Reporter, Generic[T]):
             and self.store._record_lost(self.record, self.claim.owner)
         ):
             why = RECORD_LOST_DETAIL  # evicted or deleted under the claim, not taken over
+        # Each uncertain entry is kept before its event: an interrupted hook must not lose it.
         if not completing:
             if done:
-                self.notify("released", fence, seconds=seconds)
                 if steps := self.finished_steps():
                     self.uncertain("released_with_steps", fence, str(exc or ""), steps)
+                self.notify("released", fence, seconds=seconds)
             else:
-                self.notify("lease_lost", fence, why)
                 self.uncertain("lease_lost", fence, why, self.finished_steps())
+                self.notify("lease_lost", fence, why)
         elif done:
             self.notify("completed", fence, seconds=seconds)
         else:
-            self.notify("lease_lost", fence, why)
             self.uncertain("lease_lost", fence, why, self.finished_steps())
+            self.notify("lease_lost", fence, why)
             if exc is None:
                 raise LeaseLostError(fence)
 
@@ -311,9 +315,9 @@ class GuardState(Reporter, Generic[T]):
         is already on its way out (that one is what the caller must see; ours is logged).
         ``completing``: the block's result was being stored (an uncertain outcome)."""
         fence = self.claim.fence if self.claim else None
-        self.notify("store_error", fence, str(error))
-        if completing:
+        if completing:  # kept before the hook hears of it
             self.uncertain("completion_failed", fence, str(error), self.finished_steps())
+        self.notify("store_error", fence, str(error))
         if exc is None:
             raise error
 

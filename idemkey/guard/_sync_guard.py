@@ -62,7 +62,16 @@ class Guard(GuardState[T]):
             settle_later(partial(self.store.release, self.record, owner))
             raise
         else:
-            call = self.enter(decision, perf_counter() - started)
+            try:
+                call = self.enter(decision, perf_counter() - started)
+            except BaseException:
+                if self.call is not None:
+                    # Claimed, then its on_event hook was interrupted (Ctrl-C in a slow export,
+                    # a cancel, an exit): given up as a block interrupted before saving is, or
+                    # the heartbeat would hold the key for as long as the process lives.
+                    self.leave()
+                    self._abandon(owner)
+                raise
             if call.replayed:
                 return call
         # A partial (C), not a lambda: no closure cells built per call.
@@ -84,17 +93,7 @@ class Guard(GuardState[T]):
             return
         owner = claim.owner
         if saved is None and isinstance(exc, _INTERRUPTED):
-            # The block was cut off part way (a cancel, Ctrl-C: one rule for both guards):
-            # what it did is unknown, and a release would let a retry run it again at once.
-            # Keep the key until its lease lapses (renewed no more), then a retry takes it
-            # over, as after a crash; an operator is told.
-            self.store._unwatch(self.record, owner)
-            self.cancelled()
-            # Its entry is written in a task, which asyncio.run cancels when this block ended
-            # its main task (Ctrl-C): wait for it as a closing store does (interrupted again,
-            # stop waiting: the first interruption goes on).
-            with contextlib.suppress(*_INTERRUPTED):
-                self.store._keeper.drain(CLOSE_DRAIN)
+            self._abandon(owner)
             return
         try:
             done = self._settle(owner, saved)
@@ -115,6 +114,27 @@ class Guard(GuardState[T]):
                 self._settle(owner, saved)
             raise
         self.exited(done, saved is not None, exc, perf_counter() - started)
+
+    def _abandon(self, owner: str) -> None:
+        """The block was cut off part way (a cancel, Ctrl-C: one rule for both guards), or
+        before it began (its claim's hook): what it did is unknown, and a release would let a
+        retry run it again at once. Keep the key until its lease lapses (renewed no more),
+        then a retry takes it over, as after a crash; an operator is told."""
+        self.store._unwatch(self.record, owner)
+        self.cancelled()
+        # Its entry is written in a task, which asyncio.run cancels when this ended its main
+        # task (Ctrl-C): wait for it as a closing store does. A cancel asked before this began
+        # lands on the first wait (two Ctrl-C under asyncio.run: the first cancels the main
+        # task, the second raised here): wait once more. Interrupted again, stop waiting: the
+        # first interruption goes on.
+        for _ in range(2):
+            try:
+                self.store._keeper.drain(CLOSE_DRAIN)
+            except Cancelled:
+                continue
+            except (KeyboardInterrupt, SystemExit):
+                pass
+            return
 
     def _settle(self, owner: str, saved: bytes | None) -> bool:
         """Complete the record with the saved result, or release it when nothing was saved."""

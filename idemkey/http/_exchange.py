@@ -175,7 +175,10 @@ class Exchange(msgspec.Struct, Reporting, eq=False):
 
         ``seconds``: how long the claim took in Redis, for the events. The state moves once
         the answer is built. A replay and a claim are decided here, without another frame
-        (one of them is every keyed request's answer); the refusals in :meth:`_refusal`.
+        (one of them is every keyed request's answer); the refusals in :meth:`_refusal`. A
+        claim is RUNNING, its call current, before its event goes out: a hook interrupted
+        there (Ctrl-C in a slow export) leaves it for the driver to abandon, as an app
+        cancelled before its head.
         """
         kind = type(decision)
         transition = "claimed" if kind is Claimed else "answer"
@@ -199,11 +202,6 @@ class Exchange(msgspec.Struct, Reporting, eq=False):
             return answer
         assert isinstance(decision, Claimed)
         self.claim = decision
-        if decision.takeover:
-            self.notify("takeover", decision.fence, seconds=seconds)
-            self.uncertain("takeover", decision.fence)
-        elif self.hook is not None or enabled_memo.get(DEBUG) is not False:
-            self.notify("claimed", decision.fence, seconds=seconds)
         self.state = target
         # The handler reaches its fence through idemkey.current_call() (a fenced SQL
         # transaction, a downstream write); no longer current once the response settles.
@@ -216,6 +214,11 @@ class Exchange(msgspec.Struct, Reporting, eq=False):
             fingerprint=self._fingerprint,
         )
         run_as_current(self.call)
+        if decision.takeover:
+            self.uncertain("takeover", decision.fence)  # kept before the hook hears of it
+            self.notify("takeover", decision.fence, seconds=seconds)
+        elif self.hook is not None or enabled_memo.get(DEBUG) is not False:
+            self.notify("claimed", decision.fence, seconds=seconds)
         return None
 
     def store_failed(self, exc: StoreError) -> Response | None:
@@ -261,8 +264,8 @@ class Exchange(msgspec.Struct, Reporting, eq=False):
             self.notify("store_error", detail=str(exc))
             return record_unreadable(self.policy, str(exc))
         if self.policy.on_store_error == "open":
+            self.uncertain("unprotected", None, str(exc))  # kept before the hook hears of it
             self.notify("unprotected", detail=str(exc))
-            self.uncertain("unprotected", None, str(exc))
             return None
         self.notify("store_error", detail=str(exc))
         return store_unavailable(self.policy)
@@ -356,8 +359,8 @@ class Exchange(msgspec.Struct, Reporting, eq=False):
         fence = self.claim.fence if self.claim else None
         if not ok:
             why = RECORD_LOST_DETAIL if record_lost else TAKEN_OVER_DETAIL
+            self.uncertain("lease_lost", fence, why)  # kept before the hook hears of it
             self.notify("lease_lost", fence, why)
-            self.uncertain("lease_lost", fence, why)
         elif isinstance(plan, Complete):
             if self.hook is not None or enabled_memo.get(DEBUG) is not False:  # events.quiet
                 self.notify("completed", fence, seconds=seconds)
@@ -371,8 +374,7 @@ class Exchange(msgspec.Struct, Reporting, eq=False):
         fence = self.claim.fence if self.claim else None
         if isinstance(self.plan, Complete):
             detail = f"response not stored: {exc}"
+            self.uncertain("completion_failed", fence, detail)  # kept before the hook hears
         else:
             detail = f"key not released (its lease will lapse): {exc}"
         self.notify("store_error", fence, detail)
-        if isinstance(self.plan, Complete):
-            self.uncertain("completion_failed", fence, detail)
