@@ -4,9 +4,9 @@
 
     # settings.py
     MIDDLEWARE = [
+        "idemkey.adapters.django.IdempotencyMiddleware",  # first: see below
+        "django.middleware.security.SecurityMiddleware",
         ...,
-        "django.contrib.auth.middleware.AuthenticationMiddleware",
-        "idemkey.adapters.django.IdempotencyMiddleware",
     ]
     IDEMKEY = {
         "REDIS_URL": "redis://localhost:6379/0",  # or "CLIENT": a client, a factory or its path
@@ -34,8 +34,12 @@ The record's route and the events' label are the resolver's route pattern
 (``/charges/<int:charge_id>``). The middleware decides in ``process_view`` (after URL
 resolution and after ``AuthenticationMiddleware``, wherever it sits in the list): an answer of
 idemkey's own (a replay, 400, 409, 422, 503) is returned without calling the view; otherwise
-the view runs under the claim and the response it returns is stored. A streamed response
-completes the record without its body. It is a synchronous middleware: under ASGI, Django runs
+the view runs under the claim and the response is stored as it comes back up to this
+middleware. Listed first, every other middleware has finished with it by then: one that fails
+after the view (``SessionMiddleware`` saving the session) makes Django's 400 or 500 the
+answer, which releases the key. A streamed response completes the record without its body
+once its head goes out (under WSGI with its first byte: a stream that raises before it is
+released; see ``_django_response``). It is a synchronous middleware: under ASGI, Django runs
 it in its thread pool, as it does any sync middleware.
 
 The body of a request that some guarded view may take as keyed (its method, a key header) is
@@ -57,19 +61,20 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Final, TypeVar, overload
 
 from django.conf import settings
-from django.core.signals import request_started
+from django.core.signals import request_finished, request_started
 from django.http import HttpRequest, HttpResponse
 from django.urls import get_resolver
 
 from .._options import derive, keyword, policy_options
 from ..errors import ConfigurationError
-from ..http import Response, begin, parse_content_length
+from ..http import Response, begin
 from ..http._scope import default_scope
 from ..http._switch import switch
 from ..http.routes import ROUTE_UNKNOWN
 from ..policy import Policy, credential_scope
 from ._django_body import UNREADABLE_ATTRIBUTE, read_body, take_body
 from ._django_config import configure
+from ._django_response import UNSENT_STREAM, drop_unsent, settle
 from ._environ import BodyError, EnvironHeaders, environ_key, path_text
 from ._sync_driver import Driver
 
@@ -218,6 +223,7 @@ class IdempotencyMiddleware:
         self._rule: tuple[frozenset[str], tuple[str, ...], int] = (frozenset(), (), 0)
         self._rule_from = -1  # len(_CAPTURE_CHANGES) when the rule was made; -1: not yet
         request_started.connect(_keep_path_info, dispatch_uid=_SERVER_PATH_INFO)
+        request_finished.connect(drop_unsent, dispatch_uid=UNSENT_STREAM)
 
     def __call__(self, request: HttpRequest) -> HttpResponseBase:
         if self._rule_from != len(_CAPTURE_CHANGES):  # the first request, or views decorated since
@@ -255,24 +261,7 @@ class IdempotencyMiddleware:
                 unprotected.unprotected_ended()
         exchange = request.__dict__.pop("_idemkey", None)
         if exchange is not None:
-            kept: bytes | None = None
-            if not response.streaming:  # a stream completes without its body
-                content: bytes = response.content
-                if "Content-Length" in response:  # no byte past it is sent, nor replayed
-                    declared = parse_content_length(response["Content-Length"])
-                    content = content[:declared] if declared is not None else content
-                kept = content if len(content) <= exchange.policy.max_response_bytes else None
-            reason = response.reason_phrase  # "201 Charged OK" is replayed as sent, as in WSGI
-            headers = list(response.items())
-            exchange.started(response.status_code, headers, reason)
-            self.driver.finish(exchange, kept)
-            sent = exchange.first_headers(headers)
-            if sent is not None:  # the policy adds headers: sent, never stored
-                for name, value in sent[len(headers) :]:
-                    response[name] = value
-                for name, value in sent[: len(headers)]:
-                    if response.get(name) != value:
-                        response[name] = value  # Access-Control-Expose-Headers, extended
+            settle(self.driver, exchange, request, response)
         return response
 
     def process_view(
