@@ -119,7 +119,12 @@ class LeaseLostError(IdemkeyError):
     Redis under our claim (evicted, deleted); nothing of ours was stored."""
 
     def __init__(self, fence: int | None = None) -> None:
-        super().__init__("the lease on this idempotency record was lost to another executor")
+        super().__init__(
+            "the lease on this idempotency record was lost, so nothing of this run is stored: "
+            "another executor took the record over, or it vanished from Redis (evicted, lost "
+            "to a restart without persistence or a failover, or deleted by FLUSHDB, FLUSHALL "
+            "or a DEL)"
+        )
         self._keep_args(fence)
         self.fence = fence
 

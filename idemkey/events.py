@@ -72,9 +72,10 @@ ALWAYS_LOGGED: frozenset[str] = frozenset(
 #: Why a claim was lost, as ``lease_lost`` and ``record_lost`` events say it.
 TAKEN_OVER_DETAIL = "another executor took the record over"
 RECORD_LOST_DETAIL = (
-    "the record vanished from Redis under a live claim (evicted: maxmemory-policy is not "
-    "noeviction; or deleted), so nothing of this run is stored and a retry runs the work "
-    "again; set maxmemory-policy noeviction"
+    "the record vanished from Redis under a live claim, so nothing of this run is stored and a "
+    "retry runs the work again: it was evicted (set maxmemory-policy noeviction), lost to a "
+    "restart without persistence or a failover to a replica that had not received it (use AOF "
+    "and Policy.durability), or deleted (FLUSHDB, FLUSHALL, a DEL)"
 )
 _WARNINGS = ALWAYS_LOGGED
 

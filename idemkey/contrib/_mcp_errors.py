@@ -4,7 +4,7 @@ Each is a subclass of the SDK's ``ToolError``, which FastMCP sends as a tool err
 (``isError``) whose text begins with the code, then says what to do, by phase: before the tool
 ran (nothing ran: retry with the same key), after it ran with its outcome not recorded (it may
 have run: retry with the same key later, never a new key), or a refusal. ``problem`` is the
-HTTP problem code of the same case (docs/reference.md), where there is one.
+HTTP problem code of the same case (docs/reference/problems.md), where there is one.
 """
 
 from __future__ import annotations

@@ -43,7 +43,7 @@ UncertainKind = Literal[
     "cancelled",
 ]
 
-#: What each kind means, and what to do about it (docs/operations.md says the same).
+#: What each kind means, and what to do about it (docs/operators.md says the same).
 MEANINGS: Final[dict[str, tuple[str, str]]] = {
     "lease_lost": (
         "the work ran, but its claim was taken over (or its record vanished) before its "

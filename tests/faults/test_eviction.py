@@ -120,3 +120,31 @@ def test_an_evicted_running_record_is_reported_and_its_owner_stores_nothing(
     with guard(RedisStore(evicting, Policy(prefix=prefix)), KEY, payload=PAYLOAD) as again:
         assert again.replayed
         assert again.result == {"charge": "ch_second"}
+
+
+def test_a_record_lost_on_a_noeviction_server_names_every_cause(
+    private_redis_server: RedisServer, prefix: str
+) -> None:
+    """A FLUSHDB (or a restart without persistence, a failover to a replica that missed the
+    claim) loses the record on a server that never evicts: the detail and the error name those
+    causes too, not eviction or another executor alone."""
+    events: list[Event] = []
+    client = private_redis_server.client()
+    assert client.config_get("maxmemory-policy") == {"maxmemory-policy": "noeviction"}
+    store = RedisStore(client, Policy(prefix=prefix, on_event=events.append))
+
+    def charge_while_the_database_is_flushed() -> None:
+        with guard(store, KEY, payload=PAYLOAD) as call:
+            client.flushdb()
+            call.save({"charge": "ch_1"})
+
+    try:
+        with pytest.raises(LeaseLostError) as lost:
+            charge_while_the_database_is_flushed()
+    finally:
+        store.close()
+        client.close()
+    [lease_lost] = [e for e in events if e.kind == "lease_lost"]
+    for cause in ("evicted", "restart without persistence", "failover", "FLUSHDB", "DEL"):
+        assert cause in lease_lost.detail, cause
+        assert cause in str(lost.value), cause

@@ -6,13 +6,14 @@ functions look up when called) are swapped for fakes that count their side effec
 crash on demand (docs/queues.md's samples, in tests/contrib/test_queues_page.py, import the
 same fakes from ``shop``). A crash between two steps, then a retry, must leave every side
 effect done exactly once; a crash inside the charge, after the PSP charged, is deduplicated by
-the PSP through ``call.step_key``. The page's ``idemkey cancel`` line names the record its
-first sample builds.
+the PSP through ``call.step_key``. The page's ``idemkey cancel`` session runs as printed after
+the sample that leaves order 1004 in progress, and again after a second run of the page.
 """
 
 from __future__ import annotations
 
 import re
+import shlex
 import sys
 import types
 from collections import Counter
@@ -23,7 +24,7 @@ import redis
 
 from idemkey import Policy, RedisStore
 from idemkey.cli import main
-from tests._pages import ROOT, run_page, run_twice
+from tests._pages import ROOT, point_at, run_page, run_twice
 from tests._servers import RedisServer
 
 ORDER = {"id": "o-1", "items": ["book"], "amount": 1200}
@@ -184,30 +185,58 @@ def test_the_page_run_twice_does_each_thing_once(
         "charged 900",
         charged,
         "PSP calls by this run: 2",
-        # Run again against the same Redis: both are replays, no service is called.
+        "reserved ['lamp']",
+        "charged 4500",
+        "stopped while shipping 1004",
+        # Run again against the same Redis: both are replays, no service is called; order 1004
+        # is still held by the stopped run (its lease has not lapsed, nothing cancelled it).
         result,
         result,
         charged,
         "PSP calls by this run: 0",
+        "order 1004 is in progress: cancel it, or wait for its lease to lapse",
     ]
 
 
-@pytest.mark.redis
-def test_the_pages_cancel_line_names_the_record_its_sample_builds(
-    url: str, capsys: pytest.CaptureFixture[str]
-) -> None:
+def cancel_session() -> list[tuple[str, str]]:
+    """The page's ``idemkey cancel`` session: each command with the line the page shows."""
     text = (ROOT / "docs" / "steps.md").read_text("utf-8")
-    key = re.findall(r"^\$ idemkey cancel (\S+) --guard --yes$", text, re.M)[0]
-    services = Services()
-    services.crash_before.add("ship")  # reserved and charged, then the process failed
-    namespace = page_of(services, url)[0]
-    with pytest.raises(Crash):
-        namespace["place_order"](namespace["store"], {**namespace["order"], "id": "1003-b"})
-    assert key == f"order:{namespace['order']['id']}"
-    key = key.replace("1003", "1003-b")  # the order that crashed (1003 itself completed)
-    capsys.readouterr()
-    assert main(["cancel", key, "--guard", "--yes", "--redis-url", url]) == 0
-    assert capsys.readouterr().out.startswith("cancelled released record idemkey:{")
+    (session,) = re.findall(r"```\n(\$ idemkey cancel .*?)```", text, re.S)
+    lines = session.splitlines()
+    assert all(line.startswith("$ ") for line in lines[0::2]), lines
+    return list(zip(lines[0::2], lines[1::2], strict=True))
+
+
+def elided(line: str) -> str:
+    """A cancel line as the page prints it: the record's digest as ``...``, the fence as N."""
+    line = re.sub(r"\{[0-9a-f]{32}\}", "{...}", line)
+    return re.sub(r"fence now \d+", "fence now N", line)
+
+
+@pytest.mark.redis
+def test_the_pages_cancel_session_runs_as_printed_after_its_samples_twice(
+    url: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("IDEMKEY_REDIS_URL", raising=False)  # the page's commands name the server
+    session = cancel_session()
+    for _ in range(2):  # the page, then the page again after its own session
+        run_page("docs/steps.md", url)
+        assert capsys.readouterr().out.splitlines()[-3:] == [
+            "reserved ['lamp']",
+            "charged 4500",
+            "stopped while shipping 1004",
+        ]
+        fences = []
+        for command, shown in session:
+            argv = shlex.split(point_at(command.removeprefix("$ "), url))
+            assert argv[0] == "idemkey", command
+            assert main(argv[1:]) == 0, capsys.readouterr()
+            out = capsys.readouterr().out.strip()
+            assert elided(out) == elided(shown), out
+            fences.append(int(re.findall(r"fence now (\d+)", out)[0]))
+        shown_fences = [int(re.findall(r"fence now (\d+)", s)[0]) for _, s in session]
+        assert fences[1] == fences[0] + 1  # the second command raised the first one's fence
+        assert shown_fences[1] == shown_fences[0] + 1  # and the page shows it so
 
 
 @pytest.mark.parametrize("crash_before", ["reserve", "charge", "ship"])

@@ -23,7 +23,7 @@ from idemkey._core import record_for, record_origin
 from idemkey.errors import ConfigurationError, InvalidKeyError, StoreError
 from idemkey.store import RecordStatus
 from tests._lease import lease_left
-from tests._pages import run_page
+from tests._pages import ROOT, run_twice
 from tests._servers import RedisServer, no_retry, wait_until
 
 pytestmark = pytest.mark.redis
@@ -212,13 +212,37 @@ def test_hundred_thousand_records_bounded_memory(real_client: redis.Redis, prefi
 def test_operators_page(
     private_redis_server: RedisServer, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """docs/operators.md's status API sample, run as printed."""
-    (block,) = run_page("docs/operators.md", private_redis_server.url)
+    """docs/operators.md's status API sample, run as printed, then again: the same record
+    (claimed again by the second run's job, so its fence is higher), and one uncertain entry
+    more, as the page says (the stream keeps each run's, newest first)."""
+    ((block,), (again,)) = run_twice("docs/operators.md", private_redis_server.url)
     out = capsys.readouterr().out.splitlines()
-    assert re.match(r"released GUARD \('reserve',\) \d{16} ", out[0]), out[0]
-    assert out[1] == "released ('reserve',)"
-    assert out[2].startswith("released_with_steps ('reserve',) -> retry with the same key")
-    assert block["one"].scope == "acct_42"
+    listed = r"released GUARD \('reserve',\) (\d{16}) ([0-9a-f]{32})"
+    entry = (
+        "released_with_steps ('reserve',) -> retry with the same key, or compensate the "
+        "finished steps"
+    )
+    assert [re.sub(listed, "listed", line) for line in out] == [
+        "listed",
+        "released ('reserve',)",
+        entry,
+        # The second run:
+        "listed",
+        "released ('reserve',)",
+        entry,
+        entry,
+    ]
+    (first_fence, digest), (second_fence, same) = re.findall(listed, "\n".join(out))
+    assert same == digest
+    assert int(second_fence) > int(first_fence)
+    assert block["one"].scope == again["one"].scope == "acct_42"
+    page = " ".join((ROOT / "docs" / "operators.md").read_text("utf-8").split())
+    said = re.findall(
+        r"Run again, it prints the same record with a higher fence \(.+?\), and "
+        r"(\w+) `released_with_steps` entries",
+        page,
+    )
+    assert said == ["two"], "the page says what a second run prints"
 
 
 def test_a_scope_with_a_lone_surrogate_is_guarded_and_listed(
