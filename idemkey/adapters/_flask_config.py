@@ -1,8 +1,8 @@
 """The Flask extension's configuration: ``IDEMKEY_*`` config keys and per-view overrides,
-and the WSGI layer that captures a keyed body by them.
+the order of a view's decorators, and the WSGI layer that captures a keyed body by them and
+settles the guarded view's answer once Flask has sent it (``_flask_settle``).
 
-Kept apart from ``flask.py``, which only translates requests and responses; nothing here
-imports Flask.
+Kept apart from ``flask.py``, which only translates requests and responses.
 """
 
 from __future__ import annotations
@@ -16,10 +16,11 @@ from ..policy import Policy
 from ..store import RedisStore
 from ..store._url import client_from_url
 from ._environ import BODY_KEY, capture, environ_key
+from ._flask_settle import SETTLE_KEY, Pending, StreamedAnswer, complete, release
 from ._sync_driver import Driver
 
 if TYPE_CHECKING:
-    from collections.abc import Iterable
+    from collections.abc import Callable, Iterable, Iterator, Mapping
 
     from _typeshed.wsgi import StartResponse, WSGIApplication, WSGIEnvironment
 
@@ -40,20 +41,20 @@ class AppState:
     policy: Policy
     driver: Driver
     views: dict[int, Policy] = dataclasses.field(default_factory=dict)
+    #: The app's ``view_functions``: what its rules call, read for the decorators' order.
+    endpoints: Mapping[str, Callable[..., Any]] = dataclasses.field(default_factory=dict)
+    #: None until the app's first request, which checks the decorators' order first.
     rule: tuple[frozenset[str], frozenset[str], int] | None = None
     rule_from: int = -1
 
     def capture_rule(
-        self, overrides: list[dict[str, Any]]
+        self, overrides: list[dict[str, Any]], guards: list[Callable[..., Any]]
     ) -> tuple[frozenset[str], frozenset[str], int]:
-        """Methods, environ keys of the key header, and byte limit of any guarded view."""
+        """Methods, environ keys of the key header, and byte limit of any guarded view;
+        first, every guarded view checked to be registered with its guard."""
         if self.rule is None or self.rule_from != len(overrides):  # views decorated since
-            policies = [self.policy, *(derive(self.policy, o, _VIEW) for o in overrides)]
-            self.rule = (
-                frozenset().union(*(p.methods for p in policies)),
-                frozenset(environ_key(p.header) for p in policies),
-                max(p.max_request_bytes for p in policies),
-            )
+            refuse_misordered(self.endpoints, guards)
+            self.rule = capture_rule(self.policy, overrides)
             self.rule_from = len(overrides)
         return self.rule
 
@@ -64,26 +65,45 @@ class AppState:
         return policy
 
 
+def capture_rule(
+    policy: Policy, overrides: list[dict[str, Any]]
+) -> tuple[frozenset[str], frozenset[str], int]:
+    """Methods, environ keys of the key header, and byte limit of any guarded view; a view's
+    override that makes no valid policy raises."""
+    policies = [policy, *(derive(policy, o, _VIEW) for o in overrides)]
+    return (
+        frozenset().union(*(p.methods for p in policies)),
+        frozenset(environ_key(p.header) for p in policies),
+        max(p.max_request_bytes for p in policies),
+    )
+
+
 class BodyCapture:
     """The WSGI layer ``init_app`` puts around ``app.wsgi_app``: it captures a keyed request's
-    body (:func:`~._environ.capture`) before Flask runs a hook that may consume it.
+    body (:func:`~._environ.capture`) before Flask runs a hook that may consume it, and
+    settles the guarded view's answer once Flask returned the response (``_flask_settle``).
 
     A request is keyed when some guarded view could take it as keyed (its method, a key
-    header); the test and the capture are inline here, one Python call a request costs.
+    header); the test, the capture and the settling are inline here, one Python call a
+    request costs.
     """
 
-    __slots__ = ("app", "overrides", "state")
+    __slots__ = ("app", "guards", "overrides", "state")
 
     def __init__(
-        self, app: WSGIApplication, state: AppState, overrides: list[dict[str, Any]]
+        self,
+        app: WSGIApplication,
+        state: AppState,
+        overrides: list[dict[str, Any]],
+        guards: list[Callable[..., Any]],
     ) -> None:
-        self.app, self.state, self.overrides = app, state, overrides
+        self.app, self.state, self.overrides, self.guards = app, state, overrides, guards
 
     def __call__(self, environ: WSGIEnvironment, start_response: StartResponse) -> Iterable[bytes]:
         state = self.state
         rule = state.rule
         if rule is None or state.rule_from != len(self.overrides):  # capture_rule's test
-            rule = state.capture_rule(self.overrides)
+            rule = state.capture_rule(self.overrides, self.guards)
         methods, keys, limit = rule
         # werkzeug upper-cases the method it routes on ("post" reaches a POST view), so the
         # capture does too, past the usual spelling.
@@ -92,7 +112,56 @@ class BodyCapture:
             or str(environ.get("REQUEST_METHOD", "")).upper() in methods
         ):
             environ[BODY_KEY] = capture(environ, limit)
+            slot: list[Pending] = []
+            environ[SETTLE_KEY] = slot  # a guarded view that ran under a claim leaves its answer
+            try:
+                body = self.app(environ, start_response)
+            except BaseException:
+                if slot:  # let out after the view (a teardown's): the server sends its 500
+                    release(slot.pop(), "an exception left Flask after the view answered")
+                raise
+            if slot:  # Flask sent the view's answer: store it, or a stream as it goes out
+                pending = slot.pop()
+                if pending.streamed:
+                    return StreamedAnswer.around(pending, body, environ, start_response)
+                complete(pending, body)
+            return body
         return self.app(environ, start_response)
+
+
+def refuse_misordered(
+    endpoints: Mapping[str, Callable[..., Any]], guards: list[Callable[..., Any]]
+) -> None:
+    """Refuse an app whose rule calls a guarded view without its guard: ``@idem.idempotent``
+    written above the route decorator, which had registered the function as it was (and
+    Flask's route decorators return it unchanged), so nothing is guarded."""
+    reachable: dict[int, str] = {}  # every function a rule calls, through its wrappers
+    for endpoint, view in endpoints.items():
+        for function in _unwrapped(view):
+            reachable.setdefault(id(function), endpoint)
+    for guard in guards:
+        if id(guard) in reachable:
+            continue
+        for function in _unwrapped(getattr(guard, "__wrapped__", None)):
+            unguarded = reachable.get(id(function))
+            if unguarded is not None:
+                name = getattr(guard, "__qualname__", repr(guard))
+                raise ConfigurationError(
+                    f"{name} (endpoint {unguarded!r}): @idem.idempotent is written above the "
+                    "route decorator, which registered the view without it: nothing is "
+                    "guarded. Write @idem.idempotent below @app.post(...) (or @bp.route(...)), "
+                    "next to the function"
+                )
+
+
+def _unwrapped(function: Callable[..., Any] | None) -> Iterator[Callable[..., Any]]:
+    """``function``, then what it wraps (``__wrapped__``, as ``functools.wraps`` sets it)."""
+    seen: set[int] = set()
+    current: Any = function
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        yield current
+        current = getattr(current, "__wrapped__", None)
 
 
 def app_state(config: Any, store: RedisStore | None, policy: Policy | None) -> AppState:

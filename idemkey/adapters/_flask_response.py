@@ -27,7 +27,7 @@ if TYPE_CHECKING:
 
     from ..http import Response
 
-__all__ = ["body_of", "cut_at_declared", "render_view", "respond"]
+__all__ = ["as_sent", "body_of", "render_view", "respond"]
 
 _NAME: Final = itemgetter(0)
 _VALUE: Final = itemgetter(1)
@@ -51,7 +51,10 @@ def body_of(response: FlaskResponse) -> bytes | None:
     """The whole body, as ``get_data()`` joins it; None for a streamed response.
 
     A list of bytes (what ``make_response`` and ``set_data`` leave) is joined here: werkzeug's
-    ``is_streamed`` and ``get_data`` would take six Python calls to do the same.
+    ``is_streamed`` and ``get_data`` would take six Python calls to do the same. A
+    direct-passthrough body (``send_file``: the server's ``wsgi.file_wrapper``) is streamed
+    whatever it is: werkzeug refuses to read it, and waitress's file wrapper has a length,
+    which ``is_streamed`` takes for a sequence.
     """
     data = response.response
     if type(data) is list:
@@ -59,13 +62,16 @@ def body_of(response: FlaskResponse) -> bytes | None:
             return b"".join(data)
         except TypeError:  # str chunks: werkzeug encodes them
             pass
-    if response.is_streamed:
+    if response.direct_passthrough or response.is_streamed:
         return None
     return response.get_data()
 
 
-def cut_at_declared(body: bytes, headers: list[tuple[str, str]]) -> bytes:
-    """The body as a server sends it: no byte past the first Content-Length it declares.
+def as_sent(response: FlaskResponse, body: bytes, headers: list[tuple[str, str]]) -> bytes:
+    """The body a server sends of a response held whole, and its headers as werkzeug sends
+    them (``headers`` is completed in place): no byte past the first Content-Length declared;
+    without one, the Content-Length that ``get_wsgi_headers`` adds as the response goes out
+    (a list body), so the replay is sized as the first answer was, not chunked.
 
     The WSGI, ASGI and Django adapters store the same cut; a replay of the whole body would
     send bytes the first answer never did.
@@ -74,6 +80,11 @@ def cut_at_declared(body: bytes, headers: list[tuple[str, str]]) -> bytes:
         if name.lower() == "content-length":
             declared = parse_content_length(value)
             return body if declared is None else body[:declared]
+    status = response.status_code
+    if response.automatically_set_content_length and not (
+        status in (204, 304) or 100 <= status < 200
+    ):
+        headers.append(("Content-Length", str(len(body))))
     return body
 
 

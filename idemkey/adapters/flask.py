@@ -34,9 +34,12 @@ One ``Idemkey`` serves any number of apps.
 Flask runs any hook and hands Flask the same bytes, so the fingerprint covers what the client
 sent even when a ``before_request`` hook parses ``request.form`` first. The body is read and
 checked by the WSGI middleware's reader (``_environ``). The record's route is the URL rule
-template; the view's answer, as ``make_response`` builds it, is stored; ``after_request``
-hooks run on first answers and replays alike. A streamed response completes without its body.
-A view that raises releases the key.
+template; the view's answer, as ``make_response`` builds it, is stored once the response
+has left Flask, and released if Flask sends its 500 instead (an ``after_request`` hook or a
+teardown that failed: ``_flask_settle``); ``after_request`` hooks run on first answers and
+replays alike. A streamed response completes without its body at its first byte, and is
+released if it fails before it. A view that raises releases the key. ``@idem.idempotent``
+goes below the route decorator: written above it, the app is refused at its first request.
 """
 
 from __future__ import annotations
@@ -46,15 +49,16 @@ import inspect
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar, overload
 
-from flask import current_app, g, request
+from flask import current_app, g, got_request_exception, request
 
 from ..errors import ConfigurationError
 from ..http import Response, begin
 from ..store import RedisStore
 from ._checks import checked_policy, checked_store
 from ._environ import BODY_KEY, read_body, read_werkzeug_body, request_of
-from ._flask_config import AppState, BodyCapture, app_state, view_overrides
-from ._flask_response import body_of, cut_at_declared, render_view, respond
+from ._flask_config import AppState, BodyCapture, app_state, capture_rule, view_overrides
+from ._flask_response import as_sent, body_of, render_view, respond
+from ._flask_settle import SETTLE_KEY, Pending, complete, released_by_flask
 
 if TYPE_CHECKING:
     from flask import Flask
@@ -80,6 +84,7 @@ class Idemkey:
         self.store = _checked(store, "Idemkey(store=...)")
         self.policy = checked_policy(policy, "Idemkey(policy=...)")
         self._overrides: list[dict[str, Any]] = []  # every view's Policy changes, for capture
+        self._guards: list[Callable[..., Any]] = []  # every guarded view, for their order
         if app is not None:
             self.init_app(app)
 
@@ -91,9 +96,13 @@ class Idemkey:
         """
         chosen = _checked(store, "init_app(store=...)") if store is not None else self.store
         app.extensions["idemkey"] = state = app_state(app.config, chosen, self.policy)
-        # Capture a keyed body before Flask runs a hook that may consume it (request.form).
-        state.capture_rule(self._overrides)  # every view's policy derived now: a bad one fails here
-        app.wsgi_app = BodyCapture(app.wsgi_app, state, self._overrides)  # type: ignore[method-assign]
+        capture_rule(state.policy, self._overrides)  # every view's policy now: a bad one fails here
+        # The rules are read at the first request (the decorators' order), when all are added.
+        state.endpoints = app.view_functions
+        # Capture a keyed body before Flask runs a hook that may consume it (request.form), and
+        # settle a guarded view's answer once Flask has sent it.
+        app.wsgi_app = BodyCapture(app.wsgi_app, state, self._overrides, self._guards)  # type: ignore[method-assign]
+        got_request_exception.connect(released_by_flask, app)
 
     @overload
     def idempotent(self, view: F, /) -> F: ...
@@ -126,6 +135,7 @@ class Idemkey:
                 policy = state.policy_for(id(guarded), overrides) if overrides else state.policy
                 return _guard(app, state.driver, policy, run, args, kwargs)
 
+            self._guards.append(guarded)
             return guarded  # type: ignore[return-value]
 
         return decorate(view) if view is not None else decorate
@@ -160,6 +170,7 @@ def _guard(
         finally:
             exchange.unprotected_ended()
     g._get_current_object().idemkey = exchange  # one proxy lookup
+    slot = environ.get(SETTLE_KEY)  # BodyCapture's: it settles once Flask has sent the answer
     try:
         try:
             response = render_view(app, view, args, kwargs)
@@ -170,21 +181,36 @@ def _guard(
             # Starlette's and Django's handlers do before a middleware sees them). Without one,
             # Flask re-raises it: the key is released.
             response = app.make_response(app.handle_user_exception(exc))
+        # Until the answer is pending, any failure (a body werkzeug cannot read) releases:
+        # nothing may leave the claim open, which the heartbeat would renew for good.
+        data = body_of(response)
+        # The (name, value) pairs, as to_wsgi_list() copies them, with one Python call less.
+        headers = list(iter(response.headers))
+        if data is not None and ("Content-Length", str(len(data))) not in headers:
+            # Rare: set_data writes exactly that pair; a list body has none until it is sent.
+            data = as_sent(response, data, headers)
+        pending = Pending(
+            driver,
+            exchange,
+            response.status_code,
+            headers,
+            response.status[4:],
+            data if data is not None and len(data) <= policy.max_response_bytes else None,
+            data is None,
+        )
+        sent = exchange.first_headers(headers)
+        if sent is not None:  # the policy adds headers: sent, never stored
+            response.headers.clear()
+            response.headers.extend(sent)
     except BaseException:
         driver.fail(exchange, "the handler raised")
         raise
-    data = body_of(response)
-    # The (name, value) pairs, as to_wsgi_list() copies them, with one Python call less.
-    headers = list(iter(response.headers))
-    if data is not None and ("Content-Length", str(len(data))) not in headers:
-        data = cut_at_declared(data, headers)  # rare: set_data wrote exactly that pair
-    kept = data if data is not None and len(data) <= policy.max_response_bytes else None
-    exchange.started(response.status_code, headers, response.status[4:])
-    driver.finish(exchange, kept)
-    sent = exchange.first_headers(headers)
-    if sent is not None:  # the policy adds headers: sent, never stored
-        response.headers.clear()
-        response.headers.extend(sent)
+    # No BodyCapture around this dispatch, or the slot already holds an answer (a guarded view
+    # called from inside another): nothing else would settle this one.
+    if slot is None or slot:
+        complete(pending)
+    else:
+        slot.append(pending)
     return response
 
 
