@@ -11,8 +11,9 @@ page does not install, or that only works on an empty Redis, fails here.
 A page of python blocks runs them under the venv's interpreter with ``tests/_pages.py`` (every
 block, then every block again); a page that serves an app starts the server the page names,
 from the venv, twice: the first run answers and replays, the second replays the first run's
-request. CI runs one page per integration (:data:`CI`); ``nox -s pages`` runs them all
-(``IDEMKEY_FRESH_PAGES=all``).
+request; testing.md's files, saved in a new directory, are the venv's pytest run, twice (the
+second time under ``-W error``, which the page's pytest.ini is for). CI runs one page per
+integration (:data:`CI`); ``nox -s pages`` runs them all (``IDEMKEY_FRESH_PAGES=all``).
 """
 
 from __future__ import annotations
@@ -29,14 +30,14 @@ import pytest
 
 from idemkey.http._scope import NO_CREDENTIALS
 from scripts.mkdocs_hooks import REPOSITORY, expand_install
-from tests._servers import HOST, RedisServer, user_environ
+from tests._pages import write_page
+from tests._servers import RedisServer, free_port, user_environ
 from tests.frameworks.test_docs_pages import (
-    page,
-    printed,
+    SAMPLES,
     replays_on_a_second_run,
     retries_behave,
     serving,
-    write_files,
+    set_up,
 )
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -46,7 +47,7 @@ CI = ("guard.md", "client.md", "getting-started.md", "fastapi.md")
 ALL = (
     *CI,
     *("steps.md", "starlette.md", "django.md", "wsgi-asgi.md", "flask.md", "effects.md"),
-    *("glide.md", "operators.md"),
+    *("glide.md", "operators.md", "testing.md"),
 )
 EVERY = os.environ.get("IDEMKEY_FRESH_PAGES") == "all"
 
@@ -111,34 +112,36 @@ def run_blocks(bin_dir: Path, name: str, url: str, where: Path, *pairs: str) -> 
 def served_twice(bin_dir: Path, name: str, url: str, tmp_path: Path) -> None:
     """The page's app on the server it names, from the venv: the retries behave, then a
     second run of the server replays the first run's request."""
-    served = {
-        "flask.md": ("flask --app app run", []),
-        "fastapi.md": ("uvicorn app:app", ["--host", HOST]),
-        "starlette.md": ("uvicorn app:app", ["--host", HOST]),
-        "wsgi-asgi.md": ("gunicorn app:application", []),
-        "django.md": ("python manage.py runserver", []),
-    }
-    command, options = served[name]
-    where = tmp_path / "app"
-    where.mkdir()
-    if name == "django.md":
-        startproject = printed(page(name), "django-admin startproject mysite")
-        subprocess.run([str(bin_dir / "django-admin"), *startproject[1:]], cwd=where, check=True)
-        where = where / "mysite"
-    write_files(page(name), where, url)
-    program = [str(bin_dir / printed(page(name), command)[0]), *shlex.split(command)[1:]]
-
-    def argv(port: int) -> list[str]:
-        if name == "wsgi-asgi.md":
-            return [*program, *options, "--bind", f"{HOST}:{port}"]
-        if name == "django.md":
-            return [*program, *options, f"{HOST}:{port}", "--noreload"]
-        return [*program, *options, "--port", str(port)]
-
-    with serving(argv, where, pythonpath=()) as base:
-        retries_behave(base, url, "/charges", scope=NO_CREDENTIALS)  # every page's default
+    (tmp_path / "app").mkdir()
+    where, argv = set_up(name, tmp_path / "app", url, bin_dir)
+    prefix = SAMPLES[name].prefix
+    with serving(argv, where, pythonpath=()) as base:  # the scope: every page's default
+        retries_behave(base, url, "/charges", scope=NO_CREDENTIALS, prefix=prefix)
     with serving(argv, where, pythonpath=()) as base:
         replays_on_a_second_run(base, "/charges")
+
+
+def page_tests_pass_twice(bin_dir: Path, where: Path) -> None:
+    """testing.md's files saved in ``where``, a new directory (as the page says: not the
+    clone, whose own tests pytest would collect too), and the venv's pytest run there as the
+    page says, then again under ``-W error``: the page's tests pass, with no warning."""
+    where.mkdir()
+    # The app's own Redis URL points at a port nothing listens on: only the kit's stores answer.
+    write_page("docs/testing.md", where, redis_url=f"redis://127.0.0.1:{free_port()}")
+    env = user_environ()
+    env.pop("PYTHONPATH", None)
+    env.pop("IDEMKEY_REDIS_URL", None)
+    for options in ([], ["-W", "error"]):
+        done = subprocess.run(
+            [str(bin_dir / "pytest"), *options],
+            cwd=where,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert re.search(r"^=+ 3 passed in [\d.]+s =+$", done.stdout, re.M), done.stdout
 
 
 @pytest.fixture
@@ -156,6 +159,8 @@ def test_the_page_in_a_fresh_venv_from_its_install_line_twice(
         served_twice(bin_dir, "flask.md", url, tmp_path)
     elif name in ("fastapi.md", "starlette.md", "wsgi-asgi.md", "django.md"):
         served_twice(bin_dir, name, url, tmp_path)
+    elif name == "testing.md":
+        page_tests_pass_twice(bin_dir, tmp_path / "charges-tests")
     elif name == "client.md":
 
         def serve(port: int) -> list[str]:

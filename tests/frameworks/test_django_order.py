@@ -32,7 +32,7 @@ from tests.frameworks.test_docs_pages import executable, page, printed, serving,
 
 pytestmark = pytest.mark.redis
 
-PREFIX = "payments"  # the page's IDEMKEY["PREFIX"]
+PREFIX = "django-payments"  # the page's IDEMKEY["PREFIX"]
 
 #: A session store (the signed-cookie one: no table) whose save fails once when the test asks,
 #: as a database-backed one does when another request deleted the session (a logout).
