@@ -65,7 +65,9 @@ class Replicas:
     timed out may still be on the master and reach the replicas later, and a failover may
     promote a replica that did not confirm. It narrows the window for losing acknowledged
     writes; it does not close it. Every write waits for a replica round trip, and while
-    replicas are missing every claim and replay waits ``timeout`` and fails.
+    replicas are missing every claim that writes waits ``timeout`` and fails; a replay (or an
+    in-flight or mismatch answer, which write nothing) is still answered, after waiting up to
+    ``timeout``: its claim script is sent with the same WAIT.
     """
 
     count: int = 1

@@ -308,16 +308,22 @@ def decode_claim_reply(reply: object, owner: str) -> ExpiringDecision:
         tag = reply[0]
         if tag == _REPLAY and len(reply) == 2 and isinstance(reply[1], bytes):
             return _new_tuple(Replay, (reply[1],))  # Replay(reply[1])
-        if tag == _CLAIMED and len(reply) == 3:
-            return _new_tuple(Claimed, (owner, int(reply[1]), reply[2] == 1, ()))
-        if tag == _CLAIMED and len(reply) > 3 and len(reply) % 2:
-            return Claimed(owner, int(reply[1]), reply[2] == 1, _steps_of(reply))
-        if tag == _IN_FLIGHT and len(reply) == 2:
-            return InFlight(max(int(reply[1]), 0) / 1000)
-        if tag == _MISMATCH:
-            return _MISMATCH_DECISION
-        if tag == _EXPIRED and len(reply) == 2 and isinstance(reply[1], int):
-            return Expired(reply[1] / 1000)
+        # The try costs no bytecode but its NOP, and none on the replay above; what it catches,
+        # a fence or lease time that is no number (a hostile proxy, a broken server: b"x", a
+        # list, 400 digits past a float), is a reply no script sends: the StoreError below.
+        try:
+            if tag == _CLAIMED and len(reply) == 3:
+                return _new_tuple(Claimed, (owner, int(reply[1]), reply[2] == 1, ()))
+            if tag == _CLAIMED and len(reply) > 3 and len(reply) % 2:
+                return Claimed(owner, int(reply[1]), reply[2] == 1, _steps_of(reply))
+            if tag == _IN_FLIGHT and len(reply) == 2:
+                return InFlight(max(int(reply[1]), 0) / 1000)
+            if tag == _MISMATCH:
+                return _MISMATCH_DECISION
+            if tag == _EXPIRED and len(reply) == 2 and isinstance(reply[1], int):
+                return Expired(reply[1] / 1000)
+        except (TypeError, ValueError, OverflowError):
+            pass
         if tag == _FOREIGN and len(reply) == 2 and isinstance(reply[1], bytes):
             # Redis answered: a record idemkey cannot read, never a store failure to run beside.
             kind = reply[1].decode("utf-8", "replace")

@@ -97,10 +97,12 @@ def _imported(value: object, name: str) -> object:
     """``value``, or what its dotted path names when it is a str."""
     if not isinstance(value, str):
         return value
+    if "://" in value:  # a URL may hold a password: quote neither it nor an error quoting it
+        raise ConfigurationError(
+            f'IDEMKEY["{name}"]: it holds a URL (not shown: it may hold a password); a URL goes '
+            f'in IDEMKEY["REDIS_URL"], and IDEMKEY["{name}"] takes an object or its dotted path'
+        )
     try:
         return import_string(value)
     except ImportError as exc:
-        hint = ' (a URL goes in IDEMKEY["REDIS_URL"])' if "://" in value else ""
-        raise ConfigurationError(
-            f'IDEMKEY["{name}"]: cannot import {value!r}{hint}: {exc}'
-        ) from exc
+        raise ConfigurationError(f'IDEMKEY["{name}"]: cannot import {value!r}: {exc}') from exc

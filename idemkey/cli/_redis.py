@@ -6,8 +6,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import urlsplit
 
+from ..store._url import redacted
 from ..store.diagnostics import _text as text
 from ._base import URL_ENV, CliError
 from .readable import shown
@@ -15,26 +15,9 @@ from .readable import shown
 __all__ = ["Server", "connect", "explain_redis_error", "info", "key_count", "redact"]
 
 
-def redact(url: str) -> str:
-    """``url`` with its password (``user:password@``, or redis-py's ``?password=``) replaced
-    by ``***``, for printing. Never raises: a port that is no port (``:99999``, ``:abc``) is a
-    bad argument, printed as given once the password is gone."""
-    try:
-        parts = urlsplit(url)
-    except ValueError:
-        return "<unparsable url>"
-    pairs = parts.query.split("&")
-    hidden = ["password=***" if p.partition("=")[0] == "password" else p for p in pairs]
-    if parts.password is None and hidden == pairs:
-        return url  # nothing to hide: as given
-    netloc = parts.netloc
-    if parts.password is not None:
-        # Host and port as written, not parsed (``parts.port`` raises on a bad one): the
-        # netloc after its last "@", where the user information, and so the password, ends.
-        netloc = f"{parts.username or ''}:***@{netloc.rpartition('@')[2]}"
-    query = f"?{'&'.join(hidden)}" if parts.query else ""
-    fragment = f"#{parts.fragment}" if parts.fragment else ""
-    return f"{parts.scheme}://{netloc}{parts.path}{query}{fragment}"  # "//" kept: unix:///p
+#: ``url`` without its password, for printing (the demo app, which imports nothing of the
+#: command line, prints URLs too: the function is the store's).
+redact = redacted
 
 
 @dataclass

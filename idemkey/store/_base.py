@@ -30,6 +30,7 @@ from ..errors import ConfigurationError, InvalidKeyError, StoreError
 from ..events import DEBUG, RECORD_LOST_DETAIL, logger, report
 from ..policy import Policy
 from ._backend import SCRIPT_KEYS, _backend_errors, _glide_facade, asyncio_client, is_glide
+from ._durable import _SERVER_LATENESS, _check_durability, _socket_timeout
 from ._leases import _RETRY_FRACTION, Lease, LeaseTable
 from ._packing import Packer, evalsha_packer, lean_eligible, pack_evalsha
 from .uncertain import entry_fields, uncertain_stream
@@ -106,9 +107,8 @@ COMMITTED_ONLY: Final = b"\x00committed"
 # after its entry expired, 10 s after it was written, re-claims by then), and never so long
 # that the client's socket timeout cuts the read as a failure: a server at the default hz 10
 # answers a block that timed out up to 100 ms late, and a busy host delays the reply further,
-# so at least 200 ms and half the timeout are kept in hand.
+# so at least 200 ms (_SERVER_LATENESS) and half the timeout are kept in hand.
 _MAX_BLOCK: Final = 5.0
-_SERVER_LATENESS: Final = 0.2
 # Past this, the lease has lapsed; a little margin so the re-claim finds the lease lapsed.
 _LAPSE_MARGIN: Final = 0.002
 
@@ -116,36 +116,6 @@ _LAPSE_MARGIN: Final = 0.002
 def _done_stream(record: Record) -> str:
     """The stream complete.lua and release.lua post to when waiters marked the record."""
     return record.record_key + DONE_HINT
-
-
-def _socket_timeout(client: Any) -> float | None:
-    """The client's socket (read) timeout in seconds, None when it has none or it is unknown."""
-    for owner in (getattr(client, "connection_pool", None), getattr(client, "nodes_manager", None)):
-        kwargs = getattr(owner, "connection_kwargs", None)
-        if isinstance(kwargs, dict):
-            timeout = kwargs.get("socket_timeout")
-            return float(timeout) if timeout else None
-    timeout = getattr(client, "connection_kwargs", {}).get("socket_timeout")  # asyncio cluster
-    return float(timeout) if timeout else None
-
-
-def _check_durability(policy: Policy, client: Any) -> None:
-    """A ``Replicas`` timeout the client's socket timeout cuts short: with a replica behind,
-    every claim's WAIT outlasted the read, the claim timed out after Redis applied it (held
-    until its lease lapsed, and redis-py sent the pipeline again, 15 s in all)."""
-    durability, timeout = policy.durability, _socket_timeout(client)
-    if (
-        durability is not None
-        and timeout is not None
-        and durability.timeout + _SERVER_LATENESS >= timeout
-    ):
-        # The margin _block_cap keeps for the same reason: a server answers a timed command
-        # up to a tick (hz 10: 100 ms) late, and WAIT 0.95 s on a 1 s read timed out 9 in 10.
-        raise ConfigurationError(
-            f"Replicas(timeout={durability.timeout:g}) must be shorter than the client's "
-            f"socket_timeout ({timeout:g} s) by {_SERVER_LATENESS:g} s: WAIT would outlast "
-            "the read"
-        )
 
 
 def _block_cap(client: Any) -> float:

@@ -3,16 +3,23 @@
 Claim, complete and checkpoint are sent as EVALSHA + WAIT in one pipeline, on one connection,
 because WAIT counts the replicas that have this connection's writes. Both stores send that pipeline
 (``send_with_wait`` in ``_async_runtime`` / ``_sync_runtime``) and act on the decision made here.
+A store refuses at construction a ``Replicas`` timeout its client's read timeout would cut short
+(``_check_durability``; ``_base._block_cap`` reads the same timeout).
 """
 
 from __future__ import annotations
 
 from typing import Any, Final
 
-from ..errors import StoreError
-from ..policy import Replicas
+from ..errors import ConfigurationError, StoreError
+from ..policy import Policy, Replicas
 
 __all__ = []
+
+#: What a server may answer a timed command (WAIT, XREAD BLOCK) past its timeout: at the
+#: default hz 10 up to a tick (100 ms) late, and a busy host delays the reply further. Kept in
+#: hand under the client's read timeout (WAIT 0.95 s on a 1 s read timed out 9 in 10).
+_SERVER_LATENESS: Final = 0.2
 
 # The scripts whose writes wait for replicas.
 _DURABLE: Final = frozenset({"claim", "complete", "checkpoint"})
@@ -31,6 +38,57 @@ _REDIRECTS: Final = frozenset(
 # an asyncio cluster node hands the error back, e.g. on a connection to a restarted node.
 _DROPPED: Final = frozenset({"ConnectionError", "TimeoutError"})
 _SENT_AGAIN_ON: Final = _REDIRECTS | _DROPPED
+
+
+def _socket_timeout(client: Any) -> float | None:
+    """The socket (read) timeout of the client's connections in seconds, None when they have
+    none or it is unknown. A client made without one (from_url, a cluster) leaves it out of its
+    pool's arguments: its connections take their class's default (none on redis-py 5, 5 s on
+    8.2), read once per class from one made and never connected."""
+    pool = getattr(client, "connection_pool", None)
+    if pool is None:  # a sync cluster: a node's pool, made as it connected (asyncio: none)
+        nodes = getattr(getattr(client, "nodes_manager", None), "nodes_cache", None) or {}
+        connections = (getattr(node, "redis_connection", None) for node in nodes.values())
+        node_pools = (getattr(c, "connection_pool", None) for c in connections)
+        pool = next((p for p in node_pools if p is not None), None)
+    kwargs = getattr(pool or client, "connection_kwargs", None)  # asyncio cluster: its own
+    if not isinstance(kwargs, dict):
+        return None
+    if "socket_timeout" in kwargs:
+        timeout = kwargs["socket_timeout"]
+    else:
+        timeout = _default_timeout(getattr(pool, "connection_class", None), kwargs)
+    return float(timeout) if timeout else None
+
+
+_DEFAULT_TIMEOUTS: dict[Any, Any] = {}
+
+
+def _default_timeout(connection_class: Any, kwargs: dict[str, Any]) -> Any:
+    """The timeout ``connection_class`` takes when given none (``kwargs`` has none)."""
+    if connection_class not in _DEFAULT_TIMEOUTS:
+        try:
+            _DEFAULT_TIMEOUTS[connection_class] = connection_class(**kwargs).socket_timeout
+        except Exception:  # a stand-in client, a class that wants more: unknown
+            return None
+    return _DEFAULT_TIMEOUTS[connection_class]
+
+
+def _check_durability(policy: Policy, client: Any) -> None:
+    """A ``Replicas`` timeout the client's socket timeout cuts short: with a replica behind,
+    every claim's WAIT outlasted the read, the claim timed out after Redis applied it (held
+    until its lease lapsed, and redis-py sent the pipeline again, 15 s in all)."""
+    durability, timeout = policy.durability, _socket_timeout(client)
+    if (
+        durability is not None
+        and timeout is not None
+        and durability.timeout + _SERVER_LATENESS >= timeout
+    ):
+        raise ConfigurationError(
+            f"Replicas(timeout={durability.timeout:g}) must be shorter than the client's "
+            f"socket_timeout ({timeout:g} s) by {_SERVER_LATENESS:g} s: WAIT would outlast "
+            "the read"
+        )
 
 
 def _wrote(name: str, reply: Any) -> bool:
@@ -55,7 +113,12 @@ def _durable_reply(name: str, replies: list[Any]) -> tuple[Any, int]:
     reply, acked = replies
     if isinstance(acked, BaseException):
         raise StoreError(f"Redis failed during {name} (WAIT): {acked}") from acked
-    return reply, int(acked)
+    try:
+        return reply, int(acked)
+    except (TypeError, ValueError, OverflowError):  # b"OK", a list, inf: no Redis sends them
+        raise StoreError(
+            f"Redis answered WAIT during {name} with {acked!r:.60}, not a count of replicas"
+        ) from None
 
 
 # What an EVALSHA + WAIT answer asks of the store's shell (sync or async) next.

@@ -17,7 +17,7 @@ from urllib.parse import parse_qs, unquote, urlsplit
 
 from ..errors import ConfigurationError
 
-__all__ = ["URL_CLIENT_OPTIONS", "URL_CLIENT_RETRIES", "client_from_url"]
+__all__ = ["URL_CLIENT_OPTIONS", "URL_CLIENT_RETRIES", "client_from_url", "redacted"]
 
 #: Seconds to open a connection, and to wait for each reply. Every script idemkey sends is a
 #: few hash operations, answered in well under a millisecond by a healthy server; a blocking
@@ -26,6 +26,15 @@ URL_CLIENT_OPTIONS: Final = {"socket_connect_timeout": 1.0, "socket_timeout": 1.
 #: Retries after a failed attempt, with no backoff (redis-py 8 defaults to 3 with backoff up
 #: to 10 s). Safe: every script answers a re-send by its owner as it answered the first.
 URL_CLIENT_RETRIES: Final = 1
+#: Why a URL with an '@' after its host is refused. Quoting any of the URL could print the
+#: password: the text before the '@' is the password's, or its tail.
+UNENCODED_USER_INFORMATION: Final = (
+    "the URL has an '@' after its host: a '/', '?' or '#' in a user name or password ends the "
+    "host early, so they must be percent-encoded (urllib.parse.quote(password, safe='')); an "
+    "'@' in the path or the query is written %40"
+)
+#: Put in place of a port or database that is no number, in a URL with user information.
+_NOT_SHOWN: Final = "the value is left out: the URL holds a user name or password"
 
 
 def client_from_url(
@@ -63,6 +72,7 @@ def client_from_url(
         factory = redis.Redis
         options["retry"] = Retry(NoBackoff(), URL_CLIENT_RETRIES)
     try:
+        _check_user_information(url)
         _check_connection(url, pool.from_url(url, **options))
     except (TypeError, ValueError, redis.RedisError) as exc:  # no I/O yet: all configuration
         raise ConfigurationError(f"{source} cannot be used: {exc}") from exc
@@ -70,6 +80,63 @@ def client_from_url(
         return factory.from_url(url, **options)  # a cluster connects here: its errors are I/O's
     except ValueError as exc:
         raise ConfigurationError(f"{source} cannot be used: {exc}") from exc
+
+
+def _check_user_information(url: str) -> None:
+    """Refuse a URL with an '@' after its host: a password with an unencoded '/', '?' or '#'
+    ends the host early, so redis-py reads part of it as the host, the port (and quotes it:
+    ``Port could not be cast to integer value as 'Zm9v'``) or the database, or, after a '#',
+    takes the URL and connects without it. With user information, urllib's message about a
+    port that is no number (it quotes the value) is replaced."""
+    if "@" not in url:
+        return
+    parts = urlsplit(url)
+    if "@" in parts.path + parts.query + parts.fragment:
+        raise ValueError(UNENCODED_USER_INFORMATION)
+    try:
+        parts.port  # noqa: B018 - read for its ValueError
+    except ValueError as exc:
+        out_of_range = "out of range" in str(exc)
+    else:
+        return
+    # Raised outside the handler: no __context__ keeps urllib's message, which quotes the port.
+    said = (
+        "Port out of range 0-65535" if out_of_range else "Port could not be cast to integer value"
+    )
+    raise ValueError(f"{said} ({_NOT_SHOWN})")
+
+
+def redacted(url: str) -> str:
+    """``url`` with its password (``user:password@``, or redis-py's ``?password=``) replaced
+    by ``***``, for printing; with an '@' after the host (an unencoded password), all from
+    ``://`` to the last '@'. Never raises: a port that is no port (``:99999``,
+    ``:abc``) is a bad argument, printed as given once the password is gone."""
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return "<unparsable url>"
+    if "@" in parts.path + parts.query + parts.fragment:
+        head, _, tail = url.rpartition("@")
+        scheme, sep, _ = head.partition("://")
+        if not sep:  # no scheme: no URL redis-py takes, shown only to say where it went wrong
+            return "***" if "password=" in url else f"***@{tail}"
+        if "password=" in head:  # the '@' may be a query password's, what follows its tail
+            return f"{scheme}://***"
+        shown = redacted(f"{scheme}://{tail}")
+        before, sep, after = shown.partition("://")
+        return f"{before}://***@{after}" if sep else shown
+    pairs = parts.query.split("&")
+    hidden_pairs = ["password=***" if p.partition("=")[0] == "password" else p for p in pairs]
+    if parts.password is None and hidden_pairs == pairs:
+        return url  # nothing to hide: as given
+    netloc = parts.netloc
+    if parts.password is not None:
+        # Host and port as written, not parsed (``parts.port`` raises on a bad one): the
+        # netloc after its last "@", where the user information, and so the password, ends.
+        netloc = f"{parts.username or ''}:***@{netloc.rpartition('@')[2]}"
+    query = f"?{'&'.join(hidden_pairs)}" if parts.query else ""
+    fragment = f"#{parts.fragment}" if parts.fragment else ""
+    return f"{parts.scheme}://{netloc}{parts.path}{query}{fragment}"  # "//" kept: unix:///p
 
 
 def _check_connection(url: str, pool: Any) -> None:
@@ -89,10 +156,12 @@ def _check_connection(url: str, pool: Any) -> None:
         if not kwargs.get("path"):
             raise ValueError("a unix:// URL needs the socket's path: unix:///run/redis.sock")
     elif path and "db" not in parse_qs(parts.query) and "db" not in kwargs:
-        raise ValueError(f"the database in the URL's path must be a number, got {path!r}")
+        got = _NOT_SHOWN if "@" in url else f"got {path!r}"
+        raise ValueError(f"the database in the URL's path must be a number, {got}")
     db = kwargs.get("db", 0)
     if not 0 <= db < 2**31:
-        raise ValueError(f"the database must be a number >= 0 and < 2**31, got {db!r}")
+        got = _NOT_SHOWN if "@" in url else f"got {db!r}"
+        raise ValueError(f"the database must be a number >= 0 and < 2**31, {got}")
     try:
         pool.connection_class(**kwargs)
     except TypeError as exc:

@@ -16,7 +16,7 @@ from ..._core import record_for
 from ...errors import StoreError
 from ...policy import Policy
 from ...store import RedisStore
-from ...store._url import client_from_url
+from ...store._url import client_from_url, redacted
 from . import payments
 from .errors import ListenError, MissingPackageError
 from .flask_app import create_app
@@ -41,7 +41,7 @@ def open_store(
     if redis_url:
         client = client_from_url(redis_url, source="--redis-url")
         client.ping()  # fail now, with one line, rather than inside the first request
-        where = shown_url or "the Redis server given"
+        where = redacted(shown_url) if shown_url else "the Redis server given"
     else:
         try:
             import fakeredis
@@ -155,7 +155,7 @@ def serve(
             "  # the same again: the stored 201, Idempotent-Replayed: true, no new charge\n"
             "  # -d with another amount: 422; add -H 'Demo-Delay: 5' and send twice: 409\n"
             f"  curl -s {base}/charges\n"
-            f"{_inspect_line(key, prefix, redis_url, shown_url)}\n\n"
+            f"{_inspect_line(key, prefix, redis_url)}\n\n"
         )
         out.flush()
         if ready is not None:
@@ -170,14 +170,14 @@ def serve(
         close()
 
 
-def _inspect_line(key: str, prefix: str, redis_url: str | None, shown_url: str | None) -> str:
+def _inspect_line(key: str, prefix: str, redis_url: str | None) -> str:
     """The ``idemkey inspect`` command for the curl's record, runnable as printed."""
     if not redis_url:
         return "  # `idemkey inspect` needs a real Redis: start the app with --redis-url"
     words = ["idemkey", "inspect", key, "--scope", DEFAULT_ACCOUNT, "--route", "/charges"]
     if prefix != Policy().prefix:
         words += ["--prefix", prefix]
-    if shown_url == redis_url:  # nothing hidden in it: the URL runs as printed
+    if redacted(redis_url) == redis_url:  # nothing hidden in it: the URL runs as printed
         return "  " + shlex.join([*words, "--redis-url", redis_url])
     # A password is never printed, and a redacted URL would not authenticate: inspect reads
     # $IDEMKEY_REDIS_URL when --redis-url is left out (serve never does).

@@ -1,0 +1,141 @@
+"""The commands on a Redis URL whose password holds an unencoded '/', '?' or '#' (base64 secrets
+hold '/'): the URL's host ends early, so the password was no password to redact, and each
+command printed the URL as given, with the error of a port or database that was part of it
+(``bad --redis-url redis://:Zm9v/YmFy@...: Port could not be cast to integer value as 'Zm9v'``),
+or, where redis-py took the URL (a '#'), connected without the password and printed it beside
+what went wrong. Such a URL is a bad argument (exit 2), printed without its user information.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import pytest
+
+from idemkey.cli._redis import redact
+from tests.cli.conftest import CliRunner
+
+ROOT = Path(__file__).resolve().parents[2]
+#: How long a command may take to refuse the URL: an interpreter start and no round trip.
+REFUSED_WITHIN = 30.0
+
+
+@pytest.fixture
+def address(redis_url: str) -> str:
+    """``host:port`` of the session's Redis: a URL whose host ended early at a '#' connected
+    to it (as the port before the '#', on localhost)."""
+    parts = urlsplit(redis_url)
+    return f"{parts.hostname}:{parts.port}"
+
+
+def _unencoded(address: str) -> dict[str, tuple[str, list[str]]]:
+    """(URL, the pieces of its password that may not be printed) by case."""
+    port = address.rpartition(":")[2]
+    return {
+        "slash": (f"redis://:Zm9v/YmFy+c2VjcmV0@{address}/0", ["Zm9v", "YmFy", "c2VjcmV0"]),
+        "hash": (f"redis://:Zm9v#YmFyc2VjcmV0@{address}/0", ["Zm9v", "YmFyc2VjcmV0"]),
+        "question": (f"redis://default:Zm9v?YmFyc2Vj@{address}/0", ["Zm9v", "YmFyc2Vj"]),
+        "digits-then-slash": (f"redis://:12345/c2VjcmV0@{address}/0", ["12345", "c2VjcmV0"]),
+        "port-then-hash": (f"redis://:{port}#s3cret@{address}/0", ["s3cret"]),
+        "at-then-slash": (f"redis://u:p@x9/s3cret@{address}/0", ["x9", "s3cret"]),
+    }
+
+
+CASES = ["slash", "hash", "question", "digits-then-slash", "port-then-hash", "at-then-slash"]
+COMMANDS = {
+    "doctor": ("doctor", "--pings", "1"),
+    "stats": ("stats",),
+    "list": ("list",),
+    "inspect": ("inspect", "k", "--guard"),
+}
+
+
+def _refused_plainly(text: str, address: str, secrets: list[str]) -> None:
+    assert f"bad --redis-url redis://***@{address}/0: " in text, text
+    assert "percent-encoded" in text, text
+    for secret in secrets:
+        assert secret not in text, text
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+@pytest.mark.parametrize("case", CASES)
+def test_an_unencoded_password_is_a_bad_argument_and_never_printed(
+    idemkey: CliRunner, address: str, case: str, command: str
+) -> None:
+    url, secrets = _unencoded(address)[case]
+    run = idemkey(*COMMANDS[command], "--redis-url", url)
+    for secret in secrets:
+        assert secret not in run.out + run.err, (run.out, run.err)
+    assert run.code == 2, (run.out, run.err)
+    assert run.err.startswith(f"idemkey {command}: ")
+    assert len(run.err.splitlines()) == 1
+    _refused_plainly(run.err, address, secrets)
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_an_unencoded_password_from_the_environment_in_json(
+    idemkey: CliRunner, address: str, case: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    url, secrets = _unencoded(address)[case]
+    monkeypatch.setenv("IDEMKEY_REDIS_URL", url)
+    run = idemkey("stats", "--json")
+    for secret in secrets:
+        assert secret not in run.out + run.err, (run.out, run.err)
+    assert run.code == 2
+    answer = json.loads(run.out or run.err)
+    assert answer["exit_code"] == 2
+    _refused_plainly(answer["error"], address, secrets)
+
+
+@pytest.mark.parametrize("command", [("demo",), ("serve", "--port", "0")], ids=["demo", "serve"])
+def test_the_demo_refuses_an_unencoded_password_and_never_prints_it(
+    address: str, prefix: str, command: tuple[str, ...]
+) -> None:
+    """Run as a user runs it, in a subprocess: redis-py took the '#' URL, so the demo played
+    its story, and serve served (for ever), printing the URL with its password in it."""
+    url, secrets = _unencoded(address)["port-then-hash"]
+    env = {k: v for k, v in os.environ.items() if k != "IDEMKEY_REDIS_URL"}
+    try:
+        run = subprocess.run(
+            [sys.executable, "-m", "idemkey", "--prefix", prefix, *command, "--redis-url", url],
+            capture_output=True, text=True, cwd=ROOT, env=env, timeout=REFUSED_WITHIN,
+        )  # fmt: skip
+    except subprocess.TimeoutExpired as exc:
+        pytest.fail(f"{command[0]} did not refuse within {REFUSED_WITHIN:g} s: {exc.stdout!r}")
+    for secret in secrets:
+        assert secret not in run.stdout + run.stderr, (run.stdout, run.stderr)
+    assert run.returncode == 2, (run.stdout, run.stderr)
+    assert run.stderr.startswith(f"idemkey {command[0]}: ConfigurationError: --redis-url cannot")
+    assert "percent-encoded" in run.stderr
+    assert len(run.stderr.splitlines()) == 1
+
+
+@pytest.mark.parametrize(
+    ("url", "shown"),
+    [
+        ("redis://:Zm9v/YmFy+c2VjcmV0@localhost:6399/0", "redis://***@localhost:6399/0"),
+        ("redis://:Zm9v#YmFyc2VjcmV0@localhost:6399/0", "redis://***@localhost:6399/0"),
+        ("redis://default:Zm9v?YmFy@localhost:6399/0", "redis://***@localhost:6399/0"),
+        ("REDIS://:12345/c2VjcmV0@localhost:6399/0", "REDIS://***@localhost:6399/0"),
+        ("redis://:a/b@c@localhost:6399/0?password=d", "redis://***@localhost:6399/0?password=***"),
+        ("redis://u:p@x9/s3cret@localhost:6399/0", "redis://***@localhost:6399/0"),
+        ("redis://u:p@localhost:6399/0?password=pa@ss", "redis://***"),
+        # The '@' may have been a query password's: nothing after '://' is shown.
+        ("redis://localhost:6399/0?password=pa@ss", "redis://***"),
+        ("user:pa/ss@localhost:6399", "***@localhost:6399"),
+        # As before: the password of a well-formed URL, or of its query.
+        ("redis://u:s3cret@localhost:6399/0", "redis://u:***@localhost:6399/0"),
+        (
+            "redis://localhost:6399/0?password=s3cret&db=1",
+            "redis://localhost:6399/0?password=***&db=1",
+        ),
+        ("redis://localhost:6399/0", "redis://localhost:6399/0"),
+    ],
+)
+def test_redacted_hides_the_user_information_up_to_the_last_at_sign(url: str, shown: str) -> None:
+    assert redact(url) == shown

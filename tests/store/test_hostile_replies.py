@@ -1,0 +1,205 @@
+"""A server on the store's address that answers idemkey's scripts with what no Redis sends for
+them (a hostile proxy, a broken server): a claim reply whose fence or lease time is no number,
+a WAIT answered with a status instead of a replica count. Each must be a StoreError (a 503
+``store_unavailable`` through an adapter, the handler not run), never a bare ValueError or
+TypeError (an internal error: a 500 and a traceback).
+
+The server is the command-line tests' scripted RESP server (tests/cli/test_hostile_redis.py),
+answering each command from a table; the stores run on redis-py, sync and asyncio, and on
+valkey-glide.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import AsyncIterator, Callable, Iterator
+from typing import Any
+
+import httpx
+import pytest
+import redis
+import redis.asyncio
+
+from idemkey import AsyncRedisStore, Policy, RedisStore, aguard, guard
+from idemkey.adapters.asgi import IdempotencyMiddleware, Receive, Scope, Send
+from idemkey.errors import StoreError
+from idemkey.policy import Replicas
+from idemkey.store import SCRIPTS
+from tests.cli.test_hostile_redis import FakeRedis, Replies, info
+
+CLAIM_SHA = hashlib.sha1(SCRIPTS["claim"].encode()).hexdigest().encode()
+
+#: claim.lua's replies with a number that is none: ``{tag, ...}`` as RESP2 arrays.
+HOSTILE_CLAIMS = {
+    "in flight, its lease a word": b"*2\r\n:3\r\n$1\r\nx\r\n",
+    "in flight, its lease a list": b"*2\r\n:3\r\n*0\r\n",
+    "in flight, its lease past a float": b"*2\r\n:3\r\n$400\r\n" + b"9" * 400 + b"\r\n",
+    "claimed, its fence a word": b"*3\r\n:1\r\n$1\r\nx\r\n:0\r\n",
+    "claimed, its fence a list": b"*3\r\n:1\r\n*0\r\n:0\r\n",
+    "claimed with a step, its fence a word": (
+        b"*5\r\n:1\r\n$1\r\nx\r\n:0\r\n$4\r\nstep\r\n$2\r\nok\r\n"
+    ),
+}
+#: What claim.lua answers a fresh claim (fence 7), for the WAIT test.
+CLAIMED = b"*3\r\n:1\r\n:7\r\n:0\r\n"
+
+
+def scripts_answering(claim: bytes, **overrides: Callable[[list[bytes]], bytes]) -> Replies:
+    """A server whose claim script answers ``claim`` and every other script 1, that takes the
+    commands redis-py and glide send as they connect, and calls itself a master."""
+    replies: Replies = {
+        b"EVALSHA": lambda args: claim if args[1] == CLAIM_SHA else b":1\r\n",
+        b"CLIENT": lambda args: b"+OK\r\n",  # SETINFO (glide gives up on an error)
+        b"INFO": lambda args: info(),  # glide looks for the primary
+    }
+    replies.update({name.upper().encode(): reply for name, reply in overrides.items()})
+    return replies
+
+
+@pytest.fixture
+def hostile() -> Iterator[Callable[[Replies], FakeRedis]]:
+    servers: list[FakeRedis] = []
+
+    def start(replies: Replies) -> FakeRedis:
+        servers.append(FakeRedis(replies))
+        return servers[-1]
+
+    yield start
+    for server in servers:
+        server.close()
+
+
+def _port(server: FakeRedis) -> int:
+    return int(server.url.rsplit(":", 1)[1].split("/")[0])
+
+
+async def _async_client(kind: str, server: FakeRedis) -> Any:
+    if kind == "redis-py":
+        return redis.asyncio.Redis(port=_port(server), protocol=2, socket_timeout=5)
+    glide = pytest.importorskip("glide", reason="valkey-glide is not installed")
+    config = glide.GlideClientConfiguration(
+        [glide.NodeAddress("127.0.0.1", _port(server))],
+        request_timeout=5000,
+        protocol=glide.ProtocolVersion.RESP2,  # the scripted server speaks RESP2 only
+    )
+    return await glide.GlideClient.create(config)
+
+
+@pytest.fixture
+async def async_stores() -> AsyncIterator[Callable[..., Any]]:
+    """``await make(kind, server, policy)``: an AsyncRedisStore on redis.asyncio or glide,
+    closed with its client after the test."""
+    made: list[tuple[AsyncRedisStore, Any]] = []
+
+    async def make(kind: str, server: FakeRedis, policy: Policy) -> AsyncRedisStore:
+        client = await _async_client(kind, server)
+        made.append((AsyncRedisStore(client, policy), client))
+        return made[-1][0]
+
+    yield make
+    for store, client in made:
+        await store.aclose()
+        await (client.aclose() if isinstance(client, redis.asyncio.Redis) else client.close())
+
+
+CLIENTS = ["redis-py", "glide"]
+
+
+@pytest.mark.parametrize("reply", HOSTILE_CLAIMS.values(), ids=HOSTILE_CLAIMS)
+def test_a_claim_reply_with_no_number_is_a_store_error_in_guard(
+    hostile: Callable[[Replies], FakeRedis], reply: bytes
+) -> None:
+    server = hostile(scripts_answering(reply))
+    client = redis.Redis(port=_port(server), protocol=2, socket_timeout=5)
+    store = RedisStore(client, Policy(prefix="hostile"))
+    ran = []
+    try:
+        with (
+            pytest.raises(StoreError, match="unexpected reply from the claim script"),
+            guard(store, "k", payload=b"p"),
+        ):
+            ran.append(True)
+    finally:
+        store.close()
+        client.close()
+    assert ran == []
+
+
+@pytest.mark.parametrize("kind", CLIENTS)
+@pytest.mark.parametrize("reply", HOSTILE_CLAIMS.values(), ids=HOSTILE_CLAIMS)
+async def test_a_claim_reply_with_no_number_is_a_store_error_in_aguard(
+    hostile: Callable[[Replies], FakeRedis],
+    async_stores: Callable[..., Any],
+    reply: bytes,
+    kind: str,
+) -> None:
+    store = await async_stores(kind, hostile(scripts_answering(reply)), Policy(prefix="hostile"))
+    ran = []
+    with pytest.raises(StoreError, match="unexpected reply from the claim script"):
+        async with aguard(store, "k", payload=b"p"):
+            ran.append(True)
+    assert ran == []
+
+
+async def _charge(scope: Scope, receive: Receive, send: Send) -> None:
+    await send({"type": "http.response.start", "status": 201, "headers": []})
+    await send({"type": "http.response.body", "body": b"charged"})
+    raise AssertionError("the handler ran on a claim nobody made")
+
+
+@pytest.mark.parametrize("kind", CLIENTS)
+@pytest.mark.parametrize("reply", HOSTILE_CLAIMS.values(), ids=HOSTILE_CLAIMS)
+async def test_a_claim_reply_with_no_number_is_a_503_through_the_asgi_middleware(
+    hostile: Callable[[Replies], FakeRedis],
+    async_stores: Callable[..., Any],
+    reply: bytes,
+    kind: str,
+) -> None:
+    policy = Policy(prefix="hostile", scope=lambda request: "tenant")
+    store = await async_stores(kind, hostile(scripts_answering(reply)), policy)
+    app = IdempotencyMiddleware(_charge, store)
+    transport = httpx.ASGITransport(app, raise_app_exceptions=False)  # type: ignore[arg-type]
+    async with httpx.AsyncClient(transport=transport, base_url="http://testserver") as client:
+        answer = await client.post("/charges", content=b"{}", headers={"Idempotency-Key": "k-1"})
+    assert answer.status_code == 503, answer.text
+    assert answer.headers["content-type"] == "application/problem+json"
+    assert json.loads(answer.content)["code"] == "store_unavailable"
+
+
+# ---- WAIT answered with no replica count ------------------------------------------------------
+
+
+def test_a_wait_reply_that_is_no_count_is_a_store_error_and_the_claim_is_released(
+    hostile: Callable[[Replies], FakeRedis],
+) -> None:
+    server = hostile(scripts_answering(CLAIMED, wait=lambda args: b"+OK\r\n"))
+    sent: list[bytes] = []
+    evalsha = server.replies[b"EVALSHA"]
+    server.replies[b"EVALSHA"] = lambda args: sent.append(args[1]) or evalsha(args)
+    client = redis.Redis(port=_port(server), protocol=2, socket_timeout=5)
+    store = RedisStore(client, Policy(prefix="hostile", durability=Replicas(1, 0.1)))
+    ran = []
+    try:
+        with pytest.raises(StoreError, match="WAIT"), guard(store, "k", payload=b"p"):
+            ran.append(True)
+    finally:
+        store.close()
+        client.close()
+    assert ran == []
+    release_sha = hashlib.sha1(SCRIPTS["release"].encode()).hexdigest().encode()
+    assert sent == [CLAIM_SHA, release_sha]  # claimed, then given back: not held for a lease
+
+
+async def test_a_wait_reply_that_is_no_count_is_a_store_error_in_aguard(
+    hostile: Callable[[Replies], FakeRedis], async_stores: Callable[..., Any]
+) -> None:
+    """On redis.asyncio: glide refuses Policy.durability (WAIT would block its connection)."""
+    server = hostile(scripts_answering(CLAIMED, wait=lambda args: b"+OK\r\n"))
+    policy = Policy(prefix="hostile", durability=Replicas(1, 0.1))
+    store = await async_stores("redis-py", server, policy)
+    ran = []
+    with pytest.raises(StoreError, match="WAIT"):
+        async with aguard(store, "k", payload=b"p"):
+            ran.append(True)
+    assert ran == []
