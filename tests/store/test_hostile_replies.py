@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import httpx
@@ -26,7 +26,7 @@ from idemkey.adapters.asgi import IdempotencyMiddleware, Receive, Scope, Send
 from idemkey.errors import StoreError
 from idemkey.policy import Replicas
 from idemkey.store import SCRIPTS
-from tests.cli.test_hostile_redis import FakeRedis, Replies, info
+from tests.cli.test_hostile_redis import FakeRedis, Replies, fake_redis, info  # noqa: F401 (fixture)
 
 CLAIM_SHA = hashlib.sha1(SCRIPTS["claim"].encode()).hexdigest().encode()
 
@@ -55,19 +55,6 @@ def scripts_answering(claim: bytes, **overrides: Callable[[list[bytes]], bytes])
     }
     replies.update({name.upper().encode(): reply for name, reply in overrides.items()})
     return replies
-
-
-@pytest.fixture
-def hostile() -> Iterator[Callable[[Replies], FakeRedis]]:
-    servers: list[FakeRedis] = []
-
-    def start(replies: Replies) -> FakeRedis:
-        servers.append(FakeRedis(replies))
-        return servers[-1]
-
-    yield start
-    for server in servers:
-        server.close()
 
 
 def _port(server: FakeRedis) -> int:
@@ -108,9 +95,10 @@ CLIENTS = ["redis-py", "glide"]
 
 @pytest.mark.parametrize("reply", HOSTILE_CLAIMS.values(), ids=HOSTILE_CLAIMS)
 def test_a_claim_reply_with_no_number_is_a_store_error_in_guard(
-    hostile: Callable[[Replies], FakeRedis], reply: bytes
+    fake_redis: Callable[[Replies], FakeRedis],  # noqa: F811
+    reply: bytes,
 ) -> None:
-    server = hostile(scripts_answering(reply))
+    server = fake_redis(scripts_answering(reply))
     client = redis.Redis(port=_port(server), protocol=2, socket_timeout=5)
     store = RedisStore(client, Policy(prefix="hostile"))
     ran = []
@@ -129,12 +117,12 @@ def test_a_claim_reply_with_no_number_is_a_store_error_in_guard(
 @pytest.mark.parametrize("kind", CLIENTS)
 @pytest.mark.parametrize("reply", HOSTILE_CLAIMS.values(), ids=HOSTILE_CLAIMS)
 async def test_a_claim_reply_with_no_number_is_a_store_error_in_aguard(
-    hostile: Callable[[Replies], FakeRedis],
+    fake_redis: Callable[[Replies], FakeRedis],  # noqa: F811
     async_stores: Callable[..., Any],
     reply: bytes,
     kind: str,
 ) -> None:
-    store = await async_stores(kind, hostile(scripts_answering(reply)), Policy(prefix="hostile"))
+    store = await async_stores(kind, fake_redis(scripts_answering(reply)), Policy(prefix="hostile"))
     ran = []
     with pytest.raises(StoreError, match="unexpected reply from the claim script"):
         async with aguard(store, "k", payload=b"p"):
@@ -151,13 +139,13 @@ async def _charge(scope: Scope, receive: Receive, send: Send) -> None:
 @pytest.mark.parametrize("kind", CLIENTS)
 @pytest.mark.parametrize("reply", HOSTILE_CLAIMS.values(), ids=HOSTILE_CLAIMS)
 async def test_a_claim_reply_with_no_number_is_a_503_through_the_asgi_middleware(
-    hostile: Callable[[Replies], FakeRedis],
+    fake_redis: Callable[[Replies], FakeRedis],  # noqa: F811
     async_stores: Callable[..., Any],
     reply: bytes,
     kind: str,
 ) -> None:
     policy = Policy(prefix="hostile", scope=lambda request: "tenant")
-    store = await async_stores(kind, hostile(scripts_answering(reply)), policy)
+    store = await async_stores(kind, fake_redis(scripts_answering(reply)), policy)
     app = IdempotencyMiddleware(_charge, store)
     transport = httpx.ASGITransport(app, raise_app_exceptions=False)  # type: ignore[arg-type]
     async with httpx.AsyncClient(transport=transport, base_url="http://testserver") as client:
@@ -171,9 +159,9 @@ async def test_a_claim_reply_with_no_number_is_a_503_through_the_asgi_middleware
 
 
 def test_a_wait_reply_that_is_no_count_is_a_store_error_and_the_claim_is_released(
-    hostile: Callable[[Replies], FakeRedis],
+    fake_redis: Callable[[Replies], FakeRedis],  # noqa: F811
 ) -> None:
-    server = hostile(scripts_answering(CLAIMED, wait=lambda args: b"+OK\r\n"))
+    server = fake_redis(scripts_answering(CLAIMED, wait=lambda args: b"+OK\r\n"))
     sent: list[bytes] = []
     evalsha = server.replies[b"EVALSHA"]
     server.replies[b"EVALSHA"] = lambda args: sent.append(args[1]) or evalsha(args)
@@ -192,10 +180,11 @@ def test_a_wait_reply_that_is_no_count_is_a_store_error_and_the_claim_is_release
 
 
 async def test_a_wait_reply_that_is_no_count_is_a_store_error_in_aguard(
-    hostile: Callable[[Replies], FakeRedis], async_stores: Callable[..., Any]
+    fake_redis: Callable[[Replies], FakeRedis],  # noqa: F811
+    async_stores: Callable[..., Any],
 ) -> None:
     """On redis.asyncio: glide refuses Policy.durability (WAIT would block its connection)."""
-    server = hostile(scripts_answering(CLAIMED, wait=lambda args: b"+OK\r\n"))
+    server = fake_redis(scripts_answering(CLAIMED, wait=lambda args: b"+OK\r\n"))
     policy = Policy(prefix="hostile", durability=Replicas(1, 0.1))
     store = await async_stores("redis-py", server, policy)
     ran = []

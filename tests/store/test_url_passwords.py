@@ -11,7 +11,7 @@ URL holds user information.
 from __future__ import annotations
 
 import socket
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from urllib.parse import quote
 
 import pytest
@@ -20,6 +20,7 @@ import redis
 from idemkey.errors import ConfigurationError
 from idemkey.store._url import client_from_url
 from tests._servers import RedisServer
+from tests.faults.test_url_clients import listener, nobody_connected  # noqa: F401 (fixture)
 
 #: (URL, the pieces of its password, which no message may hold). ``{port}``: a listener.
 UNENCODED = {
@@ -32,27 +33,6 @@ UNENCODED = {
     # An '@' in the password too: the host ends at its '/', after an '@' (password 'p').
     "at-then-slash": ("redis://u:p@x9/s3cret@127.0.0.1:{port}/0", ["x9", "s3cret"]),
 }
-
-
-@pytest.fixture
-def listener() -> Iterator[socket.socket]:
-    """A port that listens and never accepts: a client that connected would sit in its backlog."""
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.bind(("127.0.0.1", 0))
-    sock.listen(8)
-    sock.setblocking(False)
-    try:
-        yield sock
-    finally:
-        sock.close()
-
-
-def _nobody_connected(sock: socket.socket) -> bool:
-    try:
-        sock.accept()[0].close()
-    except BlockingIOError:
-        return True
-    return False
 
 
 def _said(error: BaseException) -> str:
@@ -68,7 +48,10 @@ def _said(error: BaseException) -> str:
 @pytest.mark.parametrize("kind", ["sync", "asyncio", "cluster"])
 @pytest.mark.parametrize(("url", "secrets"), UNENCODED.values(), ids=UNENCODED.keys())
 def test_a_password_with_an_unencoded_delimiter_is_refused_unquoted(
-    listener: socket.socket, url: str, secrets: list[str], kind: str
+    listener: socket.socket,  # noqa: F811
+    url: str,
+    secrets: list[str],
+    kind: str,
 ) -> None:
     port = listener.getsockname()[1]
     with pytest.raises(ConfigurationError) as caught:
@@ -85,11 +68,11 @@ def test_a_password_with_an_unencoded_delimiter_is_refused_unquoted(
     for secret in secrets:
         assert secret not in said
     assert "127.0.0.1" not in said  # nothing of the URL at all
-    assert _nobody_connected(listener)
+    assert nobody_connected(listener)
 
 
 def test_an_at_sign_after_the_host_is_refused_and_percent_40_is_read_as_one(
-    listener: socket.socket,
+    listener: socket.socket,  # noqa: F811
 ) -> None:
     """An '@' in the query is taken for the end of an unencoded password too (the two cannot be
     told apart): written %40, it is the '@' it stands for."""
@@ -102,7 +85,7 @@ def test_an_at_sign_after_the_host_is_refused_and_percent_40_is_read_as_one(
     assert client.connection_pool.connection_kwargs["password"] == "pa@ss"
     encoded = client_from_url(f"redis://:Zm9v%2FYmFy%23c2Vj%3FcmV0@127.0.0.1:{port}/0")
     assert encoded.connection_pool.connection_kwargs["password"] == "Zm9v/YmFy#c2Vj?cmV0"
-    assert _nobody_connected(listener)
+    assert nobody_connected(listener)
 
 
 #: A URL with user information whose port or database is no number: not quoted. Without user
