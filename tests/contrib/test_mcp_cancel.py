@@ -89,19 +89,17 @@ def typescript_client(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_the_typescript_sdks_timeout_cancel_then_retry_charges_once(
     typescript_client: Path, redis_url: str, prefix: str, tmp_path: Path
 ) -> None:
-    with (tmp_path / "uvicorn.log").open("wb") as log:
-        server, port = serve_http(environment(redis_url, prefix, 10), log, tmp_path / "uvicorn.log")
-        try:
-            done = subprocess.run(
-                ["node", "client.mjs", f"http://127.0.0.1:{port}/mcp", "ts-cancel-1"],
-                cwd=typescript_client,
-                capture_output=True,
-                text=True,
-                timeout=60,
-            )
-        finally:
-            server.terminate()
-            server.wait(timeout=10)
+    server = serve_http(environment(redis_url, prefix, 10), tmp_path / "uvicorn.log")
+    try:
+        done = subprocess.run(
+            ["node", "client.mjs", f"http://127.0.0.1:{server.port}/mcp", "ts-cancel-1"],
+            cwd=typescript_client,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+    finally:
+        server.close()
     assert done.returncode == 0, done.stdout + done.stderr
     answers = json.loads(done.stdout.strip().splitlines()[-1])
     assert "timed out" in answers["first"]["error"].lower()  # the SDK's timeout, then its cancel

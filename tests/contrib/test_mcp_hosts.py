@@ -12,7 +12,6 @@ from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -23,6 +22,7 @@ from mcp import ClientSession, McpError
 from mcp.client.streamable_http import streamable_http_client
 from mcp.types import CallToolResult
 
+from tests._servers import AppServer
 from tests.contrib.test_mcp import environment, gate, replayed, runs, serve_http
 
 pytestmark = pytest.mark.redis
@@ -33,23 +33,20 @@ Session = Callable[..., AbstractAsyncContextManager[ClientSession]]
 @pytest.fixture
 def serve(redis_url: str, prefix: str, tmp_path: Path) -> Iterator[Serve]:
     """``serve(app, wait)``: the URL of ``_mcp_server``'s ``app`` on a uvicorn process."""
-    started: list[Any] = []
+    started: list[tuple[AppServer, Path]] = []
 
     def start(app: str = "app", wait: float = 0) -> str:
         path = tmp_path / f"{app}.log"
-        log = path.open("wb")
-        server, port = serve_http(environment(redis_url, prefix, wait), log, path, app)
-        started.append((server, log))
-        return f"http://127.0.0.1:{port}/mcp"
+        server = serve_http(environment(redis_url, prefix, wait), path, app)
+        started.append((server, path))
+        return f"http://127.0.0.1:{server.port}/mcp"
 
     try:
         yield start
     finally:
-        for server, log in started:
-            server.terminate()
-            server.wait(timeout=10)
-            log.close()
-            print(Path(log.name).read_text(errors="replace")[-20000:])  # shown when failing
+        for server, path in started:
+            server.close()
+            print(path.read_text(errors="replace")[-20000:])  # shown when failing
 
 
 @asynccontextmanager
