@@ -6,15 +6,16 @@ as the middleware returns it. A stream (``StreamingHttpResponse``) completes wit
 when its head goes out:
 
 * Under WSGI the server sends the head with the first non-empty block of the body (PEP 3333),
-  or at the body's end. The stream settles as the WSGI middleware's
-  :class:`~idemkey.adapters._wsgi_response.TeeIterable` settles an app's body: completed at
-  its first non-empty chunk or at its end, released when it raises before (the client got a
-  500 or a closed connection, never the view's status); a stream the server closes before
-  its first byte is drained for at most :data:`~idemkey.adapters._wsgi_response.DRAIN_SECONDS`,
-  then completed. Django reads an asynchronous stream whole before the server gets a block,
-  so such a stream completes at its end. A stream that never reaches the server (a middleware
-  listed above idemkey's raised, or answered instead) is released when Django finishes the
-  request: the client got another answer.
+  or at the body's end. The stream is a :class:`~idemkey.adapters._wsgi_response.StreamedBody`
+  (the WSGI middleware's tee, as Flask's streams are): completed at its first non-empty chunk
+  or at its end, released when it raises before (the client got a 500 or a closed connection,
+  never the view's status); a stream the server closes before its first byte is drained until
+  then, for at most :data:`~idemkey.adapters._wsgi_response.DRAIN_SECONDS`. Django reads an
+  asynchronous stream whole before the server gets a block, so such a stream completes at its
+  end. A stream that never reaches the server (a middleware listed above idemkey's raised, or
+  answered instead) is released when Django finishes the request: the client got another
+  answer. Django's test ``Client`` finishes a streamed request only when the test reads the
+  body or closes the response: a stream left unread keeps its key claimed.
 * Under ASGI Django sends the head before it pulls the body: the client has the view's status
   whatever the stream does next (a cut body), so the record completes as the middleware
   returns, as the ASGI middleware completes any response whose head went out.
@@ -26,15 +27,13 @@ the middleware returns too: wrapping its content would take the file from the se
 from __future__ import annotations
 
 import contextvars
-import functools
-from collections.abc import AsyncIterator, Callable, Iterable, Iterator
-from time import monotonic
+from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any, Final
 
 from django.core.handlers.wsgi import WSGIRequest
 
 from ..http import parse_content_length
-from ._wsgi_response import DRAIN_SECONDS
+from ._wsgi_response import StreamedBody
 
 if TYPE_CHECKING:
     from django.http import HttpRequest, HttpResponseBase
@@ -42,13 +41,15 @@ if TYPE_CHECKING:
     from ..http import Exchange
     from ._sync_driver import Driver
 
-__all__ = ["UNSENT_STREAM", "drop_unsent", "settle"]
+__all__ = ["STARTED_REQUEST", "UNSENT_STREAM", "drop_unsent", "forget_unsent", "settle"]
 
 #: The ``dispatch_uid`` of :func:`drop_unsent` on Django's ``request_finished``.
 UNSENT_STREAM: Final = "idemkey.unsent_stream"
+#: The ``dispatch_uid`` of :func:`forget_unsent` on Django's ``request_started``.
+STARTED_REQUEST: Final = "idemkey.started_request"
 
 #: The stream of this context's request, until Django finishes the request.
-_unsent: contextvars.ContextVar[_Settling | None] = contextvars.ContextVar(
+_unsent: contextvars.ContextVar[StreamedBody | _SettlingAsync | None] = contextvars.ContextVar(
     "idemkey_django_stream", default=None
 )
 
@@ -73,12 +74,14 @@ def settle(
         exchange.started(*head)
         driver.finish(exchange, kept)
     elif isinstance(request, WSGIRequest) and getattr(response, "file_to_stream", None) is None:
-        ended = functools.partial(_stream_ended, driver, exchange, head)
-        stream: _Settling
+        stream: StreamedBody | _SettlingAsync
         if response.is_async:
-            stream = _SettlingAsync(response.streaming_content, ended)
+            stream = _SettlingAsync(response.streaming_content, driver, exchange, head)
         else:
-            stream = _SettlingSync(response.streaming_content, ended)
+            environ = request.environ
+            stream = StreamedBody.around(
+                driver, exchange, head, response.streaming_content, environ
+            )
         response.streaming_content = stream
         _unsent.set(stream)
     else:
@@ -98,91 +101,29 @@ def drop_unsent(sender: object, **_: object) -> None:
     stream = _unsent.get()
     if stream is not None:
         _unsent.set(None)
-        stream.dropped()
+        stream.never_served("the response never reached the server")
 
 
-def _stream_ended(driver: Driver, exchange: Exchange, head: Head, failure: str | None) -> None:
-    if failure is not None:
-        driver.fail(exchange, failure)  # not started: released
-    else:
-        exchange.started(*head)
-        driver.finish(exchange, None)
+def forget_unsent(sender: object, **_: object) -> None:
+    """``request_started``: a stream left by an earlier request of this context is not this
+    one's to release. A server closes each response before its next request; Django's test
+    ``Client`` hands a stream to the test, which may read it after another request (until
+    then its key stays claimed)."""
+    _unsent.set(None)
 
 
-class _Settling:
-    """A stream's content, which settles its record once (``ended``: None to complete)."""
+class _SettlingAsync:
+    """An asynchronous stream's content: Django's WSGI handler reads it whole
+    (``async_to_sync``) before the server gets its first block, so it completes at its end,
+    and is released if it raises before."""
 
-    __slots__ = ("_ended", "settled", "taken")
+    __slots__ = ("_content", "driver", "exchange", "head", "settled", "taken")
 
-    def __init__(self, ended: Callable[[str | None], None]) -> None:
-        self._ended = ended
+    def __init__(self, content: Any, driver: Driver, exchange: Exchange, head: Head) -> None:
+        self._content: AsyncIterator[bytes] = aiter(content)
+        self.driver, self.exchange, self.head = driver, exchange, head
         self.settled = False
         self.taken = False  # the server pulled it or closed it: it is the server's
-
-    def end(self, failure: str | None = None) -> None:
-        if not self.settled:
-            self.settled = True
-            self._ended(failure)
-
-    def dropped(self) -> None:
-        if not self.taken:
-            self.end("the response never reached the server")
-
-
-class _SettlingSync(_Settling):
-    """The server pulls each chunk and sends it: the head goes out with the first non-empty
-    one (an empty chunk is no byte, as for ``TeeIterable``)."""
-
-    __slots__ = ("_content",)
-
-    def __init__(self, content: Iterable[bytes], ended: Callable[[str | None], None]) -> None:
-        super().__init__(ended)
-        self._content = iter(content)
-
-    def __iter__(self) -> Iterator[bytes]:
-        return self
-
-    def __next__(self) -> bytes:
-        self.taken = True
-        try:
-            chunk = next(self._content)
-        except StopIteration:
-            self.end()
-            raise
-        except BaseException:
-            self.end(_RAISED)
-            raise
-        if chunk and not self.settled:  # the server sends the head with it
-            self.end()
-        return chunk
-
-    def close(self) -> None:
-        """Django's ``response.close()``, from the server. One that stopped before the first
-        byte: what is left is drained (at most :data:`DRAIN_SECONDS`), then the record
-        completes, the view's work being done, as ``TeeIterable.close`` does. (Django closes
-        a generator before this: nothing of it is left to drain.)"""
-        self.taken = True
-        if self.settled:
-            return
-        deadline = monotonic() + DRAIN_SECONDS
-        try:
-            for _ in self:
-                if self.settled or monotonic() > deadline:
-                    break
-        except Exception:
-            return  # __next__ released the key; the server is gone, nobody to tell
-        self.end()
-
-
-class _SettlingAsync(_Settling):
-    """Django's WSGI handler reads it whole (``async_to_sync``) before the server gets its
-    first block: it completes at its end, and is released if it raises before."""
-
-    __slots__ = ("_content",)
-
-    def __init__(self, content: Any, ended: Callable[[str | None], None]) -> None:
-        super().__init__(ended)
-        self._content: AsyncIterator[bytes] = aiter(content)
 
     def __aiter__(self) -> AsyncIterator[bytes]:
         return self
@@ -192,12 +133,26 @@ class _SettlingAsync(_Settling):
         try:
             return await anext(self._content)
         except StopAsyncIteration:
-            self.end()
+            self._end()
             raise
         except BaseException:
-            self.end(_RAISED)
+            self._end(_RAISED)
             raise
 
     def close(self) -> None:
         self.taken = True
-        self.end()
+        self._end()
+
+    def never_served(self, reason: str) -> None:
+        if not self.taken:
+            self._end(reason)
+
+    def _end(self, failure: str | None = None) -> None:
+        if self.settled:
+            return
+        self.settled = True
+        if failure is not None:
+            self.driver.fail(self.exchange, failure)  # not started: released
+        else:
+            self.exchange.started(*self.head)
+            self.driver.finish(self.exchange, None)

@@ -16,13 +16,21 @@ from ..policy import Policy
 from ..store import RedisStore
 from ..store._url import client_from_url
 from ._environ import BODY_KEY, capture, environ_key
-from ._flask_settle import SETTLE_KEY, Pending, StreamedAnswer, complete, release
+from ._flask_settle import (
+    SETTLE_KEY,
+    Pending,
+    complete,
+    release,
+    sent_by_server,
+)
 from ._sync_driver import Driver
+from ._wsgi_response import StreamedBody
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable, Iterator, Mapping
 
     from _typeshed.wsgi import StartResponse, WSGIApplication, WSGIEnvironment
+    from flask import Flask
 
 __all__ = ["AppState", "BodyCapture", "app_state", "view_overrides"]
 
@@ -43,6 +51,9 @@ class AppState:
     views: dict[int, Policy] = dataclasses.field(default_factory=dict)
     #: The app's ``view_functions``: what its rules call, read for the decorators' order.
     endpoints: Mapping[str, Callable[..., Any]] = dataclasses.field(default_factory=dict)
+    #: Every app the same Idemkey serves (weakly held): a guard any of them registers is in
+    #: the right order, though this app registers the bare function too (an admin app).
+    apps: Iterable[Flask] = ()
     #: None until the app's first request, which checks the decorators' order first.
     rule: tuple[frozenset[str], frozenset[str], int] | None = None
     rule_from: int = -1
@@ -53,7 +64,8 @@ class AppState:
         """Methods, environ keys of the key header, and byte limit of any guarded view;
         first, every guarded view checked to be registered with its guard."""
         if self.rule is None or self.rule_from != len(overrides):  # views decorated since
-            refuse_misordered(self.endpoints, guards)
+            every_app = [self.endpoints, *(app.view_functions for app in self.apps)]
+            refuse_misordered(self.endpoints, guards, every_app)
             self.rule = capture_rule(self.policy, overrides)
             self.rule_from = len(overrides)
         return self.rule
@@ -112,8 +124,10 @@ class BodyCapture:
             or str(environ.get("REQUEST_METHOD", "")).upper() in methods
         ):
             environ[BODY_KEY] = capture(environ, limit)
+            # A guarded view that ran under a claim leaves its answer (a None is there only
+            # while that view runs: it clears the slot if it raises).
             slot: list[Pending] = []
-            environ[SETTLE_KEY] = slot  # a guarded view that ran under a claim leaves its answer
+            environ[SETTLE_KEY] = slot
             try:
                 body = self.app(environ, start_response)
             except BaseException:
@@ -122,25 +136,40 @@ class BodyCapture:
                 raise
             if slot:  # Flask sent the view's answer: store it, or a stream as it goes out
                 pending = slot.pop()
-                if pending.streamed:
-                    return StreamedAnswer.around(pending, body, environ, start_response)
+                if pending.streamed and not sent_by_server(body, environ):
+                    # The head as its record keeps it: a replay runs the hooks again.
+                    head = (pending.status, pending.headers, pending.reason)
+                    return StreamedBody.around(
+                        pending.driver, pending.exchange, head, body, environ
+                    )
                 complete(pending, body)
             return body
         return self.app(environ, start_response)
 
 
 def refuse_misordered(
-    endpoints: Mapping[str, Callable[..., Any]], guards: list[Callable[..., Any]]
+    endpoints: Mapping[str, Callable[..., Any]],
+    guards: list[Callable[..., Any]],
+    every_app: Iterable[Mapping[str, Callable[..., Any]]],
 ) -> None:
     """Refuse an app whose rule calls a guarded view without its guard: ``@idem.idempotent``
     written above the route decorator, which had registered the function as it was (and
-    Flask's route decorators return it unchanged), so nothing is guarded."""
-    reachable: dict[int, str] = {}  # every function a rule calls, through its wrappers
+    Flask's route decorators return it unchanged), so nothing is guarded.
+
+    ``guards`` are the Idemkey's, of every app it serves: a guard that one of them (the
+    ``endpoints`` of ``every_app``) registers was written in the right order."""
+    registered = {
+        id(function)
+        for views in every_app
+        for view in views.values()
+        for function in _unwrapped(view)
+    }
+    reachable: dict[int, str] = {}  # every function a rule of this app calls, through wrappers
     for endpoint, view in endpoints.items():
         for function in _unwrapped(view):
             reachable.setdefault(id(function), endpoint)
     for guard in guards:
-        if id(guard) in reachable:
+        if id(guard) in registered:
             continue
         for function in _unwrapped(getattr(guard, "__wrapped__", None)):
             unguarded = reachable.get(id(function))

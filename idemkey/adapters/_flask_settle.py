@@ -12,13 +12,20 @@ BodyCapture settles it once Flask returned the response:
 * released when Flask handled an exception after the view (:func:`released_by_flask`, on its
   ``got_request_exception`` signal: the client gets Flask's 500), or let one out (a teardown
   error, ``PROPAGATE_EXCEPTIONS``): the answer stored must be one the client was sent;
-* a streamed answer (a generator, ``send_file``) as the WSGI middleware's
-  :class:`~._wsgi_response.TeeIterable` decides (:class:`StreamedAnswer`): released on a
+* a streamed answer (a generator) as the WSGI middleware's
+  :class:`~._wsgi_response.StreamedBody` decides (Django's streams too): released on a
   failure before its first byte, completed (without its body, never kept) at its first
-  non-empty chunk or when exhausted.
+  non-empty chunk or when exhausted;
+* a file the server sends itself (``send_file``'s body is the server's ``wsgi.file_wrapper``
+  object): completed without its body at once, and the object handed to the server as it is,
+  since gunicorn sends only that with ``sendfile`` and waitress only that from its buffer (as
+  the Django adapter completes a ``FileResponse``).
 
-A view dispatched with no BodyCapture around it (a request context of its own) finds no slot,
-and settles in the view as the extension did before. Nothing may leave a claim open: the
+The outermost guarded view reserves the slot (a None in it) before it runs, so a guarded view
+it calls (on records of its own) finds it taken and settles in that view: the outer view's
+answer is the one the client is sent. A view dispatched with no BodyCapture around it (a
+request context of its own) finds no slot, and settles in the view as the extension did
+before. Nothing may leave a claim open: the
 heartbeat would renew it, and every retry get a 409, for as long as the process runs.
 """
 
@@ -29,19 +36,25 @@ from typing import TYPE_CHECKING, Any, Final
 import msgspec
 from flask import has_request_context, request
 
-from ._wsgi_response import TeeIterable
-
 if TYPE_CHECKING:
     from collections.abc import Iterable
 
-    from _typeshed.wsgi import StartResponse, WSGIEnvironment
+    from _typeshed.wsgi import WSGIEnvironment
 
     from ..http import Exchange
     from ._sync_driver import Driver
 
-__all__ = ["SETTLE_KEY", "Pending", "StreamedAnswer", "complete", "release", "released_by_flask"]
+__all__ = [
+    "SETTLE_KEY",
+    "Pending",
+    "complete",
+    "release",
+    "released_by_flask",
+    "sent_by_server",
+]
 
-#: Where BodyCapture's slot (a list) waits for the guarded view's :class:`Pending` answer.
+#: Where BodyCapture's slot (a list) waits for the guarded view's :class:`Pending` answer
+#: (None while the outermost guarded view runs).
 SETTLE_KEY: Final = "idemkey.settle"
 
 
@@ -90,35 +103,11 @@ def released_by_flask(sender: Any, exception: BaseException, **_: Any) -> None:
     ``after_request`` hook, the session's save) and sends its 500 in place of the answer (or
     lets the exception out): release, before the client can retry."""
     slot = request.environ.get(SETTLE_KEY) if has_request_context() else None
-    if slot:
+    if slot and slot[-1] is not None:  # None: the view still runs, and releases if it raises
         release(slot.pop(), f"Flask answered 500 after the view: {type(exception).__name__}")
 
 
-class StreamedAnswer(TeeIterable):
-    """A streamed answer's body on its way to the server (Flask already called
-    ``start_response``). Settled by :meth:`TeeIterable.finish`: a failure before the first
-    byte releases the key (the client got no answer, or the server's 500); a failure after it
-    completes without the body. The body is never kept, so the record is the same whenever it
-    completes: it completes at the first non-empty chunk, before that chunk goes out, and a
-    retry is replayed from then on rather than answered 409 for as long as the stream lasts."""
-
-    __slots__ = ()
-
-    @classmethod
-    def around(
-        cls,
-        pending: Pending,
-        body: Iterable[bytes],
-        environ: WSGIEnvironment,
-        start_response: StartResponse,
-    ) -> StreamedAnswer:
-        tee = cls(pending.driver, pending.exchange, start_response, environ)
-        # The view's head, as the record stores it: the hooks run again on every replay.
-        tee.status, tee.headers, tee.reason = pending.status, pending.headers, pending.reason
-        tee.copy.drop()
-        tee.iterable = body
-        return tee
-
-    def _count(self, chunk: bytes) -> None:
-        if chunk and not self.settled:
-            self.finish()
+def sent_by_server(body: Iterable[bytes], environ: WSGIEnvironment) -> bool:
+    """Whether ``body`` is the server's own ``wsgi.file_wrapper`` object (``send_file``)."""
+    wrapper = environ.get("wsgi.file_wrapper")
+    return isinstance(wrapper, type) and isinstance(body, wrapper)

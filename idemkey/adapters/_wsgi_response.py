@@ -11,7 +11,9 @@ last chunk or the connection's close, which the server sends after that). PEP 33
 server send each block before it asks for the next, so a client holding a whole sized answer
 may retry while the record would still be in progress (409) if it completed on the next ask.
 When the server closes the iterable early (the client left), the record is settled after
-draining the rest for at most :data:`DRAIN_SECONDS`.
+draining the rest for at most :data:`DRAIN_SECONDS`, and only until it completes.
+:class:`StreamedBody` is the tee of a stream whose head a framework sent (Django, Flask): it
+keeps no body and completes at its first byte.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ if TYPE_CHECKING:
     from ..http import Exchange, Response
     from ._sync_driver import Driver
 
-__all__ = ["DRAIN_SECONDS", "TeeIterable", "UnprotectedBody", "send"]
+__all__ = ["DRAIN_SECONDS", "StreamedBody", "TeeIterable", "UnprotectedBody", "send"]
 
 #: Where the app finds the Exchange of its claimed request (``.claim.fence``) while it runs.
 EXCHANGE_KEY: Final = "idemkey.exchange"
@@ -175,13 +177,15 @@ class TeeIterable:
 
     def close(self) -> None:
         """The server is done with us: if it stopped early, drain the app (bounded in bytes
-        and time), then complete, because the handler's work is done; always close the app's
-        iterable."""
+        and time, and only until the record completes), then complete, because the handler's
+        work is done; always close the app's iterable."""
         try:
             if not self.settled:
                 deadline = monotonic() + DRAIN_SECONDS
                 try:
                     for _ in self:
+                        if self.settled:  # in hand (its length, a stream's first byte): done
+                            break
                         if self.copy.too_large or monotonic() > deadline:
                             self.copy.drop()  # stop pulling: complete without the body
                             break
@@ -196,6 +200,52 @@ class TeeIterable:
             close = getattr(self.iterable, "close", None)
             if close is not None:
                 close()
+
+
+def _head_already_sent(
+    status: str, headers: list[tuple[str, str]], exc_info: Any = None, /
+) -> Callable[[bytes], object]:
+    raise AssertionError("a StreamedBody's head went to the server before it was made")
+
+
+class StreamedBody(TeeIterable):
+    """A streamed response whose head a framework hands to the server itself (Django's WSGI
+    handler; Flask's, once its hooks ran): ``head`` is the record's (status, headers, reason).
+
+    Its body is never kept, so the record is the same whenever it completes: at the first
+    non-empty chunk (the server sends the head with it, PEP 3333), before that chunk goes out,
+    or at the end; a failure before that releases the key (the client got a 500 or a closed
+    connection, never this status). A retry is replayed from then on rather than answered 409
+    for as long as the stream lasts. Closed unread, it is drained (:meth:`TeeIterable.close`)
+    until it completes, or fails."""
+
+    __slots__ = ()
+
+    @classmethod
+    def around(
+        cls,
+        driver: Driver,
+        exchange: Exchange,
+        head: tuple[int, list[tuple[str, str]], str],
+        body: Iterable[bytes],
+        environ: WSGIEnvironment,
+    ) -> StreamedBody:
+        stream = cls(driver, exchange, _head_already_sent, environ)
+        stream.status, stream.headers, stream.reason = head
+        stream.copy.drop()
+        stream.iterable = body
+        return stream
+
+    def _count(self, chunk: bytes) -> None:
+        if chunk and not self.settled:
+            self.finish()
+
+    def never_served(self, reason: str) -> None:
+        """The framework finished the request, and the server never pulled this body nor
+        closed it (a layer above answered instead): the client never got this head."""
+        if self.iterator is None and not self.settled:
+            self.settled = True
+            self.driver.fail(self.exchange, reason)
 
 
 class UnprotectedBody:

@@ -74,7 +74,7 @@ from ..http.routes import ROUTE_UNKNOWN
 from ..policy import Policy, credential_scope
 from ._django_body import UNREADABLE_ATTRIBUTE, read_body, take_body
 from ._django_config import configure
-from ._django_response import UNSENT_STREAM, drop_unsent, settle
+from ._django_response import STARTED_REQUEST, UNSENT_STREAM, drop_unsent, forget_unsent, settle
 from ._environ import BodyError, EnvironHeaders, environ_key, path_text
 from ._sync_driver import Driver
 
@@ -224,6 +224,7 @@ class IdempotencyMiddleware:
         self._rule_from = -1  # len(_CAPTURE_CHANGES) when the rule was made; -1: not yet
         request_started.connect(_keep_path_info, dispatch_uid=_SERVER_PATH_INFO)
         request_finished.connect(drop_unsent, dispatch_uid=UNSENT_STREAM)
+        request_started.connect(forget_unsent, dispatch_uid=STARTED_REQUEST)
 
     def __call__(self, request: HttpRequest) -> HttpResponseBase:
         if self._rule_from != len(_CAPTURE_CHANGES):  # the first request, or views decorated since

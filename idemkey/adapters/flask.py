@@ -38,7 +38,8 @@ template; the view's answer, as ``make_response`` builds it, is stored once the 
 has left Flask, and released if Flask sends its 500 instead (an ``after_request`` hook or a
 teardown that failed: ``_flask_settle``); ``after_request`` hooks run on first answers and
 replays alike. A streamed response completes without its body at its first byte, and is
-released if it fails before it. A view that raises releases the key. ``@idem.idempotent``
+released if it fails before it; a file the server sends itself (``send_file``) completes
+without its body at once. A view that raises releases the key. ``@idem.idempotent``
 goes below the route decorator: written above it, the app is refused at its first request.
 """
 
@@ -46,6 +47,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar, overload
 
@@ -85,6 +87,8 @@ class Idemkey:
         self.policy = checked_policy(policy, "Idemkey(policy=...)")
         self._overrides: list[dict[str, Any]] = []  # every view's Policy changes, for capture
         self._guards: list[Callable[..., Any]] = []  # every guarded view, for their order
+        # Every app served, for that order too; weakly: an app factory's apps may come and go.
+        self._apps: weakref.WeakSet[Flask] = weakref.WeakSet()
         if app is not None:
             self.init_app(app)
 
@@ -99,6 +103,8 @@ class Idemkey:
         capture_rule(state.policy, self._overrides)  # every view's policy now: a bad one fails here
         # The rules are read at the first request (the decorators' order), when all are added.
         state.endpoints = app.view_functions
+        self._apps.add(app)
+        state.apps = self._apps
         # Capture a keyed body before Flask runs a hook that may consume it (request.form), and
         # settle a guarded view's answer once Flask has sent it.
         app.wsgi_app = BodyCapture(app.wsgi_app, state, self._overrides, self._guards)  # type: ignore[method-assign]
@@ -171,6 +177,11 @@ def _guard(
             exchange.unprotected_ended()
     g._get_current_object().idemkey = exchange  # one proxy lookup
     slot = environ.get(SETTLE_KEY)  # BodyCapture's: it settles once Flask has sent the answer
+    if slot is not None:
+        if slot:  # reserved by the guarded view that called this one, whose answer is sent
+            slot = None
+        else:  # reserved before the view runs: a guarded view it calls settles in that view
+            slot.append(None)
     try:
         try:
             response = render_view(app, view, args, kwargs)
@@ -203,14 +214,16 @@ def _guard(
             response.headers.clear()
             response.headers.extend(sent)
     except BaseException:
+        if slot is not None:
+            slot.clear()
         driver.fail(exchange, "the handler raised")
         raise
-    # No BodyCapture around this dispatch, or the slot already holds an answer (a guarded view
-    # called from inside another): nothing else would settle this one.
-    if slot is None or slot:
+    # No BodyCapture around this dispatch, or a guarded view called from inside another: the
+    # outer one's answer is the one sent, so nothing else would settle this one.
+    if slot is None:
         complete(pending)
     else:
-        slot.append(pending)
+        slot[0] = pending
     return response
 
 

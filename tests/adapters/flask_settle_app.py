@@ -13,13 +13,16 @@ import json
 import os
 import sys
 import tempfile
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Iterable, Iterator
+from typing import TYPE_CHECKING, Any
 
 import redis
 from flask import Flask, Response, g, request, send_file
 
 from idemkey.adapters.flask import Idemkey
+
+if TYPE_CHECKING:
+    from _typeshed.wsgi import StartResponse, WSGIApplication, WSGIEnvironment
 
 idem = Idemkey()
 RECEIPT = b"receipt\n" * 10
@@ -31,6 +34,7 @@ def create_app() -> Flask:
     app.config.update(IDEMKEY_REDIS_URL=url, IDEMKEY_PREFIX=prefix, IDEMKEY_LEASE=10.0)
     idem.init_app(app)
     counter = redis.Redis.from_url(url)
+    app.wsgi_app = noting_file_wrapper(app.wsgi_app, counter, prefix)  # type: ignore[method-assign]
     receipt = os.path.join(tempfile.mkdtemp(prefix="idemkey-receipt-"), "receipt.txt")
     with open(receipt, "wb") as out:
         out.write(RECEIPT)
@@ -92,6 +96,21 @@ def create_app() -> Flask:
         return Response(lines, status=201, mimetype="text/csv")
 
     return app
+
+
+def noting_file_wrapper(app: WSGIApplication, counter: redis.Redis, prefix: str) -> Any:
+    """``app`` (Flask's WSGI app, with the extension's layer), counting in Redis (``INCR
+    {prefix}:file-wrapper:<key>``) each answer the server gets as its own ``wsgi.file_wrapper``
+    object, which it sends with ``sendfile`` (gunicorn) or its file buffer (waitress)."""
+
+    def noted(environ: WSGIEnvironment, start_response: StartResponse) -> Iterable[bytes]:
+        body = app(environ, start_response)
+        wrapper = environ.get("wsgi.file_wrapper")
+        if isinstance(wrapper, type) and isinstance(body, wrapper):
+            counter.incr(f"{prefix}:file-wrapper:{environ.get('HTTP_IDEMPOTENCY_KEY')}")
+        return body
+
+    return noted
 
 
 if __name__ == "__main__":  # werkzeug's development server, threaded, as `flask run` uses it

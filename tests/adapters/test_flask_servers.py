@@ -4,6 +4,8 @@ the record holds an answer the client was sent, settled once the response leaves
 * ``send_file``: waitress's ``wsgi.file_wrapper`` has a length, so werkzeug took the response
   for a sequence and idemkey read its body (``get_data()`` on a direct-passthrough response):
   a 500, and the claim was never settled (every retry a 409 while the heartbeat renewed it).
+  Then the server's file wrapper was handed back inside idemkey's stream, so gunicorn no
+  longer sent the file with ``sendfile``.
 * An ``after_request`` hook that fails (a unit of work committed after the view): the client
   got Flask's 500 while the view's 201 was stored, so every retry replayed a success whose
   work was never done.
@@ -120,6 +122,20 @@ def test_a_file_sent_by_send_file_is_answered_and_replayed(
     assert (again.status, again.header("Idempotent-Replayed")) == (200, "true")
     assert again.header("Idempotent-Body-Not-Kept") == "true"  # streamed: not kept
     assert count(app, "runs", "r1") == 1
+
+
+@pytest.mark.parametrize("server", ["gunicorn", "waitress"])
+def test_a_file_sent_by_send_file_reaches_the_server_as_its_file_wrapper(
+    served: Callable[[str], AppServer], server: str
+) -> None:
+    """The server's own ``wsgi.file_wrapper`` object, not a wrapper around it: gunicorn sends
+    only that with ``sendfile`` (an ``isinstance`` test), waitress only that from its buffer."""
+    app = served(server)
+    first, again = post(app, "/receipt", "w1"), post(app, "/receipt", "w1")
+    assert (first.status, first.body) == (200, RECEIPT), app.log_text()[-2000:]
+    assert (again.status, again.header("Idempotent-Replayed")) == (200, "true")
+    assert again.header("Idempotent-Body-Not-Kept") == "true"
+    assert (count(app, "runs", "w1"), count(app, "file-wrapper", "w1")) == (1, 1)
 
 
 @pytest.mark.parametrize("server", ["gunicorn", "werkzeug"])

@@ -187,11 +187,14 @@ def test_a_view_registered_guarded_and_also_unguarded_is_not_refused(store: Redi
 
 
 def test_a_guarded_view_called_from_another_settles_too(store: RedisStore) -> None:
-    """Two claims in one request (the inner view on records of its own): the slot holds one
-    answer, and the other is settled in its view, so neither claim is left open."""
+    """Two claims in one request (the inner view on records of its own): the outer view's
+    answer is settled once it left Flask, whichever view returned first, and the inner one in
+    its view, so neither claim is left open and an after_request failure releases the outer."""
     idem = Idemkey(store=store)
     app = Flask("nested")
+    app.config["PROPAGATE_EXCEPTIONS"] = False
     runs: list[str] = []
+    failures = [RuntimeError("commit failed")]
 
     @idem.idempotent(prefix=store.policy.prefix + "inner")
     def audit() -> Any:
@@ -205,11 +208,48 @@ def test_a_guarded_view_called_from_another_settles_too(store: RedisStore) -> No
         audit()
         return {"charged": True}, 201
 
+    @app.after_request
+    def commit(response: Response) -> Response:
+        if failures:
+            raise failures.pop()
+        return response
+
     idem.init_app(app)
     client = app.test_client()
-    assert post(client).status_code == 201
-    with app.test_request_context("/charges", method="POST", headers=KEYED):
-        inner = app.make_response(audit())  # its own record: completed, so replayed
-    assert inner.headers["Idempotent-Replayed"] == "true"
+    assert post(client).status_code == 500  # the client never got the outer view's 201
+    again = post(client)
+    assert (again.status_code, again.headers.get("Idempotent-Replayed")) == (201, None)
     assert post(client).headers["Idempotent-Replayed"] == "true"
-    assert runs == ["charge", "audit"]
+    with app.test_request_context("/charges", method="POST", headers=KEYED):
+        inner = app.make_response(audit())  # its own record: completed in the view, replayed
+    assert inner.headers["Idempotent-Replayed"] == "true"
+    assert runs == ["charge", "audit", "charge"]
+
+
+def test_one_idemkey_shared_by_two_apps_checks_the_order_across_them(store: RedisStore) -> None:
+    """An Idemkey serves any number of apps: a guard one app registers is not misordered
+    because another app (an admin one) registers the bare function; a guard no app registers
+    still is, in the app that registers the bare function."""
+
+    def create_charge() -> Any:
+        return {"id": "ch_1"}, 201
+
+    def refund() -> Any:
+        return {"id": "re_1"}, 201
+
+    for misordered in (False, True):
+        idem = Idemkey(store=store)
+        public, admin = Flask("public"), Flask("admin")
+        public.add_url_rule("/charges", "c", idem.idempotent(create_charge), methods=["POST"])
+        admin.add_url_rule("/charges", "c", create_charge, methods=["POST"])  # unguarded
+        if misordered:  # guarded, and registered by no app: written above the route
+            idem.idempotent(refund)
+            admin.add_url_rule("/refunds", "r", refund, methods=["POST"])
+        idem.init_app(public)
+        idem.init_app(admin)
+        assert public.test_client().post("/charges", headers=KEYED).status_code == 201
+        if misordered:
+            with pytest.raises(ConfigurationError, match=r"refund \(endpoint 'r'\)"):
+                admin.test_client().post("/charges")
+        else:
+            assert admin.test_client().post("/charges").status_code == 201

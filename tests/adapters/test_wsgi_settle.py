@@ -176,3 +176,23 @@ def test_bytes_the_server_never_sends_are_never_replayed(
     assert (again, replay_headers.get("Idempotent-Replayed"), body) == (status, "true", kept)
     assert "Idempotent-Body-Not-Kept" not in replay_headers
     assert replay_headers.get("Content-Length") == dict(headers).get("Content-Length")
+
+
+def test_an_early_close_drains_only_until_the_record_completes(store: RedisStore) -> None:
+    """The block that reaches the declared length completes the record: the drain stops there
+    rather than pull what no server sends (the worker serves nobody meanwhile)."""
+
+    def past_its_length() -> Iterator[bytes]:
+        while True:
+            yield b"x" * 6
+
+    recorder = Recorder(past_its_length(), length=12)
+    result = IdempotencyMiddleware(recorder, store)(
+        environ_for("POST", "/things", [KEY]), Server().start_response
+    )
+    next(iter(result))
+    result.close()  # type: ignore[attr-defined]  # the client left after the first block
+    assert recorder.pulled == 2
+    assert recorder.closed == 1
+    assert retry(IdempotencyMiddleware(recorder, store))[2] == b"x" * 12
+    assert recorder.runs == 1

@@ -216,7 +216,7 @@ FORM_VIEWS = [("/forms", "Idempotency-Key"), ("/forms-by-request-id", "Request-I
 
 @pytest.fixture
 def csrf(project: dict[str, Any]) -> Iterator[dict[str, Any]]:
-    """The project with CsrfViewMiddleware listed before idemkey's, as docs/django.md's "CSRF"
+    """The project with CsrfViewMiddleware below idemkey's, as docs/django.md's "CSRF"
     has a browser view: protected, its page sending the token in X-CSRFToken."""
     from django.test.utils import override_settings
 
@@ -532,8 +532,7 @@ def test_a_form_read_before_idemkey_is_a_problem_not_a_traceback(
 
     from tests.frameworks.djangoproject import settings as project_settings
 
-    first, *rest = project_settings.MIDDLEWARE
-    with override_settings(MIDDLEWARE=[first, f"{__name__}.ReadsFormFirst", *rest]):
+    with override_settings(MIDDLEWARE=[f"{__name__}.ReadsFormFirst", *project_settings.MIDDLEWARE]):
         data = {"amount": "10", "receipt": receipt()}
         answer = Client().post("/forms", data, headers={"Idempotency-Key": "r1"})
     assert answer.status_code == 500

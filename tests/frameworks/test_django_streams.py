@@ -18,9 +18,10 @@ last tests run in process, through Django's test ``Client``, which plays a WSGI 
 from __future__ import annotations
 
 import contextlib
+import itertools
 import socket
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -74,6 +75,30 @@ def _rows() -> Iterator[bytes]:
     yield b"1,5\n"
 
 
+class Unclosable:
+    """Rows from a source with no ``close()``: Django closes a generator before idemkey's
+    stream, but what the server leaves unread of this stays in it, for idemkey's drain."""
+
+    def __init__(self, rows: Iterable[bytes | Exception]) -> None:
+        self.rows = iter(rows)
+        self.pulled = 0
+        OPENED.append(self)
+
+    def __iter__(self) -> Unclosable:
+        return self
+
+    def __next__(self) -> bytes:
+        row = next(self.rows)
+        self.pulled += 1
+        if isinstance(row, Exception):
+            raise row
+        return row
+
+
+#: The views' ``Unclosable`` streams, newest last (the in-process tests read them).
+OPENED: list[Unclosable] = []
+
+
 def _streamed(content: Callable[[], Any]) -> Callable[[HttpRequest], StreamingHttpResponse]:
     @idempotent
     def view(request: HttpRequest) -> StreamingHttpResponse:
@@ -90,6 +115,11 @@ urlpatterns = [
     path("async-fails", _streamed(_fails_async)),
     path("fails-after-a-row", _streamed(_fails_after_a_row)),
     path("rows", _streamed(_rows)),
+    path(
+        "unclosable-fails",
+        _streamed(lambda: Unclosable([b"", ConnectionError("the upstream is down")])),
+    ),
+    path("unclosable-endless", _streamed(lambda: Unclosable(itertools.repeat(FIRST_ROW)))),
 ]
 
 #: The streams that raise before their first byte.
@@ -314,3 +344,55 @@ def test_a_stream_closed_unread_completes_as_the_wsgi_middleware_does(
     assert retry.status_code == 200
     assert retry.headers["Idempotent-Body-Not-Kept"] == "true"
     assert runs(real_client, prefix, "u1") == 1
+
+
+def test_a_stream_with_no_close_closed_unread_is_drained_to_its_failure(
+    streams: dict[str, Any], real_client: redis.Redis, prefix: str
+) -> None:
+    """Left unread, it still holds its rows: the drain pulls them (past an empty chunk, no
+    byte) and meets the failure the server would have, which releases the key."""
+    from django.test import Client
+
+    headers = {"Idempotency-Key": "n1"}
+    for run in (1, 2):
+        Client().post("/unclosable-fails", headers=headers).close()
+        assert OPENED[-1].pulled == 2
+        assert runs(real_client, prefix, "n1") == run  # released: the retry ran
+    assert state(real_client, prefix, "/unclosable-fails", "n1") is None
+
+
+def test_the_drain_of_a_stream_closed_unread_stops_once_it_completed(
+    streams: dict[str, Any], real_client: redis.Redis, prefix: str
+) -> None:
+    """Its first non-empty chunk completes the record (a stream's body is never kept): more
+    pulls would only hold the worker, for up to ``DRAIN_SECONDS``."""
+    from django.test import Client
+
+    headers = {"Idempotency-Key": "n2"}
+    Client().post("/unclosable-endless", headers=headers).close()
+    assert OPENED[-1].pulled == 1
+    retry = Client().post("/unclosable-endless", headers=headers)
+    assert retry.status_code == 200
+    assert retry.headers["Idempotent-Body-Not-Kept"] == "true"
+    assert runs(real_client, prefix, "n2") == 1
+
+
+def test_a_stream_the_test_client_left_unread_stays_claimed_until_read(
+    streams: dict[str, Any], real_client: redis.Redis, prefix: str
+) -> None:
+    """docs/testing.md: the test ``Client`` finishes a streamed request only once the test reads
+    its body or closes it, so until then a retry gets 409 (a later request never releases it);
+    read, it is replayed."""
+    from django.test import Client
+
+    client = Client()
+    headers = {"Idempotency-Key": "r1"}
+    first = client.post("/rows", headers=headers)
+    assert first.status_code == 200  # the view's status; its record is claimed until read
+    for _ in range(2):
+        assert client.post("/rows", headers=headers).status_code == 409
+    assert b"".join(first.streaming_content) == FIRST_ROW + b"1,5\n"
+    retry = client.post("/rows", headers=headers)
+    assert retry.status_code == 200
+    assert retry.headers["Idempotent-Replayed"] == "true"
+    assert runs(real_client, prefix, "r1") == 1

@@ -14,13 +14,15 @@ ALLOWED_HOSTS = ["*"]
 ROOT_URLCONF = "tests.frameworks.djangoproject.urls"
 INSTALLED_APPS: list[str] = []
 USE_TZ = True
+#: idemkey's first, as docs/django.md inserts it (the token middleware's request.user is
+#: set before idemkey decides all the same: it decides in process_view).
 MIDDLEWARE = [
-    "tests.frameworks.djangoproject.views.TokenUserMiddleware",
     "idemkey.adapters.django.IdempotencyMiddleware",
+    "tests.frameworks.djangoproject.views.TokenUserMiddleware",
 ]
-#: A new project's CSRF protection, listed before idemkey's middleware (as a new project has
-#: it, with idemkey's appended): the servers run it when IDEMKEY_TEST_CSRF is set.
-CSRF_MIDDLEWARE = [MIDDLEWARE[0], "django.middleware.csrf.CsrfViewMiddleware", *MIDDLEWARE[1:]]
+#: A new project's CSRF protection, below idemkey's (inserted first, as docs/django.md has it):
+#: the servers run it when IDEMKEY_TEST_CSRF is set.
+CSRF_MIDDLEWARE = [*MIDDLEWARE, "django.middleware.csrf.CsrfViewMiddleware"]
 if os.environ.get("IDEMKEY_TEST_CSRF"):
     MIDDLEWARE = CSRF_MIDDLEWARE
 REDIS_URL = os.environ.get("IDEMKEY_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
