@@ -11,8 +11,10 @@ Each :class:`RedisServer`:
 * binds 127.0.0.1 on a free port (or the port you give), with ``--save ""
   --appendonly no`` (nothing on disk) and ``--daemonize no`` (so we own the process), and
   runs in its own temporary directory that also holds its log;
-* is ready only once it answers ``PING``: :meth:`RedisServer.start` polls against a deadline and
-  raises :class:`RedisServerError` with the tail of the server log if it exits or never answers;
+* is ready only once it answers ``PING`` and alone listens on its port (another process
+  that holds the port answers while ours is still starting, to fail on it):
+  :meth:`RedisServer.start` polls against a deadline and raises :class:`RedisServerError` with
+  the tail of the server log if it exits or never answers;
 * is always cleaned up: by its owner (fixture finalizer or ``with`` block), by an :mod:`atexit`
   hook for every server still alive, and on Linux by ``PR_SET_PDEATHSIG`` so that even a
   SIGKILLed test run does not leave a server behind.
@@ -201,9 +203,9 @@ def free_port(host: str = HOST) -> int:
     """Return a TCP port on ``host`` that was free a moment ago.
 
     The port is released before it is returned, so another process may take it first: a server
-    started on it must survive that. :class:`RedisServer` retries on a fresh port when that
-    happens to a port it chose itself; every other launcher goes through
-    :func:`retried_on_a_taken_port` (:class:`AppServer` does), or binds port 0 itself.
+    started on it must survive that. Every launcher goes through
+    :func:`retried_on_a_taken_port` (:class:`RedisServer` for a port it chose itself,
+    :class:`AppServer`), or binds port 0 itself.
     """
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind((host, 0))
@@ -424,20 +426,22 @@ class RedisServer:
         """Start the process and return once it answers ``PING``.
 
         If the port was chosen automatically and another process grabbed it in the meantime,
-        retry on a fresh port (a few times). Raises :class:`RedisServerError` otherwise.
+        retry on a fresh port (:func:`retried_on_a_taken_port`). Raises
+        :class:`RedisServerError` otherwise.
         """
         if self.running:
             raise RedisServerError(f"redis-server already running on port {self._port}")
-        attempts = 5 if self._chosen_port else 1
-        for attempt in range(1, attempts + 1):
-            try:
-                self._spawn_and_wait()
-                return self
-            except RedisServerError:
-                if not (self._port_was_taken() and attempt < attempts):
-                    raise
-                self._port = free_port()
-        raise AssertionError("unreachable")  # pragma: no cover
+        if not self._chosen_port:
+            self._spawn_and_wait()
+            return self
+        ports = iter([self._port])  # the pick made in __init__, then fresh ones
+
+        def spawn_on_a_free_port() -> None:
+            self._port = next(ports, None) or free_port()
+            self._spawn_and_wait()
+
+        retried_on_a_taken_port(spawn_on_a_free_port)
+        return self
 
     def _command(self) -> list[str]:
         return [
@@ -490,16 +494,16 @@ class RedisServer:
                     self._reap()
                     raise RedisServerError(
                         f"redis-server exited with code {self._proc.returncode} on port "
-                        f"{self._port}:\n{self.log_tail()}"
+                        f"{self._port}:\n{self.log_tail(since=self._log_offset)}"
                     )
                 with contextlib.suppress(redis.ConnectionError, redis.TimeoutError):
-                    if probe.ping():
+                    if probe.ping() and _listens_alone(self._proc.pid, self._port):
                         return
                 if time.monotonic() >= deadline:
                     self.kill()
                     raise RedisServerError(
-                        f"redis-server did not answer PING within {self.startup_timeout:g}s "
-                        f"on port {self._port}:\n{self.log_tail()}"
+                        f"redis-server did not answer PING alone on port {self._port} within "
+                        f"{self.startup_timeout:g}s:\n{self.log_tail(since=self._log_offset)}"
                     )
                 time.sleep(interval)
                 interval = min(interval * 1.5, 0.05)
@@ -573,24 +577,18 @@ class RedisServer:
             with _open_lock:
                 _open.discard(self)
 
-    def log_tail(self, lines: int = 30) -> str:
-        """The last ``lines`` lines of the server log, for error messages."""
+    def log_tail(self, lines: int = 30, *, since: int = 0) -> str:
+        """The last ``lines`` lines of the server log from byte ``since`` on (a start attempt's
+        own, which is what tells :func:`retried_on_a_taken_port` its port was taken)."""
         try:
-            text = self.logfile.read_text(errors="replace")
+            with self.logfile.open("rb") as log:
+                log.seek(since)
+                text = log.read().decode(errors="replace")
         except OSError:
             return "<no log>"
         return "\n".join(text.splitlines()[-lines:])
 
     # ---- internals --------------------------------------------------------------------------
-
-    def _port_was_taken(self) -> bool:
-        """Did the last start attempt fail because another process holds the port?"""
-        try:
-            with self.logfile.open("rb") as log:
-                log.seek(self._log_offset)
-                return b"Address already in use" in log.read()
-        except OSError:
-            return False
 
     def _signal(self, sig: signal.Signals) -> None:
         if self._proc is not None:
@@ -678,7 +676,8 @@ def retried_on_a_taken_port(start: Callable[[], T]) -> T:
 
 
 def _listens_alone(session: int, port: int) -> bool:
-    """Whether every socket listening on TCP ``port`` is held by a process of ``session``.
+    """Whether every socket listening on TCP ``port`` is held by a process of ``session``
+    (the pid of a server started with ``start_new_session=True``: its session's leader).
 
     The process that took a server's port answers on it while the server is still starting (to
     fail on the port): those answers are not the server's. Read from /proc; True where /proc

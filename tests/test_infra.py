@@ -273,3 +273,25 @@ def test_a_redis_server_whose_port_was_taken_starts_on_another(
             assert client.ping()
         finally:
             client.close()
+
+
+def test_a_redis_server_is_not_ready_on_another_redis_server_holding_its_port(
+    monkeypatch: pytest.MonkeyPatch, redis_server_bin: str
+) -> None:
+    """Another redis-server on the port answers PING while ours is still starting (and about to
+    fail on the port): that answer does not make ours ready, ours starts on another port, and
+    nothing meant for ours reaches the other."""
+    import tests._servers as servers
+
+    real_free_port = servers.free_port
+    with RedisServer(executable=redis_server_bin) as other:
+        ports = iter([other.port])
+        monkeypatch.setattr(servers, "free_port", lambda: next(ports, None) or real_free_port())
+        with RedisServer(executable=redis_server_bin) as mine:
+            assert mine.port != other.port
+            with mine.client(retry=no_retry()) as client:
+                assert client.set("written-to-mine", b"1")
+            assert mine.running
+        with other.client(retry=no_retry()) as client:
+            assert client.dbsize() == 0
+        assert other.running
