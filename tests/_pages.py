@@ -37,8 +37,6 @@ PAGES = (
     "docs/glide.md",
 )
 MARKED = re.compile(r"<!-- run -->\n```python\n(.*?)```", re.DOTALL)
-# A configuration file a page's samples need beside them (``# pytest.ini`` first), for write_page.
-MARKED_INI = re.compile(r"<!-- run -->\n```ini\n(.*?)```", re.DOTALL)
 ANY_PYTHON = re.compile(r"^```python\n", re.MULTILINE)
 LOCAL_REDIS = re.compile(r"redis://localhost:6379(/\d+)?")
 
@@ -136,10 +134,9 @@ def write_page(path: str, directory: Path, redis_url: str | None = None) -> list
     """Save every python block of ``path`` as the file its first line names (``# app.py``),
     for a page whose samples are files run together (by pytest, say)."""
     written = []
-    ini = MARKED_INI.findall((ROOT / path).read_text("utf-8"))
-    for index, code in enumerate([*blocks(path), *ini]):
+    for index, code in enumerate(blocks(path)):
         first = code.splitlines()[0]
-        assert re.fullmatch(r"# [\w/]+\.(py|ini)", first), f"{path}[{index}]: no '# file' line"
+        assert re.fullmatch(r"# [\w/]+\.py", first), f"{path}[{index}]: no '# file' line"
         target = directory / first[2:]
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_text(point_at(code, redis_url))
