@@ -212,9 +212,9 @@ def command_line(argv: Sequence[str], redis_url: str | None) -> str:
 def _redact(url: str) -> str:
     """``url`` as the idemkey commands print it, password hidden (the CLI's own function;
     imported here, not with the package: the apps the suite serves import it too)."""
-    from idemkey.cli._redis import redact
+    from idemkey.store._url import redacted
 
-    return redact(url)
+    return redacted(url)
 
 
 async def _run(

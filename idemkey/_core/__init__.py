@@ -308,21 +308,24 @@ def decode_claim_reply(reply: object, owner: str) -> ExpiringDecision:
         tag = reply[0]
         if tag == _REPLAY and len(reply) == 2 and isinstance(reply[1], bytes):
             return _new_tuple(Replay, (reply[1],))  # Replay(reply[1])
-        # The try costs no bytecode but its NOP, and none on the replay above; what it catches,
-        # a fence or lease time that is no number (a hostile proxy, a broken server: b"x", a
-        # list, 400 digits past a float), is a reply no script sends: the StoreError below.
+        # Only an int is a fence or a lease time (one ``type() is`` test): RESP3 has replies of
+        # its own for a number that is none (a double, which int() truncated: ``,1.5`` ran the
+        # handler on fence 1; a null, a map; a boolean, an int to isinstance). No script sends
+        # one: a hostile proxy or a broken server does, and gets the StoreError below.
+        if tag == _CLAIMED and len(reply) == 3 and type(fence := reply[1]) is int:
+            return _new_tuple(Claimed, (owner, fence, reply[2] == 1, ()))
+        # The try costs no bytecode but its NOP, and none on the claim above; what it catches
+        # is a lease or tombstone time past a float (a RESP3 big number of 400 digits) divided.
         try:
-            if tag == _CLAIMED and len(reply) == 3:
-                return _new_tuple(Claimed, (owner, int(reply[1]), reply[2] == 1, ()))
-            if tag == _CLAIMED and len(reply) > 3 and len(reply) % 2:
-                return Claimed(owner, int(reply[1]), reply[2] == 1, _steps_of(reply))
-            if tag == _IN_FLIGHT and len(reply) == 2:
-                return InFlight(max(int(reply[1]), 0) / 1000)
+            if tag == _CLAIMED and len(reply) > 3 and len(reply) % 2 and type(reply[1]) is int:
+                return Claimed(owner, reply[1], reply[2] == 1, _steps_of(reply))
+            if tag == _IN_FLIGHT and len(reply) == 2 and type(reply[1]) is int:
+                return InFlight(max(reply[1], 0) / 1000)
             if tag == _MISMATCH:
                 return _MISMATCH_DECISION
-            if tag == _EXPIRED and len(reply) == 2 and isinstance(reply[1], int):
+            if tag == _EXPIRED and len(reply) == 2 and type(reply[1]) is int:
                 return Expired(reply[1] / 1000)
-        except (TypeError, ValueError, OverflowError):
+        except OverflowError:
             pass
         if tag == _FOREIGN and len(reply) == 2 and isinstance(reply[1], bytes):
             # Redis answered: a record idemkey cannot read, never a store failure to run beside.

@@ -45,9 +45,10 @@ from typing import IO, Final
 from .. import _DISTRIBUTION, __version__
 from ..errors import ConfigurationError, IdemkeyError
 from ..policy import Policy
+from ..store._url import redacted
 from . import bench, cancel, console, demo, doctor, forget, inspect, listing, probe, serve, stats
 from ._base import DEBUG_ENV, URL_ENV, CliError, Parser, UsageError
-from ._redis import explain_redis_error, redact
+from ._redis import explain_redis_error
 from .readable import shown
 
 __all__ = ["CliError", "build_parser", "main"]
@@ -209,7 +210,7 @@ def _run(args: argparse.Namespace, out: IO[str]) -> int:
             sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - stays open until exit
         return 141
     except (redis.RedisError, OSError) as exc:
-        where = redact(args.redis_url) if args.redis_url else "Redis"
+        where = redacted(args.redis_url) if args.redis_url else "Redis"
         return fail(f"{where}: {explain_redis_error(exc)}", 3)
     except ConfigurationError as exc:  # an option that cannot work: a bad argument, not Redis
         return fail(f"{type(exc).__name__}: {exc}", 2)
@@ -222,7 +223,7 @@ def _run(args: argparse.Namespace, out: IO[str]) -> int:
         if isinstance(exc, ValueError) and raised_reading_a_reply(exc):
             # redis-py's reply callbacks convert as they read (TIME: int() of each part): a
             # server that sends what Redis never does (a "²") gets a ValueError, not a RedisError.
-            where = redact(args.redis_url) if args.redis_url else "Redis"
+            where = redacted(args.redis_url) if args.redis_url else "Redis"
             return fail(
                 f"{where}: an answer idemkey cannot read, not what Redis sends "
                 f"(ValueError: {shown(message)}); check the host and port",

@@ -1,4 +1,5 @@
-"""Connections for the commands that talk to Redis, and printing a URL without its password."""
+"""Connections for the commands that talk to Redis (a URL is printed without its password by
+the store's ``redacted``, which the demo app, importing nothing of the command line, uses too)."""
 
 from __future__ import annotations
 
@@ -12,12 +13,7 @@ from ..store.diagnostics import _text as text
 from ._base import URL_ENV, CliError
 from .readable import shown
 
-__all__ = ["Server", "connect", "explain_redis_error", "info", "key_count", "redact"]
-
-
-#: ``url`` without its password, for printing (the demo app, which imports nothing of the
-#: command line, prints URLs too: the function is the store's).
-redact = redacted
+__all__ = ["Server", "connect", "explain_redis_error", "info", "key_count"]
 
 
 @dataclass
@@ -45,7 +41,7 @@ def connect(url: str | None) -> Iterator[Server]:
     try:
         probe = client_from_url(url, source="--redis-url")
     except ValueError as exc:
-        raise CliError(f"bad --redis-url {redact(url)}: {exc.__cause__ or exc}", 2) from exc
+        raise CliError(f"bad --redis-url {redacted(url)}: {exc.__cause__ or exc}", 2) from exc
     try:
         cluster = text(info(probe, "cluster").get("cluster_enabled")) == "1"
     except redis.ResponseError:

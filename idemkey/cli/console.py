@@ -17,8 +17,9 @@ from typing import IO, Final
 from ..errors import ConfigurationError
 from ..policy import Policy
 from ..store import RedisStore
+from ..store._url import redacted
 from ._base import CliError
-from ._redis import connect, redact
+from ._redis import connect
 from ._refresh import MAX_REFRESH, MIN_REFRESH, refresh_seconds
 
 HELP: Final = "serve a read-only web page of the records and uncertain outcomes (127.0.0.1)"
@@ -139,8 +140,9 @@ def run(args: argparse.Namespace, out: IO[str]) -> int:
                     f"WARNING: {UNSAFE.format(where=where, forget=forget)} "
                     "(--unsafe-expose; unauthenticated)\n"
                 )
+            on = redacted(args.redis_url)
             out.write(
-                f"idemkey console for prefix {args.prefix!r} on {redact(args.redis_url)} ({mode}): "
+                f"idemkey console for prefix {args.prefix!r} on {on} ({mode}): "
                 f"http://{_url_host(args.host)}:{args.port}/ (Ctrl-C to stop)\n"
             )
             out.flush()

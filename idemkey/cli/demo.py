@@ -9,7 +9,6 @@ from types import ModuleType
 from typing import IO, Final
 
 from ._base import CliError
-from ._redis import redact
 
 HELP: Final = (
     "play the retry story against the demo payments app (embedded store unless "
@@ -52,10 +51,6 @@ def demo_errors() -> Iterator[None]:
         raise CliError(str(exc)) from None
 
 
-def shown(redis_url: str | None) -> str | None:
-    return redact(redis_url) if redis_url else None
-
-
 def run(args: argparse.Namespace, out: IO[str]) -> int:
     demo = load_demo()
     with demo_errors():
@@ -64,6 +59,5 @@ def run(args: argparse.Namespace, out: IO[str]) -> int:
             prefix=args.prefix,
             out=out,
             as_json=args.json,
-            shown_url=shown(args.redis_url),
         )
     return 0 if ok else 1

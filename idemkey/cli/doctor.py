@@ -15,9 +15,10 @@ from dataclasses import asdict
 from typing import IO, Any, Final
 
 from ..store import diagnostics
+from ..store._url import redacted
 from ..store.diagnostics import _text as text
 from ._base import CliError, print_json
-from ._redis import connect, explain_redis_error, info, redact
+from ._redis import connect, explain_redis_error, info
 from .readable import shown
 
 HELP: Final = "check that a Redis server is fit to hold records"
@@ -176,14 +177,14 @@ def run(args: argparse.Namespace, out: IO[str]) -> int:
     if args.json:
         print_json(
             {
-                "url": redact(args.redis_url),
+                "url": redacted(args.redis_url),
                 "verdict": verdict_all,
                 "checks": [{"node": node, **asdict(c)} for node, c in lines],
             },
             out,
         )
     else:
-        out.write(f"idemkey doctor: {redact(args.redis_url)}\n")
+        out.write(f"idemkey doctor: {redacted(args.redis_url)}\n")
         for node, check in lines:
             # The details quote what the server reports (its version, role, settings, errors):
             # escaped, so an impostor on the URL cannot drive the operator's terminal.

@@ -11,8 +11,8 @@ from pathlib import Path
 from typing import IO, Final
 
 from .._options import TOKEN
+from ..store._url import redacted
 from ._base import CliError, print_json
-from ._redis import redact
 from .probing.session import Plan, ProbeSession, derive_edit
 from .probing.transport import Target, Unreachable, parse_target, send_batch
 from .probing.verdicts import Result, worst
@@ -257,7 +257,7 @@ def _line(result: Result) -> str:
 def run(args: argparse.Namespace, out: IO[str]) -> int:
     target, plan, how = plan_from(args)
     session = ProbeSession(plan, f"probe-{secrets.token_hex(8)}", f"probe-{secrets.token_hex(8)}")
-    url = redact(args.url)  # a query's password=, as a Redis URL's (user information is refused)
+    url = redacted(args.url)  # a query's password=, as a Redis URL's (user information is refused)
     if not args.json:
         out.write(
             f"idemkey probe: {plan.method} {url}, at most {plan.max_requests} requests\n"

@@ -7,7 +7,7 @@ from typing import IO, Final
 
 from . import demo
 from ._base import CliError
-from .demo import demo_errors, load_demo, shown
+from .demo import demo_errors, load_demo
 
 HELP: Final = (
     "run the demo payments app for curl until Ctrl-C (embedded store unless --redis-url is "
@@ -35,6 +35,5 @@ def run(args: argparse.Namespace, out: IO[str]) -> int:
             redis_url=args.redis_url,
             prefix=args.prefix,
             out=out,
-            shown_url=shown(args.redis_url),
         )
     return 0

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import IO, Any, Final
 
 from .._core import LOCK_HINT, parse_record_name, record_pattern
+from ..store._url import redacted
 from ..store.diagnostics import _text as text
 from ..store.status import (
     NAMED_FIELDS,
@@ -22,7 +23,7 @@ from ..store.status import (
 )
 from ._base import CliError, print_json
 from ._progress import Progress
-from ._redis import connect, key_count, redact
+from ._redis import connect, key_count
 from .readable import shown, size
 
 HELP: Final = "records by state, memory and TTLs (SCAN, never KEYS)"
@@ -279,7 +280,7 @@ def _measure(client: Any, keys: Sequence[bytes], stats: Stats) -> None:
 
 
 def _show_stats(stats: Stats, url: str, out: IO[str]) -> None:
-    where = f"{stats.nodes} primaries" if stats.nodes > 1 else redact(url)
+    where = f"{stats.nodes} primaries" if stats.nodes > 1 else redacted(url)
     out.write(f'records under prefix "{stats.prefix}" on {where} ({stats.seconds:.2f} s)\n')
     for state, count in stats.states.items():
         if state == "other" and not count:

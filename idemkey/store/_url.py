@@ -107,10 +107,11 @@ def _check_user_information(url: str) -> None:
 
 
 def redacted(url: str) -> str:
-    """``url`` with its password (``user:password@``, or redis-py's ``?password=``) replaced
-    by ``***``, for printing; with an '@' after the host (an unencoded password), all from
-    ``://`` to the last '@'. Never raises: a port that is no port (``:99999``,
-    ``:abc``) is a bad argument, printed as given once the password is gone."""
+    """``url`` with its password (``user:password@``, or redis-py's ``?password=``, whose key
+    may be percent-encoded: ``?pa%73sword=``) replaced by ``***``, for printing; with an '@'
+    after the host (an unencoded password), all from ``://`` to the last '@'. Never raises: a
+    port that is no port (``:99999``, ``:abc``) is a bad argument, printed as given once the
+    password is gone."""
     try:
         parts = urlsplit(url)
     except ValueError:
@@ -118,15 +119,16 @@ def redacted(url: str) -> str:
     if "@" in parts.path + parts.query + parts.fragment:
         head, _, tail = url.rpartition("@")
         scheme, sep, _ = head.partition("://")
+        # redis-py reads the query's keys percent-decoded (parse_qs): ``pa%73sword=`` is one.
         if not sep:  # no scheme: no URL redis-py takes, shown only to say where it went wrong
-            return "***" if "password=" in url else f"***@{tail}"
-        if "password=" in head:  # the '@' may be a query password's, what follows its tail
+            return "***" if "password=" in unquote(url) else f"***@{tail}"
+        if "password=" in unquote(head):  # the '@' may be a query password's, ending its tail
             return f"{scheme}://***"
         shown = redacted(f"{scheme}://{tail}")
         before, sep, after = shown.partition("://")
         return f"{before}://***@{after}" if sep else shown
     pairs = parts.query.split("&")
-    hidden_pairs = ["password=***" if p.partition("=")[0] == "password" else p for p in pairs]
+    hidden_pairs = [_hidden_pair(pair) for pair in pairs]
     if parts.password is None and hidden_pairs == pairs:
         return url  # nothing to hide: as given
     netloc = parts.netloc
@@ -137,6 +139,14 @@ def redacted(url: str) -> str:
     query = f"?{'&'.join(hidden_pairs)}" if parts.query else ""
     fragment = f"#{parts.fragment}" if parts.fragment else ""
     return f"{parts.scheme}://{netloc}{parts.path}{query}{fragment}"  # "//" kept: unix:///p
+
+
+def _hidden_pair(pair: str) -> str:
+    """A query's ``key=value`` with the value hidden if redis-py reads the key as ``password``
+    (percent-decoded, as parse_qs reads it); the key as written, so the URL still says where
+    its password was."""
+    key = pair.partition("=")[0]
+    return f"{key}=***" if unquote(key) == "password" else pair
 
 
 def _check_connection(url: str, pool: Any) -> None:

@@ -10,14 +10,18 @@ from __future__ import annotations
 
 import json
 import os
+import selectors
 import subprocess
 import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
 from urllib.parse import urlsplit
 
 import pytest
 
-from idemkey.cli._redis import redact
+from idemkey.store._url import redacted
+from tests._servers import RedisServer
 from tests.cli.conftest import CliRunner
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -135,7 +139,97 @@ def test_the_demo_refuses_an_unencoded_password_and_never_prints_it(
             "redis://localhost:6399/0?password=***&db=1",
         ),
         ("redis://localhost:6399/0", "redis://localhost:6399/0"),
+        # redis-py reads a query's keys percent-decoded (parse_qs): each is its password.
+        ("redis://localhost:6399/0?pa%73sword=s3cret", "redis://localhost:6399/0?pa%73sword=***"),
+        (
+            "redis://localhost:6399/0?db=1&%70assword=s3",
+            "redis://localhost:6399/0?db=1&%70assword=***",
+        ),
+        ("redis://localhost:6399/0?pa%73sword=pa@ss", "redis://***"),
+        ("localhost:6399/0?pa%73sword=pa@ss", "***"),
     ],
 )
 def test_redacted_hides_the_user_information_up_to_the_last_at_sign(url: str, shown: str) -> None:
-    assert redact(url) == shown
+    assert redacted(url) == shown
+
+
+def test_a_query_password_with_an_escaped_key_is_never_printed(idemkey: CliRunner) -> None:
+    """redis-py decodes ``pa%73sword`` to ``password``: the doctor printed its value."""
+    run = idemkey(
+        "doctor", "--pings", "1", "--redis-url", "redis://127.0.0.1:1/0?pa%73sword=s3cret"
+    )
+    assert "s3cret" not in run.out + run.err, (run.out, run.err)
+    assert "?pa%73sword=***" in run.out + run.err, (run.out, run.err)
+
+
+# ---- the demo and serve print where their store is: never its password ----------------------
+
+
+@pytest.fixture
+def password_urls(redis_server_factory: Callable[..., RedisServer]) -> dict[str, str]:
+    """URLs of a Redis that needs the password s3cret, with the password where redis-py reads
+    it: the user information, or the query (its key percent-encoded or not)."""
+    server = redis_server_factory()
+    with server.client() as admin:
+        admin.config_set("requirepass", "s3cret")
+    address = f"{server.host}:{server.port}"
+    return {
+        "user information": f"redis://:s3cret@{address}/0",
+        "query": f"redis://{address}/0?password=s3cret",
+        "query, key escaped": f"redis://{address}/0?pa%73sword=s3cret",
+    }
+
+
+PASSWORD_PLACES = ["user information", "query", "query, key escaped"]
+
+
+@pytest.mark.parametrize("place", PASSWORD_PLACES)
+def test_the_demo_names_its_store_without_the_password(
+    idemkey: CliRunner, password_urls: dict[str, str], prefix: str, place: str
+) -> None:
+    url = password_urls[place]
+    run = idemkey("--prefix", prefix, "demo", "--json", "--redis-url", url)
+    assert "s3cret" not in run.out + run.err, (run.out, run.err)
+    assert run.code == 0, (run.out, run.err)
+    assert json.loads(run.out)["store"] == redacted(url)
+    assert "***" in redacted(url)
+
+
+def _first_line_of_serve(url: str, prefix: str) -> str:
+    """What ``python -m idemkey serve`` prints first (where it serves, and its store), read
+    with a deadline; the server is stopped after."""
+    env = {k: v for k, v in os.environ.items() if k != "IDEMKEY_REDIS_URL"}
+    command = [sys.executable, "-m", "idemkey", "--prefix", prefix, "serve", "--port", "0"]
+    proc = subprocess.Popen(
+        [*command, "--redis-url", url],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd=ROOT, env=env,
+    )  # fmt: skip
+    assert proc.stdout is not None
+    try:
+        selector = selectors.DefaultSelector()
+        selector.register(proc.stdout, selectors.EVENT_READ)
+        deadline = time.monotonic() + REFUSED_WITHIN
+        printed = b""
+        while b"\n" not in printed:  # raw reads: a buffered readline() could hide lines
+            left = deadline - time.monotonic()
+            if left <= 0 or not selector.select(timeout=left):
+                pytest.fail(f"serve printed no line within {REFUSED_WITHIN:g} s: {printed!r}")
+            chunk = os.read(proc.stdout.fileno(), 65536)
+            if not chunk:
+                pytest.fail(f"serve exited: {printed!r}")
+            printed += chunk
+        return printed.decode().partition("\n")[0]
+    finally:
+        proc.terminate()
+        proc.wait(10)
+        proc.stdout.close()
+
+
+@pytest.mark.parametrize("place", PASSWORD_PLACES)
+def test_serve_names_its_store_without_the_password(
+    password_urls: dict[str, str], prefix: str, place: str
+) -> None:
+    url = password_urls[place]
+    line = _first_line_of_serve(url, prefix)
+    assert "s3cret" not in line, line
+    assert f"(store: {redacted(url)});" in line, line

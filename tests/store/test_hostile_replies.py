@@ -5,8 +5,10 @@ a WAIT answered with a status instead of a replica count. Each must be a StoreEr
 TypeError (an internal error: a 500 and a traceback).
 
 The server is the command-line tests' scripted RESP server (tests/cli/test_hostile_redis.py),
-answering each command from a table; the stores run on redis-py, sync and asyncio, and on
-valkey-glide.
+answering each command from a table, and HELLO 3 as Redis does; the stores run on redis-py,
+sync and asyncio, and on valkey-glide, each on RESP2 and on RESP3 (redis-py 8.2's default and
+glide's), which has replies of its own for a number that is none: a double (``,1.5``, which
+int() truncated: the handler ran on a fence 1), a null, a map.
 """
 
 from __future__ import annotations
@@ -41,14 +43,38 @@ HOSTILE_CLAIMS = {
         b"*5\r\n:1\r\n$1\r\nx\r\n:0\r\n$4\r\nstep\r\n$2\r\nok\r\n"
     ),
 }
+#: claim.lua's replies with a number that is none in RESP3's types, which only a RESP3 client
+#: reads (a RESP2 client refuses the type byte itself: a connection error).
+RESP3_CLAIMS = {
+    "claimed, its fence a double": b"*3\r\n:1\r\n,1.5\r\n:0\r\n",
+    "claimed, its fence a whole double": b"*3\r\n:1\r\n,7\r\n:0\r\n",
+    "claimed with a step, its fence a double": (
+        b"*5\r\n:1\r\n,1.5\r\n:0\r\n$4\r\nstep\r\n$2\r\nok\r\n"
+    ),
+    "claimed, its fence a null": b"*3\r\n:1\r\n_\r\n:0\r\n",
+    "claimed, its fence a map": b"*3\r\n:1\r\n%0\r\n:0\r\n",
+    "claimed, its fence a boolean": b"*3\r\n:1\r\n#t\r\n:0\r\n",  # an int to int()
+    "in flight, its lease a double": b"*2\r\n:3\r\n,2.5\r\n",
+    "in flight, its lease an infinite double": b"*2\r\n:3\r\n,inf\r\n",
+    "in flight, its lease a double that is no number": b"*2\r\n:3\r\n,nan\r\n",
+    "in flight, its lease a big number past a float": b"*2\r\n:3\r\n(" + b"9" * 400 + b"\r\n",
+}
+#: What Redis 7 answers HELLO 3: a map, with the protocol the client asked for.
+HELLO_3 = (
+    b"%7\r\n$6\r\nserver\r\n$5\r\nredis\r\n$7\r\nversion\r\n$6\r\n7.0.15\r\n"
+    b"$5\r\nproto\r\n:3\r\n$2\r\nid\r\n:1\r\n$4\r\nmode\r\n$10\r\nstandalone\r\n"
+    b"$4\r\nrole\r\n$6\r\nmaster\r\n$7\r\nmodules\r\n*0\r\n"
+)
 #: What claim.lua answers a fresh claim (fence 7), for the WAIT test.
 CLAIMED = b"*3\r\n:1\r\n:7\r\n:0\r\n"
 
 
 def scripts_answering(claim: bytes, **overrides: Callable[[list[bytes]], bytes]) -> Replies:
     """A server whose claim script answers ``claim`` and every other script 1, that takes the
-    commands redis-py and glide send as they connect, and calls itself a master."""
+    commands redis-py and glide send as they connect (HELLO 3 on RESP3), and calls itself a
+    master."""
     replies: Replies = {
+        b"HELLO": lambda args: HELLO_3,
         b"EVALSHA": lambda args: claim if args[1] == CLAIM_SHA else b":1\r\n",
         b"CLIENT": lambda args: b"+OK\r\n",  # SETINFO (glide gives up on an error)
         b"INFO": lambda args: info(),  # glide looks for the primary
@@ -61,14 +87,22 @@ def _port(server: FakeRedis) -> int:
     return int(server.url.rsplit(":", 1)[1].split("/")[0])
 
 
+def _sync_client(kind: str, server: FakeRedis) -> redis.Redis:
+    if kind == "redis-py":
+        return redis.Redis(port=_port(server), protocol=2, socket_timeout=5)
+    assert kind == "redis-py RESP3"
+    return redis.Redis(port=_port(server), socket_timeout=5)  # the default protocol
+
+
 async def _async_client(kind: str, server: FakeRedis) -> Any:
     if kind == "redis-py":
         return redis.asyncio.Redis(port=_port(server), protocol=2, socket_timeout=5)
+    if kind == "redis-py RESP3":
+        return redis.asyncio.Redis(port=_port(server), socket_timeout=5)  # the default protocol
     glide = pytest.importorskip("glide", reason="valkey-glide is not installed")
+    resp2 = {"protocol": glide.ProtocolVersion.RESP2} if kind == "glide" else {}
     config = glide.GlideClientConfiguration(
-        [glide.NodeAddress("127.0.0.1", _port(server))],
-        request_timeout=5000,
-        protocol=glide.ProtocolVersion.RESP2,  # the scripted server speaks RESP2 only
+        [glide.NodeAddress("127.0.0.1", _port(server))], request_timeout=5000, **resp2
     )
     return await glide.GlideClient.create(config)
 
@@ -90,16 +124,35 @@ async def async_stores() -> AsyncIterator[Callable[..., Any]]:
         await (client.aclose() if isinstance(client, redis.asyncio.Redis) else client.close())
 
 
-CLIENTS = ["redis-py", "glide"]
+#: glide's Rust core aborts the process (not an error: the whole worker dies) on a RESP3 big
+#: number in reply to EVALSHA, an upstream bug no store can catch; its other replies run.
+GLIDE_ABORTS_ON = {"in flight, its lease a big number past a float"}
 
 
-@pytest.mark.parametrize("reply", HOSTILE_CLAIMS.values(), ids=HOSTILE_CLAIMS)
+def _cases(clients: list[str]) -> list[Any]:
+    """(client, reply) for each client and each reply it reads: RESP3's types on RESP3 only."""
+    return [
+        pytest.param(kind, reply, id=f"{kind}-{name}")
+        for kind in clients
+        for name, reply in (
+            {**HOSTILE_CLAIMS, **RESP3_CLAIMS} if kind.endswith("RESP3") else HOSTILE_CLAIMS
+        ).items()
+        if not (kind == "glide RESP3" and name in GLIDE_ABORTS_ON)
+    ]
+
+
+SYNC_CASES = _cases(["redis-py", "redis-py RESP3"])
+ASYNC_CASES = _cases(["redis-py", "redis-py RESP3", "glide", "glide RESP3"])
+
+
+@pytest.mark.parametrize(("kind", "reply"), SYNC_CASES)
 def test_a_claim_reply_with_no_number_is_a_store_error_in_guard(
     fake_redis: Callable[[Replies], FakeRedis],  # noqa: F811
+    kind: str,
     reply: bytes,
 ) -> None:
     server = fake_redis(scripts_answering(reply))
-    client = redis.Redis(port=_port(server), protocol=2, socket_timeout=5)
+    client = _sync_client(kind, server)
     store = RedisStore(client, Policy(prefix="hostile"))
     ran = []
     try:
@@ -114,8 +167,7 @@ def test_a_claim_reply_with_no_number_is_a_store_error_in_guard(
     assert ran == []
 
 
-@pytest.mark.parametrize("kind", CLIENTS)
-@pytest.mark.parametrize("reply", HOSTILE_CLAIMS.values(), ids=HOSTILE_CLAIMS)
+@pytest.mark.parametrize(("kind", "reply"), ASYNC_CASES)
 async def test_a_claim_reply_with_no_number_is_a_store_error_in_aguard(
     fake_redis: Callable[[Replies], FakeRedis],  # noqa: F811
     async_stores: Callable[..., Any],
@@ -136,8 +188,7 @@ async def _charge(scope: Scope, receive: Receive, send: Send) -> None:
     raise AssertionError("the handler ran on a claim nobody made")
 
 
-@pytest.mark.parametrize("kind", CLIENTS)
-@pytest.mark.parametrize("reply", HOSTILE_CLAIMS.values(), ids=HOSTILE_CLAIMS)
+@pytest.mark.parametrize(("kind", "reply"), ASYNC_CASES)
 async def test_a_claim_reply_with_no_number_is_a_503_through_the_asgi_middleware(
     fake_redis: Callable[[Replies], FakeRedis],  # noqa: F811
     async_stores: Callable[..., Any],

@@ -29,19 +29,17 @@ if TYPE_CHECKING:
 __all__ = ["open_store", "running", "serve"]
 
 
-def open_store(
-    redis_url: str | None, prefix: str, shown_url: str | None = None
-) -> tuple[RedisStore, str, Callable[[], None]]:
+def open_store(redis_url: str | None, prefix: str) -> tuple[RedisStore, str, Callable[[], None]]:
     """A store on ``redis_url``, or on an embedded fakeredis server (with Lua) when None.
 
-    Returns the store, a description of where it is (``shown_url``: the URL as it may be
-    printed, without its password), and a function that closes it.
+    Returns the store, a description of where it is (the URL without its password, as it may
+    be printed), and a function that closes it.
     """
     policy = payments.demo_policy(prefix)
     if redis_url:
         client = client_from_url(redis_url, source="--redis-url")
         client.ping()  # fail now, with one line, rather than inside the first request
-        where = redacted(shown_url) if shown_url else "the Redis server given"
+        where = redacted(redis_url)
     else:
         try:
             import fakeredis
@@ -138,11 +136,10 @@ def serve(
     prefix: str = "idemkey",
     out: IO[str] | None = None,
     ready: Callable[[str], None] | None = None,
-    shown_url: str | None = None,
 ) -> None:
     """Run the demo app until interrupted, printing curl commands to try it."""
     out = out if out is not None else sys.stdout
-    store, where, close = open_store(redis_url, prefix, shown_url)
+    store, where, close = open_store(redis_url, prefix)
     try:
         server = _make_server(host, port, create_app(store))
         base = f"http://{host}:{server.socket.getsockname()[1]}"

@@ -300,12 +300,11 @@ def run_story(
     out: IO[str] | None = None,
     *,
     as_json: bool = False,
-    shown_url: str | None = None,
 ) -> bool:
     """Start the demo app on a local port and play the retry story; True when every step
     behaved. ``redis_url`` None: an embedded fakeredis server."""
     out = out if out is not None else sys.stdout
-    store, where, close = open_store(redis_url, prefix, shown_url)
+    store, where, close = open_store(redis_url, prefix)
     try:
         app = create_app(store)
         with running(app) as base:
