@@ -12,7 +12,6 @@ import asyncio
 import hashlib
 import inspect
 import logging
-import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
@@ -33,10 +32,10 @@ __all__ = [
     "Reporter",
     "Reporting",
     "TAKEN_OVER_DETAIL",
+    "call_hook",
     "emit",
     "enabled_memo",
     "logger",
-    "never_awaited",
     "quiet",
     "report",
 ]
@@ -135,43 +134,37 @@ def emit(hook: Callable[[Event], object] | None, event: Event) -> None:
     if hook is None:
         return
     try:
-        returned = hook(event)
+        call_hook(hook, event)
     except Exception:
         logger.exception("idemkey on_event hook raised; the request goes on")
-        return
-    if returned is not None:  # a plain hook's None: the one test it costs on the request path
-        never_awaited(hook, returned)
 
 
-#: The ids of the hooks told of, each dropped when its hook is (so a new hook that gets the
-#: id is told too), or kept with the hook itself when it takes no weak reference.
-_told: dict[int, object] = {}
+#: The never-awaited warnings already logged (a hook's name and what it returned): each is
+#: logged once, not per event; as many as the program has such hooks.
+_logged: set[str] = set()
 
 
-def never_awaited(hook: object, returned: object) -> None:
-    """Close what ``hook`` returned if it is work nobody will await (a coroutine: the hook is
-    called synchronously), and say so once per hook. A Task or Future is scheduled: left be."""
-    if not inspect.isawaitable(returned) or asyncio.isfuture(returned):
-        return
+def call_hook(hook: Callable[[Event], object], event: Event) -> None:
+    """Call ``hook`` with ``event`` (what it raises goes on). Work it returns that nobody will
+    await (a coroutine: the hook is called synchronously) is closed, and said once per hook;
+    a Task or Future is scheduled: left be. ``emit`` and ``contrib.chain`` call each hook so."""
+    returned = hook(event)
+    if returned is None or not inspect.isawaitable(returned) or asyncio.isfuture(returned):
+        return  # a plain hook's None: the one test it costs on the request path
     close = getattr(returned, "close", None)
     if close is not None:
         close()  # the work is lost either way; closed, Python warns of nothing per event
-    key = id(hook)
-    if key in _told:
-        return
-    try:
-        weakref.finalize(hook, _told.pop, key, None)
-        _told[key] = None
-    except TypeError:  # no weak references (a class with __slots__): kept, its id its own
-        _told[key] = hook
-    logger.warning(
-        "idemkey on_event hook %s returned %s, which is never awaited: the hook is called "
-        "synchronously, so its async work is lost for every event (each is closed; this is "
-        "logged once per hook). Make it a plain function that schedules the work itself "
-        "(queue.put_nowait, loop.call_soon_threadsafe, loop.create_task)",
-        getattr(hook, "__qualname__", type(hook).__qualname__),
-        getattr(returned, "__qualname__", type(returned).__qualname__) + "()",
+    name = getattr(hook, "__qualname__", type(hook).__qualname__)
+    what = getattr(returned, "__qualname__", type(returned).__qualname__)
+    text = (
+        f"idemkey on_event hook {name} returned {what}(), which is never awaited: the hook is "
+        "called synchronously, so its async work is lost for every event (each is closed; "
+        "this is logged once per hook). Make it a plain function that schedules the work "
+        "itself (queue.put_nowait, loop.call_soon_threadsafe, loop.create_task)"
     )
+    if text not in _logged:
+        _logged.add(text)
+        logger.warning("%s", text)
 
 
 class Reporting:

@@ -20,13 +20,14 @@ after the app ran is reported as an event, never raised: the client already has 
 # unasync: generates _sync_driver.py
 from __future__ import annotations
 
+import contextlib
 from time import perf_counter
 from typing import TYPE_CHECKING
 
 from ..errors import EffectCommittedError, StoreError
 from ..http import Complete
 from ..http._transitions import State
-from ..store._concurrency._async_runtime import Cancelled, finish
+from ..store._concurrency._async_runtime import Cancelled, finish, sleep
 from ..store._concurrency._async_shield import settle_later
 
 if TYPE_CHECKING:
@@ -73,12 +74,12 @@ class AsyncDriver:
             raise
         try:
             return exchange.decide(decision, perf_counter() - started)
-        except BaseException:
+        except BaseException as exc:
             if exchange.state is State.RUNNING:
                 # Claimed, then its on_event hook was interrupted (Ctrl-C in a slow export, a
-                # cancel, an exit): given up as an app cancelled before its head is, or the
-                # heartbeat would hold the key for as long as the process lives.
-                self.abandon(exchange)
+                # cancel, an exit), or the heartbeat would hold the key for as long as the
+                # process lives: released as a claim cut off, or a takeover left to lapse.
+                await self._hook_interrupted(exchange, exc)
             raise
 
     async def finish(self, exchange: Exchange, body: bytes | None) -> None:
@@ -104,11 +105,24 @@ class AsyncDriver:
             raise
 
     def abandon(self, exchange: Exchange) -> None:
-        """The app was cancelled before its response started, or its claim's on_event hook
-        was interrupted: keep the claim, unrenewed, until its lease lapses (see
-        :meth:`Exchange.cancelled`)."""
+        """The app was cancelled before its response started: keep the claim, unrenewed,
+        until its lease lapses (see :meth:`Exchange.cancelled`)."""
         exchange.cancelled()
         self.store._unwatch(exchange.record, exchange.owner)
+
+    async def _hook_interrupted(self, exchange: Exchange, interruption: BaseException) -> None:
+        """See :meth:`Exchange.hook_interrupted`: release at once, or abandon a takeover."""
+        plan = exchange.hook_interrupted()
+        if plan is None:
+            self.store._unwatch(exchange.record, exchange.owner)
+            return
+        if not isinstance(interruption, Cancelled):
+            # A cancel asked before this Ctrl-C (two under asyncio.run) would land on the
+            # release's wait, and asyncio.run would cancel the release before it went out:
+            # taken here first (the Ctrl-C goes on), as the guards do.
+            with contextlib.suppress(Cancelled):
+                await sleep(0)
+        await settle_later(lambda: self._settle(exchange, plan))
 
     async def _settle(self, exchange: Exchange, plan: Complete | Release) -> bool:
         """Send the plan's script; whether the store took it (False: failed, or not ours)."""

@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from .._options import _function as plain_function
-from ..events import Event, never_awaited
+from ..events import Event, call_hook
 
 __all__ = ["chain"]
 
@@ -37,12 +37,9 @@ def chain(*hooks: Callable[[Event], None] | None) -> Callable[[Event], None]:
         failure: Exception | None = None
         for hook in live:
             try:
-                returned = hook(event)
+                call_hook(hook, event)
             except Exception as exc:  # the others still run; emit() logs the first failure
                 failure = failure or exc
-            else:
-                if returned is not None:
-                    never_awaited(hook, returned)
         if failure is not None:
             raise failure
 

@@ -18,7 +18,7 @@ from ..errors import StoreError
 from ..policy import Policy
 from ..store import AsyncRedisStore
 from ..store._async_store import CLOSE_DRAIN
-from ..store._concurrency._async_runtime import Cancelled, finish
+from ..store._concurrency._async_runtime import Cancelled, finish, sleep
 from ..store._concurrency._async_shield import settle_later
 from ._async_steps import AsyncSteps
 from ._call import Call
@@ -64,13 +64,19 @@ class AsyncGuard(GuardState[T]):
         else:
             try:
                 call = self.enter(decision, perf_counter() - started)
-            except BaseException:
+            except BaseException as exc:
                 if self.call is not None:
                     # Claimed, then its on_event hook was interrupted (Ctrl-C in a slow export,
-                    # a cancel, an exit): given up as a block interrupted before saving is, or
-                    # the heartbeat would hold the key for as long as the process lives.
+                    # a cancel, an exit): the heartbeat would hold the key for as long as the
+                    # process lives. The block never ran: freed at once, as a claim whose reply
+                    # was cut off. A takeover is given up as an interrupted block is instead:
+                    # the earlier executor's work is unknown, and a release would let the
+                    # retry run without call.takeover.
                     self.leave()
-                    await self._abandon(owner)
+                    if self.claim is not None and self.claim.takeover:
+                        await self._abandon(owner, exc)
+                    else:
+                        await self._release(owner, exc)
                 raise
             if call.replayed:
                 return call
@@ -93,7 +99,7 @@ class AsyncGuard(GuardState[T]):
             return
         owner = claim.owner
         if saved is None and isinstance(exc, _INTERRUPTED):
-            await self._abandon(owner)
+            await self._abandon(owner, exc)
             return
         try:
             done = await self._settle(owner, saved)
@@ -115,26 +121,42 @@ class AsyncGuard(GuardState[T]):
             raise
         self.exited(done, saved is not None, exc, perf_counter() - started)
 
-    async def _abandon(self, owner: str) -> None:
+    async def _abandon(self, owner: str, interruption: BaseException) -> None:
         """The block was cut off part way (a cancel, Ctrl-C: one rule for both guards), or
-        before it began (its claim's hook): what it did is unknown, and a release would let a
-        retry run it again at once. Keep the key until its lease lapses (renewed no more),
-        then a retry takes it over, as after a crash; an operator is told."""
+        before it began by its takeover's hook: what it did is unknown, and a release would
+        let a retry run it again at once. Keep the key until its lease lapses (renewed no
+        more), then a retry takes it over, as after a crash; an operator is told."""
         self.store._unwatch(self.record, owner)
         self.cancelled()
         # Its entry is written in a task, which asyncio.run cancels when this ended its main
-        # task (Ctrl-C): wait for it as a closing store does. A cancel asked before this began
-        # lands on the first wait (two Ctrl-C under asyncio.run: the first cancels the main
-        # task, the second raised here): wait once more. Interrupted again, stop waiting: the
-        # first interruption goes on.
-        for _ in range(2):
+        # task (Ctrl-C): wait for it as a closing store does. A cancel asked before a Ctrl-C
+        # (two under asyncio.run: the first cancels the main task, the second raised here)
+        # lands on the first wait: wait once more; cancelled again, or interrupted, stop
+        # waiting: the Ctrl-C goes on. Brought here by a cancel, a cancel now is a new one,
+        # raised (a retried wait would swallow it).
+        cancel = isinstance(interruption, Cancelled)
+        for _ in range(1 if cancel else 2):
             try:
                 await self.store._keeper.drain(CLOSE_DRAIN)
             except Cancelled:
+                if cancel:
+                    raise
                 continue
             except (KeyboardInterrupt, SystemExit):
                 pass
             return
+
+    async def _release(self, owner: str, interruption: BaseException) -> None:
+        """Free a claim whose hook was interrupted before the block ran, as a claim whose
+        reply was cut off is: a retry runs the block at once, and no entry is kept."""
+        if not isinstance(interruption, Cancelled):
+            # A cancel asked before this Ctrl-C (two under asyncio.run: the first cancels the
+            # main task, the second raised in the hook) would land on the release's wait, and
+            # asyncio.run would cancel the release before it went out: taken here first (the
+            # Ctrl-C goes on).
+            with contextlib.suppress(Cancelled):
+                await sleep(0)
+        await settle_later(partial(self.store.release, self.record, owner))
 
     async def _settle(self, owner: str, saved: bytes | None) -> bool:
         """Complete the record with the saved result, or release it when nothing was saved."""

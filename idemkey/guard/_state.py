@@ -185,7 +185,8 @@ class GuardState(Reporter, Generic[T]):
             return Call(replayed=True, result=decode_value(response, self.result_type))
         if type(decision) is Claimed:
             # The claim first, reported last: a hook interrupted (Ctrl-C in a slow export)
-            # leaves a claimed guard, which gives its claim up as an interrupted block does.
+            # leaves a claimed guard, which frees its claim (the block never ran), or gives a
+            # takeover up as an interrupted block does (the earlier executor's work is unknown).
             self.claim = decision
             call = self.call = Call(
                 replayed=False,
@@ -302,8 +303,9 @@ class GuardState(Reporter, Generic[T]):
                 raise LeaseLostError(fence)
 
     def cancelled(self) -> None:
-        """The block was cancelled by its caller before saving a result (asyncio): the claim
-        is kept, unrenewed, until its lease lapses; an ``uncertain`` entry says so."""
+        """The block was cut off before saving a result (a cancel, Ctrl-C), or its takeover's
+        hook was: the claim is kept, unrenewed, until its lease lapses; an ``uncertain`` entry
+        says so."""
         fence = self.claim.fence if self.claim else None
         lapses = f"the key is held until its lease lapses ({self.policy.lease_ms} ms)"
         self.uncertain("cancelled", fence, lapses, self.finished_steps())

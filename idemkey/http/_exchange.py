@@ -177,8 +177,7 @@ class Exchange(msgspec.Struct, Reporting, eq=False):
         the answer is built. A replay and a claim are decided here, without another frame
         (one of them is every keyed request's answer); the refusals in :meth:`_refusal`. A
         claim is RUNNING, its call current, before its event goes out: a hook interrupted
-        there (Ctrl-C in a slow export) leaves it for the driver to abandon, as an app
-        cancelled before its head.
+        there (Ctrl-C in a slow export) leaves it for the driver (:meth:`hook_interrupted`).
         """
         kind = type(decision)
         transition = "claimed" if kind is Claimed else "answer"
@@ -335,6 +334,18 @@ class Exchange(msgspec.Struct, Reporting, eq=False):
             plan = plan_for(self.policy, head[0], head[1], None, head[2])
         self.plan = plan
         self.state = settling
+        return plan
+
+    def hook_interrupted(self) -> Release | None:
+        """The claim's on_event hook was interrupted (Ctrl-C, an exit, a cancel), the app not
+        run: the Release to send at once, as for a claim whose reply was cut off (a retry runs
+        the app, no entry). None for a takeover, kept to lapse as :meth:`cancelled` says: the
+        earlier executor's work is unknown, and a release would let the retry run unwarned."""
+        if self.claim is not None and self.claim.takeover:
+            self.cancelled()
+            return None
+        plan = self.fail("on_event hook interrupted before the app ran")
+        assert isinstance(plan, Release)  # RUNNING: nothing was sent
         return plan
 
     def cancelled(self) -> None:

@@ -67,7 +67,8 @@ MEANINGS: Final[dict[str, tuple[str, str]]] = {
     ),
     "cancelled": (
         "the work was cancelled part way (an asyncio task cancelled inside aguard, an ASGI "
-        "app cancelled before its response started): it may have done part of its work or "
+        "app cancelled before its response started, an on_event hook interrupted on "
+        "takeover): it may have done part of its work or "
         "all of it, so the key was kept, and a retry after the lease takes it over",
         "check what the cancelled work did before the retry runs it again",
     ),

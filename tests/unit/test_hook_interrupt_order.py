@@ -2,8 +2,9 @@
 
 The sans-IO exchange and the guards' state move first and report last: a hook that raises a
 BaseException finds a claimed exchange RUNNING with its call current (what the driver then
-abandons, as an app cancelled before its head), and an uncertain outcome already handed to
-the store's stream (``keep``) before the event that announces it. Before, the event went
+releases, or abandons as an app cancelled before its head when it took over), and an
+uncertain outcome already handed to the store's stream (``keep``) before the event that
+announces it. Before, the event went
 first: the state stayed CLAIMING with no call, and the entry was never kept.
 """
 
@@ -15,7 +16,7 @@ import fakeredis
 import pytest
 
 from idemkey import Event, Policy, RedisStore, StoreError, current_call, guard
-from idemkey.http import Exchange, Headers, Request, begin
+from idemkey.http import Exchange, Headers, Release, Request, begin
 from idemkey.http._transitions import State
 from idemkey.records import Claimed
 
@@ -68,11 +69,17 @@ def test_a_claim_is_running_with_its_call_current_before_its_hook_runs(
     assert step.call is not None
     assert current_call() is step.call
     assert kept == ([("takeover", 7)] if takeover else [])
-    step.cancelled()  # what the driver's abandon does next
-    assert step.state is State.DONE
+    plan = step.hook_interrupted()  # what the driver asks next
     with pytest.raises(LookupError):
         current_call()
-    assert kept[-1] == ("cancelled", 7)
+    if takeover:  # the earlier executor's work is unknown: kept to lapse, an entry says so
+        assert plan is None
+        assert step.state is State.DONE
+        assert kept == [("takeover", 7), ("cancelled", 7)]
+    else:  # the app never ran: released at once, as a claim whose reply was cut off
+        assert isinstance(plan, Release)
+        assert step.state is State.SETTLING
+        assert kept == []
 
 
 def test_an_unprotected_run_is_kept_before_its_hook_runs() -> None:
