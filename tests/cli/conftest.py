@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import os
+import selectors
 import shutil
+import subprocess
 import sys
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -146,3 +150,44 @@ def console(redis_url: str, prefix: str, tmp_path: Path) -> Iterator[Callable[..
     finally:
         for server in servers:
             server.close()
+
+
+@pytest.fixture
+def serve_lines() -> Iterator[Callable[..., list[str]]]:
+    """``serve_lines(*argv)``: ``python -m idemkey *argv serve --port 0``, without
+    ``$IDEMKEY_REDIS_URL``; returns the lines it printed up to its ``idemkey inspect`` line
+    and the blank line after it (where it serves, and its store, first), read with a deadline.
+    Every server is stopped after the test."""
+    procs: list[subprocess.Popen[bytes]] = []
+
+    def start(*argv: str) -> list[str]:
+        env = {k: v for k, v in os.environ.items() if k != "IDEMKEY_REDIS_URL"}
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "idemkey", *argv, "serve", "--port", "0"],
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd=ROOT, env=env,
+        )  # fmt: skip
+        procs.append(proc)
+        assert proc.stdout is not None
+        selector = selectors.DefaultSelector()
+        selector.register(proc.stdout, selectors.EVENT_READ)
+        deadline = time.monotonic() + 30
+        printed = b""
+        # Raw reads: a buffered readline() may hold lines that select() no longer sees.
+        while b"idemkey inspect" not in printed or not printed.endswith(b"\n\n"):
+            left = deadline - time.monotonic()
+            if left <= 0 or not selector.select(timeout=left):
+                pytest.fail(f"idemkey serve printed no inspect line within 30 s: {printed!r}")
+            chunk = os.read(proc.stdout.fileno(), 65536)
+            if not chunk:
+                pytest.fail(f"idemkey serve exited: {printed!r}")
+            printed += chunk
+        return printed.decode().splitlines()
+
+    try:
+        yield start
+    finally:
+        for proc in procs:
+            proc.terminate()
+            proc.wait(10)
+            if proc.stdout is not None:
+                proc.stdout.close()

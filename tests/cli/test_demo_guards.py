@@ -9,12 +9,10 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import selectors
 import shlex
 import subprocess
 import sys
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -86,43 +84,17 @@ def test_the_asgi_demo_app_answers_deeply_nested_json_with_bad_json() -> None:
 
 
 @pytest.fixture
-def serve() -> Iterator[Callable[..., tuple[str, str]]]:
+def serve(
+    serve_lines: Callable[..., list[str]],
+) -> Callable[..., tuple[str, str]]:
     """``serve(*argv)``: ``python -m idemkey *argv serve --port 0``; returns its base URL and
     the ``idemkey inspect`` line it printed."""
-    procs: list[subprocess.Popen[bytes]] = []
 
     def start(*argv: str) -> tuple[str, str]:
-        env = {k: v for k, v in os.environ.items() if k != "IDEMKEY_REDIS_URL"}
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "idemkey", *argv, "serve", "--port", "0"],
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd=ROOT, env=env,
-        )  # fmt: skip
-        procs.append(proc)
-        assert proc.stdout is not None
-        selector = selectors.DefaultSelector()
-        selector.register(proc.stdout, selectors.EVENT_READ)
-        deadline = time.monotonic() + 30
-        printed = b""
-        # Raw reads: a buffered readline() may hold lines that select() no longer sees.
-        while b"idemkey inspect" not in printed or not printed.endswith(b"\n\n"):
-            left = deadline - time.monotonic()
-            if left <= 0 or not selector.select(timeout=left):
-                pytest.fail(f"idemkey serve printed no inspect line within 30 s: {printed!r}")
-            chunk = os.read(proc.stdout.fileno(), 65536)
-            if not chunk:
-                pytest.fail(f"idemkey serve exited: {printed!r}")
-            printed += chunk
-        lines = printed.decode().splitlines()
+        lines = serve_lines(*argv)
         return lines[0].split()[4], next(x.strip() for x in lines if "idemkey inspect" in x)
 
-    try:
-        yield start
-    finally:
-        for proc in procs:
-            proc.terminate()
-            proc.wait(10)
-            if proc.stdout is not None:
-                proc.stdout.close()
+    return start
 
 
 def _charge(base: str, line: str) -> None:

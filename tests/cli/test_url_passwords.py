@@ -10,10 +10,8 @@ from __future__ import annotations
 
 import json
 import os
-import selectors
 import subprocess
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -195,41 +193,11 @@ def test_the_demo_names_its_store_without_the_password(
     assert "***" in redacted(url)
 
 
-def _first_line_of_serve(url: str, prefix: str) -> str:
-    """What ``python -m idemkey serve`` prints first (where it serves, and its store), read
-    with a deadline; the server is stopped after."""
-    env = {k: v for k, v in os.environ.items() if k != "IDEMKEY_REDIS_URL"}
-    command = [sys.executable, "-m", "idemkey", "--prefix", prefix, "serve", "--port", "0"]
-    proc = subprocess.Popen(
-        [*command, "--redis-url", url],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd=ROOT, env=env,
-    )  # fmt: skip
-    assert proc.stdout is not None
-    try:
-        selector = selectors.DefaultSelector()
-        selector.register(proc.stdout, selectors.EVENT_READ)
-        deadline = time.monotonic() + REFUSED_WITHIN
-        printed = b""
-        while b"\n" not in printed:  # raw reads: a buffered readline() could hide lines
-            left = deadline - time.monotonic()
-            if left <= 0 or not selector.select(timeout=left):
-                pytest.fail(f"serve printed no line within {REFUSED_WITHIN:g} s: {printed!r}")
-            chunk = os.read(proc.stdout.fileno(), 65536)
-            if not chunk:
-                pytest.fail(f"serve exited: {printed!r}")
-            printed += chunk
-        return printed.decode().partition("\n")[0]
-    finally:
-        proc.terminate()
-        proc.wait(10)
-        proc.stdout.close()
-
-
 @pytest.mark.parametrize("place", PASSWORD_PLACES)
 def test_serve_names_its_store_without_the_password(
-    password_urls: dict[str, str], prefix: str, place: str
+    serve_lines: Callable[..., list[str]], password_urls: dict[str, str], prefix: str, place: str
 ) -> None:
     url = password_urls[place]
-    line = _first_line_of_serve(url, prefix)
-    assert "s3cret" not in line, line
-    assert f"(store: {redacted(url)});" in line, line
+    lines = serve_lines("--prefix", prefix, "--redis-url", url)
+    assert "s3cret" not in "\n".join(lines), lines
+    assert f"(store: {redacted(url)});" in lines[0], lines
