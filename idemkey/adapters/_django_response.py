@@ -22,11 +22,18 @@ when its head goes out:
 
 A ``FileResponse`` that the WSGI server may send itself (``wsgi.file_wrapper``) completes as
 the middleware returns too: wrapping its content would take the file from the server.
+
+A request whose view raised, or a middleware below idemkey's after the view (a unit of work
+that could not commit), reaches the middleware as Django's 500 (``convert_exception_to_response``
+wraps every layer); Django's ``got_request_exception`` marks it, and it is released as a
+raise, never stored, even under ``store_server_errors`` (which stores a 5xx the view answered).
+An exception a ``process_exception`` answered is no raise: its answer is the outcome.
 """
 
 from __future__ import annotations
 
 import contextvars
+import sys
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any, Final
 
@@ -41,12 +48,24 @@ if TYPE_CHECKING:
     from ..http import Exchange
     from ._sync_driver import Driver
 
-__all__ = ["STARTED_REQUEST", "UNSENT_STREAM", "drop_unsent", "forget_unsent", "settle"]
+__all__ = [
+    "RAISED_REQUEST",
+    "STARTED_REQUEST",
+    "UNSENT_STREAM",
+    "drop_unsent",
+    "forget_unsent",
+    "mark_raised",
+    "settle",
+]
 
 #: The ``dispatch_uid`` of :func:`drop_unsent` on Django's ``request_finished``.
 UNSENT_STREAM: Final = "idemkey.unsent_stream"
 #: The ``dispatch_uid`` of :func:`forget_unsent` on Django's ``request_started``.
 STARTED_REQUEST: Final = "idemkey.started_request"
+#: The ``dispatch_uid`` of :func:`mark_raised` on Django's ``got_request_exception``.
+RAISED_REQUEST: Final = "idemkey.raised_request"
+#: Where :func:`mark_raised` leaves, on a claimed request, why Django answered 500.
+_RAISED_ATTRIBUTE: Final = "_idemkey_raised"
 
 #: The stream of this context's request, until Django finishes the request.
 _unsent: contextvars.ContextVar[StreamedBody | _SettlingAsync | None] = contextvars.ContextVar(
@@ -65,7 +84,10 @@ def settle(
     and add the headers the policy sends on a first answer (never stored)."""
     headers = list(response.items())
     head: Head = (response.status_code, headers, response.reason_phrase)  # "201 Charged OK"
-    if not response.streaming:
+    raised = request.__dict__.pop(_RAISED_ATTRIBUTE, None)
+    if raised is not None:  # Django's 500 for an exception: released, as a raise
+        driver.fail(exchange, raised)
+    elif not response.streaming:
         content: bytes = response.content
         if "Content-Length" in response:  # no byte past it is sent, nor replayed
             declared = parse_content_length(response["Content-Length"])
@@ -102,6 +124,17 @@ def drop_unsent(sender: object, **_: object) -> None:
     if stream is not None:
         _unsent.set(None)
         stream.never_served("the response never reached the server")
+
+
+def mark_raised(sender: object, request: HttpRequest | None = None, **_: object) -> None:
+    """``got_request_exception``: Django is making its 500 for an exception below idemkey's
+    middleware, which gets that 500 as the view's response: :func:`settle` releases it.
+    Nothing for a request idemkey did not claim (its exchange is on the request until the
+    middleware settles it, so an exception above the middleware finds none)."""
+    if request is not None and "_idemkey" in request.__dict__:
+        raised = sys.exc_info()[1]
+        name = type(raised).__name__ if raised is not None else "an exception"
+        request.__dict__[_RAISED_ATTRIBUTE] = f"Django answered 500 for {name}"
 
 
 def forget_unsent(sender: object, **_: object) -> None:

@@ -37,10 +37,11 @@ idemkey's own (a replay, 400, 409, 422, 503) is returned without calling the vie
 the view runs under the claim and the response is stored as it comes back up to this
 middleware. Listed first, every other middleware has finished with it by then: one that fails
 after the view (``SessionMiddleware`` saving the session) makes Django's 400 or 500 the
-answer, which releases the key. A streamed response completes the record without its body
-once its head goes out (under WSGI with its first byte: a stream that raises before it is
-released; see ``_django_response``). It is a synchronous middleware: under ASGI, Django runs
-it in its thread pool, as it does any sync middleware.
+answer, which releases the key (a 500 for an exception even under ``STORE_SERVER_ERRORS``:
+it is a raise). A streamed response completes the record without its body once its head goes
+out (under WSGI with its first byte: a stream that raises before it is released; see
+``_django_response``). It is a synchronous middleware: under ASGI, Django runs it in its
+thread pool, as it does any sync middleware.
 
 The body of a request that some guarded view may take as keyed (its method, a key header) is
 read in ``__call__``, before any middleware's ``process_view``: ``CsrfViewMiddleware`` reads
@@ -61,7 +62,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Final, TypeVar, overload
 
 from django.conf import settings
-from django.core.signals import request_finished, request_started
+from django.core.signals import got_request_exception, request_finished, request_started
 from django.http import HttpRequest, HttpResponse
 from django.urls import get_resolver
 
@@ -74,7 +75,15 @@ from ..http.routes import ROUTE_UNKNOWN
 from ..policy import Policy, credential_scope
 from ._django_body import UNREADABLE_ATTRIBUTE, read_body, take_body
 from ._django_config import configure
-from ._django_response import STARTED_REQUEST, UNSENT_STREAM, drop_unsent, forget_unsent, settle
+from ._django_response import (
+    RAISED_REQUEST,
+    STARTED_REQUEST,
+    UNSENT_STREAM,
+    drop_unsent,
+    forget_unsent,
+    mark_raised,
+    settle,
+)
 from ._environ import BodyError, EnvironHeaders, environ_key, path_text
 from ._sync_driver import Driver
 
@@ -225,6 +234,7 @@ class IdempotencyMiddleware:
         request_started.connect(_keep_path_info, dispatch_uid=_SERVER_PATH_INFO)
         request_finished.connect(drop_unsent, dispatch_uid=UNSENT_STREAM)
         request_started.connect(forget_unsent, dispatch_uid=STARTED_REQUEST)
+        got_request_exception.connect(mark_raised, dispatch_uid=RAISED_REQUEST)
 
     def __call__(self, request: HttpRequest) -> HttpResponseBase:
         if self._rule_from != len(_CAPTURE_CHANGES):  # the first request, or views decorated since
