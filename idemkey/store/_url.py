@@ -12,8 +12,9 @@ options over the keyword arguments.
 from __future__ import annotations
 
 import math
+import re
 from typing import Any, Final
-from urllib.parse import parse_qs, unquote, urlsplit
+from urllib.parse import parse_qs, unquote, unquote_plus, urlsplit
 
 from ..errors import ConfigurationError
 
@@ -33,6 +34,12 @@ UNENCODED_USER_INFORMATION: Final = (
     "host early, so they must be percent-encoded (urllib.parse.quote(password, safe='')); an "
     "'@' in the path or the query is written %40"
 )
+#: A query key whose value is a secret: redis-py's ``password`` and ``ssl_password`` (the
+#: private key's passphrase), in any case and spelling, and keys no connection takes that are
+#: printed in the refusal of the URL (``PASSWORD=``, ``token=``).
+_SECRET_KEY: Final = re.compile(r"passw|secret|token", re.IGNORECASE)
+#: Such a key and its '=', in a URL's text (the '@'-after-the-host case).
+_SECRET_PAIR: Final = re.compile(r"(?:passw|secret|token)[^=&?#]*=", re.IGNORECASE)
 #: Put in place of a port or database that is no number, in a URL with user information.
 _NOT_SHOWN: Final = "the value is left out: the URL holds a user name or password"
 
@@ -107,11 +114,13 @@ def _check_user_information(url: str) -> None:
 
 
 def redacted(url: str) -> str:
-    """``url`` with its password (``user:password@``, or redis-py's ``?password=``, whose key
-    may be percent-encoded: ``?pa%73sword=``) replaced by ``***``, for printing; with an '@'
-    after the host (an unencoded password), all from ``://`` to the last '@'. Never raises: a
-    port that is no port (``:99999``, ``:abc``) is a bad argument, printed as given once the
-    password is gone."""
+    """``url`` with its password (``user:password@``) and the value of every query key that
+    names a secret (redis-py's ``?password=`` and ``?ssl_password=``, in any case or
+    percent-encoding, and any key with ``passw``, ``secret`` or ``token`` in it: one redis-py
+    refuses is printed in the refusal) replaced by ``***``, for printing; with an '@' after the
+    host (an unencoded password), all from ``://`` to the last '@'. Never raises: a port that
+    is no port (``:99999``, ``:abc``) is a bad argument, printed as given once the password is
+    gone."""
     try:
         parts = urlsplit(url)
     except ValueError:
@@ -119,10 +128,9 @@ def redacted(url: str) -> str:
     if "@" in parts.path + parts.query + parts.fragment:
         head, _, tail = url.rpartition("@")
         scheme, sep, _ = head.partition("://")
-        # redis-py reads the query's keys percent-decoded (parse_qs): ``pa%73sword=`` is one.
         if not sep:  # no scheme: no URL redis-py takes, shown only to say where it went wrong
-            return "***" if "password=" in unquote(url) else f"***@{tail}"
-        if "password=" in unquote(head):  # the '@' may be a query password's, ending its tail
+            return "***" if _SECRET_PAIR.search(unquote_plus(url)) else f"***@{tail}"
+        if _SECRET_PAIR.search(unquote_plus(head)):  # the '@' may end a query password's tail
             return f"{scheme}://***"
         shown = redacted(f"{scheme}://{tail}")
         before, sep, after = shown.partition("://")
@@ -142,11 +150,11 @@ def redacted(url: str) -> str:
 
 
 def _hidden_pair(pair: str) -> str:
-    """A query's ``key=value`` with the value hidden if redis-py reads the key as ``password``
-    (percent-decoded, as parse_qs reads it); the key as written, so the URL still says where
-    its password was."""
-    key = pair.partition("=")[0]
-    return f"{key}=***" if unquote(key) == "password" else pair
+    """A query's ``key=value`` with the value hidden if its key names a secret, read as
+    redis-py reads it (parse_qs: '+' a space, then percent-decoded); the key as written, so
+    the URL still says where its password was."""
+    key, equals, _ = pair.partition("=")
+    return f"{key}=***" if equals and _SECRET_KEY.search(unquote_plus(key)) else pair
 
 
 def _check_connection(url: str, pool: Any) -> None:

@@ -145,6 +145,19 @@ def test_the_demo_refuses_an_unencoded_password_and_never_prints_it(
         ),
         ("redis://localhost:6399/0?pa%73sword=pa@ss", "redis://***"),
         ("localhost:6399/0?pa%73sword=pa@ss", "***"),
+        # redis-py's other secret (the private key's passphrase), and keys it refuses, which
+        # its refusal printed: any case or spelling of a key that names a secret.
+        (
+            "rediss://h:1/0?ssl_password=pw&ssl_cert_reqs=none",
+            "rediss://h:1/0?ssl_password=***&ssl_cert_reqs=none",
+        ),
+        ("redis://h:1/0?PASSWORD=pw", "redis://h:1/0?PASSWORD=***"),
+        (
+            "redis://h:1/0?%20password=pw&password%00=pw",
+            "redis://h:1/0?%20password=***&password%00=***",
+        ),
+        ("redis://h:1/0?token=pw&db=1", "redis://h:1/0?token=***&db=1"),
+        ("redis://h:1/0?Secret=p@w", "redis://***"),
     ],
 )
 def test_redacted_hides_the_user_information_up_to_the_last_at_sign(url: str, shown: str) -> None:
@@ -158,6 +171,16 @@ def test_a_query_password_with_an_escaped_key_is_never_printed(idemkey: CliRunne
     )
     assert "s3cret" not in run.out + run.err, (run.out, run.err)
     assert "?pa%73sword=***" in run.out + run.err, (run.out, run.err)
+
+
+@pytest.mark.parametrize("query", ["ssl_password=s3cret&ssl_cert_reqs=none", "PASSWORD=s3cret"])
+def test_a_secret_query_value_is_never_printed(idemkey: CliRunner, query: str) -> None:
+    """redis-py takes ``ssl_password`` (a private key's passphrase) from the query, and the
+    refusal of a key it does not take (``PASSWORD``) quoted the URL: both were printed."""
+    scheme = "rediss" if query.startswith("ssl") else "redis"
+    run = idemkey("doctor", "--pings", "1", "--redis-url", f"{scheme}://127.0.0.1:1/0?{query}")
+    assert "s3cret" not in run.out + run.err, (run.out, run.err)
+    assert "=***" in run.out + run.err, (run.out, run.err)
 
 
 # ---- the demo and serve print where their store is: never its password ----------------------
