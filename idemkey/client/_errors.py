@@ -72,8 +72,8 @@ class ClientError(IdemkeyError):
     ``Client(default_encoding=<a lambda>)`` no response pickles: httpx sets it on each): its
     status, headers, body (as read, decoded; not read if it was not), text encoding and
     ``elapsed``, and its request's method, URL and headers without the caller's credentials
-    (no ``Authorization``, ``Proxy-Authorization`` or ``Cookie``, no ``user:password``); no
-    ``history``, ``next_request`` or extensions.
+    (no ``Authorization``, ``Proxy-Authorization`` or ``Cookie``, no ``user:password`` and no
+    query string, which may carry a token); no ``history``, ``next_request`` or extensions.
 
     Celery's JSON results (its default) store ``args`` too, each value JSON cannot encode as its
     repr, and the caller's ``result.get()`` raises ``type(exc)(*args)``: so the plain values a
@@ -123,7 +123,9 @@ def _plain(response: httpx.Response) -> httpx.Response:
         kept = [
             (name, value) for name, value in sent.headers.raw if name.lower() not in _CREDENTIALS
         ]
-        request = httpx.Request(sent.method, sent.url.copy_with(userinfo=b""), headers=kept)
+        # The URL without user:password or its query (``?api_key=...``), as every log line has it.
+        url = sent.url.copy_with(userinfo=b"", query=None)
+        request = httpx.Request(sent.method, url, headers=kept)
     status, headers = response.status_code, response.headers
     try:
         content = response.content
@@ -246,6 +248,12 @@ class RetriesExhaustedError(ClientError):
     The handler ran at most once: send the same key again later to learn its answer. ``key``
     is that key (a ``post()`` made it where the caller never saw it): ``idempotency_key=key``
     resumes the call, where a plain ``post()`` would send a new key and run it again.
+
+    ``retry_after`` is the server's ``Retry-After`` in seconds when that wait ended the call,
+    longer than the ``left`` seconds before the deadline (``reason`` ``"deadline"``, and the
+    message says so); else both are None. ``reason`` ``"unretryable"``: an attempt after the
+    first raised an httpx error no retry can help (``last`` names it; it is ``__cause__``),
+    and an earlier attempt may have reached the handler.
     """
 
     def __init__(
@@ -255,15 +263,30 @@ class RetriesExhaustedError(ClientError):
         attempts: int,
         response: httpx.Response | None = None,
         key: str | None = None,
+        retry_after: float | None = None,
+        left: float | None = None,
     ) -> None:
-        super().__init__(f"gave up after {attempts} attempt(s) ({reason}); last: {last}")
+        message = f"gave up after {attempts} attempt(s) ({reason}); last: {last}"
+        if retry_after is not None and left is not None:
+            message += (
+                f"; the server asked to wait {_seconds(retry_after)} s, past the "
+                f"{_seconds(left)} s left"
+            )
+        super().__init__(message)
         response = _unless_repr(response)
-        self._keep_args(reason, last, attempts, response, key)
+        self._keep_args(reason, last, attempts, response, key, retry_after, left)
         self.reason = reason
         self.last = last
         self.attempts = attempts
         self.response = response
         self.key = key
+        self.retry_after = retry_after
+        self.left = left
+
+
+def _seconds(value: float) -> str:
+    """Seconds as a message shows them: ``4.9``, ``120``, ``2.5e+11``."""
+    return f"{value:.2g}" if value < 10 else f"{value:.0f}" if value < 1e6 else f"{value:.3g}"
 
 
 class UnusableAnswerError(ClientError):

@@ -53,8 +53,21 @@ def describe(value: object) -> str:
     return f"{type(value).__name__} {reprlib.repr(value)}"
 
 
-def invalid(where: str, field: str, expected: str, value: object) -> ConfigurationError:
-    return ConfigurationError(f"{where}({field}=...): expected {expected}, got {describe(value)}")
+def invalid(
+    where: str, field: str, expected: str, value: object, *, secret: bool = False
+) -> ConfigurationError:
+    """The error for ``field``: a ``secret`` one's value (it may hold credentials) is named by
+    its type only, since the message reaches logs and tracebacks."""
+    got = _masked(value) if secret else describe(value)
+    return ConfigurationError(f"{where}({field}=...): expected {expected}, got {got}")
+
+
+def _masked(value: object) -> str:
+    """``value`` as :func:`describe` shows it when it holds no text (a number, a class), else
+    only its type: ``list``, not ``['payments', 's3cr3t']``."""
+    if value is None or isinstance(value, bool | int | float | type):
+        return describe(value)
+    return f"{type(value).__name__} (not shown: it may hold credentials)"
 
 
 def _number(value: object) -> float | None:
@@ -213,7 +226,7 @@ def _http_option(where: str, name: str, value: object, transport: type) -> None:
         )
         if not (pair or isinstance(value, httpx.Auth) or callable(value)):
             expected = "an httpx.Auth, a (username, password) tuple or a callable"
-            raise invalid(where, name, expected, value)
+            raise invalid(where, name, expected, value, secret=True)
     elif name == "event_hooks":
         if not isinstance(value, Mapping) or not all(
             kind in ("request", "response")
@@ -231,14 +244,14 @@ def _http_option(where: str, name: str, value: object, transport: type) -> None:
         pair = isinstance(value, tuple) and 2 <= len(value) <= 3
         if not isinstance(value, str) and not pair:
             expected = "a certificate file or a (certfile, keyfile[, password]) tuple"
-            raise invalid(where, name, expected, value)
+            raise invalid(where, name, expected, value, secret=True)
     elif name == "default_encoding":
         if not isinstance(value, str) and not callable(value):
             raise invalid(where, name, "an encoding name or a callable", value)
     elif name == "cookies":
         expected = "cookies (a dict, a list of pairs, httpx.Cookies or a CookieJar)"
         if not isinstance(value, dict | list | httpx.Cookies | CookieJar):
-            raise invalid(where, name, expected, value)
+            raise invalid(where, name, expected, value, secret=True)
         _converted(where, name, value, httpx.Cookies, expected)
     elif name == "base_url":
         _converted(where, name, value, httpx.URL, "a URL (a str or an httpx.URL)")
@@ -257,13 +270,42 @@ def _converted(
     where: str, name: str, value: object, convert: Callable[[Any], object], expected: str
 ) -> None:
     """``value`` as httpx's ``convert`` reads it, or ConfigurationError naming the option (the
-    error httpx raised is its cause)."""
+    error httpx raised is its cause). Every option converted so (a URL with a password, a
+    query with a token, an Authorization header, a session cookie) may hold credentials: the
+    message names the value's type, and a header's name, never a value."""
     import httpx
 
     try:
         convert(value)
     except (TypeError, ValueError, AttributeError, IndexError, httpx.InvalidURL) as exc:
-        raise invalid(where, name, expected, value) from exc
+        error = invalid(where, name, expected, value, secret=True)
+        if name == "headers" and (header := _bad_header(value)):
+            error = ConfigurationError(f"{error}; {header}")
+        raise error from exc
+
+
+def _bad_header(value: object) -> str | None:
+    """Which item of ``headers`` httpx refuses, by its name and its value's type."""
+    import httpx
+
+    items = value.items() if isinstance(value, Mapping) else value
+    if not isinstance(items, Iterable) or isinstance(items, str | bytes):
+        return None
+    for item in items:
+        try:
+            httpx.Headers([item])
+        except (TypeError, ValueError, AttributeError, IndexError):
+            pass
+        else:
+            continue
+        if not isinstance(item, tuple | list) or len(item) != 2:
+            return f"an item is {type(item).__name__}, not a (name, value) pair"
+        header, content = item
+        if not isinstance(header, str | bytes):
+            return f"a header name is {type(header).__name__}"
+        label = reprlib.repr(header if isinstance(header, str) else header.decode("latin-1"))
+        return f"the header {label} has a value of type {type(content).__name__}"
+    return None
 
 
 def http_timeout(where: str, field: str, value: T) -> T:

@@ -43,6 +43,7 @@ import random
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from datetime import timezone
 from email.utils import parsedate_to_datetime
 from typing import Any, Final, Literal
 
@@ -181,11 +182,17 @@ class Retry:
 
 @dataclass(frozen=True, slots=True)
 class GiveUp:
-    """Stop: the deadline or the attempt budget is spent; ``reason`` says which, ``last`` why."""
+    """Stop: the deadline or the attempt budget is spent; ``reason`` says which, ``last`` why.
+
+    ``retry_after``: the server's ``Retry-After`` when that wait is what ends the call, longer
+    than the ``left`` seconds before the deadline (else both None).
+    """
 
     reason: Literal["deadline", "attempts"]
     last: str
     attempts: int
+    retry_after: float | None = None
+    left: float | None = None
 
 
 Step = Done | Refused | Retry | GiveUp
@@ -197,7 +204,8 @@ Step = Done | Refused | Retry | GiveUp
 def parse_retry_after(value: str | None, wall_now: float) -> float | None:
     """``Retry-After`` in seconds from now (RFC 9110 10.2.3), or None when absent or unreadable.
 
-    Delta-seconds (``"2"``) or an HTTP-date, read against ``wall_now`` (Unix time); a date in
+    Delta-seconds (``"2"``) or an HTTP-date in any of its three forms (an asctime date, which
+    names no zone, is GMT as every HTTP-date), read against ``wall_now`` (Unix time); a date in
     the past means "now" (0.0). Delta-seconds of any length are a wait: more digits than a
     float holds are ``math.inf``, longer than any deadline (the schedule gives up at once, as
     for ``"99999999999999999999"``). What is neither (``"1e9"``, ``"-1"``, a date with a year
@@ -214,8 +222,8 @@ def parse_retry_after(value: str | None, wall_now: float) -> float | None:
         # OverflowError: a year past a C long (a year past 9999 is a ValueError).
     except (TypeError, ValueError, IndexError, OverflowError):
         return None
-    if when.tzinfo is None:  # an HTTP-date is GMT; parsedate leaves "-0000" naive
-        return None
+    if when.tzinfo is None:  # an asctime date (or "-0000") is naive; every HTTP-date is GMT
+        when = when.replace(tzinfo=timezone.utc)
     return max(0.0, when.timestamp() - wall_now)
 
 
@@ -324,6 +332,9 @@ class Schedule:
             delay = max(delay, retry_after)
         # Starting an attempt we know cannot finish in time only doubles the load.
         if now + delay >= self.deadline_at:
+            if retry_after is not None and retry_after >= delay:  # the server's wait, not ours
+                left = self.deadline_at - now
+                return self._finish(GiveUp("deadline", reason, self.attempts, retry_after, left))
             return self._finish(GiveUp("deadline", reason, self.attempts))
         self.state = "ready"
         return Retry(delay, reason, self.attempts, retry_after)

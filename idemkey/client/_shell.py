@@ -29,6 +29,7 @@ __all__ = [
     "replay_check",
     "replayable",
     "settle",
+    "unretried",
     "unusable_answer",
 ]
 
@@ -131,7 +132,10 @@ def failure_kind(exc: httpx.HTTPError) -> FailureKind | None:
     or an :func:`unusable_answer`)."""
     if unusable_answer(exc):
         return None
-    if isinstance(exc, httpx.ConnectError | httpx.ConnectTimeout | httpx.PoolTimeout):
+    # A ProxyError is a proxy refusing the tunnel (CONNECT answered 502, say, or a SOCKS
+    # failure): the request never left for the origin.
+    connect = httpx.ConnectError | httpx.ConnectTimeout | httpx.PoolTimeout | httpx.ProxyError
+    if isinstance(exc, connect):
         return "connect"  # nothing was sent
     if isinstance(exc, httpx.TimeoutException):
         return "timeout"
@@ -156,6 +160,13 @@ def unusable_answer(exc: httpx.HTTPError) -> bool:
     if isinstance(exc, httpx.RemoteProtocolError):
         return isinstance(exc.__context__, httpx.InvalidURL)
     return not isinstance(exc, httpx.TransportError)
+
+
+def unretried(exc: httpx.HTTPError, operation: Operation, attempts: int) -> RetriesExhaustedError:
+    """What ends a ``post()`` when attempt ``attempts`` (after the first) raised ``exc``, an
+    httpx error no retry can help: an earlier attempt may have reached the handler, so the
+    call ends with its key (``reason`` ``"unretryable"``), never with the bare httpx error."""
+    return RetriesExhaustedError("unretryable", type(exc).__name__, attempts, None, operation.key)
 
 
 def settle(
@@ -192,8 +203,9 @@ def settle(
         assert error is not None
         raise error
     raise RetriesExhaustedError(
-        step.reason, step.last, step.attempts, response, operation.key
-    ) from error
+        step.reason, step.last, step.attempts, response, operation.key, step.retry_after,
+        step.left,
+    ) from error  # fmt: skip
 
 
 #: What a client does with a replayed answer (``Client(on_replay=...)``): ``"accept"`` it (the

@@ -39,6 +39,7 @@ from ._shell import (
     replay_check,
     replayable,
     settle,
+    unretried,
     unusable_answer,
 )
 
@@ -66,10 +67,16 @@ def run(
         except httpx.HTTPError as exc:
             kind = failure_kind(exc)
             if kind is None:
-                if transport or not unusable_answer(exc):
-                    raise  # a transport raises what httpx would; a bad URL sent nothing
-                # The handler may have run, and a post() never showed its key.
-                raise UnusableAnswerError(operation.key, schedule.attempts) from exc
+                if transport:
+                    raise  # a transport raises what httpx would
+                if unusable_answer(exc):
+                    # The handler may have run, and a post() never showed its key.
+                    raise UnusableAnswerError(operation.key, schedule.attempts) from exc
+                if schedule.attempts > 1:
+                    # An earlier attempt may have reached the handler: the key must reach
+                    # the caller, or a post() retried by hand would run it again.
+                    raise unretried(exc, operation, schedule.attempts) from exc
+                raise  # a bad URL: the first attempt sent nothing
             error = exc
             step = schedule.failed(kind, time.monotonic())
         else:

@@ -14,21 +14,35 @@ this proxy reads each request and each response by their framing::
 
 Each request goes upstream on a fresh connection (so a fault never leaks into the next
 request). Blocking sockets with a short timeout and a stop flag: nothing outlives ``close()``.
+
+:class:`ConnectProxy` is a forward proxy for ``https://`` URLs (httpx's ``proxy=``), which
+tunnels each ``CONNECT`` to ``upstream`` or refuses it, one armed fault per ``CONNECT``::
+
+    with TlsScriptedServer(respond) as origin, ConnectProxy(origin.port) as proxy:
+        proxy.arm("refuse")        # the next CONNECT is answered 502: nothing reaches the origin
+        proxy.connects             # every CONNECT's target
 """
 
 from __future__ import annotations
 
 import contextlib
+import datetime
+import ipaddress
 import socket
+import ssl
 import struct
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Literal
 
 from ._loopback import LoopbackServer
+from ._scripted_server import ScriptedServer
+from ._scripted_server import Seen as ScriptedSeen
 
-__all__ = ["HttpFaultProxy", "Seen"]
+__all__ = ["ConnectProxy", "HttpFaultProxy", "Seen", "TlsScriptedServer", "self_signed"]
 
 Fault = Literal["pass", "drop", "hold", "reset", "shed", "gateway"]
 
@@ -213,3 +227,138 @@ class HttpFaultProxy(LoopbackServer):
                 self._sockets.discard(upstream)
             with contextlib.suppress(OSError):
                 upstream.close()
+
+
+# ---- a forward proxy for https:// (CONNECT) --------------------------------------------------
+
+TunnelFault = Literal["tunnel", "refuse"]
+_BAD_GATEWAY = b"HTTP/1.1 502 Bad Gateway\r\nContent-Length: 0\r\n\r\n"
+
+
+def self_signed(directory: Path) -> tuple[Path, Path]:
+    """A certificate for 127.0.0.1, its own CA, and its key: ``cert.pem``, ``key.pem``."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "idemkey test")])
+    now = datetime.datetime.now(datetime.timezone.utc)
+    public = key.public_key()
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(public)
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .add_extension(x509.SubjectKeyIdentifier.from_public_key(public), critical=False)
+        .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(public), critical=False)
+        .add_extension(
+            x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
+            critical=False,
+        )
+        .sign(key, hashes.SHA256())
+    )
+    cert_path, key_path = directory / "cert.pem", directory / "key.pem"
+    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    key_path.write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+    )
+    return cert_path, key_path
+
+
+class TlsScriptedServer(ScriptedServer):
+    """A :class:`ScriptedServer` over TLS, with the certificate of :func:`self_signed`. A
+    ``respond`` that raises ``OSError`` closes the connection unanswered (an answer lost)."""
+
+    def __init__(self, respond: Callable[[ScriptedSeen], bytes], cert: Path, key: Path) -> None:
+        self._context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        self._context.load_cert_chain(cert, key)
+        super().__init__(respond)
+        self.port = self._listener.getsockname()[1]
+        self.url = f"https://127.0.0.1:{self.port}"
+
+    def _serve(self, conn: socket.socket) -> None:
+        conn.settimeout(5.0)  # the handshake, then the short timeout of every read
+        try:
+            secure = self._context.wrap_socket(conn, server_side=True)
+        except OSError:
+            conn.close()
+            return
+        secure.settimeout(_TICK)
+        with self._lock:
+            self._sockets.add(secure)
+        super()._serve(secure)
+
+
+class ConnectProxy(LoopbackServer):
+    """A forward proxy on 127.0.0.1:``port`` whose every ``CONNECT`` goes to ``upstream_port``."""
+
+    def __init__(self, upstream_port: int) -> None:
+        self.upstream_port = upstream_port
+        self._faults: list[TunnelFault] = []
+        #: Every CONNECT's target, in order.
+        self.connects: list[str] = []
+        super().__init__("connect-proxy")  # self.url: http://127.0.0.1:<port>, for proxy=
+
+    def arm(self, fault: TunnelFault) -> None:
+        """Apply ``fault`` to the next CONNECT (faults queue up; then every one is tunnelled)."""
+        with self._lock:
+            self._faults.append(fault)
+
+    def _serve(self, client: socket.socket) -> None:
+        reader = _Reader(client, self._stop, timeout=10.0)
+        try:
+            head = reader.until(b"\r\n\r\n")
+        except _Closed:
+            client.close()
+            return
+        with self._lock:
+            fault = self._faults.pop(0) if self._faults else "tunnel"
+            self.connects.append(head.split(b"\r\n", 1)[0].decode("latin-1"))
+        if fault == "refuse":
+            with contextlib.suppress(OSError):
+                client.sendall(_BAD_GATEWAY)
+            client.close()
+            return
+        try:
+            upstream = socket.create_connection(("127.0.0.1", self.upstream_port), timeout=2.0)
+        except OSError:
+            client.close()
+            return
+        upstream.settimeout(_TICK)
+        with self._lock:
+            self._sockets.add(upstream)
+        client.sendall(b"HTTP/1.1 200 Connection established\r\n\r\n")
+        back = threading.Thread(target=self._pipe, args=(upstream, client), daemon=True)
+        back.start()
+        self._pipe(client, upstream)
+        back.join(_JOIN)
+        for sock in (client, upstream):
+            with self._lock:
+                self._sockets.discard(sock)
+            with contextlib.suppress(OSError):
+                sock.close()
+
+    def _pipe(self, source: socket.socket, sink: socket.socket) -> None:
+        while not self._stop.is_set():
+            try:
+                data = source.recv(65536)
+                if not data:
+                    break
+                sink.sendall(data)
+            except TimeoutError:
+                continue
+            except OSError:
+                break
+        for sock in (source, sink):
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)

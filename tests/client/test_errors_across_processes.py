@@ -115,3 +115,34 @@ def test_each_client_error_reaches_a_caller_in_another_process_as_itself(shell: 
     refused, gave_up = crossed[:2]
     assert json.loads(refused["response"][2]) == PROBLEM
     assert gave_up["key"] == gave_up["request"][2]  # the key it sent: the call resumes with it
+
+
+@pytest.mark.parametrize("shell", ["client", "async-client"])
+def test_a_pickled_error_carries_no_credential_of_the_request(shell: str) -> None:
+    # What a Celery result backend stores: no Authorization, no user:password in the URL, and
+    # no query (?api_key=...), which the retry log line and the redirect warning leave out too.
+    headers = {"Authorization": "Bearer AUTH_TOKEN", "Cookie": "session=SESSION_ID"}
+    with ScriptedServer(lambda _: answer(503, [("Retry-After", "0")])) as server:
+        url = server.url.replace("http://", "http://admin:HUNTER2@") + "/pay?api_key=sk_TOKEN"
+        options: Any = {"retry": RetryPolicy(max_attempts=1), "headers": headers}
+
+        def call() -> None:
+            if shell == "client":
+                with Client(**options) as client:
+                    client.post(url, json={})
+                return
+
+            async def main() -> None:
+                async with AsyncClient(**options) as aclient:
+                    await aclient.post(url, json={})
+
+            asyncio.run(main())
+
+        with pytest.raises(RetriesExhaustedError) as ended:
+            call()
+    blob = pickle.dumps(ended.value)
+    for secret in (b"AUTH_TOKEN", b"SESSION_ID", b"HUNTER2", b"sk_TOKEN"):
+        assert secret not in blob
+    back = pickle.loads(blob)
+    assert str(back.response.request.url) == server.url + "/pay"
+    assert back.key == ended.value.key

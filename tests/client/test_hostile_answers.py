@@ -75,6 +75,24 @@ def test_a_retry_after_past_any_deadline_ends_the_call_at_once(shell: str, value
     assert len(server.seen) == 1
 
 
+@pytest.mark.parametrize("shell", CLIENTS)
+@pytest.mark.parametrize("value", ["120", "Fri, 31 Dec 9999 23:59:59 GMT"], ids=["seconds", "date"])
+def test_giving_up_on_a_long_retry_after_says_so(shell: str, value: str) -> None:
+    # It was reported as a bare "deadline" a split second into a long one, with nothing saying
+    # the server had asked for a wait longer than what was left of it.
+    with (
+        ScriptedServer(lambda _: answer(503, [("Retry-After", value)])) as server,
+        pytest.raises(RetriesExhaustedError) as gave_up,
+    ):
+        post(shell, server.url)
+    error = gave_up.value
+    assert error.retry_after is not None
+    assert error.left is not None
+    assert error.retry_after >= 120.0 > error.left > 0.0
+    assert "; the server asked to wait " in str(error)
+    assert str(error).endswith(" s left")
+
+
 @pytest.mark.parametrize("shell", SHELLS)
 @pytest.mark.parametrize(
     "value", ["1e9", "Mon, 01 Jan 10000 00:00:00 GMT", HUGE_YEAR], ids=["1e9", "10000", "huge"]

@@ -139,8 +139,8 @@ BAD: list[tuple[str, Callable[[], object], str]] = [
     ("client-proxy-int", lambda: Client(proxy=5),
      "Client(proxy=...): expected a proxy URL (a str, an httpx.URL or an httpx.Proxy), got 5"),
     ("client-proxy-scheme", lambda: Client(proxy="ftp://proxy.test"),
-     "Client(proxy=...): expected a proxy URL (a str, an httpx.URL or an httpx.Proxy), got the "
-     "string 'ftp://proxy.test'"),
+     "Client(proxy=...): expected a proxy URL (a str, an httpx.URL or an httpx.Proxy), got str "
+     "(not shown: it may hold credentials)"),
     ("client-verify-int", lambda: Client(verify=5),
      "Client(verify=...): expected True, False, a CA bundle path or an ssl.SSLContext, got 5"),
     ("client-cert-int", lambda: Client(cert=5),
@@ -188,6 +188,35 @@ BAD: list[tuple[str, Callable[[], object], str]] = [
     ("statuses-4xx", lambda: RetryPolicy(retry_statuses=[503, 422]),
      "RetryPolicy(retry_statuses=...): expected no 4xx but 408, 425 and 429, got list [422]"),
 ]  # fmt: skip
+
+
+#: Options that may hold credentials, each refused; its message must not show them.
+SECRETS = [
+    ("auth-list", {"auth": ["payments", "s3cr3t-pw"]}, "got list"),
+    ("headers-bad-value", {"headers": {"Authorization": "Bearer sk_live_abc", "X-Retries": 3}},
+     "the header 'X-Retries' has a value of type int"),
+    ("headers-bad-pair", {"headers": [("Authorization", "Bearer sk_live_abc"), ("X",)]},
+     "an item is tuple, not a (name, value) pair"),
+    ("cookies-str", {"cookies": "session=sess_abc"}, "got str"),
+    ("cookies-bad-pair", {"cookies": [("session", "sess_abc", "x")]}, "got list"),
+    ("cert-list", {"cert": ["client.pem", "s3cr3t-pw"]}, "got list"),
+    ("proxy-scheme", {"proxy": "ftp://u:s3cr3t-pw@proxy.test"}, "got str"),
+    ("base-url-port", {"base_url": "https://u:s3cr3t-pw@api.test:x"}, "got str"),
+    ("params-bad", {"params": [("api_key", "sk_live_abc"), 5]}, "got list"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("options", "shows"), [case[1:] for case in SECRETS], ids=[case[0] for case in SECRETS]
+)
+def test_a_refused_credential_is_never_shown(options: dict[str, object], shows: str) -> None:
+    with pytest.raises(ConfigurationError) as refused:
+        Client(**options)
+    message = str(refused.value)
+    assert shows in message
+    for secret in ("s3cr3t-pw", "sk_live_abc", "sess_abc"):
+        assert secret not in message
+        assert secret not in repr(refused.value.__cause__)
 
 
 @pytest.mark.parametrize(("make", "message"), [b[1:] for b in BAD], ids=[b[0] for b in BAD])

@@ -58,6 +58,19 @@ def test_retry_after_http_date_counts_from_the_wall_clock() -> None:
     assert parse_retry_after(earlier, WALL) == 0.0  # a date in the past means now
 
 
+def test_retry_after_reads_all_three_http_date_forms() -> None:
+    # RFC 9110 5.6.7: a recipient accepts IMF-fixdate, RFC 850 and asctime dates; the last
+    # carries no zone (parsedate leaves it naive), and every HTTP-date is GMT.
+    when = datetime.fromtimestamp(WALL + 30, timezone.utc)
+    forms = [
+        f"{when:%a, %d %b %Y %H:%M:%S} GMT",
+        f"{when:%A, %d-%b-%y %H:%M:%S} GMT",
+        f"{when:%a %b} {when.day:2d} {when:%H:%M:%S %Y}",
+    ]
+    assert [parse_retry_after(form, WALL) for form in forms] == [pytest.approx(30.0)] * 3
+    assert parse_retry_after("Sun Nov  6 08:49:37 1994", WALL) == 0.0  # past: now
+
+
 #: An HTTP-date whose year no datetime holds (parsedate_to_datetime raised OverflowError).
 HUGE_YEAR = "Mon, 01 Jan 99999999999999999999 00:00:00 GMT"
 
@@ -78,7 +91,9 @@ def test_retry_after_of_any_length(value: str, seconds: float | None) -> None:
 
 @pytest.mark.parametrize("value", ["9" * 20, "9" * 400, "9" * 5000])
 def test_a_retry_after_past_the_deadline_gives_up_at_once(value: str) -> None:
-    assert answer(Schedule(FAST, 0.0), 503, {"retry-after": value}) == GiveUp("deadline", "503", 1)
+    wait = parse_retry_after(value, WALL)
+    step = answer(Schedule(FAST, 0.0), 503, {"retry-after": value})
+    assert step == GiveUp("deadline", "503", 1, wait, 10.0)  # the server's wait, said
 
 
 @pytest.mark.parametrize("value", ["1e9", "Mon, 01 Jan 10000 00:00:00 GMT", HUGE_YEAR])
@@ -254,7 +269,7 @@ def test_no_retry_that_would_start_after_the_deadline() -> None:
     schedule = Schedule(RetryPolicy(deadline=5.0), 100.0)
     assert schedule.send(101.0) == 4.0  # the attempt may take what is left
     step = schedule.answered(503, {"retry-after": "4"}, b"", 101.5, WALL)
-    assert step == GiveUp("deadline", "503", 1)
+    assert step == GiveUp("deadline", "503", 1, 4.0, 3.5)
 
 
 def test_attempt_budget_is_what_is_left_of_the_deadline() -> None:
