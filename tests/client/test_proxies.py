@@ -37,6 +37,8 @@ FAST = RetryPolicy(max_attempts=3, deadline=10.0, backoff=0.01, backoff_cap=0.01
 
 @pytest.fixture(scope="module")
 def pem(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    # The test extra brings it (daphne's autobahn needs it); a smaller install skips.
+    pytest.importorskip("cryptography", reason="cryptography makes the origin's certificate")
     return self_signed(tmp_path_factory.mktemp("tls"))
 
 
