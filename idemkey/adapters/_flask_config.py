@@ -17,11 +17,14 @@ from ..store import RedisStore
 from ..store._url import client_from_url
 from ._environ import BODY_KEY, capture, environ_key
 from ._flask_settle import (
+    NESTED_KEY,
     SETTLE_KEY,
     Pending,
     complete,
     release,
+    release_unsent,
     sent_by_server,
+    served,
 )
 from ._sync_driver import Driver
 from ._wsgi_response import StreamedBody
@@ -131,11 +134,17 @@ class BodyCapture:
             try:
                 body = self.app(environ, start_response)
             except BaseException:
-                if slot:  # let out after the view (a teardown's): the server sends its 500
-                    release(slot.pop(), "an exception left Flask after the view answered")
+                try:
+                    if slot:  # let out after the view (a teardown's): the server sends its 500
+                        release(slot.pop(), "an exception left Flask after the view answered")
+                finally:
+                    if NESTED_KEY in environ:
+                        release_unsent(environ, "an exception left Flask")
                 raise
             if slot:  # Flask sent the view's answer: store it, or a stream as it goes out
                 pending = slot.pop()
+                if NESTED_KEY in environ:  # streams of guarded views it called: see served()
+                    return served(pending, body, environ)
                 if pending.streamed and not sent_by_server(body, environ):
                     # The head as its record keeps it: a replay runs the hooks again.
                     head = (pending.status, pending.headers, pending.reason)

@@ -39,7 +39,9 @@ has left Flask, and released if Flask sends its 500 instead (an ``after_request`
 teardown that failed: ``_flask_settle``); ``after_request`` hooks run on first answers and
 replays alike. A streamed response completes without its body at its first byte, and is
 released if it fails before it; a file the server sends itself (``send_file``) completes
-without its body at once. A view that raises releases the key. ``@idem.idempotent``
+without its body at once. A view that raises releases the key. A guarded view called from
+inside another settles its own record (a stream as it is sent), or, on the outer view's
+record (a route delegating to it), runs under the outer view's claim. ``@idem.idempotent``
 goes below the route decorator: written above it, the app is refused at its first request.
 """
 
@@ -60,12 +62,21 @@ from ._checks import checked_policy, checked_store
 from ._environ import BODY_KEY, read_body, read_werkzeug_body, request_of
 from ._flask_config import AppState, BodyCapture, app_state, capture_rule, view_overrides
 from ._flask_response import as_sent, body_of, render_view, respond
-from ._flask_settle import SETTLE_KEY, Pending, complete, released_by_flask
+from ._flask_settle import (
+    NESTED_KEY,
+    SETTLE_KEY,
+    Pending,
+    complete,
+    release_unsent,
+    released_by_flask,
+    settle_nested,
+)
 
 if TYPE_CHECKING:
     from flask import Flask
     from flask.typing import ResponseReturnValue
 
+    from ..http import Exchange
     from ..policy import Policy
     from ._sync_driver import Driver
 
@@ -162,9 +173,15 @@ def _guard(
         return respond(app, exchange)
     # Captured by the layer init_app put around wsgi_app: read_body takes it as it is;
     # without it, read_werkzeug_body first checks that nothing consumed the stream.
-    body = (
-        read_body(environ, exchange) if BODY_KEY in environ else read_werkzeug_body(req, exchange)
-    )
+    if BODY_KEY in environ:
+        body = read_body(environ, exchange)
+    else:  # or an outer guarded view of this request read it (and popped it)
+        if environ.get(SETTLE_KEY) and _same_record(exchange):
+            # The outer view's record (a route delegating to another guarded view, a view
+            # calling itself): the same work, run under the outer view's claim. Its own claim
+            # would find the outer's and answer 409 for as long as the outer holds it.
+            return view(*args, **kwargs)  # type: ignore[no-any-return]
+        body = read_werkzeug_body(req, exchange)
     if isinstance(body, Response):
         return respond(app, body)
     answer = driver.claim(exchange)
@@ -175,13 +192,14 @@ def _guard(
             return _unclaimed(view, args, kwargs)
         finally:
             exchange.unprotected_ended()
-    g._get_current_object().idemkey = exchange  # one proxy lookup
     slot = environ.get(SETTLE_KEY)  # BodyCapture's: it settles once Flask has sent the answer
     if slot is not None:
         if slot:  # reserved by the guarded view that called this one, whose answer is sent
             slot = None
+            outer = g.idemkey  # the caller's, again once this view returns
         else:  # reserved before the view runs: a guarded view it calls settles in that view
             slot.append(None)
+    g._get_current_object().idemkey = exchange  # one proxy lookup
     try:
         try:
             response = render_view(app, view, args, kwargs)
@@ -214,14 +232,24 @@ def _guard(
             response.headers.clear()
             response.headers.extend(sent)
     except BaseException:
-        if slot is not None:
-            slot.clear()
-        driver.fail(exchange, "the handler raised")
+        try:
+            driver.fail(exchange, "the handler raised")
+        finally:
+            if slot is not None:
+                slot.clear()
+                if NESTED_KEY in environ:  # streams of views it called, never to be sent
+                    release_unsent(environ, "the handler raised")
+            elif environ.get(SETTLE_KEY):  # still reserved: called from inside another
+                g.idemkey = outer
         raise
-    # No BodyCapture around this dispatch, or a guarded view called from inside another: the
-    # outer one's answer is the one sent, so nothing else would settle this one.
     if slot is None:
-        complete(pending)
+        if environ.get(SETTLE_KEY):  # still reserved, by the outer view (``outer`` is set)
+            # A guarded view called from inside another: the outer one's answer is the one
+            # sent, so nothing else would settle this one; a stream, once it is sent.
+            g.idemkey = outer
+            settle_nested(pending, response, environ)
+        else:  # no BodyCapture around this dispatch
+            complete(pending)
     else:
         slot[0] = pending
     return response
@@ -229,6 +257,12 @@ def _guard(
 
 def _checked(store: RedisStore | None, where: str) -> RedisStore | None:
     return None if store is None else checked_store(store, RedisStore, where)
+
+
+def _same_record(exchange: Exchange) -> bool:
+    """Whether ``exchange`` names the record of the claim this request runs under."""
+    outer: Exchange | None = getattr(g, "idemkey", None)
+    return outer is not None and outer.record == exchange.record
 
 
 def _unclaimed(view: Callable[..., Any], args: Any, kwargs: Any) -> ResponseReturnValue:

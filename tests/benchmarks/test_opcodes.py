@@ -127,13 +127,16 @@ def test_each_probe_level_runs_less_than_the_middleware_and_more_than_the_bound(
 #: Then first calls +5: a claim's fence is taken only if ``type(fence := reply[1]) is int``
 #: (11, less int()'s 6, and the ``try``'s NOP, now past the fresh claim), so a RESP3 double
 #: (int() truncated ``,1.5`` to fence 1), null, map or boolean is a StoreError.
+#: Then Flask first calls +4: BodyCapture's test for streams of guarded views called from
+#: inside another (``NESTED_KEY in environ``), so one the outer view discards is released
+#: when the request ends.
 BUDGETS = {
     "wsgi.replay": 1388,
     "asgi.replay": 1457,
     "flask.replay": 997,
     "wsgi.first": 2441,
     "asgi.first": 2507,
-    "flask.first": 2368,
+    "flask.first": 2372,
 }
 # In a fresh interpreter: the suite's other tests leave process-wide state behind (a cache of
 # header names filled by the fuzz tests' policies would add bytecodes to every lookup).
