@@ -116,17 +116,42 @@ class RequestInFlightError(IdemkeyError):
 
 class LeaseLostError(IdemkeyError):
     """Our lease lapsed and another executor took the record over, or the record was lost from
-    Redis under our claim (evicted, deleted); nothing of ours was stored."""
+    Redis under our claim (evicted, deleted); nothing of ours was stored in Redis.
 
-    def __init__(self, fence: int | None = None) -> None:
-        super().__init__(
-            "the lease on this idempotency record was lost, so nothing of this run is stored: "
-            "another executor took the record over, or it vanished from Redis (evicted, lost "
-            "to a restart without persistence or a failover, or deleted by FLUSHDB, FLUSHALL "
-            "or a DEL)"
-        )
-        self._keep_args(fence)
+    ``committed``: the call's fenced SQL transaction committed (``idemkey.contrib.sqlalchemy``),
+    so its effect happened and is not run again: ``recorded`` says whether its row holds the
+    result (a retry replays it) or not (a retry gets :class:`EffectCommittedError`). Do not
+    undo such an effect.
+    """
+
+    def __init__(
+        self, fence: int | None = None, committed: bool = False, recorded: bool = False
+    ) -> None:
+        super().__init__(_lease_lost_text(committed, recorded))
+        self._keep_args(fence, committed, recorded)
         self.fence = fence
+        self.committed = committed
+        self.recorded = recorded
+
+
+def _lease_lost_text(committed: bool, recorded: bool) -> str:
+    """What a lost lease leaves: nothing stored, or the call's committed SQL effect."""
+    how = (
+        "another executor took the record over, or it vanished from Redis (evicted, lost to a "
+        "restart without persistence or a failover, or deleted by FLUSHDB, FLUSHALL or a DEL)"
+    )
+    if not committed:
+        lost = "the lease on this idempotency record was lost"
+        return f"{lost}, so nothing of this run is stored: {how}"
+    then = (
+        "with its result: a retry replays it"
+        if recorded
+        else "without its result: a retry gets EffectCommittedError"
+    )
+    return (
+        f"the lease on this idempotency record was lost ({how}); but this run's effect "
+        f"committed in the database {then}, and the work does not run again"
+    )
 
 
 class EffectCommittedError(IdemkeyError):

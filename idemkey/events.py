@@ -35,6 +35,7 @@ __all__ = [
     "call_hook",
     "emit",
     "enabled_memo",
+    "lease_lost_detail",
     "logger",
     "quiet",
     "report",
@@ -70,12 +71,35 @@ ALWAYS_LOGGED: frozenset[str] = frozenset(
 
 #: Why a claim was lost, as ``lease_lost`` and ``record_lost`` events say it.
 TAKEN_OVER_DETAIL = "another executor took the record over"
-RECORD_LOST_DETAIL = (
-    "the record vanished from Redis under a live claim, so nothing of this run is stored and a "
-    "retry runs the work again: it was evicted (set maxmemory-policy noeviction), lost to a "
-    "restart without persistence or a failover to a replica that had not received it (use AOF "
-    "and Policy.durability), or deleted (FLUSHDB, FLUSHALL, a DEL)"
+_VANISHED = "the record vanished from Redis under a live claim"
+_VANISHED_HOW = (
+    "it was evicted (set maxmemory-policy noeviction), lost to a restart without persistence "
+    "or a failover to a replica that had not received it (use AOF and Policy.durability), or "
+    "deleted (FLUSHDB, FLUSHALL, a DEL)"
 )
+RECORD_LOST_DETAIL = (
+    f"{_VANISHED}, so nothing of this run is stored and a retry runs the work again: "
+    f"{_VANISHED_HOW}"
+)
+
+
+def lease_lost_detail(record_lost: bool, committed: tuple[int, bool] | None) -> str:
+    """Why a claim was lost, and what it leaves: nothing, or (``committed``: the call's fenced
+    row committed, and whether it holds the result) an effect a retry does not run again."""
+    if committed is None:
+        return RECORD_LOST_DETAIL if record_lost else TAKEN_OVER_DETAIL
+    why = f"{_VANISHED}: {_VANISHED_HOW}" if record_lost else TAKEN_OVER_DETAIL
+    if committed[1]:
+        return (
+            f"{why}; but this run's effect committed in the database with its result: a retry "
+            "replays it and does not run the work again"
+        )
+    return (
+        f"{why}; but this run's effect committed in the database without its result: a retry "
+        "gets EffectCommittedError and does not run the work again"
+    )
+
+
 _WARNINGS = ALWAYS_LOGGED
 
 

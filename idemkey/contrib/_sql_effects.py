@@ -199,6 +199,15 @@ def _record(table: Table, record: Record, step: str | None, fence: int, result: 
     )
 
 
+def _recorded(record: Record, step: str | None, fence: int, result: bytes, rows: int) -> bool:
+    """Whether ``result`` went into the committed row; the call that committed it learns it
+    holds one now (a lost lease then says a retry replays it)."""
+    call = _COMMITTED.get((record.record_key, fence)) if rows else None
+    if call is not None:
+        call._row_committed(step, fence, result)
+    return bool(rows)
+
+
 def upsert(dialect: str, table: Table, row: str, fence: int, ttl_ms: int) -> Any:
     """INSERT ... ON CONFLICT DO UPDATE ... WHERE, RETURNING the row when it is ours.
 
@@ -331,7 +340,7 @@ class Effects:
                 written = conn.execute(_record(self.table, record, step, fence, result))
         except Exception as exc:
             raise failed("write", exc) from exc
-        return bool(written.rowcount)
+        return _recorded(record, step, fence, result, written.rowcount)
 
 
 class AsyncEffects:
@@ -367,4 +376,4 @@ class AsyncEffects:
                 written = await conn.execute(_record(self.table, record, step, fence, result))
         except Exception as exc:
             raise failed("write", exc) from exc
-        return bool(written.rowcount)
+        return _recorded(record, step, fence, result, written.rowcount)

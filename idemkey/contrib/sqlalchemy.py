@@ -130,7 +130,7 @@ def fenced(
     from sqlalchemy.exc import DBAPIError
 
     record, fence = _call_parts(call)
-    table = table if table is not None else default_table()
+    table = _table(call, table)
     row = row_key(record, step)
     stmt = _statement(db, db, call, table, row, fence, ttl_ms)
     fence_ = _tie(db, call)  # first: a failing flush rolls back tied
@@ -157,9 +157,11 @@ async def afenced(
     record, fence = _call_parts(call)
     sync = getattr(db, "sync_session", None)
     sync = sync if sync is not None else getattr(db, "sync_connection", None)
-    table = table if table is not None else default_table()
+    table = _table(call, table)
     row = row_key(record, step)
     stmt = _statement(sync, db, call, table, row, fence, ttl_ms)
+    if _joined(sync):  # begun here, so that _tie sends nothing
+        await db.connection()  # type: ignore[union-attr,unused-ignore]
     fence_ = _tie(sync, call)
     if getattr(sync, "autoflush", False):
         await db.flush()  # type: ignore[union-attr]  # an AsyncSession's (as fenced())
@@ -168,6 +170,16 @@ async def afenced(
     except DBAPIError as exc:
         raise _upsert_failed(fence_, exc) from exc
     _upserted(fence_, ours, call, step, table, row, fence)
+
+
+def _table(call: Call[Any], table: Table | None) -> Table:
+    """``table``, else the table of the ``Effects`` of the store ``call`` was claimed in (the
+    one its lookups read after Redis forgot), else ``idemkey_effects``."""
+    if table is not None:
+        return table
+    effects = call._effects()
+    found = getattr(effects, "table", None)
+    return found if found is not None else default_table()
 
 
 def _statement(
@@ -286,7 +298,11 @@ def _tie(db: Any, call: Call[Any]) -> _Fence:
     from sqlalchemy import event
     from sqlalchemy.orm import Session
 
-    if isinstance(db, Session):
+    if _joined(db):
+        # Its COMMIT, if any, is the Connection's, whoever sends it: session.commit() of a
+        # Session joined to an outer transaction sends none (or releases a savepoint).
+        db = db.connection()
+    elif isinstance(db, Session):
         fence = _Fence(call._tie(), _session_savepoints(db))
         fences = db.info.get(_INFO_KEY)
         if fences is None:
@@ -310,6 +326,16 @@ def _tie(db: Any, call: Call[Any]) -> _Fence:
             event.listen(engine, "handle_error", _connection_error)
     fences.open.append(fence)
     return fence
+
+
+def _joined(db: Any) -> bool:
+    """Whether ``db`` is a Session bound to a Connection (SQLAlchemy's "join a Session into an
+    external transaction" recipe): its commit() may send no COMMIT, so its fences are tied to
+    that Connection's own commit and rollback, as a Connection's are."""
+    from sqlalchemy.engine import Connection
+    from sqlalchemy.orm import Session
+
+    return isinstance(db, Session) and isinstance(db.get_bind(), Connection)
 
 
 def _session_savepoints(session: Session) -> tuple[Any, ...]:

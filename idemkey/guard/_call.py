@@ -127,6 +127,19 @@ class Call(Generic[T]):
         row = rows.get(None) if rows else None
         return row[0] if row is not None and row[1] != saved else None
 
+    def _effects(self) -> Any:
+        """The ``effects=`` of the store this call was claimed in (its steps are built with
+        that store), or None: none, or not known (a call without steps: an HTTP handler's)."""
+        steps = self._steps if getattr(self, "_exited", False) else self._runner()
+        return getattr(getattr(steps, "store", None), "effects", None)
+
+    def committed_row(self) -> tuple[int, bool] | None:
+        """The call's own fenced row, if one committed: its fence, and whether it holds a
+        result (a retry replays it) or not yet (a retry gets ``EffectCommittedError``)."""
+        rows = getattr(self, "_rows", None)
+        row = rows.get(None) if rows else None
+        return None if row is None else (row[0], row[1] is not None)
+
     def _row_committed(self, step: str | None, fence: int, result: bytes | None) -> None:
         """The fenced row of ``step`` (None: the call's own) commits with ``result`` in it
         (None: none yet; the guard, the step runner or the HTTP driver records it there)."""

@@ -37,7 +37,7 @@ from ..errors import (
     ResultNotStorableError,
     StoreError,
 )
-from ..events import RECORD_LOST_DETAIL, TAKEN_OVER_DETAIL, Reporter
+from ..events import Reporter, lease_lost_detail
 from ._call import _CURRENT, GUARD_METHOD, Call
 from ._failures import FailureRules, is_failure, raise_failure, rules_for
 from ._steps import worked
@@ -278,13 +278,12 @@ class GuardState(Reporter, Generic[T]):
     ) -> None:
         """Report how leaving the block went; a lost lease raises unless the block raised."""
         fence = self.claim.fence if self.claim else None
-        why = TAKEN_OVER_DETAIL
-        if (
-            not done
-            and self.claim is not None
-            and self.store._record_lost(self.record, self.claim.owner)
-        ):
-            why = RECORD_LOST_DETAIL  # evicted or deleted under the claim, not taken over
+        if not done:  # (``why`` and ``committed`` are read only then)
+            # Evicted or deleted under the claim, not taken over; a committed fenced row holds
+            # the effect all the same (a retry does not run it again: no one may undo it).
+            lost = self.claim is not None and self.store._record_lost(self.record, self.claim.owner)
+            committed = self.call.committed_row() if self.call is not None else None
+            why = lease_lost_detail(lost, committed)
         # Each uncertain entry is kept before its event: an interrupted hook must not lose it.
         if not completing:
             if done:
@@ -300,7 +299,7 @@ class GuardState(Reporter, Generic[T]):
             self.uncertain("lease_lost", fence, why, self.finished_steps())
             self.notify("lease_lost", fence, why)
             if exc is None:
-                raise LeaseLostError(fence)
+                raise LeaseLostError(fence, committed is not None, bool(committed and committed[1]))
 
     def cancelled(self) -> None:
         """The block was cut off before saving a result (a cancel, Ctrl-C), or its takeover's

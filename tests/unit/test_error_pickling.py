@@ -67,6 +67,7 @@ SAMPLES: dict[str, Callable[[str, int], object]] = {
     "str | None": lambda name, at: f"{name}-{at}",
     "int": lambda name, at: 3 + at,
     "int | None": lambda name, at: 3 + at,
+    "bool": lambda name, at: at % 2 == 1,  # neighbours differ: a swap shows
     "float": lambda name, at: 1.5 + at,
     "float | None": lambda name, at: 1.5 + at,
     "dict[str, object]": lambda name, at: {"code": "insufficient_funds", "amount": 51},
