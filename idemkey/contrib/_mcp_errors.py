@@ -39,7 +39,9 @@ __all__ = [
     "InvalidKeyToolError",
     "KeyReusedToolError",
     "RecordUnreadableToolError",
+    "ResultOutdatedToolError",
     "StoreUnavailableToolError",
+    "result_outdated",
 ]
 
 
@@ -119,7 +121,31 @@ class ResultNotKeptToolError(IdempotencyToolError):
     code = "idempotency_result_not_kept"
 
 
+class ResultOutdatedToolError(IdempotencyToolError):
+    """The call ran under an earlier version of the tool, whose stored result does not fit the
+    tool's output schema now: it cannot be replayed, and the tool does not run again for the
+    key. Not "retry later": no retry would get it."""
+
+    code = "idempotency_result_outdated"
+
+
 NOTHING_RAN = "nothing ran: retry with the same idempotency key"
+#: How much of the stored text an outdated result's error passes on.
+_OUTDATED_TEXT = 2000
+
+
+def result_outdated(why: str, sent: str) -> ResultOutdatedToolError:
+    """What the agent is told for a stored result the output schema refuses now (``why``:
+    where), with ``sent``, the text blocks the call that ran sent (a replay would too)."""
+    if len(sent) > _OUTDATED_TEXT:
+        sent = sent[:_OUTDATED_TEXT] + " [...]"
+    said = f"; what it sent then: {sent}" if sent else ""
+    return ResultOutdatedToolError(
+        "the call with this idempotency key ran under an earlier version of this tool, whose "
+        f"result does not fit the tool's output schema now ({why}), so it cannot be replayed; "
+        "the tool did not run again and will not for this key: do not retry it, and never "
+        f"with a new key (that would run it again){said}"
+    )
 
 
 def arguments_unsupported(cause: BaseException) -> ArgumentsUnsupportedToolError:

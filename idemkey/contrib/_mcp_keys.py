@@ -12,9 +12,9 @@ from __future__ import annotations
 import hashlib
 import json
 import time
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from contextvars import ContextVar
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 import msgspec
 from mcp.server.auth.middleware.auth_context import get_access_token
@@ -22,14 +22,21 @@ from mcp.server.fastmcp import Context, FastMCP
 from mcp.types import CallToolRequest
 
 from .._core import MAX_KEY_LENGTH
-from ._mcp_errors import InvalidKeyToolError, arguments_unsupported
+from ..policy import Policy
+from ..records import GUARD_METHOD, record_for
+from ..store import AsyncRedisStore
+from ._mcp_errors import InvalidKeyToolError, KeyReusedToolError, arguments_unsupported
 
 __all__ = [
     "KEY_GRAMMAR",
     "KeySources",
+    "as_sent",
     "call_key",
     "check_key",
+    "describe",
     "derived_key",
+    "first_form",
+    "forms",
     "keep_request_params",
     "principal_of",
     "request_params",
@@ -44,6 +51,9 @@ _VISIBLE = frozenset(chr(c) for c in range(0x21, 0x7F)) - {","}
 
 # The extra params of the tools/call request being handled (params.idempotencyKey).
 _params: ContextVar[Mapping[str, Any] | None] = ContextVar("idemkey_mcp_params", default=None)
+# The names of the arguments it sent (None: not known, outside a tools/call request).
+_sent: ContextVar[frozenset[str] | None] = ContextVar("idemkey_mcp_sent", default=None)
+T = TypeVar("T")
 
 
 def check_key(value: object, where: str) -> str:
@@ -82,9 +92,11 @@ def call_key(
     principal: str,
     tool: str,
     arguments: Mapping[str, Any],
+    every: Mapping[str, Any] | None = None,
 ) -> str:
     """The call's key: the argument's, else the host's (``_meta``, then ``params``), else
-    derived from the call; checked against the one grammar."""
+    derived from the call (``arguments``: those sent; an ``operation`` argument's default
+    counts, from ``every``, as it always did); checked against the one grammar."""
     argument, meta_field, params_field = sources.argument, sources.meta_field, sources.params_field
     if argument is not None and kwargs.get(argument) is not None:
         return check_key(kwargs[argument], f"the `{argument}` argument")
@@ -102,7 +114,8 @@ def call_key(
         if params.get(params_field) is not None:
             return check_key(params[params_field], f"params.{params_field}")
     if sources.derive:
-        return derived_key(principal, tool, arguments, sources.operation, sources.bucket)
+        what = arguments if sources.operation is None or every is None else every
+        return derived_key(principal, tool, what, sources.operation, sources.bucket)
     where = (
         f"the `{argument}` argument"
         if argument is not None
@@ -111,6 +124,39 @@ def call_key(
         else f"params.{params_field}"
     )
     return check_key(None, where)
+
+
+def describe(sources: KeySources, within: str, text: str) -> str:
+    """``text`` with the sentences that tell the agent how the tool is idempotent (results are
+    replayed ``within`` that long)."""
+    if sources.derive:
+        same = (
+            "the same arguments" if sources.operation is None else f"the same `{sources.operation}`"
+        )
+        note = (
+            f"Idempotent: a repeat of this call with {same} within {within} returns the "
+            "first result (marked as a replay) without running the tool again; no key "
+            "is needed."
+        )
+        if sources.operation is not None:
+            note += f" Other arguments with a `{sources.operation}` already used are refused."
+    elif sources.argument is not None:
+        note = (
+            f"Idempotent: pass a new unique key in the `{sources.argument}` argument for "
+            f"each operation ({KEY_GRAMMAR}) and the same key when retrying it, never a "
+            f"new one; a retry within {within} returns the first result (marked as a "
+            "replay) without running the tool again. A key reused with other arguments "
+            "is refused."
+        )
+    else:
+        fields = [f"`_meta.{sources.meta_field}`"] if sources.meta_field else []
+        fields += [f"`params.{sources.params_field}`"] if sources.params_field else []
+        note = (
+            f"Idempotent: the host's idempotency key ({' or '.join(fields)}) decides; a "
+            f"retry with it within {within} returns the first result (marked as a replay) "
+            "without running the tool again."
+        )
+    return f"{text.strip()}\n\n{note}" if text.strip() else note
 
 
 def derived_key(
@@ -146,6 +192,57 @@ def derived_key(
     return "derived-" + hashlib.sha256(canonical).hexdigest()
 
 
+def as_sent(every: Mapping[str, Any]) -> dict[str, Any]:
+    """The validated arguments the caller sent, without the defaults of those it left out: a
+    tool that gains an optional argument still fingerprints its earlier calls the same. All
+    of them outside a ``tools/call`` request (``FastMCP.call_tool``)."""
+    sent = _sent.get()
+    return dict(every) if sent is None else {k: v for k, v in every.items() if k in sent}
+
+
+async def forms(
+    sources: KeySources,
+    store: AsyncRedisStore,
+    policy: Policy,
+    principal: str,
+    tool: str,
+    key: str,
+    sent: dict[str, Any],
+    every: dict[str, Any],
+) -> list[tuple[str, dict[str, Any]]]:
+    """The (key, arguments) the call's record may be under, in the order tried.
+
+    0.3 and earlier fingerprinted (and derived a key from) ``every`` validated argument,
+    defaults included: their records still match for one release. A key of the caller's is
+    tried with ``sent``, then with ``every`` (a first refusal claims nothing); a derived key
+    of ``every`` is used when a record has it (one read, only when a default was left out),
+    else the key of ``sent``. Remove in 0.5."""
+    if sent == every:
+        return [(key, sent)]
+    bucket = sources.bucket
+    if not sources.derive or sources.operation is not None:
+        return [(key, sent), (key, every)]
+    if key != derived_key(principal, tool, sent, None, bucket):
+        return [(key, sent), (key, every)]  # the host's key, with derive=True
+    earlier = derived_key(principal, tool, every, None, bucket)
+    record = record_for(policy.prefix, f"mcp:{principal}", GUARD_METHOD, "", earlier)
+    return [(earlier, every)] if await store.record(record) is not None else [(key, sent)]
+
+
+async def first_form(
+    tried: Sequence[tuple[str, dict[str, Any]]],
+    attempt: Callable[[str, dict[str, Any]], Awaitable[T]],
+) -> T:
+    """``attempt`` each of ``tried`` (:func:`forms`) in turn while the key is refused as reused
+    with other arguments (nothing claimed, nothing ran); the last one's refusal is the call's."""
+    for key, arguments in tried[:-1]:
+        try:
+            return await attempt(key, arguments)
+        except KeyReusedToolError:
+            continue
+    return await attempt(*tried[-1])
+
+
 def request_params() -> Mapping[str, Any]:
     """The extra ``params`` of the ``tools/call`` request being handled (empty: none)."""
     return _params.get() or {}
@@ -153,7 +250,8 @@ def request_params() -> Mapping[str, Any]:
 
 def keep_request_params(server: FastMCP[Any]) -> None:
     """Wrap ``server``'s ``tools/call`` handler so the tool can read the request's extra
-    params (FastMCP passes the tool only its arguments). Once per server."""
+    params and the names of the arguments it sent (FastMCP passes the tool only its
+    arguments, validated, with the defaults of those left out). Once per server."""
     handlers = server._mcp_server.request_handlers
     original = handlers.get(CallToolRequest)
     if original is None or getattr(original, "idemkey_params", False):
@@ -161,9 +259,11 @@ def keep_request_params(server: FastMCP[Any]) -> None:
 
     async def keeping(request: Any) -> Any:
         token = _params.set(dict(request.params.model_extra or {}))
+        sent = _sent.set(frozenset(request.params.arguments or {}))
         try:
             return await original(request)
         finally:
+            _sent.reset(sent)
             _params.reset(token)
 
     keeping.idemkey_params = True  # type: ignore[attr-defined]

@@ -18,9 +18,9 @@ from mcp.types import CallToolResult, TextContent
 from pydantic import ValidationError
 from pydantic_core import to_jsonable_python
 
-from ..errors import RecordFormatError
+from ..errors import RecordFormatError, ResultNotStorableError
 from ..guard import Call
-from ._mcp_errors import ResultNotKeptToolError, arguments_unsupported
+from ._mcp_errors import ResultNotKeptToolError, arguments_unsupported, result_outdated
 
 __all__ = [
     "REPLAY_META",
@@ -31,6 +31,7 @@ __all__ = [
     "outlive_cancel",
     "plain",
     "replay",
+    "saved",
     "tool_context",
 ]
 
@@ -40,6 +41,12 @@ REPLAY_META = "io.idemkey/replay"
 REPLAY_TEXT = (
     "[idemkey] Replay: the stored result of the first call with this idempotency key; "
     "the tool did not run again."
+)
+#: The text block appended to a result the record cannot hold, for the caller whose call ran.
+NOT_KEPT_TEXT = (
+    "[idemkey] This result is not kept: an integer in it is beyond 64 bits, which the "
+    "idempotency record cannot hold. A retry with this idempotency key will not get it, and the "
+    "tool will not run again for it."
 )
 
 
@@ -79,9 +86,34 @@ def _jsonable(value: Any) -> Any:
         # a retry that reaches another worker must fingerprint the same.
         return sorted((_jsonable(v) for v in value), key=_canonical)
     dump = getattr(value, "model_dump", None)
-    if callable(dump):  # a pydantic model: as a top-level one always was
-        return dump(mode="json")
+    if callable(dump):  # a pydantic model: as a top-level one always was, its sets ordered
+        sent = dump(mode="json")
+        try:
+            shape = dump(mode="python")
+        except _UNENCODABLE:  # a set of frozen models: dicts, which no Python set holds
+            return sent
+        return _ordered(shape, sent)
     return to_jsonable_python(value)
+
+
+def _ordered(shape: Any, sent: Any) -> Any:
+    """``sent``, a model's JSON dump, with each list that is a set in ``shape`` (its Python
+    dump) in one order. The JSON dump is kept otherwise: the model's own JSON serializers
+    and config are its fingerprint, that of earlier releases."""
+    if isinstance(shape, (set, frozenset)) and isinstance(sent, list) and len(shape) == len(sent):
+        if all(type(v) is int for v in shape):
+            # Their order never changed with the hash seed: kept, as earlier releases had it.
+            return sent
+        if any(isinstance(v, (tuple, frozenset)) for v in shape):
+            # A set of the Python dump is a new one, whose order need not be that of the JSON
+            # list: its members, which may hold sets of their own, made JSON anew.
+            sent = [_jsonable(v) for v in shape]
+        return sorted(sent, key=_canonical)
+    if isinstance(shape, dict) and isinstance(sent, dict) and len(shape) == len(sent):
+        return {k: _ordered(s, v) for s, (k, v) in zip(shape.values(), sent.items(), strict=True)}
+    if isinstance(shape, (list, tuple)) and isinstance(sent, list) and len(shape) == len(sent):
+        return [_ordered(s, v) for s, v in zip(shape, sent, strict=True)]
+    return sent
 
 
 def _json_key(key: Any) -> str:
@@ -134,6 +166,20 @@ def kept(call: Call[Any], value: Any, convert: Callable[[Any], Any]) -> CallTool
         ) from exc
 
 
+def saved(call: Call[Any], result: CallToolResult) -> CallToolResult:
+    """Store ``result`` and return it marked as the first call's.
+
+    A result the record cannot hold (an integer beyond 64 bits, which JSON and the output
+    schema allow) completes the record as "result not kept" (``save()`` did so): the tool
+    ran, so the caller whose call ran it still gets it, told that retries will not."""
+    try:
+        call.save(result.model_dump(mode="json", by_alias=True, exclude_none=True))
+    except ResultNotStorableError:
+        content = [*result.content, TextContent(type="text", text=NOT_KEPT_TEXT)]
+        result = result.model_copy(update={"content": content})
+    return mark(result, replayed=False)
+
+
 def mark(result: CallToolResult, *, replayed: bool) -> CallToolResult:
     meta = dict(result.meta or {})
     meta[REPLAY_META] = {"replayed": replayed}
@@ -144,14 +190,22 @@ def replay(stored: Any, convert: Callable[[Any], Any]) -> CallToolResult:
     """The stored result, marked as a replay. Stored bytes are input: a value that is not a
     ``CallToolResult``, or not one the tool returns (``convert``, FastMCP's ``convert_result``,
     checks its ``structuredContent`` against the output schema, as FastMCP does after the tool
-    returns), raises :class:`~idemkey.errors.RecordFormatError`, never pydantic's error."""
+    returns), raises :class:`~idemkey.errors.RecordFormatError`, never pydantic's error.
+
+    A ``CallToolResult`` the output schema refuses was stored by an earlier version of the
+    tool (its output schema changed since): :class:`ResultOutdatedToolError`, with the text
+    it sent, for no retry would ever replay it."""
     try:
         result = CallToolResult.model_validate(stored)
-        convert(result)
     except ValidationError as exc:
         raise RecordFormatError(
             f"stored tool result is not one this tool returns: {_invalid(exc)}"
         ) from exc
+    try:
+        convert(result)
+    except ValidationError as exc:
+        sent = " ".join(c.text for c in result.content if isinstance(c, TextContent))
+        raise result_outdated(_invalid(exc), sent) from exc
     result = mark(result, replayed=True)
     content = [*result.content, TextContent(type="text", text=REPLAY_TEXT)]
     return result.model_copy(update={"content": content})

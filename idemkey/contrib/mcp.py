@@ -23,10 +23,12 @@ verified names (streamable HTTP with ``auth=``/``token_verifier=``): its client 
 user (``subject``) and issuer when it has a subject; narrowed by what ``principal(ctx)``
 returns. Without a token, ``principal(ctx)``, else ``"anonymous"`` (stdio, or HTTP without
 auth: one scope for every caller, so a key is shared by everyone who can reach the server).
-The fingerprint is the tool's name and its arguments without the key. The first call runs
-the tool and stores its ``CallToolResult``; a retry with the same key and arguments gets that
-result back, with ``_meta["io.idemkey/replay"] = {"replayed": True}`` (``False`` on the first
-call) and a last text block saying it is a replay.
+The fingerprint is the tool's name and the arguments the caller sent (validated; without the
+key, and without the defaults of those left out: a new optional argument changes no earlier
+call's fingerprint, nor its derived key). The first call runs the tool and stores its
+``CallToolResult``; a retry with the same key and arguments gets that result back, with
+``_meta["io.idemkey/replay"] = {"replayed": True}`` (``False`` on the first call) and a last
+text block saying it is a replay.
 
 A reused key with other arguments raises :class:`KeyReusedToolError`; a duplicate while the
 first call runs waits up to ``policy.wait`` seconds for its result, then raises
@@ -35,9 +37,10 @@ first call runs waits up to ``policy.wait`` seconds for its result, then raises
 (every code, by phase: :mod:`idemkey.contrib._mcp_errors`, docs/mcp.md).
 A tool that raises releases the key: a retry runs it again (what it raised, an idemkey error
 of its own code included, reaches the agent as the tool's error). A result its output schema
-refuses is not kept, and the tool never runs again for the key (``idempotency_result_not_kept``).
-A call the host cancels (``notifications/cancelled``) or leaves (its session closed) runs to
-its end, its logs and progress to a gone host dropped, and its result is stored: a retry
+refuses is not kept, and the tool never runs again for the key (``idempotency_result_not_kept``);
+nor is one with an integer beyond 64 bits, which its first caller still gets.
+A call the host cancels (``notifications/cancelled``) or leaves (its HTTP session closed) runs
+to its end, its logs and progress to a gone host dropped, and its result is stored: a retry
 replays it. A synchronous tool runs in a worker thread, so the store's heartbeat renews its
 claim.
 """
@@ -78,13 +81,17 @@ from ._mcp_errors import (
     OutcomeUnknownToolError,
     RecordUnreadableToolError,
     ResultNotKeptToolError,
+    ResultOutdatedToolError,
     StepsExhaustedToolError,
     StoreUnavailableToolError,
     tool_error,
 )
 from ._mcp_keys import (
-    KEY_GRAMMAR,
+    as_sent,
     call_key,
+    describe,
+    first_form,
+    forms,
     keep_request_params,
     principal_of,
     require_argument,
@@ -95,10 +102,10 @@ from ._mcp_results import (
     REPLAY_META,
     REPLAY_TEXT,
     kept,
-    mark,
     outlive_cancel,
     plain,
     replay,
+    saved,
     tool_context,
 )
 
@@ -114,6 +121,7 @@ __all__ = [
     "OutcomeUnknownToolError",
     "RecordUnreadableToolError",
     "ResultNotKeptToolError",
+    "ResultOutdatedToolError",
     "StepsExhaustedToolError",
     "StoreUnavailableToolError",
     "principal_of",
@@ -201,35 +209,7 @@ class IdempotentTools:
 
     def description(self, text: str) -> str:
         """``text`` with the sentences that tell the agent how the tool is idempotent."""
-        within = retention(self.policy.ttl)
-        if self.derive:
-            same = (
-                "the same arguments" if self.operation is None else f"the same `{self.operation}`"
-            )
-            note = (
-                f"Idempotent: a repeat of this call with {same} within {within} returns the "
-                "first result (marked as a replay) without running the tool again; no key "
-                "is needed."
-            )
-            if self.operation is not None:
-                note += f" Other arguments with a `{self.operation}` already used are refused."
-        elif self.argument is not None:
-            note = (
-                f"Idempotent: pass a new unique key in the `{self.argument}` argument for "
-                f"each operation ({KEY_GRAMMAR}) and the same key when retrying it, never a "
-                f"new one; a retry within {within} returns the first result (marked as a "
-                "replay) without running the tool again. A key reused with other arguments "
-                "is refused."
-            )
-        else:
-            fields = [f"`_meta.{self.meta_field}`"] if self.meta_field else []
-            fields += [f"`params.{self.params_field}`"] if self.params_field else []
-            note = (
-                f"Idempotent: the host's idempotency key ({' or '.join(fields)}) decides; a "
-                f"retry with it within {within} returns the first result (marked as a replay) "
-                "without running the tool again."
-            )
-        return f"{text.strip()}\n\n{note}" if text.strip() else note
+        return describe(self, retention(self.policy.ttl), text)
 
     def scope(self, ctx: Context[Any, Any, Any]) -> str:
         """The principal a key belongs to: the verified token's (:func:`principal_of`),
@@ -254,8 +234,7 @@ class IdempotentTools:
             wrapper = self.wrap(fn, name=name, structured_output=structured_output)
             update = {"idempotentHint": self.hint}
             marked = (annotations or ToolAnnotations()).model_copy(update=update)
-            if self.params_field is not None:
-                keep_request_params(server)
+            keep_request_params(server)  # the arguments sent, and params.idempotencyKey
             server.add_tool(
                 wrapper,
                 name=name or fn.__name__,
@@ -330,21 +309,24 @@ class IdempotentTools:
             if self.argument is not None and not passes_key:
                 call_kwargs.pop(self.argument, None)
             arguments = {k: v for k, v in call_kwargs.items() if k != wrapper_ctx}
-            args = plain({k: v for k, v in arguments.items() if k != self.argument})
-            key = call_key(self, kwargs, ctx, principal, tool_name, args)
+            every = plain({k: v for k, v in arguments.items() if k != self.argument})
+            args = as_sent(every)  # what the caller sent is the call, not this version's defaults
+            key = call_key(self, kwargs, ctx, principal, tool_name, args, every)
             if passes_key and self.argument is not None:
                 call_kwargs[self.argument] = key  # checked, wherever it came from
-            fingerprint = {"tool": tool_name, "arguments": args}
             if is_async:
                 body: Callable[[], Awaitable[Any]] = functools.partial(fn, **call_kwargs)
             else:
                 # A worker thread: the event loop stays free, so the store's heartbeat renews
                 # the lease while a long synchronous tool runs.
                 body = functools.partial(asyncio.to_thread, fn, **call_kwargs)
-            once = self._once(key, fingerprint, principal, body, metadata.convert_result)
+            convert = metadata.convert_result
+            once = self._forms(key, tool_name, args, every, principal, body, convert)
             # The call runs in a task of its own, which a cancel from the host (a
-            # notifications/cancelled, a closed stdio) does not reach: the tool runs to its end
-            # and its result is stored, so the host's retry waits for it or replays it.
+            # notifications/cancelled, a closed HTTP session) does not reach: the tool runs to
+            # its end and its result is stored, so the host's retry waits for it or replays it.
+            # A closed stdio session ends the server process, which cancels this task too: the
+            # key is then kept until its lease lapses, and the retry takes the call over.
             return await outlive_cancel(asyncio.ensure_future(once))
 
         annotations_ = {p.name: p.annotation for p in new_params}
@@ -352,6 +334,32 @@ class IdempotentTools:
         wrapper.__annotations__ = annotations_
         wrapper.__signature__ = signature.replace(parameters=new_params)  # type: ignore[attr-defined]
         return wrapper
+
+    async def _forms(
+        self,
+        key: str,
+        tool: str,
+        sent: dict[str, Any],
+        every: dict[str, Any],
+        principal: str,
+        body: Callable[[], Awaitable[Any]],
+        convert: Callable[[Any], Any],
+    ) -> CallToolResult:
+        """:meth:`_once` under the fingerprint of the arguments sent, or of every argument for
+        a record of 0.3 (:func:`~idemkey.contrib._mcp_keys.forms`)."""
+        try:
+            tried = await forms(self, self.store, self.policy, principal, tool, key, sent, every)
+        except IdemkeyError as exc:  # a StoreError of the read: nothing ran
+            error = tool_error(exc, False)
+            if error is None:
+                raise
+            raise error from exc
+
+        async def attempt(key: str, arguments: dict[str, Any]) -> CallToolResult:
+            fingerprint = {"tool": tool, "arguments": arguments}
+            return await self._once(key, fingerprint, principal, body, convert)
+
+        return await first_form(tried, attempt)
 
     async def _once(
         self,
@@ -377,9 +385,7 @@ class IdempotentTools:
                 except Exception as exc:
                     own = exc
                     raise
-                result = kept(call, value, convert)
-                call.save(result.model_dump(mode="json", by_alias=True, exclude_none=True))
-                return mark(result, replayed=False)
+                return saved(call, kept(call, value, convert))
         except IdemkeyError as exc:
             if exc is own:
                 raise

@@ -128,28 +128,33 @@ async def test_a_sync_tool_runs_in_a_worker_thread(
     assert threads[0] is not threading.main_thread()
 
 
-#: Stored results a replay cannot give back: not a CallToolResult, or not one this tool
-#: returns (its output schema wants structuredContent {"result": str}).
+#: Stored results a replay cannot give back: not a CallToolResult (unreadable), or not one
+#: this tool returns now (its output schema wants structuredContent {"result": str}): an
+#: earlier version of the tool stored it (outdated).
 UNREADABLE = {
-    "a list": [1, 2],
-    "content not a list": {"content": "x"},
-    "a content block of no type": {"content": [{"text": "x"}]},
-    "no structured content": {"content": [{"type": "text", "text": "charged 5"}]},
-    "structured content of another shape": {
-        "content": [{"type": "text", "text": "charged 5"}],
-        "structuredContent": {"result": 5},
-    },
+    "a list": ([1, 2], "record_unreadable"),
+    "content not a list": ({"content": "x"}, "record_unreadable"),
+    "a content block of no type": ({"content": [{"text": "x"}]}, "record_unreadable"),
+    "no structured content": (
+        {"content": [{"type": "text", "text": "charged 5"}]},
+        "result_outdated",
+    ),
+    "structured content of another shape": (
+        {"content": [{"type": "text", "text": "charged 5"}], "structuredContent": {"result": 5}},
+        "result_outdated",
+    ),
 }
 
 
-@pytest.mark.parametrize("stored", UNREADABLE.values(), ids=UNREADABLE.keys())
+@pytest.mark.parametrize(("stored", "code"), UNREADABLE.values(), ids=UNREADABLE.keys())
 async def test_a_stored_result_of_the_wrong_shape_is_an_unreadable_record(
-    client: redis.asyncio.Redis, prefix: str, stored: object
+    client: redis.asyncio.Redis, prefix: str, stored: object, code: str
 ) -> None:
-    """Stored bytes are input: a result that decodes but is no CallToolResult of this tool
-    is a RecordFormatError, told as idempotency_record_unreadable; the record is left as it
-    is and the tool does not run again. Before, pydantic's ValidationError text reached the
-    agent ("1 validation error for CallToolResult"), with no code."""
+    """Stored bytes are input: a result that decodes but is no CallToolResult is a
+    RecordFormatError, told as idempotency_record_unreadable; one the output schema refuses
+    now is idempotency_result_outdated (tests/contrib/test_mcp_results.py). The record is
+    left as it is and the tool does not run again. Before, pydantic's ValidationError text
+    reached the agent ("1 validation error for CallToolResult"), with no code."""
     store = AsyncRedisStore(client, Policy(prefix=prefix))
     server, charged = FastMCP("charges"), []
 
@@ -173,7 +178,7 @@ async def test_a_stored_result_of_the_wrong_shape_is_an_unreadable_record(
     assert await client.hgetall(record.key) == before
     assert charged == ["charged"]
     assert again.isError
-    assert text(again).startswith("Error executing tool charge: idempotency_record_unreadable: ")
+    assert text(again).startswith(f"Error executing tool charge: idempotency_{code}: ")
     assert "never with a new key" in text(again)
     assert "validation error" not in text(again)
 
