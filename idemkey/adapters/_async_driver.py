@@ -38,9 +38,15 @@ __all__ = ["AsyncDriver"]
 
 
 class AsyncDriver:
-    """Claims and settles records in ``store`` for the adapters; one per middleware."""
+    """Claims and settles records in ``store`` for the adapters; one per middleware (an
+    :class:`AsyncEffectsDriver` for a store with ``effects=``)."""
 
     __slots__ = ("store",)
+
+    def __new__(cls, store: AsyncRedisStore) -> AsyncDriver:
+        # Chosen once here, not tested per request: a store without effects runs no more.
+        made = AsyncEffectsDriver if cls is AsyncDriver and store.effects is not None else cls
+        return object.__new__(made)
 
     def __init__(self, store: AsyncRedisStore) -> None:
         self.store = store
@@ -161,3 +167,18 @@ class AsyncDriver:
             await effects.record(exchange.record, None, fence, stored)
         except StoreError as exc:  # Redis still gets it: only a later loss is exposed
             exchange.notify("store_error", fence, f"response not recorded with its effect: {exc}")
+
+
+class AsyncEffectsDriver(AsyncDriver):
+    """The driver of a store with ``effects=``: a claimed handler's call knows that store's
+    Effects, whose table ``fenced()`` then writes without ``table=`` (the one the store's
+    lookups read once Redis forgot the key), as a guard's call does."""
+
+    __slots__ = ()
+
+    async def claim(self, exchange: Exchange) -> Response | None:
+        answer = await super().claim(exchange)
+        call = exchange.call
+        if answer is None and call is not None:  # claimed, or run unprotected (no fence)
+            call._store_effects = self.store.effects
+        return answer

@@ -38,9 +38,15 @@ __all__ = ["Driver"]
 
 
 class Driver:
-    """Claims and settles records in ``store`` for the adapters; one per middleware."""
+    """Claims and settles records in ``store`` for the adapters; one per middleware (an
+    :class:`EffectsDriver` for a store with ``effects=``)."""
 
     __slots__ = ("store",)
+
+    def __new__(cls, store: RedisStore) -> Driver:
+        # Chosen once here, not tested per request: a store without effects runs no more.
+        made = EffectsDriver if cls is Driver and store.effects is not None else cls
+        return object.__new__(made)
 
     def __init__(self, store: RedisStore) -> None:
         self.store = store
@@ -161,3 +167,18 @@ class Driver:
             effects.record(exchange.record, None, fence, stored)
         except StoreError as exc:  # Redis still gets it: only a later loss is exposed
             exchange.notify("store_error", fence, f"response not recorded with its effect: {exc}")
+
+
+class EffectsDriver(Driver):
+    """The driver of a store with ``effects=``: a claimed handler's call knows that store's
+    Effects, whose table ``fenced()`` then writes without ``table=`` (the one the store's
+    lookups read once Redis forgot the key), as a guard's call does."""
+
+    __slots__ = ()
+
+    def claim(self, exchange: Exchange) -> Response | None:
+        answer = super().claim(exchange)
+        call = exchange.call
+        if answer is None and call is not None:  # claimed, or run unprotected (no fence)
+            call._store_effects = self.store.effects
+        return answer

@@ -1,8 +1,7 @@
 """Fenced effects: the business write and the idempotency outcome in one SQL transaction.
 
 Redis is the fast path and the database the truth; this closes the holes every Redis-only
-design has, for effects that land in a SQL database (PostgreSQL or SQLite, through
-SQLAlchemy 2):
+design has, for effects that land in a SQL database (PostgreSQL or SQLite, SQLAlchemy 2):
 
 * **A stale owner** (a worker frozen past its lease while a successor took over) cannot commit:
   :func:`fenced` upserts the record's row in ``idemkey_effects`` only while the stored fence is
@@ -30,17 +29,7 @@ SQLAlchemy 2):
             fenced(session, call)  # just before the commit: it locks the row until then
             call.save({"invoice": invoice.id})  # completes the record only if this commits
 
-The migration, as plain SQL (PostgreSQL; SQLite takes the same with ``BLOB`` for ``BYTEA``)::
-
-    CREATE TABLE idemkey_effects (
-        record     VARCHAR(160) PRIMARY KEY,  -- the record (digest, prefix), + "#" + step name
-        fence      BIGINT       NOT NULL,     -- fence of the claim that wrote it last
-        result     BYTEA,                     -- request fingerprint + saved result, or NULL
-        created_at TIMESTAMP    NOT NULL,
-        expires_at TIMESTAMP    NOT NULL      -- after it the row no longer counts (retention)
-    );
-
-or ``effects_table(metadata)`` for Alembic / ``metadata.create_all``.
+The table's migration (plain SQL) is in docs/effects.md; Alembic: ``effects_table(metadata)``.
 """
 
 from __future__ import annotations

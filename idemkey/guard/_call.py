@@ -52,6 +52,7 @@ class Call(Generic[T]):
         "_rows",
         "_saved",
         "_steps",
+        "_store_effects",
         "_ties",
         "fence",
         "record",
@@ -68,6 +69,10 @@ class Call(Generic[T]):
     #: when it wrote none (the result is recorded there before Redis completes). Unset until
     #: one committed, so a call costs nothing more.
     _rows: dict[str | None, tuple[int, bytes | None]]
+    #: The ``effects=`` of the store an HTTP handler's call was claimed in (a call without
+    #: steps cannot name its store): set by the driver of a store that has one, so fenced()
+    #: writes the table its lookups read. Unset otherwise, so a call costs nothing more.
+    _store_effects: Any
 
     def __init__(
         self,
@@ -129,8 +134,11 @@ class Call(Generic[T]):
 
     def _effects(self) -> Any:
         """The ``effects=`` of the store this call was claimed in (its steps are built with
-        that store), or None: none, or not known (a call without steps: an HTTP handler's)."""
+        that store; an HTTP handler's call has none, its driver sets it), or None: none, or not
+        known (a replay, a call built by hand)."""
         steps = self._steps if getattr(self, "_exited", False) else self._runner()
+        if steps is None:
+            return getattr(self, "_store_effects", None)
         return getattr(getattr(steps, "store", None), "effects", None)
 
     def committed_row(self) -> tuple[int, bool] | None:

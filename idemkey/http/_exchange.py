@@ -24,7 +24,7 @@ from .._core import (
     record_origin,
 )
 from ..errors import ProtocolError, RecordFormatError, StoreError
-from ..events import DEBUG, RECORD_LOST_DETAIL, TAKEN_OVER_DETAIL, Reporting, enabled_memo
+from ..events import DEBUG, Reporting, enabled_memo, lease_lost_detail
 from ..guard._call import Call, leave_current, run_as_current
 from ._answers import (
     RESPONSE_LOST,
@@ -369,7 +369,10 @@ class Exchange(msgspec.Struct, Reporting, eq=False):
         self.state = TRANSITIONS.get((self.state, "settle")) or self._refuse("settle")
         fence = self.claim.fence if self.claim else None
         if not ok:
-            why = RECORD_LOST_DETAIL if record_lost else TAKEN_OVER_DETAIL
+            # A committed fenced row holds the handler's effect all the same (and its response,
+            # once the driver recorded it there): a retry does not run it again.
+            committed = self.call.committed_row() if self.call is not None else None
+            why = lease_lost_detail(record_lost, committed)
             self.uncertain("lease_lost", fence, why)  # kept before the hook hears of it
             self.notify("lease_lost", fence, why)
         elif isinstance(plan, Complete):
