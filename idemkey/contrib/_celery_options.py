@@ -7,13 +7,16 @@ from __future__ import annotations
 import inspect
 from typing import Any
 
+from celery import Task  # type: ignore[import-untyped]
+
 from .._options import seconds
 from ..adapters._checks import checked_guard_policy, described
 from ..errors import ConfigurationError
+from ..guard import StepRetry
 from ..guard._failures import FailureRules, rules_for
 from ..store import RedisStore
 
-__all__ = ["checked_options"]
+__all__ = ["checked_options", "step_retry"]
 
 
 def checked_options(cls: type[Any]) -> FailureRules | None:
@@ -75,3 +78,33 @@ def checked_options(cls: type[Any]) -> FailureRules | None:
         return rules_for(own.get("idempotency_cache_exceptions", ()))
     except ConfigurationError as exc:
         raise refuse("idempotency_cache_exceptions", str(exc)) from None
+
+
+def step_retry(task: Task, **changes: Any) -> StepRetry:
+    """A :class:`~idemkey.StepRetry` with ``task``'s Celery retry settings, for a step that
+    retries in place as the task would retry as a whole: ``max_retries`` + 1 attempts,
+    ``autoretry_for`` retried (every ``Exception`` when it is empty), ``dont_autoretry_for``
+    never, a wait of ``retry_backoff`` seconds (``True``: 1; ``False``: ``default_retry_delay``,
+    not growing) doubling up to ``retry_backoff_max``, spread at random when ``retry_jitter``
+    (StepRetry spreads a wait by up to its length either way, where Celery draws between 0 and
+    it). ``changes`` override any field (``timeout=``, ``attempts=``).
+    """
+    max_retries = getattr(task, "max_retries", 3)
+    if max_retries is None:
+        raise ConfigurationError("max_retries=None (retry forever) has no StepRetry equivalent")
+    backoff = getattr(task, "retry_backoff", False)
+    if backoff:
+        first, multiplier = float(max(1, int(backoff))), 2.0
+    else:
+        first, multiplier = float(getattr(task, "default_retry_delay", 180) or 0), 1.0
+    fields: dict[str, Any] = {
+        "attempts": int(max_retries) + 1,
+        "backoff": first,
+        "multiplier": multiplier,
+        "max_backoff": max(first, float(getattr(task, "retry_backoff_max", 600))),
+        "jitter": 1.0 if getattr(task, "retry_jitter", True) and backoff else 0.0,
+        "retry_on": tuple(getattr(task, "autoretry_for", ())) or (Exception,),
+        "never": tuple(getattr(task, "dont_autoretry_for", ())),
+    }
+    fields.update(changes)
+    return StepRetry(**fields)

@@ -21,6 +21,7 @@ from collections.abc import Callable
 from typing import Any, Final
 
 import msgspec
+from kombu import serialization
 from kombu.utils import json as kombu_json
 
 from ..errors import RecordFormatError
@@ -32,23 +33,38 @@ KOMBU_JSON: Final = 74
 # Celery's "json" serializer is these two functions (kombu.serialization.register_json).
 _dumps: Final[Callable[[object], str]] = kombu_json.dumps
 _loads: Final[Callable[[str | bytes], Any]] = kombu_json.loads
+# The registry of every result serializer (Celery's result_serializer names one of them).
+_serialize: Final[Callable[..., tuple[str, str, Any]]] = serialization.dumps
+_deserialize: Final[Callable[..., Any]] = serialization.loads
 
 
 class Unkept(Exception):
     """The result cannot be stored so that a duplicate gets it back equal; says why."""
 
 
+def _as_served(value: object, serializer: str) -> object:
+    """What the result ``serializer`` hands the caller for ``value`` (msgpack and yaml a list
+    for a tuple; pickle the object itself); ``value`` when it cannot say (an unknown or
+    uninstalled serializer, a value it cannot carry: Celery's backend reports that)."""
+    try:
+        content_type, encoding, data = _serialize(value, serializer=serializer)
+        return _deserialize(data, content_type, encoding, accept=[content_type])
+    except Exception:  # a serializer may raise anything
+        return value
+
+
 def as_stored(value: object, serializer: str) -> msgspec.msgpack.Ext:
-    """``value`` as stored: its kombu JSON. Under a result serializer other than ``json``
-    (pickle hands the caller the object itself), only a value JSON gives back equal: a tuple,
-    a set or an object would replay as something else. Raises :class:`Unkept`."""
+    """``value`` as stored: its kombu JSON. Under a result serializer other than ``json``, only
+    a value JSON gives back equal to what that serializer hands the caller: under pickle (the
+    object itself) a tuple, a set or an object would replay as something else; msgpack hands
+    over a tuple as a list, as JSON does. Raises :class:`Unkept`."""
     try:
         text = _dumps(value)
     except Exception as exc:  # a __json__ method may raise anything
         raise Unkept(f"it is stored as Celery's JSON, which cannot carry it: {exc}") from exc
     if serializer != "json":
         try:
-            same = bool(_loads(text) == value)
+            same = bool(_loads(text) == _as_served(value, serializer))
         except Exception:  # the value's own __eq__ may raise anything
             same = False
         if not same:

@@ -30,8 +30,13 @@ What the base class does around the task body (a ``guard`` on the key):
   ``idempotency_retry_max``; the logged ``RequestInFlightError`` names that same countdown):
   state RETRY, then the stored result; never a failure, never a second run. It does not count
   against the task's ``max_retries``, and carries no ``expires`` (the duplicate came in
-  time). So does a run whose lease was lost to a takeover: the taker's result is the one
-  stored, and the retry returns it.
+  time).
+* A run that lost its record (:class:`~idemkey.LeaseLostError`) never claims it again. Lost
+  to a takeover (the record in flight under another owner, or completed), it becomes a retry
+  that only replays: it waits while the taker runs and returns the taker's stored result.
+  Cancelled by an operator (``idemkey cancel``: the record released, no owner) or removed,
+  the task fails with :class:`RunCancelledError` and is not sent again; a later send of the
+  call resumes after the finished steps (or, after ``--abandon``, starts afresh).
 * A claim that could not reach Redis (:class:`~idemkey.StoreError`; nothing ran) becomes a
   Celery retry too, counted in ``request.retries``, with a countdown of
   ``idempotency_store_retry_delay`` doubling per retry up to ``idempotency_store_retry_max``
@@ -91,6 +96,7 @@ from celery.exceptions import Retry, TaskPredicate  # type: ignore[import-untype
 from .._codec import encode_payload
 from ..errors import (
     ConfigurationError,
+    IdemkeyError,
     LeaseLostError,
     RecordFormatError,
     RequestInFlightError,
@@ -98,15 +104,39 @@ from ..errors import (
     StoreError,
     UsageError,
 )
-from ..guard import Call, StepRetry, guard
+from ..guard import Call, guard
 from ..policy import Policy
 from ..store import RedisStore
-from ._celery_options import checked_options
+from ._celery_options import checked_options, step_retry
 from ._celery_results import Unkept, as_stored, from_stored
 
-__all__ = ["IdempotentTask", "celery_key", "step_retry"]
+__all__ = ["IdempotentTask", "RunCancelledError", "celery_key", "step_retry"]
 
 _REQUEST_ATTRIBUTE = "idemkey_call"
+#: The message header of a retry sent after a lost lease: that run replays, never claims.
+_REPLAY_ONLY = "idemkey_replay_only"
+
+
+class RunCancelledError(LeaseLostError):
+    """The task's record was cancelled (``idemkey cancel``) or removed while it ran: the task
+    fails with this and is not sent again, as a retry would claim the record the operator gave
+    up. A later send resumes after the finished steps (from the start after ``--abandon``)."""
+
+    def __init__(self, key: str, detail: str = "") -> None:
+        IdemkeyError.__init__(
+            self,
+            f"the idempotency record of key {key!r} was cancelled (idemkey cancel) or removed "
+            "while this task ran: the run stopped and is not sent again; send the task again "
+            "to resume after its finished steps (after --abandon, to start afresh)"
+            + (f" ({detail})" if detail else ""),
+        )
+        self._keep_args(key, detail)
+        self.key, self.detail, self.fence = key, detail, None
+        self.committed = self.recorded = False
+
+
+def _marked(request: Any) -> dict[str, Any]:
+    return {"headers": {**(request.headers or {}), _REPLAY_ONLY: True}}
 
 
 def celery_key(payload: bytes) -> str:
@@ -190,6 +220,13 @@ class IdempotentTask(Task):  # type: ignore[misc]
         scope, policy = f"celery:{self.name}", self.idempotency_policy
         began = False
         signal: TaskPredicate | None = None
+        stopped: RunCancelledError | None = None
+        ended: BaseException
+        replay_only = bool(getattr(self.request, _REPLAY_ONLY, None))
+        if replay_only:  # sent after a lost lease: only a completed record is entered
+            verdict = self._after_lost_lease(store, key, scope, None)
+            if verdict is not None:
+                raise verdict
         try:
             remember = type(self).idempotency_cache_exceptions
             deadline = self._deadline()
@@ -206,31 +243,40 @@ class IdempotentTask(Task):  # type: ignore[misc]
                 self.request.idempotent_replayed = call.replayed
                 if call.replayed:
                     return self._outcome(from_stored(call.result), True)
-                setattr(self.request, _REQUEST_ATTRIBUTE, call)
-                try:
-                    result = self.run(*args, **kwargs)
-                except TaskPredicate as raised:
-                    # self.retry() (autoretry_for's too), Ignore, Reject: Celery's control flow,
-                    # never the call's outcome, whatever cache_exceptions covers (Exception
-                    # covers them all). The block is left without a result, which releases the
-                    # key (finished steps kept): the retry's delivery resumes after them.
-                    signal = raised
-                finally:
-                    setattr(self.request, _REQUEST_ATTRIBUTE, None)
-                if signal is None:
-                    self._save(call, key, result)
-                    return self._outcome(result, False)
-            raise signal  # outside any except clause: its own context is kept
+                if replay_only:
+                    # The completed record went (forgotten, expired) since it was read: left
+                    # without a result (never raising in here: that could be remembered),
+                    # this claim is released, and nothing runs.
+                    ended = stopped = RunCancelledError(key, "its completed record is gone")
+                else:
+                    setattr(self.request, _REQUEST_ATTRIBUTE, call)
+                    try:
+                        result = self.run(*args, **kwargs)
+                    except TaskPredicate as raised:
+                        # self.retry() (autoretry_for's too), Ignore, Reject: Celery's control
+                        # flow, never the call's outcome, whatever cache_exceptions covers
+                        # (Exception covers them all). The block is left without a result,
+                        # which releases the key (finished steps kept): the retry's delivery
+                        # resumes after them.
+                        ended = signal = raised
+                    finally:
+                        setattr(self.request, _REQUEST_ATTRIBUTE, None)
+                    if signal is None:
+                        self._save(call, key, result)
+                        return self._outcome(result, False)
+            raise ended  # outside any except clause: its own context is kept
+        except RunCancelledError:
+            raise
         except RequestInFlightError as exc:
             countdown = min(exc.retry_after, self.idempotency_retry_max)
             # The error Celery logs and stores with the retry names the countdown it has.
             shown = RequestInFlightError(countdown, exc.lease_remaining)
             raise self._retry_later(countdown, shown) from exc
         except LeaseLostError as exc:
-            # Another run took the record over (ours outlived its lease): its result is the
-            # one stored; a retry returns it.
-            raise self._retry_later(0.1, exc) from exc
+            raise self._after_lost_lease(store, key, scope, exc) or exc from exc
         except StoreError as exc:
+            if stopped is not None:
+                raise stopped from exc
             if signal is not None:
                 # The release failed: the key stays claimed until its lease lapses, and the
                 # retry Celery already sent waits for that (in flight), then takes it over.
@@ -239,6 +285,28 @@ class IdempotentTask(Task):  # type: ignore[misc]
                 raise  # the body ran (or a record this version cannot read): not ours to redo
             # The claim never reached Redis: nothing ran, so sending the task again is safe.
             raise self._retry_claim(exc) from exc
+
+    def _after_lost_lease(
+        self, store: RedisStore, key: str, scope: str, exc: LeaseLostError | None
+    ) -> BaseException | None:
+        """What a run that lost its record (``exc``; None: a replay-only retry, before it
+        claims) does, by the record's state; None: enter the completed record (a replay).
+        Never a claim, which would run the job an operator cancelled: another owner's record
+        (a takeover), in flight or lapsed, is waited for by replay-only retries, a completed
+        one replayed; a released or missing one (``idemkey cancel``, a forget) ends the task."""
+        try:
+            status = store.record(key, scope=scope)
+        except StoreError:
+            state = "unread"  # the retry reads it again
+        else:
+            state = "gone" if status is None else status.state
+        if state == "complete" and exc is None:
+            return None
+        if state in ("released", "gone"):  # Celery logs the failure, naming the cancel
+            detail = "" if exc is None or not exc.committed else str(exc)
+            return RunCancelledError(key, detail)
+        countdown = 0.1 if state == "complete" else min(1.0, self.idempotency_retry_max)
+        return self._retry_later(countdown, exc or LeaseLostError(), replay_only=True)
 
     def _save(self, call: Call[Any], key: str, result: Any) -> None:
         """Store ``result`` as Celery's JSON carries it to the caller (``_celery_results``)."""
@@ -299,15 +367,18 @@ class IdempotentTask(Task):  # type: ignore[misc]
         self._idemkey_store = (os.getpid(), store)
         return store
 
-    def _retry_later(self, countdown: float, exc: BaseException) -> BaseException:
+    def _retry_later(
+        self, countdown: float, exc: BaseException, *, replay_only: bool = False
+    ) -> BaseException:
         """Send this same call again in ``countdown`` seconds, with its retry count unchanged,
-        and return Celery's Retry to raise."""
+        and return Celery's Retry to raise; ``replay_only``: a retry that never claims."""
         request = self.request
         if request.called_directly or request.is_eager:
             return exc  # no worker to send it to: the caller sees the error itself
         # No expiry: the duplicate was delivered in time, and the retry only polls for the
         # result (the message's expires, copied, would have Celery discard it as REVOKED).
-        signature = self.signature_from_request(request, countdown=countdown, expires=None)
+        mark = _marked(request) if replay_only or getattr(request, _REPLAY_ONLY, None) else {}
+        signature = self.signature_from_request(request, countdown=countdown, expires=None, **mark)
         signature.apply_async()
         return Retry(exc=exc, when=countdown, sig=signature)  # type: ignore[no-any-return]
 
@@ -321,37 +392,9 @@ class IdempotentTask(Task):  # type: ignore[misc]
         countdown = min(
             self.idempotency_store_retry_delay * 2**attempt, self.idempotency_store_retry_max
         )
+        mark = _marked(request) if getattr(request, _REPLAY_ONLY, None) else {}  # stays one
         # Task.retry raises the StoreError itself once the retries are spent.
         return self.retry(  # type: ignore[no-any-return]
-            exc=exc, countdown=countdown, max_retries=self.idempotency_store_retries, throw=False
-        )
-
-
-def step_retry(task: Task, **changes: Any) -> StepRetry:
-    """A :class:`~idemkey.StepRetry` with ``task``'s Celery retry settings, for a step that
-    retries in place as the task would retry as a whole: ``max_retries`` + 1 attempts,
-    ``autoretry_for`` retried (every ``Exception`` when it is empty), ``dont_autoretry_for``
-    never, a wait of ``retry_backoff`` seconds (``True``: 1; ``False``: ``default_retry_delay``,
-    not growing) doubling up to ``retry_backoff_max``, spread at random when ``retry_jitter``
-    (StepRetry spreads a wait by up to its length either way, where Celery draws between 0 and
-    it). ``changes`` override any field (``timeout=``, ``attempts=``).
-    """
-    max_retries = getattr(task, "max_retries", 3)
-    if max_retries is None:
-        raise ConfigurationError("max_retries=None (retry forever) has no StepRetry equivalent")
-    backoff = getattr(task, "retry_backoff", False)
-    if backoff:
-        first, multiplier = float(max(1, int(backoff))), 2.0
-    else:
-        first, multiplier = float(getattr(task, "default_retry_delay", 180) or 0), 1.0
-    fields: dict[str, Any] = {
-        "attempts": int(max_retries) + 1,
-        "backoff": first,
-        "multiplier": multiplier,
-        "max_backoff": max(first, float(getattr(task, "retry_backoff_max", 600))),
-        "jitter": 1.0 if getattr(task, "retry_jitter", True) and backoff else 0.0,
-        "retry_on": tuple(getattr(task, "autoretry_for", ())) or (Exception,),
-        "never": tuple(getattr(task, "dont_autoretry_for", ())),
-    }
-    fields.update(changes)
-    return StepRetry(**fields)
+            exc=exc, countdown=countdown, max_retries=self.idempotency_store_retries, throw=False,
+            **mark,
+        )  # fmt: skip

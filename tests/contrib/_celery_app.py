@@ -45,7 +45,9 @@ class CardDeclined(Exception):
     """A deterministic failure the tasks declare in ``idempotency_cache_exceptions``."""
 
 
-def make_app(url: str, prefix: str, store_url: str | None = None) -> Celery:
+def make_app(
+    url: str, prefix: str, store_url: str | None = None, result_serializer: str = "json"
+) -> Celery:
     """The app on broker ``url``; the idempotency records live at ``store_url`` (default
     ``url``)."""
     app = Celery("idemkey_tests", broker=url, backend=url, set_as_current=False)
@@ -62,6 +64,9 @@ def make_app(url: str, prefix: str, store_url: str | None = None) -> Celery:
         worker_prefetch_multiplier=1,
         result_expires=600,
         result_extended=True,  # the stored result names its retry count
+        result_serializer=result_serializer,
+        accept_content=["json", result_serializer],
+        result_accept_content=["json", result_serializer],
     )
 
     def make_store() -> RedisStore:
@@ -306,6 +311,17 @@ def make_app(url: str, prefix: str, store_url: str | None = None) -> Celery:
         """Counts its runs; returns what msgspec cannot encode (ResultNotStorableError)."""
         client().incr(f"{prefix}:runs:{order_id}")
         return {"order": order_id, "handle": object()}
+
+    @app.task(
+        base=IdempotentTask,
+        shared=False,
+        bind=True,
+        name="tests.note_pair",
+        idempotency_store=make_store,
+    )
+    def note_pair(self: IdempotentTask, order_id: str) -> tuple[str, int]:
+        """Counts its runs; returns a tuple (msgpack and JSON hand the caller a list)."""
+        return (order_id, client().incr(f"{prefix}:runs"))
 
     class Reporting(IdempotentTask):
         """Tells the test what ``request.idempotent_replayed`` said, after each run."""

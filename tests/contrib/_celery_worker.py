@@ -11,4 +11,5 @@ app = make_app(
     os.environ["IDEMKEY_CELERY_URL"],
     os.environ["IDEMKEY_CELERY_PREFIX"],
     os.environ.get("IDEMKEY_CELERY_STORE_URL"),
+    os.environ.get("IDEMKEY_CELERY_RESULT_SERIALIZER", "json"),
 )

@@ -159,3 +159,19 @@ def test_arguments_that_cannot_be_fingerprinted_are_refused_naming_the_task(
     assert "idempotency_key=" in said
     assert "as a str" in said
     assert runs == []
+
+
+def test_under_msgpack_a_tuple_is_kept_as_the_list_msgpack_hands_the_caller(
+    store: RedisStore, runs: list[object]
+) -> None:
+    # msgpack (and yaml) hand the caller a tuple as a list, as Celery's JSON does: the stored
+    # JSON gives back what the first caller got, so the result is kept and replayed.
+    app = make_app("msgpack")
+    app.conf.accept_content = app.conf.result_accept_content = ["json", "msgpack"]
+    task = returning(app, store, runs, ("a", 1, {"pair": (2, 3)}))
+    task.apply(("o-m",)).get()
+    assert task.apply(("o-m",)).get() == ["a", 1, {"pair": [2, 3]}]
+    assert runs == ["o-m"]
+    # Pickle hands the caller the tuple itself: refused there, as before.
+    with pytest.raises(IdemkeyError, match="result_serializer is 'pickle'"):
+        returning(make_app("pickle"), store, runs, ("a", 1)).apply(("o-p",)).get()
