@@ -49,7 +49,7 @@ def run(args: argparse.Namespace, out: IO[str]) -> int:
         verb="cancel",
         nothing="nothing cancelled",
         ask=lambda record, view: _ask(args, record, view),
-        act=lambda store, record: store.cancel(record, abandon=args.abandon),
+        act=lambda store, record, _: store.cancel(record, abandon=args.abandon),
     )
     if cancelled is None:
         raise CliError(

@@ -13,12 +13,13 @@ from typing import IO, Final
 from .._core import Record
 from ._base import YES_HELP, CliError, print_json
 from ._records import RecordView, add_record_options
-from .inspect import change_one
+from .inspect import change_one, shown_state
 from .readable import duration
 
 __all__ = ["HELP", "YES_HELP", "configure", "run"]  # YES_HELP: where cancel imported it from
 
 HELP: Final = "delete one record"
+NOTHING: Final = "nothing deleted"
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -38,24 +39,33 @@ def _refused(lease_ms: int) -> CliError:
 
 
 def _ask(args: argparse.Namespace, record: Record, view: RecordView) -> str:
-    state = view.state
-    if state == "in_progress" and view.lease_ms == -2:
-        state = "lapsed"
+    state = shown_state(view)
     if state == "in_progress" and not args.force:
         raise _refused(view.lease_ms)  # before asking: the answer could not change it
     return f"forget {state} record {record.record_key}?"
 
 
 def run(args: argparse.Namespace, out: IO[str]) -> int:
-    record, _, found = change_one(
+    record, view, found = change_one(
         args,
         verb="forget",
         nothing="nothing deleted",
         ask=lambda record, view: _ask(args, record, view),
-        act=lambda store, record: store.forget(record, force=args.force),
+        # What was confirmed, checked where it is deleted: a retry may take a lapsed record
+        # over while the prompt is open, and complete it (the answer its next retry replays).
+        act=lambda store, record, shown: store.forget(
+            record, force=args.force, seen=(shown.state, shown.fence)
+        ),
     )
     if found.held:
         raise CliError("the record was claimed meanwhile; nothing deleted (--force deletes it)")
+    if found.changed and found.state:
+        was = shown_state(view)
+        if found.state == was:  # the same state under another fence: claimed again since
+            raise CliError(f"the {was} record was claimed again since you confirmed; {NOTHING}")
+        raise CliError(
+            f"the record is {found.state} now, not the {was} record you confirmed; {NOTHING}"
+        )
     if not found.forgotten:
         raise CliError(f"no record {record.record_key} any more; nothing deleted")
     if args.json:

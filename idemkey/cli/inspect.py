@@ -13,14 +13,17 @@ from __future__ import annotations
 import argparse
 from collections.abc import Callable
 from dataclasses import asdict
-from typing import IO, Any, Final, TypeVar
+from typing import IO, Any, Final, NamedTuple, TypeVar
 
 from .._core import Record
+from .._core._stored import stored_int
 from ..guard import GUARD_METHOD
 from ..policy import Policy
 from ..store import RedisStore
+from ..store.diagnostics import _text as text
 from ._base import CliError, consent, print_json
 from ._records import (
+    FOREIGN,
     NOT_SEARCHABLE,
     Candidate,
     RecordView,
@@ -35,6 +38,13 @@ from ._redis import connect
 HELP: Final = "show one record, decoded (or say which names were tried)"
 
 T = TypeVar("T")
+
+
+class Shown(NamedTuple):
+    """What the operator confirmed a change of: forget.lua's ``seen`` (state, fence)."""
+
+    state: str  # "lapsed": in progress, its lease passed
+    fence: Any  # the stored bytes, None for none (see _shown)
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -90,20 +100,44 @@ def change_one(
     verb: str,
     nothing: str,
     ask: Callable[[Record, RecordView], str],
-    act: Callable[[RedisStore, Record], T],
+    act: Callable[[RedisStore, Record, Shown], T],
 ) -> tuple[Record, RecordView, T]:
     """What ``forget`` and ``cancel`` share: find the one record holding the key, ask
     ``ask(record, view)`` (which raises a CliError to refuse before asking), go on only with
-    :func:`consent`, then ``act(store, record)`` with a store on the same connection."""
+    :func:`consent`, then ``act(store, record, shown)`` with a store on the same connection.
+
+    ``shown`` is what the operator confirmed: the record can change while the prompt is open
+    (a retry takes a lapsed one over and completes it), so ``act`` hands it to the script
+    that checks it where it writes, and never acts on the record as it is by then."""
     candidates = record_candidates(args)
     with connect(args.redis_url) as server:
         held, view = find_one_held(server.client, args, candidates, nothing=nothing)
+        shown = _shown(server.client, held.record, view, nothing)
         consent(args.yes, ask(held.record, view), verb=verb, nothing=nothing)
         store = RedisStore(server.client, Policy(prefix=args.prefix))
         try:
-            return held.record, view, act(store, held.record)
+            return held.record, view, act(store, held.record, shown)
         finally:
             store.close()
+
+
+def shown_state(view: RecordView) -> str:
+    """The state ``view`` shows an operator: "lapsed" for an in-progress record without a lease."""
+    return "lapsed" if view.state == "in_progress" and view.lease_ms == -2 else view.state
+
+
+def _shown(client: Any, record: Record, view: RecordView, nothing: str) -> Shown:
+    """The state and the fence ``view`` shows, the fence as stored (bytes; None: none).
+
+    As stored, not as parsed: a fence no parser reads ("007", written by hand) must still
+    compare equal to itself in forget.lua, or its record could not be forgotten (the remedy)."""
+    state = shown_state(view)
+    if view.state == FOREIGN:
+        return Shown(state, None)  # a key of another type: no fence field to read
+    fence = client.hget(record.record_key, "fence")
+    if stored_int(text(fence)) != view.fence:  # claimed again between the two reads
+        raise CliError(f"the record changed while it was read; look at it again; {nothing}")
+    return Shown(state, fence)
 
 
 def run(args: argparse.Namespace, out: IO[str]) -> int:

@@ -15,6 +15,7 @@ path, so no route here checks them itself.
 
 from __future__ import annotations
 
+import json
 import secrets
 from collections.abc import Iterable
 from functools import partial
@@ -40,6 +41,14 @@ from ._guard import TOKEN_HEADER, HostCheck, problem, security_headers, served_h
 from ._view import MAX_LISTED, ScopeLabels, snapshot
 
 __all__ = ["TOKEN_HEADER", "create_app"]
+
+
+class _JSON(JSONResponse):
+    """Starlette's JSONResponse, its text escaped to ASCII: stored text no UTF-8 encodes (a
+    lone surrogate a foreign writer left) goes out as its ``\\u`` escape, never a 500."""
+
+    def render(self, content: Any) -> bytes:
+        return json.dumps(content, allow_nan=False, separators=(",", ":")).encode("ascii")
 
 
 def _when(at: float) -> str:
@@ -144,7 +153,7 @@ def create_app(
         shot, error = view()
         if shot is None:
             return problem(503, f"Redis is unavailable: {error}", "Redis is unavailable")
-        return JSONResponse(shot.as_dict(), headers=security_headers(None))
+        return _JSON(shot.as_dict(), headers=security_headers(None))
 
     async def forget(request: Request) -> Response:  # HostCheck asked for Origin and token
         try:
@@ -173,7 +182,7 @@ def create_app(
         if not found.forgotten:
             return problem(404, "no such record (forgotten already, or expired?)")
         answer = {"record": record.record_key, "deleted": found.deleted, "state": found.state}
-        return JSONResponse(answer, headers=security_headers(None))
+        return _JSON(answer, headers=security_headers(None))
 
     async def refused(request: Request, exc: Exception) -> Response:
         # The router's own answers (a path it does not serve, a method a route does not take)

@@ -355,7 +355,11 @@ class RedisStore(Sender):
         )
 
     def forget(
-        self, record: Record, *, force: bool = False, seen: tuple[str, int | None] | None = None
+        self,
+        record: Record,
+        *,
+        force: bool = False,
+        seen: tuple[str, int | bytes | None] | None = None,
     ) -> Forgotten:
         """Delete ``record`` (an operator's call, see forget.lua) with its expiry tombstone,
         a 0.2 lock string and its wake-up stream, so the next request with its key runs
@@ -363,7 +367,8 @@ class RedisStore(Sender):
         completion is then refused, and a duplicate may run beside it. A lapsed, completed
         or released record is deleted, and a key of another type at the record's name (every
         claim refuses it); ``state`` says which it was ("foreign": that key, "": none).
-        ``seen``: the (state, fence) the operator was shown; any other is kept (``changed``)."""
+        ``seen``: the (state, fence) the operator was shown (the fence as stored, bytes, where
+        no parser reads it); any other is kept (``changed``)."""
         shown = () if seen is None else (seen[0], "" if seen[1] is None else seen[1])
         return decode_forget_reply(
             self._eval("forget", record.record_key, int(force), *shown)

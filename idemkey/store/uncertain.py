@@ -209,5 +209,7 @@ def _steps(stored: str) -> tuple[str, ...]:
         except (ValueError, RecursionError):  # nested past the parser's depth: not ours
             names = None
         if isinstance(names, list) and all(isinstance(name, str) for name in names):
-            return tuple(names)
+            # A foreign writer's "\\ud800" decodes to a lone surrogate, which no UTF-8 encodes
+            # (the console's JSON and HTML would fail on it): escaped, as _text_only writes.
+            return tuple(map(_text_only, names))
     return tuple(stored.split(","))

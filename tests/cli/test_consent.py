@@ -12,15 +12,18 @@ import os
 import pty
 import subprocess
 import sys
+import time
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 import redis
 
 from idemkey import RedisStore
 from idemkey._core import Record, record_for
+from idemkey.cli import inspect
 from idemkey.guard import GUARD_METHOD
-from tests.cli.conftest import ROOT
+from tests.cli.conftest import ROOT, CliRunner
 
 pytestmark = pytest.mark.redis
 
@@ -108,3 +111,120 @@ def test_on_a_terminal_the_command_asks(
         assert run.returncode == 1
         assert run.stderr.endswith("idemkey cancel: not confirmed; nothing cancelled\n")
         assert real_client.hgetall(record.record_key) == before
+
+
+def _lapsed(store: RedisStore, key: str) -> Record:
+    """A record whose first executor crashed: in progress, its lease passed."""
+    record = record_for(store.policy.prefix, "", GUARD_METHOD, "", key)
+    assert type(store.claim(record, "fp-" + key, lease_ms=50, heartbeat=False)).__name__ == (
+        "Claimed"
+    )
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and real_lease_left(store, record) > 0:
+        time.sleep(0.02)
+    return record
+
+
+def real_lease_left(store: RedisStore, record: Record) -> int:
+    lease = int(store.client.hget(record.record_key, "lease"))
+    seconds, micros = store.client.time()
+    return lease - (seconds * 1000 + micros // 1000)
+
+
+def _prompted(
+    argv: tuple[str, ...], idemkey_cmd: list[str], meanwhile: Callable[[], None]
+) -> tuple[int, str]:
+    """Run ``argv`` on a pseudo-terminal; once it asks, run ``meanwhile``, then answer y."""
+    leader, follower = pty.openpty()
+    env = {k: v for k, v in os.environ.items() if k != "IDEMKEY_REDIS_URL"}
+    try:
+        proc = subprocess.Popen(
+            [*idemkey_cmd, *argv], stdin=follower, stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE, cwd=ROOT, env=env,
+        )  # fmt: skip
+        assert proc.stderr is not None
+        err = b""
+        while b"[y/N]" not in err:
+            chunk = os.read(proc.stderr.fileno(), 1024)
+            assert chunk, err
+            err += chunk
+        meanwhile()
+        os.write(leader, b"y\n")
+        _, rest = proc.communicate(timeout=60)
+    finally:
+        os.close(follower)
+        os.close(leader)
+    return proc.returncode, (err + rest).decode()
+
+
+@pytest.mark.parametrize("force", [False, True])
+def test_forget_deletes_only_the_record_the_operator_confirmed(
+    redis_url: str, prefix: str, store: RedisStore, real_client: redis.Redis, force: bool
+) -> None:
+    """While the prompt is open, a retry takes the lapsed record over (and, without --force,
+    completes it): y must not delete the record the operator never saw."""
+    record = _lapsed(store, "order-33")
+    command = [sys.executable, "-m", "idemkey", "--redis-url", redis_url, "--prefix", prefix]
+
+    def retry() -> None:
+        claimed = store.claim(record, "fp-order-33", heartbeat=False)
+        assert type(claimed).__name__ == "Claimed"
+        if not force:
+            assert store.complete(record, claimed.owner, b"stored-answer")  # type: ignore[union-attr]
+
+    argv = ("forget", "order-33", "--guard", *(("--force",) if force else ()))
+    code, err = _prompted(argv, command, retry)
+    assert f"forget lapsed record {record.record_key}? [y/N]" in err
+    assert code == 1, err
+    now = "in_progress" if force else "complete"
+    assert err.endswith(
+        f"idemkey forget: the record is {now} now, not the lapsed record you confirmed; "
+        "nothing deleted\n"
+    )
+    assert real_client.exists(record.record_key) == 1
+    if not force:
+        assert real_client.hget(record.record_key, "resp") == b"stored-answer"
+
+
+def test_forget_yes_acts_on_the_record_it_read(
+    idemkey: CliRunner, redis_url: str, prefix: str, store: RedisStore,
+    real_client: redis.Redis, monkeypatch: pytest.MonkeyPatch,
+) -> None:  # fmt: skip
+    """--yes: the record completes between the read and the delete (a stale view): kept."""
+    record = _lapsed(store, "order-34")
+    real_consent = inspect.consent
+
+    def consent_then_retry(*args: Any, **kwargs: Any) -> None:
+        real_consent(*args, **kwargs)
+        claimed = store.claim(record, "fp-order-34", heartbeat=False)
+        assert store.complete(record, claimed.owner, b"stored-answer")  # type: ignore[union-attr]
+
+    monkeypatch.setattr(inspect, "consent", consent_then_retry)
+    run = idemkey(
+        "--redis-url", redis_url, "--prefix", prefix, "forget", "order-34", "--guard", "--yes"
+    )
+    assert run.code == 1, run.err
+    assert "the record is complete now, not the lapsed record you confirmed" in run.err
+    assert real_client.hget(record.record_key, "resp") == b"stored-answer"
+
+
+def test_forget_a_record_whose_fence_no_parser_reads(
+    idemkey: CliRunner, redis_url: str, prefix: str, store: RedisStore, real_client: redis.Redis
+) -> None:
+    """The fence shown is compared as stored: a fence written as "007" or "x" (raw redis-py)
+    does not keep the record from being forgotten (the remedy for it)."""
+    for n, fence in enumerate(("007", "x")):
+        record = record_for(prefix, "", GUARD_METHOD, "", f"order-35-{n}")
+        real_client.hset(record.record_key, mapping={"fp": "f", "resp": "r", "fence": fence})
+        run = idemkey(
+            "--redis-url",
+            redis_url,
+            "--prefix",
+            prefix,
+            "forget",
+            f"order-35-{n}",
+            "--guard",
+            "--yes",
+        )
+        assert run.code == 0, run.err
+        assert real_client.exists(record.record_key) == 0

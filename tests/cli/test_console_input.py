@@ -78,6 +78,31 @@ def test_an_uncertain_time_past_what_a_date_holds_is_no_date_not_a_500(
     ]  # the numbers as stored, in seconds  # fmt: skip
 
 
+def test_a_step_name_with_a_lone_surrogate_is_shown_escaped_not_a_500(
+    console: Callable[..., AppServer], store: RedisStore, redis_url: str
+) -> None:
+    """A foreign writer's entry whose steps JSON holds a lone surrogate (``"\\ud800"``, no
+    UTF-8 encodes it): /api/status answers 200, valid JSON, the step escaped."""
+    server = console()  # up first: its health check reads /api/status
+    client = redis.Redis.from_url(redis_url)
+    try:
+        client.xadd(uncertain_stream(store.policy.prefix), {
+            "kind": "lease_lost", "at": "1796687000000", "record": "0" * 31 + "1",
+            "method": "POST", "route": "/charges", "steps": '["\\ud800", "charge"]',
+            "detail": "boom",
+        })  # fmt: skip
+    finally:
+        client.close()
+    status, headers, body = send(server, "GET", "/api/status")
+    assert status == 200, body[-300:]
+    assert headers["Content-Type"] == "application/json"
+    (entry,) = json.loads(body)["uncertain"]
+    assert entry["steps"] == ["\\ud800", "charge"]  # the escape as text, backslash and all
+    for path in ("/", "/fragment"):
+        status, _, body = send(server, "GET", path)
+        assert status == 200, body[-300:]
+
+
 def test_a_forget_body_nested_too_deep_is_the_400_every_bad_body_gets(
     console: Callable[..., AppServer],
 ) -> None:

@@ -391,3 +391,50 @@ def test_a_password_in_the_query_is_not_printed(idemkey: CliRunner) -> None:
     assert run.code == 3, run.err
     assert "S3cretPassw0rd" not in run.err
     assert "?password=***&x=1: cannot connect" in run.err
+
+
+# ---- bodies cut short, and past the cap ---------------------------------------------------
+
+
+def test_a_body_cut_short_is_no_answer_not_a_second_execution(
+    idemkey: CliRunner, hostile: Callable[[Handler], Hostile]
+) -> None:
+    """A replay declaring 1022 bytes and sending 500 (then closing) is a failed answer that
+    says so, never a different body (a second execution)."""
+    count = itertools.count()
+    body = b'{"id":"ch_1","pad":"' + b"x" * 1000 + b'"}'
+
+    def cut(request: Request, connection: socket.socket, stop: threading.Event) -> None:
+        first = next(count) == 0
+        head = (
+            b"HTTP/1.1 201 Created\r\nContent-Length: %d\r\n" % len(body)
+            + (b"" if first else b"Idempotent-Replayed: true\r\n")
+            + b"Connection: close\r\n\r\n"
+        )
+        connection.sendall(head + (body if first else body[:500]))
+
+    run = idemkey("probe", hostile(cut).url, "-d", CHARGE)
+    assert "body cut short: 500 of 1022 bytes" in line(run, 2), run.out
+    assert "second execution" not in run.out
+
+
+def test_bodies_past_the_cap_are_never_called_byte_equal(
+    idemkey: CliRunner, hostile: Callable[[Handler], Hostile]
+) -> None:
+    """Each execution answers other bytes after the first 8 MiB: the probe compares only the
+    first 8 MiB, so it must not call a replay byte-equal (PASS) on them."""
+    count = itertools.count()
+
+    def big(request: Request, connection: socket.socket, stop: threading.Event) -> None:
+        n = next(count)
+        body = b"a" * (8 * 1024 * 1024) + b"%d" % n
+        marker = b"Idempotent-Replayed: true\r\n" if n else b""
+        head = b"HTTP/1.1 201 Created\r\nContent-Length: %d\r\n%sConnection: close\r\n\r\n"
+        connection.sendall(head % (len(body), marker) + body)
+
+    run = idemkey("probe", hostile(big).url, "-d", CHARGE)
+    assert "byte-equal" not in line(run, 2), run.out
+    assert line(run, 2).split()[0] != "PASS", run.out
+    assert "past the first 8 MiB" in line(run, 2), run.out
+    assert line(run, 5).split()[0] == "INCONCLUSIVE", run.out  # never "one execution"
+    assert "first 8 MiB (the rest not compared)" in line(run, 3), run.out

@@ -42,6 +42,9 @@ class Response:
     body: bytes
     sent_at: float = 0.0
     answered_at: float = 0.0
+    #: The body went on past what the probe reads (``transport.MAX_BODY_BYTES``): ``body`` is
+    #: its start only, so two such bodies equal here may differ after it.
+    truncated: bool = False
 
     def header(self, name: str) -> str | None:
         wanted = name.lower()

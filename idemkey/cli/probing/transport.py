@@ -23,7 +23,7 @@ if TYPE_CHECKING:
 
 __all__ = ["MAX_BODY_BYTES", "Target", "Unreachable", "parse_target", "send_batch"]
 
-#: Bodies longer than this are cut (the comparison still sees their first 8 MiB).
+#: Bodies longer than this are cut (the comparison sees their first 8 MiB, and says so).
 MAX_BODY_BYTES: Final = 8 * 1024 * 1024
 
 
@@ -145,7 +145,16 @@ def _exchange(
         response = connection.getresponse()
         answered_at = time.monotonic()
         body = response.read(MAX_BODY_BYTES)
-        return Response(response.status, tuple(response.getheaders()), body, sent_at, answered_at)
+        # http.client's read(amt) ends quietly where the connection does: a body shorter than
+        # its Content-Length would be compared as a whole one (and called another execution).
+        left = response.length or 0
+        if left and len(body) < MAX_BODY_BYTES:
+            declared = len(body) + left
+            return NoResponse(f"body cut short: {len(body)} of {declared} bytes", sent_at)
+        # More past the cap: only the first MAX_BODY_BYTES are compared, never called equal.
+        truncated = len(body) == MAX_BODY_BYTES and bool(left or response.read(1))
+        headers = tuple(response.getheaders())
+        return Response(response.status, headers, body, sent_at, answered_at, truncated)
     except TimeoutError:
         if answered_at:
             return NoResponse(f"body not complete within {timeout:g} s", sent_at)

@@ -58,6 +58,18 @@ REFUSED: Final = {422: "the IETF draft's status", 400: "Stripe's convention"}
 KEY_REQUIRED: Final = frozenset({400, 422, 428})
 
 
+#: Why bodies longer than the probe reads prove nothing equal (transport.MAX_BODY_BYTES).
+PAST_CAP: Final = (
+    "the bodies go on past the first 8 MiB, which alone were compared (equal): what follows "
+    "may differ"
+)
+
+
+def _equal_start(a: Response, b: Response) -> bool:
+    """Same status and first 8 MiB, one body going on past them: not shown to be equal."""
+    return a.same_as(b) and (a.truncated or b.truncated)
+
+
 def _no_answer(number: int, name: str, answer: NoResponse) -> Result:
     return Result(number, name, "FAIL", answer.reason)
 
@@ -128,6 +140,9 @@ def judge_replay(
         return _no_answer(number, name, replay)
     waited = f" (after {waits} x 409, honouring Retry-After)" if waits else ""
     marker = replay.header(replay_header)
+    if _equal_start(replay, first):
+        summary = f"cannot tell a replay from a second execution: {replay.status}, {PAST_CAP}"
+        return Result(number, name, "INCONCLUSIVE", summary + waited)
     if replay.same_as(first):
         bytes_equal = f"{replay.status}, byte-equal body ({len(replay.body)} bytes)"
         if marker is not None:
@@ -179,7 +194,12 @@ def judge_edited(first: Response, edited: Answer, replay_header: str) -> Result:
             f"with another request) and 409 tells clients to retry: {shown}",
         )
     if edited.ok:
-        if edited.same_as(first) and edited.header(replay_header) is None:
+        if _equal_start(edited, first):
+            what = (
+                "an edited retry succeeded, with the first request's status and first 8 MiB "
+                "(the rest not compared): the key did not stop a different request"
+            )
+        elif edited.same_as(first) and edited.header(replay_header) is None:
             what = (
                 "an edited retry was answered with the first request's bytes (replayed, or run "
                 "again with the same answer): the key did not stop a different request"
@@ -259,6 +279,13 @@ def judge_concurrent(
             f"({len(different)} different answers for one key)",
             body_differences(different[0].body, different[1].body),
         )
+    if any(r.truncated for r in successes):
+        return Result(
+            number,
+            name,
+            "INCONCLUSIVE",
+            f"{tally}: cannot tell one execution from more: {PAST_CAP}",
+        )
     replays = sum(1 for r in successes if r.header(replay_header) is not None)
     bare = [r for r in conflicts if r.header("Retry-After") is None]
     if conflicts and not bare:
@@ -300,6 +327,9 @@ def judge_other_tenant(
     if isinstance(other, NoResponse):
         return _no_answer(number, name, other)
     shown = evidence(other, replay_header)
+    if _equal_start(other, first):
+        summary = f"cannot tell the first tenant's record from the other tenant's: {PAST_CAP}"
+        return Result(number, name, "INCONCLUSIVE", f"{summary}: {shown}")
     if other.same_as(first) and other.header(replay_header) is None and not distinct:
         return Result(
             number,
