@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..http import BodyCopy, Response
 from ..http._transitions import State
+from ._wsgi_response import short_of_length
 
 if TYPE_CHECKING:
     from ..http import Exchange
@@ -205,6 +206,10 @@ class TeeSend:
         # The app produced its final message: the work is done and must be stored, even if
         # the client is gone and send raises. After send returns, not before, so the stored
         # answer is never one the client did not get while the server could deliver it.
+        if self.remaining and self.remaining > 0:  # (three steps on a whole answer)
+            # Short of its declared length: the server cuts the answer, so the client never
+            # gets it whole. Complete as any answer cut after its head: without the body.
+            short_of_length(self.copy, exchange)
         try:
             await self.real(message)
         finally:

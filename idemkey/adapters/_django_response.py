@@ -89,10 +89,16 @@ def settle(
         driver.fail(exchange, raised)
     elif not response.streaming:
         content: bytes = response.content
+        kept: bytes | None = content
         if "Content-Length" in response:  # no byte past it is sent, nor replayed
             declared = parse_content_length(response["Content-Length"])
-            content = content[:declared] if declared is not None else content
-        kept = content if len(content) <= exchange.policy.max_response_bytes else None
+            if declared is not None:
+                kept = content = content[:declared]
+                if len(content) < declared:  # the server cuts the answer: as any cut one
+                    head_only = request.method == "HEAD" or head[0] in (204, 304)
+                    kept = content if head_only else None
+        if kept is not None and len(kept) > exchange.policy.max_response_bytes:
+            kept = None
         exchange.started(*head)
         driver.finish(exchange, kept)
     elif isinstance(request, WSGIRequest) and getattr(response, "file_to_stream", None) is None:

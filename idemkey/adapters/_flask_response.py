@@ -67,11 +67,14 @@ def body_of(response: FlaskResponse) -> bytes | None:
     return response.get_data()
 
 
-def as_sent(response: FlaskResponse, body: bytes, headers: list[tuple[str, str]]) -> bytes:
+def as_sent(response: FlaskResponse, body: bytes, headers: list[tuple[str, str]]) -> bytes | None:
     """The body a server sends of a response held whole, and its headers as werkzeug sends
     them (``headers`` is completed in place): no byte past the first Content-Length declared;
     without one, the Content-Length that ``get_wsgi_headers`` adds as the response goes out
-    (a list body), so the replay is sized as the first answer was, not chunked.
+    (a list body), so the replay is sized as the first answer was, not chunked. None for a
+    body short of the length it declares (not a 204 or 304, whose length is not their body's):
+    the server stops mid-body, so it is stored without its body, as an answer cut after its
+    head.
 
     The WSGI, ASGI and Django adapters store the same cut; a replay of the whole body would
     send bytes the first answer never did.
@@ -79,7 +82,11 @@ def as_sent(response: FlaskResponse, body: bytes, headers: list[tuple[str, str]]
     for name, value in headers:
         if name.lower() == "content-length":
             declared = parse_content_length(value)
-            return body if declared is None else body[:declared]
+            if declared is None:
+                return body
+            if len(body) < declared and response.status_code not in (204, 304):
+                return None
+            return body[:declared]
     status = response.status_code
     if response.automatically_set_content_length and not (
         status in (204, 304) or 100 <= status < 200

@@ -18,6 +18,7 @@ keeps no body and completes at its first byte.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Iterable, Iterator
 from http import HTTPStatus
 from time import monotonic
@@ -31,7 +32,14 @@ if TYPE_CHECKING:
     from ..http import Exchange, Response
     from ._sync_driver import Driver
 
-__all__ = ["DRAIN_SECONDS", "StreamedBody", "TeeIterable", "UnprotectedBody", "send"]
+__all__ = [
+    "DRAIN_SECONDS",
+    "StreamedBody",
+    "TeeIterable",
+    "UnprotectedBody",
+    "send",
+    "short_of_length",
+]
 
 #: Where the app finds the Exchange of its claimed request (``.claim.fence``) while it runs.
 EXCHANGE_KEY: Final = "idemkey.exchange"
@@ -39,6 +47,8 @@ EXCHANGE_KEY: Final = "idemkey.exchange"
 #: How long the middleware keeps pulling an app's body after the server closed it early (the
 #: client left), measured between blocks: a sync worker serves nobody else meanwhile.
 DRAIN_SECONDS: Final = 1.0
+
+_logger = logging.getLogger("idemkey")
 
 #: The standard reason phrase of each status: ``HTTPStatus(status)`` is an Enum call, dozens
 #: of Python steps for every answer sent without a phrase of its own (each 409, 422, 503).
@@ -166,6 +176,8 @@ class TeeIterable:
         if failed or self.status is None:
             self.driver.fail(self.exchange, "the handler raised")
             return
+        if self.remaining and self.remaining > 0:  # ended short of its length: a cut answer
+            short_of_length(self.copy, self.exchange)
         try:
             self.driver.finish(self.exchange, self.copy.body())
         except BaseException:
@@ -200,6 +212,25 @@ class TeeIterable:
             close = getattr(self.iterable, "close", None)
             if close is not None:
                 close()
+
+
+def short_of_length(copy: BodyCopy, exchange: Exchange) -> None:
+    """The body ended short of its declared ``Content-Length``, and the server stops
+    mid-body: the client got a cut answer, so the record completes without its body, as any
+    answer cut after its head goes out (a replay never presents the short bytes as the whole
+    answer). Logged once, naming the route, no body byte. Called only on that end (never on
+    a replay): a 204, a 304 or a HEAD answer has no body to fall short (its Content-Length
+    is the representation's), and a copy already dropped has nothing to drop."""
+    head = exchange._head  # the status that went out: the Exchange keeps it for the plan
+    request = exchange.request
+    if copy.dropped or request.method == "HEAD" or (head is not None and head[0] in (204, 304)):
+        return
+    copy.drop()
+    _logger.warning(
+        "idemkey: %s %s answered a body short of its Content-Length; stored without its body",
+        request.method,
+        request.route or request.path,
+    )
 
 
 def _head_already_sent(

@@ -87,8 +87,15 @@ class IdempotencyMiddleware:
         else:
             selected = self.routes.select(scope["method"], scope["path"])
             if selected is None:
-                await self.app(scope, receive, send)
-                return
+                # Behind a prefix, a route may be written with it or without it: whether the
+                # server's path holds the prefix is the server's choice (uvicorn's does).
+                if scope.get("root_path"):
+                    path = scope["path"]
+                    other = mounted_other(path, scope["root_path"])
+                    selected = self.routes.select_mounted(scope["method"], path, other)
+                if selected is None:
+                    await self.app(scope, receive, send)
+                    return
             policy, route = selected.policy, selected.route
         headers = Headers.from_latin1(scope["headers"])
         query = scope.get("query_string", b"").decode("latin-1")
@@ -144,3 +151,13 @@ class IdempotencyMiddleware:
             raise
         if not tee.finished:  # the app returned mid-response
             await self.driver.fail(exchange, "the app did not finish its response")
+
+
+def mounted_other(path: str, root_path: str) -> str:
+    """``path`` spelled the other way under the mount ``root_path``: uvicorn's ``path`` holds
+    the root path, so it is taken away (as Starlette's ``get_route_path`` does); hypercorn's
+    and daphne's does not, so it is put before it."""
+    root = root_path.rstrip("/")
+    if path.startswith(root) and path[len(root) : len(root) + 1] in ("", "/"):
+        return path[len(root) :] or "/"
+    return root + path

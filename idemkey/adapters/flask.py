@@ -213,11 +213,12 @@ def _guard(
         # Until the answer is pending, any failure (a body werkzeug cannot read) releases:
         # nothing may leave the claim open, which the heartbeat would renew for good.
         data = body_of(response)
+        streamed = data is None
         # The (name, value) pairs, as to_wsgi_list() copies them, with one Python call less.
         headers = list(iter(response.headers))
         if data is not None and ("Content-Length", str(len(data))) not in headers:
             # Rare: set_data writes exactly that pair; a list body has none until it is sent.
-            data = as_sent(response, data, headers)
+            data = as_sent(response, data, headers)  # None: short of its length, not kept
         pending = Pending(
             driver,
             exchange,
@@ -225,7 +226,7 @@ def _guard(
             headers,
             response.status[4:],
             data if data is not None and len(data) <= policy.max_response_bytes else None,
-            data is None,
+            streamed,
         )
         sent = exchange.first_headers(headers)
         if sent is not None:  # the policy adds headers: sent, never stored

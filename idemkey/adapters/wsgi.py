@@ -75,7 +75,10 @@ class IdempotencyMiddleware:
                 path = path_text(path)
             selected = self.routes.select(method, path or "/")
             if selected is None:
-                return self.app(environ, start_response)
+                if environ.get("SCRIPT_NAME"):  # behind a prefix, a route written without it
+                    selected = self.routes.select_mounted(method, path or "/", mounted(environ))
+                if selected is None:
+                    return self.app(environ, start_response)
             policy, route = selected.policy, selected.route
         exchange = begin(policy, request_of(environ, route))
         if exchange is None:
@@ -104,3 +107,12 @@ class IdempotencyMiddleware:
         if tee.ends_with_head:
             tee.take_empty_body()
         return tee
+
+
+def mounted(environ: WSGIEnvironment) -> str:
+    """The path below ``SCRIPT_NAME`` (``PATH_INFO``), as text, for a route written without
+    the prefix."""
+    path = environ.get("PATH_INFO", "")
+    if not path.isascii():
+        path = path_text(path)
+    return path or "/"

@@ -160,6 +160,23 @@ class RouteTable:
                 return None
         return selected if method in selected.policy.methods else None
 
+    def select_mounted(self, method: str, path: str, other: str) -> Selected | None:
+        """:meth:`select` of ``other`` (the same request's path with the mount prefix added or
+        taken away) when ``path``, already selected to None, matched no route and no exemption.
+
+        A ``path`` that matched decides alone: its route stays the one that names its record,
+        and its exemption holds, whatever ``other`` would match.
+        """
+        if path in self._exact or path in self._exempt_exact:
+            return None
+        for pattern in self._exempt_patterns:
+            if pattern.fullmatch(path):
+                return None
+        for pattern, _ in self._patterns:
+            if pattern.fullmatch(path):
+                return None
+        return self.select(method, other)
+
 
 class KnownRoute:
     """One route whose template the framework already matched (FastAPI, Starlette): every
@@ -194,6 +211,9 @@ class _KnownTable:
     def select(self, method: str, path: str) -> Selected | None:
         selected = self._selected
         return selected if method in selected.policy.methods else None
+
+    def select_mounted(self, method: str, path: str, other: str) -> Selected | None:
+        return None  # the framework matched the route: a method it does not guard stays so
 
 
 def _compile(pattern: str) -> re.Pattern[str] | None:

@@ -128,6 +128,21 @@ def asgi_routes_app() -> AsgiMiddleware:
     return asgi_app(ROUTES)
 
 
+#: What the ``*_mounted`` apps guard, served under the prefix ``/api``: a route written relative
+#: to the mount and one written with the prefix (tests/adapters/test_root_path.py).
+MOUNTED = Routes(route("/charges"), route("/api/refunds"))
+
+
+def wsgi_mounted_app() -> IdempotencyMiddleware:
+    """:func:`wsgi_app` guarding :data:`MOUNTED` only."""
+    return wsgi_app(MOUNTED)
+
+
+def asgi_mounted_app() -> AsgiMiddleware:
+    """:func:`asgi_app` guarding :data:`MOUNTED` only."""
+    return asgi_app(MOUNTED)
+
+
 def wsgi_app(routes: Routes | None = None) -> IdempotencyMiddleware:
     """The WSGI middleware around a plain PEP 3333 app."""
     url, prefix = _settings()
@@ -221,9 +236,9 @@ def asgi_app(routes: Routes | None = None) -> AsgiMiddleware:
 
 
 def __getattr__(name: str) -> Any:
-    """``idemkey_edge_apps:asgi`` (or ``asgi_routes``), built on first access, for daphne
-    (which takes no factory)."""
-    if name in ("asgi", "asgi_routes"):
+    """``idemkey_edge_apps:asgi`` (or ``asgi_routes``, ``asgi_mounted``), built on first
+    access, for daphne (which takes no factory)."""
+    if name in ("asgi", "asgi_routes", "asgi_mounted"):
         app = globals()[name] = globals()[f"{name}_app"]()
         return app
     raise AttributeError(name)
@@ -234,3 +249,46 @@ if __name__ == "__main__":  # werkzeug's development server, threaded, as `flask
 
     kind, port = sys.argv[1], int(sys.argv[2])
     run_simple("127.0.0.1", port, globals()[f"{kind}_app"](), threaded=True)
+
+
+def shortcl_wsgi_app() -> IdempotencyMiddleware:
+    """A WSGI app that declares ``Content-Length: 100`` and sends 19 bytes (a miscounted
+    length): tests/adapters/test_short_bodies.py."""
+    url, prefix = _settings()
+    counter = redis.Redis.from_url(url)
+
+    def app(environ: WSGIEnvironment, start_response: StartResponse) -> Iterable[bytes]:
+        if environ["REQUEST_METHOD"] == "GET":  # the readiness probe
+            start_response("200 OK", [("Content-Length", "2")])
+            return [b"ok"]
+        key = environ.get("HTTP_IDEMPOTENCY_KEY", "")
+        run = int(counter.incr(f"{prefix}:runs:{key}"))
+        start_response("201 Created", [("Content-Length", "100"), ("Content-Type", "text/x")])
+        return [b'{"run":%d,"size":12}' % run]
+
+    store = RedisStore(redis.Redis.from_url(url), Policy(prefix=prefix, lease=10.0))
+    return IdempotencyMiddleware(app, store)
+
+
+def shortcl_asgi_app() -> AsgiMiddleware:
+    """The ASGI twin of :func:`shortcl_wsgi_app` (uvicorn: ``--factory``)."""
+    url, prefix = _settings()
+    client = redis.asyncio.Redis.from_url(url)
+
+    async def app(scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            return
+        while (await receive()).get("more_body"):
+            pass
+        if scope["method"] == "GET":  # the readiness probe
+            await send({"type": "http.response.start", "status": 200, "headers": []})
+            await send({"type": "http.response.body", "body": b"ok"})
+            return
+        key = dict(scope["headers"]).get(b"idempotency-key", b"").decode()
+        run = int(await client.incr(f"{prefix}:runs:{key}"))
+        headers = [(b"content-length", b"100"), (b"content-type", b"text/x")]
+        await send({"type": "http.response.start", "status": 201, "headers": headers})
+        await send({"type": "http.response.body", "body": b'{"run":%d,"size":12}' % run})
+
+    store = AsyncRedisStore(client, Policy(prefix=prefix, lease=10.0))
+    return AsgiMiddleware(app, store)

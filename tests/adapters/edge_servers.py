@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Iterator
+    from collections.abc import Callable, Iterator, Mapping, Sequence
 
 import pytest
 import redis
@@ -84,10 +84,20 @@ class Server:
     """One server process serving one edge app; ``close()`` stops it and purges its keys."""
 
     def __init__(
-        self, server: str, app: str, redis_url: str, log: Path, prefix: str | None = None
+        self,
+        server: str,
+        app: str,
+        redis_url: str,
+        log: Path,
+        prefix: str | None = None,
+        *,
+        args: Sequence[str] = (),
+        env: Mapping[str, str] | None = None,
+        health: str = "/health",
     ) -> None:
         """``prefix``: the servers given one share their records (two deployments, one
-        Redis); else a new one."""
+        Redis); else a new one. ``args`` go after the server's command line, ``env`` into its
+        environment; ``health`` is the path its readiness is asked at."""
         self.name = f"{server}-{app}"
         self.redis_url = redis_url
         self.prefix = prefix or "e" + uuid.uuid4().hex[:12]
@@ -97,8 +107,8 @@ class Server:
         # checking that a test fails there), never from a `tests` package that shadows it.
         (log.parent / "idemkey_edge_apps.py").write_text(APPS.read_text())
         self.process = AppServer(
-            lambda port: COMMANDS[server](app, port), log=log, cwd=log.parent,
-            redis_url=redis_url, prefix=self.prefix, name=self.name,
+            lambda port: [*COMMANDS[server](app, port), *args], log=log, cwd=log.parent,
+            redis_url=redis_url, prefix=self.prefix, name=self.name, env=env, health=health,
         )  # fmt: skip
         self.port = self.process.port
         self.proc = self.process.proc

@@ -130,13 +130,16 @@ def test_each_probe_level_runs_less_than_the_middleware_and_more_than_the_bound(
 #: Then Flask first calls +4: BodyCapture's test for streams of guarded views called from
 #: inside another (``NESTED_KEY in environ``), so one the outer view discards is released
 #: when the request ends.
+#: Then first calls +3 (WSGI, ASGI) and +2 (Flask): a body short of its declared length is
+#: stored without it (the tee's test of what remains at the body's end; Flask's streamed flag
+#: kept apart from the body, which ``as_sent`` may now drop).
 BUDGETS = {
     "wsgi.replay": 1388,
     "asgi.replay": 1457,
     "flask.replay": 997,
-    "wsgi.first": 2441,
-    "asgi.first": 2507,
-    "flask.first": 2372,
+    "wsgi.first": 2444,
+    "asgi.first": 2510,
+    "flask.first": 2374,
 }
 # In a fresh interpreter: the suite's other tests leave process-wide state behind (a cache of
 # header names filled by the fuzz tests' policies would add bytecodes to every lookup).
