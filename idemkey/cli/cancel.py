@@ -15,9 +15,10 @@ from typing import IO, Final
 from .._core import Record
 from ._base import YES_HELP, CliError, print_json
 from ._records import FOREIGN, RecordView, add_record_options
-from .inspect import change_one
+from .inspect import change_one, shown_state
 
 HELP: Final = "cancel an in-progress or half-done record (its owner can no longer complete it)"
+NOTHING: Final = "nothing cancelled"
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -47,10 +48,21 @@ def run(args: argparse.Namespace, out: IO[str]) -> int:
     record, view, cancelled = change_one(
         args,
         verb="cancel",
-        nothing="nothing cancelled",
+        nothing=NOTHING,
         ask=lambda record, view: _ask(args, record, view),
-        act=lambda store, record, _: store.cancel(record, abandon=args.abandon),
+        # What was confirmed, checked where it is cancelled: a retry may take a lapsed claim
+        # over while the prompt is open, and the new owner's run is not the one to stop.
+        act=lambda store, record, shown: store.cancel(
+            record, abandon=args.abandon, seen=(shown.state, shown.fence)
+        ),
     )
+    if cancelled is not None and cancelled.changed:
+        was, now = shown_state(view), cancelled.was
+        if now == view.state:  # the same state under another fence: claimed again since
+            raise CliError(f"the record was claimed again since you confirmed; {NOTHING}")
+        if not now:
+            raise CliError(f"no record {record.record_key} any more; {NOTHING}")
+        raise CliError(f"the record is {now} now, not the {was} record you confirmed; {NOTHING}")
     if cancelled is None:
         raise CliError(
             f"nothing to cancel in record {record.record_key} ({view.state or 'released'} "

@@ -5,6 +5,12 @@
 -- ARGV[1]  abandon       "1": also drop the finished steps (the next claim runs every step
 --                        again, and the key is no longer bound to its payload); "0": keep
 --                        them (the next claim resumes after the last finished step)
+-- ARGV[2]  seen state    optional: the state the operator was shown ("in_progress", "lapsed":
+--                        in progress, its lease passed, or "released"); given, a record found
+--                        in another state, or none, is kept ("lapsed" and "in_progress" are
+--                        one state here: the fence tells a claim made since)
+-- ARGV[3]  seen fence    with ARGV[2]: the fence the operator was shown, as stored ("": it
+--                        had none); a record with another fence (claimed since) is kept
 --
 -- Wake-up: when record field "w" is set, also writes the stream {prefix}:{<digest>}:done
 --          (KEYS[1] .. ":done", the same slot), as release.lua does.
@@ -17,6 +23,9 @@
 --                    dropped as asked, the fence raised;
 --        {0}         nothing to cancel: no record, a completed one (use forget), or a
 --                    released one without steps (a retry runs afresh anyway). Nothing written.
+--        {-2, state} refused: ARGV[2] was given and the record is not what was shown (state:
+--                    what was found: "in_progress", "released", "complete" or "" for none).
+--                    Nothing written.
 --        error       "idemkey: record field fence is not an integer ...": the stored fence is
 --                    not one HINCRBY adds 1 to (stored bytes are input). Nothing written: the
 --                    claim stays its owner's (redis-py raises ResponseError, the store
@@ -24,7 +33,8 @@
 --
 -- Invariants: reads and checks first, writes last: the fence is checked before the first
 -- write, as HINCRBY failing after the HDEL would leave a live claim without its owner. The
--- fence only grows (as release keeps it).
+-- fence only grows (as release keeps it). The check of ARGV[2] and the cancel are one script,
+-- so a retry that took a lapsed claim over while the operator was asked keeps its run.
 -- Sent twice, the second finds a released record: with steps kept it answers 2 again (and
 -- raises the fence once more, which only grows), abandoned it answers 0.
 
@@ -51,6 +61,18 @@ end
 
 local record = redis.call("HMGET", KEYS[1], "state", "resp", "ns", "na", "w", "fence")
 local state, steps = record[1], record[3]
+-- What the operator was shown: a claim made since (a new fence), or a record that completed or
+-- was released since, is not the run they chose to cancel.
+if ARGV[2] then
+  local found = record[2] and "complete" or state
+  if not found then
+    found = redis.call("EXISTS", KEYS[1]) == 1 and "released" or ""
+  end
+  local seen = ARGV[2] == "lapsed" and "in_progress" or ARGV[2]
+  if found ~= seen or (record[6] or "") ~= ARGV[3] then
+    return {-2, found}
+  end
+end
 if record[2] or (state ~= "in_progress" and not steps) then
   return {0}
 end

@@ -342,16 +342,24 @@ class AsyncRedisStore(AsyncSender):
             raise StoreError(f"unexpected reply from the attempt script: {reply!r:.200}")
         return reply or None
 
-    async def cancel(self, record: Record, *, abandon: bool = False) -> Cancelled | None:
+    async def cancel(
+        self,
+        record: Record,
+        *,
+        abandon: bool = False,
+        seen: tuple[str, int | bytes | None] | None = None,
+    ) -> Cancelled | None:
         """Give up ``record``'s run on purpose (an operator's call, see cancel.lua): an
         in-progress record's owner loses it (its checkpoints and completion are refused from
         now on), and a released record with finished steps is released again. The finished
         steps are kept (the next claim resumes after them) unless ``abandon`` (the next claim
         runs the job from the start). Returns what was cancelled and the raised fence, None
         when there was nothing to cancel (no record, a completed one, a released one without
-        steps)."""
+        steps). ``seen``: the (state, fence) the operator was shown (the fence as stored); any
+        other record is kept (``changed``: a retry took a lapsed claim over meanwhile)."""
+        shown = () if seen is None else (seen[0], "" if seen[1] is None else seen[1])
         return decode_cancel_reply(
-            await self._eval("cancel", record.record_key, 1 if abandon else 0)
+            await self._eval("cancel", record.record_key, 1 if abandon else 0, *shown)
         )
 
     async def forget(

@@ -19,6 +19,10 @@ __all__ = ["Cancelled", "Forgotten", "decode_cancel_reply", "decode_forget_reply
 FoundState = Literal["in_progress", "lapsed", "complete", "released", "foreign", ""]
 _FOUND: frozenset[str] = frozenset(("in_progress", "lapsed", "complete", "released", "foreign", ""))
 
+#: What cancel found: ``was`` of :class:`Cancelled`.
+CancelState = Literal["in_progress", "released", "complete", ""]
+_CANCEL_FOUND: frozenset[str] = frozenset(("in_progress", "released", "complete", ""))
+
 
 @dataclass(frozen=True)
 class Cancelled:
@@ -26,10 +30,14 @@ class Cancelled:
 
     ``was`` is ``"in_progress"`` (its owner lost it: its checkpoints and completion are refused
     from now on) or ``"released"`` (a released record with finished steps, released again).
+    ``changed`` is true when the caller said what it was shown (``seen``) and the record is no
+    longer that: nothing was cancelled, ``was`` is what it is now (``"complete"``, ``""``: none
+    too) and ``fence`` is 0.
     """
 
-    was: Literal["in_progress", "released"]
+    was: CancelState
     fence: int
+    changed: bool = False
 
 
 @dataclass(frozen=True)
@@ -55,9 +63,14 @@ class Forgotten:
 
 
 def decode_cancel_reply(reply: object) -> Cancelled | None:
-    """cancel.lua's reply: ``{1, fence}``, ``{2, fence}`` or ``{0}`` (nothing to cancel)."""
+    """cancel.lua's reply: ``{1, fence}``, ``{2, fence}``, ``{0}`` (nothing to cancel) or
+    ``{-2, state}`` (not the record the caller was shown)."""
     if isinstance(reply, list) and reply and reply[0] == 0:
         return None
+    if isinstance(reply, list) and len(reply) == 2 and reply[0] == -2:
+        found = text(reply[1])
+        if found in _CANCEL_FOUND:
+            return Cancelled(cast(CancelState, found), 0, changed=True)
     if isinstance(reply, list) and len(reply) == 2 and reply[0] in (1, 2) and type(reply[1]) is int:
         return Cancelled("in_progress" if reply[0] == 1 else "released", reply[1])
     raise StoreError(f"unexpected reply from the cancel script: {reply!r:.200}")

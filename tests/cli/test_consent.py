@@ -228,3 +228,61 @@ def test_forget_a_record_whose_fence_no_parser_reads(
         )
         assert run.code == 0, run.err
         assert real_client.exists(record.record_key) == 0
+
+
+@pytest.mark.parametrize("completes", [False, True])
+def test_cancel_stops_only_the_run_the_operator_confirmed(
+    redis_url: str, prefix: str, store: RedisStore, real_client: redis.Redis, completes: bool
+) -> None:
+    """While the prompt is open, a retry takes the lapsed claim over (and may complete it): y
+    must not cancel the new owner's run, which the operator never saw."""
+    record = _lapsed(store, "order-36")
+    command = [sys.executable, "-m", "idemkey", "--redis-url", redis_url, "--prefix", prefix]
+    after: dict[bytes, bytes] = {}
+
+    def retry() -> None:
+        claimed = store.claim(record, "fp-order-36", heartbeat=False)
+        assert type(claimed).__name__ == "Claimed"
+        if completes:
+            assert store.complete(record, claimed.owner, b"stored-answer")  # type: ignore[union-attr]
+        after.update(real_client.hgetall(record.record_key))
+
+    code, err = _prompted(("cancel", "order-36", "--guard"), command, retry)
+    assert f"cancel in_progress record {record.record_key}? [y/N]" in err
+    assert code == 1, err
+    if completes:
+        assert err.endswith(
+            "idemkey cancel: the record is complete now, not the lapsed record you confirmed; "
+            "nothing cancelled\n"
+        )
+    else:
+        assert err.endswith(
+            "idemkey cancel: the record was claimed again since you confirmed; nothing cancelled\n"
+        )
+        assert after[b"state"] == b"in_progress"
+    assert real_client.hgetall(record.record_key) == after  # its owner and fence unchanged
+
+
+def test_cancel_yes_acts_on_the_record_it_read(
+    idemkey: CliRunner, redis_url: str, prefix: str, store: RedisStore,
+    real_client: redis.Redis, monkeypatch: pytest.MonkeyPatch,
+) -> None:  # fmt: skip
+    """--yes: a retry takes the lapsed claim over between the read and the cancel: kept."""
+    record = _lapsed(store, "order-37")
+    real_consent = inspect.consent
+    claims: list[Any] = []
+
+    def consent_then_retry(*args: Any, **kwargs: Any) -> None:
+        real_consent(*args, **kwargs)
+        claims.append(store.claim(record, "fp-order-37", heartbeat=False))
+
+    monkeypatch.setattr(inspect, "consent", consent_then_retry)
+    run = idemkey(
+        "--redis-url", redis_url, "--prefix", prefix, "cancel", "order-37", "--guard", "--yes"
+    )
+    assert run.code == 1, run.err
+    assert "the record was claimed again since you confirmed; nothing cancelled" in run.err
+    [claimed] = claims
+    assert real_client.hget(record.record_key, "owner") == claimed.owner.encode()
+    assert real_client.hget(record.record_key, "fence") == str(claimed.fence).encode()
+    assert store.complete(record, claimed.owner, b"stored-answer")  # still the new owner's run
