@@ -38,7 +38,14 @@ from ._base import COMMITTED_ONLY, Effects, _next_delay
 from ._concurrency._sync_keeper import Keeper
 from ._concurrency._sync_runtime import discover, sleep
 from ._server_check import _report, server_warnings
-from .operator import Cancelled, Forgotten, decode_cancel_reply, decode_forget_reply
+from .operator import (
+    Cancelled,
+    Forgotten,
+    Seen,
+    decode_cancel_reply,
+    decode_forget_reply,
+    seen_args,
+)
 from .status import RecordStatus, _states
 from .uncertain import UncertainEntry, decode_entry, uncertain_stream
 
@@ -343,11 +350,7 @@ class RedisStore(Sender):
         return reply or None
 
     def cancel(
-        self,
-        record: Record,
-        *,
-        abandon: bool = False,
-        seen: tuple[str, int | bytes | None] | None = None,
+        self, record: Record, *, abandon: bool = False, seen: Seen | None = None
     ) -> Cancelled | None:
         """Give up ``record``'s run on purpose (an operator's call, see cancel.lua): an
         in-progress record's owner loses it (its checkpoints and completion are refused from
@@ -355,19 +358,13 @@ class RedisStore(Sender):
         steps are kept (the next claim resumes after them) unless ``abandon`` (the next claim
         runs the job from the start). Returns what was cancelled and the raised fence, None
         when there was nothing to cancel (no record, a completed one, a released one without
-        steps). ``seen``: the (state, fence) the operator was shown (the fence as stored); any
-        other record is kept (``changed``: a retry took a lapsed claim over meanwhile)."""
-        shown = () if seen is None else (seen[0], "" if seen[1] is None else seen[1])
+        steps). ``seen``: what the operator was shown; any other is kept (``changed``)."""
         return decode_cancel_reply(
-            self._eval("cancel", record.record_key, 1 if abandon else 0, *shown)
+            self._eval("cancel", record.record_key, 1 if abandon else 0, *seen_args(seen))
         )
 
     def forget(
-        self,
-        record: Record,
-        *,
-        force: bool = False,
-        seen: tuple[str, int | bytes | None] | None = None,
+        self, record: Record, *, force: bool = False, seen: Seen | None = None
     ) -> Forgotten:
         """Delete ``record`` (an operator's call, see forget.lua) with its expiry tombstone,
         a 0.2 lock string and its wake-up stream, so the next request with its key runs
@@ -375,11 +372,9 @@ class RedisStore(Sender):
         completion is then refused, and a duplicate may run beside it. A lapsed, completed
         or released record is deleted, and a key of another type at the record's name (every
         claim refuses it); ``state`` says which it was ("foreign": that key, "": none).
-        ``seen``: the (state, fence) the operator was shown (the fence as stored, bytes, where
-        no parser reads it); any other is kept (``changed``)."""
-        shown = () if seen is None else (seen[0], "" if seen[1] is None else seen[1])
+        ``seen``: what the operator was shown; any other is kept (``changed``)."""
         return decode_forget_reply(
-            self._eval("forget", record.record_key, int(force), *shown)
+            self._eval("forget", record.record_key, int(force), *seen_args(seen))
         )
 
     def check(self) -> list[str]:

@@ -12,12 +12,30 @@ from typing import Literal, cast
 from ..errors import StoreError
 from .diagnostics import _text as text
 
-__all__ = ["Cancelled", "Forgotten", "decode_cancel_reply", "decode_forget_reply"]
+__all__ = [
+    "Cancelled",
+    "Forgotten",
+    "Seen",
+    "decode_cancel_reply",
+    "decode_forget_reply",
+    "seen_args",
+]
 
 #: What forget found: a record's state (``in_progress`` only with a live claim), "foreign" for a
 #: key of another type at the record's name (deleted: every claim refuses it), or "" for none.
 FoundState = Literal["in_progress", "lapsed", "complete", "released", "foreign", ""]
 _FOUND: frozenset[str] = frozenset(("in_progress", "lapsed", "complete", "released", "foreign", ""))
+
+#: What an operator was shown of a record: its state and its fence as stored (bytes where no
+#: parser reads it; None: it had none), sent to forget.lua and cancel.lua, which keep a record
+#: that is no longer that.
+Seen = tuple[str, int | bytes | None]
+
+
+def seen_args(seen: Seen | None) -> tuple[str | int | bytes, ...]:
+    """The scripts' optional ARGV for ``seen``: none, or the state and the fence ("": none)."""
+    return () if seen is None else (seen[0], "" if seen[1] is None else seen[1])
+
 
 #: What cancel found: ``was`` of :class:`Cancelled`.
 CancelState = Literal["in_progress", "released", "complete", ""]
