@@ -27,7 +27,7 @@ view, a view calling itself) that view is the same work, run under the outer vie
 on records of its own it settles in that view (:func:`settle_nested`): the outer view's
 answer is the one the client is sent. A nested stream settles as it is sent (a
 :class:`StreamedBody` in the response's place), or is released when the request ends if it
-never was (the outer view discarded it): :class:`ServedBody`, :func:`release_unsent`. A view
+never was (the outer view discarded it): :func:`served`, :func:`release_unsent`. A view
 dispatched with no BodyCapture around it (a request context of its own) finds no slot, and
 settles in the view as the extension did before. Nothing may leave a claim open: the
 heartbeat would renew it, and every retry get a 409, for as long as the process runs.
@@ -35,15 +35,16 @@ heartbeat would renew it, and every retry get a 409, for as long as the process 
 
 from __future__ import annotations
 
+import functools
 from typing import TYPE_CHECKING, Any, Final, cast
 
 import msgspec
 from flask import has_request_context, request
 
-from ._wsgi_response import StreamedBody
+from ._wsgi_response import ClosingBody, StreamedBody
 
 if TYPE_CHECKING:
-    from collections.abc import Iterable, Iterator
+    from collections.abc import Iterable
 
     from _typeshed.wsgi import WSGIEnvironment
     from flask import Response as FlaskResponse
@@ -55,7 +56,6 @@ __all__ = [
     "NESTED_KEY",
     "SETTLE_KEY",
     "Pending",
-    "ServedBody",
     "complete",
     "release",
     "release_unsent",
@@ -68,6 +68,9 @@ __all__ = [
 #: Where BodyCapture's slot (a list) waits for the guarded view's :class:`Pending` answer
 #: (None while the outermost guarded view runs).
 SETTLE_KEY: Final = "idemkey.settle"
+
+#: Why a nested stream the server never pulled is released.
+NEVER_SERVED: Final = "the response never reached the server"
 
 #: The streams of the guarded views called from inside another (a list of
 #: :class:`StreamedBody`), set only when there is one: each holds its claim until it is sent.
@@ -170,7 +173,7 @@ def release_unsent(environ: WSGIEnvironment, reason: str) -> None:
 def served(pending: Pending, body: Iterable[bytes], environ: WSGIEnvironment) -> Iterable[bytes]:
     """BodyCapture's settling of the outer view's answer when guarded views it called answered
     with streams: as BodyCapture settles it, and the body handed to the server in a
-    :class:`ServedBody`, whose close releases the nested streams never sent."""
+    a :class:`ClosingBody`, whose close releases the nested streams never sent."""
     try:
         if pending.streamed and not sent_by_server(body, environ):
             head = (pending.status, pending.headers, pending.reason)
@@ -178,33 +181,9 @@ def served(pending: Pending, body: Iterable[bytes], environ: WSGIEnvironment) ->
         else:
             complete(pending, body)
             if sent_by_server(body, environ):  # the server's file: no nested stream is in it
-                release_unsent(environ, "the response never reached the server")
+                release_unsent(environ, NEVER_SERVED)
                 return body  # as it is: the server sends only its own object with sendfile
     except BaseException:
-        release_unsent(environ, "the response never reached the server")
+        release_unsent(environ, NEVER_SERVED)
         raise
-    return ServedBody(body, environ)
-
-
-class ServedBody:
-    """The body handed to the server when guarded views called from inside the outer one
-    answered with streams: once the server closes it, every nested stream it never pulled
-    (discarded by the outer view, never closed) is released, as Django releases a stream that
-    never reached the server at ``request_finished``."""
-
-    __slots__ = ("_body", "_environ")
-
-    def __init__(self, body: Iterable[bytes], environ: WSGIEnvironment) -> None:
-        self._body = body
-        self._environ = environ
-
-    def __iter__(self) -> Iterator[bytes]:
-        return iter(self._body)
-
-    def close(self) -> None:
-        try:
-            close = getattr(self._body, "close", None)
-            if close is not None:
-                close()  # a nested stream sent in the response is settled (drained) here
-        finally:
-            release_unsent(self._environ, "the response never reached the server")
+    return ClosingBody(body, functools.partial(release_unsent, environ, NEVER_SERVED))

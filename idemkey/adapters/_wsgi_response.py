@@ -33,10 +33,10 @@ if TYPE_CHECKING:
     from ._sync_driver import Driver
 
 __all__ = [
+    "ClosingBody",
     "DRAIN_SECONDS",
     "StreamedBody",
     "TeeIterable",
-    "UnprotectedBody",
     "send",
     "short_of_length",
 ]
@@ -279,17 +279,19 @@ class StreamedBody(TeeIterable):
             self.driver.fail(self.exchange, reason)
 
 
-class UnprotectedBody:
-    """An app's body while it runs unprotected (Redis down, ``on_store_error="open"``): its
-    fenceless call stays current until the server closes the body, as a claimed call does
-    while :class:`TeeIterable` is iterated, so a generator app's ``fenced()`` refuses it
-    (``UnprotectedCallError``) rather than finding no call."""
+class ClosingBody:
+    """An app's body that runs ``then`` once the server closes it (after the app's own
+    ``close``), as werkzeug's ``ClosingIterator`` does. The WSGI middleware's unprotected
+    body (Redis down, ``on_store_error="open"``) keeps its fenceless call current until then,
+    as a claimed call is while :class:`TeeIterable` is iterated, so a generator app's
+    ``fenced()`` refuses it (``UnprotectedCallError``) rather than finding no call; Flask's
+    releases the nested streams the server never pulled."""
 
-    __slots__ = ("_body", "_exchange")
+    __slots__ = ("_body", "_then")
 
-    def __init__(self, body: Iterable[bytes], exchange: Exchange) -> None:
+    def __init__(self, body: Iterable[bytes], then: Callable[[], object]) -> None:
         self._body = body
-        self._exchange = exchange
+        self._then = then
 
     def __iter__(self) -> Iterator[bytes]:
         return iter(self._body)
@@ -300,4 +302,4 @@ class UnprotectedBody:
             if close is not None:
                 close()
         finally:
-            self._exchange.unprotected_ended()
+            self._then()

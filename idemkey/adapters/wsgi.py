@@ -27,7 +27,7 @@ from ..store import RedisStore
 from ._checks import checked_policy, checked_routes, checked_store
 from ._environ import EnvironHeaders, path_text, read_body, request_of
 from ._sync_driver import Driver
-from ._wsgi_response import DRAIN_SECONDS, EXCHANGE_KEY, TeeIterable, UnprotectedBody, send
+from ._wsgi_response import DRAIN_SECONDS, EXCHANGE_KEY, ClosingBody, TeeIterable, send
 
 if TYPE_CHECKING:
     from collections.abc import Iterable
@@ -93,7 +93,7 @@ class IdempotencyMiddleware:
             return send(start_response, answer)
         if exchange.unprotected:  # Redis is down and the policy says run unprotected
             try:
-                return UnprotectedBody(self.app(environ, start_response), exchange)
+                return ClosingBody(self.app(environ, start_response), exchange.unprotected_ended)
             except BaseException:
                 exchange.unprotected_ended()
                 raise
