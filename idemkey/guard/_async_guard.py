@@ -55,11 +55,11 @@ class AsyncGuard(GuardState[T]):
             )
         except StoreError as error:
             call = self.claim_failed(error)
-        except BaseException:
+        except BaseException as exc:
             # Redis may have applied the claim before a cancel or an interruption (Ctrl-C) cut
             # off its reply: free it, or every retry would get RequestInFlightError until the
             # lease lapsed. Not ours (never claimed): the release script changes nothing.
-            await settle_later(partial(self.store.release, self.record, owner))
+            await self._release(owner, exc)
             raise
         else:
             try:
@@ -147,13 +147,13 @@ class AsyncGuard(GuardState[T]):
             return
 
     async def _release(self, owner: str, interruption: BaseException) -> None:
-        """Free a claim whose hook was interrupted before the block ran, as a claim whose
-        reply was cut off is: a retry runs the block at once, and no entry is kept."""
-        if not isinstance(interruption, Cancelled):
+        """Free a claim whose reply was cut off, or whose hook was interrupted before the
+        block ran: a retry runs the block at once, and no entry is kept."""
+        if not isinstance(interruption, (Cancelled, GeneratorExit)):
             # A cancel asked before this Ctrl-C (two under asyncio.run: the first cancels the
-            # main task, the second raised in the hook) would land on the release's wait, and
-            # asyncio.run would cancel the release before it went out: taken here first (the
-            # Ctrl-C goes on).
+            # main task, the second raised in the hook or the claim's wait) would land on the
+            # release's wait, and asyncio.run would cancel the release before it went out:
+            # taken here first (the Ctrl-C goes on). A closed coroutine cannot wait.
             with contextlib.suppress(Cancelled):
                 await sleep(0)
         await settle_later(partial(self.store.release, self.record, owner))

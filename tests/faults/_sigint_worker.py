@@ -9,6 +9,8 @@ still pending (a write detached from a cancelled caller too). The test then read
   is on the wire, so job 1's completion waits for the store's next batch (``Batched``).
 * ``claim``: the Ctrl-C comes once Redis applied aguard's claim, before its reply is read (a
   hook on the store's script call: the cancel lands there).
+* ``claim-2``: as ``claim``, two Ctrl-C: the first cancels the main task, the second raises
+  KeyboardInterrupt there, the first one's cancel still pending (the release must outlast it).
 * ``block``: the Ctrl-C comes while the block runs, before it saved a result.
 * ``asgi``: as ``complete``, the middleware's completion after the app's final message.
 * ``asgi-claim``: as ``claim``, the middleware's claim.
@@ -55,15 +57,17 @@ async def complete(store: AsyncRedisStore) -> None:
     await job
 
 
-def ctrl_c_after_the_claim(store: AsyncRedisStore) -> None:
+def ctrl_c_after_the_claim(store: AsyncRedisStore, presses: int = 1) -> None:
     """Raise SIGINT once Redis applied the next claim, and let the cancel land before its
-    reply is handed back: the reply is lost, as when the cancel comes while it is read."""
+    reply is handed back: the reply is lost, as when the cancel comes while it is read. A
+    second press raises KeyboardInterrupt right there, the first one's cancel still pending."""
     real = store._eval
 
     async def script_call(name: str, *keys_and_args: str | bytes | int) -> Any:
         reply = await real(name, *keys_and_args)
         if name == "claim":
-            ctrl_c()
+            for _ in range(presses):
+                ctrl_c()
             await asyncio.sleep(0)  # the cancel lands here
         return reply
 
@@ -72,6 +76,12 @@ def ctrl_c_after_the_claim(store: AsyncRedisStore) -> None:
 
 async def claim(store: AsyncRedisStore) -> None:
     ctrl_c_after_the_claim(store)
+    async with aguard(store, KEY, payload=1):
+        print("the block ran although its claim's reply never came")
+
+
+async def claim_twice(store: AsyncRedisStore) -> None:
+    ctrl_c_after_the_claim(store, presses=2)
     async with aguard(store, KEY, payload=1):
         print("the block ran although its claim's reply never came")
 
@@ -130,6 +140,7 @@ async def asgi_claim(store: AsyncRedisStore) -> None:
 SCENARIOS = {
     "complete": complete,
     "claim": claim,
+    "claim-2": claim_twice,
     "block": block,
     "asgi": asgi,
     "asgi-claim": asgi_claim,

@@ -238,6 +238,16 @@ def test_ctrl_c_as_the_claim_is_sent_releases_it(
 
 
 @needs_runner
+def test_two_ctrl_c_as_the_claim_is_sent_release_it(
+    real_client: redis.Redis, redis_url: str, prefix: str
+) -> None:
+    # The second Ctrl-C raises KeyboardInterrupt where the claim's reply was awaited, the
+    # first one's cancel still pending: it landed on the wait for the release, and asyncio.run
+    # then cancelled the release before it went out. Before: held for the whole lease (60 s).
+    assert ctrl_c_in("claim-2", real_client, redis_url, prefix).state == "released"
+
+
+@needs_runner
 def test_ctrl_c_in_an_aguard_block_writes_its_cancelled_entry(
     real_client: redis.Redis, redis_url: str, prefix: str
 ) -> None:
