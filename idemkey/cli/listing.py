@@ -8,6 +8,7 @@ written as pages are read, and progress goes to stderr for large keyspaces.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import shlex
 from dataclasses import asdict
@@ -152,6 +153,14 @@ def _hint(prefixes: list[str]) -> str:
     return f"records are kept under other prefixes: {shown}{more} (idemkey --prefix {named} list)\n"
 
 
+def _close_json(out: IO[str], count: int, hint: list[str] | None, *, complete: bool) -> None:
+    """End the ``--json`` document whose records were streamed: ``complete`` is false when
+    the listing stopped part way (the error on stderr, exit status not 0)."""
+    extra = "" if hint is None else f', "other_prefixes": {json.dumps(hint)}'
+    state = json.dumps(complete)
+    out.write(f'{chr(10) if count else ""}], "count": {count}, "complete": {state}{extra}}}\n')
+
+
 def run(args: argparse.Namespace, out: IO[str]) -> int:
     if args.limit is not None and args.limit < 1:
         raise CliError("--limit must be >= 1", 2)
@@ -174,25 +183,33 @@ def run(args: argparse.Namespace, out: IO[str]) -> int:
         store = RedisStore(server.client, Policy(prefix=args.prefix))
         total = sum(key_count(client) for _, client in server.nodes)
         progress = Progress(total, not args.no_progress, "list")
-        count = 0
+        count, hint = 0, None
         if args.json:
             out.write(f'{{"prefix": {json.dumps(args.prefix)}, "records": [')
         else:
             out.write(COLUMNS + "\n")
-        for status in _records(args, store, progress):
+        try:
+            for status in _records(args, store, progress):
+                if args.json:
+                    out.write(("\n  " if not count else ",\n  ") + json.dumps(asdict(status)))
+                else:
+                    out.write(row(status) + "\n")
+                count += 1
+            progress.done()
+            # Nothing under the prefix at all (no filter hid them): name the prefixes that
+            # hold records, as a Flask app's "payments" stays hidden behind the default prefix.
+            filtered = args.state or args.route or args.scope or args.method
+            hint = None if count or filtered else other_prefixes(server.nodes, args.prefix)
+        except BaseException:
+            # Redis failed mid-scan (or Ctrl-C): the error goes to stderr as for any command,
+            # and the document streamed so far is closed, valid JSON marked incomplete, so a
+            # script piping it into jq reads what was listed and can tell it is not all.
             if args.json:
-                out.write(("\n  " if not count else ",\n  ") + json.dumps(asdict(status)))
-            else:
-                out.write(row(status) + "\n")
-            count += 1
-        progress.done()
-        # Nothing under the prefix at all (no filter hid them): name the prefixes that hold
-        # records, as a Flask app's "payments" stays hidden behind the default prefix.
-        filtered = args.state or args.route or args.scope or args.method
-        hint = None if count or filtered else other_prefixes(server.nodes, args.prefix)
+                with contextlib.suppress(Exception):  # stdout itself may be what failed
+                    _close_json(out, count, None, complete=False)
+            raise
         if args.json:
-            extra = "" if hint is None else f', "other_prefixes": {json.dumps(hint)}'
-            out.write(f'{chr(10) if count else ""}], "count": {count}{extra}}}\n')
+            _close_json(out, count, hint, complete=True)
         elif not count:
             out.write(f'no record under prefix "{args.prefix}" matches\n')
             if hint is not None:

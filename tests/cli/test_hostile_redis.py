@@ -350,3 +350,30 @@ def test_a_redis_error_reply_is_printed_escaped(
     assert len(run.err.splitlines()) == 1
     assert _printable(run.err)
     assert "\\x1b]0;PWNED\\x07\\x1b[2J" in run.err  # shown escaped, not dropped
+
+
+def test_list_json_cut_off_by_a_redis_error_mid_scan_is_a_valid_incomplete_document(
+    idemkey: CliRunner, fake_redis: Callable[[Replies], FakeRedis]
+) -> None:
+    """The first SCAN page is listed, the next SCAN fails: stdout stays one JSON document (a
+    script piping it into jq reads it), marked incomplete; the error is the usual JSON object
+    on stderr, exit 3. Before: stdout ended inside the records array."""
+
+    def scan(args: list[bytes]) -> bytes:
+        if args[1] != b"0":
+            return b"-ERR the server went away mid-scan\r\n"
+        return b"*2\r\n" + bulk("7") + b"*1\r\n" + bulk(RECORD)
+
+    server = fake_redis(record_replies(scan=scan))
+    run = idemkey("list", "--redis-url", server.url, "--json")
+    assert run.code == 3, run.err
+    listed = json.loads(run.out)
+    assert [r["key"] for r in listed["records"]] == [RECORD.decode()]
+    assert (listed["count"], listed["complete"]) == (1, False)
+    error = json.loads(run.err)
+    assert (error["command"], error["exit_code"]) == ("list", 3)
+    assert "mid-scan" in error["error"]
+    # A whole listing says so too: `jq -e .complete` tells the two apart.
+    run = idemkey("list", "--redis-url", fake_redis(record_replies()).url, "--json")
+    assert run.code == 0, run.err
+    assert json.loads(run.out)["complete"] is True
