@@ -1,5 +1,5 @@
 """What each server does differently (docs/wsgi-asgi.md#what-each-server-does-differently), each
-difference asserted as documented: short and broken request bodies, a key with a control
+difference asserted as documented: short, broken and trailered request bodies, a key with a control
 character, the reason phrase, the order of header lines.
 
 The tables below are the page's table. An outcome is idemkey's problem (``("problem", code)``),
@@ -235,3 +235,46 @@ def test_a_lower_case_method_is_guarded_as_its_server_routes_it(
         assert server.runs(key) == 1
     else:
         assert server.runs(key) == 0
+
+
+#: A well-formed chunked body ending in a trailer field (RFC 9112 7.1.2), per server: read
+#: and run, or refused whole. werkzeug's dev server raises its own OSError on a trailer line
+#: after the last chunk, so idemkey answers 400 ``invalid_body`` every time it is sent.
+TRAILER_BODY: dict[str, tuple[str, object]] = {
+    "gunicorn-wsgi": RAN,
+    "werkzeug-wsgi": INVALID_BODY,
+    "waitress-wsgi": RAN,
+    "granian-wsgi": RAN,
+    "uvicorn-asgi": RAN,
+    "hypercorn-asgi": RAN,
+    "daphne-asgi": RAN,
+    "granian-asgi": RAN,
+}
+TRAILER_CHUNKS = b"9\r\namount=10\r\n0\r\nX-Checksum: 1234\r\n\r\n"
+
+
+@pytest.mark.parametrize("where", EVERY_SERVER)
+def test_a_chunked_body_with_a_trailer_is_answered_as_documented(
+    servers: Callable[[str, str], Server], where: tuple[str, str]
+) -> None:
+    server = servers(*where)
+    key = new_key()
+    request = CHUNKED_HEAD.format(key=key).encode() + TRAILER_CHUNKS
+    expected = TRAILER_BODY[key_of(where)]
+    first = send(server, request, close_write=False)
+    assert_outcome(server, first, expected)
+    again = send(server, request, close_write=False)  # the same request, sent again
+    if expected == RAN:
+        assert first is not None
+        assert again is not None
+        assert (again.status, again.header("Idempotent-Replayed")) == (201, "true"), again
+        assert again.body == first.body
+        assert server.runs(key) == 1
+    else:
+        # Refused the same way every time: the server never reads a trailer, so a retry of
+        # the same upload never runs; the same body without the trailer does.
+        assert_outcome(server, again, expected)
+        assert server.runs(key) == 0
+        plain = server.post("/charges", b"amount=10", [("Idempotency-Key", key), *FORM])
+        assert plain.status == 201, plain
+        assert server.runs(key) == 1
