@@ -73,10 +73,9 @@ class Driver:
             return exchange.store_failed(exc)
         except EffectCommittedError:
             return exchange.response_lost()
-        except BaseException:
+        except BaseException as exc:
             # Cut off (cancelled, interrupted) after the claim may have reached Redis: free it.
-            plan = exchange.interrupted()
-            settle_later(lambda: self._settle(exchange, plan))
+            self._release(exchange, exchange.interrupted(), exc)
             raise
         try:
             return exchange.decide(decision, perf_counter() - started)
@@ -122,10 +121,17 @@ class Driver:
         if plan is None:
             self.store._unwatch(exchange.record, exchange.owner)
             return
-        if not isinstance(interruption, Cancelled):
-            # A cancel asked before this Ctrl-C (two under asyncio.run) would land on the
-            # release's wait, and asyncio.run would cancel the release before it went out:
-            # taken here first (the Ctrl-C goes on), as the guards do.
+        self._release(exchange, plan, interruption)
+
+    def _release(
+        self, exchange: Exchange, plan: Release, interruption: BaseException
+    ) -> None:
+        """Send ``plan`` for a claim cut off or a hook interrupted, past a pending cancel."""
+        if not isinstance(interruption, (Cancelled, GeneratorExit)):
+            # A cancel asked before this Ctrl-C (two under asyncio.run: the second raised in
+            # the claim's wait or the hook) would land on the release's wait, and asyncio.run
+            # would cancel the release before it went out: taken here first (the Ctrl-C goes
+            # on), as the guards do. A closed coroutine cannot wait.
             with contextlib.suppress(Cancelled):
                 sleep(0)
         settle_later(lambda: self._settle(exchange, plan))

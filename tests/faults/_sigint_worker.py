@@ -14,6 +14,7 @@ still pending (a write detached from a cancelled caller too). The test then read
 * ``block``: the Ctrl-C comes while the block runs, before it saved a result.
 * ``asgi``: as ``complete``, the middleware's completion after the app's final message.
 * ``asgi-claim``: as ``claim``, the middleware's claim.
+* ``asgi-claim-2``: as ``claim-2``, the middleware's claim.
 
 Prints ``interrupted`` when ``KeyboardInterrupt`` came out of ``asyncio.run``, as it should.
 """
@@ -137,6 +138,14 @@ async def asgi_claim(store: AsyncRedisStore) -> None:
     await middleware(store, app)()
 
 
+async def asgi_claim_twice(store: AsyncRedisStore) -> None:
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        print("the app ran although its claim's reply never came")
+
+    ctrl_c_after_the_claim(store, presses=2)
+    await middleware(store, app)()
+
+
 SCENARIOS = {
     "complete": complete,
     "claim": claim,
@@ -144,6 +153,7 @@ SCENARIOS = {
     "block": block,
     "asgi": asgi,
     "asgi-claim": asgi_claim,
+    "asgi-claim-2": asgi_claim_twice,
 }
 
 

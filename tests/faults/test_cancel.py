@@ -238,13 +238,14 @@ def test_ctrl_c_as_the_claim_is_sent_releases_it(
 
 
 @needs_runner
+@pytest.mark.parametrize("scenario", ["claim-2", "asgi-claim-2"])
 def test_two_ctrl_c_as_the_claim_is_sent_release_it(
-    real_client: redis.Redis, redis_url: str, prefix: str
+    real_client: redis.Redis, redis_url: str, prefix: str, scenario: str
 ) -> None:
     # The second Ctrl-C raises KeyboardInterrupt where the claim's reply was awaited, the
     # first one's cancel still pending: it landed on the wait for the release, and asyncio.run
     # then cancelled the release before it went out. Before: held for the whole lease (60 s).
-    assert ctrl_c_in("claim-2", real_client, redis_url, prefix).state == "released"
+    assert ctrl_c_in(scenario, real_client, redis_url, prefix).state == "released"
 
 
 @needs_runner
