@@ -44,11 +44,15 @@ _ORDINARY: Final = frozenset({"sec-websocket-key"})
 # What the default scope digests of one shape of request (its raw header names, in the order
 # they came): the credentials among them, as a _Plan; None for no credential at all. One table
 # per spelling (field names, PEP 3333 environ keys) and key header. Clients send a few shapes
-# each, but shapes come from clients: each table stays bounded, and a shape past the bound is
-# classified on every request.
+# each, but shapes come from clients: each table stays bounded in entries, and each entry in
+# bytes (a kept shape keeps the client's names: at most _MAX_SHAPE_NAMES of them, and
+# _MAX_SHAPE_CHARS characters in all; an environ's own keys count). A shape past a bound, or
+# met once the table is full, is classified on every request; it gets the same scope.
 _FIELD_SHAPES: dict[str, dict[tuple[str, ...], _Plan | None]] = {}
 _ENVIRON_SHAPES: dict[str, dict[tuple[str, ...], _Plan | None]] = {}
 _MAX_SHAPES: Final = 1024
+_MAX_SHAPE_NAMES: Final = 64
+_MAX_SHAPE_CHARS: Final = 4096
 _MAX_KEY_HEADERS: Final = 64
 # One of _FIRST alone, with one value: its slot filled, the other two empty (the common case).
 _ALONE: Final = (b"%d:%b;;;", b";%d:%b;;", b";;%d:%b;")
@@ -126,7 +130,12 @@ def credential_scope(request: Request, key_header: str = "Idempotency-Key") -> s
         plan = shapes[shape]
     except KeyError:
         plan = _plan(shape, environ, key_header)
-        if len(shapes) < _MAX_SHAPES:
+        # Sized on a miss only: a known shape costs nothing more.
+        if (
+            len(shapes) < _MAX_SHAPES
+            and len(shape) <= _MAX_SHAPE_NAMES
+            and sum(map(len, shape)) <= _MAX_SHAPE_CHARS
+        ):
             shapes[shape] = plan
     if plan is None:
         return NO_CREDENTIALS
