@@ -218,9 +218,10 @@ def short_of_length(copy: BodyCopy, exchange: Exchange) -> None:
     """The body ended short of its declared ``Content-Length``, and the server stops
     mid-body: the client got a cut answer, so the record completes without its body, as any
     answer cut after its head goes out (a replay never presents the short bytes as the whole
-    answer). Logged once, naming the route, no body byte. Called only on that end (never on
-    a replay): a 204, a 304 or a HEAD answer has no body to fall short (its Content-Length
-    is the representation's), and a copy already dropped has nothing to drop."""
+    answer). Logged once, naming the route template or ``<unknown>`` (never the client's
+    path), no body byte. Called only on that end (never on a replay): a 204, a 304 or a HEAD
+    answer has no body to fall short (its Content-Length is the representation's), and a
+    copy already dropped has nothing to drop."""
     head = exchange._head  # the status that went out: the Exchange keeps it for the plan
     request = exchange.request
     if copy.dropped or request.method == "HEAD" or (head is not None and head[0] in (204, 304)):
@@ -229,7 +230,7 @@ def short_of_length(copy: BodyCopy, exchange: Exchange) -> None:
     _logger.warning(
         "idemkey: %s %s answered a body short of its Content-Length; stored without its body",
         request.method,
-        request.route or request.path,
+        exchange.label,  # the template or <unknown>: never the client's path (raw, any length)
     )
 
 

@@ -24,7 +24,8 @@ from idemkey.adapters.django import idempotent
 from idemkey.adapters.wsgi import IdempotencyMiddleware
 from tests.adapters.edge_servers import servers
 from tests.adapters.harness import store_on
-from tests.adapters.test_asgi import call, start
+from tests.adapters.harness_wsgi import environ_for
+from tests.adapters.test_asgi import call, http_scope, start
 from tests.adapters.test_wsgi import Recorder, Server
 from tests.frameworks.test_django import project
 
@@ -253,3 +254,52 @@ def test_flask_a_body_short_of_its_length_is_not_kept(wsgi_store: RedisStore) ->
     assert again.headers.get("Idempotent-Body-Not-Kept") == "true"
     assert again.data == b""
     assert runs == [1]
+
+
+# The WARNING names the route template or ``<unknown>``, never the client's path: a server
+# hands over the path percent-decoded (``%0A``, ``%1B`` arrive raw) and as long as it came.
+HOSTILE_PATH = "/charges/\nWARNING forged line\r\x1b[31m" + "x" * 3000
+
+
+def _one_bounded_warning(caplog: pytest.LogCaptureFixture) -> str:
+    warnings = [r.getMessage() for r in caplog.records if r.name == "idemkey"]
+    short = [message for message in warnings if "short of its Content-Length" in message]
+    assert len(short) == 1, warnings
+    message = short[0]
+    assert not any(char in message for char in "\n\r\x1b"), repr(message[:80])
+    assert len(message) < 200, len(message)
+    assert "<unknown>" in message
+    return message
+
+
+@pytest.mark.redis
+def test_wsgi_the_short_body_warning_never_carries_the_clients_path(
+    wsgi_store: RedisStore, caplog: pytest.LogCaptureFixture
+) -> None:
+    middleware = IdempotencyMiddleware(Recorder([BODY], length=100), wsgi_store)
+    server = Server()
+    environ = environ_for("POST", HOSTILE_PATH, [("Idempotency-Key", "k")], b"{}")
+    with caplog.at_level("WARNING", logger="idemkey"):
+        result = middleware(environ, server.start_response)
+        try:
+            assert b"".join(result) == BODY
+        finally:
+            getattr(result, "close", lambda: None)()
+    _one_bounded_warning(caplog)
+
+
+async def test_asgi_the_short_body_warning_never_carries_the_clients_path(
+    async_store: AsyncRedisStore, caplog: pytest.LogCaptureFixture
+) -> None:
+    async def app(scope: Scope, receive: Receive, send: Send) -> None:
+        await receive()
+        head = start(201)
+        head["headers"].append((b"content-length", b"100"))
+        await send(head)
+        await send({"type": "http.response.body", "body": BODY, "more_body": False})
+
+    middleware = AsgiMiddleware(app, async_store)
+    with caplog.at_level("WARNING", logger="idemkey"):
+        answer = await call(middleware, b"{}", scope=http_scope(path=HOSTILE_PATH))
+    assert answer.body == BODY
+    _one_bounded_warning(caplog)
