@@ -51,7 +51,7 @@ _ORDINARY: Final = frozenset({"sec-websocket-key"})
 _FIELD_SHAPES: dict[str, dict[tuple[str, ...], _Plan | None]] = {}
 _ENVIRON_SHAPES: dict[str, dict[tuple[str, ...], _Plan | None]] = {}
 _MAX_SHAPES: Final = 1024
-_MAX_SHAPE_NAMES: Final = 64
+_MAX_SHAPE_NAMES: Final = 128
 _MAX_SHAPE_CHARS: Final = 4096
 _MAX_KEY_HEADERS: Final = 64
 # One of _FIRST alone, with one value: its slot filled, the other two empty (the common case).
