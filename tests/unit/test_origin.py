@@ -75,3 +75,14 @@ def test_a_route_or_scope_with_line_breaks_cannot_move_the_origins_lines(
     assert (origin.method, origin.key) == ("POST", "k1")
     assert (origin.route, origin.scope) == (escape_lines(route), escape_lines(scope))
     assert "\n" not in origin.route + origin.scope
+
+
+def test_a_short_piece_ends_the_origin_stale_pieces_after_it_are_not_read() -> None:
+    # 0.3.0 rewrites "i" only: a short "i" then the "i1" a longer origin left before.
+    stale = b"x" * PIECE
+    origin = decode_origin([b"1 POST /charges\nacct_7", stale, b"yy"])
+    assert origin.scope == "acct_7"
+    assert origin.route == "/charges"
+    # A full piece is followed by the next one, as claim.lua cut them.
+    full = b"1 POST /c\n" + b"s" * (PIECE - 10)
+    assert decode_origin([full, b"tail"]).scope == "s" * (PIECE - 10) + "tail"
