@@ -185,6 +185,8 @@ class RecordView:
     #: "" when none was kept (docs/operators.md#what-records-keep).
     origin: str = ""
     client_key: str = ""
+    #: An unreadable response's status line and header lines as stored, escaped and bounded.
+    head: list[str] = field(default_factory=list)
 
 
 def read_record(
@@ -256,6 +258,7 @@ def _decode_stored(view: RecordView, stored: bytes, guard: bool | None) -> None:
         except RecordFormatError as exc:
             if guard is False:
                 view.error = str(exc)
+                view.head = _raw_head(stored)
                 return
     if response is not None:
         view.kind = "response"
@@ -290,6 +293,31 @@ def _decode_stored(view: RecordView, stored: bytes, guard: bool | None) -> None:
 
 def _cut(text: str) -> str:
     return text[:PREVIEW_BYTES] + ("..." if len(text) > PREVIEW_BYTES else "")
+
+
+#: The lines of an unreadable head ``inspect`` shows (the status line counts).
+HEAD_LINES: Final = 20
+
+
+def _raw_head(stored: bytes) -> list[str]:
+    """The status line and header lines of a response that does not decode as one (a header
+    line 0.3 stored as the app sent it): stored text, escaped by :func:`shown` and cut."""
+    try:
+        value: object = decode_value(stored)
+    except RecordFormatError:
+        return []
+    if not isinstance(value, list) or len(value) < 2:
+        return []
+    reason = value[4] if len(value) > 4 else ""
+    lines = [f"{value[0]} {reason}" if isinstance(reason, str) else f"{value[0]} {reason!r}"]
+    pairs = value[1] if isinstance(value[1], list) else [value[1]]
+    for pair in pairs:
+        ok = isinstance(pair, list) and len(pair) == 2 and all(isinstance(p, str) for p in pair)
+        lines.append(f"{pair[0]}: {pair[1]}" if ok else repr(pair))
+    shown_lines = [_cut(shown(line)) for line in lines[:HEAD_LINES]]
+    if len(lines) > HEAD_LINES:
+        shown_lines.append(f"... {len(lines) - HEAD_LINES} more lines")
+    return shown_lines
 
 
 def show_record(view: RecordView, out: IO[str]) -> None:
@@ -331,5 +359,7 @@ def show_record(view: RecordView, out: IO[str]) -> None:
         out.write(f"{'headers':<9} {len(view.headers)}\n")
         for name, value in view.headers:
             out.write(f"  {shown(name)}: {shown(value)}\n")
+    for line in view.head:  # escaped already (_raw_head): printed as it is
+        out.write(f"  {line}\n")
     if view.preview:
         out.write(f"preview   {shown(view.preview)}\n")

@@ -522,3 +522,34 @@ def test_forget_and_cancel_never_decode_the_stored_value(
         raise RuntimeError("after a step")  # released with a step: something to cancel
     run = idemkey("cancel", "job-5", "--guard", "--yes", *_at(redis_url, prefix))
     assert run.code == 0, run.err
+
+
+def test_inspect_previews_the_head_of_an_unreadable_response_escaped(
+    idemkey: CliRunner, store: RedisStore, real_client: redis.Redis, redis_url: str, prefix: str
+) -> None:
+    # A head 0.3 stored as the app sent it (a Trailers line, a control character): the replay
+    # answers 503 record_unreadable; inspect shows the lines, so the operator sees which one,
+    # escaped (no escape sequence reaches the terminal) and bounded.
+    record = http_record(store, "order-h")
+    headers = (
+        ("Content-Type", "application/json"),
+        ("Trailers", "X-Sum"),
+        ("X-Note", "42\x1b[2J\x01" + "z" * 500),
+        *((f"X-{n}", "v") for n in range(40)),
+    )
+    head = StoredResponse(201, headers, b"{}", reason="Created\x1b[31m")
+    real_client.hset(record.key, "resp", encode_response(head))
+    run = idemkey(
+        "inspect", "order-h", "--scope", "acct_1", "--route", "/charges", *_at(redis_url, prefix)
+    )
+    assert run.code == 0, run.err
+    assert "stored    unreadable: stored response is unreadable: " in run.out
+    assert "  201 Created\\x1b[31m\n" in run.out
+    assert "  Trailers: X-Sum\n" in run.out
+    assert "  X-Note: 42\\x1b[2J\\x01zzz" in run.out
+    assert "\x1b" not in run.out
+    assert "\x01" not in run.out
+    head = [line for line in run.out.splitlines() if line.startswith("  ")]
+    assert len(head) == 21  # 20 lines, then how many more
+    assert max(len(line) for line in head) < 130  # each cut, as a preview is
+    assert "  ... 24 more lines\n" in run.out
