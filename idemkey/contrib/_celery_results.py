@@ -3,10 +3,11 @@ JSON (kombu's) writes it, so that a duplicate returns what the first caller got.
 
 Celery's JSON carries ``datetime``, ``date``, ``time``, ``Decimal``, ``UUID`` and ``bytes`` as
 themselves (kombu's type registry: ``{"__type__": ..., "__value__": ...}``), where msgspec
-stores them as text and an untyped decode gives that text back. So the result is stored as
-kombu's JSON text, in a msgpack extension value (:data:`KOMBU_JSON`) that no earlier record
-holds: records written before hold the msgspec value itself and replay as they did (Celery's
-JSON carries no extension value, so no task could have returned one).
+stores them as text and an untyped decode gives that text back. A result that is plain JSON
+(dicts with str keys, lists, str, bool, None, numbers msgpack holds) is stored as that msgspec
+value, as 0.3 stored every result and reads it back; any other is stored as kombu's JSON text,
+in a msgpack extension value (:data:`KOMBU_JSON`) that no earlier record holds (Celery's JSON
+carries no extension value, so no task could have returned one). 0.3 cannot read that form.
 
 A stored result is input. Decoding it runs kombu's ``loads``, whose hook only looks a
 ``__type__`` up among the decoders registered with kombu (by kombu itself: the data types above;
@@ -53,11 +54,45 @@ def _as_served(value: object, serializer: str) -> object:
         return value
 
 
-def as_stored(value: object, serializer: str) -> msgspec.msgpack.Ext:
-    """``value`` as stored: its kombu JSON. Under a result serializer other than ``json``, only
-    a value JSON gives back equal to what that serializer hands the caller: under pickle (the
-    object itself) a tuple, a set or an object would replay as something else; msgpack hands
-    over a tuple as a list, as JSON does. Raises :class:`Unkept`."""
+def _plain(value: object) -> bool:
+    """Whether ``value`` (as kombu's JSON gave it back) is made only of what msgspec stores and
+    an untyped decode returns as itself: the form 0.3 reads. Exact types, no recursion."""
+    todo = [value]
+    while todo:
+        item = todo.pop()
+        if type(item) is dict:
+            if any(type(k) is not str or not _encodable(k) for k in item):
+                return False
+            todo.extend(item.values())
+        elif type(item) is list:
+            todo.extend(item)
+        elif type(item) is int:
+            if not -(2**63) <= item < 2**64:
+                return False
+        elif type(item) is str:
+            if not _encodable(item):
+                return False
+        elif type(item) not in (float, bool, type(None)):
+            return False
+    return True
+
+
+def _encodable(text: str) -> bool:
+    if text.isascii():
+        return True
+    try:
+        text.encode()
+    except UnicodeError:  # a lone surrogate: msgpack cannot hold it
+        return False
+    return True
+
+
+def as_stored(value: object, serializer: str) -> object:
+    """``value`` as stored: the plain value when :func:`_plain` (0.3 reads it), else its kombu
+    JSON. Under a result serializer other than ``json``, only a value JSON gives back equal to
+    what that serializer hands the caller: under pickle (the object itself) a tuple, a set or an
+    object would replay as something else; msgpack hands over a tuple as a list, as JSON does.
+    Raises :class:`Unkept`."""
     try:
         text = _dumps(value)
     except Exception as exc:  # a __json__ method may raise anything
@@ -73,6 +108,13 @@ def as_stored(value: object, serializer: str) -> msgspec.msgpack.Ext:
                 "it would not come back equal (a tuple, a set, an object); return what JSON "
                 "carries (dicts, lists, str, numbers)"
             )
+    try:
+        served = _loads(text)
+    except Exception:  # a value's JSON no decoder takes back: kept as text, as before
+        pass
+    else:
+        if _plain(served):
+            return served
     return msgspec.msgpack.Ext(KOMBU_JSON, text.encode())
 
 

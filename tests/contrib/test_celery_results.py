@@ -20,7 +20,7 @@ import redis
 from celery import Celery
 
 from idemkey import ConfigurationError, IdemkeyError, Policy, RecordFormatError, RedisStore
-from idemkey._codec import encode_value
+from idemkey._codec import decode_value, encode_value
 from idemkey.contrib.celery import IdempotentTask
 
 pytestmark = pytest.mark.redis
@@ -175,3 +175,39 @@ def test_under_msgpack_a_tuple_is_kept_as_the_list_msgpack_hands_the_caller(
     # Pickle hands the caller the tuple itself: refused there, as before.
     with pytest.raises(IdemkeyError, match="result_serializer is 'pickle'"):
         returning(make_app("pickle"), store, runs, ("a", 1)).apply(("o-p",)).get()
+
+
+def test_a_result_json_carries_is_stored_as_the_plain_value_an_earlier_release_reads(
+    store: RedisStore, real_client: redis.Redis, prefix: str, runs: list[object]
+) -> None:
+    # 0.3.0 reads the stored msgspec value as the task's result: a kombu-JSON extension value
+    # reached its worker as an Ext, which Celery's JSON could not send (EncodeError). So what
+    # comes back equal as the plain value is stored so; only what needs kombu's types is not.
+    plain = {"n": 1, "f": 1.5, "ok": True, "none": None, "items": ["a", 2, {"b": []}]}
+    task = returning(make_app(), store, runs, plain)
+    assert task.apply(("o-plain",)).get() == plain
+    [record] = stored_results(real_client, prefix)
+    assert decode_value(real_client.hget(record, "resp")) == plain
+    assert task.apply(("o-plain",)).get() == plain
+    real_client.delete(record)
+    # kombu's types, and an int past 64 bits (msgpack cannot hold it plain, JSON can).
+    typed = returning(make_app(), store, runs, {"at": datetime(2024, 5, 1), "big": 2**70})
+    first = typed.apply(("o-typed",)).get()
+    [record] = stored_results(real_client, prefix)
+    stored = decode_value(real_client.hget(record, "resp"))
+    assert type(stored) is msgspec.msgpack.Ext
+    assert stored.code == KOMBU_JSON
+    assert typed.apply(("o-typed",)).get() == first
+    assert runs == ["o-plain", "o-typed"]
+
+
+def test_under_msgpack_a_tuple_is_stored_as_the_plain_list_the_caller_got(
+    store: RedisStore, real_client: redis.Redis, prefix: str, runs: list[object]
+) -> None:
+    app = make_app("msgpack")
+    app.conf.accept_content = app.conf.result_accept_content = ["json", "msgpack"]
+    task = returning(app, store, runs, ("a", 1, {"pair": (2, 3)}))
+    task.apply(("o-t",)).get()
+    [record] = stored_results(real_client, prefix)
+    assert decode_value(real_client.hget(record, "resp")) == ["a", 1, {"pair": [2, 3]}]
+    assert task.apply(("o-t",)).get() == ["a", 1, {"pair": [2, 3]}]
