@@ -13,6 +13,7 @@ the heartbeat called the hook itself, and while it ran every other claim's lease
 
 from __future__ import annotations
 
+import contextlib
 import os
 import queue
 import threading
@@ -114,10 +115,13 @@ class Heartbeat(StoreBase):
         with self._lock:
             due = self._leases.add(record, owner, lease_ms, time.monotonic(), fence)
             if self._heartbeat is None:
-                self._heartbeat = threading.Thread(
+                # Set only once started: a start that raises (RuntimeError "can't start new
+                # thread", a pids limit) leaves None, so the next claim tries again.
+                heartbeat = threading.Thread(
                     target=self._beat, name="idemkey-heartbeat", daemon=True
                 )
-                self._heartbeat.start()
+                heartbeat.start()
+                self._heartbeat = heartbeat
             # Wake the heartbeat only if this lease falls due before it wakes by itself. With
             # one lease length, a new claim is due after every live one; waking the thread on
             # each claim made it fight the request thread for the GIL (~9 us per guarded call).
@@ -129,6 +133,16 @@ class Heartbeat(StoreBase):
             return self._leases.remove(record, owner)
 
     def _beat(self) -> None:
+        try:
+            self._beat_until_idle()
+        finally:
+            # Ended by an exception too: the next claim starts a new thread (a normal end has
+            # cleared it already, under the lock, and a new one may run by now).
+            with self._lock:
+                if self._heartbeat is threading.current_thread():
+                    self._heartbeat, self._closing = None, False
+
+    def _beat_until_idle(self) -> None:
         idle_since: float | None = None
         while True:
             with self._wakeup:
@@ -171,7 +185,9 @@ class Heartbeat(StoreBase):
                     lost = self._leases.answered(lease, ours, time.monotonic())
                     news = self._renewal_news(lease, reply, failures, lost)
                 if news is not None:
-                    self._report_later(news)
+                    # No reporter thread (a pids limit): the next report starts one.
+                    with contextlib.suppress(RuntimeError):
+                        self._report_later(news)
 
     def _report_later(self, news: Callable[[], None]) -> None:
         """Have the reporter thread call ``news``; returns at once."""
@@ -183,10 +199,12 @@ class Heartbeat(StoreBase):
             # A reporter that found the queue empty and left cleared _reporter under this lock
             # first: it is replaced, so a report is never stranded.
             if self._reporter is None:
-                self._reporter = threading.Thread(
+                # Set only once started: see _watch.
+                reporter = threading.Thread(
                     target=self._report, name="idemkey-reporter", daemon=True
                 )
-                self._reporter.start()
+                reporter.start()
+                self._reporter = reporter
 
     def _report(self) -> None:
         """The reporter thread: calls each report in turn, ends when idle."""

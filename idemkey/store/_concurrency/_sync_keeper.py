@@ -89,11 +89,18 @@ class Keeper:
                 # A writer that found the queue empty and left cleared _thread under this lock
                 # first: it is replaced, so an entry is never stranded.
                 if self._thread is None:
-                    self._thread = threading.Thread(
+                    # Set only once started: a start that raises (a pids limit) leaves None and
+                    # the entry queued, for the next entry's writer.
+                    thread = threading.Thread(
                         target=self._run, name="idemkey-uncertain", daemon=True
                     )
-                    self._thread.start()
-                    _running.add(self)
+                    try:
+                        thread.start()
+                    except RuntimeError as exc:
+                        logger.debug("idemkey could not start its uncertain writer: %s", exc)
+                    else:
+                        self._thread = thread
+                        _running.add(self)
         if full:
             logger.debug("idemkey dropped an uncertain-outcome entry: %d pending", MAX_PENDING)
 
