@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextvars
 import enum
+import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Final, Generic, TypeVar
 
@@ -35,6 +36,7 @@ T = TypeVar("T")
 GUARD_METHOD = "GUARD"  # the record's "method" for guards: never equal to an HTTP method's record
 
 _UNSET: Any = object()
+_BUILDING: Final = threading.Lock()  # Call._runner's, for every call: a first step takes it
 
 
 class Call(Generic[T]):
@@ -229,10 +231,11 @@ class Call(Generic[T]):
 
     def _runner(self) -> Steps | AsyncSteps | None:
         """This call's steps, built now if they were not yet; None: it has none."""
-        steps = self._steps
-        if steps is None and self._make_steps is not None:
-            steps = self._steps = self._make_steps()
-        return steps
+        if self._steps is None and self._make_steps is not None:
+            with _BUILDING:  # once: a block's threads must share one book, or a step runs twice
+                if self._steps is None and self._make_steps is not None:
+                    self._steps = self._make_steps()
+        return self._steps
 
     def save(self, value: T) -> None:
         """Record the result; the record completes with it when the block exits (unless a

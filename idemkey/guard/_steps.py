@@ -114,7 +114,9 @@ class StepBook:
         self._done: dict[str, bytes] = dict(finished)
         #: Names of the steps an earlier executor finished (their results came with the claim).
         self.resumed: tuple[str, ...] = tuple(self._done)
-        self._running: set[str] = set()
+        # Each running step's token: begin claims a name with one atomic setdefault (a block's
+        # threads may start steps at once; this module takes no lock, as it does no I/O).
+        self._running: dict[str, object] = {}
         #: A step whose work ran but whose checkpoint the store refused (the lease was lost).
         self._unkept: tuple[str, ...] = ()
         self._lost = False
@@ -142,27 +144,32 @@ class StepBook:
             raise LeaseLostError(self.fence)
         if name in self._done:
             return self._done[name]
-        if name in self._running:
+        token = object()
+        if self._running.setdefault(name, token) is not token:
             raise UsageError(f"step {name!r} is already running in this call")
-        self._running.add(name)
+        # Finished by another thread since the check above (finish() stores the result before
+        # it frees the name): its result, not a second run.
+        if name in self._done:
+            self._running.pop(name, None)
+            return self._done[name]
         return None
 
     def finish(self, name: str, result: bytes) -> None:
         """The store took the checkpoint of ``name``: it is finished."""
-        self._running.discard(name)
-        self._done[name] = result
+        self._done[name] = result  # first: see begin
+        self._running.pop(name, None)
 
     def abandon(self, name: str) -> None:
         """``name`` raised, or its result could not be stored: not finished, may run again.
         A step already finished stays so (its checkpoint was cut off by a cancel)."""
-        self._running.discard(name)
+        self._running.pop(name, None)
 
     def lose(self, name: str, ran: bool = False) -> LeaseLostError:
         """The store refused the checkpoint of ``name``: another executor owns the record now.
         ``ran``: the step's work is done (its result was being kept), so the uncertain entry
         names it among the steps to check. Returns the error to raise; no later step of this
         call will start."""
-        self._running.discard(name)
+        self._running.pop(name, None)
         if ran and name not in self._done:
             self._unkept += (name,)
         self._lost = True
