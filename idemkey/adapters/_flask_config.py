@@ -67,7 +67,7 @@ class AppState:
         """Methods, environ keys of the key header, and byte limit of any guarded view;
         first, every guarded view checked to be registered with its guard."""
         if self.rule is None or self.rule_from != len(overrides):  # views decorated since
-            every_app = [self.endpoints, *(app.view_functions for app in self.apps)]
+            every_app = [self.endpoints, *(app.view_functions for app in _snapshot(self.apps))]
             refuse_misordered(self.endpoints, guards, every_app)
             self.rule = capture_rule(self.policy, overrides)
             self.rule_from = len(overrides)
@@ -167,14 +167,16 @@ def refuse_misordered(
 
     ``guards`` are the Idemkey's, of every app it serves: a guard that one of them (the
     ``endpoints`` of ``every_app``) registers was written in the right order."""
+    # Snapshots (tuple() of a dict's view is one C call): another thread's app factory may be
+    # adding routes (add_url_rule) while this app's first request checks them.
     registered = {
         id(function)
         for views in every_app
-        for view in views.values()
+        for view in tuple(views.values())
         for function in _unwrapped(view)
     }
     reachable: dict[int, str] = {}  # every function a rule of this app calls, through wrappers
-    for endpoint, view in endpoints.items():
+    for endpoint, view in tuple(endpoints.items()):
         for function in _unwrapped(view):
             reachable.setdefault(id(function), endpoint)
     for guard in guards:
@@ -190,6 +192,16 @@ def refuse_misordered(
                     "guarded. Write @idem.idempotent below @app.post(...) (or @bp.route(...)), "
                     "next to the function"
                 )
+
+
+def _snapshot(apps: Iterable[Flask]) -> tuple[Flask, ...]:
+    """The apps of ``apps`` (a WeakSet, iterated in Python) as they are: read again if another
+    thread's ``init_app`` added one meanwhile ("Set changed size during iteration")."""
+    while True:
+        try:
+            return tuple(apps)
+        except RuntimeError:  # an app added meanwhile: a factory makes finitely many
+            continue
 
 
 def _unwrapped(function: Callable[..., Any] | None) -> Iterator[Callable[..., Any]]:
