@@ -71,8 +71,9 @@ def _runs(version: str) -> bool:
 PYTHONS = [v for v in SUPPORTED if v == CURRENT or _runs(v)] or [CURRENT]
 
 # The dependencies whose floors `lowest` installs exactly (valkey-glide: the store's tests on
-# glide, tests/store/test_glide.py and the GlideAsyncStore contract classes).
-FLOORED = ("redis", "msgspec", "xxhash", "flask", "werkzeug", "valkey-glide")
+# glide, tests/store/test_glide.py and the GlideAsyncStore contract classes; fakeredis: the
+# testing kit's and the demo's embedded store, with redis-py at its floor too).
+FLOORED = ("redis", "msgspec", "xxhash", "flask", "werkzeug", "valkey-glide", "fakeredis")
 # What `lowest` runs: the core and the Flask, WSGI and ASGI adapters (positional arguments
 # after -- replace this list, as .ci/run does to keep its step short).
 LOWEST_TESTS = ["tests/unit", "tests/store", "tests/adapters", "tests/test_version.py"]
