@@ -25,14 +25,20 @@ def configure(parser: argparse.ArgumentParser) -> None:
     pass
 
 
-def load_demo() -> ModuleType:
-    """The demo package, once Flask and werkzeug are known to be installed."""
+def load_demo(*, story: bool = False) -> ModuleType:
+    """The demo package, once Flask and werkzeug (and httpx, for the ``story`` that retries
+    through idemkey.client) are known to be installed."""
     try:
         import flask  # noqa: F401
         import werkzeug  # noqa: F401
     except ImportError as exc:
         message = f"the demo app needs {exc.name}: pip install 'idemkey-redis[demo]'"
         raise CliError(message, 2) from None
+    if story:
+        try:
+            import httpx  # noqa: F401
+        except ImportError:
+            raise CliError("the demo needs httpx: pip install 'idemkey-redis[demo]'", 2) from None
     from . import demo_app
 
     return demo_app
@@ -52,7 +58,7 @@ def demo_errors() -> Iterator[None]:
 
 
 def run(args: argparse.Namespace, out: IO[str]) -> int:
-    demo = load_demo()
+    demo = load_demo(story=True)
     with demo_errors():
         ok = demo.run_story(
             redis_url=args.redis_url,

@@ -3,6 +3,7 @@ threaded werkzeug server on a real port."""
 
 from __future__ import annotations
 
+import importlib.util
 import secrets
 import shlex
 import socket
@@ -41,13 +42,17 @@ def open_store(redis_url: str | None, prefix: str) -> tuple[RedisStore, str, Cal
         client.ping()  # fail now, with one line, rather than inside the first request
         where = redacted(redis_url)
     else:
-        try:
-            import fakeredis
-        except ImportError:
+        # fakeredis without lupa starts, then answers every EVALSHA with an error: check now.
+        if (
+            importlib.util.find_spec("fakeredis") is None
+            or importlib.util.find_spec("lupa") is None
+        ):
             raise MissingPackageError(
-                "the embedded store needs fakeredis[lua]: pip install 'idemkey-redis[demo]', "
-                "or pass --redis-url"
-            ) from None
+                "the embedded store needs fakeredis with Lua (lupa): "
+                "pip install 'idemkey-redis[demo]', or pass --redis-url"
+            )
+        import fakeredis
+
         client = fakeredis.FakeRedis(server=fakeredis.FakeServer(), decode_responses=False)
         where = "embedded fakeredis (Lua scripts, in this process)"
     store = RedisStore(client, policy)

@@ -19,8 +19,11 @@ from typing import IO, TYPE_CHECKING, Any, Final
 
 from ...errors import IdemkeyError
 from .flask_app import create_app
-from .http_client import Answer, Client
+from .http_client import Answer, Client, json_bytes
 from .server import open_store, running
+
+#: The Content-Type of the bodies the story sends as bytes (json_bytes).
+JSON: Final = {"Content-Type": "application/json"}
 
 if TYPE_CHECKING:
     from idemkey.client import Client as IdempotentClient
@@ -152,7 +155,9 @@ class Story:
         key = self.key("order-1")
         self.say(f"idemkey.client retries POST /charges with the same key: {key}")
         with self.idempotent_client() as client:
-            operation = client.prepare("POST", "/charges", json=self.BODY, idempotency_key=key)
+            operation = client.prepare(
+                "POST", "/charges", content=json_bytes(self.BODY), headers=JSON, idempotency_key=key
+            )
             self.posts += 1
             reply = client.send(operation)
         answer = _from_reply(reply)
