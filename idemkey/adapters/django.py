@@ -61,10 +61,15 @@ import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Final, TypeVar, overload
 
-from django.conf import settings
-from django.core.signals import got_request_exception, request_finished, request_started
-from django.http import HttpRequest, HttpResponse
-from django.urls import get_resolver
+try:
+    from django.conf import settings
+    from django.core.signals import got_request_exception, request_finished, request_started
+    from django.http import HttpRequest, HttpResponse
+    from django.urls import get_resolver
+except ImportError as exc:
+    raise ImportError(
+        "idemkey.adapters.django needs Django: pip install 'idemkey-redis[django]'"
+    ) from exc
 
 from .._options import derive, keyword, policy_options
 from ..errors import ConfigurationError

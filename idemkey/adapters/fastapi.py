@@ -55,9 +55,14 @@ from collections.abc import Callable, Collection, Coroutine, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final
 
-import fastapi.routing
-from fastapi import APIRouter, Depends, Request
-from fastapi.routing import APIRoute
+try:
+    import fastapi.routing
+    from fastapi import APIRouter, Depends, Request
+    from fastapi.routing import APIRoute
+except ImportError as exc:
+    raise ImportError(
+        "idemkey.adapters.fastapi needs FastAPI: pip install 'idemkey-redis[fastapi]'"
+    ) from exc
 
 from .._options import derive, keyword, policy_options
 from ..errors import ConfigurationError

@@ -53,7 +53,12 @@ import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar, overload
 
-from flask import current_app, g, got_request_exception, request
+try:
+    from flask import current_app, g, got_request_exception, request
+except ImportError as exc:
+    raise ImportError(
+        "idemkey.adapters.flask needs Flask: pip install 'idemkey-redis[flask]'"
+    ) from exc
 
 from ..errors import ConfigurationError
 from ..http import Response, begin

@@ -19,7 +19,12 @@ prints it.
 
 from __future__ import annotations
 
-from ._app import create_app
+try:
+    from ._app import create_app
+except ImportError as exc:
+    raise ImportError(
+        "idemkey.console needs Starlette and Jinja2: pip install 'idemkey-redis[console]'"
+    ) from exc
 from ._guard import is_loopback
 from ._view import Snapshot, snapshot
 

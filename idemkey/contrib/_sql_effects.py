@@ -80,7 +80,11 @@ _TABLES: dict[int, Table] = {}
 
 def effects_table(metadata: Any = None, name: str = TABLE_NAME) -> Table:
     """The ``idemkey_effects`` table on ``metadata`` (a private MetaData when None)."""
-    from sqlalchemy import BigInteger, Column, DateTime, LargeBinary, MetaData, String, Table
+    try:
+        from sqlalchemy import BigInteger, Column, DateTime, LargeBinary, MetaData, String, Table
+    except ImportError as exc:
+        message = "effects_table() needs SQLAlchemy: pip install 'idemkey-redis[sql]'"
+        raise ImportError(message) from exc
 
     metadata = metadata if metadata is not None else MetaData()
     return Table(

@@ -60,9 +60,13 @@ try:
     from mcp.types import CallToolResult, ToolAnnotations
     from pydantic import PlainValidator, WithJsonSchema
 except ImportError as exc:  # pragma: no cover - exercised with mcp hidden
-    raise ImportError(
-        "idemkey.contrib.mcp needs the mcp SDK: pip install 'idemkey-redis[mcp]'"
-    ) from exc
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:  # installed, but a version without these modules (2.x renamed FastMCP)
+        _found = f"found mcp {version('mcp')} but needs mcp>=1.30,<2"
+    except PackageNotFoundError:
+        _found = "needs the mcp SDK"
+    raise ImportError(f"idemkey.contrib.mcp {_found}: pip install 'idemkey-redis[mcp]'") from exc
 
 from .._core import MAX_KEY_LENGTH
 from .._options import derive as derived
