@@ -5,7 +5,9 @@ failed run."""
 from __future__ import annotations
 
 import inspect
-from typing import Any
+import os
+import threading
+from typing import Any, Final
 
 from celery import Task  # type: ignore[import-untyped]
 
@@ -16,7 +18,9 @@ from ..guard import StepRetry
 from ..guard._failures import FailureRules, rules_for
 from ..store import RedisStore
 
-__all__ = ["checked_options", "step_retry"]
+__all__ = ["checked_options", "resolved_store", "step_retry"]
+
+_RESOLVING: Final = threading.Lock()
 
 
 def checked_options(cls: type[Any]) -> FailureRules | None:
@@ -108,3 +112,23 @@ def step_retry(task: Task, **changes: Any) -> StepRetry:
     }
     fields.update(changes)
     return StepRetry(**fields)
+
+
+def resolved_store(task: Any) -> RedisStore:
+    """The store of ``task``: its ``idempotency_store``, or what that factory returns, called
+    once per worker process (under a lock: a threads pool's first tasks start together, and
+    each called it, a store and a connection pool per thread)."""
+    with _RESOLVING:
+        cached = task._idemkey_store
+        if cached is not None and cached[0] == os.getpid():
+            return cached[1]  # type: ignore[no-any-return]
+        source = type(task).idempotency_store
+        if source is None:
+            raise ConfigurationError(
+                f"task {task.name} has no idempotency_store: pass one to @app.task(...)"
+            )
+        store = source if isinstance(source, RedisStore) else source()
+        if not isinstance(store, RedisStore):
+            raise ConfigurationError("idempotency_store must be a RedisStore or return one")
+        task._idemkey_store = (os.getpid(), store)
+        return store

@@ -107,7 +107,7 @@ from ..errors import (
 from ..guard import Call, guard
 from ..policy import Policy
 from ..store import RedisStore
-from ._celery_options import checked_options, step_retry
+from ._celery_options import checked_options, resolved_store, step_retry
 from ._celery_results import Unkept, as_stored, from_stored
 
 __all__ = ["IdempotentTask", "RunCancelledError", "celery_key", "step_retry"]
@@ -356,16 +356,7 @@ class IdempotentTask(Task):  # type: ignore[misc]
         cached = self._idemkey_store
         if cached is not None and cached[0] == os.getpid():
             return cached[1]
-        source = type(self).idempotency_store
-        if source is None:
-            raise ConfigurationError(
-                f"task {self.name} has no idempotency_store: pass one to @app.task(...)"
-            )
-        store = source if isinstance(source, RedisStore) else source()
-        if not isinstance(store, RedisStore):
-            raise ConfigurationError("idempotency_store must be a RedisStore or return one")
-        self._idemkey_store = (os.getpid(), store)
-        return store
+        return resolved_store(self)
 
     def _retry_later(
         self, countdown: float, exc: BaseException, *, replay_only: bool = False

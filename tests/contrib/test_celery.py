@@ -17,6 +17,7 @@ import os
 import re
 import signal
 import subprocess
+import threading
 import time
 import warnings
 from collections.abc import Callable, Iterator
@@ -641,3 +642,27 @@ def test_good_task_options_are_taken() -> None:
     store = RedisStore(redis.Redis.from_url("redis://127.0.0.1:1/0"))
     for factory in (lambda: store, lambda *args: store):
         assert type(declare(idempotency_store=factory)).idempotency_store is factory
+
+
+def test_a_store_factory_is_called_once_when_a_threads_pool_starts_its_first_tasks() -> None:
+    # docs/queues.md: "called once per worker process". Under `-P threads` the first tasks of
+    # every thread resolved the store at once, each calling the factory (8 stores, 8 pools).
+    from idemkey import RedisStore
+
+    store = RedisStore(redis.Redis.from_url("redis://127.0.0.1:1/0"))
+    calls: list[int] = []
+    second_call = threading.Event()
+
+    def make_store() -> RedisStore:
+        calls.append(1)
+        if len(calls) > 1:
+            second_call.set()
+        else:  # the first call waits for another thread to call it too (it never should)
+            second_call.wait(timeout=1)
+        return store
+
+    task = declare(idempotency_store=make_store)
+    with ThreadPoolExecutor(8) as pool:
+        resolved = list(pool.map(lambda _: task._resolve_store(), range(8)))
+    assert resolved == [store] * 8
+    assert len(calls) == 1
