@@ -129,15 +129,16 @@ class Origin:
 
 def decode_origin(pieces: Sequence[object]) -> Origin:
     """The origin from the values of :data:`ORIGIN_FIELDS` (``HMGET``; a missing piece ends
-    it, and so does a piece shorter than :data:`PIECE`: claim.lua cuts full pieces, so one
-    after a short piece is a stale one a longer origin left, which 0.3 never cleared). Values
-    that are not bytes, or not an origin, give an empty one."""
+    it, and so does a piece of any length but :data:`PIECE`: claim.lua cuts full pieces, so
+    one after a short piece is a stale one a longer origin left, and a longer piece is 0.3's
+    whole origin, which 0.3 wrote over ``i`` alone). Values that are not bytes, or not an
+    origin, give an empty one."""
     parts = []
     for piece in pieces:
         if not isinstance(piece, bytes):
             break
         parts.append(piece)
-        if len(piece) < PIECE:
+        if len(piece) != PIECE:
             break
     if not parts:
         return Origin()

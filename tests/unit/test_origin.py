@@ -86,3 +86,6 @@ def test_a_short_piece_ends_the_origin_stale_pieces_after_it_are_not_read() -> N
     # A full piece is followed by the next one, as claim.lua cut them.
     full = b"1 POST /c\n" + b"s" * (PIECE - 10)
     assert decode_origin([full, b"tail"]).scope == "s" * (PIECE - 10) + "tail"
+    # 0.3.0 wrote its whole origin over "i" at any length: longer than a piece, it is whole.
+    whole = b"1796698598198 POST /v1/payments/refunds\n" + b"a" * 32
+    assert decode_origin([whole, stale, b"yy"]).scope == "a" * 32
