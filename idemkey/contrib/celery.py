@@ -29,7 +29,8 @@ What the base class does around the task body (a ``guard`` on the key):
   countdown of the error's ``retry_after`` (at most 1 s, and at most
   ``idempotency_retry_max``; the logged ``RequestInFlightError`` names that same countdown):
   state RETRY, then the stored result; never a failure, never a second run. It does not count
-  against the task's ``max_retries``, and carries no ``expires`` (it came in time).
+  against the task's ``max_retries``, and carries no ``expires`` (the duplicate came in
+  time).
 * A run that lost its record (:class:`~idemkey.LeaseLostError`) never claims it again. Lost
   to a takeover (the record in flight under another owner, or completed), it becomes a retry
   that only replays: it waits while the taker runs and returns the taker's stored result.
@@ -42,16 +43,18 @@ What the base class does around the task body (a ``guard`` on the key):
   (1, 2, 4, ... 30 s by default), at most ``idempotency_store_retries`` times (10, about
   3 minutes in all); then the task fails with the ``StoreError``. A ``StoreError`` after
   the body began is not retried.
-* A worker killed mid-task has its message delivered again. The base class sets ``acks_late = True``
-  (acknowledge after the task ran, not before) and ``reject_on_worker_lost = True``: without it
-  Celery's default prefork pool acknowledges the message of a pool child that died (SIGKILL, the OOM
-  killer) and records ``WorkerLostError``, so the task would never run again. With it the message is
-  requeued; on the solo, threads and gevent pools the whole worker dies, and the broker redelivers
-  the unacknowledged message (with Redis, after ``visibility_timeout``). The new run finds the dead
-  run's record in flight (a retry, as above), takes it over once its lease lapses, and resumes after
-  the last finished ``call.step``. ``acks_late=False`` or ``reject_on_worker_lost=False`` on a task
-  turns either off. A task that kills its process on every run is redelivered every time (Celery's
-  "message loop"); each takeover raises ``call.fence``, which such a task can check.
+* A worker killed mid-task has its message delivered again. The base class sets
+  ``acks_late = True`` (acknowledge after the task ran, not before) and
+  ``reject_on_worker_lost = True``: without it Celery's default prefork pool acknowledges
+  the message of a pool child that died (SIGKILL, the OOM killer) and records
+  ``WorkerLostError``, so the task would never run again. With it the message is requeued;
+  on the solo, threads and gevent pools the whole worker dies, and the broker redelivers the
+  unacknowledged message (with Redis, after ``visibility_timeout``). The new run finds the
+  dead run's record in flight (a retry, as above), takes it over once its lease lapses, and
+  resumes after the last finished ``call.step``. ``acks_late=False`` or
+  ``reject_on_worker_lost=False`` on a task turns either off. A task that kills its process
+  on every run is redelivered every time (Celery's "message loop"); each takeover raises
+  ``call.fence``, which such a task can check.
 
 ``idempotency_store`` is a :class:`~idemkey.RedisStore`, or a function returning one (called
 once per worker process, after the fork, with no arguments). Every ``idempotency_*`` option is
@@ -91,7 +94,9 @@ try:
     from celery import Task  # type: ignore[import-untyped]
     from celery.exceptions import Retry, TaskPredicate  # type: ignore[import-untyped]
 except ImportError as exc:
-    raise ImportError("Celery tasks need celery: pip install 'idemkey-redis[celery]'") from exc
+    raise ImportError(
+        "idemkey.contrib.celery needs Celery: pip install 'idemkey-redis[celery]'"
+    ) from exc
 
 from .._codec import encode_payload
 from ..errors import (
