@@ -39,7 +39,9 @@ from typing import TYPE_CHECKING, Any, Final
 
 from django.core.handlers.wsgi import WSGIRequest
 
+from ..errors import LeaseLostError
 from ..http import parse_content_length
+from ..http._answers import lease_lost
 from ._wsgi_response import StreamedBody
 
 if TYPE_CHECKING:
@@ -54,6 +56,7 @@ __all__ = [
     "UNSENT_STREAM",
     "drop_unsent",
     "forget_unsent",
+    "lease_lost_answer",
     "mark_raised",
     "settle",
 ]
@@ -75,6 +78,29 @@ _unsent: contextvars.ContextVar[StreamedBody | _SettlingAsync | None] = contextv
 Head = tuple[int, list[tuple[str, str]], str]
 
 _RAISED: Final = "the view's stream raised before the server sent its head"
+
+
+def lease_lost_answer(
+    middleware: Any, request: HttpRequest, exception: Exception
+) -> HttpResponseBase | None:
+    """The middleware's ``process_exception``: a claimed view that raised ``LeaseLostError``
+    (its claim lapsed; ``fenced()`` refused) is answered a typed 409 ``lease_lost`` problem,
+    not Django's 500, its key released as for any raise (a retry gets the outcome). Anything
+    else, or a view not claimed, goes on to Django's handling (None)."""
+    if not isinstance(exception, LeaseLostError):
+        return None
+    exchange = request.__dict__.pop("_idemkey", None)
+    if exchange is None:
+        return None
+    driver: Driver = middleware.driver
+    driver.fail(exchange, "the view raised")
+    answer = lease_lost(exchange.policy, exception.committed)
+    from django.http import HttpResponse
+
+    response = HttpResponse(answer.body, status=answer.status)
+    for name, value in answer.headers:  # each name once: Content-Type replaces Django's
+        response[name] = value
+    return response
 
 
 def settle(

@@ -26,7 +26,9 @@ from __future__ import annotations
 
 import asyncio
 
+from ..errors import LeaseLostError
 from ..http import Headers, Request, Response, begin
+from ..http._answers import lease_lost
 from ..http._transitions import State
 from ..http.routes import KnownRoute, Routes
 from ..policy import Policy
@@ -145,9 +147,13 @@ class IdempotencyMiddleware:
                 else:
                     await self.driver.fail(exchange, "the app did not finish its response")
             raise
-        except BaseException:
+        except BaseException as exc:
             if not tee.finished:  # the app raised
+                unsent = exchange.state is State.RUNNING  # its response not started
                 await self.driver.fail(exchange, "the app did not finish its response")
+                if unsent and isinstance(exc, LeaseLostError):  # released: a 409, not a 500
+                    await respond(send, lease_lost(policy, exc.committed))
+                    return
             raise
         if not tee.finished:  # the app returned mid-response
             await self.driver.fail(exchange, "the app did not finish its response")

@@ -86,6 +86,7 @@ from ._django_response import (
     UNSENT_STREAM,
     drop_unsent,
     forget_unsent,
+    lease_lost_answer,
     mark_raised,
     settle,
 )
@@ -205,6 +206,7 @@ class IdempotencyMiddleware:
 
     sync_capable = True
     async_capable = False
+    process_exception = lease_lost_answer  # LeaseLostError: a typed 409, not Django's 500
 
     def __init__(self, get_response: Callable[[HttpRequest], HttpResponseBase]) -> None:
         self.get_response = get_response
@@ -258,10 +260,8 @@ class IdempotencyMiddleware:
         try:
             response = self.get_response(request)
         except asyncio.CancelledError:
-            # Django (5.0 and later) under ASGI cancels the request when its client leaves,
-            # and the cancel comes out here after the view's thread did its work: the key is
-            # kept until its lease lapses, as the ASGI middleware does, never released for a
-            # rerun.
+            # Django 5+ under ASGI cancels the request when its client leaves, after the view's
+            # thread did its work: the key is kept until its lease lapses, never released.
             exchange = request.__dict__.pop("_idemkey", None)
             if exchange is not None:  # running: the view's response is taken only below
                 self.driver.abandon(exchange)

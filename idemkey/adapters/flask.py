@@ -60,8 +60,9 @@ except ImportError as exc:
         "idemkey.adapters.flask needs Flask: pip install 'idemkey-redis[flask]'"
     ) from exc
 
-from ..errors import ConfigurationError
+from ..errors import ConfigurationError, LeaseLostError
 from ..http import Response, begin
+from ..http._answers import lease_lost
 from ..store import RedisStore
 from ._checks import checked_policy, checked_store
 from ._environ import BODY_KEY, read_body, read_werkzeug_body, request_of
@@ -237,7 +238,7 @@ def _guard(
         if sent is not None:  # the policy adds headers: sent, never stored
             response.headers.clear()
             response.headers.extend(sent)
-    except BaseException:
+    except BaseException as exc:
         try:
             driver.fail(exchange, "the handler raised")
         finally:
@@ -247,6 +248,10 @@ def _guard(
                     release_unsent(environ, "the handler raised")
             elif environ.get(SETTLE_KEY):  # still reserved: called from inside another
                 g.idemkey = outer
+        # Released: answered here as a typed 409, not Flask's 500; a nested view re-raises,
+        # so the view that called it answers (its own claim is released the same way).
+        if isinstance(exc, LeaseLostError) and (slot is not None or not environ.get(SETTLE_KEY)):
+            return respond(app, lease_lost(policy, exc.committed))
         raise
     if slot is None:
         if environ.get(SETTLE_KEY):  # still reserved, by the outer view (``outer`` is set)

@@ -21,7 +21,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from ..errors import LeaseLostError
 from ..http import Response, begin
+from ..http._answers import lease_lost
 from ..http.routes import KnownRoute, Routes
 from ..store import RedisStore
 from ._checks import checked_policy, checked_routes, checked_store
@@ -101,8 +103,10 @@ class IdempotencyMiddleware:
         tee = TeeIterable(self.driver, exchange, start_response, environ)
         try:
             tee.iterable = self.app(environ, tee.start_response)
-        except BaseException:
+        except BaseException as exc:
             self.driver.fail(exchange, "the handler raised")
+            if tee.status is None and isinstance(exc, LeaseLostError):  # released: not a 500
+                return send(start_response, lease_lost(policy, exc.committed))
             raise
         if tee.ends_with_head:
             tee.take_empty_body()

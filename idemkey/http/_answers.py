@@ -32,6 +32,7 @@ __all__ = [
     "in_flight",
     "key_expired",
     "key_reused",
+    "lease_lost",
     "plan_for",
     "record_unreadable",
     "replayed",
@@ -187,6 +188,22 @@ def response_lost(policy: Policy) -> Response:
     """The 409 to a key whose effect committed without its response (no Retry-After:
     retrying cannot help)."""
     return render(policy, 409, "response_lost", RESPONSE_LOST)
+
+
+def lease_lost(policy: Policy, committed: bool) -> Response:
+    """The 409 to a handler that raised ``LeaseLostError`` before its response started (its
+    claim lapsed, or ``fenced()`` refused): the key is released, and the retry with the same
+    key gets the outcome (a replay, ``in_flight``, or a run), never a second effect."""
+    if committed:
+        done = "its effect committed in the database and does not run again"
+    else:
+        done = "nothing of this run was stored (a fenced transaction rolled back)"
+    detail = (
+        "this request lost its claim on the Idempotency-Key (its lease lapsed and another run "
+        f"took the key over, or the record vanished from the store); {done}: send it again "
+        "with the same key for the outcome"
+    )
+    return render(policy, 409, "lease_lost", detail, [("Retry-After", "1")])
 
 
 def store_unavailable(policy: Policy) -> Response:

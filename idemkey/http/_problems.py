@@ -42,6 +42,7 @@ _TITLES: Final = {
     "record_unreadable": "Stored response unreadable",
     "key_expired": "Idempotency-Key expired",
     "response_lost": "Request processed, its response was not recorded",
+    "lease_lost": "This request lost its claim on the Idempotency-Key",
 }
 
 #: What a client should do after a problem: send the request again with the same key (nothing
@@ -65,12 +66,13 @@ RETRY: Final[dict[str, RetryAdvice]] = {
     "record_unreadable": "same_key",  # stored, but unreadable by this release (a rolling deploy)
     "key_expired": "never",  # it ran once, its record is gone: a new key would run it again
     "response_lost": "never",  # its effect committed, its response is lost: look it up
+    "lease_lost": "same_key",  # its claim lapsed mid-run: the key answers with the outcome
 }
 
 
 #: The problems ``Policy.mark_retryable`` marks with :data:`SHOULD_RETRY`: the ones a retry
 #: with the same key resolves by itself (the first call finishes; the store comes back).
-MARKED_RETRYABLE: Final = frozenset({"in_flight", "store_unavailable"})
+MARKED_RETRYABLE: Final = frozenset({"in_flight", "store_unavailable", "lease_lost"})
 #: The header Stainless-generated clients obey before their own status rules (which retry
 #: 408, 429 and 5xx, never a 409): ``true`` makes them retry after ``Retry-After``, with the
 #: same key.
@@ -127,10 +129,10 @@ class Problem:
     logic whatever the body looks like. ``code`` is stable (``missing_key``, ``invalid_key``,
     ``key_reused``, ``in_flight``, ``request_too_large``, ``incomplete_body``,
     ``invalid_body``, ``body_unavailable``, ``invalid_scope``, ``store_unavailable``,
-    ``record_unreadable``, ``key_expired``, ``response_lost``); ``retry_after`` is in whole
-    seconds; ``retention`` is how long a key is honoured, in whole seconds (``Policy.ttl``);
-    ``retry`` is what the client should do next (:data:`RETRY`: ``"same_key"``, ``"new_key"``
-    or ``"never"``).
+    ``record_unreadable``, ``key_expired``, ``response_lost``, ``lease_lost``); ``retry_after``
+    is in whole seconds; ``retention`` is how long a key is honoured, in whole seconds
+    (``Policy.ttl``); ``retry`` is what the client should do next (:data:`RETRY`:
+    ``"same_key"``, ``"new_key"`` or ``"never"``).
     """
 
     status: int
