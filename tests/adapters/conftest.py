@@ -17,12 +17,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
+import pytest_asyncio
+import redis.asyncio
 
-from idemkey import Policy
+from idemkey import AsyncRedisStore, Policy
 from tests.adapters.harness import GLIDE_SCHEME, VALKEY_PY_SCHEME, Harness, HarnessFactory
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Iterator
+    from collections.abc import AsyncIterator, Callable, Iterator
 
 HARNESSES: dict[str, HarnessFactory] = {}
 
@@ -125,3 +127,15 @@ def make_harness(
 def harness(make_harness: Callable[..., Harness]) -> Harness:
     """This run's harness with the suite policy."""
     return make_harness()
+
+
+@pytest_asyncio.fixture
+async def asgi_store(
+    async_client: redis.asyncio.Redis, prefix: str
+) -> AsyncIterator[AsyncRedisStore]:
+    """An :class:`AsyncRedisStore` with the default policy on the test's prefix."""
+    store = AsyncRedisStore(async_client, Policy(prefix=prefix))
+    try:
+        yield store
+    finally:
+        await store.aclose()

@@ -14,7 +14,6 @@ import uuid
 from typing import TYPE_CHECKING
 
 import pytest
-import pytest_asyncio
 import redis
 import redis.asyncio
 
@@ -28,7 +27,7 @@ from tests.adapters.test_suite import assert_problem
 from tests.adapters.test_wsgi import Server
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator, Callable, Iterable, Iterator
+    from collections.abc import Callable, Iterable, Iterator
 
     from _typeshed.wsgi import StartResponse, WSGIEnvironment
 
@@ -160,17 +159,6 @@ def test_a_key_of_another_type_at_the_record_name_is_a_503_unreadable_and_never_
 def wsgi_store(redis_url: str, prefix: str) -> Iterator[RedisStore]:
     with store_on(redis_url, Policy(prefix=prefix)) as store:
         yield store
-
-
-@pytest_asyncio.fixture
-async def asgi_store(
-    async_client: redis.asyncio.Redis, prefix: str
-) -> AsyncIterator[AsyncRedisStore]:
-    store = AsyncRedisStore(async_client, Policy(prefix=prefix))
-    try:
-        yield store
-    finally:
-        await store.aclose()
 
 
 @pytest.mark.redis

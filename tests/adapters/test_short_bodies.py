@@ -13,7 +13,6 @@ import uuid
 from typing import TYPE_CHECKING, Any
 
 import pytest
-import pytest_asyncio
 from asgiref.sync import async_to_sync
 from django.http import HttpRequest, HttpResponse
 from django.urls import path
@@ -30,9 +29,8 @@ from tests.adapters.test_wsgi import Recorder, Server
 from tests.frameworks.test_django import project
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator, Callable, Iterator
+    from collections.abc import Callable, Iterator
 
-    import redis.asyncio
     from _typeshed.wsgi import StartResponse, WSGIEnvironment
 
     from idemkey.adapters.asgi import Receive, Scope, Send
@@ -47,17 +45,6 @@ BODY = b'{"run":1,"size":12}'  # 19 bytes, under a declared 100
 def wsgi_store(redis_url: str, prefix: str) -> Iterator[RedisStore]:
     with store_on(redis_url, Policy(prefix=prefix, lease=2, ttl=60)) as store:
         yield store
-
-
-@pytest_asyncio.fixture
-async def async_store(
-    async_client: redis.asyncio.Redis, prefix: str
-) -> AsyncIterator[AsyncRedisStore]:
-    store = AsyncRedisStore(async_client, Policy(prefix=prefix))
-    try:
-        yield store
-    finally:
-        await store.aclose()
 
 
 def _not_kept(status: str, headers: dict[str, str], body: bytes) -> None:
@@ -113,7 +100,7 @@ def test_wsgi_a_body_of_its_length_is_still_kept(wsgi_store: RedisStore) -> None
     "bodies", [[BODY], [BODY[:9], BODY[9:]], [BODY, b""]], ids=["one", "two", "empty-last"]
 )
 async def test_asgi_a_body_short_of_its_length_is_not_kept(
-    async_store: AsyncRedisStore, bodies: list[bytes]
+    asgi_store: AsyncRedisStore, bodies: list[bytes]
 ) -> None:
     runs = []
 
@@ -127,7 +114,7 @@ async def test_asgi_a_body_short_of_its_length_is_not_kept(
             more = index < len(bodies) - 1
             await send({"type": "http.response.body", "body": body, "more_body": more})
 
-    middleware = AsgiMiddleware(app, async_store)
+    middleware = AsgiMiddleware(app, asgi_store)
     assert (await call(middleware, b"{}")).body == BODY
     replay = await call(middleware, b"{}")
     assert (replay.status, replay.headers["idempotent-replayed"], replay.body) == (201, "true", b"")
@@ -210,7 +197,7 @@ def test_wsgi_a_304_with_a_length_has_no_body_to_fall_short(wsgi_store: RedisSto
 
 
 async def test_asgi_a_304_with_a_length_has_no_body_to_fall_short(
-    async_store: AsyncRedisStore,
+    asgi_store: AsyncRedisStore,
 ) -> None:
     async def app(scope: Scope, receive: Receive, send: Send) -> None:
         await receive()
@@ -219,7 +206,7 @@ async def test_asgi_a_304_with_a_length_has_no_body_to_fall_short(
         await send(head)
         await send({"type": "http.response.body", "body": b"", "more_body": False})
 
-    middleware = AsgiMiddleware(app, async_store)
+    middleware = AsgiMiddleware(app, asgi_store)
     await call(middleware, b"{}")
     replay = await call(middleware, b"{}")
     assert (replay.status, replay.headers["idempotent-replayed"]) == (304, "true")
@@ -289,7 +276,7 @@ def test_wsgi_the_short_body_warning_never_carries_the_clients_path(
 
 
 async def test_asgi_the_short_body_warning_never_carries_the_clients_path(
-    async_store: AsyncRedisStore, caplog: pytest.LogCaptureFixture
+    asgi_store: AsyncRedisStore, caplog: pytest.LogCaptureFixture
 ) -> None:
     async def app(scope: Scope, receive: Receive, send: Send) -> None:
         await receive()
@@ -298,7 +285,7 @@ async def test_asgi_the_short_body_warning_never_carries_the_clients_path(
         await send(head)
         await send({"type": "http.response.body", "body": BODY, "more_body": False})
 
-    middleware = AsgiMiddleware(app, async_store)
+    middleware = AsgiMiddleware(app, asgi_store)
     with caplog.at_level("WARNING", logger="idemkey"):
         answer = await call(middleware, b"{}", scope=http_scope(path=HOSTILE_PATH))
     assert answer.body == BODY
