@@ -38,6 +38,7 @@ from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any, Final
 
 from django.core.handlers.wsgi import WSGIRequest
+from django.http import HttpResponse
 
 from ..errors import LeaseLostError
 from ..http import parse_content_length
@@ -47,7 +48,7 @@ from ._wsgi_response import StreamedBody
 if TYPE_CHECKING:
     from django.http import HttpRequest, HttpResponseBase
 
-    from ..http import Exchange
+    from ..http import Exchange, Response
     from ._sync_driver import Driver
 
 __all__ = [
@@ -57,6 +58,7 @@ __all__ = [
     "drop_unsent",
     "forget_unsent",
     "lease_lost_answer",
+    "respond",
     "mark_raised",
     "settle",
 ]
@@ -94,12 +96,16 @@ def lease_lost_answer(
         return None
     driver: Driver = middleware.driver
     driver.fail(exchange, "the view raised")
-    answer = lease_lost(exchange.policy, exception.committed)
-    from django.http import HttpResponse
+    return respond(lease_lost(exchange.policy, exception.committed))
 
-    response = HttpResponse(answer.body, status=answer.status)
-    for name, value in answer.headers:  # each name once: Content-Type replaces Django's
-        response[name] = value
+
+def respond(answer: Response) -> HttpResponse:
+    """``answer`` (a replay, a problem) as Django's response, with exactly its headers."""
+    response = HttpResponse(answer.body, status=answer.status, reason=answer.reason or None)
+    del response["Content-Type"]  # exactly the stored headers: no default added
+    for name, value in answer.headers:
+        # Django keeps one value per name; join repeats as one field line (RFC 9110 5.3).
+        response[name] = f"{response[name]}, {value}" if name in response else value
     return response
 
 

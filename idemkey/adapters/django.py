@@ -64,7 +64,7 @@ from typing import TYPE_CHECKING, Any, Final, TypeVar, overload
 try:
     from django.conf import settings
     from django.core.signals import got_request_exception, request_finished, request_started
-    from django.http import HttpRequest, HttpResponse
+    from django.http import HttpRequest
     from django.urls import get_resolver
 except ImportError as exc:
     raise ImportError(
@@ -88,6 +88,7 @@ from ._django_response import (
     forget_unsent,
     lease_lost_answer,
     mark_raised,
+    respond,
     settle,
 )
 from ._environ import BodyError, EnvironHeaders, environ_key, path_text
@@ -306,13 +307,13 @@ class IdempotencyMiddleware:
         if exchange is None:
             return None
         if isinstance(exchange, Response):
-            return _respond(exchange)
+            return respond(exchange)
         body = read_body(request, exchange)
         if isinstance(body, Response):
-            return _respond(body)
+            return respond(body)
         answer = self.driver.claim(exchange)
         if answer is not None:
-            return _respond(answer)
+            return respond(answer)
         if exchange.unprotected:  # Redis is down and the policy says run unprotected
             request._idemkey_unprotected = exchange  # its call ends in __call__, after the view
             return None
@@ -389,12 +390,3 @@ def _request_of(request: HttpRequest, route: str) -> Request:
             path = f"{meta['SCRIPT_NAME'].rstrip('/')}/{path_info.replace('/', '', 1)}"
     query = meta.get("QUERY_STRING", "")
     return Request(request.method or "GET", path, query, EnvironHeaders(meta), route)
-
-
-def _respond(answer: Response) -> HttpResponse:
-    response = HttpResponse(answer.body, status=answer.status, reason=answer.reason or None)
-    del response["Content-Type"]  # exactly the stored headers: no default added
-    for name, value in answer.headers:
-        # Django keeps one value per name; join repeats as one field line (RFC 9110 5.3).
-        response[name] = f"{response[name]}, {value}" if name in response else value
-    return response
