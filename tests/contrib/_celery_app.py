@@ -70,6 +70,7 @@ def make_app(
     )
 
     def make_store() -> RedisStore:
+        redis.Redis.from_url(url).incr(f"{prefix}:stores")  # each call, in the broker's Redis
         records = redis.Redis.from_url(store_url or url)
         return RedisStore(records, Policy(prefix=prefix, lease=LEASE))
 

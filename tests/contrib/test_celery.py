@@ -644,6 +644,20 @@ def test_good_task_options_are_taken() -> None:
         assert type(declare(idempotency_store=factory)).idempotency_store is factory
 
 
+def test_a_threads_worker_calls_the_store_factory_once(
+    app: Celery, prefix: str, client: redis.Redis, start_worker: StartWorker
+) -> None:
+    # The worker as users start it with `-P threads -c 8`: 16 tasks, one store for them all
+    # (each thread's first task called the factory: 8 stores, 8 pools, 8 heartbeats).
+    task = app.tasks["tests.note_once"]
+    start_worker("threads", concurrency=8)
+    results = [task.delay(f"o-{n}") for n in range(16)]
+    assert sorted(result.get(timeout=60)["order"] for result in results) == sorted(
+        f"o-{n}" for n in range(16)
+    )
+    assert client.get(f"{prefix}:stores") == b"1"
+
+
 def test_a_store_factory_is_called_once_when_a_threads_pool_starts_its_first_tasks() -> None:
     # docs/queues.md: "called once per worker process". Under `-P threads` the first tasks of
     # every thread resolved the store at once, each calling the factory (8 stores, 8 pools).
