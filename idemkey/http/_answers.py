@@ -197,7 +197,7 @@ def lease_lost(policy: Policy, committed: bool) -> Response:
     if committed:
         done = "its effect committed in the database and does not run again"
     else:
-        done = "nothing of this run was stored (a fenced transaction rolled back)"
+        done = "no fenced write of this run is in the database"
     detail = (
         "this request lost its claim on the Idempotency-Key (its lease lapsed and another run "
         f"took the key over, or the record vanished from the store); {done}: send it again "
